@@ -1,0 +1,155 @@
+/* kvpool.h: the C ABI of the kvpool client library (libkvpool.so).
+ *
+ * A kvpool_client talks to the kvpool-node on this host over a Unix socket
+ * and maps the node's shared DRAM segment, so gets and puts move bytes with
+ * one memcpy (or none, with the zero-copy calls).
+ *
+ * Thread-safety: a kvpool_client is thread-safe; concurrent calls use
+ * separate connections from the client's pool.
+ * Ownership: the library never keeps a caller's pointer after a call
+ * returns, except the segment pointers handed out by kvpool_reserve and
+ * kvpool_acquire, which stay valid until kvpool_commit/kvpool_abort or
+ * kvpool_release (or kvpool_close) for that handle.
+ * Keys: a key is (namespace, key), both arbitrary bytes with explicit
+ * lengths. Batch calls take 128-bit key ids made by kvpool_key_ids, so a key
+ * is hashed once.
+ * Errors: every call returns a kvpool_status; batch calls also fill one
+ * status per item. kvpool_last_error() describes the last failure on the
+ * calling thread.
+ */
+#ifndef KVPOOL_KVPOOL_H_
+#define KVPOOL_KVPOOL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVPOOL_API __attribute__((visibility("default")))
+
+typedef int32_t kvpool_status;
+enum {
+  KVPOOL_OK = 0,
+  KVPOOL_NOT_FOUND = 1,           /* a miss */
+  KVPOOL_ALREADY_EXISTS = 2,      /* key committed already; first writer won */
+  KVPOOL_INVALID_ARGUMENT = 3,    /* malformed request; do not retry */
+  KVPOOL_UNAVAILABLE = 4,         /* node not reachable; retry later */
+  KVPOOL_RESOURCE_EXHAUSTED = 5,  /* out of space or over a limit */
+  KVPOOL_FAILED_PRECONDITION = 6,
+  KVPOOL_ABORTED = 7,
+  KVPOOL_DEADLINE_EXCEEDED = 8,   /* the call's timeout passed */
+  KVPOOL_CORRUPTION = 9,
+  KVPOOL_IO_ERROR = 10,
+  KVPOOL_INTERNAL = 11
+};
+
+/* Name of a status code, e.g. "NotFound". Static storage. */
+KVPOOL_API const char* kvpool_status_name(kvpool_status status);
+/* Library version, "MAJOR.MINOR.PATCH". Static storage. */
+KVPOOL_API const char* kvpool_version(void);
+/* Message of the last failed call on this thread; "" when none. Valid until
+ * the next kvpool call on this thread. */
+KVPOOL_API const char* kvpool_last_error(void);
+
+typedef struct kvpool_client kvpool_client;
+
+typedef struct kvpool_key_id {
+  uint64_t hi;
+  uint64_t lo;
+} kvpool_key_id;
+
+/* Options grow at the end; struct_size tells the library which fields the
+ * caller knows. Always start from kvpool_options_init. */
+typedef struct kvpool_options {
+  uint32_t struct_size;
+  /* Unix socket of the local node. NULL: "/tmp/kvpool.sock". */
+  const char* socket_path;
+  /* Deadline of each call, in milliseconds (> 0). Default 5000. */
+  uint32_t timeout_ms;
+  /* Most connections the client opens to the node (>= 1). Default 8. */
+  uint32_t max_connections;
+  /* Reconnect after the node restarts (1) or fail with UNAVAILABLE (0). Default 1. */
+  uint32_t reconnect;
+  /* 1: move bytes through the socket instead of mapping the shared segment
+   * (for processes that cannot map it). Zero-copy calls then fail with
+   * FAILED_PRECONDITION. Default 0. */
+  uint32_t copy_mode;
+} kvpool_options;
+
+KVPOOL_API void kvpool_options_init(kvpool_options* options);
+
+/* Connects to the node. On failure returns NULL with *status set (UNAVAILABLE
+ * when no node listens) and kvpool_last_error() telling why. */
+KVPOOL_API kvpool_client* kvpool_open(const kvpool_options* options, kvpool_status* status);
+/* Releases every reservation and pin of the client, then frees it. NULL is ignored. */
+KVPOOL_API void kvpool_close(kvpool_client* client);
+
+/* Computes the ids of n keys in one namespace: out[i] = id(ns, keys[i]). */
+KVPOOL_API void kvpool_key_ids(const void* ns, size_t ns_len, const void* const* keys,
+                               const size_t* key_lens, size_t n, kvpool_key_id* out);
+
+/* ---- Copy mode: bytes from and into caller buffers. ---------------------
+ * Batch put: stores n values. statuses[i]: OK, ALREADY_EXISTS (kept the first
+ * value), INVALID_ARGUMENT (size 0 or over the node's maximum),
+ * RESOURCE_EXHAUSTED. Returns OK when every item was OK or ALREADY_EXISTS,
+ * else the first failing item's status (or the call's, e.g. UNAVAILABLE). */
+KVPOOL_API kvpool_status kvpool_put(kvpool_client* client, const kvpool_key_id* ids,
+                                    const void* const* values, const uint64_t* sizes, size_t n,
+                                    kvpool_status* statuses);
+/* Batch get into caller buffers of capacities[i] bytes. sizes[i] gets the
+ * value's size. statuses[i]: OK, NOT_FOUND, RESOURCE_EXHAUSTED (buffer too
+ * small; sizes[i] tells the size needed). Returns OK when the call ran (items
+ * may still miss), or the call's failure. */
+KVPOOL_API kvpool_status kvpool_get(kvpool_client* client, const kvpool_key_id* ids,
+                                    void* const* buffers, const uint64_t* capacities, size_t n,
+                                    uint64_t* sizes, kvpool_status* statuses);
+/* Batch exists: hits[i] = 1 when cached, else 0; *prefix_len = number of
+ * leading hits (engines load prefixes). Either output may be NULL. */
+KVPOOL_API kvpool_status kvpool_exists(kvpool_client* client, const kvpool_key_id* ids, size_t n,
+                                       uint8_t* hits, size_t* prefix_len);
+/* Drops keys from the cache. statuses[i]: OK or NOT_FOUND. */
+KVPOOL_API kvpool_status kvpool_remove(kvpool_client* client, const kvpool_key_id* ids, size_t n,
+                                       kvpool_status* statuses);
+
+/* ---- Zero-copy: write and read the shared segment in place. ------------- */
+typedef struct kvpool_region {
+  void* data;      /* into the mapped segment */
+  uint64_t size;
+  uint64_t handle; /* for commit/abort/release; 0 when the item failed */
+} kvpool_region;
+
+/* Reserves n slots. For each OK item, write exactly regions[i].size bytes at
+ * regions[i].data, then kvpool_commit. statuses[i]: OK, ALREADY_EXISTS (no
+ * write needed), INVALID_ARGUMENT, RESOURCE_EXHAUSTED. */
+KVPOOL_API kvpool_status kvpool_reserve(kvpool_client* client, const kvpool_key_id* ids,
+                                        const uint64_t* sizes, size_t n, kvpool_region* regions,
+                                        kvpool_status* statuses);
+/* Publishes reserved slots. statuses[i]: OK, ALREADY_EXISTS (another writer
+ * committed first; this slot is freed), INVALID_ARGUMENT (unknown handle). */
+KVPOOL_API kvpool_status kvpool_commit(kvpool_client* client, const uint64_t* handles, size_t n,
+                                       kvpool_status* statuses);
+/* Frees reserved slots without publishing them. Unknown handles are ignored. */
+KVPOOL_API kvpool_status kvpool_abort(kvpool_client* client, const uint64_t* handles, size_t n);
+/* Pins n entries for reading in place (regions[i].data, read-only).
+ * statuses[i]: OK or NOT_FOUND. A pinned entry stays intact until released. */
+KVPOOL_API kvpool_status kvpool_acquire(kvpool_client* client, const kvpool_key_id* ids, size_t n,
+                                        kvpool_region* regions, kvpool_status* statuses);
+/* Unpins entries from kvpool_acquire. Unknown handles are ignored. */
+KVPOOL_API kvpool_status kvpool_release(kvpool_client* client, const uint64_t* handles, size_t n);
+
+/* ---- Introspection. ----------------------------------------------------- */
+/* Copies the node's statistics as a NUL-terminated JSON object into buf (at
+ * most cap bytes). *len gets the full length; RESOURCE_EXHAUSTED when cap is
+ * too small. */
+KVPOOL_API kvpool_status kvpool_stats_json(kvpool_client* client, char* buf, size_t cap,
+                                           size_t* len);
+/* Largest value the node accepts, in bytes (0 when not connected). */
+KVPOOL_API uint64_t kvpool_max_value_size(kvpool_client* client);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KVPOOL_KVPOOL_H_ */

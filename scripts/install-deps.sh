@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs every Debian package that kvpool's build, tests and benchmarks need.
+# Safe to run repeatedly: packages already installed are skipped, and apt is
+# not touched at all when nothing is missing. Run as root on Debian 12.
+set -euo pipefail
+
+PACKAGES=(
+  # build
+  build-essential cmake ninja-build pkg-config clang clang-format
+  # libraries
+  libucx-dev ucx-utils liburing-dev libssl-dev libcpp-httplib-dev
+  nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  # integration tests and benchmarks
+  etcd-server etcd-client redis-server redis-tools prometheus fio iperf3
+  chromium curl procps iproute2 util-linux
+  # python connectors
+  python3 python3-numpy python3-pytest python3-torch
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# Debian ships redis-server and etcd-server as system services; kvpool's tests
+# and benchmarks start their own instances on free ports, so the system ones
+# are not needed. Stopping them is best-effort (no init system in containers).
+for svc in redis-server etcd prometheus; do
+  $SUDO systemctl disable --now "$svc" >/dev/null 2>&1 || true
+done

@@ -1,0 +1,243 @@
+#include "client/local_connection.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace kvpool {
+namespace {
+
+using protocol::FrameHeader;
+using protocol::MessageType;
+
+int RemainingMs(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  if (left.count() <= 0) return 0;
+  return static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
+}
+
+// Waits until fd is ready for `events` or the deadline passes.
+Status WaitFd(int fd, short events, Clock::time_point deadline) {
+  while (true) {
+    pollfd p{fd, events, 0};
+    int ms = RemainingMs(deadline);
+    int r = ::poll(&p, 1, ms);
+    if (r > 0) return Status::Ok();
+    if (r == 0) return DeadlineExceeded("the node did not answer in time");
+    if (errno != EINTR) return Unavailable(fmt::format("poll: {}", std::strerror(errno)));
+  }
+}
+
+}  // namespace
+
+LocalConnection::~LocalConnection() {
+  if (fd_ >= 0) ::close(fd_);
+  if (segment_fd_ >= 0) ::close(segment_fd_);
+}
+
+int LocalConnection::TakeSegmentFd() {
+  int fd = segment_fd_;
+  segment_fd_ = -1;
+  return fd;
+}
+
+Status LocalConnection::Break(Status s) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  return s;
+}
+
+Result<std::unique_ptr<LocalConnection>> LocalConnection::Connect(const std::string& socket_path,
+                                                                  const std::string& client_name,
+                                                                  Clock::time_point deadline) {
+  sockaddr_un addr{};
+  if (socket_path.size() >= sizeof(addr.sun_path)) return InvalidArgument("socket path too long");
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, socket_path.data(), socket_path.size());
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return ErrnoStatus("socket", errno);
+  std::unique_ptr<LocalConnection> c(new LocalConnection(fd));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if (errno == EAGAIN || errno == EINPROGRESS) {
+      KVPOOL_RETURN_IF_ERROR(WaitFd(fd, POLLOUT, deadline));
+      int err = 0;
+      socklen_t len = sizeof(err);
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err != 0) {
+        return Unavailable(fmt::format("no kvpool node at {}: {}", socket_path, std::strerror(err)));
+      }
+    } else {
+      return Unavailable(fmt::format("no kvpool node at {}: {}", socket_path, std::strerror(errno)));
+    }
+  }
+  int buf = 4 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+
+  std::vector<uint8_t> body;
+  protocol::HelloRequest hello;
+  hello.client_name = client_name.substr(0, protocol::kMaxClientName);
+  protocol::EncodeHello(hello, &body);
+  iovec iov{body.data(), body.size()};
+  uint64_t id = c->next_request_id_++;
+  KVPOOL_RETURN_IF_ERROR(c->WriteFrame(MessageType::kHello, id, std::span(&iov, 1), deadline));
+  FrameHeader h;
+  std::vector<uint8_t> reply;
+  int passed = -1;
+  KVPOOL_RETURN_IF_ERROR(c->ReadReply(id, deadline, &h, &reply, &passed));
+  c->segment_fd_ = passed;
+  if (h.status != 0) {
+    std::string msg;
+    protocol::DecodeString(reply, &msg).IgnoreError();
+    return Status(static_cast<StatusCode>(h.status), "handshake refused: " + msg);
+  }
+  KVPOOL_RETURN_IF_ERROR(protocol::DecodeHelloReply(reply, &c->hello_));
+  return c;
+}
+
+Status LocalConnection::WriteFrame(MessageType type, uint64_t request_id,
+                                   std::span<const iovec> body, Clock::time_point deadline) {
+  if (fd_ < 0) return Unavailable("connection is closed");
+  size_t total = 0;
+  for (const auto& v : body) total += v.iov_len;
+  if (total > UINT32_MAX) return InvalidArgument("request body too large");
+  uint8_t header[protocol::kHeaderBytes];
+  FrameHeader h;
+  h.type = static_cast<uint16_t>(type);
+  h.request_id = request_id;
+  h.body_len = static_cast<uint32_t>(total);
+  protocol::EncodeHeader(h, header);
+
+  std::vector<iovec> iovs;
+  iovs.reserve(body.size() + 1);
+  iovs.push_back({header, sizeof(header)});
+  for (const auto& v : body) {
+    if (v.iov_len > 0) iovs.push_back(v);
+  }
+  size_t idx = 0;
+  while (idx < iovs.size()) {
+    msghdr msg{};
+    msg.msg_iov = iovs.data() + idx;
+    msg.msg_iovlen = std::min<size_t>(iovs.size() - idx, IOV_MAX);
+    ssize_t w = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        Status s = WaitFd(fd_, POLLOUT, deadline);
+        if (!s.ok()) return Break(s);
+        continue;
+      }
+      return Break(Unavailable(fmt::format("send to node: {}", std::strerror(errno))));
+    }
+    size_t n = static_cast<size_t>(w);
+    while (n > 0 && idx < iovs.size()) {
+      if (n >= iovs[idx].iov_len) {
+        n -= iovs[idx].iov_len;
+        ++idx;
+      } else {
+        iovs[idx].iov_base = static_cast<uint8_t*>(iovs[idx].iov_base) + n;
+        iovs[idx].iov_len -= n;
+        n = 0;
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status LocalConnection::ReadReply(uint64_t request_id, Clock::time_point deadline, FrameHeader* h,
+                                  std::vector<uint8_t>* body, int* passed_fd) {
+  uint8_t header[protocol::kHeaderBytes];
+  size_t got = 0;
+  auto read_some = [&](uint8_t* dst, size_t want, bool take_fd) -> Result<size_t> {
+    while (true) {
+      ssize_t r;
+      if (take_fd) {
+        iovec iov{dst, want};
+        alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))];
+        msghdr msg{};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = ctrl;
+        msg.msg_controllen = sizeof(ctrl);
+        r = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+        if (r > 0) {
+          for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
+            if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+              int fd;
+              std::memcpy(&fd, CMSG_DATA(cm), sizeof(int));
+              if (*passed_fd >= 0) ::close(*passed_fd);
+              *passed_fd = fd;
+            }
+          }
+        }
+      } else {
+        r = ::read(fd_, dst, want);
+      }
+      if (r > 0) return static_cast<size_t>(r);
+      if (r == 0) return Unavailable("the node closed the connection");
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        KVPOOL_RETURN_IF_ERROR(WaitFd(fd_, POLLIN, deadline));
+        continue;
+      }
+      return Unavailable(fmt::format("read from node: {}", std::strerror(errno)));
+    }
+  };
+  while (got < sizeof(header)) {
+    auto n = read_some(header + got, sizeof(header) - got, passed_fd != nullptr);
+    if (!n.ok()) return Break(n.status());
+    got += *n;
+  }
+  // Replies may carry a batch of values: the bound is the node's frame limit
+  // plus the per-item overhead, and at least what the handshake needs.
+  uint32_t max_body = std::max<uint32_t>(hello_.max_frame_bytes, 1u << 20) + (1u << 20);
+  Status s = protocol::DecodeHeader(std::span(header, sizeof(header)), max_body, h);
+  if (!s.ok()) return Break(Internal("bad reply from node: " + s.ToString()));
+  if (h->request_id != request_id) {
+    return Break(Internal(fmt::format("reply for request {} while waiting for {}", h->request_id,
+                                      request_id)));
+  }
+  body->resize(h->body_len);
+  got = 0;
+  while (got < h->body_len) {
+    auto n = read_some(body->data() + got, h->body_len - got, false);
+    if (!n.ok()) return Break(n.status());
+    got += *n;
+  }
+  return Status::Ok();
+}
+
+Status LocalConnection::Call(MessageType type, std::span<const iovec> body,
+                             Clock::time_point deadline, std::vector<uint8_t>* reply) {
+  uint64_t id = next_request_id_++;
+  KVPOOL_RETURN_IF_ERROR(WriteFrame(type, id, body, deadline));
+  FrameHeader h;
+  KVPOOL_RETURN_IF_ERROR(ReadReply(id, deadline, &h, reply, nullptr));
+  uint16_t want = static_cast<uint16_t>(type) | protocol::kReplyBit;
+  if (h.type != want) {
+    std::string msg;
+    if (h.type == (static_cast<uint16_t>(MessageType::kError) | protocol::kReplyBit)) {
+      protocol::DecodeString(*reply, &msg).IgnoreError();
+      StatusCode code = h.status > 0 && h.status <= static_cast<int32_t>(StatusCode::kInternal)
+                            ? static_cast<StatusCode>(h.status)
+                            : StatusCode::kInternal;
+      return Status(code, "node: " + msg);
+    }
+    return Break(Internal(fmt::format("unexpected reply type {:#x}", h.type)));
+  }
+  return Status::Ok();
+}
+
+Status LocalConnection::Send(MessageType type, std::span<const iovec> body,
+                             Clock::time_point deadline) {
+  return WriteFrame(type, next_request_id_++, body, deadline);
+}
+
+}  // namespace kvpool

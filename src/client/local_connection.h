@@ -1,0 +1,62 @@
+// LocalConnection: one client connection to the node's Unix socket, with
+// the handshake (which hands over the segment fd) and request/reply calls
+// bounded by a deadline. Not thread-safe; owned by one caller at a time (the
+// client's connection pool lends it out).
+#pragma once
+
+#include <sys/uio.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "protocol/codec.h"
+
+namespace kvpool {
+
+using Clock = std::chrono::steady_clock;
+
+class LocalConnection {
+ public:
+  // Connects and completes the handshake. Unavailable when no node listens,
+  // DeadlineExceeded when it does not answer in time.
+  static Result<std::unique_ptr<LocalConnection>> Connect(const std::string& socket_path,
+                                                          const std::string& client_name,
+                                                          Clock::time_point deadline);
+  ~LocalConnection();
+  LocalConnection(const LocalConnection&) = delete;
+  LocalConnection& operator=(const LocalConnection&) = delete;
+
+  const protocol::HelloReply& hello() const { return hello_; }
+  // The segment fd received in the handshake; the caller owns it. -1 after.
+  int TakeSegmentFd();
+
+  // Sends a request whose body is the concatenation of `body` and waits for
+  // its reply. A transport failure or timeout breaks the connection
+  // (Unavailable / DeadlineExceeded); an error reply returns its status and
+  // leaves the connection usable.
+  Status Call(protocol::MessageType type, std::span<const iovec> body, Clock::time_point deadline,
+              std::vector<uint8_t>* reply);
+  // Sends a request that has no reply (release, abort).
+  Status Send(protocol::MessageType type, std::span<const iovec> body, Clock::time_point deadline);
+  bool broken() const { return fd_ < 0; }
+
+ private:
+  explicit LocalConnection(int fd) : fd_(fd) {}
+  Status WriteFrame(protocol::MessageType type, uint64_t request_id, std::span<const iovec> body,
+                    Clock::time_point deadline);
+  Status ReadReply(uint64_t request_id, Clock::time_point deadline, protocol::FrameHeader* h,
+                   std::vector<uint8_t>* body, int* passed_fd);
+  Status Break(Status s);
+
+  int fd_;
+  int segment_fd_ = -1;
+  uint64_t next_request_id_ = 1;
+  protocol::HelloReply hello_;
+};
+
+}  // namespace kvpool

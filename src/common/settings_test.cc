@@ -1,0 +1,125 @@
+#include "common/settings.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace kvpool {
+namespace {
+
+struct Opts {
+  uint64_t capacity = 1ull << 30;
+  uint32_t conns = 256;
+  bool flag = true;
+  std::string name = "n";
+  std::string mode = "a";
+  std::chrono::milliseconds ttl{10000};
+};
+
+struct Fixture {
+  Opts o;
+  SettingsTable t;
+  Fixture() {
+    t.AddBytes("capacity", &o.capacity, 1 << 20, 1ull << 40, "Capacity");
+    t.AddInt("conns", &o.conns, 1, 1000, "Connections");
+    t.AddBool("flag", &o.flag, "A flag");
+    t.AddString("name", &o.name, "Name");
+    t.AddEnum("mode", &o.mode, {"a", "b"}, "Mode");
+    t.AddDuration("ttl", &o.ttl, std::chrono::milliseconds(1000), std::chrono::milliseconds(60000), "TTL");
+  }
+  Status Parse(std::vector<const char*> args) {
+    args.insert(args.begin(), "prog");
+    bool help;
+    return t.ParseArgs(static_cast<int>(args.size()), args.data(), &help);
+  }
+};
+
+TEST(SettingsTest, ParsesEveryType) {
+  Fixture f;
+  ASSERT_TRUE(f.Parse({"--capacity=2GiB", "--conns", "7", "--no-flag", "--name=x y", "--mode", "b",
+                       "--ttl=3s"}).ok());
+  EXPECT_EQ(f.o.capacity, 2ull << 30);
+  EXPECT_EQ(f.o.conns, 7u);
+  EXPECT_FALSE(f.o.flag);
+  EXPECT_EQ(f.o.name, "x y");
+  EXPECT_EQ(f.o.mode, "b");
+  EXPECT_EQ(f.o.ttl.count(), 3000);
+}
+
+TEST(SettingsTest, RejectsBadValuesWithClearErrors) {
+  Fixture f;
+  Status s = f.Parse({"--conns=0"});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--conns: 0 is outside 1..1000"), std::string::npos) << s.ToString();
+  EXPECT_EQ(f.Parse({"--capacity=12XB"}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.Parse({"--capacity=1KiB"}).code(), StatusCode::kInvalidArgument);  // below min
+  EXPECT_EQ(f.Parse({"--mode=c"}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.Parse({"--nope=1"}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.Parse({"positional"}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.Parse({"--conns"}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.Parse({"--ttl=5 days"}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.Parse({"--capacity=99999999999999999999"}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.o.conns, 256u);  // untouched by the failures
+}
+
+TEST(SettingsTest, ConfigFileThenFlagsOverride) {
+  char path[] = "/tmp/kvpool-settings-XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  {
+    std::ofstream out(path);
+    out << "# comment\nconns = 9\nname = \"from file\"  # trailing\n\nmode=b\n";
+  }
+  Fixture f;
+  ASSERT_TRUE(f.Parse({"--conns=11", "--config", path}).ok());
+  EXPECT_EQ(f.o.conns, 11u);
+  EXPECT_EQ(f.o.name, "from file");
+  EXPECT_EQ(f.o.mode, "b");
+  {
+    std::ofstream out(path);
+    out << "conns = 9\nbogus line\n";
+  }
+  Fixture g;
+  Status s = g.Parse({"--config", path});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find(":2:"), std::string::npos) << s.ToString();
+  unlink(path);
+}
+
+TEST(SettingsTest, HelpAndJsonListEveryRow) {
+  Fixture f;
+  std::string help = f.t.HelpText("prog", "summary");
+  for (auto name : {"--capacity", "--conns", "--flag", "--name", "--mode", "--ttl"}) {
+    EXPECT_NE(help.find(name), std::string::npos) << name;
+  }
+  EXPECT_NE(help.find("default: 1GiB"), std::string::npos);
+  auto j = nlohmann::json::parse(f.t.ToJson());
+  EXPECT_EQ(j["capacity"]["value"], "1GiB");
+  EXPECT_EQ(j["conns"]["default"], "256");
+  EXPECT_EQ(j["mode"]["allowed"], "a|b");
+}
+
+TEST(SettingsTest, ByteAndDurationParsers) {
+  uint64_t b;
+  EXPECT_TRUE(SettingsTable::ParseBytes("64MiB", &b));
+  EXPECT_EQ(b, 64ull << 20);
+  EXPECT_TRUE(SettingsTable::ParseBytes("1g", &b));
+  EXPECT_EQ(b, 1ull << 30);
+  EXPECT_TRUE(SettingsTable::ParseBytes("4096", &b));
+  EXPECT_EQ(b, 4096u);
+  EXPECT_FALSE(SettingsTable::ParseBytes("", &b));
+  EXPECT_FALSE(SettingsTable::ParseBytes("MiB", &b));
+  int64_t ms;
+  EXPECT_TRUE(SettingsTable::ParseDurationMs("10s", &ms));
+  EXPECT_EQ(ms, 10000);
+  EXPECT_TRUE(SettingsTable::ParseDurationMs("250", &ms));
+  EXPECT_EQ(ms, 250);
+  EXPECT_EQ(SettingsTable::FormatBytes(3ull << 20), "3MiB");
+  EXPECT_EQ(SettingsTable::FormatBytes(1000), "1000");
+}
+
+}  // namespace
+}  // namespace kvpool

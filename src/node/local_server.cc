@@ -1,0 +1,712 @@
+#include "node/local_server.h"
+
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/log.h"
+#include "protocol/codec.h"
+
+namespace kvpool {
+
+using protocol::FrameHeader;
+using protocol::MessageType;
+
+Status LocalServerOptions::Validate() const {
+  if (socket_path.empty()) return InvalidArgument("socket path is empty");
+  if (socket_path.size() >= sizeof(sockaddr_un::sun_path)) {
+    return InvalidArgument(fmt::format("socket path longer than {} bytes", sizeof(sockaddr_un::sun_path) - 1));
+  }
+  if (max_connections < 1) return InvalidArgument("max_connections must be >= 1");
+  if (max_batch < 1 || max_batch > protocol::kMaxBatch) {
+    return InvalidArgument(fmt::format("max_batch must be in 1..{}", protocol::kMaxBatch));
+  }
+  if (max_frame_bytes < 64 * 1024) return InvalidArgument("max_frame_bytes must be >= 64KiB");
+  return Status::Ok();
+}
+
+namespace {
+
+constexpr size_t kReadChunk = 256 * 1024;
+
+struct Conn {
+  int fd = -1;
+  uint64_t id = 0;
+  bool handshaked = false;
+  bool closing = false;  // close once the output is flushed
+  bool epollout = false;
+  bool reading_paused = false;
+  std::chrono::steady_clock::time_point accepted;
+  std::vector<uint8_t> in;  // unparsed input; grows only as bytes arrive
+  std::deque<std::vector<uint8_t>> out;
+  size_t out_offset = 0;  // into out.front()
+  uint64_t out_bytes = 0;
+  int pass_fd = -1;  // passed with the first byte of out.front()
+  uint64_t next_handle = 1;
+  std::unordered_map<uint64_t, DramStore::Reservation> reservations;
+  std::unordered_map<uint64_t, DramStore::Pin> pins;
+};
+
+class LocalServerImpl final : public LocalServer {
+ public:
+  LocalServerImpl(const LocalServerOptions& o, DramStore* store, MetricsRegistry* m,
+                  std::function<std::string()> stats_json)
+      : opts_(o), store_(store), stats_json_(std::move(stats_json)) {
+    for (int t = 1; t < kNumOps; ++t) {
+      ops_[t] = m->GetCounter("kvpool_ops_total", "Requests handled, by operation",
+                              {{"op", kOpNames[t]}});
+      latency_[t] = m->GetHistogram("kvpool_op_latency_seconds",
+                                    "Time the node spent handling a request, by operation",
+                                    {{"op", kOpNames[t]}});
+    }
+    items_ = m->GetCounter("kvpool_items_total", "Keys carried by requests (batch items)");
+    hits_ = m->GetCounter("kvpool_hits_total", "Acquire and get items that found the key");
+    misses_ = m->GetCounter("kvpool_misses_total", "Acquire and get items that missed");
+    exists_hits_ = m->GetCounter("kvpool_exists_hits_total", "Exists items that found the key");
+    exists_misses_ = m->GetCounter("kvpool_exists_misses_total", "Exists items that missed");
+    bytes_read_ = m->GetCounter("kvpool_bytes_read_total", "Value bytes handed to readers");
+    bytes_written_ = m->GetCounter("kvpool_bytes_written_total", "Value bytes committed");
+    conns_gauge_ = m->GetGauge("kvpool_local_connections", "Open local client connections");
+    accepted_ = m->GetCounter("kvpool_accepted_connections_total", "Local connections accepted");
+    rejected_ = m->GetCounter("kvpool_rejected_connections_total",
+                              "Local connections refused at the max-connections limit");
+    put_failures_ = m->GetCounter("kvpool_put_failures_total",
+                                  "Put or reserve items refused (no space, too large)");
+    metrics_ = m;
+  }
+
+  ~LocalServerImpl() override {
+    for (auto& [fd, c] : conns_) ::close(fd);
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+    if (epoll_fd_ >= 0) ::close(epoll_fd_);
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+  }
+
+  Status Init() {
+    epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+    if (epoll_fd_ < 0) return ErrnoStatus("epoll_create1", errno);
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) return ErrnoStatus("eventfd", errno);
+    KVPOOL_RETURN_IF_ERROR(Bind());
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kListenTag;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
+    ev.data.u64 = kWakeTag;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+    return Status::Ok();
+  }
+
+  void Run() override {
+    std::vector<epoll_event> events(256);
+    while (!stop_.load()) {
+      int n = epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), 500);
+      if (n < 0 && errno != EINTR) {
+        LogError("epoll_wait: {}", std::strerror(errno));
+        break;
+      }
+      for (int i = 0; i < n; ++i) {
+        uint64_t tag = events[i].data.u64;
+        if (tag == kListenTag) {
+          AcceptAll();
+        } else if (tag == kWakeTag) {
+          uint64_t v;
+          ssize_t r = ::read(wake_fd_, &v, sizeof(v));
+          (void)r;
+        } else {
+          auto it = conns_.find(static_cast<int>(tag));
+          if (it == conns_.end()) continue;
+          Conn& c = it->second;
+          if (events[i].events & (EPOLLERR | EPOLLHUP)) {
+            // Read what is left (a request followed by a close) before closing.
+            if (!(events[i].events & EPOLLIN)) {
+              CloseConn(c.fd);
+              continue;
+            }
+          }
+          if (events[i].events & EPOLLOUT) {
+            if (!Flush(c)) {
+              CloseConn(c.fd);
+              continue;
+            }
+            // Frames left unparsed while output was backed up.
+            if (!c.closing && !c.in.empty() && c.out_bytes <= opts_.max_output_bytes) {
+              ProcessFrames(c);
+              if (!Flush(c)) {
+                CloseConn(c.fd);
+                continue;
+              }
+            }
+          }
+          if (events[i].events & EPOLLIN) {
+            if (!OnReadable(c)) {
+              CloseConn(c.fd);
+              continue;
+            }
+          }
+          if (c.closing && c.out.empty()) {
+            CloseConn(c.fd);
+            continue;
+          }
+          UpdateInterest(c);
+        }
+      }
+      ExpireHandshakes();
+    }
+    std::vector<int> fds;
+    for (auto& [fd, c] : conns_) fds.push_back(fd);
+    for (int fd : fds) CloseConn(fd);
+    ::close(listen_fd_);
+    listen_fd_ = -1;
+    ::unlink(opts_.socket_path.c_str());
+  }
+
+  void Stop() override {
+    stop_.store(true);
+    uint64_t one = 1;
+    ssize_t r = ::write(wake_fd_, &one, sizeof(one));
+    (void)r;
+  }
+
+  int connections() const override { return num_conns_.load(); }
+
+ private:
+  static constexpr uint64_t kListenTag = 1ull << 40;
+  static constexpr uint64_t kWakeTag = (1ull << 40) + 1;
+
+  Status Bind() {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, opts_.socket_path.data(), opts_.socket_path.size());
+    // A socket file that accepts connections belongs to a live node: refuse.
+    // One that refuses is a leftover of a crash: replace it.
+    struct stat st;
+    if (::stat(opts_.socket_path.c_str(), &st) == 0) {
+      if (!S_ISSOCK(st.st_mode)) {
+        return FailedPrecondition(fmt::format("{} exists and is not a socket", opts_.socket_path));
+      }
+      int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      bool live = ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+      ::close(probe);
+      if (live) {
+        return FailedPrecondition(
+            fmt::format("another kvpool-node is serving {}", opts_.socket_path));
+      }
+      ::unlink(opts_.socket_path.c_str());
+    }
+    listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (listen_fd_ < 0) return ErrnoStatus("socket", errno);
+    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      return ErrnoStatus(fmt::format("bind {}", opts_.socket_path), errno);
+    }
+    ::chmod(opts_.socket_path.c_str(), opts_.socket_mode);
+    if (::listen(listen_fd_, 512) != 0) return ErrnoStatus("listen", errno);
+    return Status::Ok();
+  }
+
+  void AcceptAll() {
+    while (true) {
+      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) LogWarn("accept: {}", std::strerror(errno));
+        return;
+      }
+      if (conns_.size() >= opts_.max_connections) {
+        rejected_->Inc();
+        ::close(fd);
+        continue;
+      }
+      int buf = 4 << 20;
+      setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+      setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+      Conn& c = conns_[fd];
+      c.fd = fd;
+      c.id = ++conn_ids_;
+      c.accepted = std::chrono::steady_clock::now();
+      epoll_event ev{};
+      ev.events = EPOLLIN | EPOLLRDHUP;
+      ev.data.u64 = static_cast<uint64_t>(fd);
+      epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+      accepted_->Inc();
+      num_conns_.store(static_cast<int>(conns_.size()));
+      conns_gauge_->Set(static_cast<int64_t>(conns_.size()));
+    }
+  }
+
+  void CloseConn(int fd) {
+    auto it = conns_.find(fd);
+    if (it == conns_.end()) return;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    ::close(fd);
+    // Destroying the handles releases the pins and aborts the reservations.
+    conns_.erase(it);
+    num_conns_.store(static_cast<int>(conns_.size()));
+    conns_gauge_->Set(static_cast<int64_t>(conns_.size()));
+  }
+
+  void ExpireHandshakes() {
+    auto now = std::chrono::steady_clock::now();
+    std::vector<int> expired;
+    for (auto& [fd, c] : conns_) {
+      if (!c.handshaked && now - c.accepted > opts_.handshake_timeout) expired.push_back(fd);
+    }
+    for (int fd : expired) {
+      ProtocolError("handshake_timeout");
+      CloseConn(fd);
+    }
+  }
+
+  void UpdateInterest(Conn& c) {
+    bool want_out = !c.out.empty();
+    bool pause = c.closing || c.out_bytes > opts_.max_output_bytes;
+    if (want_out == c.epollout && pause == c.reading_paused) return;
+    c.epollout = want_out;
+    c.reading_paused = pause;
+    epoll_event ev{};
+    ev.events = (pause ? 0 : (EPOLLIN | EPOLLRDHUP)) | (want_out ? EPOLLOUT : 0);
+    ev.data.u64 = static_cast<uint64_t>(c.fd);
+    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
+  }
+
+  void ProtocolError(const char* reason) {
+    auto it = protocol_errors_.find(reason);
+    Counter* ctr;
+    if (it == protocol_errors_.end()) {
+      ctr = metrics_->GetCounter("kvpool_protocol_errors_total",
+                                 "Malformed or refused requests, by reason", {{"reason", reason}});
+      protocol_errors_[reason] = ctr;
+    } else {
+      ctr = it->second;
+    }
+    ctr->Inc();
+  }
+
+  // Reads and handles what the client sent. Returns false when the
+  // connection must be closed now.
+  bool OnReadable(Conn& c) {
+    while (!c.closing) {
+      size_t old = c.in.size();
+      c.in.resize(old + kReadChunk);
+      ssize_t r = ::read(c.fd, c.in.data() + old, kReadChunk);
+      if (r < 0) {
+        c.in.resize(old);
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        return false;
+      }
+      c.in.resize(old + static_cast<size_t>(r));
+      if (r == 0) {  // the client closed: answer what it sent, then close
+        ProcessFrames(c);
+        c.closing = true;
+        break;
+      }
+      ProcessFrames(c);
+      if (c.out_bytes > opts_.max_output_bytes) break;
+      if (static_cast<size_t>(r) < kReadChunk) break;
+    }
+    return Flush(c);
+  }
+
+  // Parses and handles every complete frame in c.in. Returns false on a
+  // framing error (the stream cannot be trusted any more).
+  bool ProcessFrames(Conn& c) {
+    size_t pos = 0;
+    bool ok = true;
+    while (c.in.size() - pos >= protocol::kHeaderBytes) {
+      FrameHeader h;
+      uint32_t max_body = c.handshaked ? opts_.max_frame_bytes : protocol::kMaxPreHandshakeFrame;
+      Status s = protocol::DecodeHeader(std::span(c.in.data() + pos, protocol::kHeaderBytes),
+                                        max_body, &h);
+      if (!s.ok()) {
+        // The stream cannot be trusted past a bad header: answer and close.
+        ProtocolError(h.magic != protocol::kMagic ? "bad_magic"
+                      : h.version != protocol::kProtocolVersion ? "bad_version"
+                                                                : "frame_too_large");
+        QueueError(c, h.request_id, s);
+        c.closing = true;
+        ok = false;
+        break;
+      }
+      if (c.in.size() - pos - protocol::kHeaderBytes < h.body_len) break;  // wait for the body
+      std::span<const uint8_t> body(c.in.data() + pos + protocol::kHeaderBytes, h.body_len);
+      pos += protocol::kHeaderBytes + h.body_len;
+      Handle(c, h, body);
+      if (c.closing) break;
+      if (c.out_bytes > opts_.max_output_bytes) break;
+    }
+    if (pos > 0) c.in.erase(c.in.begin(), c.in.begin() + static_cast<ptrdiff_t>(pos));
+    return ok;
+  }
+
+  void Queue(Conn& c, MessageType type, uint64_t request_id, Status status,
+             const std::vector<uint8_t>& body) {
+    auto frame = protocol::EncodeFrame(type, request_id, static_cast<int32_t>(status.code()),
+                                       body, /*reply=*/true);
+    c.out_bytes += frame.size();
+    c.out.push_back(std::move(frame));
+  }
+
+  void QueueError(Conn& c, uint64_t request_id, const Status& s) {
+    std::vector<uint8_t> body;
+    protocol::EncodeString(s.message(), &body);
+    Queue(c, MessageType::kError, request_id, s, body);
+  }
+
+  // Writes queued output. Returns false on a write error.
+  bool Flush(Conn& c) {
+    while (!c.out.empty()) {
+      auto& f = c.out.front();
+      ssize_t w;
+      if (c.pass_fd >= 0 && c.out_offset == 0) {
+        iovec iov{f.data(), f.size()};
+        alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))] = {};
+        msghdr msg{};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = ctrl;
+        msg.msg_controllen = sizeof(ctrl);
+        cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        std::memcpy(CMSG_DATA(cm), &c.pass_fd, sizeof(int));
+        w = ::sendmsg(c.fd, &msg, MSG_NOSIGNAL);
+        if (w > 0) c.pass_fd = -1;
+      } else {
+        w = ::send(c.fd, f.data() + c.out_offset, f.size() - c.out_offset, MSG_NOSIGNAL);
+      }
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+        return false;
+      }
+      c.out_offset += static_cast<size_t>(w);
+      c.out_bytes -= static_cast<size_t>(w);
+      if (c.out_offset == f.size()) {
+        c.out.pop_front();
+        c.out_offset = 0;
+      }
+    }
+    return true;
+  }
+
+  void Handle(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
+    auto start = std::chrono::steady_clock::now();
+    auto type = static_cast<MessageType>(h.type);
+    if (h.type == 0 || h.type >= kNumOps) {
+      ProtocolError("unknown_type");
+      QueueError(c, h.request_id, InvalidArgument(fmt::format("unknown message type {}", h.type)));
+      return;
+    }
+    if (!c.handshaked && type != MessageType::kHello) {
+      ProtocolError("no_handshake");
+      QueueError(c, h.request_id, FailedPrecondition("the first message must be a hello"));
+      c.closing = true;
+      return;
+    }
+    Status s;
+    switch (type) {
+      case MessageType::kHello: s = OnHello(c, h, body); break;
+      case MessageType::kReserve: s = OnReserve(c, h, body); break;
+      case MessageType::kCommit: s = OnCommit(c, h, body); break;
+      case MessageType::kAbort: s = OnAbort(c, body); break;
+      case MessageType::kAcquire: s = OnAcquire(c, h, body); break;
+      case MessageType::kRelease: s = OnRelease(c, body); break;
+      case MessageType::kExists: s = OnExists(c, h, body); break;
+      case MessageType::kPut: s = OnPut(c, h, body); break;
+      case MessageType::kGet: s = OnGet(c, h, body); break;
+      case MessageType::kRemove: s = OnRemove(c, h, body); break;
+      case MessageType::kStats: s = OnStats(c, h, body); break;
+      default:
+        ProtocolError("unknown_type");
+        QueueError(c, h.request_id, InvalidArgument(fmt::format("unknown message type {}", h.type)));
+        return;
+    }
+    if (!s.ok()) {
+      ProtocolError(s.code() == StatusCode::kInvalidArgument ? "malformed_body" : "refused");
+      QueueError(c, h.request_id, s);
+    }
+    ops_[h.type]->Inc();
+    latency_[h.type]->Observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+
+  Status OnHello(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
+    if (c.handshaked) return FailedPrecondition("hello sent twice");
+    protocol::HelloRequest req;
+    KVPOOL_RETURN_IF_ERROR(protocol::DecodeHello(body, &req));
+    if (req.client_version != protocol::kProtocolVersion) {
+      c.closing = true;
+      return FailedPrecondition(fmt::format("client protocol version {} is not supported (node speaks {})",
+                                            req.client_version, protocol::kProtocolVersion));
+    }
+    c.handshaked = true;
+    protocol::HelloReply rep;
+    rep.instance_id = opts_.instance_id;
+    rep.segment_bytes = store_->segment_bytes();
+    rep.max_value_bytes = store_->max_value_bytes();
+    rep.max_batch = opts_.max_batch;
+    rep.max_frame_bytes = opts_.max_frame_bytes;
+    std::vector<uint8_t> out;
+    protocol::EncodeHelloReply(rep, &out);
+    c.pass_fd = store_->segment_fd();
+    Queue(c, MessageType::kHello, h.request_id, Status::Ok(), out);
+    return Status::Ok();
+  }
+
+  Status OnReserve(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
+    KVPOOL_RETURN_IF_ERROR(protocol::DecodeSizedKeys(body, opts_.max_batch, &sized_, nullptr));
+    items_->Inc(sized_.size());
+    regions_.assign(sized_.size(), {});
+    for (size_t i = 0; i < sized_.size(); ++i) {
+      auto r = store_->Reserve(sized_[i].key, sized_[i].size);
+      if (!r.ok()) {
+        regions_[i].status = static_cast<int32_t>(r.status().code());
+        if (r.status().code() != StatusCode::kAlreadyExists) put_failures_->Inc();
+        continue;
+      }
+      uint64_t handle = c.next_handle++;
+      regions_[i] = {0, handle, r->offset(), r->size()};
+      c.reservations.emplace(handle, std::move(r).value());
+    }
+    out_.clear();
+    protocol::EncodeRegionItems(regions_, &out_);
+    Queue(c, MessageType::kReserve, h.request_id, Status::Ok(), out_);
+    return Status::Ok();
+  }
+
+  Status OnCommit(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
+    KVPOOL_RETURN_IF_ERROR(protocol::DecodeHandles(body, opts_.max_batch, &handles_));
+    items_->Inc(handles_.size());
+    statuses_.assign(handles_.size(), 0);
+    for (size_t i = 0; i < handles_.size(); ++i) {
+      auto it = c.reservations.find(handles_[i]);
+      if (it == c.reservations.end()) {
+        statuses_[i] = static_cast<int32_t>(StatusCode::kInvalidArgument);
+        continue;
+      }
+      uint64_t size = it->second.size();
+      Status s = store_->Commit(std::move(it->second));
+      c.reservations.erase(it);
+      statuses_[i] = static_cast<int32_t>(s.code());
+      if (s.ok()) bytes_written_->Inc(size);
+    }
+    out_.clear();
+    protocol::EncodeStatuses(statuses_, &out_);
+    Queue(c, MessageType::kCommit, h.request_id, Status::Ok(), out_);
+    return Status::Ok();
+  }
+
+  Status OnAbort(Conn& c, std::span<const uint8_t> body) {
+    KVPOOL_RETURN_IF_ERROR(protocol::DecodeHandles(body, opts_.max_batch, &handles_));
+    for (uint64_t hd : handles_) c.reservations.erase(hd);
+    return Status::Ok();
+  }
+
+  Status OnAcquire(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
+    KVPOOL_RETURN_IF_ERROR(protocol::DecodeKeys(body, opts_.max_batch, &keys_));
+    items_->Inc(keys_.size());
+    regions_.assign(keys_.size(), {});
+    uint64_t hits = 0, bytes = 0;
+    for (size_t i = 0; i < keys_.size(); ++i) {
+      auto p = store_->Acquire(keys_[i]);
+      if (!p.ok()) {
+        regions_[i].status = static_cast<int32_t>(p.status().code());
+        continue;
+      }
+      uint64_t handle = c.next_handle++;
+      regions_[i] = {0, handle, p->offset(), p->size()};
+      ++hits;
+      bytes += p->size();
+      c.pins.emplace(handle, std::move(p).value());
+    }
+    hits_->Inc(hits);
+    misses_->Inc(keys_.size() - hits);
+    bytes_read_->Inc(bytes);
+    out_.clear();
+    protocol::EncodeRegionItems(regions_, &out_);
+    Queue(c, MessageType::kAcquire, h.request_id, Status::Ok(), out_);
+    return Status::Ok();
+  }
+
+  Status OnRelease(Conn& c, std::span<const uint8_t> body) {
+    KVPOOL_RETURN_IF_ERROR(protocol::DecodeHandles(body, opts_.max_batch, &handles_));
+    for (uint64_t hd : handles_) c.pins.erase(hd);
+    return Status::Ok();
+  }
+
+  Status OnExists(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
+    KVPOOL_RETURN_IF_ERROR(protocol::DecodeKeys(body, opts_.max_batch, &keys_));
+    items_->Inc(keys_.size());
+    protocol::ExistsReply rep;
+    rep.hits.resize(keys_.size());
+    bool prefix = true;
+    uint64_t hits = 0;
+    for (size_t i = 0; i < keys_.size(); ++i) {
+      bool hit = store_->Contains(keys_[i]);
+      rep.hits[i] = hit ? 1 : 0;
+      hits += hit;
+      if (!hit) prefix = false;
+      if (prefix) ++rep.prefix_len;
+    }
+    exists_hits_->Inc(hits);
+    exists_misses_->Inc(keys_.size() - hits);
+    out_.clear();
+    protocol::EncodeExistsReply(rep, &out_);
+    Queue(c, MessageType::kExists, h.request_id, Status::Ok(), out_);
+    return Status::Ok();
+  }
+
+  Status OnPut(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
+    std::span<const uint8_t> data;
+    KVPOOL_RETURN_IF_ERROR(protocol::DecodeSizedKeys(body, opts_.max_batch, &sized_, &data));
+    uint64_t total = 0;
+    for (const auto& it : sized_) {
+      if (it.size > data.size()) return InvalidArgument("malformed put: value sizes exceed the body");
+      total += it.size;
+    }
+    if (total != data.size()) return InvalidArgument("malformed put: value sizes do not add up to the body");
+    items_->Inc(sized_.size());
+    statuses_.assign(sized_.size(), 0);
+    uint64_t off = 0;
+    uint8_t* base = store_->segment_base();
+    for (size_t i = 0; i < sized_.size(); ++i) {
+      const uint8_t* src = data.data() + off;
+      off += sized_[i].size;
+      auto r = store_->Reserve(sized_[i].key, sized_[i].size);
+      if (!r.ok()) {
+        statuses_[i] = static_cast<int32_t>(r.status().code());
+        if (r.status().code() != StatusCode::kAlreadyExists) put_failures_->Inc();
+        continue;
+      }
+      std::memcpy(base + r->offset(), src, sized_[i].size);
+      Status s = store_->Commit(std::move(r).value());
+      statuses_[i] = static_cast<int32_t>(s.code());
+      if (s.ok()) bytes_written_->Inc(sized_[i].size);
+    }
+    out_.clear();
+    protocol::EncodeStatuses(statuses_, &out_);
+    Queue(c, MessageType::kPut, h.request_id, Status::Ok(), out_);
+    return Status::Ok();
+  }
+
+  Status OnGet(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
+    KVPOOL_RETURN_IF_ERROR(protocol::DecodeSizedKeys(body, opts_.max_batch, &sized_, nullptr));
+    items_->Inc(sized_.size());
+    std::vector<protocol::GetItem> items(sized_.size());
+    std::vector<DramStore::Pin> pins;
+    pins.reserve(sized_.size());
+    uint64_t total = 0, hits = 0;
+    for (size_t i = 0; i < sized_.size(); ++i) {
+      auto p = store_->Acquire(sized_[i].key);
+      if (!p.ok()) {
+        items[i].status = static_cast<int32_t>(p.status().code());
+        continue;
+      }
+      ++hits;
+      items[i].size = p->size();
+      if (p->size() > sized_[i].size || total + p->size() > opts_.max_frame_bytes) {
+        items[i].status = static_cast<int32_t>(StatusCode::kResourceExhausted);
+        continue;
+      }
+      total += p->size();
+      pins.push_back(std::move(p).value());
+    }
+    hits_->Inc(hits);
+    misses_->Inc(sized_.size() - hits);
+    std::vector<uint8_t> out;
+    out.reserve(4 + 12 * items.size() + total);
+    protocol::EncodeGetItems(items, &out);
+    const uint8_t* base = store_->segment_base();
+    for (const auto& p : pins) out.insert(out.end(), base + p.offset(), base + p.offset() + p.size());
+    bytes_read_->Inc(total);
+    Queue(c, MessageType::kGet, h.request_id, Status::Ok(), out);
+    return Status::Ok();
+  }
+
+  Status OnRemove(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
+    KVPOOL_RETURN_IF_ERROR(protocol::DecodeKeys(body, opts_.max_batch, &keys_));
+    items_->Inc(keys_.size());
+    statuses_.assign(keys_.size(), 0);
+    for (size_t i = 0; i < keys_.size(); ++i) {
+      statuses_[i] = static_cast<int32_t>(store_->Remove(keys_[i]).code());
+    }
+    out_.clear();
+    protocol::EncodeStatuses(statuses_, &out_);
+    Queue(c, MessageType::kRemove, h.request_id, Status::Ok(), out_);
+    return Status::Ok();
+  }
+
+  Status OnStats(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
+    if (!body.empty()) return InvalidArgument("malformed stats request: body must be empty");
+    out_.clear();
+    protocol::EncodeString(stats_json_ ? stats_json_() : "{}", &out_);
+    Queue(c, MessageType::kStats, h.request_id, Status::Ok(), out_);
+    return Status::Ok();
+  }
+
+  const LocalServerOptions opts_;
+  DramStore* const store_;  // outlives the server
+  MetricsRegistry* metrics_ = nullptr;
+  const std::function<std::string()> stats_json_;
+  int listen_fd_ = -1;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> num_conns_{0};
+  uint64_t conn_ids_ = 0;
+  std::unordered_map<int, Conn> conns_;  // owned by the loop thread
+  // Scratch vectors reused by the loop thread to avoid allocating per request.
+  std::vector<protocol::SizedKey> sized_;
+  std::vector<KeyId> keys_;
+  std::vector<uint64_t> handles_;
+  std::vector<int32_t> statuses_;
+  std::vector<protocol::RegionItem> regions_;
+  std::vector<uint8_t> out_;
+
+  static constexpr int kNumOps = 12;  // MessageType values 1..11
+  static constexpr const char* kOpNames[kNumOps] = {"",        "hello",  "reserve", "commit",
+                                                    "abort",   "acquire", "release", "exists",
+                                                    "put",     "get",    "remove",  "stats"};
+  Counter* ops_[kNumOps] = {};
+  Histogram* latency_[kNumOps] = {};
+  std::unordered_map<std::string, Counter*> protocol_errors_;
+  Counter* items_;
+  Counter* hits_;
+  Counter* misses_;
+  Counter* exists_hits_;
+  Counter* exists_misses_;
+  Counter* bytes_read_;
+  Counter* bytes_written_;
+  Gauge* conns_gauge_;
+  Counter* accepted_;
+  Counter* rejected_;
+  Counter* put_failures_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<LocalServer>> LocalServer::Open(const LocalServerOptions& options,
+                                                       DramStore* store, MetricsRegistry* metrics,
+                                                       std::function<std::string()> stats_json) {
+  KVPOOL_RETURN_IF_ERROR(options.Validate());
+  auto s = std::make_unique<LocalServerImpl>(options, store, metrics, std::move(stats_json));
+  KVPOOL_RETURN_IF_ERROR(s->Init());
+  return std::unique_ptr<LocalServer>(std::move(s));
+}
+
+}  // namespace kvpool

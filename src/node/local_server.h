@@ -1,0 +1,61 @@
+// LocalServer: serves engines on this host over a Unix socket.
+//
+// The handshake passes the DRAM segment's fd (SCM_RIGHTS) so a client maps
+// it and moves bytes with memcpy or DMA; the socket carries only small
+// control messages (reserve/commit, acquire/release, exists), plus inline
+// bytes for copy-mode clients that do not map the segment. Reservations and
+// pins belong to the connection: when a client goes away they are released.
+//
+// Threading: Run() is the event loop (one epoll thread, given by the node);
+// Stop() may be called from any thread. Everything else is owned by the loop.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "common/metrics.h"
+#include "common/status.h"
+#include "store/dram/dram_store.h"
+
+namespace kvpool {
+
+struct LocalServerOptions {
+  std::string socket_path = "/tmp/kvpool.sock";
+  // Socket file permissions: who on this host may use the cache.
+  uint32_t socket_mode = 0660;
+  // More connections are refused (closed at once) and counted.
+  uint32_t max_connections = 256;
+  // Items per request; larger batches are refused with InvalidArgument.
+  uint32_t max_batch = 4096;
+  // Largest frame body after the handshake (copy-mode puts carry values).
+  uint32_t max_frame_bytes = 80u << 20;
+  // A connection that has not completed the handshake by then is closed.
+  std::chrono::milliseconds handshake_timeout{5000};
+  // Reading from a connection pauses while this many reply bytes are queued.
+  uint64_t max_output_bytes = 256ull << 20;
+  // Told to clients in the handshake; changes on every node start.
+  uint64_t instance_id = 0;
+
+  Status Validate() const;
+};
+
+class LocalServer {
+ public:
+  // Binds the socket. FailedPrecondition when a live node already serves the
+  // path; a stale socket file left by a crash is replaced.
+  static Result<std::unique_ptr<LocalServer>> Open(const LocalServerOptions& options,
+                                                   DramStore* store, MetricsRegistry* metrics,
+                                                   std::function<std::string()> stats_json);
+  virtual ~LocalServer() = default;
+
+  // Serves until Stop(). Closes every connection (releasing its pins and
+  // reservations) and removes the socket file before returning.
+  virtual void Run() = 0;
+  virtual void Stop() = 0;
+  virtual int connections() const = 0;
+};
+
+}  // namespace kvpool

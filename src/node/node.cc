@@ -1,0 +1,152 @@
+#include "node/node.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "admin/admin_server.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "node/local_server.h"
+#include "store/dram/dram_store.h"
+
+namespace kvpool {
+namespace {
+
+std::string HostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "kvpool-node";
+  return buf;
+}
+
+uint64_t NewInstanceId() {
+  std::random_device rd;
+  uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return v == 0 ? 1 : v;
+}
+
+class NodeImpl final : public Node {
+ public:
+  NodeImpl(const NodeOptions& o, std::string config_json)
+      : opts_(o), config_json_(std::move(config_json)), started_(std::chrono::steady_clock::now()) {
+    if (opts_.node_id.empty()) opts_.node_id = HostName();
+    instance_id_ = NewInstanceId();
+  }
+  ~NodeImpl() override { Stop(); }
+
+  Status Open() {
+    KVPOOL_ASSIGN_OR_RETURN(store_, DramStore::Open(opts_.dram, &metrics_));
+    LocalServerOptions lo = opts_.local;
+    lo.instance_id = instance_id_;
+    KVPOOL_ASSIGN_OR_RETURN(local_, LocalServer::Open(lo, store_.get(), &metrics_,
+                                                      [this] { return StatusJson(); }));
+    metrics_.AddCallbackGauge("kvpool_uptime_seconds", "Seconds since the node started", {},
+                              [this] { return UptimeSeconds(); }, this);
+    metrics_.AddCallbackGauge("kvpool_build_info", "Build information (always 1)",
+                              {{"version", KVPOOL_VERSION}}, [] { return 1.0; }, this);
+    local_thread_ = std::thread([this] { local_->Run(); });
+    if (opts_.admin_enabled) {
+      AdminHooks hooks;
+      hooks.status_json = [this] { return StatusJson(); };
+      hooks.config_json = [this] { return config_json_; };
+      hooks.ready = [this] { return !stopping_.load(); };
+      KVPOOL_ASSIGN_OR_RETURN(admin_, AdminServer::Start(opts_.admin, &metrics_, std::move(hooks)));
+    }
+    DramStats st = store_->GetStats();
+    LogInfo("node {} serving: socket {} dram {} ({} pages){}", opts_.node_id,
+            opts_.local.socket_path, SettingsTable::FormatBytes(st.capacity_bytes),
+            st.huge_pages ? "huge" : "4KiB",
+            admin_ ? fmt::format(" admin http://{}:{}", opts_.admin.bind_address, admin_->port())
+                   : std::string());
+    return Status::Ok();
+  }
+
+  void Stop() override {
+    std::lock_guard lock(stop_mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    stopping_.store(true);
+    if (admin_) admin_->Stop();
+    if (local_) {
+      local_->Stop();
+      if (local_thread_.joinable()) local_thread_.join();
+    }
+    admin_.reset();
+    local_.reset();
+    metrics_.RemoveCallbacks(this);
+    store_.reset();
+  }
+
+  int admin_port() const override { return admin_ ? admin_->port() : 0; }
+
+ private:
+  double UptimeSeconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  }
+
+  std::string StatusJson() const {
+    DramStats st = store_->GetStats();
+    nlohmann::ordered_json classes = nlohmann::ordered_json::array();
+    for (const auto& c : st.classes) {
+      if (c.slabs == 0) continue;
+      classes.push_back({{"slot_bytes", c.slot_bytes}, {"slabs", c.slabs}, {"entries", c.entries}});
+    }
+    nlohmann::ordered_json j = {
+        {"node_id", opts_.node_id},
+        {"version", KVPOOL_VERSION},
+        {"instance_id", fmt::format("{:016x}", instance_id_)},
+        {"uptime_s", UptimeSeconds()},
+        {"socket_path", opts_.local.socket_path},
+        {"local_connections", local_ ? local_->connections() : 0},
+        {"dram",
+         {{"capacity_bytes", st.capacity_bytes},
+          {"used_bytes", st.used_bytes},
+          {"allocated_bytes", st.allocated_bytes},
+          {"entries", st.entries},
+          {"pinned", st.pinned},
+          {"reserved", st.reserved},
+          {"evictions", st.evictions},
+          {"slab_moves", st.slab_moves},
+          {"index_bytes", st.index_bytes},
+          {"index_bytes_per_entry", st.index_bytes_per_entry},
+          {"huge_pages", st.huge_pages},
+          {"classes", classes}}},
+        {"members",
+         nlohmann::ordered_json::array({{{"node_id", opts_.node_id},
+                                         {"address", opts_.local.socket_path},
+                                         {"state", "alive"}}})},
+    };
+    return j.dump();
+  }
+
+  NodeOptions opts_;
+  const std::string config_json_;
+  const std::chrono::steady_clock::time_point started_;
+  uint64_t instance_id_ = 0;
+  MetricsRegistry metrics_;  // outlives every component below
+  std::unique_ptr<DramStore> store_;
+  std::unique_ptr<LocalServer> local_;
+  std::unique_ptr<AdminServer> admin_;
+  std::thread local_thread_;  // the local socket server's event loop
+  std::atomic<bool> stopping_{false};
+  std::mutex stop_mu_;
+  bool stopped_ = false;  // protected by stop_mu_
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options, std::string config_json) {
+  KVPOOL_RETURN_IF_ERROR(options.Validate());
+  auto node = std::make_unique<NodeImpl>(options, std::move(config_json));
+  KVPOOL_RETURN_IF_ERROR(node->Open());
+  return std::unique_ptr<Node>(std::move(node));
+}
+
+}  // namespace kvpool

@@ -1,0 +1,53 @@
+// kvpool-node: the cache daemon. Runs standalone with no flags.
+#include <signal.h>
+
+#include <cstdio>
+
+#include "common/log.h"
+#include "common/settings.h"
+#include "node/node.h"
+#include "node/node_options.h"
+
+int main(int argc, char** argv) {
+  using namespace kvpool;
+  NodeOptions options;
+  SettingsTable table;
+  BuildNodeSettings(&options, &table);
+  bool help = false;
+  Status s = table.ParseArgs(argc, argv, &help);
+  if (help) {
+    std::fputs(table.HelpText("kvpool-node", "kvpool-node " KVPOOL_VERSION
+                              ": a KV cache node for LLM inference (DRAM tier, local "
+                              "zero-copy clients, admin HTTP).").c_str(), stdout);
+    return 0;
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "kvpool-node: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  LogLevel level;
+  if (ParseLogLevel(options.log_level, &level)) SetLogLevel(level);
+
+  // Signals are taken synchronously by this thread; every other thread
+  // inherits the blocked mask.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto node = Node::Start(options, table.ToJson());
+  if (!node.ok()) {
+    LogError("cannot start: {}", node.status().ToString());
+    return 1;
+  }
+  int sig = 0;
+  while (sigwait(&set, &sig) == 0 && sig == SIGHUP) {
+  }
+  LogInfo("signal {}: shutting down", sig);
+  (*node)->Stop();
+  LogInfo("stopped");
+  return 0;
+}

@@ -1,0 +1,66 @@
+#include "node/node_options.h"
+
+#include <fmt/format.h>
+
+namespace kvpool {
+
+Status NodeOptions::Validate() const {
+  KVPOOL_RETURN_IF_ERROR(dram.Validate());
+  KVPOOL_RETURN_IF_ERROR(local.Validate());
+  if (admin_enabled) {
+    KVPOOL_RETURN_IF_ERROR(admin.Validate());
+    bool loopback = admin.bind_address == "127.0.0.1" || admin.bind_address == "::1" ||
+                    admin.bind_address == "localhost" || admin.bind_address.starts_with("127.");
+    if (!loopback && !insecure) {
+      return InvalidArgument(fmt::format(
+          "--admin-address {} is not loopback and the admin endpoint has no authentication; "
+          "pass --insecure to allow it",
+          admin.bind_address));
+    }
+  }
+  if (local.max_frame_bytes < dram.max_value_bytes + 64 * 1024) {
+    return InvalidArgument(fmt::format(
+        "--max-frame ({}) must exceed --max-value-size ({}) by at least 64KiB",
+        SettingsTable::FormatBytes(local.max_frame_bytes),
+        SettingsTable::FormatBytes(dram.max_value_bytes)));
+  }
+  return Status::Ok();
+}
+
+void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
+  t->AddString("node-id", &o->node_id, "This node's name in the cluster (default: the host name)");
+  t->AddEnum("log-level", &o->log_level, {"debug", "info", "warn", "error"}, "Log verbosity");
+
+  t->AddString("socket", &o->local.socket_path,
+               "Unix socket that local engines connect to");
+  t->AddBytes("dram-capacity", &o->dram.capacity_bytes, 16ull << 20, 1ull << 42,
+              "Size of the shared DRAM segment (pre-faulted at start)");
+  t->AddBytes("slab-size", &o->dram.slab_bytes, 1ull << 20, 1ull << 30,
+              "Unit of memory moved between size classes");
+  t->AddBytes("max-value-size", &o->dram.max_value_bytes, 4096, 1ull << 30,
+              "Largest value accepted");
+  t->AddEnum("eviction", &o->dram.eviction, {"s3fifo", "lru"},
+             "DRAM eviction policy (s3fifo resists scans; lru for comparison)");
+  t->AddBool("huge-pages", &o->dram.huge_pages,
+             "Back the segment with huge pages when the system has them");
+  t->AddBool("prefault", &o->dram.prefault, "Touch the whole segment at start");
+
+  t->AddInt("max-connections", &o->local.max_connections, 1, 65536,
+            "Local client connections accepted at once; more are refused and counted");
+  t->AddInt("max-batch", &o->local.max_batch, 1, 4096, "Items per request");
+  t->AddBytes("max-frame", &o->local.max_frame_bytes, 64 * 1024, 2ull << 30,
+              "Largest request body after the handshake (copy-mode puts carry values)");
+  t->AddDuration("handshake-timeout", &o->local.handshake_timeout, std::chrono::milliseconds(100),
+                 std::chrono::milliseconds(600000),
+                 "Connections that do not complete the handshake in time are closed");
+
+  t->AddBool("admin", &o->admin_enabled, "Serve the admin HTTP endpoint (metrics, dashboard)");
+  t->AddString("admin-address", &o->admin.bind_address,
+               "Admin HTTP bind address (loopback: the endpoint is not authenticated)");
+  t->AddInt("admin-port", &o->admin.port, 0, 65535, "Admin HTTP port (0 picks a free one)");
+  t->AddBool("insecure", &o->insecure,
+             "Allow unauthenticated endpoints on non-loopback addresses");
+  t->AddInt("admin-threads", &o->admin.threads, 1, 16, "Admin HTTP request threads");
+}
+
+}  // namespace kvpool

@@ -1,0 +1,35 @@
+// NodeOptions: every setting of kvpool-node, and the one table that maps
+// them to flags, the config file, --help and /api/v1/config.
+// Plain data; not thread-safe to mutate, safe to read once built.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "admin/admin_server.h"
+#include "common/settings.h"
+#include "node/local_server.h"
+#include "store/dram/dram_store.h"
+
+namespace kvpool {
+
+struct NodeOptions {
+  std::string node_id;  // empty: the host name
+  std::string log_level = "info";
+  bool admin_enabled = true;
+  // Allows binding the admin endpoint beyond loopback without authentication.
+  bool insecure = false;
+  DramOptions dram;
+  LocalServerOptions local;
+  AdminOptions admin;
+
+  NodeOptions() { admin.port = 9710; }
+  Status Validate() const;
+};
+
+// Binds every field of *options to a row of the table. *options must outlive
+// the table.
+void BuildNodeSettings(NodeOptions* options, SettingsTable* table);
+
+}  // namespace kvpool

@@ -1,0 +1,74 @@
+// Wire format of kvpool's local protocol (Unix socket) and, later, the peer
+// protocol: every message is a fixed 24-byte header followed by a body.
+// All integers are little-endian. docs/protocol.md describes the same.
+//
+// Header
+// | offset | size | field       | meaning                                          |
+// |--------|------|-------------|--------------------------------------------------|
+// | 0      | 4    | magic       | 0x3150564B ("KVP1" in memory order)              |
+// | 4      | 2    | version     | kProtocolVersion                                 |
+// | 6      | 2    | type        | MessageType                                      |
+// | 8      | 8    | request_id  | chosen by the requester, echoed in the reply      |
+// | 16     | 4    | body_len    | bytes after the header; checked against limits    |
+// | 20     | 4    | status      | replies: call-level StatusCode; requests: 0       |
+//
+// Bodies (n = item count, key = 16 bytes: hi u64, lo u64)
+// | type          | request body                          | reply body                                   |
+// |---------------|---------------------------------------|----------------------------------------------|
+// | Hello         | u32 client_version, str client_name   | u64 instance_id, u64 segment_bytes,          |
+// |               |                                       | u64 max_value_bytes, u32 max_batch,          |
+// |               |                                       | u32 max_frame_bytes; segment fd (SCM_RIGHTS) |
+// | Reserve       | u32 n, n x {key, u64 size}            | u32 n, n x {i32 st, u64 handle, u64 off, u64 size} |
+// | Commit        | u32 n, n x u64 handle                 | u32 n, n x i32 st                            |
+// | Abort         | u32 n, n x u64 handle                 | (no reply)                                   |
+// | Acquire       | u32 n, n x key                        | u32 n, n x {i32 st, u64 handle, u64 off, u64 size} |
+// | Release       | u32 n, n x u64 handle                 | (no reply)                                   |
+// | Exists        | u32 n, n x key                        | u32 n, u32 prefix_len, n x u8 hit            |
+// | Put           | u32 n, n x {key, u64 size}, bytes     | u32 n, n x i32 st                            |
+// | Get           | u32 n, n x {key, u64 capacity}        | u32 n, n x {i32 st, u64 size}, bytes of OKs  |
+// | Remove        | u32 n, n x key                        | u32 n, n x i32 st                            |
+// | Stats         | (empty)                               | str json                                     |
+// | Error         | -                                     | str message (header status holds the code)   |
+// str = u32 length + bytes. A reply's type is the request's type | 0x8000.
+#pragma once
+
+#include <cstdint>
+
+namespace kvpool::protocol {
+
+inline constexpr uint32_t kMagic = 0x3150564B;
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint32_t kHeaderBytes = 24;
+inline constexpr uint16_t kReplyBit = 0x8000;
+
+enum class MessageType : uint16_t {
+  kHello = 1,
+  kReserve = 2,
+  kCommit = 3,
+  kAbort = 4,
+  kAcquire = 5,
+  kRelease = 6,
+  kExists = 7,
+  kPut = 8,
+  kGet = 9,
+  kRemove = 10,
+  kStats = 11,
+  kError = 0x7fff,
+};
+
+// Caps checked before anything is allocated. Node settings may lower them.
+inline constexpr uint32_t kMaxBatch = 4096;          // items per request
+inline constexpr uint32_t kMaxPreHandshakeFrame = 4096;
+inline constexpr uint32_t kMaxClientName = 256;
+inline constexpr uint32_t kMaxString = 1u << 20;     // stats JSON, error text
+
+struct FrameHeader {
+  uint32_t magic = kMagic;
+  uint16_t version = kProtocolVersion;
+  uint16_t type = 0;
+  uint64_t request_id = 0;
+  uint32_t body_len = 0;
+  int32_t status = 0;
+};
+
+}  // namespace kvpool::protocol

@@ -1,0 +1,190 @@
+// DramStore: the DRAM tier. One shared-memory segment (memfd) carved by a
+// slab allocator into size classes, an index key id -> slot, byte-aware
+// scan-resistant eviction (S3-FIFO; LRU for comparison), and RAII pins.
+//
+// Clients map the segment (segment_fd) and read or write slots in place: a
+// put reserves a slot, the writer fills it, then commits; a get pins the
+// entry and reads it. A pinned entry is never evicted, moved or reused while
+// pinned; a reserved slot is invisible to readers until committed.
+//
+// Thread-safe. Reservation and Pin handles may be destroyed on any thread;
+// they must not outlive the store.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/key_id.h"
+#include "common/metrics.h"
+#include "common/status.h"
+
+namespace kvpool {
+
+struct DramOptions {
+  // Size of the shared segment. More caches more; it is pre-faulted at start.
+  uint64_t capacity_bytes = 1ull << 30;
+  // Unit of memory moved between size classes. Larger wastes less on big
+  // values; smaller lets the class mix adapt with finer steps.
+  uint64_t slab_bytes = 4ull << 20;
+  // Largest value accepted. Values above slab_bytes take runs of whole slabs.
+  uint64_t max_value_bytes = 64ull << 20;
+  // Smallest size class; classes grow by class_growth up to slab_bytes.
+  uint64_t min_class_bytes = 64;
+  double class_growth = 1.25;
+  // Try MFD_HUGETLB (then transparent huge pages); falls back to 4 KiB pages.
+  bool huge_pages = true;
+  // Touch every page at start so the first pass over memory is not 20x slower.
+  bool prefault = true;
+  // "s3fifo" (default, scan-resistant) or "lru" (for comparison).
+  std::string eviction = "s3fifo";
+
+  Status Validate() const;
+};
+
+struct DramClassStats {
+  uint64_t slot_bytes = 0;
+  uint64_t slabs = 0;
+  uint64_t entries = 0;
+};
+
+struct DramStats {
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;       // sum of committed value sizes
+  uint64_t allocated_bytes = 0;  // bytes of slots holding committed or reserved values
+  uint64_t entries = 0;
+  uint64_t reserved = 0;         // outstanding reservations
+  uint64_t pinned = 0;           // entries with at least one pin
+  uint64_t evictions = 0;
+  uint64_t slab_moves = 0;       // slabs taken from one class for another
+  uint64_t index_bytes = 0;      // memory of the index and eviction metadata
+  double index_bytes_per_entry = 0;  // index_bytes / capacity in entries at the current mix
+  bool huge_pages = false;
+  std::vector<DramClassStats> classes;
+};
+
+class DramStore {
+ public:
+  class Reservation;
+  class Pin;
+
+  static Result<std::unique_ptr<DramStore>> Open(const DramOptions& options,
+                                                 MetricsRegistry* metrics);
+  virtual ~DramStore() = default;
+
+  // The segment, for passing to clients. Valid for the store's lifetime.
+  virtual int segment_fd() const = 0;
+  virtual uint64_t segment_bytes() const = 0;
+  virtual uint8_t* segment_base() const = 0;
+  virtual uint64_t max_value_bytes() const = 0;
+
+  // Reserves a slot of `size` bytes for `key`. AlreadyExists when the key is
+  // committed; InvalidArgument for size 0 or over max_value_bytes;
+  // ResourceExhausted when nothing can be evicted to make room.
+  virtual Result<Reservation> Reserve(const KeyId& key, uint64_t size) = 0;
+  // Publishes the reserved bytes. AlreadyExists when another writer committed
+  // the key first: this writer's slot is freed and the first value stays.
+  virtual Status Commit(Reservation reservation) = 0;
+  // Pins the committed entry for reading. NotFound on a miss.
+  virtual Result<Pin> Acquire(const KeyId& key) = 0;
+  // True when committed. Does not count as an access for eviction.
+  virtual bool Contains(const KeyId& key) const = 0;
+  // Drops the entry from the index; its slot is reused once unpinned.
+  virtual Status Remove(const KeyId& key) = 0;
+
+  // Called for each entry evicted (not removed), with its bytes still intact,
+  // while the store's lock is held: it must be quick and must not call back
+  // into the store. For write-back to a lower tier.
+  using EvictionListener = std::function<void(const KeyId& key, const uint8_t* data, uint64_t size)>;
+  virtual void SetEvictionListener(EvictionListener listener) = 0;
+
+  virtual DramStats GetStats() const = 0;
+
+ protected:
+  // Called by the handles.
+  virtual void AbortReservation(uint32_t slot) = 0;
+  virtual void Unpin(uint32_t slot) = 0;
+};
+
+// Move-only. Destroying an uncommitted reservation aborts it.
+class DramStore::Reservation {
+ public:
+  Reservation() = default;
+  Reservation(DramStore* store, uint32_t slot, KeyId key, uint64_t offset, uint64_t size)
+      : store_(store), slot_(slot), key_(key), offset_(offset), size_(size) {}
+  Reservation(Reservation&& o) noexcept { *this = std::move(o); }
+  Reservation& operator=(Reservation&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      store_ = o.store_;
+      slot_ = o.slot_;
+      key_ = o.key_;
+      offset_ = o.offset_;
+      size_ = o.size_;
+      o.store_ = nullptr;
+    }
+    return *this;
+  }
+  ~Reservation() { Reset(); }
+  void Reset() {
+    if (store_ != nullptr) store_->AbortReservation(slot_);
+    store_ = nullptr;
+  }
+  // Gives up ownership without aborting (the store's Commit uses it).
+  uint32_t Release() {
+    store_ = nullptr;
+    return slot_;
+  }
+
+  bool valid() const { return store_ != nullptr; }
+  uint32_t slot() const { return slot_; }
+  const KeyId& key() const { return key_; }
+  uint64_t offset() const { return offset_; }  // from the segment's base
+  uint64_t size() const { return size_; }
+
+ private:
+  DramStore* store_ = nullptr;
+  uint32_t slot_ = 0;
+  KeyId key_;
+  uint64_t offset_ = 0;
+  uint64_t size_ = 0;
+};
+
+// Move-only. Destroying a pin releases it.
+class DramStore::Pin {
+ public:
+  Pin() = default;
+  Pin(DramStore* store, uint32_t slot, uint64_t offset, uint64_t size)
+      : store_(store), slot_(slot), offset_(offset), size_(size) {}
+  Pin(Pin&& o) noexcept { *this = std::move(o); }
+  Pin& operator=(Pin&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      store_ = o.store_;
+      slot_ = o.slot_;
+      offset_ = o.offset_;
+      size_ = o.size_;
+      o.store_ = nullptr;
+    }
+    return *this;
+  }
+  ~Pin() { Reset(); }
+  void Reset() {
+    if (store_ != nullptr) store_->Unpin(slot_);
+    store_ = nullptr;
+  }
+
+  bool valid() const { return store_ != nullptr; }
+  uint64_t offset() const { return offset_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  DramStore* store_ = nullptr;
+  uint32_t slot_ = 0;
+  uint64_t offset_ = 0;
+  uint64_t size_ = 0;
+};
+
+}  // namespace kvpool
