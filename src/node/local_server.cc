@@ -277,7 +277,8 @@ class LocalServerImpl final : public LocalServer {
     c.epollout = want_out;
     c.reading_paused = pause;
     epoll_event ev{};
-    ev.events = (pause ? 0 : (EPOLLIN | EPOLLRDHUP)) | (want_out ? EPOLLOUT : 0);
+    uint32_t in = pause ? 0u : static_cast<uint32_t>(EPOLLIN | EPOLLRDHUP);
+    ev.events = in | (want_out ? static_cast<uint32_t>(EPOLLOUT) : 0u);
     ev.data.u64 = static_cast<uint64_t>(c.fd);
     epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
   }

@@ -1,0 +1,47 @@
+# kvpool: every target installs missing dependencies and builds first.
+BUILD_DIR ?= build
+BUILD_TYPE ?= RelWithDebInfo
+FUZZ_SECONDS ?= 60
+ARGS ?=
+
+.PHONY: all deps configure build run test bench fuzz format clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+configure: deps
+	@cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) >/dev/null
+
+build: configure
+	@ninja -C $(BUILD_DIR)
+
+# A standalone node with embedded defaults (Ctrl-C stops it).
+run: build
+	@echo "kvpool-node: socket /tmp/kvpool.sock, dashboard http://127.0.0.1:9710/"
+	@echo "  try: $(BUILD_DIR)/tools/kvpoolctl put demo greeting --value hello"
+	@echo "       $(BUILD_DIR)/tools/kvpoolctl get demo greeting"
+	@echo "       $(BUILD_DIR)/tools/kvpoolctl stat"
+	@exec $(BUILD_DIR)/src/node/kvpool-node $(ARGS)
+
+test: build
+	@cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j2
+
+bench: build
+	@bash bench/compare.sh local
+
+# libFuzzer + ASan/UBSan over the codec's decoders, bounded in time.
+fuzz: deps
+	@cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+	  -DKVPOOL_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	@ninja -C build-fuzz codec_fuzz
+	@mkdir -p build-fuzz/corpus
+	@build-fuzz/src/protocol/codec_fuzz -max_total_time=$(FUZZ_SECONDS) -timeout=5 \
+	  -rss_limit_mb=2560 -print_final_stats=1 build-fuzz/corpus src/protocol/fuzz_corpus
+
+format:
+	@clang-format -i $$(git ls-files '*.h' '*.cc')
+
+clean:
+	rm -rf $(BUILD_DIR) build-fuzz

@@ -1,0 +1,250 @@
+// Connection lifecycle against the real node: a killed client's pins and
+// reservations are released, clients reconnect after a node restart, a
+// missing node is a fast error, connection limits and handshake deadlines.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "harness/node_process.h"
+#include "kvpool/client.h"
+#include "kvpool/kvpool.h"
+
+namespace kvpool::testing {
+namespace {
+
+kvpool_client* Open(const std::string& socket, uint32_t timeout_ms = 5000) {
+  kvpool_options o;
+  kvpool_options_init(&o);
+  o.socket_path = socket.c_str();
+  o.max_connections = 2;
+  o.timeout_ms = timeout_ms;
+  kvpool_status st;
+  return kvpool_open(&o, &st);
+}
+
+nlohmann::json Stats(const NodeProcess& n) {
+  return nlohmann::json::parse(n.HttpGet("/api/v1/status"));
+}
+
+// Polls fn until it is true or 10 s pass (the node notices a closed
+// connection asynchronously).
+template <typename Fn>
+bool Eventually(Fn fn) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (fn()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return fn();
+}
+
+int RawConnect(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+TEST(ClientLifecycle, KilledClientReleasesPinsAndReservations) {
+  auto node = NodeProcess::Start();
+  ASSERT_NE(node, nullptr);
+  {
+    kvpool_client* c = Open(node->socket());
+    ASSERT_NE(c, nullptr);
+    auto v = Pattern(1, 10000);
+    for (int i = 0; i < 10; ++i) {
+      kvpool_key_id id = Client::KeyId("kill", std::to_string(i));
+      const void* p = v.data();
+      uint64_t size = v.size();
+      kvpool_status st;
+      ASSERT_EQ(kvpool_put(c, &id, &p, &size, 1, &st), KVPOOL_OK);
+    }
+    kvpool_close(c);
+  }
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t child = fork();
+  if (child == 0) {
+    kvpool_client* c = Open(node->socket());
+    if (c == nullptr) _exit(1);
+    std::vector<kvpool_key_id> ids;
+    for (int i = 0; i < 10; ++i) ids.push_back(Client::KeyId("kill", std::to_string(i)));
+    std::vector<kvpool_region> r(10);
+    std::vector<kvpool_status> st(10);
+    if (kvpool_acquire(c, ids.data(), 10, r.data(), st.data()) != KVPOOL_OK) _exit(1);
+    std::vector<kvpool_key_id> fresh;
+    std::vector<uint64_t> sizes(5, 4096);
+    for (int i = 0; i < 5; ++i) fresh.push_back(Client::KeyId("kill-new", std::to_string(i)));
+    if (kvpool_reserve(c, fresh.data(), sizes.data(), 5, r.data(), st.data()) != KVPOOL_OK) _exit(1);
+    char b = 'x';
+    if (write(ready[1], &b, 1) != 1) _exit(1);
+    pause();
+    _exit(0);
+  }
+  close(ready[1]);
+  char b;
+  ASSERT_EQ(read(ready[0], &b, 1), 1);
+  close(ready[0]);
+  auto held = Stats(*node);
+  EXPECT_EQ(held["dram"]["pinned"], 10);
+  EXPECT_EQ(held["dram"]["reserved"], 5);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  EXPECT_TRUE(Eventually([&] {
+    auto s = Stats(*node);
+    return s["dram"]["pinned"] == 0 && s["dram"]["reserved"] == 0 && s["local_connections"] == 0;
+  })) << Stats(*node).dump();
+  // Nothing stored was lost; aborted reservations never became visible.
+  kvpool_client* c = Open(node->socket());
+  ASSERT_NE(c, nullptr);
+  std::vector<kvpool_key_id> ids;
+  for (int i = 0; i < 10; ++i) ids.push_back(Client::KeyId("kill", std::to_string(i)));
+  ids.push_back(Client::KeyId("kill-new", "0"));
+  uint8_t hits[11];
+  size_t prefix;
+  ASSERT_EQ(kvpool_exists(c, ids.data(), 11, hits, &prefix), KVPOOL_OK);
+  EXPECT_EQ(prefix, 10u);
+  EXPECT_EQ(hits[10], 0);
+  kvpool_close(c);
+}
+
+TEST(ClientLifecycle, ReconnectsAfterNodeRestart) {
+  auto node = NodeProcess::Start();
+  ASSERT_NE(node, nullptr);
+  std::string socket = node->socket();
+  std::string keep_dir = node->dir();
+  kvpool_client* c = Open(socket);
+  ASSERT_NE(c, nullptr);
+  auto v = Pattern(3, 70000);
+  kvpool_key_id id = Client::KeyId("restart", "a");
+  const void* p = v.data();
+  uint64_t size = v.size();
+  kvpool_status st;
+  ASSERT_EQ(kvpool_put(c, &id, &p, &size, 1, &st), KVPOOL_OK);
+  // Hold a pin across the restart: its bytes must stay readable.
+  kvpool_region pinned;
+  ASSERT_EQ(kvpool_acquire(c, &id, 1, &pinned, &st), KVPOOL_OK);
+  ASSERT_EQ(st, KVPOOL_OK);
+
+  node->Stop(SIGTERM);
+  uint8_t hit = 7;
+  EXPECT_EQ(kvpool_exists(c, &id, 1, &hit, nullptr), KVPOOL_UNAVAILABLE);
+
+  auto node2 = NodeProcess::Start({}, socket);
+  ASSERT_NE(node2, nullptr);
+  // The same client works again: the DRAM tier starts empty, so a miss...
+  ASSERT_EQ(kvpool_exists(c, &id, 1, &hit, nullptr), KVPOOL_OK);
+  EXPECT_EQ(hit, 0);
+  // ...then a put and a byte-exact get through the new segment.
+  ASSERT_EQ(kvpool_put(c, &id, &p, &size, 1, &st), KVPOOL_OK);
+  std::vector<uint8_t> out(size);
+  void* b = out.data();
+  uint64_t got;
+  ASSERT_EQ(kvpool_get(c, &id, &b, &size, 1, &got, &st), KVPOOL_OK);
+  ASSERT_EQ(st, KVPOOL_OK);
+  EXPECT_EQ(out, v);
+  EXPECT_EQ(0, memcmp(pinned.data, v.data(), v.size()));
+  EXPECT_EQ(kvpool_release(c, &pinned.handle, 1), KVPOOL_OK);  // a handle of the old node
+  kvpool_close(c);
+}
+
+TEST(ClientLifecycle, MissingNodeIsAFastClearError) {
+  auto start = std::chrono::steady_clock::now();
+  kvpool_options o;
+  kvpool_options_init(&o);
+  o.socket_path = "/tmp/kvpool-no-such-node.sock";
+  kvpool_status st = KVPOOL_OK;
+  kvpool_client* c = kvpool_open(&o, &st);
+  EXPECT_EQ(c, nullptr);
+  EXPECT_EQ(st, KVPOOL_UNAVAILABLE);
+  EXPECT_NE(std::string(kvpool_last_error()).find("no kvpool node at"), std::string::npos)
+      << kvpool_last_error();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  // A bad options struct is refused, not read past its end.
+  o.struct_size = 3;
+  EXPECT_EQ(kvpool_open(&o, &st), nullptr);
+  EXPECT_EQ(st, KVPOOL_INVALID_ARGUMENT);
+}
+
+TEST(ClientLifecycle, StoppedNodeTimesOutWithinTheDeadline) {
+  auto node = NodeProcess::Start();
+  ASSERT_NE(node, nullptr);
+  kvpool_client* c = Open(node->socket(), 300);
+  ASSERT_NE(c, nullptr);
+  kill(node->pid(), SIGSTOP);
+  auto start = std::chrono::steady_clock::now();
+  kvpool_key_id id = Client::KeyId("stop", "a");
+  uint8_t hit;
+  EXPECT_EQ(kvpool_exists(c, &id, 1, &hit, nullptr), KVPOOL_DEADLINE_EXCEEDED);
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, std::chrono::milliseconds(250));
+  EXPECT_LT(took, std::chrono::milliseconds(1500));
+  kill(node->pid(), SIGCONT);
+  EXPECT_EQ(kvpool_exists(c, &id, 1, &hit, nullptr), KVPOOL_OK);
+  kvpool_close(c);
+}
+
+TEST(ClientLifecycle, ConnectionLimitRefusesAndCounts) {
+  auto node = NodeProcess::Start({"--max-connections", "4"});
+  ASSERT_NE(node, nullptr);
+  kvpool_client* legit = Open(node->socket());  // one connection
+  ASSERT_NE(legit, nullptr);
+  std::vector<int> fds;
+  for (int i = 0; i < 10; ++i) fds.push_back(RawConnect(node->socket()));
+  EXPECT_TRUE(Eventually([&] { return node->Metric("kvpool_rejected_connections_total") == 7; }))
+      << node->Metric("kvpool_rejected_connections_total");
+  kvpool_key_id id = Client::KeyId("limit", "a");
+  uint8_t hit;
+  EXPECT_EQ(kvpool_exists(legit, &id, 1, &hit, nullptr), KVPOOL_OK);
+  for (int fd : fds) close(fd);
+  kvpool_close(legit);
+}
+
+TEST(ClientLifecycle, SilentConnectionsAreClosedAfterTheHandshakeTimeout) {
+  auto node = NodeProcess::Start({"--handshake-timeout", "200ms"});
+  ASSERT_NE(node, nullptr);
+  int fd = RawConnect(node->socket());
+  ASSERT_GE(fd, 0);
+  // The node closes it: a read returns EOF (bounded by the node's deadline).
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char buf[256];
+  ssize_t r;
+  while ((r = read(fd, buf, sizeof(buf))) > 0) {
+  }
+  EXPECT_EQ(r, 0);
+  close(fd);
+  EXPECT_EQ(node->Metric("kvpool_protocol_errors_total{reason=\"handshake_timeout\"}"), 1);
+}
+
+TEST(ClientLifecycle, SecondNodeOnALiveSocketIsRefusedAndStaleSocketReplaced) {
+  auto node = NodeProcess::Start();
+  ASSERT_NE(node, nullptr);
+  std::string log;
+  auto second = NodeProcess::Start({}, node->socket(), &log);
+  EXPECT_EQ(second, nullptr);
+  EXPECT_NE(log.find("another kvpool-node is serving"), std::string::npos) << log;
+  // A crash leaves the socket file; the next node replaces it.
+  std::string socket = node->socket();
+  node->Stop(SIGKILL);
+  auto third = NodeProcess::Start({}, socket);
+  ASSERT_NE(third, nullptr);
+  kvpool_client* c = Open(socket);
+  EXPECT_NE(c, nullptr);
+  kvpool_close(c);
+}
+
+}  // namespace
+}  // namespace kvpool::testing

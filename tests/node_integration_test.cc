@@ -1,0 +1,368 @@
+// Integration tests against the real kvpool-node: C++ and C clients,
+// kvpoolctl, concurrent byte-exact traffic, eviction under pins, /metrics.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "harness/node_process.h"
+#include "kvpool/client.h"
+#include "kvpool/kvpool.h"
+
+namespace kvpool::testing {
+namespace {
+
+kvpool_client* Open(const std::string& socket, uint32_t conns = 4, bool copy_mode = false) {
+  kvpool_options o;
+  kvpool_options_init(&o);
+  o.socket_path = socket.c_str();
+  o.max_connections = conns;
+  o.copy_mode = copy_mode ? 1 : 0;
+  kvpool_status st;
+  kvpool_client* c = kvpool_open(&o, &st);
+  EXPECT_NE(c, nullptr) << kvpool_status_name(st) << " " << kvpool_last_error();
+  return c;
+}
+
+kvpool_key_id Id(const std::string& ns, const std::string& key) { return Client::KeyId(ns, key); }
+
+nlohmann::json Stats(kvpool_client* c) {
+  std::vector<char> buf(1 << 20);
+  size_t len = 0;
+  EXPECT_EQ(kvpool_stats_json(c, buf.data(), buf.size(), &len), KVPOOL_OK);
+  return nlohmann::json::parse(std::string(buf.data(), len));
+}
+
+class NodeTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    node_ = NodeProcess::Start();
+    ASSERT_NE(node_, nullptr);
+  }
+  std::unique_ptr<NodeProcess> node_;
+};
+
+TEST_P(NodeTest, PutGetExistsRemoveByteExact) {
+  bool copy_mode = GetParam();
+  kvpool_client* c = Open(node_->socket(), 2, copy_mode);
+  ASSERT_NE(c, nullptr);
+  const size_t kN = 40;
+  std::vector<kvpool_key_id> ids;
+  std::vector<std::vector<uint8_t>> vals;
+  std::vector<const void*> ptrs;
+  std::vector<uint64_t> sizes;
+  for (size_t i = 0; i < kN; ++i) {
+    ids.push_back(Id("it", "k" + std::to_string(i)));
+    vals.push_back(Pattern(i, 1 + i * 3001));
+  }
+  for (auto& v : vals) {
+    ptrs.push_back(v.data());
+    sizes.push_back(v.size());
+  }
+  std::vector<kvpool_status> st(kN);
+  ASSERT_EQ(kvpool_put(c, ids.data(), ptrs.data(), sizes.data(), kN, st.data()), KVPOOL_OK)
+      << kvpool_last_error();
+  for (auto s : st) EXPECT_EQ(s, KVPOOL_OK);
+
+  std::vector<std::vector<uint8_t>> out(kN, std::vector<uint8_t>(200000, 0xee));
+  std::vector<void*> bufs;
+  std::vector<uint64_t> caps(kN, 200000), got(kN);
+  for (auto& o : out) bufs.push_back(o.data());
+  ASSERT_EQ(kvpool_get(c, ids.data(), bufs.data(), caps.data(), kN, got.data(), st.data()), KVPOOL_OK);
+  for (size_t i = 0; i < kN; ++i) {
+    ASSERT_EQ(st[i], KVPOOL_OK);
+    ASSERT_EQ(got[i], vals[i].size());
+    ASSERT_EQ(0, memcmp(out[i].data(), vals[i].data(), got[i])) << i;
+    EXPECT_EQ(out[i][got[i]], 0xee);  // nothing written past the value
+  }
+
+  // First writer wins: a second put of a committed key keeps the first bytes.
+  auto other = Pattern(999, sizes[0]);
+  const void* op = other.data();
+  kvpool_status one;
+  ASSERT_EQ(kvpool_put(c, ids.data(), &op, sizes.data(), 1, &one), KVPOOL_OK);
+  EXPECT_EQ(one, KVPOOL_ALREADY_EXISTS);
+  ASSERT_EQ(kvpool_get(c, ids.data(), bufs.data(), caps.data(), 1, got.data(), &one), KVPOOL_OK);
+  EXPECT_EQ(0, memcmp(out[0].data(), vals[0].data(), got[0]));
+
+  // A buffer too small reports the size needed.
+  uint64_t small = 10;
+  ASSERT_EQ(kvpool_get(c, ids.data() + 5, bufs.data(), &small, 1, got.data(), &one), KVPOOL_OK);
+  EXPECT_EQ(one, KVPOOL_RESOURCE_EXHAUSTED);
+  EXPECT_EQ(got[0], sizes[5]);
+
+  // Exists: hits and the hit prefix.
+  std::vector<kvpool_key_id> probe = {ids[0], ids[1], Id("it", "absent"), ids[2]};
+  uint8_t hits[4];
+  size_t prefix = 0;
+  ASSERT_EQ(kvpool_exists(c, probe.data(), 4, hits, &prefix), KVPOOL_OK);
+  EXPECT_EQ(prefix, 2u);
+  EXPECT_EQ(hits[2], 0);
+  EXPECT_EQ(hits[3], 1);
+
+  // Remove, then the key misses; namespaces separate keys.
+  ASSERT_EQ(kvpool_remove(c, ids.data(), 1, &one), KVPOOL_OK);
+  EXPECT_EQ(one, KVPOOL_OK);
+  ASSERT_EQ(kvpool_get(c, ids.data(), bufs.data(), caps.data(), 1, got.data(), &one), KVPOOL_OK);
+  EXPECT_EQ(one, KVPOOL_NOT_FOUND);
+  kvpool_key_id other_ns = Id("it2", "k1");
+  ASSERT_EQ(kvpool_exists(c, &other_ns, 1, hits, &prefix), KVPOOL_OK);
+  EXPECT_EQ(hits[0], 0);
+  kvpool_close(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(MappedAndCopyMode, NodeTest, ::testing::Values(false, true));
+
+TEST(NodeIntegration, ValueOverMaximumAndZeroSizeAreInvalid) {
+  auto node = NodeProcess::Start({"--max-value-size", "1MiB", "--max-frame", "2MiB"});
+  ASSERT_NE(node, nullptr);
+  for (bool copy_mode : {false, true}) {
+    kvpool_client* c = Open(node->socket(), 1, copy_mode);
+    ASSERT_EQ(kvpool_max_value_size(c), 1u << 20);
+    std::vector<uint8_t> big((1 << 20) + 1, 1);
+    kvpool_key_id id = Id("it", "big");
+    const void* p = big.data();
+    uint64_t size = big.size();
+    kvpool_status st;
+    EXPECT_EQ(kvpool_put(c, &id, &p, &size, 1, &st), KVPOOL_INVALID_ARGUMENT);
+    EXPECT_EQ(st, KVPOOL_INVALID_ARGUMENT);
+    size = 0;
+    EXPECT_EQ(kvpool_put(c, &id, &p, &size, 1, &st), KVPOOL_INVALID_ARGUMENT);
+    uint8_t hit = 9;
+    ASSERT_EQ(kvpool_exists(c, &id, 1, &hit, nullptr), KVPOOL_OK);
+    EXPECT_EQ(hit, 0);
+    kvpool_close(c);
+  }
+}
+
+TEST(NodeIntegration, PutLargerThanTheSegmentIsResourceExhausted) {
+  auto node = NodeProcess::Start({"--dram-capacity", "16MiB", "--slab-size", "1MiB",
+                                  "--max-value-size", "32MiB", "--max-frame", "40MiB"});
+  ASSERT_NE(node, nullptr);
+  kvpool_client* c = Open(node->socket(), 1);
+  std::vector<uint8_t> v(20 << 20, 3);
+  kvpool_key_id id = Id("it", "huge");
+  const void* p = v.data();
+  uint64_t size = v.size();
+  kvpool_status st;
+  EXPECT_EQ(kvpool_put(c, &id, &p, &size, 1, &st), KVPOOL_RESOURCE_EXHAUSTED);
+  // The node still serves.
+  auto small = Pattern(1, 1000);
+  p = small.data();
+  size = small.size();
+  EXPECT_EQ(kvpool_put(c, &id, &p, &size, 1, &st), KVPOOL_OK);
+  kvpool_close(c);
+}
+
+TEST(NodeIntegration, ZeroCopyPinsSurviveEvictionChurn) {
+  auto node = NodeProcess::Start({"--dram-capacity", "32MiB", "--slab-size", "1MiB"});
+  ASSERT_NE(node, nullptr);
+  kvpool_client* c = Open(node->socket(), 2);
+  const size_t kPinned = 8;
+  const uint64_t kSize = 256 * 1024;
+  std::vector<kvpool_key_id> ids;
+  std::vector<uint64_t> sizes(kPinned, kSize);
+  for (size_t i = 0; i < kPinned; ++i) ids.push_back(Id("pin", std::to_string(i)));
+  std::vector<kvpool_region> regions(kPinned);
+  std::vector<kvpool_status> st(kPinned);
+  ASSERT_EQ(kvpool_reserve(c, ids.data(), sizes.data(), kPinned, regions.data(), st.data()), KVPOOL_OK);
+  std::vector<uint64_t> handles;
+  for (size_t i = 0; i < kPinned; ++i) {
+    auto pat = Pattern(100 + i, kSize);
+    memcpy(regions[i].data, pat.data(), kSize);
+    handles.push_back(regions[i].handle);
+  }
+  ASSERT_EQ(kvpool_commit(c, handles.data(), kPinned, st.data()), KVPOOL_OK);
+  ASSERT_EQ(kvpool_acquire(c, ids.data(), kPinned, regions.data(), st.data()), KVPOOL_OK);
+  for (auto s : st) ASSERT_EQ(s, KVPOOL_OK);
+  EXPECT_EQ(Stats(c)["dram"]["pinned"], kPinned);
+
+  // Write four times the capacity through another client: everything
+  // unpinned gets evicted, the pinned entries must stay intact.
+  kvpool_client* w = Open(node->socket(), 1);
+  auto filler = Pattern(7, kSize);
+  for (int i = 0; i < 512; ++i) {
+    kvpool_key_id id = Id("churn", std::to_string(i));
+    const void* p = filler.data();
+    uint64_t size = kSize;
+    kvpool_status s;
+    ASSERT_EQ(kvpool_put(w, &id, &p, &size, 1, &s), KVPOOL_OK) << i << " " << kvpool_last_error();
+  }
+  auto stats = Stats(w);
+  EXPECT_GT(stats["dram"]["evictions"].get<uint64_t>(), 300u);
+  for (size_t i = 0; i < kPinned; ++i) {
+    auto pat = Pattern(100 + i, kSize);
+    ASSERT_EQ(0, memcmp(regions[i].data, pat.data(), kSize)) << "pinned entry " << i << " changed";
+  }
+  for (auto& r : regions) handles[&r - regions.data()] = r.handle;
+  ASSERT_EQ(kvpool_release(c, handles.data(), kPinned), KVPOOL_OK);
+  kvpool_close(w);
+  kvpool_close(c);
+}
+
+TEST(NodeIntegration, ConcurrentClientsByteExact) {
+  auto node = NodeProcess::Start({"--dram-capacity", "256MiB"});
+  ASSERT_NE(node, nullptr);
+  kvpool_client* shared = Open(node->socket(), 4);
+  std::atomic<uint64_t> wrong{0}, hits{0}, ops{0};
+  auto worker = [&](int t, bool own) {
+    kvpool_client* c = own ? Open(node->socket(), 1) : shared;
+    for (int round = 0; round < 200; ++round) {
+      int k = (t * 7919 + round * 31) % 300;  // keys overlap across threads
+      kvpool_key_id id = Id("conc", std::to_string(k));
+      size_t size = 1024 + (k * 977) % 60000;
+      auto v = Pattern(k, size);
+      const void* p = v.data();
+      uint64_t sz = size;
+      kvpool_status st;
+      if (kvpool_put(c, &id, &p, &sz, 1, &st) != KVPOOL_OK) ++wrong;
+      std::vector<uint8_t> out(65536);
+      void* b = out.data();
+      uint64_t cap = out.size(), got = 0;
+      if (kvpool_get(c, &id, &b, &cap, 1, &got, &st) != KVPOOL_OK) ++wrong;
+      if (st == KVPOOL_OK) {
+        ++hits;
+        if (got != size || memcmp(out.data(), v.data(), size) != 0) ++wrong;
+      }
+      ++ops;
+    }
+    if (own) kvpool_close(c);
+  };
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 6; ++t) ts.emplace_back(worker, t, t % 2 == 0);
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(wrong.load(), 0u);
+  EXPECT_EQ(ops.load(), 1200u);
+  EXPECT_EQ(hits.load(), 1200u);  // 300 keys of < 64 KiB fit: no eviction
+  kvpool_close(shared);
+}
+
+TEST(NodeIntegration, CProgramUsesTheAbi) {
+  auto node = NodeProcess::Start();
+  ASSERT_NE(node, nullptr);
+  std::string out;
+  EXPECT_EQ(RunCommand({CSmokeBinary(), node->socket()}, &out, true), 0) << out;
+  EXPECT_EQ(out.rfind("ok ", 0), 0u) << out;
+}
+
+TEST(NodeIntegration, CppClientRoundTrip) {
+  auto node = NodeProcess::Start();
+  ASSERT_NE(node, nullptr);
+  Client::Options o;
+  o.socket_path = node->socket();
+  kvpool_status st;
+  auto c = Client::Open(o, &st);
+  ASSERT_NE(c, nullptr);
+  auto v = Pattern(5, 4096);
+  ASSERT_EQ(c->Put("cpp", "page-0", v), KVPOOL_OK);
+  std::vector<uint8_t> out;
+  ASSERT_EQ(c->Get("cpp", "page-0", &out), KVPOOL_OK);
+  EXPECT_EQ(out, v);
+  EXPECT_EQ(c->Get("cpp", "page-1", &out), KVPOOL_NOT_FOUND);
+  std::vector<std::string> keys = {"page-0", "page-1"};
+  auto ids = Client::KeyIds("cpp", keys);
+  std::vector<uint8_t> hits;
+  size_t prefix;
+  ASSERT_EQ(c->Exists(ids, &hits, &prefix), KVPOOL_OK);
+  EXPECT_EQ(hits, (std::vector<uint8_t>{1, 0}));
+  EXPECT_EQ(prefix, 1u);
+}
+
+TEST(NodeIntegration, KvpoolctlPutGetExistsStat) {
+  auto node = NodeProcess::Start();
+  ASSERT_NE(node, nullptr);
+  const std::string s = node->socket();
+  std::string out;
+  ASSERT_EQ(RunCommand({CtlBinary(), "--socket", s, "put", "demo", "greeting", "--value", "hello kv"}, &out), 0);
+  ASSERT_EQ(RunCommand({CtlBinary(), "--socket", s, "get", "demo", "greeting"}, &out), 0);
+  EXPECT_EQ(out, "hello kv");
+  std::string bin(3000, '\0');
+  for (size_t i = 0; i < bin.size(); ++i) bin[i] = static_cast<char>(i * 13);
+  ASSERT_EQ(RunCommand({CtlBinary(), "--socket", s, "put", "demo", "bin", "-"}, &out, false, bin), 0);
+  ASSERT_EQ(RunCommand({CtlBinary(), "--socket", s, "get", "demo", "bin"}, &out), 0);
+  EXPECT_EQ(out, bin);
+  EXPECT_EQ(RunCommand({CtlBinary(), "--socket", s, "get", "demo", "nope"}, &out), 1);
+  EXPECT_EQ(RunCommand({CtlBinary(), "--socket", s, "exists", "demo", "greeting", "nope"}, &out), 1);
+  EXPECT_EQ(out, "greeting 1\nnope 0\nprefix 1\n");
+  ASSERT_EQ(RunCommand({CtlBinary(), "--socket", s, "stat"}, &out), 0);
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["dram"]["entries"], 2);
+  EXPECT_EQ(j["node_id"], "test-node");
+  ASSERT_EQ(RunCommand({CtlBinary(), "metrics", "--admin", "127.0.0.1:" + std::to_string(node->admin_port())}, &out), 0);
+  EXPECT_NE(out.find("kvpool_ops_total{op=\"reserve\"}"), std::string::npos);
+  EXPECT_EQ(RunCommand({CtlBinary(), "bogus"}, &out), 2);
+}
+
+TEST(NodeIntegration, MetricsPassPromtoolAndCountTraffic) {
+  if (access("/usr/bin/promtool", X_OK) != 0) GTEST_SKIP() << "promtool not installed";
+  auto node = NodeProcess::Start();
+  ASSERT_NE(node, nullptr);
+  kvpool_client* c = Open(node->socket(), 1);
+  auto v = Pattern(1, 5000);
+  kvpool_key_id ids[3] = {Id("m", "a"), Id("m", "b"), Id("m", "c")};
+  const void* p[1] = {v.data()};
+  uint64_t sz[1] = {v.size()};
+  kvpool_status st[3];
+  ASSERT_EQ(kvpool_put(c, ids, p, sz, 1, st), KVPOOL_OK);
+  uint8_t hits[3];
+  ASSERT_EQ(kvpool_exists(c, ids, 3, hits, nullptr), KVPOOL_OK);
+  kvpool_close(c);
+  int status = 0;
+  std::string metrics = node->HttpGet("/metrics", &status);
+  ASSERT_EQ(status, 200);
+  EXPECT_EQ(node->Metric("kvpool_exists_hits_total"), 1);
+  EXPECT_EQ(node->Metric("kvpool_exists_misses_total"), 2);
+  EXPECT_EQ(node->Metric("kvpool_bytes_written_total"), 5000);
+  EXPECT_EQ(node->Metric("kvpool_ops_total{op=\"commit\"}"), 1);
+  std::string path = node->dir() + "/metrics.txt";
+  std::ofstream(path) << metrics;
+  std::string out;
+  int rc = RunCommand({"/bin/sh", "-c", "/usr/bin/promtool check metrics < " + path}, &out, true);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(out, "") << out;
+  // The other admin endpoints.
+  EXPECT_EQ(node->HttpGet("/healthz", &status), "ok");
+  EXPECT_EQ(status, 200);
+  node->HttpGet("/readyz", &status);
+  EXPECT_EQ(status, 200);
+  auto j = nlohmann::json::parse(node->HttpGet("/api/v1/config", &status));
+  EXPECT_EQ(j["dram-capacity"]["value"], "64MiB");
+  auto s = nlohmann::json::parse(node->HttpGet("/api/v1/status", &status));
+  EXPECT_EQ(s["dram"]["entries"], 1);
+}
+
+TEST(NodeIntegration, SigtermShutsDownGracefully) {
+  auto node = NodeProcess::Start();
+  ASSERT_NE(node, nullptr);
+  kvpool_client* c = Open(node->socket(), 1);
+  std::string socket = node->socket();
+  int st = node->Stop(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0);
+  struct stat sb;
+  EXPECT_NE(::stat(socket.c_str(), &sb), 0) << "socket file left behind";
+  EXPECT_NE(node->Log().find("stopped"), std::string::npos);
+  kvpool_key_id id = Id("x", "y");
+  uint8_t hit;
+  EXPECT_EQ(kvpool_exists(c, &id, 1, &hit, nullptr), KVPOOL_UNAVAILABLE);
+  kvpool_close(c);
+}
+
+TEST(NodeIntegration, HelpAndBadFlags) {
+  std::string out;
+  EXPECT_EQ(RunCommand({NodeBinary(), "--help"}, &out), 0);
+  EXPECT_NE(out.find("--dram-capacity"), std::string::npos);
+  EXPECT_EQ(RunCommand({NodeBinary(), "--dram-capacity=lots"}, &out, true), 2);
+  EXPECT_NE(out.find("--dram-capacity: not a size"), std::string::npos) << out;
+  EXPECT_EQ(RunCommand({NodeBinary(), "--admin-address=0.0.0.0", "--socket=/tmp/kvpool-never.sock"}, &out, true), 1);
+  EXPECT_NE(out.find("--insecure"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace kvpool::testing

@@ -1,0 +1,192 @@
+// kvpoolctl: admin CLI for one kvpool node.
+//   kvpoolctl [--socket PATH] [--timeout MS] COMMAND ...
+//   put NS KEY (--value TEXT | --file PATH | -)   store a value (- reads stdin)
+//   get NS KEY [--out FILE]                        print the value (raw bytes)
+//   exists NS KEY...                               per-key 1/0 and the hit prefix
+//   remove NS KEY...                               drop keys
+//   stat                                           the node's statistics (JSON)
+//   metrics [--admin HOST:PORT]                    the node's Prometheus metrics
+// Exit status: 0 done, 1 a miss, 2 usage, 3 an error.
+#include <httplib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvpool/kvpool.h"
+
+namespace {
+
+int Usage() {
+  std::fputs(
+      "usage: kvpoolctl [--socket PATH] [--timeout MS] COMMAND ...\n"
+      "  put NS KEY (--value TEXT | --file PATH | -)   store a value (- reads stdin)\n"
+      "  get NS KEY [--out FILE]                        print the value (raw bytes)\n"
+      "  exists NS KEY...                               per-key 1/0 and the hit prefix\n"
+      "  remove NS KEY...                               drop keys\n"
+      "  stat                                           the node's statistics (JSON)\n"
+      "  metrics [--admin HOST:PORT]                    Prometheus metrics (default 127.0.0.1:9710)\n"
+      "exit status: 0 done, 1 a miss, 2 usage, 3 an error\n",
+      stderr);
+  return 2;
+}
+
+int Error(const char* what, kvpool_status st) {
+  std::fprintf(stderr, "kvpoolctl: %s: %s (%s)\n", what, kvpool_status_name(st), kvpool_last_error());
+  return 3;
+}
+
+kvpool_key_id Id(const std::string& ns, const std::string& key) {
+  const void* p = key.data();
+  size_t len = key.size();
+  kvpool_key_id id;
+  kvpool_key_ids(ns.data(), ns.size(), &p, &len, 1, &id);
+  return id;
+}
+
+int Metrics(const std::string& admin) {
+  auto colon = admin.rfind(':');
+  if (colon == std::string::npos) return Usage();
+  httplib::Client http(admin.substr(0, colon), std::stoi(admin.substr(colon + 1)));
+  http.set_connection_timeout(5);
+  http.set_read_timeout(5);
+  auto res = http.Get("/metrics");
+  if (!res || res->status != 200) {
+    std::fprintf(stderr, "kvpoolctl: cannot fetch http://%s/metrics\n", admin.c_str());
+    return 3;
+  }
+  std::fwrite(res->body.data(), 1, res->body.size(), stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string socket_path = "/tmp/kvpool.sock";
+  uint32_t timeout_ms = 5000;
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--socket" && i + 1 < argc) socket_path = argv[++i];
+    else if (a.rfind("--socket=", 0) == 0) socket_path = a.substr(9);
+    else if (a == "--timeout" && i + 1 < argc) timeout_ms = static_cast<uint32_t>(std::stoul(argv[++i]));
+    else if (a == "-h" || a == "--help") return Usage(), 0;
+    else args.push_back(a);
+  }
+  if (args.empty()) return Usage();
+  const std::string cmd = args[0];
+  if (cmd == "metrics") {
+    std::string admin = "127.0.0.1:9710";
+    for (size_t i = 1; i < args.size(); ++i) {
+      if (args[i] == "--admin" && i + 1 < args.size()) admin = args[++i];
+      else if (args[i].rfind("--admin=", 0) == 0) admin = args[i].substr(8);
+      else return Usage();
+    }
+    return Metrics(admin);
+  }
+
+  kvpool_options opts;
+  kvpool_options_init(&opts);
+  opts.socket_path = socket_path.c_str();
+  opts.timeout_ms = timeout_ms;
+  opts.max_connections = 1;
+  kvpool_status st;
+  kvpool_client* c = kvpool_open(&opts, &st);
+  if (c == nullptr) return Error("cannot connect", st);
+  std::unique_ptr<kvpool_client, void (*)(kvpool_client*)> guard(c, kvpool_close);
+
+  if (cmd == "put") {
+    if (args.size() < 4) return Usage();
+    std::string value;
+    if (args[3] == "--value" && args.size() == 5) {
+      value = args[4];
+    } else if (args[3] == "--file" && args.size() == 5) {
+      std::ifstream in(args[4], std::ios::binary);
+      if (!in) {
+        std::fprintf(stderr, "kvpoolctl: cannot read %s\n", args[4].c_str());
+        return 3;
+      }
+      value.assign(std::istreambuf_iterator<char>(in), {});
+    } else if (args[3] == "-" && args.size() == 4) {
+      value.assign(std::istreambuf_iterator<char>(std::cin), {});
+    } else {
+      return Usage();
+    }
+    kvpool_key_id id = Id(args[1], args[2]);
+    const void* v = value.data();
+    uint64_t size = value.size();
+    kvpool_status item;
+    st = kvpool_put(c, &id, &v, &size, 1, &item);
+    if (st == KVPOOL_OK && item == KVPOOL_ALREADY_EXISTS) {
+      std::fputs("exists (kept the first value)\n", stderr);
+      return 0;
+    }
+    if (st != KVPOOL_OK) return Error("put", st);
+    return 0;
+  }
+  if (cmd == "get") {
+    if (args.size() != 3 && !(args.size() == 5 && args[3] == "--out")) return Usage();
+    kvpool_key_id id = Id(args[1], args[2]);
+    uint64_t cap = kvpool_max_value_size(c), size = 0;
+    std::vector<char> buf(cap);
+    void* b = buf.data();
+    kvpool_status item;
+    st = kvpool_get(c, &id, &b, &cap, 1, &size, &item);
+    if (st != KVPOOL_OK) return Error("get", st);
+    if (item == KVPOOL_NOT_FOUND) {
+      std::fputs("not found\n", stderr);
+      return 1;
+    }
+    if (item != KVPOOL_OK) return Error("get", item);
+    if (args.size() == 5) {
+      std::ofstream out(args[4], std::ios::binary);
+      out.write(buf.data(), static_cast<std::streamsize>(size));
+      if (!out) return 3;
+    } else {
+      std::fwrite(buf.data(), 1, size, stdout);
+    }
+    return 0;
+  }
+  if (cmd == "exists" || cmd == "remove") {
+    if (args.size() < 3) return Usage();
+    std::vector<kvpool_key_id> ids;
+    for (size_t i = 2; i < args.size(); ++i) ids.push_back(Id(args[1], args[i]));
+    if (cmd == "exists") {
+      std::vector<uint8_t> hits(ids.size());
+      size_t prefix = 0;
+      st = kvpool_exists(c, ids.data(), ids.size(), hits.data(), &prefix);
+      if (st != KVPOOL_OK) return Error("exists", st);
+      for (size_t i = 0; i < ids.size(); ++i) std::printf("%s %d\n", args[i + 2].c_str(), hits[i]);
+      std::printf("prefix %zu\n", prefix);
+      return prefix == ids.size() ? 0 : 1;
+    }
+    std::vector<kvpool_status> sts(ids.size());
+    st = kvpool_remove(c, ids.data(), ids.size(), sts.data());
+    if (st != KVPOOL_OK) return Error("remove", st);
+    int rc = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::printf("%s %s\n", args[i + 2].c_str(), kvpool_status_name(sts[i]));
+      if (sts[i] != KVPOOL_OK) rc = 1;
+    }
+    return rc;
+  }
+  if (cmd == "stat") {
+    size_t len = 0;
+    std::vector<char> buf(1 << 16);
+    st = kvpool_stats_json(c, buf.data(), buf.size(), &len);
+    if (st == KVPOOL_RESOURCE_EXHAUSTED) {
+      buf.resize(len + 1);
+      st = kvpool_stats_json(c, buf.data(), buf.size(), &len);
+    }
+    if (st != KVPOOL_OK) return Error("stat", st);
+    std::printf("%s\n", buf.data());
+    return 0;
+  }
+  return Usage();
+}
