@@ -1,0 +1,267 @@
+#!/usr/bin/env bash
+# bench/compare.sh local: kvpool's local (shared-memory) path side by side
+# with a plain memcpy (the physical limit) and Redis on this host.
+#
+# Starts its own kvpool-node and redis-server in a temporary directory and
+# stops both on exit. Measures, for 64 KiB, 1 MiB and 4 MiB values:
+#   memcpy   kvpool-memcpy-bench (random blocks between two 1 GiB regions)
+#   redis    redis-benchmark SET and GET over a 1 GiB key space, in several
+#            client configurations; the table reports Redis's best
+#   kvpool   kvpool-bench get, zc-get and put (one thread, batch 16)
+# and kvpool exists (batch 128, 4 KiB values, 256Ki keys). Each is repeated
+# (default 3) and the median reported. Ends with `metric NAME VALUE` lines;
+# see bench/README.md for what each means.
+#
+# Usage: bench/compare.sh local [--reps N] [--duration SECONDS] [--only PARTS] [--keep]
+#   --only   comma list of memcpy,redis,kvpool (default all three)
+#   --keep   keep the temporary directory (logs, raw results)
+# Environment: BUILD_DIR (default build, relative to the repository root).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+HERE="$REPO/bench"
+
+usage() {
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
+  exit 2
+}
+
+[[ "${1:-}" == "local" ]] || usage
+shift
+REPS=3
+DURATION=2          # seconds per kvpool-bench run
+MEMCPY_DURATION=1   # seconds per memcpy run
+REDIS_SECONDS=1     # target seconds per redis-benchmark run
+ONLY="memcpy,redis,kvpool"
+KEEP=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --reps) REPS="$2"; shift 2 ;;
+    --duration) DURATION="$2"; shift 2 ;;
+    --only) ONLY="$2"; shift 2 ;;
+    --keep) KEEP=1; shift ;;
+    *) usage ;;
+  esac
+done
+want() { [[ ",$ONLY," == *",$1,"* ]]; }
+
+SIZES=(65536 1048576 4194304)
+BATCH=16              # kvpool get/put/zc-get: keys per call (see README)
+EXISTS_BATCH=128
+EXISTS_VALUE=4096
+EXISTS_KEYS=262144
+NODE_DRAM=3GiB
+REDIS_CONFIGS=("-c 1" "-c 4" "-c 4 -P 4")
+WORKING_SET=$((1 << 30))
+
+BUILD_DIR="${BUILD_DIR:-build}"
+[[ "$BUILD_DIR" = /* ]] || BUILD_DIR="$REPO/$BUILD_DIR"
+
+log() { printf '[compare %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# ---- prerequisites ---------------------------------------------------------
+find_bin() {  # find_bin NAME: first executable NAME under the build directory
+  local p
+  p="$(find "$BUILD_DIR" -type f -name "$1" -perm -u+x 2>/dev/null | sort | head -n 1)"
+  [[ -n "$p" ]] && printf '%s\n' "$p"
+}
+
+missing=()
+PY=/usr/bin/python3
+[[ -x "$PY" ]] || PY="$(command -v python3 || true)"
+[[ -n "$PY" ]] || missing+=("python3 (apt-get install python3)")
+command -v curl >/dev/null || missing+=("curl (apt-get install curl)")
+if want redis; then
+  for t in redis-server redis-benchmark redis-cli; do
+    command -v "$t" >/dev/null || missing+=("$t (apt-get install redis-server redis-tools)")
+  done
+fi
+MEMCPY_BENCH="" ; KVPOOL_BENCH="" ; NODE=""
+if want memcpy; then
+  MEMCPY_BENCH="$(find_bin kvpool-memcpy-bench || true)"
+  [[ -n "$MEMCPY_BENCH" ]] || missing+=("kvpool-memcpy-bench under $BUILD_DIR (cmake -B build -G Ninja && ninja -C build)")
+fi
+if want kvpool; then
+  KVPOOL_BENCH="$(find_bin kvpool-bench || true)"
+  NODE="$(find_bin kvpool-node || true)"
+  [[ -n "$KVPOOL_BENCH" ]] || missing+=("kvpool-bench under $BUILD_DIR (cmake -B build -G Ninja && ninja -C build)")
+  [[ -n "$NODE" ]] || missing+=("kvpool-node under $BUILD_DIR (cmake -B build -G Ninja && ninja -C build)")
+fi
+if [[ ${#missing[@]} -gt 0 ]]; then
+  log "missing prerequisites:"
+  for m in "${missing[@]}"; do log "  - $m"; done
+  exit 2
+fi
+avail_kib="$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)"
+if [[ "$avail_kib" -lt $((8 * 1024 * 1024)) ]]; then
+  log "warning: only $((avail_kib / 1024)) MiB available; this run wants ~8 GiB (node 3 GiB, redis ~1.3 GiB, benches 2 GiB)"
+fi
+
+# ---- lifecycle ---------------------------------------------------------------
+TMP="$(mktemp -d -t kvpool-compare.XXXXXX)"
+RESULTS="$TMP/results.jsonl"
+: > "$RESULTS"
+NODE_PID="" ; REDIS_PID=""
+stop_pid() {  # stop_pid PID NAME: TERM, wait up to 10 s, then KILL
+  local pid="$1" _
+  kill -0 "$pid" 2>/dev/null || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$pid" 2>/dev/null; then
+    log "$2 (pid $pid) ignored SIGTERM for 10 s; killing it"
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  wait "$pid" 2>/dev/null || true
+}
+cleanup() {
+  local rc=$?
+  [[ -n "$NODE_PID" ]] && stop_pid "$NODE_PID" kvpool-node
+  [[ -n "$REDIS_PID" ]] && stop_pid "$REDIS_PID" redis-server
+  if [[ $KEEP -eq 1 || $rc -ne 0 ]]; then
+    log "logs and raw results kept in $TMP"
+  else
+    rm -rf "$TMP"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+start_node() {
+  local sock="$TMP/kvpool.sock" _
+  log "starting kvpool-node ($NODE) with $NODE_DRAM of DRAM"
+  "$NODE" --socket "$sock" --dram-capacity "$NODE_DRAM" --admin-port 0 > "$TMP/node.log" 2>&1 &
+  NODE_PID=$!
+  # The node pre-faults its segment at start: seconds per GiB on some VMs.
+  for _ in $(seq 1200); do
+    kill -0 "$NODE_PID" 2>/dev/null || { tail -n 20 "$TMP/node.log" >&2; NODE_PID=""; die "kvpool-node exited during startup"; }
+    ADMIN_URL="$(grep -o 'admin http://[0-9.]*:[0-9]*' "$TMP/node.log" | head -n 1 | awk '{print $2}' || true)"
+    if [[ -S "$sock" && -n "$ADMIN_URL" ]] && curl -fsS -m 2 "$ADMIN_URL/readyz" >/dev/null 2>&1; then
+      SOCK="$sock"
+      log "kvpool-node ready: socket $SOCK, admin $ADMIN_URL"
+      return 0
+    fi
+    sleep 0.1
+  done
+  tail -n 20 "$TMP/node.log" >&2
+  die "kvpool-node not ready after 120 s (want socket $sock and an 'admin http://...' log line)"
+}
+
+start_redis() {
+  local attempt _
+  for attempt in 1 2 3; do
+    REDIS_PORT="$("$PY" "$HERE/compare_lib.py" freeport)"
+    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --protected-mode yes --save '' --appendonly no \
+      --maxmemory 0 --dir "$TMP" --logfile "$TMP/redis.log" --daemonize no &
+    REDIS_PID=$!
+    for _ in $(seq 100); do
+      kill -0 "$REDIS_PID" 2>/dev/null || break
+      if [[ "$(redis-cli -p "$REDIS_PORT" ping 2>/dev/null)" == PONG ]]; then
+        log "redis-server $(redis-server --version | grep -o 'v=[0-9.]*') ready on 127.0.0.1:$REDIS_PORT"
+        return 0
+      fi
+      sleep 0.1
+    done
+    stop_pid "$REDIS_PID" redis-server
+    REDIS_PID=""
+    log "redis-server did not start on port $REDIS_PORT (attempt $attempt)"
+  done
+  tail -n 20 "$TMP/redis.log" >&2 || true
+  die "could not start redis-server"
+}
+
+# ---- measurements --------------------------------------------------------------
+run_memcpy() {
+  log "memcpy baseline: blocks 64KiB,1MiB,4MiB, $REPS x ${MEMCPY_DURATION}s each"
+  "$MEMCPY_BENCH" --block-size 64KiB,1MiB,4MiB --working-set 1GiB --duration "${MEMCPY_DURATION}s" \
+    --repeat "$REPS" --json | "$PY" -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l); r["system"] = "memcpy"; print(json.dumps(r))' >> "$RESULTS"
+}
+
+run_redis() {
+  local size keys cfg op rep n rps tags out
+  for size in "${SIZES[@]}"; do
+    keys=$((WORKING_SET / size))
+    log "redis: filling $keys keys of $size bytes"
+    redis-cli -p "$REDIS_PORT" flushall >/dev/null
+    "$PY" "$HERE/compare_lib.py" redis-fill "$size" "$keys" | redis-cli -p "$REDIS_PORT" --pipe > "$TMP/redis-fill.log"
+    [[ "$(redis-cli -p "$REDIS_PORT" dbsize)" == "$keys" ]] || die "redis fill: expected $keys keys, have $(redis-cli -p "$REDIS_PORT" dbsize)"
+    for op in set get; do
+      for cfg in "${REDIS_CONFIGS[@]}"; do
+        # First run sized for ~2 GB/s, later runs from the measured rate.
+        n=$(( 2000000000 * REDIS_SECONDS / size )); (( n >= 200 )) || n=200
+        for rep in $(seq 0 $((REPS - 1))); do
+          # shellcheck disable=SC2086  # cfg is a list of flags
+          out="$(redis-benchmark -p "$REDIS_PORT" -t "$op" -d "$size" -r "$keys" -n "$n" $cfg --csv)" \
+            || die "redis-benchmark $op $cfg failed"
+          tags="{\"system\":\"redis\",\"value_size\":$size,\"config\":\"${cfg}\",\"rep\":$rep}"
+          printf '%s\n' "$out" | "$PY" "$HERE/compare_lib.py" redis-csv "$tags" | tee -a "$RESULTS" > "$TMP/last.json"
+          rps="$("$PY" "$HERE/compare_lib.py" json-get ops_per_s < "$TMP/last.json")"
+          log "redis $op $size $cfg rep $rep: $(printf '%.0f' "$rps") req/s"
+          n="$("$PY" "$HERE/compare_lib.py" redis-next-n "$rps" "$REDIS_SECONDS" 200)"
+        done
+      done
+    done
+  done
+  redis-cli -p "$REDIS_PORT" flushall >/dev/null
+}
+
+KVPOOL_RC=0
+kvpool_bench() {  # kvpool_bench ARGS...: one kvpool-bench run, results appended
+  local rc=0
+  "$KVPOOL_BENCH" --socket "$SOCK" --json "$@" > "$TMP/kvpool-bench.out" 2> "$TMP/kvpool-bench.err" || rc=$?
+  cat "$TMP/kvpool-bench.err" >&2
+  if [[ $rc -ne 0 && $rc -ne 3 ]]; then
+    die "kvpool-bench $* failed (exit $rc)"
+  fi
+  [[ $rc -eq 3 ]] && { log "kvpool-bench reported errors (see above)"; KVPOOL_RC=1; }
+  "$PY" -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l); r["system"] = "kvpool"; r["config"] = "batch %d" % r["batch"]
+    print(json.dumps(r))' < "$TMP/kvpool-bench.out" >> "$RESULTS"
+  "$PY" -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l)
+    print("  %-6s %8d B: %6.2f GB/s %10.0f items/s  p50 %8.1fus p99 %8.1fus  errors %d misses %d" % (
+        r["op"], r["value_size"], r["gbps"], r["ops_per_s"], r["p50_us"], r["p99_us"], r["errors"], r["misses"]))' \
+    < "$TMP/kvpool-bench.out" >&2
+}
+
+run_kvpool() {
+  local size
+  for size in "${SIZES[@]}"; do
+    log "kvpool: get, zc-get, put of ${size}-byte values, batch $BATCH, $REPS x ${DURATION}s each"
+    # Reads first: the puts write fresh keys and would evict the working set.
+    kvpool_bench --op get,zc-get,put --value-size "$size" --batch "$BATCH" --threads 1 \
+      --duration "${DURATION}s" --repeat "$REPS" --populate --namespace "compare-$$-$size"
+  done
+  log "kvpool: exists, batch $EXISTS_BATCH over $EXISTS_KEYS keys of $EXISTS_VALUE bytes"
+  kvpool_bench --op exists --value-size "$EXISTS_VALUE" --keys "$EXISTS_KEYS" --batch "$EXISTS_BATCH" \
+    --threads 1 --duration "${DURATION}s" --repeat "$REPS" --populate --namespace "compare-$$-exists"
+  local status ibpe
+  status="$(curl -fsS -m 5 "$ADMIN_URL/api/v1/status")" || die "GET $ADMIN_URL/api/v1/status failed"
+  printf '%s\n' "$status" > "$TMP/node-status.json"
+  ibpe="$(printf '%s' "$status" | "$PY" "$HERE/compare_lib.py" json-get dram.index_bytes_per_entry)" \
+    || die "node status has no dram.index_bytes_per_entry: $status"
+  printf '{"system":"node","index_bytes_per_entry":%s}\n' "$ibpe" >> "$RESULTS"
+}
+
+started=$SECONDS
+want kvpool && start_node
+want redis && start_redis
+want memcpy && run_memcpy
+want redis && run_redis
+if want redis; then stop_pid "$REDIS_PID" redis-server; REDIS_PID=""; fi
+want kvpool && run_kvpool
+
+log "done in $((SECONDS - started)) s"
+SUMMARY_RC=0
+"$PY" "$HERE/compare_lib.py" summarize "$RESULTS" || SUMMARY_RC=$?
+if [[ $KVPOOL_RC -ne 0 || $SUMMARY_RC -ne 0 ]]; then
+  log "kvpool reported errors (failed items or wrong bytes); failing"
+  exit 1
+fi
