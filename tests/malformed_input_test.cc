@@ -208,7 +208,7 @@ TEST_F(MalformedInput, UnknownTypeAndBadBodiesKeepTheConnection) {
   ASSERT_TRUE(r.Read(&h, &rb));
   EXPECT_EQ(h.type, kErrorReply);
   // Put whose sizes do not add up to the bytes sent.
-  std::vector<protocol::SizedKey> items = {{MakeKeyId("keep", "zz"), 100}};
+  std::vector<protocol::SizedKey> items = {{MakeKeyId("keep", "zz"), 5}};
   body.clear();
   protocol::EncodeSizedKeys(items, &body);
   body.resize(body.size() + 10);

@@ -141,22 +141,36 @@ TEST(NodeIntegration, ValueOverMaximumAndZeroSizeAreInvalid) {
   }
 }
 
-TEST(NodeIntegration, PutLargerThanTheSegmentIsResourceExhausted) {
+TEST(NodeIntegration, PutLargerThanTheFreeSegment) {
   auto node = NodeProcess::Start({"--dram-capacity", "16MiB", "--slab-size", "1MiB",
                                   "--max-value-size", "32MiB", "--max-frame", "40MiB"});
   ASSERT_NE(node, nullptr);
   kvpool_client* c = Open(node->socket(), 1);
+  // A value larger than the whole segment can never fit: the node's maximum
+  // is the segment size, and the put is invalid.
+  EXPECT_EQ(kvpool_max_value_size(c), 16u << 20);
   std::vector<uint8_t> v(20 << 20, 3);
   kvpool_key_id id = Id("it", "huge");
   const void* p = v.data();
   uint64_t size = v.size();
   kvpool_status st;
+  EXPECT_EQ(kvpool_put(c, &id, &p, &size, 1, &st), KVPOOL_INVALID_ARGUMENT);
+  // Hold 12 MiB of reservations: an 8 MiB value does not fit in what is free.
+  std::vector<kvpool_key_id> held;
+  for (int i = 0; i < 12; ++i) held.push_back(Id("it", "held" + std::to_string(i)));
+  std::vector<uint64_t> sizes(12, 1 << 20);
+  std::vector<kvpool_region> regions(12);
+  std::vector<kvpool_status> sts(12);
+  ASSERT_EQ(kvpool_reserve(c, held.data(), sizes.data(), 12, regions.data(), sts.data()), KVPOOL_OK);
+  size = 8 << 20;
   EXPECT_EQ(kvpool_put(c, &id, &p, &size, 1, &st), KVPOOL_RESOURCE_EXHAUSTED);
-  // The node still serves.
-  auto small = Pattern(1, 1000);
-  p = small.data();
-  size = small.size();
-  EXPECT_EQ(kvpool_put(c, &id, &p, &size, 1, &st), KVPOOL_OK);
+  EXPECT_EQ(st, KVPOOL_RESOURCE_EXHAUSTED);
+  EXPECT_EQ(node->Metric("kvpool_put_failures_total"), 2);  // the invalid one and this
+  // Once the reservations are gone it fits.
+  std::vector<uint64_t> handles;
+  for (auto& r : regions) handles.push_back(r.handle);
+  ASSERT_EQ(kvpool_abort(c, handles.data(), handles.size()), KVPOOL_OK);
+  EXPECT_EQ(kvpool_put(c, &id, &p, &size, 1, &st), KVPOOL_OK) << kvpool_last_error();
   kvpool_close(c);
 }
 

@@ -91,6 +91,9 @@ int main(int argc, char** argv) {
     return Metrics(admin);
   }
 
+  if (cmd != "put" && cmd != "get" && cmd != "exists" && cmd != "remove" && cmd != "stat") {
+    return Usage();
+  }
   kvpool_options opts;
   kvpool_options_init(&opts);
   opts.socket_path = socket_path.c_str();

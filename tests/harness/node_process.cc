@@ -35,7 +35,7 @@ std::unique_ptr<NodeProcess> NodeProcess::Start(const std::vector<std::string>& 
   n->dir_ = mkdtemp(tmpl);
   n->socket_ = socket_path.empty() ? n->dir_ + "/node.sock" : socket_path;
   n->log_path_ = n->dir_ + "/node.log";
-  std::vector<std::string> args = {NodeBinary(), "--socket", n->socket_, "--dram-capacity", "64MiB",
+  std::vector<std::string> args = {NodeBinary(), "--socket", n->socket_, "--dram-capacity", "64MiB", "--slab-size", "1MiB",
                                     "--admin-port", "0", "--node-id", "test-node"};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   pid_t pid = fork();
