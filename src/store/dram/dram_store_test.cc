@@ -1,0 +1,429 @@
+#include "store/dram/dram_store.h"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <map>
+#include <random>
+#include <set>
+
+#include "store/dram/dram_test_util.h"
+
+namespace kvpool::dram {
+namespace {
+
+using testing::CheckPattern;
+using testing::FillPattern;
+using testing::Get;
+using testing::Key;
+using testing::Put;
+using testing::SmallOptions;
+
+constexpr uint64_t KiB = 1024, MiB = 1024 * 1024;
+
+std::unique_ptr<DramStore> OpenStore(const DramOptions& o, MetricsRegistry* m = nullptr) {
+  auto s = DramStore::Open(o, m);
+  KVPOOL_CHECK(s.ok());
+  return std::move(s).value();
+}
+
+const DramClassStats* ClassOf(const DramStats& s, uint64_t slot_bytes) {
+  for (const auto& c : s.classes) {
+    if (c.slot_bytes == slot_bytes) return &c;
+  }
+  return nullptr;
+}
+
+TEST(DramStoreTest, ValidatesOptions) {
+  DramOptions o = SmallOptions();
+  EXPECT_TRUE(o.Validate().ok());
+  o.capacity_bytes = 16 * MiB + 4096;
+  EXPECT_EQ(o.Validate().code(), StatusCode::kInvalidArgument);
+  o = SmallOptions();
+  o.eviction = "fifo";
+  EXPECT_EQ(DramStore::Open(o, nullptr).status().code(), StatusCode::kInvalidArgument);
+  o = SmallOptions();
+  o.class_growth = 1.0;
+  EXPECT_EQ(o.Validate().code(), StatusCode::kInvalidArgument);
+  o = SmallOptions(1ull << 40, 4 * MiB);  // 2^18 slabs x 2^16 slots of 64 B: ids overflow
+  EXPECT_EQ(o.Validate().code(), StatusCode::kInvalidArgument);
+  o.min_class_bytes = 4096;
+  o.max_value_bytes = 64 * MiB;
+  EXPECT_TRUE(o.Validate().ok());
+  o.max_value_bytes = 4ull << 30;
+  EXPECT_EQ(o.Validate().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(DramStoreTest, PutGetThroughSegmentAndClientMapping) {
+  MetricsRegistry metrics;
+  DramOptions o = SmallOptions();
+  o.huge_pages = true;  // no hugetlb pages here: must fall back, not fail
+  auto store = OpenStore(o, &metrics);
+  EXPECT_EQ(store->segment_bytes(), 16 * MiB);
+  EXPECT_EQ(store->max_value_bytes(), 16 * MiB);
+
+  // A client maps the fd itself and writes through its own mapping.
+  void* client = mmap(nullptr, store->segment_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED,
+                      store->segment_fd(), 0);
+  ASSERT_NE(client, MAP_FAILED);
+  auto r = store->Reserve(Key(1), 100 * KiB);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->offset() % 64, 0u);
+  FillPattern(Key(1), static_cast<uint8_t*>(client) + r->offset(), 100 * KiB);
+  EXPECT_FALSE(store->Contains(Key(1)));  // reserved is invisible
+  EXPECT_EQ(store->Acquire(Key(1)).status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(store->Commit(std::move(r).value()).ok());
+  EXPECT_TRUE(store->Contains(Key(1)));
+  EXPECT_TRUE(Get(*store, Key(1), 100 * KiB).ok());
+  munmap(client, store->segment_bytes());
+
+  ASSERT_TRUE(Put(*store, Key(2), 1).ok());
+  ASSERT_TRUE(Put(*store, Key(3), 1 * MiB).ok());
+  EXPECT_TRUE(Get(*store, Key(2), 1).ok());
+  EXPECT_TRUE(Get(*store, Key(3), 1 * MiB).ok());
+  const DramStats s = store->GetStats();
+  EXPECT_EQ(s.entries, 3u);
+  EXPECT_EQ(s.used_bytes, 100 * KiB + 1 + MiB);
+  // 100 KiB lands in the 9-per-slab class (1 MiB / 9, rounded down to 64).
+  ASSERT_NE(ClassOf(s, (MiB / 9) & ~uint64_t{63}), nullptr);
+  EXPECT_EQ(ClassOf(s, (MiB / 9) & ~uint64_t{63})->entries, 1u);
+  EXPECT_EQ(s.allocated_bytes, ((MiB / 9) & ~uint64_t{63}) + 64 + MiB);
+  EXPECT_EQ(s.reserved, 0u);
+  EXPECT_EQ(s.pinned, 0u);
+  EXPECT_FALSE(s.huge_pages);
+  EXPECT_EQ(metrics.ValueOf("kvpool_dram_entries"), 3);
+  EXPECT_EQ(metrics.ValueOf("kvpool_dram_used_bytes"), static_cast<double>(s.used_bytes));
+  EXPECT_EQ(metrics.ValueOf("kvpool_dram_capacity_bytes"), 16.0 * MiB);
+  EXPECT_EQ(metrics.ValueOf("kvpool_dram_hits_total"), 3);
+  EXPECT_EQ(metrics.ValueOf("kvpool_dram_misses_total"), 1);
+  EXPECT_EQ(metrics.ValueOf("kvpool_dram_index_bytes"), static_cast<double>(s.index_bytes));
+}
+
+TEST(DramStoreTest, RejectsBadSizesAndCommittedKeys) {
+  auto store = OpenStore(SmallOptions());
+  EXPECT_EQ(store->Reserve(Key(1), 0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->Reserve(Key(1), 16 * MiB + 1).status().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(Put(*store, Key(1), 4096).ok());
+  EXPECT_EQ(store->Reserve(Key(1), 4096).status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(store->Reserve(Key(1), 8192).status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(store->Commit(DramStore::Reservation()).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(DramStoreTest, FirstCommitWins) {
+  auto store = OpenStore(SmallOptions());
+  auto first = store->Reserve(Key(7), 64 * KiB);
+  auto second = store->Reserve(Key(7), 32 * KiB);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_NE(first->offset(), second->offset());
+  EXPECT_EQ(store->GetStats().reserved, 2u);
+  // The second reservation commits first: it wins.
+  FillPattern(Key(7), store->segment_base() + second->offset(), 32 * KiB);
+  std::memset(store->segment_base() + first->offset(), 0xee, 64 * KiB);
+  ASSERT_TRUE(store->Commit(std::move(second).value()).ok());
+  EXPECT_EQ(store->Commit(std::move(first).value()).code(), StatusCode::kAlreadyExists);
+  EXPECT_TRUE(Get(*store, Key(7), 32 * KiB).ok());
+  const DramStats s = store->GetStats();
+  EXPECT_EQ(s.entries, 1u);
+  EXPECT_EQ(s.reserved, 0u);
+  EXPECT_EQ(s.allocated_bytes, 32 * KiB);  // the loser's slot is freed
+}
+
+TEST(DramStoreTest, DestroyedReservationAborts) {
+  auto store = OpenStore(SmallOptions());
+  {
+    auto r = store->Reserve(Key(1), 256 * KiB);
+    ASSERT_TRUE(r.ok());
+    DramStore::Reservation moved = std::move(r).value();
+    EXPECT_TRUE(moved.valid());
+    EXPECT_EQ(store->GetStats().allocated_bytes, 256 * KiB);
+  }
+  DramStats s = store->GetStats();
+  EXPECT_EQ(s.reserved, 0u);
+  EXPECT_EQ(s.allocated_bytes, 0u);
+  EXPECT_EQ(s.entries, 0u);
+  EXPECT_FALSE(store->Contains(Key(1)));
+  // Reset() aborts too, and the key can be reserved again.
+  auto r = store->Reserve(Key(1), 256 * KiB);
+  ASSERT_TRUE(r.ok());
+  r->Reset();
+  EXPECT_EQ(store->GetStats().reserved, 0u);
+  EXPECT_TRUE(Put(*store, Key(1), 256 * KiB).ok());
+}
+
+TEST(DramStoreTest, ResourceExhaustedWhenEverythingPinnedOrReserved) {
+  auto store = OpenStore(SmallOptions());  // 16 slabs of 1 MiB
+  std::vector<DramStore::Pin> pins;
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_TRUE(Put(*store, Key(i), MiB).ok());
+    auto p = store->Acquire(Key(i));
+    ASSERT_TRUE(p.ok());
+    pins.push_back(std::move(p).value());
+  }
+  EXPECT_EQ(store->GetStats().pinned, 16u);
+  EXPECT_EQ(store->Reserve(Key(100), MiB).status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(store->Reserve(Key(100), 4 * KiB).status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(store->Reserve(Key(100), 3 * MiB).status().code(), StatusCode::kResourceExhausted);
+  // A second pin of the same entry is independent.
+  auto again = store->Acquire(Key(3));
+  ASSERT_TRUE(again.ok());
+  pins[3].Reset();
+  EXPECT_EQ(store->Reserve(Key(100), MiB).status().code(), StatusCode::kResourceExhausted);
+  again->Reset();
+  EXPECT_EQ(store->GetStats().pinned, 15u);
+  // Now exactly key 3 can go.
+  {
+    Status st = Put(*store, Key(100), MiB);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  EXPECT_FALSE(store->Contains(Key(3)));
+  EXPECT_EQ(store->GetStats().evictions, 1u);
+  pins.clear();
+
+  // Outstanding reservations block the same way.
+  auto store2 = OpenStore(SmallOptions());
+  std::vector<DramStore::Reservation> rs;
+  for (int i = 0; i < 16; ++i) {
+    auto r = store2->Reserve(Key(i), MiB);
+    ASSERT_TRUE(r.ok());
+    rs.push_back(std::move(r).value());
+  }
+  EXPECT_EQ(store2->Reserve(Key(99), 1).status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(store2->GetStats().reserved, 16u);
+  rs.clear();
+  EXPECT_EQ(store2->GetStats().reserved, 0u);
+  EXPECT_TRUE(Put(*store2, Key(99), 1).ok());
+}
+
+TEST(DramStoreTest, RemoveWhilePinnedKeepsSlotUntilUnpinned) {
+  auto store = OpenStore(SmallOptions());
+  ASSERT_TRUE(Put(*store, Key(1), 64 * KiB).ok());
+  auto pin = store->Acquire(Key(1));
+  ASSERT_TRUE(pin.ok());
+  const uint64_t pinned_offset = pin->offset();
+  ASSERT_TRUE(store->Remove(Key(1)).ok());
+  EXPECT_EQ(store->Remove(Key(1)).code(), StatusCode::kNotFound);
+  EXPECT_FALSE(store->Contains(Key(1)));
+  EXPECT_EQ(store->Acquire(Key(1)).status().code(), StatusCode::kNotFound);
+  DramStats s = store->GetStats();
+  EXPECT_EQ(s.entries, 0u);
+  EXPECT_EQ(s.used_bytes, 0u);
+  EXPECT_EQ(s.allocated_bytes, 64 * KiB);  // still held by the pin
+  // Churn through the whole store several times: the slot is never handed out.
+  for (uint64_t i = 100; i < 100 + 4 * 256; ++i) {
+    auto r = store->Reserve(Key(i), 64 * KiB);
+    ASSERT_TRUE(r.ok());
+    ASSERT_NE(r->offset(), pinned_offset);
+    FillPattern(Key(i), store->segment_base() + r->offset(), 64 * KiB);
+    ASSERT_TRUE(store->Commit(std::move(r).value()).ok());
+  }
+  EXPECT_TRUE(CheckPattern(Key(1), store->segment_base() + pinned_offset, 64 * KiB));
+  // The key can be put again while the old bytes are still pinned.
+  ASSERT_TRUE(Put(*store, Key(1), 64 * KiB).ok());
+  pin->Reset();
+  EXPECT_TRUE(Get(*store, Key(1), 64 * KiB).ok());
+  s = store->GetStats();
+  EXPECT_EQ(s.pinned, 0u);
+  EXPECT_EQ(s.allocated_bytes, s.entries * 64 * KiB);
+}
+
+TEST(DramStoreTest, LargeValuesTakeRunsOfSlabs) {
+  auto store = OpenStore(SmallOptions());  // 16 x 1 MiB
+  const uint64_t big = 3 * MiB + 5;        // 4 slabs
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(Put(*store, Key(i), big).ok());
+  DramStats s = store->GetStats();
+  EXPECT_EQ(s.allocated_bytes, 16 * MiB);
+  EXPECT_EQ(s.classes.back().slabs, 16u);
+  EXPECT_EQ(s.classes.back().entries, 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(Get(*store, Key(i), big).ok());
+  // Small values now take slabs from the large class (evicting a run).
+  ASSERT_TRUE(Put(*store, Key(10), 4 * KiB).ok());
+  s = store->GetStats();
+  EXPECT_EQ(s.entries, 4u);
+  EXPECT_EQ(s.evictions, 1u);
+  EXPECT_EQ(s.classes.back().slabs, 12u);
+  // A 4-slab value now needs a window: it evicts a cold run (or the small slab).
+  ASSERT_TRUE(Put(*store, Key(11), 4 * MiB).ok());
+  EXPECT_TRUE(Get(*store, Key(11), 4 * MiB).ok());
+  s = store->GetStats();
+  uint64_t used = 4 * MiB, entries = 1;
+  for (int i = 0; i < 4; ++i) {
+    if (!store->Contains(Key(i))) continue;
+    EXPECT_TRUE(Get(*store, Key(i), big).ok());
+    used += big;
+    ++entries;
+  }
+  if (store->Contains(Key(10))) {
+    used += 4 * KiB;
+    ++entries;
+  }
+  EXPECT_EQ(s.entries, entries);
+  EXPECT_EQ(s.used_bytes, used);
+  EXPECT_LE(s.allocated_bytes, 16 * MiB);
+}
+
+TEST(DramStoreTest, SlabsMoveToTheClassInUse) {
+  DramOptions o = SmallOptions(64 * MiB, 1 * MiB);
+  auto store = OpenStore(o);
+  for (uint64_t i = 0; i < 4096; ++i) ASSERT_TRUE(Put(*store, Key(i), 16 * KiB).ok());
+  DramStats s = store->GetStats();
+  EXPECT_EQ(s.entries, 4096u);
+  EXPECT_EQ(ClassOf(s, 16 * KiB)->slabs, 64u);
+  EXPECT_EQ(s.evictions, 0u);
+  // The workload switches to 256 KiB values (4 per slab), 4x the capacity.
+  const uint64_t kBig = 1024;
+  for (uint64_t i = 0; i < kBig; ++i) ASSERT_TRUE(Put(*store, Key(100000 + i), 256 * KiB).ok());
+  s = store->GetStats();
+  const DramClassStats* big = ClassOf(s, 256 * KiB);
+  const DramClassStats* small = ClassOf(s, 16 * KiB);
+  EXPECT_GE(big->slabs, 62u) << "slab moves: " << s.slab_moves;
+  EXPECT_EQ(big->slabs + small->slabs, 64u);
+  EXPECT_EQ(s.slab_moves, big->slabs);
+  EXPECT_EQ(big->entries, big->slabs * 4);
+  EXPECT_EQ(small->entries, small->slabs * 64);
+  EXPECT_EQ(s.entries, big->entries + small->entries);
+  // The most recent values are all there, with their bytes.
+  for (uint64_t i = kBig - big->entries / 2; i < kBig; ++i) {
+    ASSERT_TRUE(Get(*store, Key(100000 + i), 256 * KiB).ok()) << i;
+  }
+}
+
+// Two classes turning over the same bytes share the memory, and stop
+// trading slabs once balanced.
+TEST(DramStoreTest, ActiveClassesShareMemoryWithoutThrashing) {
+  DramOptions o = SmallOptions(64 * MiB, 1 * MiB);
+  o.prefault = false;
+  auto store = OpenStore(o);
+  auto put = [&](uint64_t k, uint64_t size) {
+    auto r = store->Reserve(Key(k), size);
+    ASSERT_TRUE(r.ok());
+    ASSERT_TRUE(store->Commit(std::move(r).value()).ok());
+  };
+  uint64_t k = 0;
+  auto round = [&] {
+    for (int j = 0; j < 16; ++j) put(k++, 16 * KiB);
+    put(k++, 256 * KiB);
+  };
+  for (int i = 0; i < 1024; ++i) round();  // 8x the capacity
+  const uint64_t moves = store->GetStats().slab_moves;
+  for (int i = 0; i < 1024; ++i) round();
+  const DramStats s = store->GetStats();
+  const uint64_t big = ClassOf(s, 256 * KiB)->slabs, small = ClassOf(s, 16 * KiB)->slabs;
+  EXPECT_EQ(big + small, 64u);
+  EXPECT_GE(big, 16u);
+  EXPECT_GE(small, 16u);
+  EXPECT_LE(s.slab_moves - moves, 8u) << big << " " << small;
+}
+
+// Index and metadata per entry at common KV page sizes, on the default 1 GiB
+// store with 4 MiB slabs. Not prefaulted and no bytes written: only metadata
+// is measured.
+TEST(DramStoreTest, IndexBytesPerEntry) {
+  for (uint64_t value : {64 * KiB, 1 * MiB}) {
+    DramOptions o;
+    o.huge_pages = false;
+    o.prefault = false;
+    auto store = OpenStore(o);
+    const uint64_t n = o.capacity_bytes / value;
+    for (uint64_t i = 0; i < n; ++i) {
+      auto r = store->Reserve(Key(i), value);
+      ASSERT_TRUE(r.ok());
+      ASSERT_TRUE(store->Commit(std::move(r).value()).ok());
+    }
+    const DramStats s = store->GetStats();
+    EXPECT_EQ(s.entries, n);
+    EXPECT_EQ(s.evictions, 0u);
+    EXPECT_DOUBLE_EQ(s.index_bytes_per_entry, static_cast<double>(s.index_bytes) / n);
+    EXPECT_LE(s.index_bytes_per_entry, 64.0);
+    std::printf("value %llu KiB: %llu entries, index_bytes %llu, %.1f bytes/entry\n",
+                static_cast<unsigned long long>(value / KiB),
+                static_cast<unsigned long long>(n),
+                static_cast<unsigned long long>(s.index_bytes), s.index_bytes_per_entry);
+  }
+}
+
+TEST(DramStoreTest, EvictionListenerSeesIntactBytes) {
+  auto store = OpenStore(SmallOptions());
+  uint64_t seen = 0, good = 0;
+  store->SetEvictionListener([&](const KeyId& key, const uint8_t* data, uint64_t size) {
+    ++seen;
+    if (size == 512 * KiB && CheckPattern(key, data, size)) ++good;
+  });
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(Put(*store, Key(i), 512 * KiB).ok());
+  ASSERT_TRUE(store->Remove(Key(99)).ok());  // removals are not evictions
+  const DramStats s = store->GetStats();
+  EXPECT_EQ(s.evictions, 100u - 32u);
+  EXPECT_EQ(seen, s.evictions);
+  EXPECT_EQ(good, seen);
+  EXPECT_EQ(s.entries, 31u);
+}
+
+// Random puts/gets/removes/pins of mixed sizes (incl. runs) against a model:
+// every hit returns exactly the bytes put, and the accounting adds up.
+TEST(DramStoreTest, ChurnMatchesReferenceModel) {
+  for (const char* policy : {"s3fifo", "lru"}) {
+    DramOptions o = SmallOptions(32 * MiB, 1 * MiB);
+    o.eviction = policy;
+    auto store = OpenStore(o);
+    std::mt19937_64 rng(7);
+    const uint64_t sizes[] = {1, 4 * KiB, 16 * KiB, 65 * KiB, 100 * KiB, 1 * MiB, 2 * MiB + 3};
+    std::map<uint64_t, uint64_t> model;  // key -> size of the committed value
+    std::vector<std::pair<uint64_t, DramStore::Pin>> pins;
+    uint64_t hits = 0, removed = 0;
+    for (int op = 0; op < 12000; ++op) {
+      const uint64_t k = rng() % 120;  // ~55 MiB of values for 32 MiB
+      const int what = static_cast<int>(rng() % 10);
+      auto it = model.find(k);
+      if (what < 4) {
+        const uint64_t size = sizes[rng() % std::size(sizes)];
+        const bool present = it != model.end() && store->Contains(Key(k));
+        Status st = Put(*store, Key(k), size);
+        if (present) {
+          ASSERT_EQ(st.code(), StatusCode::kAlreadyExists);
+        } else {
+          ASSERT_TRUE(st.ok()) << st.ToString();
+          model[k] = size;
+        }
+      } else if (what < 8) {
+        auto pin = store->Acquire(Key(k));
+        if (it == model.end()) {
+          ASSERT_FALSE(pin.ok());
+          continue;
+        }
+        if (!pin.ok()) continue;  // evicted
+        ++hits;
+        ASSERT_EQ(pin->size(), it->second);
+        ASSERT_TRUE(CheckPattern(Key(k), store->segment_base() + pin->offset(), it->second));
+        if (rng() % 8 == 0 && pins.size() < 6) pins.emplace_back(k, std::move(pin).value());
+      } else if (what < 9) {
+        if (store->Remove(Key(k)).ok()) ++removed;
+        model.erase(k);
+      } else if (!pins.empty()) {
+        const size_t i = rng() % pins.size();
+        const auto& [pk, pin] = pins[i];
+        ASSERT_TRUE(CheckPattern(Key(pk), store->segment_base() + pin.offset(), pin.size()));
+        pins.erase(pins.begin() + static_cast<long>(i));
+      }
+    }
+    pins.clear();
+    uint64_t entries = 0, used = 0;
+    for (const auto& [k, size] : model) {
+      if (!store->Contains(Key(k))) continue;
+      ++entries;
+      used += size;
+      ASSERT_TRUE(Get(*store, Key(k), size).ok());
+    }
+    const DramStats s = store->GetStats();
+    EXPECT_EQ(s.entries, entries) << policy;
+    EXPECT_EQ(s.used_bytes, used);
+    EXPECT_EQ(s.pinned, 0u);
+    EXPECT_EQ(s.reserved, 0u);
+    EXPECT_LE(s.allocated_bytes, 32 * MiB);
+    EXPECT_GE(s.allocated_bytes, used);
+    EXPECT_GT(hits, 500u);
+    EXPECT_GT(removed, 100u);
+    EXPECT_GT(s.evictions, 1000u);
+  }
+}
+
+}  // namespace
+}  // namespace kvpool::dram

@@ -1,0 +1,50 @@
+// EvictionPolicy: orders the committed entries of each size class and picks
+// which to evict when that class needs a slot. Eviction is per class, so it
+// always frees space of the size that is wanted; moving memory between
+// classes is DramStore's job (slab moves).
+//
+//  - S3-FIFO (Yang et al., SOSP'23): a small FIFO (~10% of the class's slots)
+//    that new keys enter, a main FIFO, and a ghost FIFO of fingerprints of
+//    keys evicted from the small queue. A key accessed while in the small
+//    queue is promoted to main on reaching its head; otherwise it is evicted
+//    and remembered in the ghost; a remembered key is inserted straight into
+//    main. Main is a FIFO with reinsertion (CLOCK-like, 2-bit counters).
+//    One-time scans pass through the small queue without disturbing main.
+//  - LRU: one list per class, an access moves the entry to the tail.
+//
+// Pinned entries are never chosen: they are skipped (S3-FIFO: reinserted at
+// their queue's tail; LRU: passed over).
+//
+// Not thread-safe; owned by DramStore under its mutex.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "store/dram/slab_allocator.h"
+
+namespace kvpool::dram {
+
+class EvictionPolicy {
+ public:
+  // "s3fifo" or "lru"; null for anything else.
+  static std::unique_ptr<EvictionPolicy> Create(std::string_view name, SlabAllocator* alloc);
+  virtual ~EvictionPolicy() = default;
+
+  // A committed entry enters the cache.
+  virtual void Insert(uint32_t slot, uint16_t cls) = 0;
+  // A hit.
+  virtual void Touch(uint32_t slot, uint16_t cls) = 0;
+  // The entry leaves the cache other than through PickVictim.
+  virtual void Erase(uint32_t slot, uint16_t cls) = 0;
+  // Unlinks and returns the entry of `cls` to evict next; kNoSlot when every
+  // entry is pinned or there is none.
+  virtual uint32_t PickVictim(uint16_t cls) = 0;
+  // The store can now hold about `entries` entries (sizes the ghost).
+  virtual void SetCapacityEntries(uint64_t entries) = 0;
+  // Heap bytes of the policy's own structures.
+  virtual uint64_t bytes() const = 0;
+};
+
+}  // namespace kvpool::dram

@@ -1,0 +1,97 @@
+#include "store/dram/segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+
+#include "common/log.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+
+namespace kvpool::dram {
+namespace {
+
+constexpr uint64_t kHugePageBytes = 2ull << 20;
+
+// Creates a sized memfd and maps it. Returns the errno-derived status of the
+// first failing step; leaves nothing open on failure.
+Status MapMemfd(uint64_t bytes, unsigned extra_flags, int* fd_out, uint8_t** base_out) {
+  int fd = memfd_create("kvpool-dram", MFD_CLOEXEC | MFD_ALLOW_SEALING | extra_flags);
+  if (fd < 0) return ErrnoStatus("memfd_create", errno);
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    int err = errno;
+    close(fd);
+    return ErrnoStatus("ftruncate", err);
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    int err = errno;
+    close(fd);
+    return ErrnoStatus("mmap", err);
+  }
+  // Clients get this fd: sealing its size means none of them can shrink the
+  // segment under us (which would turn our accesses into SIGBUS).
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    LogWarn("dram: cannot seal the segment's size: {}", ErrnoStatus("fcntl", errno).ToString());
+  }
+  *fd_out = fd;
+  *base_out = static_cast<uint8_t*>(p);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Segment>> Segment::Create(const SegmentOptions& options) {
+  if (options.bytes == 0) return InvalidArgument("segment of 0 bytes");
+  int fd = -1;
+  uint8_t* base = nullptr;
+  bool huge = false;
+  if (options.huge_pages) {
+    if (options.bytes % kHugePageBytes != 0) {
+      LogInfo("dram: {} bytes is not a multiple of 2 MiB; using 4 KiB pages", options.bytes);
+    } else {
+      // With no hugetlb pages reserved, mmap fails with ENOMEM here rather
+      // than SIGBUS later, because hugetlb mappings reserve at mmap time.
+      Status st = MapMemfd(options.bytes, MFD_HUGETLB, &fd, &base);
+      if (st.ok()) {
+        huge = true;
+      } else {
+        LogInfo("dram: huge pages unavailable ({}); falling back to 4 KiB pages", st.ToString());
+      }
+    }
+  }
+  if (!huge) {
+    KVPOOL_RETURN_IF_ERROR(MapMemfd(options.bytes, 0, &fd, &base));
+    // Transparent huge pages for shmem, where the admin allows it
+    // (shmem_enabled=advise); harmless otherwise.
+    if (options.huge_pages) madvise(base, options.bytes, MADV_HUGEPAGE);
+  }
+  std::unique_ptr<Segment> seg(new Segment(fd, base, options.bytes, huge));
+  if (options.prefault) {
+    auto t0 = std::chrono::steady_clock::now();
+    if (madvise(base, options.bytes, MADV_POPULATE_WRITE) != 0) {
+      // Older kernel: touch one byte per page (writes, so the page is
+      // allocated, not mapped to the zero page).
+      const uint64_t page = huge ? kHugePageBytes : 4096;
+      for (uint64_t off = 0; off < options.bytes; off += page) {
+        reinterpret_cast<volatile uint8_t*>(base)[off] = 0;
+      }
+    }
+    seg->prefault_seconds_ =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    LogInfo("dram: pre-faulted {} MiB in {:.3f} s", options.bytes >> 20, seg->prefault_seconds_);
+  }
+  return seg;
+}
+
+Segment::~Segment() {
+  munmap(base_, bytes_);
+  close(fd_);
+}
+
+}  // namespace kvpool::dram

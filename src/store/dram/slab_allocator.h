@@ -1,0 +1,150 @@
+// SlabAllocator: carves the segment into slabs, assigns slabs to size
+// classes, and keeps per-slot metadata (SlotMeta) and per-class free lists.
+// Values above slab_bytes take a run of contiguous whole slabs (the "large"
+// class, one slot per run). It decides nothing about eviction or balance:
+// DramStore drives it.
+//
+// Slot ids are (slab index << slot_bits) | index in slab, so finding a slot's
+// metadata is two array lookups and needs no table of its own.
+//
+// Not thread-safe; owned by DramStore under its mutex.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/check.h"
+#include "common/key_id.h"
+
+namespace kvpool::dram {
+
+inline constexpr uint32_t kNoSlot = UINT32_MAX;
+inline constexpr uint32_t kNoSlab = UINT32_MAX;
+inline constexpr uint16_t kNoClass = UINT16_MAX;  // slab not assigned
+inline constexpr uint16_t kRunTail = UINT16_MAX - 1;  // slab inside a run, not its head
+
+enum class SlotState : uint8_t { kFree, kReserved, kCommitted, kZombie /* removed, pinned */ };
+enum QueueId : uint8_t { kQueueNone = 0, kQueueSmall = 1, kQueueMain = 2 };
+
+// 32 bytes per slot. prev/next link the slot into its class's free list while
+// free and into an eviction queue while committed.
+struct SlotMeta {
+  KeyId key;
+  uint32_t prev = kNoSlot;
+  uint32_t next = kNoSlot;
+  uint32_t size = 0;  // value bytes (<= the slot's bytes)
+  uint16_t pins = 0;
+  SlotState state = SlotState::kFree;
+  uint8_t freq : 2 = 0;   // S3-FIFO access count, saturating at 3
+  uint8_t queue : 2 = kQueueNone;
+};
+static_assert(sizeof(SlotMeta) == 32);
+
+struct Slab {
+  std::unique_ptr<SlotMeta[]> meta;  // one per slot; null when unassigned or a run tail
+  uint32_t used = 0;                 // slots not free
+  uint32_t busy = 0;                 // reserved, pinned or zombie slots: cannot be reclaimed
+  uint16_t cls = kNoClass;           // a class, kNoClass or kRunTail
+  uint32_t run = 0;                  // run head: slabs in the run; run tail: the head's index
+};
+
+class SlabAllocator;
+
+// Doubly linked list of slots threaded through SlotMeta::prev/next.
+struct SlotList {
+  uint32_t head = kNoSlot;
+  uint32_t tail = kNoSlot;
+  uint32_t count = 0;
+
+  void PushTail(SlabAllocator& a, uint32_t slot);
+  void Unlink(SlabAllocator& a, uint32_t slot);
+  uint32_t PopHead(SlabAllocator& a);
+};
+
+class SlabAllocator {
+ public:
+  // REQUIRES: capacity_bytes is a multiple of slab_bytes; class_bytes ascending,
+  // from BuildSizeClasses; the slot ids fit in 32 bits (DramOptions::Validate).
+  SlabAllocator(uint64_t capacity_bytes, uint64_t slab_bytes, std::vector<uint64_t> class_bytes);
+
+  // Classes 0..large_class()-1 are slab classes; large_class() holds runs.
+  uint16_t num_classes() const { return static_cast<uint16_t>(classes_.size()); }
+  uint16_t large_class() const { return static_cast<uint16_t>(classes_.size() - 1); }
+  uint16_t ClassFor(uint64_t size) const;
+  uint64_t class_slot_bytes(uint16_t c) const { return classes_[c].slot_bytes; }
+  uint64_t class_slabs(uint16_t c) const { return classes_[c].slabs; }
+  // Slots in the class's slabs (for the large class: runs).
+  uint64_t class_slots(uint16_t c) const { return classes_[c].slots; }
+  uint64_t class_free_slots(uint16_t c) const { return classes_[c].free.count; }
+
+  uint64_t slab_bytes() const { return slab_bytes_; }
+  uint32_t num_slabs() const { return static_cast<uint32_t>(slabs_.size()); }
+  uint32_t free_slabs() const { return free_slabs_; }
+  Slab& slab(uint32_t i) { return slabs_[i]; }
+  const Slab& slab(uint32_t i) const { return slabs_[i]; }
+
+  uint32_t slab_of(uint32_t slot) const { return slot >> slot_bits_; }
+  uint32_t index_in_slab(uint32_t slot) const { return slot & slot_mask_; }
+  uint32_t SlotId(uint32_t slab, uint32_t index) const { return (slab << slot_bits_) | index; }
+  SlotMeta& meta(uint32_t slot) { return slabs_[slot >> slot_bits_].meta[slot & slot_mask_]; }
+  const SlotMeta& meta(uint32_t slot) const {
+    return slabs_[slot >> slot_bits_].meta[slot & slot_mask_];
+  }
+  uint16_t class_of(uint32_t slot) const { return slabs_[slot >> slot_bits_].cls; }
+  uint64_t offset(uint32_t slot) const {
+    const uint32_t s = slot >> slot_bits_;
+    const uint16_t c = slabs_[s].cls;
+    const uint64_t in_slab =
+        c == large_class() ? 0 : uint64_t{slot & slot_mask_} * classes_[c].slot_bytes;
+    return static_cast<uint64_t>(s) * slab_bytes_ + in_slab;
+  }
+  // Bytes the slot occupies (a run's whole slabs for the large class).
+  uint64_t SlotBytes(uint32_t slot) const;
+  // Slots per slab for class c (1 for the large class).
+  uint32_t slots_per_slab(uint16_t c) const { return classes_[c].slots_per_slab; }
+
+  // Takes a free slot of slab class c (marks it used); kNoSlot when none.
+  uint32_t PopFree(uint16_t c);
+  // Returns a used slot: a slab slot goes back to its class's free list; a
+  // run goes back to unassigned slabs. REQUIRES: not in any other list.
+  void Free(uint32_t slot);
+
+  // Lowest unassigned slab, or kNoSlab.
+  uint32_t FindFreeSlab() const;
+  // Gives an unassigned slab to slab class c; all its slots become free.
+  void AssignSlab(uint32_t slab, uint16_t c);
+  // Takes back a slab whose slots are all free. REQUIRES: used == 0.
+  void UnassignSlab(uint32_t slab);
+  // First index of n contiguous unassigned slabs, or kNoSlab.
+  uint32_t FindFreeRun(uint32_t n) const;
+  // Makes slabs [first, first+n) a run and returns its (used) slot.
+  uint32_t AssignRun(uint32_t first, uint32_t n);
+
+  // Slots in all assigned slabs and runs, and those slabs.
+  uint64_t total_slots() const { return total_slots_; }
+  uint64_t assigned_slabs() const { return slabs_.size() - free_slabs_; }
+  // Heap bytes of slabs, slot metadata and classes.
+  uint64_t metadata_bytes() const;
+
+ private:
+  // 32-bit fields: slot ids are 32 bits, so no count exceeds that.
+  struct Class {
+    uint32_t slot_bytes = 0;  // 0 for the large class
+    uint32_t slots_per_slab = 0;
+    uint32_t slabs = 0;
+    uint32_t slots = 0;
+    SlotList free;
+  };
+
+  const uint64_t slab_bytes_;
+  uint32_t slot_bits_ = 0;
+  uint32_t slot_mask_ = 0;
+  std::vector<Class> classes_;
+  std::vector<Slab> slabs_;
+  uint32_t free_slabs_ = 0;
+  uint64_t total_slots_ = 0;
+  uint64_t meta_slots_ = 0;  // SlotMeta allocated
+};
+
+}  // namespace kvpool::dram

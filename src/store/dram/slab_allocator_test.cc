@@ -1,0 +1,87 @@
+#include "store/dram/slab_allocator.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "store/dram/size_classes.h"
+
+namespace kvpool::dram {
+namespace {
+
+constexpr uint64_t kSlab = 1 << 20;
+
+SlabAllocator Make(uint64_t slabs = 8) {
+  return SlabAllocator(slabs * kSlab, kSlab, BuildSizeClasses(64, 1.25, kSlab));
+}
+
+TEST(SlabAllocatorTest, ClassesAndSlots) {
+  SlabAllocator a = Make();
+  const uint16_t c = a.ClassFor(64 << 10);
+  EXPECT_EQ(a.class_slot_bytes(c), 64u << 10);
+  EXPECT_EQ(a.ClassFor((64 << 10) - 1), c);
+  // The next class is at most 1.25x, widened to fill the slab (14 x 74880).
+  EXPECT_EQ(a.class_slot_bytes(a.ClassFor((64 << 10) + 1)), (kSlab / 14) & ~uint64_t{63});
+  EXPECT_EQ(a.ClassFor(kSlab), a.large_class() - 1);
+  EXPECT_EQ(a.ClassFor(kSlab + 1), a.large_class());
+  EXPECT_EQ(a.PopFree(c), kNoSlot);  // no slab yet
+
+  const uint32_t slab = a.FindFreeSlab();
+  EXPECT_EQ(slab, 0u);
+  a.AssignSlab(slab, c);
+  EXPECT_EQ(a.class_slabs(c), 1u);
+  EXPECT_EQ(a.class_free_slots(c), 16u);
+  EXPECT_EQ(a.free_slabs(), 7u);
+  std::set<uint64_t> offsets;
+  std::vector<uint32_t> slots;
+  for (int i = 0; i < 16; ++i) {
+    const uint32_t s = a.PopFree(c);
+    ASSERT_NE(s, kNoSlot);
+    EXPECT_EQ(a.SlotBytes(s), 64u << 10);
+    offsets.insert(a.offset(s));
+    slots.push_back(s);
+  }
+  EXPECT_EQ(a.PopFree(c), kNoSlot);
+  EXPECT_EQ(offsets.size(), 16u);
+  EXPECT_EQ(*offsets.begin(), 0u);
+  EXPECT_EQ(*offsets.rbegin(), kSlab - (64 << 10));
+  EXPECT_EQ(a.slab(0).used, 16u);
+  for (uint32_t s : slots) a.Free(s);
+  EXPECT_EQ(a.slab(0).used, 0u);
+  a.UnassignSlab(0);
+  EXPECT_EQ(a.free_slabs(), 8u);
+  EXPECT_EQ(a.class_slabs(c), 0u);
+  EXPECT_EQ(a.total_slots(), 0u);
+}
+
+TEST(SlabAllocatorTest, RunsTakeContiguousSlabs) {
+  SlabAllocator a = Make(8);
+  const uint16_t small = a.ClassFor(4096);
+  a.AssignSlab(2, small);  // splits the free space: [0,1] and [3..7]
+  EXPECT_EQ(a.FindFreeRun(2), 0u);
+  EXPECT_EQ(a.FindFreeRun(3), 3u);
+  EXPECT_EQ(a.FindFreeRun(6), kNoSlab);
+  const uint32_t slot = a.AssignRun(3, 5);
+  EXPECT_EQ(a.offset(slot), 3 * kSlab);
+  EXPECT_EQ(a.SlotBytes(slot), 5 * kSlab);
+  EXPECT_EQ(a.class_of(slot), a.large_class());
+  EXPECT_EQ(a.slab(5).cls, kRunTail);
+  EXPECT_EQ(a.slab(5).run, 3u);
+  EXPECT_EQ(a.class_slabs(a.large_class()), 5u);
+  EXPECT_EQ(a.free_slabs(), 2u);
+  a.Free(slot);
+  EXPECT_EQ(a.free_slabs(), 7u);
+  EXPECT_EQ(a.FindFreeRun(5), 3u);
+  EXPECT_EQ(a.class_slabs(a.large_class()), 0u);
+}
+
+TEST(SlabAllocatorTest, MetadataIsThirtyTwoBytesPerSlot) {
+  SlabAllocator a = Make(8);
+  const uint64_t base = a.metadata_bytes();
+  a.AssignSlab(0, a.ClassFor(64 << 10));  // 16 slots
+  EXPECT_EQ(a.metadata_bytes() - base, 16 * sizeof(SlotMeta));
+  EXPECT_EQ(sizeof(SlotMeta), 32u);
+}
+
+}  // namespace
+}  // namespace kvpool::dram
