@@ -1,7 +1,9 @@
 # kvpool: every target installs missing dependencies and builds first.
+SHELL := /bin/bash
 BUILD_DIR ?= build
 BUILD_TYPE ?= RelWithDebInfo
 FUZZ_SECONDS ?= 60
+TEST_FUZZ_SECONDS ?= 30
 ARGS ?=
 
 .PHONY: all deps configure build run test bench fuzz format clean
@@ -25,7 +27,10 @@ run: build
 	@echo "       $(BUILD_DIR)/tools/kvpoolctl stat"
 	@exec $(BUILD_DIR)/src/node/kvpool-node $(ARGS)
 
+# Every test: a bounded fuzz pass over the decoders, then the ctest suite
+# (unit and integration tests against the real binaries).
 test: build
+	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
 	@cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j2
 
 bench: build
@@ -38,7 +43,8 @@ fuzz: deps
 	@ninja -C build-fuzz codec_fuzz
 	@mkdir -p build-fuzz/corpus
 	@build-fuzz/src/protocol/codec_fuzz -max_total_time=$(FUZZ_SECONDS) -timeout=5 \
-	  -rss_limit_mb=2560 -print_final_stats=1 build-fuzz/corpus src/protocol/fuzz_corpus
+	  -rss_limit_mb=2560 -print_final_stats=1 build-fuzz/corpus src/protocol/fuzz_corpus \
+	  2>&1 | grep -E '^(stat::|Done|==|SUMMARY)' ; test $${PIPESTATUS[0]} -eq 0
 
 format:
 	@clang-format -i $$(git ls-files '*.h' '*.cc')
