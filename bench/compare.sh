@@ -2,8 +2,8 @@
 # bench/compare.sh local: kvpool's local (shared-memory) path side by side
 # with a plain memcpy (the physical limit) and Redis on this host.
 #
-# Starts its own kvpool-node and redis-server in a temporary directory and
-# stops both on exit. Measures, for 64 KiB, 1 MiB and 4 MiB values:
+# Starts its own redis-server and kvpool-node (a fresh node for each value
+# size) in a temporary directory and stops them on exit. Measures, for 64 KiB, 1 MiB and 4 MiB values:
 #   memcpy   kvpool-memcpy-bench (random blocks between two 1 GiB regions)
 #   redis    redis-benchmark SET and GET over a 1 GiB key space, in several
 #            client configurations; the table reports Redis's best
@@ -127,24 +127,31 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+NODE_RUN=0
 start_node() {
   local sock="$TMP/kvpool.sock" _
+  NODE_RUN=$((NODE_RUN + 1))
+  NODE_LOG="$TMP/node-$NODE_RUN.log"
   log "starting kvpool-node ($NODE) with $NODE_DRAM of DRAM"
-  "$NODE" --socket "$sock" --dram-capacity "$NODE_DRAM" --admin-port 0 > "$TMP/node.log" 2>&1 &
+  "$NODE" --socket "$sock" --dram-capacity "$NODE_DRAM" --admin-port 0 > "$NODE_LOG" 2>&1 &
   NODE_PID=$!
   # The node pre-faults its segment at start: seconds per GiB on some VMs.
   for _ in $(seq 1200); do
-    kill -0 "$NODE_PID" 2>/dev/null || { tail -n 20 "$TMP/node.log" >&2; NODE_PID=""; die "kvpool-node exited during startup"; }
-    ADMIN_URL="$(grep -o 'admin http://[0-9.]*:[0-9]*' "$TMP/node.log" | head -n 1 | awk '{print $2}' || true)"
+    kill -0 "$NODE_PID" 2>/dev/null || { tail -n 20 "$NODE_LOG" >&2; NODE_PID=""; die "kvpool-node exited during startup"; }
+    ADMIN_URL="$(grep -o 'admin http://[0-9.]*:[0-9]*' "$NODE_LOG" | head -n 1 | awk '{print $2}' || true)"
     if [[ -S "$sock" && -n "$ADMIN_URL" ]] && curl -fsS -m 2 "$ADMIN_URL/readyz" >/dev/null 2>&1; then
       SOCK="$sock"
-      log "kvpool-node ready: socket $SOCK, admin $ADMIN_URL"
+      log "kvpool-node ready: socket $SOCK, admin $ADMIN_URL ($(grep -o 'pre-faulted.*' "$NODE_LOG" || echo 'no pre-fault line'))"
       return 0
     fi
     sleep 0.1
   done
-  tail -n 20 "$TMP/node.log" >&2
+  tail -n 20 "$NODE_LOG" >&2
   die "kvpool-node not ready after 120 s (want socket $sock and an 'admin http://...' log line)"
+}
+stop_node() {
+  stop_pid "$NODE_PID" kvpool-node
+  NODE_PID=""
 }
 
 start_redis() {
@@ -181,13 +188,14 @@ for l in sys.stdin:
 }
 
 run_redis() {
-  local size keys cfg op rep n rps tags out
+  local size keys cfg op rep n rps tags out misses
   for size in "${SIZES[@]}"; do
     keys=$((WORKING_SET / size))
     log "redis: filling $keys keys of $size bytes"
     redis-cli -p "$REDIS_PORT" flushall >/dev/null
     "$PY" "$HERE/compare_lib.py" redis-fill "$size" "$keys" | redis-cli -p "$REDIS_PORT" --pipe > "$TMP/redis-fill.log"
     [[ "$(redis-cli -p "$REDIS_PORT" dbsize)" == "$keys" ]] || die "redis fill: expected $keys keys, have $(redis-cli -p "$REDIS_PORT" dbsize)"
+    redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
     for op in set get; do
       for cfg in "${REDIS_CONFIGS[@]}"; do
         # First run sized for ~2 GB/s, later runs from the measured rate.
@@ -204,6 +212,9 @@ run_redis() {
         done
       done
     done
+    # Every GET must have hit the filled key space, or GET rates mean nothing.
+    misses="$(redis-cli -p "$REDIS_PORT" info stats | tr -d '\r' | awk -F: '/^keyspace_misses:/ {print $2}')"
+    [[ "$misses" == 0 ]] || die "redis: $misses GETs of $size-byte values missed (key names differ from redis-benchmark's?)"
   done
   redis-cli -p "$REDIS_PORT" flushall >/dev/null
 }
@@ -231,14 +242,21 @@ for l in sys.stdin:
     < "$TMP/kvpool-bench.out" >&2
 }
 
+# Each value size runs on a fresh node: a node filled by the previous size's
+# put flood would evict part of the next working set while it is populated
+# (its slab rebalancing keeps recently written classes), and gets would then
+# measure misses.
 run_kvpool() {
   local size
   for size in "${SIZES[@]}"; do
+    start_node
     log "kvpool: get, zc-get, put of ${size}-byte values, batch $BATCH, $REPS x ${DURATION}s each"
-    # Reads first: the puts write fresh keys and would evict the working set.
+    # Reads first: the puts write fresh keys and evict the working set.
     kvpool_bench --op get,zc-get,put --value-size "$size" --batch "$BATCH" --threads 1 \
       --duration "${DURATION}s" --repeat "$REPS" --populate --namespace "compare-$$-$size"
+    stop_node
   done
+  start_node
   log "kvpool: exists, batch $EXISTS_BATCH over $EXISTS_KEYS keys of $EXISTS_VALUE bytes"
   kvpool_bench --op exists --value-size "$EXISTS_VALUE" --keys "$EXISTS_KEYS" --batch "$EXISTS_BATCH" \
     --threads 1 --duration "${DURATION}s" --repeat "$REPS" --populate --namespace "compare-$$-exists"
@@ -248,10 +266,10 @@ run_kvpool() {
   ibpe="$(printf '%s' "$status" | "$PY" "$HERE/compare_lib.py" json-get dram.index_bytes_per_entry)" \
     || die "node status has no dram.index_bytes_per_entry: $status"
   printf '{"system":"node","index_bytes_per_entry":%s}\n' "$ibpe" >> "$RESULTS"
+  stop_node
 }
 
 started=$SECONDS
-want kvpool && start_node
 want redis && start_redis
 want memcpy && run_memcpy
 want redis && run_redis
