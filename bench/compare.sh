@@ -247,13 +247,17 @@ for l in sys.stdin:
 # (its slab rebalancing keeps recently written classes), and gets would then
 # measure misses.
 run_kvpool() {
-  local size
+  local size ops
   for size in "${SIZES[@]}"; do
     start_node
     log "kvpool: get, zc-get, put of ${size}-byte values, batch $BATCH, $REPS x ${DURATION}s each"
-    # Reads first: the puts write fresh keys and evict the working set.
-    kvpool_bench --op get,zc-get,put --value-size "$size" --batch "$BATCH" --threads 1 \
-      --duration "${DURATION}s" --repeat "$REPS" --populate --namespace "compare-$$-$size"
+    # Reads first, get and zc-get alternating so drift hits both alike; then
+    # the puts, which write fresh keys and evict the working set.
+    ops=""
+    for _ in $(seq "$REPS"); do ops+="get,zc-get,"; done
+    for _ in $(seq "$REPS"); do ops+="put,"; done
+    kvpool_bench --op "${ops%,}" --value-size "$size" --batch "$BATCH" --threads 1 \
+      --duration "${DURATION}s" --populate --namespace "compare-$$-$size"
     stop_node
   done
   start_node

@@ -119,13 +119,13 @@ def summarize(path):
     order = {"memcpy": 0, "kvpool": 1, "redis": 2}
     op_order = {"memcpy": 0, "get": 1, "zc-get": 2, "put": 3, "set": 4, "exists": 5}
     print()
-    print("%-7s %-7s %-7s %-18s %9s %12s %10s %10s %4s %7s %7s" %
+    print("%-7s %-7s %-7s %-22s %9s %12s %10s %10s %4s %7s %7s" %
           ("system", "op", "value", "config", "GB/s", "ops/s", "p50", "p99", "reps", "errors", "misses"))
     for (system, op, size), (config, m) in sorted(
             best.items(), key=lambda kv: (kv[0][2], order.get(kv[0][0], 9), op_order.get(kv[0][1], 9))):
         all_cfgs = sorted(c for (s, o, z, c) in med if (s, o, z) == (system, op, size))
         cfg_note = config + (" (best of %d)" % len(all_cfgs) if len(all_cfgs) > 1 else "")
-        print("%-7s %-7s %-7s %-18s %9.2f %12.0f %10s %10s %4d %7d %7d" %
+        print("%-7s %-7s %-7s %-22s %9.2f %12.0f %10s %10s %4d %7d %7d" %
               (system, op, _fmt_size(size), cfg_note, m["gbps"], m["ops_per_s"], _fmt_us(m["p50_us"]),
                _fmt_us(m["p99_us"]), m["reps"], m["errors"], m["misses"]))
     print("(medians over repetitions; GB/s = 1e9 bytes/s; kvpool p50/p99 are per batch call, "
@@ -156,7 +156,7 @@ def summarize(path):
     out = list(zip([n for n, _ in metrics], lines))
     out += [
         ("local_exists_keys_per_s", "%.0f" % keys_per_s),
-        ("index_bytes_per_entry", str(extra.get("index_bytes_per_entry", "nan"))),
+        ("index_bytes_per_entry", "%.2f" % float(extra.get("index_bytes_per_entry", "nan"))),
         ("memcpy_1m_gbps", "%.2f" % memcpy_1m),
         ("local_get_1m_gbps", "%.2f" % gbps("kvpool", "get")),
         ("local_put_1m_gbps", "%.2f" % gbps("kvpool", "put")),

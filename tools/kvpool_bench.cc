@@ -649,8 +649,8 @@ int main(int argc, char** argv) {
   std::string zc_read_text = "copy";
   app.add_option("--socket", cfg.socket, "Unix socket of the node")->capture_default_str();
   app.add_option("--op", ops_text,
-                 "put|get|exists|zc-get|zc-put; a comma-separated list runs each in turn "
-                 "(all repetitions of one before the next)")
+                 "put|get|exists|zc-get|zc-put; a comma-separated list runs each in turn, "
+                 "--repeat times before the next (an op may appear more than once)")
       ->capture_default_str();
   app.add_option("--value-size", value_size_text, "Bytes per value (64KiB, 1MiB, 4M, ...; >= 16)")
       ->capture_default_str();
@@ -782,8 +782,10 @@ int main(int argc, char** argv) {
     }
   }
 
+  std::array<int, 5> runs_of{};  // per op, so "get,zc-get,get,zc-get" numbers reps 0, 1
   for (Op op : cfg.ops) {
-    for (int rep = 0; rep < cfg.repeat; ++rep) {
+    for (int r = 0; r < cfg.repeat; ++r) {
+      const int rep = runs_of[static_cast<int>(op)]++;
       const auto measure_from = Clock::now() + std::chrono::milliseconds(cfg.warmup_ms);
       const auto end = measure_from + std::chrono::milliseconds(cfg.duration_ms);
       Counts c = OnAllThreads(workers, [&](Worker& w, size_t) { return w.Run(op, measure_from, end); });
