@@ -1,0 +1,175 @@
+// SsdEngine: the implementation behind SsdStore (ssd_store.h), internal to
+// src/store/ssd. ssd_engine.cc holds the write/read/flush/eviction paths,
+// ssd_recovery.cc the superblock, checkpoint and region scan.
+//
+// Locking: one mutex (mu_) guards the index, every Region and Dir field not
+// marked otherwise; device I/O and payload copies run outside it. A record
+// is reserved in a region buffer under mu_, filled outside it (the region's
+// `writers` count keeps the buffer from being flushed meanwhile), then
+// published in the index under mu_.
+//
+// Lifetime: SsdStore owns the engine through a shared_ptr; executor tasks
+// hold a weak_ptr and return at once when the engine is gone or closing, so
+// a store can be dropped (a simulated kill) while tasks are still queued.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/executor.h"
+#include "common/metrics.h"
+#include "store/ssd/ssd_format.h"
+#include "store/ssd/ssd_index.h"
+#include "store/ssd/ssd_store.h"
+
+namespace kvpool::ssd {
+
+enum class RegionState : uint8_t {
+  kFree,
+  kFilling,  // the dir's current region: inserts append to its buffer
+  kSealed,   // full: queued for its flush or being written
+  kOnDisk,   // written; buffer released
+};
+
+struct Region {
+  RegionState state = RegionState::kFree;
+  uint64_t seq = 0;
+  uint64_t used = 0;      // bytes: header + records
+  uint32_t writers = 0;   // inserts still copying into buf
+  uint8_t* buf = nullptr; // region_bytes, 4 KiB-aligned (kFilling, kSealed)
+  // KeyId::hi of every record in the region, for reclamation (8 B/record).
+  std::vector<uint64_t> keys;
+};
+
+struct DirMetrics {
+  Counter* reads = nullptr;
+  Counter* writes = nullptr;
+};
+
+struct Dir {
+  std::string dir;
+  std::string data_path;
+  std::unique_ptr<Device> dev;  // null when the file could not be opened
+  uint64_t uuid_hi = 0, uuid_lo = 0;
+  uint32_t first_region = 0;    // global number of this dir's region 0
+  std::vector<Region> regions;
+  std::deque<uint32_t> fifo;    // non-free regions, oldest seq first
+  std::vector<uint32_t> free_regions;
+  std::vector<uint8_t*> free_bufs;
+  uint32_t bufs_allocated = 0;
+  int32_t filling = -1;
+  std::deque<uint32_t> flush_queue;
+  uint32_t flushing = 0;        // flushes taken off the queue, not done
+  bool online = true;
+  std::string offline_reason;
+  int write_failures = 0;       // consecutive failed region writes
+  // A write found the disk full: no inserts here until this time.
+  std::chrono::steady_clock::time_point paused_until{};
+  bool paused = false;
+  std::atomic<uint64_t> reads{0}, writes{0};
+  DirMetrics m;
+
+  uint32_t incarnation() const { return static_cast<uint32_t>(uuid_lo); }
+};
+
+class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
+ public:
+  SsdEngine(const SsdOptions& options, MetricsRegistry* metrics, Executor* executor);
+  ~SsdEngine();
+
+  // Opens the files and rebuilds the index (ssd_recovery.cc).
+  Status Start();
+  // Stops background work without writing anything more (a kill).
+  void Abandon();
+
+  bool Insert(const KeyId& key, const uint8_t* data, uint64_t size);
+  Result<uint64_t> Lookup(const KeyId& key) const;
+  Status Read(const KeyId& key, uint8_t* dst, uint64_t size);
+  void Remove(const KeyId& key);
+  Status Flush();
+  Status Close();
+  SsdStats GetStats() const;
+
+ private:
+  struct Metrics {
+    Counter *reads, *read_bytes, *writes, *write_bytes, *crc_failures, *region_evictions,
+        *inserts_dropped, *read_errors, *write_errors;
+    Histogram *read_latency, *write_latency;
+  };
+  struct Reinsert {
+    uint32_t dir;
+    uint64_t file_offset;
+    uint64_t seq;
+    uint32_t length;
+  };
+
+  // --- write path (ssd_engine.cc) ---
+  bool CanWrite(Dir& d, std::chrono::steady_clock::time_point now) const;
+  // Makes the dir's filling region fit `bytes` more; false if it cannot.
+  bool PrepareRegion(uint32_t di, uint64_t bytes);
+  void Seal(uint32_t di);
+  // Runs one queued flush of dir di. REQUIRES: lock holds mu_.
+  void FlushOne(uint32_t di, std::unique_lock<std::mutex>& lock);
+  void ScheduleFlush(uint32_t di);
+  bool ReclaimOldest(uint32_t di);
+  // Drops a region and its index entries (a failed write).
+  void DropRegion(uint32_t di, uint32_t ri);
+  void TakeOffline(Dir& d, std::string reason);
+  // Reads back one batch of hot records of reclaimed regions and inserts
+  // them again (an executor task, or inline from Flush).
+  void RunOneReinsertJob();
+  uint8_t* AllocBuffer();
+
+  // --- recovery (ssd_recovery.cc) ---
+  // Sets *cold_reason when the dir starts empty, *method to how it recovered.
+  void OpenDir(uint32_t di, std::string* cold_reason, std::string* method);
+  Status WriteSuperblock(Dir& d, uint64_t ckpt_bytes, uint32_t ckpt_crc);
+  bool LoadCheckpoint(uint32_t di, uint64_t ckpt_bytes, uint32_t ckpt_crc);
+  void ScanDir(uint32_t di);
+  Status WriteCheckpoint(uint32_t di);
+  // Adds a recovered record; a later region seq wins for a duplicate key.
+  void AddRecovered(uint32_t di, uint32_t ri, uint64_t h, uint64_t offset, uint32_t len,
+                    uint32_t reads);
+  void FinishRecovery();
+  void RegisterMetrics();
+
+  uint64_t RegionOffset(uint32_t ri) const { return kSuperblockBytes + ri * opts_.region_bytes; }
+  Region& RegionOf(uint32_t global, uint32_t* di);
+
+  const SsdOptions opts_;
+  DeviceFactory factory_;
+  std::unique_ptr<MetricsRegistry> owned_metrics_;
+  MetricsRegistry* const metrics_;
+  Executor* const executor_;
+  uint32_t regions_per_dir_ = 0;
+  uint64_t file_bytes_ = 0;
+  Metrics m_{};
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // writers drained, flushes done, jobs done
+  SsdIndex index_;
+  std::vector<std::unique_ptr<Dir>> dirs_;
+  uint64_t next_seq_ = 1;
+  uint32_t rr_ = 0;
+  std::deque<std::vector<Reinsert>> reinsert_queue_;
+  uint32_t reinserting_ = 0;    // reinsert jobs running
+  bool closing_ = false;        // Close/Abandon began: no new inserts
+  bool abandoned_ = false;      // dropped without Close: tasks return at once
+  bool closed_ = false;
+  uint32_t running_ = 0;        // executor tasks inside the engine
+  std::string recovery_;
+  std::vector<uint8_t*> all_bufs_;
+
+  // Plain counters for SsdStats (the registry's may be shared by stores).
+  std::atomic<uint64_t> reads_{0}, read_bytes_{0}, writes_{0}, write_bytes_{0}, crc_failures_{0},
+      region_evictions_{0}, inserts_dropped_{0};
+};
+
+}  // namespace kvpool::ssd

@@ -1,0 +1,106 @@
+// SsdStore: the SSD tier. One preallocated file per directory (one
+// directory per NVMe drive), each written as a log of large regions:
+// entries are appended into an in-memory region buffer and flushed whole
+// (O_DIRECT), so the device sees only large sequential writes; the oldest
+// region is reclaimed when space runs out. Every record carries a
+// self-describing, CRC32C-checked header (ssd_format.h); every read is
+// verified, and a record that does not verify, or names another key, is a
+// counted miss whose index entry is dropped. The index is rebuilt on start:
+// from a checkpoint written at clean shutdown, else by scanning regions.
+//
+// Thread-safe. Background work (region flushes) runs on the executor given
+// to Open; no thread of its own.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/executor.h"
+#include "common/key_id.h"
+#include "common/metrics.h"
+#include "common/status.h"
+#include "store/ssd/device.h"
+
+namespace kvpool {
+
+struct SsdOptions {
+  // One file per directory; entries spread across them.
+  std::vector<std::string> dirs;
+  // Total bytes across all directories (split evenly).
+  uint64_t capacity_bytes = 0;
+  // Unit of writing and of reclamation. Larger: fewer, bigger writes;
+  // smaller: finer-grained eviction.
+  uint64_t region_bytes = 16ull << 20;
+  // Region buffers per directory (one filling, the rest flushing). More
+  // absorbs bursts of demotions; each costs region_bytes of memory.
+  uint32_t buffers_per_dir = 4;
+  // Reclaiming a region re-inserts entries read at least this many times
+  // since they were written (0: never re-insert).
+  uint32_t reinsert_min_reads = 0;
+  // Largest value stored (records bigger than a region are refused).
+  uint64_t max_value_bytes = 64ull << 20;
+  // Test seam; empty: FileDeviceFactory().
+  DeviceFactory device_factory;
+
+  Status Validate() const;
+};
+
+struct SsdDirStats {
+  std::string dir;
+  std::string device_kind;
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t reads = 0;
+  uint64_t writes = 0;
+  bool online = true;
+};
+
+struct SsdStats {
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;   // bytes of regions holding live records
+  uint64_t entries = 0;
+  uint64_t index_bytes = 0;
+  double index_bytes_per_entry = 0;
+  uint64_t reads = 0, read_bytes = 0, writes = 0, write_bytes = 0;
+  uint64_t crc_failures = 0;      // records that did not verify (all kinds)
+  uint64_t region_evictions = 0;
+  uint64_t inserts_dropped = 0;   // demotions refused: buffers full, offline, too large
+  bool online = true;
+  std::string offline_reason;
+  std::string recovery;           // "checkpoint", "scan", "cold: <reason>"
+  std::vector<SsdDirStats> dirs;
+};
+
+class SsdStore {
+ public:
+  // Opens the files (creating them), then rebuilds the index: from the
+  // checkpoint when it matches the geometry and format, else by scanning
+  // every region; incompatible files start cold with a logged reason.
+  static Result<std::unique_ptr<SsdStore>> Open(const SsdOptions& options,
+                                                MetricsRegistry* metrics, Executor* executor);
+  virtual ~SsdStore() = default;
+
+  // Copies the value into a region buffer; it becomes readable at once and
+  // durable when its region is flushed. Never blocks on I/O: returns false
+  // (and counts a drop) when no buffer is free, the tier is offline, or the
+  // value is too large. A key already stored keeps its first value.
+  virtual bool Insert(const KeyId& key, const uint8_t* data, uint64_t size) = 0;
+  // The size of the stored value, or NotFound.
+  virtual Result<uint64_t> Lookup(const KeyId& key) const = 0;
+  virtual bool Contains(const KeyId& key) const = 0;
+  // Reads and verifies the value into dst (exactly `size` bytes, the size
+  // Lookup gave). NotFound, Corruption (the entry is dropped), IOError (a
+  // miss; the entry is dropped). Blocks on the device.
+  virtual Status Read(const KeyId& key, uint8_t* dst, uint64_t size) = 0;
+  virtual void Remove(const KeyId& key) = 0;
+  // Writes out the partly filled region buffers and waits for all flushes.
+  virtual Status Flush() = 0;
+  // Flushes, writes the checkpoint, closes the files. Idempotent.
+  virtual Status Close() = 0;
+
+  virtual SsdStats GetStats() const = 0;
+};
+
+}  // namespace kvpool
