@@ -5,6 +5,7 @@
 //   exists NS KEY...                               per-key 1/0 and the hit prefix
 //   remove NS KEY...                               drop keys
 //   stat                                           the node's statistics (JSON)
+//   flush                                          write the SSD tier's open regions
 //   metrics [--admin HOST:PORT]                    the node's Prometheus metrics
 // Exit status: 0 done, 1 a miss, 2 usage, 3 an error.
 #include <httplib.h>
@@ -31,6 +32,7 @@ int Usage() {
       "  exists NS KEY...                               per-key 1/0 and the hit prefix\n"
       "  remove NS KEY...                               drop keys\n"
       "  stat                                           the node's statistics (JSON)\n"
+      "  flush                                          write the SSD tier's open regions\n"
       "  metrics [--admin HOST:PORT]                    Prometheus metrics (default 127.0.0.1:9710)\n"
       "exit status: 0 done, 1 a miss, 2 usage, 3 an error\n",
       stderr);
@@ -91,7 +93,8 @@ int main(int argc, char** argv) {
     return Metrics(admin);
   }
 
-  if (cmd != "put" && cmd != "get" && cmd != "exists" && cmd != "remove" && cmd != "stat") {
+  if (cmd != "put" && cmd != "get" && cmd != "exists" && cmd != "remove" && cmd != "stat" &&
+      cmd != "flush") {
     return Usage();
   }
   kvpool_options opts;
@@ -178,6 +181,11 @@ int main(int argc, char** argv) {
       if (sts[i] != KVPOOL_OK) rc = 1;
     }
     return rc;
+  }
+  if (cmd == "flush") {
+    st = kvpool_flush(c);
+    if (st != KVPOOL_OK) return Error("flush", st);
+    return 0;
   }
   if (cmd == "stat") {
     size_t len = 0;

@@ -76,6 +76,10 @@ typedef struct kvpool_options {
    * (for processes that cannot map it). Zero-copy calls then fail with
    * FAILED_PRECONDITION. Default 0. */
   uint32_t copy_mode;
+  /* Microseconds to poll for a reply before sleeping: waking a sleeping
+   * thread costs tens of microseconds on VMs, which dominates small calls.
+   * 0 never polls. Default 50. */
+  uint32_t spin_us;
 } kvpool_options;
 
 KVPOOL_API void kvpool_options_init(kvpool_options* options);
@@ -145,6 +149,10 @@ KVPOOL_API kvpool_status kvpool_release(kvpool_client* client, const uint64_t* h
  * too small. */
 KVPOOL_API kvpool_status kvpool_stats_json(kvpool_client* client, char* buf, size_t cap,
                                            size_t* len);
+/* Durability barrier: the node writes its SSD tier's partly filled regions
+ * and waits for them, so everything demoted to SSD so far survives a crash
+ * of the node. Values only in DRAM are not written. OK without an SSD tier. */
+KVPOOL_API kvpool_status kvpool_flush(kvpool_client* client);
 /* Largest value the node accepts, in bytes (0 when not connected). */
 KVPOOL_API uint64_t kvpool_max_value_size(kvpool_client* client);
 

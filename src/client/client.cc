@@ -115,6 +115,7 @@ void RetireLocked(kvpool_client* c, int slot) {
 // Connects slot `slot` (owned by the caller through its lease).
 Status ConnectSlot(kvpool_client* c, int slot, Clock::time_point deadline) {
   KVPOOL_ASSIGN_OR_RETURN(auto link, LocalConnection::Connect(c->socket_path, "libkvpool", deadline));
+  link->set_spin(std::chrono::microseconds(c->options.spin_us));
   int fd = link->TakeSegmentFd();
   std::shared_ptr<Mapping> mapping;
   {
@@ -344,6 +345,7 @@ void kvpool_options_init(kvpool_options* o) {
   o->max_connections = 8;
   o->reconnect = 1;
   o->copy_mode = 0;
+  o->spin_us = 50;
 }
 
 kvpool_client* kvpool_open(const kvpool_options* options, kvpool_status* status) {
@@ -697,6 +699,16 @@ kvpool_status kvpool_stats_json(kvpool_client* c, char* buf, size_t cap, size_t*
     return Fail(ResourceExhausted(fmt::format("stats need {} bytes", json.size() + 1)));
   }
   std::memcpy(buf, json.c_str(), json.size() + 1);
+  return KVPOOL_OK;
+}
+
+kvpool_status kvpool_flush(kvpool_client* c) {
+  if (c == nullptr) return Fail(InvalidArgument("client is NULL"));
+  Status s = WithConnection(c, [&](Lease& lease, Clock::time_point deadline) -> Status {
+    std::vector<uint8_t> reply;
+    return lease.link()->Call(MessageType::kFlush, {}, deadline, &reply);
+  });
+  if (!s.ok()) return Fail(s);
   return KVPOOL_OK;
 }
 

@@ -155,6 +155,7 @@ Status LocalConnection::ReadReply(uint64_t request_id, Clock::time_point deadlin
                                   std::vector<uint8_t>* body, int* passed_fd) {
   uint8_t header[protocol::kHeaderBytes];
   size_t got = 0;
+  bool spun = false;
   auto read_some = [&](uint8_t* dst, size_t want, bool take_fd) -> Result<size_t> {
     while (true) {
       ssize_t r;
@@ -184,6 +185,18 @@ Status LocalConnection::ReadReply(uint64_t request_id, Clock::time_point deadlin
       if (r == 0) return Unavailable("the node closed the connection");
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        // Poll briefly before sleeping: the reply to a small request comes
+        // back faster than a sleeping thread wakes up.
+        if (spin_.count() > 0 && !spun) {
+          spun = true;
+          auto until = Clock::now() + spin_;
+          while (Clock::now() < until) {
+            pollfd p{fd_, POLLIN, 0};
+            if (::poll(&p, 1, 0) > 0) break;
+            __builtin_ia32_pause();
+          }
+          continue;
+        }
         KVPOOL_RETURN_IF_ERROR(WaitFd(fd_, POLLIN, deadline));
         continue;
       }
@@ -231,6 +244,12 @@ Status LocalConnection::Call(MessageType type, std::span<const iovec> body,
       return Status(code, "node: " + msg);
     }
     return Break(Internal(fmt::format("unexpected reply type {:#x}", h.type)));
+  }
+  if (h.status != 0) {
+    StatusCode code = h.status > 0 && h.status <= static_cast<int32_t>(StatusCode::kInternal)
+                          ? static_cast<StatusCode>(h.status)
+                          : StatusCode::kInternal;
+    return Status(code, "node refused the request");
   }
   return Status::Ok();
 }

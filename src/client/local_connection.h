@@ -44,6 +44,8 @@ class LocalConnection {
   // Sends a request that has no reply (release, abort).
   Status Send(protocol::MessageType type, std::span<const iovec> body, Clock::time_point deadline);
   bool broken() const { return fd_ < 0; }
+  // How long a reply is polled for before the caller sleeps in poll(2).
+  void set_spin(std::chrono::microseconds spin) { spin_ = spin; }
 
  private:
   explicit LocalConnection(int fd) : fd_(fd) {}
@@ -56,6 +58,7 @@ class LocalConnection {
   int fd_;
   int segment_fd_ = -1;
   uint64_t next_request_id_ = 1;
+  std::chrono::microseconds spin_{0};
   protocol::HelloReply hello_;
 };
 

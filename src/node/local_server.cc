@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <mutex>
 #include <unordered_map>
 #include <vector>
 
@@ -55,6 +56,7 @@ struct Conn {
   size_t out_offset = 0;  // into out.front()
   uint64_t out_bytes = 0;
   int pass_fd = -1;  // passed with the first byte of out.front()
+  bool pending = false;  // a request waits for promotions; later frames wait
   uint64_t next_handle = 1;
   std::unordered_map<uint64_t, DramStore::Reservation> reservations;
   std::unordered_map<uint64_t, DramStore::Pin> pins;
@@ -62,9 +64,9 @@ struct Conn {
 
 class LocalServerImpl final : public LocalServer {
  public:
-  LocalServerImpl(const LocalServerOptions& o, DramStore* store, MetricsRegistry* m,
+  LocalServerImpl(const LocalServerOptions& o, TieredStore* tiered, MetricsRegistry* m,
                   std::function<std::string()> stats_json)
-      : opts_(o), store_(store), stats_json_(std::move(stats_json)) {
+      : opts_(o), tiered_(tiered), store_(tiered->dram()), stats_json_(std::move(stats_json)) {
     for (int t = 1; t < kNumOps; ++t) {
       ops_[t] = m->GetCounter("kvpool_ops_total", "Requests handled, by operation",
                               {{"op", kOpNames[t]}});
@@ -85,6 +87,8 @@ class LocalServerImpl final : public LocalServer {
                               "Local connections refused at the max-connections limit");
     put_failures_ = m->GetCounter("kvpool_put_failures_total",
                                   "Put or reserve items refused (no space, too large)");
+    waits_ = m->GetCounter("kvpool_promotion_waits_total",
+                           "Requests that waited for entries to be promoted from SSD");
     metrics_ = m;
   }
 
@@ -112,12 +116,18 @@ class LocalServerImpl final : public LocalServer {
 
   void Run() override {
     std::vector<epoll_event> events(256);
-    while (!stop_.load()) {
-      int n = epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), 500);
+    auto last_activity = std::chrono::steady_clock::now() - std::chrono::hours(1);
+    auto last_expiry = std::chrono::steady_clock::now();
+    while (!stop_.load(std::memory_order_relaxed)) {
+      auto now = std::chrono::steady_clock::now();
+      bool spinning = now - last_activity < std::chrono::microseconds(opts_.poll_spin_us);
+      int n = epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()),
+                         spinning ? 0 : 500);
       if (n < 0 && errno != EINTR) {
         LogError("epoll_wait: {}", std::strerror(errno));
         break;
       }
+      if (n > 0) last_activity = std::chrono::steady_clock::now();
       for (int i = 0; i < n; ++i) {
         uint64_t tag = events[i].data.u64;
         if (tag == kListenTag) {
@@ -126,6 +136,7 @@ class LocalServerImpl final : public LocalServer {
           uint64_t v;
           ssize_t r = ::read(wake_fd_, &v, sizeof(v));
           (void)r;
+          FinishPromotions();
         } else {
           auto it = conns_.find(static_cast<int>(tag));
           if (it == conns_.end()) continue;
@@ -164,7 +175,10 @@ class LocalServerImpl final : public LocalServer {
           UpdateInterest(c);
         }
       }
-      ExpireHandshakes();
+      if (now - last_expiry > std::chrono::milliseconds(50)) {
+        ExpireHandshakes();
+        last_expiry = now;
+      }
     }
     std::vector<int> fds;
     for (auto& [fd, c] : conns_) fds.push_back(fd);
@@ -272,7 +286,7 @@ class LocalServerImpl final : public LocalServer {
 
   void UpdateInterest(Conn& c) {
     bool want_out = !c.out.empty();
-    bool pause = c.closing || c.out_bytes > opts_.max_output_bytes;
+    bool pause = c.closing || c.pending || c.out_bytes > opts_.max_output_bytes;
     if (want_out == c.epollout && pause == c.reading_paused) return;
     c.epollout = want_out;
     c.reading_paused = pause;
@@ -327,7 +341,7 @@ class LocalServerImpl final : public LocalServer {
   bool ProcessFrames(Conn& c) {
     size_t pos = 0;
     bool ok = true;
-    while (c.in.size() - pos >= protocol::kHeaderBytes) {
+    while (!c.pending && c.in.size() - pos >= protocol::kHeaderBytes) {
       FrameHeader h;
       uint32_t max_body = c.handshaked ? opts_.max_frame_bytes : protocol::kMaxPreHandshakeFrame;
       Status s = protocol::DecodeHeader(std::span(c.in.data() + pos, protocol::kHeaderBytes),
@@ -405,7 +419,84 @@ class LocalServerImpl final : public LocalServer {
     return true;
   }
 
-  void Handle(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
+  // Gets of entries only on SSD: start their promotions and park the
+  // request (and the connection's later frames) until they finish. Returns
+  // true when parked.
+  bool ParkForPromotions(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
+    if (tiered_->ssd() == nullptr || !c.handshaked) return false;
+    auto type = static_cast<MessageType>(h.type);
+    keys_.clear();
+    if (type == MessageType::kAcquire) {
+      if (!protocol::DecodeKeys(body, opts_.max_batch, &keys_).ok()) return false;
+    } else if (type == MessageType::kGet) {
+      if (!protocol::DecodeSizedKeys(body, opts_.max_batch, &sized_, nullptr).ok()) return false;
+      for (const auto& s : sized_) keys_.push_back(s.key);
+    } else {
+      return false;
+    }
+    std::vector<KeyId> cold;
+    for (const auto& k : keys_) {
+      if (tiered_->NeedsPromotion(k)) cold.push_back(k);
+    }
+    if (cold.empty()) return false;
+    uint64_t id = next_pending_++;
+    Pending& p = pending_[id];
+    p.fd = c.fd;
+    p.conn_id = c.id;
+    p.header = h;
+    p.body.assign(body.begin(), body.end());
+    p.remaining = cold.size();
+    c.pending = true;
+    waits_->Inc();
+    for (const auto& k : cold) {
+      tiered_->Promote(k, [this, id](Status) {
+        {
+          std::lock_guard lock(done_mu_);
+          done_.push_back(id);
+        }
+        uint64_t one = 1;
+        ssize_t r = ::write(wake_fd_, &one, sizeof(one));
+        (void)r;
+      });
+    }
+    return true;
+  }
+
+  // On the loop: answers parked requests whose promotions all finished
+  // (from DRAM now; a failed promotion is a miss), then resumes their
+  // connections.
+  void FinishPromotions() {
+    std::vector<uint64_t> done;
+    {
+      std::lock_guard lock(done_mu_);
+      done.swap(done_);
+    }
+    for (uint64_t id : done) {
+      auto it = pending_.find(id);
+      if (it == pending_.end() || --it->second.remaining > 0) continue;
+      Pending p = std::move(it->second);
+      pending_.erase(it);
+      auto cit = conns_.find(p.fd);
+      if (cit == conns_.end() || cit->second.id != p.conn_id) continue;  // client left
+      Conn& c = cit->second;
+      c.pending = false;
+      Handle(c, p.header, p.body, /*allow_promote=*/false);
+      ProcessFrames(c);
+      if (!Flush(c)) {
+        CloseConn(c.fd);
+        continue;
+      }
+      if (c.closing && c.out.empty()) {
+        CloseConn(c.fd);
+        continue;
+      }
+      UpdateInterest(c);
+    }
+  }
+
+  void Handle(Conn& c, const FrameHeader& h, std::span<const uint8_t> body,
+              bool allow_promote = true) {
+    if (allow_promote && ParkForPromotions(c, h, body)) return;
     auto start = std::chrono::steady_clock::now();
     auto type = static_cast<MessageType>(h.type);
     if (h.type == 0 || h.type >= kNumOps) {
@@ -432,6 +523,7 @@ class LocalServerImpl final : public LocalServer {
       case MessageType::kGet: s = OnGet(c, h, body); break;
       case MessageType::kRemove: s = OnRemove(c, h, body); break;
       case MessageType::kStats: s = OnStats(c, h, body); break;
+      case MessageType::kFlush: s = OnFlush(c, h, body); break;
       default:
         ProtocolError("unknown_type");
         QueueError(c, h.request_id, InvalidArgument(fmt::format("unknown message type {}", h.type)));
@@ -474,7 +566,7 @@ class LocalServerImpl final : public LocalServer {
     items_->Inc(sized_.size());
     regions_.assign(sized_.size(), {});
     for (size_t i = 0; i < sized_.size(); ++i) {
-      auto r = store_->Reserve(sized_[i].key, sized_[i].size);
+      auto r = tiered_->Reserve(sized_[i].key, sized_[i].size);
       if (!r.ok()) {
         regions_[i].status = static_cast<int32_t>(r.status().code());
         if (r.status().code() != StatusCode::kAlreadyExists) put_failures_->Inc();
@@ -501,7 +593,7 @@ class LocalServerImpl final : public LocalServer {
         continue;
       }
       uint64_t size = it->second.size();
-      Status s = store_->Commit(std::move(it->second));
+      Status s = tiered_->Commit(std::move(it->second));
       c.reservations.erase(it);
       statuses_[i] = static_cast<int32_t>(s.code());
       if (s.ok()) bytes_written_->Inc(size);
@@ -524,7 +616,7 @@ class LocalServerImpl final : public LocalServer {
     regions_.assign(keys_.size(), {});
     uint64_t hits = 0, bytes = 0;
     for (size_t i = 0; i < keys_.size(); ++i) {
-      auto p = store_->Acquire(keys_[i]);
+      auto p = tiered_->Acquire(keys_[i]);
       if (!p.ok()) {
         regions_[i].status = static_cast<int32_t>(p.status().code());
         continue;
@@ -558,7 +650,7 @@ class LocalServerImpl final : public LocalServer {
     bool prefix = true;
     uint64_t hits = 0;
     for (size_t i = 0; i < keys_.size(); ++i) {
-      bool hit = store_->Contains(keys_[i]);
+      bool hit = tiered_->Contains(keys_[i]);
       rep.hits[i] = hit ? 1 : 0;
       hits += hit;
       if (!hit) prefix = false;
@@ -588,14 +680,14 @@ class LocalServerImpl final : public LocalServer {
     for (size_t i = 0; i < sized_.size(); ++i) {
       const uint8_t* src = data.data() + off;
       off += sized_[i].size;
-      auto r = store_->Reserve(sized_[i].key, sized_[i].size);
+      auto r = tiered_->Reserve(sized_[i].key, sized_[i].size);
       if (!r.ok()) {
         statuses_[i] = static_cast<int32_t>(r.status().code());
         if (r.status().code() != StatusCode::kAlreadyExists) put_failures_->Inc();
         continue;
       }
       std::memcpy(base + r->offset(), src, sized_[i].size);
-      Status s = store_->Commit(std::move(r).value());
+      Status s = tiered_->Commit(std::move(r).value());
       statuses_[i] = static_cast<int32_t>(s.code());
       if (s.ok()) bytes_written_->Inc(sized_[i].size);
     }
@@ -613,7 +705,7 @@ class LocalServerImpl final : public LocalServer {
     pins.reserve(sized_.size());
     uint64_t total = 0, hits = 0;
     for (size_t i = 0; i < sized_.size(); ++i) {
-      auto p = store_->Acquire(sized_[i].key);
+      auto p = tiered_->Acquire(sized_[i].key);
       if (!p.ok()) {
         items[i].status = static_cast<int32_t>(p.status().code());
         continue;
@@ -644,7 +736,7 @@ class LocalServerImpl final : public LocalServer {
     items_->Inc(keys_.size());
     statuses_.assign(keys_.size(), 0);
     for (size_t i = 0; i < keys_.size(); ++i) {
-      statuses_[i] = static_cast<int32_t>(store_->Remove(keys_[i]).code());
+      statuses_[i] = static_cast<int32_t>(tiered_->Remove(keys_[i]).code());
     }
     out_.clear();
     protocol::EncodeStatuses(statuses_, &out_);
@@ -660,8 +752,30 @@ class LocalServerImpl final : public LocalServer {
     return Status::Ok();
   }
 
+  struct Pending {
+    int fd = -1;
+    uint64_t conn_id = 0;
+    FrameHeader header;
+    std::vector<uint8_t> body;
+    size_t remaining = 0;
+  };
+
+  // A durability barrier: the SSD tier writes its partly filled regions.
+  // Blocks the loop for the flush (an operator action, not a data path).
+  Status OnFlush(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
+    if (!body.empty()) return InvalidArgument("malformed flush request: body must be empty");
+    Status s = tiered_->Flush();
+    Queue(c, MessageType::kFlush, h.request_id, s, {});
+    return Status::Ok();
+  }
+
   const LocalServerOptions opts_;
-  DramStore* const store_;  // outlives the server
+  TieredStore* const tiered_;  // outlives the server
+  DramStore* const store_;     // tiered_'s DRAM tier: the shared segment
+  std::unordered_map<uint64_t, Pending> pending_;  // owned by the loop thread
+  uint64_t next_pending_ = 1;
+  std::mutex done_mu_;
+  std::vector<uint64_t> done_;  // protected by done_mu_: finished promotions
   MetricsRegistry* metrics_ = nullptr;
   const std::function<std::string()> stats_json_;
   int listen_fd_ = -1;
@@ -679,10 +793,10 @@ class LocalServerImpl final : public LocalServer {
   std::vector<protocol::RegionItem> regions_;
   std::vector<uint8_t> out_;
 
-  static constexpr int kNumOps = 12;  // MessageType values 1..11
-  static constexpr const char* kOpNames[kNumOps] = {"",        "hello",  "reserve", "commit",
-                                                    "abort",   "acquire", "release", "exists",
-                                                    "put",     "get",    "remove",  "stats"};
+  static constexpr int kNumOps = 13;  // MessageType values 1..12
+  static constexpr const char* kOpNames[kNumOps] = {
+      "",    "hello", "reserve", "commit", "abort", "acquire", "release",
+      "exists", "put", "get",     "remove", "stats", "flush"};
   Counter* ops_[kNumOps] = {};
   Histogram* latency_[kNumOps] = {};
   std::unordered_map<std::string, Counter*> protocol_errors_;
@@ -697,12 +811,13 @@ class LocalServerImpl final : public LocalServer {
   Counter* accepted_;
   Counter* rejected_;
   Counter* put_failures_;
+  Counter* waits_;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<LocalServer>> LocalServer::Open(const LocalServerOptions& options,
-                                                       DramStore* store, MetricsRegistry* metrics,
+                                                       TieredStore* store, MetricsRegistry* metrics,
                                                        std::function<std::string()> stats_json) {
   KVPOOL_RETURN_IF_ERROR(options.Validate());
   auto s = std::make_unique<LocalServerImpl>(options, store, metrics, std::move(stats_json));

@@ -8,6 +8,8 @@
 //
 // Threading: Run() is the event loop (one epoll thread, given by the node);
 // Stop() may be called from any thread. Everything else is owned by the loop.
+// Promotions complete on the store's executor and hand back to the loop; the
+// executor must be drained before the server is destroyed.
 #pragma once
 
 #include <chrono>
@@ -18,7 +20,7 @@
 
 #include "common/metrics.h"
 #include "common/status.h"
-#include "store/dram/dram_store.h"
+#include "store/tiered_store.h"
 
 namespace kvpool {
 
@@ -36,6 +38,10 @@ struct LocalServerOptions {
   std::chrono::milliseconds handshake_timeout{5000};
   // Reading from a connection pauses while this many reply bytes are queued.
   uint64_t max_output_bytes = 256ull << 20;
+  // After serving a request the loop polls without sleeping this long
+  // before blocking: a sleeping thread takes tens of microseconds to wake on
+  // a VM, which would dominate small requests. 0 disables it.
+  int64_t poll_spin_us = 50;
   // Told to clients in the handshake; changes on every node start.
   uint64_t instance_id = 0;
 
@@ -46,8 +52,10 @@ class LocalServer {
  public:
   // Binds the socket. FailedPrecondition when a live node already serves the
   // path; a stale socket file left by a crash is replaced.
+  // Gets of entries that are only on SSD wait (without blocking the loop)
+  // for their promotion into DRAM, then are answered from DRAM.
   static Result<std::unique_ptr<LocalServer>> Open(const LocalServerOptions& options,
-                                                   DramStore* store, MetricsRegistry* metrics,
+                                                   TieredStore* store, MetricsRegistry* metrics,
                                                    std::function<std::string()> stats_json);
   virtual ~LocalServer() = default;
 

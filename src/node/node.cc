@@ -15,7 +15,10 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "node/local_server.h"
+#include "common/executor.h"
 #include "store/dram/dram_store.h"
+#include "store/ssd/ssd_store.h"
+#include "store/tiered_store.h"
 
 namespace kvpool {
 namespace {
@@ -43,9 +46,25 @@ class NodeImpl final : public Node {
 
   Status Open() {
     KVPOOL_ASSIGN_OR_RETURN(store_, DramStore::Open(opts_.dram, &metrics_));
+    io_pool_ = std::make_unique<ThreadPool>(opts_.io_threads, "kvpool-io");
+    if (!opts_.ssd_dirs.empty()) {
+      SsdOptions so = opts_.ssd;
+      so.dirs.clear();
+      size_t start = 0;
+      while (start <= opts_.ssd_dirs.size()) {
+        size_t comma = opts_.ssd_dirs.find(',', start);
+        if (comma == std::string::npos) comma = opts_.ssd_dirs.size();
+        if (comma > start) so.dirs.push_back(opts_.ssd_dirs.substr(start, comma - start));
+        start = comma + 1;
+      }
+      so.max_value_bytes = store_->max_value_bytes();
+      KVPOOL_ASSIGN_OR_RETURN(ssd_, SsdStore::Open(so, &metrics_, io_pool_.get()));
+    }
+    tiered_ = std::make_unique<TieredStore>(store_.get(), ssd_.get(), io_pool_.get(),
+                                            opts_.tiering, &metrics_);
     LocalServerOptions lo = opts_.local;
     lo.instance_id = instance_id_;
-    KVPOOL_ASSIGN_OR_RETURN(local_, LocalServer::Open(lo, store_.get(), &metrics_,
+    KVPOOL_ASSIGN_OR_RETURN(local_, LocalServer::Open(lo, tiered_.get(), &metrics_,
                                                       [this] { return StatusJson(); }));
     metrics_.AddCallbackGauge("kvpool_uptime_seconds", "Seconds since the node started", {},
                               [this] { return UptimeSeconds(); }, this);
@@ -78,10 +97,19 @@ class NodeImpl final : public Node {
       local_->Stop();
       if (local_thread_.joinable()) local_thread_.join();
     }
+    // Promotions in flight call back into the server: drain them first.
+    if (io_pool_) io_pool_->Stop();
     admin_.reset();
     local_.reset();
+    tiered_.reset();
+    if (ssd_) {
+      Status s = ssd_->Close();  // flush and checkpoint: a warm restart
+      if (!s.ok()) LogWarn("ssd tier close: {}", s.ToString());
+    }
     metrics_.RemoveCallbacks(this);
+    ssd_.reset();
     store_.reset();
+    io_pool_.reset();
   }
 
   int admin_port() const override { return admin_ ? admin_->port() : 0; }
@@ -118,6 +146,7 @@ class NodeImpl final : public Node {
           {"index_bytes_per_entry", st.index_bytes_per_entry},
           {"huge_pages", st.huge_pages},
           {"classes", classes}}},
+        {"ssd", SsdJson()},
         {"members",
          nlohmann::ordered_json::array({{{"node_id", opts_.node_id},
                                          {"address", opts_.local.socket_path},
@@ -126,12 +155,46 @@ class NodeImpl final : public Node {
     return j.dump();
   }
 
+  nlohmann::ordered_json SsdJson() const {
+    if (!ssd_) return nullptr;
+    SsdStats st = ssd_->GetStats();
+    nlohmann::ordered_json dirs = nlohmann::ordered_json::array();
+    for (const auto& d : st.dirs) {
+      dirs.push_back({{"dir", d.dir},
+                      {"device", d.device_kind},
+                      {"capacity_bytes", d.capacity_bytes},
+                      {"used_bytes", d.used_bytes},
+                      {"reads", d.reads},
+                      {"writes", d.writes},
+                      {"online", d.online}});
+    }
+    return {{"capacity_bytes", st.capacity_bytes},
+            {"used_bytes", st.used_bytes},
+            {"entries", st.entries},
+            {"index_bytes", st.index_bytes},
+            {"index_bytes_per_entry", st.index_bytes_per_entry},
+            {"reads", st.reads},
+            {"read_bytes", st.read_bytes},
+            {"writes", st.writes},
+            {"write_bytes", st.write_bytes},
+            {"crc_failures", st.crc_failures},
+            {"region_evictions", st.region_evictions},
+            {"inserts_dropped", st.inserts_dropped},
+            {"online", st.online},
+            {"offline_reason", st.offline_reason},
+            {"recovery", st.recovery},
+            {"dirs", dirs}};
+  }
+
   NodeOptions opts_;
   const std::string config_json_;
   const std::chrono::steady_clock::time_point started_;
   uint64_t instance_id_ = 0;
   MetricsRegistry metrics_;  // outlives every component below
   std::unique_ptr<DramStore> store_;
+  std::unique_ptr<ThreadPool> io_pool_;  // SSD flushes and promotions
+  std::unique_ptr<SsdStore> ssd_;        // null without --ssd
+  std::unique_ptr<TieredStore> tiered_;
   std::unique_ptr<LocalServer> local_;
   std::unique_ptr<AdminServer> admin_;
   std::thread local_thread_;  // the local socket server's event loop

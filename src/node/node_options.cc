@@ -6,6 +6,11 @@ namespace kvpool {
 
 Status NodeOptions::Validate() const {
   KVPOOL_RETURN_IF_ERROR(dram.Validate());
+  KVPOOL_RETURN_IF_ERROR(tiering.Validate());
+  if (!ssd_dirs.empty()) {
+    if (ssd.capacity_bytes == 0) return InvalidArgument("--ssd needs --ssd-capacity");
+    KVPOOL_RETURN_IF_ERROR(ssd.Validate());
+  }
   KVPOOL_RETURN_IF_ERROR(local.Validate());
   if (admin_enabled) {
     KVPOOL_RETURN_IF_ERROR(admin.Validate());
@@ -45,6 +50,20 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
              "Back the segment with huge pages when the system has them");
   t->AddBool("prefault", &o->dram.prefault, "Touch the whole segment at start");
 
+  t->AddString("ssd", &o->ssd_dirs,
+               "SSD tier directories, comma-separated (one per NVMe drive); empty: DRAM only");
+  t->AddBytes("ssd-capacity", &o->ssd.capacity_bytes, 0, 1ull << 50,
+              "SSD tier size across all directories (preallocated)");
+  t->AddBytes("ssd-region-size", &o->ssd.region_bytes, 1ull << 20, 1ull << 30,
+              "SSD write and reclaim unit (larger: fewer, bigger writes)");
+  t->AddInt("ssd-buffers", &o->ssd.buffers_per_dir, 2, 64,
+            "Region buffers per SSD directory (absorb bursts of demotions)");
+  t->AddInt("ssd-reinsert-reads", &o->ssd.reinsert_min_reads, 0, 1000000,
+            "Reclaiming a region keeps entries read at least this often (0: never)");
+  t->AddInt("ssd-admit-reads", &o->tiering.admit_min_reads, 0, 15,
+            "Demote to SSD only entries read at least this often (0: all)");
+  t->AddInt("io-threads", &o->io_threads, 1, 64, "Worker threads for SSD I/O");
+
   t->AddInt("max-connections", &o->local.max_connections, 1, 65536,
             "Local client connections accepted at once; more are refused and counted");
   t->AddInt("max-batch", &o->local.max_batch, 1, 4096, "Items per request");
@@ -54,6 +73,8 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
                  std::chrono::milliseconds(600000),
                  "Connections that do not complete the handshake in time are closed");
 
+  t->AddInt("poll-spin-us", &o->local.poll_spin_us, 0, 10000,
+            "Microseconds the socket loop polls without sleeping after a request (0: never)");
   t->AddBool("admin", &o->admin_enabled, "Serve the admin HTTP endpoint (metrics, dashboard)");
   t->AddString("admin-address", &o->admin.bind_address,
                "Admin HTTP bind address (loopback: the endpoint is not authenticated)");

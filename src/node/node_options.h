@@ -11,6 +11,8 @@
 #include "common/settings.h"
 #include "node/local_server.h"
 #include "store/dram/dram_store.h"
+#include "store/ssd/ssd_store.h"
+#include "store/tiered_store.h"
 
 namespace kvpool {
 
@@ -21,6 +23,12 @@ struct NodeOptions {
   // Allows binding the admin endpoint beyond loopback without authentication.
   bool insecure = false;
   DramOptions dram;
+  // Comma-separated SSD directories; empty: DRAM only.
+  std::string ssd_dirs;
+  SsdOptions ssd;  // dirs filled from ssd_dirs
+  TieringOptions tiering;
+  // Worker threads for SSD I/O (flushes, promotions).
+  int io_threads = 2;
   LocalServerOptions local;
   AdminOptions admin;
 

@@ -28,6 +28,7 @@
 // | Get           | u32 n, n x {key, u64 capacity}        | u32 n, n x {i32 st, u64 size}, bytes of OKs  |
 // | Remove        | u32 n, n x key                        | u32 n, n x i32 st                            |
 // | Stats         | (empty)                               | str json                                     |
+// | Flush         | (empty)                               | (empty; header status tells the outcome)     |
 // | Error         | -                                     | str message (header status holds the code)   |
 // str = u32 length + bytes. A reply's type is the request's type | 0x8000.
 #pragma once
@@ -53,6 +54,7 @@ enum class MessageType : uint16_t {
   kGet = 9,
   kRemove = 10,
   kStats = 11,
+  kFlush = 12,
   kError = 0x7fff,
 };
 

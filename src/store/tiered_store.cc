@@ -1,0 +1,193 @@
+#include "store/tiered_store.h"
+
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "common/log.h"
+#include "store/ssd/ssd_store.h"
+
+namespace kvpool {
+
+Status TieringOptions::Validate() const {
+  if (admit_min_reads > 15) return InvalidArgument("admit_min_reads must be in 0..15");
+  return Status::Ok();
+}
+
+namespace {
+
+// Approximate read counts per key in 4-bit saturating counters, halved
+// periodically so old popularity fades. Bounded memory, no per-key state.
+class FrequencySketch {
+ public:
+  explicit FrequencySketch(size_t counters) : table_(counters / 2, 0), mask_(counters - 1) {}
+  void Increment(const KeyId& k) {
+    std::lock_guard lock(mu_);
+    for (int i = 0; i < 2; ++i) {
+      size_t idx = Index(k, i);
+      uint8_t& b = table_[idx >> 1];
+      int shift = (idx & 1) * 4;
+      if (((b >> shift) & 0xf) < 15) b = static_cast<uint8_t>(b + (1 << shift));
+    }
+    if (++increments_ >= table_.size() * 8) {
+      for (auto& b : table_) b = static_cast<uint8_t>((b >> 1) & 0x77);
+      increments_ = 0;
+    }
+  }
+  uint32_t Estimate(const KeyId& k) const {
+    std::lock_guard lock(mu_);
+    uint32_t est = 15;
+    for (int i = 0; i < 2; ++i) {
+      size_t idx = Index(k, i);
+      est = std::min<uint32_t>(est, (table_[idx >> 1] >> ((idx & 1) * 4)) & 0xf);
+    }
+    return est;
+  }
+
+ private:
+  size_t Index(const KeyId& k, int i) const {
+    return static_cast<size_t>(i == 0 ? k.lo : (k.hi ^ (k.lo >> 17))) & mask_;
+  }
+  mutable std::mutex mu_;
+  std::vector<uint8_t> table_;  // protected by mu_; two counters per byte
+  size_t mask_;
+  uint64_t increments_ = 0;  // protected by mu_
+};
+
+}  // namespace
+
+struct TieredStore::Impl {
+  TieredStore* self;
+  Executor* executor;
+  TieringOptions options;
+  FrequencySketch sketch{1 << 20};
+  std::mutex mu;
+  // Promotions in flight: later callers for the same key wait on the first.
+  std::unordered_map<KeyId, std::vector<std::function<void(Status)>>, KeyIdHash> inflight;  // mu
+
+  Counter* promotions;
+  Counter* promotion_failures;
+  Counter* promotion_shared;
+  Counter* demotions;
+  Counter* demotions_skipped;
+  Counter* demotions_dropped;
+
+  void RunPromotion(const KeyId& key) {
+    Status s = ReadIntoDram(key);
+    std::vector<std::function<void(Status)>> waiters;
+    {
+      std::lock_guard lock(mu);
+      auto it = inflight.find(key);
+      if (it != inflight.end()) {
+        waiters = std::move(it->second);
+        inflight.erase(it);
+      }
+    }
+    if (s.ok()) promotions->Inc();
+    else promotion_failures->Inc();
+    for (auto& w : waiters) w(s);
+  }
+
+  Status ReadIntoDram(const KeyId& key) {
+    SsdStore* ssd = self->ssd_;
+    KVPOOL_ASSIGN_OR_RETURN(uint64_t size, ssd->Lookup(key));
+    auto r = self->dram_->Reserve(key, size);
+    if (!r.ok()) {
+      // Someone put or promoted it meanwhile: it is in DRAM, which is the goal.
+      if (r.status().code() == StatusCode::kAlreadyExists) return Status::Ok();
+      return std::move(r).TakeStatus();
+    }
+    uint8_t* dst = self->dram_->segment_base() + r->offset();
+    KVPOOL_RETURN_IF_ERROR(ssd->Read(key, dst, size));  // the reservation aborts on failure
+    Status c = self->dram_->Commit(std::move(r).value());
+    if (!c.ok() && c.code() != StatusCode::kAlreadyExists) return c;
+    return Status::Ok();
+  }
+};
+
+TieredStore::TieredStore(DramStore* dram, SsdStore* ssd, Executor* executor,
+                         const TieringOptions& options, MetricsRegistry* metrics)
+    : impl_(std::make_unique<Impl>()), dram_(dram), ssd_(ssd) {
+  impl_->self = this;
+  impl_->executor = executor;
+  impl_->options = options;
+  impl_->promotions = metrics->GetCounter("kvpool_tier_promotions_total",
+                                          "Entries read from SSD into DRAM on a DRAM miss");
+  impl_->promotion_failures = metrics->GetCounter(
+      "kvpool_tier_promotion_failures_total",
+      "Promotions that failed (record gone, did not verify, I/O error, no DRAM space)");
+  impl_->promotion_shared = metrics->GetCounter(
+      "kvpool_tier_promotions_shared_total", "Gets that waited on a promotion already in flight");
+  impl_->demotions = metrics->GetCounter("kvpool_tier_demotions_total",
+                                         "DRAM evictions written back to SSD");
+  impl_->demotions_skipped = metrics->GetCounter(
+      "kvpool_tier_demotions_skipped_total", "DRAM evictions not admitted to SSD (read too rarely)");
+  impl_->demotions_dropped = metrics->GetCounter(
+      "kvpool_tier_demotions_dropped_total",
+      "DRAM evictions the SSD tier refused (buffers full, offline, disk full)");
+  if (ssd_ != nullptr) {
+    Impl* impl = impl_.get();
+    dram_->SetEvictionListener([impl, ssd](const KeyId& key, const uint8_t* data, uint64_t size) {
+      if (impl->options.admit_min_reads > 0 &&
+          impl->sketch.Estimate(key) < impl->options.admit_min_reads) {
+        impl->demotions_skipped->Inc();
+        return;
+      }
+      if (ssd->Contains(key)) return;  // already written back earlier
+      if (ssd->Insert(key, data, size)) impl->demotions->Inc();
+      else impl->demotions_dropped->Inc();
+    });
+  }
+}
+
+TieredStore::~TieredStore() {
+  if (ssd_ != nullptr) dram_->SetEvictionListener(nullptr);
+}
+
+Result<DramStore::Reservation> TieredStore::Reserve(const KeyId& key, uint64_t size) {
+  if (ssd_ != nullptr && ssd_->Contains(key)) return AlreadyExists("key is stored (on SSD)");
+  return dram_->Reserve(key, size);
+}
+
+Result<DramStore::Pin> TieredStore::Acquire(const KeyId& key) {
+  auto p = dram_->Acquire(key);
+  if (p.ok() && ssd_ != nullptr && impl_->options.admit_min_reads > 0) impl_->sketch.Increment(key);
+  return p;
+}
+
+bool TieredStore::Contains(const KeyId& key) const {
+  return dram_->Contains(key) || (ssd_ != nullptr && ssd_->Contains(key));
+}
+
+bool TieredStore::NeedsPromotion(const KeyId& key) const {
+  return ssd_ != nullptr && !dram_->Contains(key) && ssd_->Contains(key);
+}
+
+Status TieredStore::Remove(const KeyId& key) {
+  Status d = dram_->Remove(key);
+  bool on_ssd = ssd_ != nullptr && ssd_->Contains(key);
+  if (on_ssd) ssd_->Remove(key);
+  return d.ok() || on_ssd ? Status::Ok() : d;
+}
+
+Status TieredStore::Flush() { return ssd_ != nullptr ? ssd_->Flush() : Status::Ok(); }
+
+void TieredStore::Promote(const KeyId& key, std::function<void(Status)> done) {
+  if (ssd_ == nullptr) {
+    done(NotFound("no SSD tier"));
+    return;
+  }
+  {
+    std::lock_guard lock(impl_->mu);
+    auto [it, first] = impl_->inflight.try_emplace(key);
+    it->second.push_back(std::move(done));
+    if (!first) {
+      impl_->promotion_shared->Inc();
+      return;
+    }
+  }
+  Impl* impl = impl_.get();
+  impl_->executor->Submit([impl, key] { impl->RunPromotion(key); });
+}
+
+}  // namespace kvpool
