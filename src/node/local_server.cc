@@ -441,6 +441,12 @@ class LocalServerImpl final : public LocalServer {
     if (cold.empty()) return false;
     uint64_t id = next_pending_++;
     Pending& p = pending_[id];
+    // The keys already in DRAM are pinned while the request waits, so the
+    // promotions of the others cannot evict them.
+    for (const auto& k : keys_) {
+      auto pin = store_->Acquire(k);
+      if (pin.ok()) p.pins.push_back(std::move(pin).value());
+    }
     p.fd = c.fd;
     p.conn_id = c.id;
     p.header = h;
@@ -449,10 +455,10 @@ class LocalServerImpl final : public LocalServer {
     c.pending = true;
     waits_->Inc();
     for (const auto& k : cold) {
-      tiered_->Promote(k, [this, id](Status) {
+      tiered_->Promote(k, [this, id](Status, DramStore::Pin pin) {
         {
           std::lock_guard lock(done_mu_);
-          done_.push_back(id);
+          done_.emplace_back(id, std::move(pin));
         }
         uint64_t one = 1;
         ssize_t r = ::write(wake_fd_, &one, sizeof(one));
@@ -466,14 +472,17 @@ class LocalServerImpl final : public LocalServer {
   // (from DRAM now; a failed promotion is a miss), then resumes their
   // connections.
   void FinishPromotions() {
-    std::vector<uint64_t> done;
+    std::vector<std::pair<uint64_t, DramStore::Pin>> done;
     {
       std::lock_guard lock(done_mu_);
       done.swap(done_);
     }
-    for (uint64_t id : done) {
+    for (auto& [id, pin] : done) {
       auto it = pending_.find(id);
-      if (it == pending_.end() || --it->second.remaining > 0) continue;
+      if (it == pending_.end()) continue;
+      // Held until the request is answered: the promoted entry stays put.
+      if (pin.valid()) it->second.pins.push_back(std::move(pin));
+      if (--it->second.remaining > 0) continue;
       Pending p = std::move(it->second);
       pending_.erase(it);
       auto cit = conns_.find(p.fd);
@@ -758,6 +767,7 @@ class LocalServerImpl final : public LocalServer {
     FrameHeader header;
     std::vector<uint8_t> body;
     size_t remaining = 0;
+    std::vector<DramStore::Pin> pins;  // promoted entries, until answered
   };
 
   // A durability barrier: the SSD tier writes its partly filled regions.
@@ -775,7 +785,8 @@ class LocalServerImpl final : public LocalServer {
   std::unordered_map<uint64_t, Pending> pending_;  // owned by the loop thread
   uint64_t next_pending_ = 1;
   std::mutex done_mu_;
-  std::vector<uint64_t> done_;  // protected by done_mu_: finished promotions
+  // Protected by done_mu_: finished promotions and their pins.
+  std::vector<std::pair<uint64_t, DramStore::Pin>> done_;
   MetricsRegistry* metrics_ = nullptr;
   const std::function<std::string()> stats_json_;
   int listen_fd_ = -1;

@@ -47,18 +47,13 @@ class NodeImpl final : public Node {
   Status Open() {
     KVPOOL_ASSIGN_OR_RETURN(store_, DramStore::Open(opts_.dram, &metrics_));
     io_pool_ = std::make_unique<ThreadPool>(opts_.io_threads, "kvpool-io");
+    // Region flushes get their own threads: a promotion waiting for DRAM
+    // room may wait for a demotion, which waits for a flush.
+    flush_pool_ = std::make_unique<ThreadPool>(2, "kvpool-flush");
     if (!opts_.ssd_dirs.empty()) {
-      SsdOptions so = opts_.ssd;
-      so.dirs.clear();
-      size_t start = 0;
-      while (start <= opts_.ssd_dirs.size()) {
-        size_t comma = opts_.ssd_dirs.find(',', start);
-        if (comma == std::string::npos) comma = opts_.ssd_dirs.size();
-        if (comma > start) so.dirs.push_back(opts_.ssd_dirs.substr(start, comma - start));
-        start = comma + 1;
-      }
+      SsdOptions so = opts_.SsdWithDirs();
       so.max_value_bytes = store_->max_value_bytes();
-      KVPOOL_ASSIGN_OR_RETURN(ssd_, SsdStore::Open(so, &metrics_, io_pool_.get()));
+      KVPOOL_ASSIGN_OR_RETURN(ssd_, SsdStore::Open(so, &metrics_, flush_pool_.get()));
     }
     tiered_ = std::make_unique<TieredStore>(store_.get(), ssd_.get(), io_pool_.get(),
                                             opts_.tiering, &metrics_);
@@ -106,10 +101,12 @@ class NodeImpl final : public Node {
       Status s = ssd_->Close();  // flush and checkpoint: a warm restart
       if (!s.ok()) LogWarn("ssd tier close: {}", s.ToString());
     }
+    if (flush_pool_) flush_pool_->Stop();
     metrics_.RemoveCallbacks(this);
     ssd_.reset();
     store_.reset();
     io_pool_.reset();
+    flush_pool_.reset();
   }
 
   int admin_port() const override { return admin_ ? admin_->port() : 0; }
@@ -192,7 +189,8 @@ class NodeImpl final : public Node {
   uint64_t instance_id_ = 0;
   MetricsRegistry metrics_;  // outlives every component below
   std::unique_ptr<DramStore> store_;
-  std::unique_ptr<ThreadPool> io_pool_;  // SSD flushes and promotions
+  std::unique_ptr<ThreadPool> io_pool_;     // promotions (SSD reads into DRAM)
+  std::unique_ptr<ThreadPool> flush_pool_;  // SSD region writes
   std::unique_ptr<SsdStore> ssd_;        // null without --ssd
   std::unique_ptr<TieredStore> tiered_;
   std::unique_ptr<LocalServer> local_;

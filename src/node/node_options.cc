@@ -9,7 +9,7 @@ Status NodeOptions::Validate() const {
   KVPOOL_RETURN_IF_ERROR(tiering.Validate());
   if (!ssd_dirs.empty()) {
     if (ssd.capacity_bytes == 0) return InvalidArgument("--ssd needs --ssd-capacity");
-    KVPOOL_RETURN_IF_ERROR(ssd.Validate());
+    KVPOOL_RETURN_IF_ERROR(SsdWithDirs().Validate());
   }
   KVPOOL_RETURN_IF_ERROR(local.Validate());
   if (admin_enabled) {
@@ -30,6 +30,20 @@ Status NodeOptions::Validate() const {
         SettingsTable::FormatBytes(dram.max_value_bytes)));
   }
   return Status::Ok();
+}
+
+SsdOptions NodeOptions::SsdWithDirs() const {
+  SsdOptions so = ssd;
+  so.dirs.clear();
+  size_t start = 0;
+  while (start <= ssd_dirs.size()) {
+    size_t comma = ssd_dirs.find(',', start);
+    if (comma == std::string::npos) comma = ssd_dirs.size();
+    if (comma > start) so.dirs.push_back(ssd_dirs.substr(start, comma - start));
+    start = comma + 1;
+  }
+  so.max_value_bytes = dram.max_value_bytes;
+  return so;
 }
 
 void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
@@ -62,7 +76,11 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
             "Reclaiming a region keeps entries read at least this often (0: never)");
   t->AddInt("ssd-admit-reads", &o->tiering.admit_min_reads, 0, 15,
             "Demote to SSD only entries read at least this often (0: all)");
-  t->AddInt("io-threads", &o->io_threads, 1, 64, "Worker threads for SSD I/O");
+  t->AddDuration("ssd-insert-wait", &o->ssd.insert_wait, std::chrono::milliseconds(0),
+                 std::chrono::milliseconds(10000),
+                 "How long a demotion waits for a free SSD buffer before it is dropped "
+                 "(throttles writers to the SSD's speed)");
+  t->AddInt("io-threads", &o->io_threads, 1, 64, "Worker threads for SSD reads (promotions)");
 
   t->AddInt("max-connections", &o->local.max_connections, 1, 65536,
             "Local client connections accepted at once; more are refused and counted");

@@ -28,12 +28,14 @@ struct NodeOptions {
   SsdOptions ssd;  // dirs filled from ssd_dirs
   TieringOptions tiering;
   // Worker threads for SSD I/O (flushes, promotions).
-  int io_threads = 2;
+  int io_threads = 4;
   LocalServerOptions local;
   AdminOptions admin;
 
   NodeOptions() { admin.port = 9710; }
   Status Validate() const;
+  // The SSD options with dirs split out of ssd_dirs.
+  SsdOptions SsdWithDirs() const;
 };
 
 // Binds every field of *options to a row of the table. *options must outlive

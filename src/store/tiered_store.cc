@@ -63,7 +63,7 @@ struct TieredStore::Impl {
   FrequencySketch sketch{1 << 20};
   std::mutex mu;
   // Promotions in flight: later callers for the same key wait on the first.
-  std::unordered_map<KeyId, std::vector<std::function<void(Status)>>, KeyIdHash> inflight;  // mu
+  std::unordered_map<KeyId, std::vector<PromoteDone>, KeyIdHash> inflight;  // mu
 
   Counter* promotions;
   Counter* promotion_failures;
@@ -74,7 +74,7 @@ struct TieredStore::Impl {
 
   void RunPromotion(const KeyId& key) {
     Status s = ReadIntoDram(key);
-    std::vector<std::function<void(Status)>> waiters;
+    std::vector<PromoteDone> waiters;
     {
       std::lock_guard lock(mu);
       auto it = inflight.find(key);
@@ -85,7 +85,15 @@ struct TieredStore::Impl {
     }
     if (s.ok()) promotions->Inc();
     else promotion_failures->Inc();
-    for (auto& w : waiters) w(s);
+    for (auto& w : waiters) {
+      if (!s.ok()) {
+        w(s, DramStore::Pin());
+        continue;
+      }
+      auto pin = self->dram_->Acquire(key);
+      if (pin.ok()) w(Status::Ok(), std::move(pin).value());
+      else w(pin.status(), DramStore::Pin());  // evicted again in a blink
+    }
   }
 
   Status ReadIntoDram(const KeyId& key) {
@@ -172,9 +180,9 @@ Status TieredStore::Remove(const KeyId& key) {
 
 Status TieredStore::Flush() { return ssd_ != nullptr ? ssd_->Flush() : Status::Ok(); }
 
-void TieredStore::Promote(const KeyId& key, std::function<void(Status)> done) {
+void TieredStore::Promote(const KeyId& key, PromoteDone done) {
   if (ssd_ == nullptr) {
-    done(NotFound("no SSD tier"));
+    done(NotFound("no SSD tier"), DramStore::Pin());
     return;
   }
   {

@@ -63,9 +63,12 @@ class TieredStore {
   Status Flush();
 
   // Reads the key from SSD into a DRAM slot, then calls done (on an executor
-  // thread, or inline when nothing had to be read): OK when the key is in
-  // DRAM now; NotFound, Corruption or IOError when it could not be brought in.
-  void Promote(const KeyId& key, std::function<void(Status)> done);
+  // thread, or inline when there is no SSD tier) with a pin on the entry, so
+  // it cannot be evicted before the waiting request reads it: OK when the key
+  // is in DRAM now; NotFound, Corruption or IOError when it could not be
+  // brought in (the pin is empty then).
+  using PromoteDone = std::function<void(Status, DramStore::Pin)>;
+  void Promote(const KeyId& key, PromoteDone done);
 
  private:
   struct Impl;

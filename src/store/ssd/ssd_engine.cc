@@ -87,17 +87,29 @@ bool SsdEngine::Insert(const KeyId& key, const uint8_t* data, uint64_t size) {
   uint64_t off = 0, seq = 0;
   uint8_t* buf = nullptr;
   {
-    std::lock_guard lock(mu_);
-    if (closing_) return drop();
-    IndexLoc loc;
-    if (index_.Find(key.hi, &loc)) return true;  // the first value stays
-    const auto now = Clock::now();
+    std::unique_lock lock(mu_);
+    // When every buffer is waiting for its write, wait (bounded) for one:
+    // demotions then run at the device's speed instead of being dropped.
+    const auto deadline = Clock::now() + opts_.insert_wait;
     bool ok = false;
-    for (size_t i = 0; i < dirs_.size() && !ok; ++i) {
-      di = rr_++ % dirs_.size();
-      ok = CanWrite(*dirs_[di], now) && PrepareRegion(di, rec);
+    while (true) {
+      if (closing_) return drop();
+      IndexLoc loc;
+      if (index_.Find(key.hi, &loc)) return true;  // the first value stays
+      const auto now = Clock::now();
+      bool writable = false;
+      for (size_t i = 0; i < dirs_.size() && !ok; ++i) {
+        di = rr_++ % dirs_.size();
+        bool can = CanWrite(*dirs_[di], now);
+        writable = writable || can;
+        ok = can && PrepareRegion(di, rec);
+      }
+      if (ok) break;
+      if (!writable || executor_ == nullptr ||
+          cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+        return drop();
+      }
     }
-    if (!ok) return drop();
     Dir& d = *dirs_[di];
     ri = static_cast<uint32_t>(d.filling);
     Region& r = d.regions[ri];

@@ -12,6 +12,7 @@
 // to Open; no thread of its own.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -39,6 +40,10 @@ struct SsdOptions {
   // Reclaiming a region re-inserts entries read at least this many times
   // since they were written (0: never re-insert).
   uint32_t reinsert_min_reads = 0;
+  // How long Insert waits for a region buffer when all are being written
+  // before dropping the value: bounds how far demotions may throttle the
+  // writer (DRAM eviction) to the device's speed. 0: never wait.
+  std::chrono::milliseconds insert_wait{200};
   // Largest value stored (records bigger than a region are refused).
   uint64_t max_value_bytes = 64ull << 20;
   // Test seam; empty: FileDeviceFactory().
@@ -83,9 +88,10 @@ class SsdStore {
   virtual ~SsdStore() = default;
 
   // Copies the value into a region buffer; it becomes readable at once and
-  // durable when its region is flushed. Never blocks on I/O: returns false
-  // (and counts a drop) when no buffer is free, the tier is offline, or the
-  // value is too large. A key already stored keeps its first value.
+  // durable when its region is flushed. When every buffer is being written
+  // it waits up to insert_wait for one; returns false (and counts a drop)
+  // when none frees up in time, the tier is offline, or the value is too
+  // large. A key already stored keeps its first value.
   virtual bool Insert(const KeyId& key, const uint8_t* data, uint64_t size) = 0;
   // The size of the stored value, or NotFound.
   virtual Result<uint64_t> Lookup(const KeyId& key) const = 0;
