@@ -73,7 +73,8 @@ struct TieredStore::Impl {
   Counter* demotions_dropped;
 
   void RunPromotion(const KeyId& key) {
-    Status s = ReadIntoDram(key);
+    bool read = false;
+    Status s = ReadIntoDram(key, &read);
     std::vector<PromoteDone> waiters;
     {
       std::lock_guard lock(mu);
@@ -83,8 +84,8 @@ struct TieredStore::Impl {
         inflight.erase(it);
       }
     }
-    if (s.ok()) promotions->Inc();
-    else promotion_failures->Inc();
+    if (!s.ok()) promotion_failures->Inc();
+    else if (read) promotions->Inc();
     for (auto& w : waiters) {
       if (!s.ok()) {
         w(s, DramStore::Pin());
@@ -96,7 +97,9 @@ struct TieredStore::Impl {
     }
   }
 
-  Status ReadIntoDram(const KeyId& key) {
+  // *read tells whether the bytes came from SSD (false when another writer
+  // or promotion had put the key in DRAM meanwhile).
+  Status ReadIntoDram(const KeyId& key, bool* read) {
     SsdStore* ssd = self->ssd_;
     KVPOOL_ASSIGN_OR_RETURN(uint64_t size, ssd->Lookup(key));
     auto r = self->dram_->Reserve(key, size);
@@ -107,6 +110,7 @@ struct TieredStore::Impl {
     }
     uint8_t* dst = self->dram_->segment_base() + r->offset();
     KVPOOL_RETURN_IF_ERROR(ssd->Read(key, dst, size));  // the reservation aborts on failure
+    *read = true;
     Status c = self->dram_->Commit(std::move(r).value());
     if (!c.ok() && c.code() != StatusCode::kAlreadyExists) return c;
     return Status::Ok();
