@@ -2,23 +2,42 @@
 // sections are short (hash probe + a few metadata writes) except when a
 // Reserve must evict or move a slab; nothing blocks or does I/O under mu_.
 //
-// Memory balance between classes ("activity density"). Every Reserve and
-// every hit counts its value's bytes as activity of its class; all counts
-// halve each time half the capacity's worth of activity has been counted, so
-// they measure recent demand. Activity per slab is then the rate at which a
-// class turns its memory over (writes) or serves it (hits): equalizing it
-// across classes is, for writes, equalizing eviction age, like one global
-// FIFO would, while hits keep read memory where it is read. When class C needs a slot and has none free (and no slab is
-// unassigned), it takes the least-used reclaimable slab of the class D with
-// the lowest activity per slab, but only if D's density is under half of C's;
-// otherwise C evicts one of its own entries (S3-FIFO/LRU within the class).
-// Memory therefore flows to where it is used, idle classes drain to nothing,
-// and the 2x hysteresis keeps two active classes from trading slabs back and
-// forth. A class with no slab at all always gets one (else it could never
-// start). When C cannot evict (everything pinned), it takes a slab from any
-// class that has a reclaimable one. Reclaiming a slab evicts its unpinned
-// entries (through the listener); a slab holding a pinned, reserved or
-// removed-but-pinned slot is never reclaimed.
+// Memory balance between classes: reads first, then age.
+//
+//  - Reads. Every hit counts its value's bytes as reads of its class; the
+//    counts halve each time half the capacity's worth of traffic (bytes
+//    committed or hit) has passed, so they measure recent reads. Writes do
+//    not count: a write-only flood must not look hot (it did, when writes
+//    counted: a new class then evicted its own fresh values instead of
+//    taking memory from a stale class).
+//  - Age. A clock counts bytes of traffic; each commit or hit stamps its
+//    slab with it (Slab::last_used) and moves the slab to the tail of its
+//    class's slab list, so a class's list head is its least recently used
+//    slab. A slab's age (clock - stamp) is that of its youngest entry. A
+//    class's eviction age is its oldest slab's age times n/(n-1) for n slabs
+//    (the oldest slab's youngest entry is about one slab fill, 1/n of the
+//    eviction age, younger than the entries evicted next).
+//
+// When class C needs a slot and has none free (and no slab is unassigned),
+// each other class D offers its least recently used reclaimable slab (the
+// first of its 4 oldest without reserved or pinned slots). D may give it to
+// C when D's reads per slab are under half C's (memory flows to where it is
+// read; the 2x is hysteresis), or when neither class is read at all and
+// D's slab is older than C's eviction age by more than half (the oldest
+// write-only data goes first, as in one global FIFO; the 1.5x is hysteresis,
+// so two write-only classes at equal eviction ages do not trade slabs back
+// and forth). Among the classes that may, the least read gives, the oldest
+// slab on a tie; the slab's entries are evicted (through the listener) and
+// it goes to C. Otherwise C evicts one of its own entries (S3-FIFO or LRU
+// within the class). A class without slabs has infinite reads per slab, so
+// it always gets one; when C cannot evict (everything pinned or reserved)
+// it takes the oldest reclaimable slab of any class. Runs (values above
+// slab_bytes) use the same test per slab of a window of contiguous slabs,
+// against the large class's reads and oldest run; else the oldest run goes.
+//
+// Cost: a commit or hit stamps a slab and moves it in a list (O(1)) and adds
+// to a counter; a Reserve that must make room looks at each class's list
+// head (O(classes)), and none when one class holds every slab.
 #include "store/dram/dram_store.h"
 
 #include <algorithm>
@@ -84,8 +103,8 @@ class DramStoreImpl final : public DramStore {
                BuildSizeClasses(options.min_class_bytes, options.class_growth,
                                 options.slab_bytes)),
         policy_(EvictionPolicy::Create(options.eviction, &alloc_)),
-        activity_(alloc_.num_classes(), 0),
-        class_entries_(alloc_.num_classes(), 0) {
+        class_entries_(alloc_.num_classes(), 0),
+        read_bytes_(alloc_.num_classes(), 0) {
     KVPOOL_CHECK(policy_ != nullptr);
     RegisterMetrics();
     OnCapacityChange();
@@ -110,7 +129,6 @@ class DramStoreImpl final : public DramStore {
     std::lock_guard lock(mu_);
     if (Find(key) != kNoSlot) return AlreadyExists("dram: key committed");
     const uint16_t cls = alloc_.ClassFor(size);
-    NoteActivity(cls, size);
     KVPOOL_ASSIGN_OR_RETURN(const uint32_t slot,
                             cls == alloc_.large_class() ? AllocateRun(size) : AllocateSlot(cls));
     SlotMeta& m = alloc_.meta(slot);
@@ -143,6 +161,7 @@ class DramStoreImpl final : public DramStore {
     m.state = SlotState::kCommitted;
     index_.Insert(key, slot);
     policy_->Insert(slot, cls);
+    NoteUse(slot, cls, m.size, /*hit=*/false);
     ++entries_;
     ++class_entries_[cls];
     used_bytes_ += m.size;
@@ -166,7 +185,7 @@ class DramStoreImpl final : public DramStore {
     }
     const uint16_t cls = alloc_.class_of(slot);
     policy_->Touch(slot, cls);
-    NoteActivity(cls, m.size);
+    NoteUse(slot, cls, m.size, /*hit=*/true);
     hits_->Inc();
     return Pin(this, slot, alloc_.offset(slot), m.size);
   }
@@ -279,23 +298,83 @@ class DramStoreImpl final : public DramStore {
     return true;
   }
 
-  void NoteActivity(uint16_t cls, uint64_t bytes) {
-    activity_[cls] += bytes;
-    activity_since_decay_ += bytes;
-    if (activity_since_decay_ >= decay_bytes_) {
-      for (uint64_t& a : activity_) a >>= 1;
-      activity_since_decay_ = 0;
+  // A commit or hit of `bytes` in `slot`: advances the clock, marks the slab
+  // most recently used in its class, and counts a hit as reads of the class.
+  void NoteUse(uint32_t slot, uint16_t cls, uint64_t bytes, bool hit) {
+    clock_ += bytes;
+    alloc_.TouchSlab(alloc_.slab_of(slot), clock_);
+    if (hit) read_bytes_[cls] += bytes;
+    since_decay_ += bytes;
+    if (since_decay_ >= decay_bytes_) {
+      for (uint64_t& r : read_bytes_) r >>= 1;
+      since_decay_ = 0;
     }
   }
 
-  // Recent activity per slab; infinite for a class without slabs.
-  double Density(uint16_t cls) const {
+  // Recent bytes read per slab; infinite for a class without slabs.
+  double ReadDensity(uint16_t cls) const {
     const uint64_t slabs = alloc_.class_slabs(cls);
     return slabs == 0 ? std::numeric_limits<double>::infinity()
-                      : static_cast<double>(activity_[cls]) / static_cast<double>(slabs);
+                      : static_cast<double>(read_bytes_[cls]) / static_cast<double>(slabs);
   }
-  bool ColderThan(uint16_t donor, uint16_t needy) const {
-    return alloc_.class_slabs(donor) > 0 && Density(donor) * 2 < Density(needy);
+
+  // Age of the entries class cls evicts next: its oldest slab's age, scaled
+  // by n/(n-1) for n slabs because the oldest slab's stamp is that of its
+  // youngest entry (about one slab fill younger than its oldest, and a slab
+  // fill is 1/n of the class's eviction age). 0 when it has no slab.
+  uint64_t EvictionAge(uint16_t cls) const {
+    const uint32_t head = alloc_.oldest_slab(cls);
+    if (head == kNoSlab) return 0;
+    const uint64_t age = clock_ - alloc_.slab(head).last_used;
+    const uint64_t n =
+        cls == alloc_.large_class() ? alloc_.class_slots(cls) : alloc_.class_slabs(cls);
+    return n <= 1 ? age : age + age / (n - 1);
+  }
+
+  // Whether class `donor` may give its slab `slab` to class `needy`, whose
+  // read density and eviction age are given (see the top of the file).
+  bool MayDonate(uint16_t donor, const Slab& slab, double needy_reads, uint64_t needy_age) const {
+    const double donor_reads = ReadDensity(donor);
+    if (donor_reads * 2 < needy_reads) return true;
+    if (donor_reads != 0 || needy_reads != 0) return false;
+    const uint64_t donor_age = clock_ - slab.last_used;
+    return donor_age > needy_age && donor_age - needy_age > needy_age / 2;
+  }
+
+  // Reclaims a slab of another class for `needy` and returns it unassigned,
+  // or kNoSlab. Per class, the candidate is its least recently used
+  // reclaimable slab among the few oldest. Without any_donor: the candidate
+  // of the least read class that may donate (MayDonate), the oldest on a
+  // tie; with any_donor: the oldest candidate of any class.
+  uint32_t TakeSlab(uint16_t needy, bool any_donor) {
+    if (!any_donor && alloc_.class_slabs(needy) == alloc_.assigned_slabs()) return kNoSlab;
+    constexpr uint32_t kWalk = 4;
+    const uint32_t walk = any_donor ? std::numeric_limits<uint32_t>::max() : kWalk;
+    const double needy_reads = ReadDensity(needy);
+    const uint64_t needy_age = EvictionAge(needy);
+    uint32_t best = kNoSlab;
+    double best_reads = 0;
+    for (uint16_t c = 0; c < alloc_.num_classes(); ++c) {
+      if (c == needy) continue;
+      uint32_t i = alloc_.oldest_slab(c);
+      for (uint32_t k = 0; i != kNoSlab && k < walk && alloc_.slab(i).busy != 0; ++k) {
+        i = alloc_.slab(i).next;
+      }
+      if (i == kNoSlab || alloc_.slab(i).busy != 0) continue;
+      const Slab& s = alloc_.slab(i);
+      const double reads = any_donor ? 0 : ReadDensity(c);
+      if (!any_donor && !MayDonate(c, s, needy_reads, needy_age)) continue;
+      if (best == kNoSlab || reads < best_reads ||
+          (reads == best_reads && s.last_used < alloc_.slab(best).last_used)) {
+        best = i;
+        best_reads = reads;
+      }
+    }
+    if (best == kNoSlab) return kNoSlab;
+    ReclaimSlab(best);
+    ++slab_moves_;
+    slab_moves_metric_->Inc();
+    return best;
   }
 
   // Entries the store holds when full at the current mix: slots of the
@@ -307,7 +386,7 @@ class DramStoreImpl final : public DramStore {
 
   uint64_t IndexBytes() const {
     return index_.bytes() + alloc_.metadata_bytes() + policy_->bytes() +
-           activity_.capacity() * sizeof(uint64_t) + class_entries_.capacity() * sizeof(uint32_t);
+           read_bytes_.capacity() * sizeof(uint64_t) + class_entries_.capacity() * sizeof(uint32_t);
   }
 
   void OnCapacityChange() {
@@ -319,55 +398,14 @@ class DramStoreImpl final : public DramStore {
       const uint32_t slot = alloc_.PopFree(cls);
       if (slot != kNoSlot) return slot;
       uint32_t slab = alloc_.FindFreeSlab();
-      if (slab == kNoSlab) slab = ReclaimFromDonor(cls, /*any_donor=*/false);
+      if (slab == kNoSlab) slab = TakeSlab(cls, /*any_donor=*/false);
       if (slab == kNoSlab && EvictFrom(cls)) continue;
-      if (slab == kNoSlab) slab = ReclaimFromDonor(cls, /*any_donor=*/true);
+      if (slab == kNoSlab) slab = TakeSlab(cls, /*any_donor=*/true);
       if (slab == kNoSlab) return ResourceExhausted("dram: every slot is pinned or reserved");
       alloc_.AssignSlab(slab, cls);
+      alloc_.TouchSlab(slab, clock_);  // not a candidate before its first commit
       OnCapacityChange();
     }
-  }
-
-  // Reclaims a slab from the coldest class colder than `needy` (or from any
-  // class); returns it unassigned, or kNoSlab.
-  uint32_t ReclaimFromDonor(uint16_t needy, bool any_donor) {
-    donors_.clear();
-    for (uint16_t c = 0; c < alloc_.num_classes(); ++c) {
-      if (c == needy || alloc_.class_slabs(c) == 0) continue;
-      if (any_donor || ColderThan(c, needy)) donors_.emplace_back(Density(c), c);
-    }
-    std::sort(donors_.begin(), donors_.end());
-    for (const auto& [density, donor] : donors_) {
-      const uint32_t slab = PickDonorSlab(donor);
-      if (slab == kNoSlab) continue;
-      ReclaimSlab(slab);
-      ++slab_moves_;
-      slab_moves_metric_->Inc();
-      return slab;
-    }
-    return kNoSlab;
-  }
-
-  // Among the first few reclaimable slabs of `cls` after a rotating cursor,
-  // the one with the fewest used slots (fewest entries to evict).
-  uint32_t PickDonorSlab(uint16_t cls) {
-    constexpr int kCandidates = 8;
-    const uint32_t n = alloc_.num_slabs();
-    uint32_t best = kNoSlab;
-    uint32_t best_used = std::numeric_limits<uint32_t>::max();
-    int found = 0;
-    for (uint32_t k = 0; k < n && found < kCandidates; ++k) {
-      const uint32_t i = (donor_cursor_ + k) % n;
-      const Slab& s = alloc_.slab(i);
-      if (s.cls != cls || s.busy != 0) continue;
-      ++found;
-      if (s.used < best_used) {
-        best = i;
-        best_used = s.used;
-      }
-    }
-    if (best != kNoSlab) donor_cursor_ = (best + 1) % n;
-    return best;
   }
 
   // Evicts every entry of slab i (a whole run for a run's slab) and leaves it
@@ -404,6 +442,7 @@ class DramStoreImpl final : public DramStore {
       const uint32_t first = alloc_.FindFreeRun(n);
       if (first != kNoSlab) {
         const uint32_t slot = alloc_.AssignRun(first, n);
+        alloc_.TouchSlab(first, clock_);
         OnCapacityChange();
         return slot;
       }
@@ -415,10 +454,13 @@ class DramStoreImpl final : public DramStore {
   }
 
   // Frees the cheapest window of n contiguous slabs made of unassigned slabs
-  // and reclaimable slabs of donor classes (colder than the large class, or
-  // any class). Cost: entries to evict. False when no window qualifies.
+  // and reclaimable slabs of classes that may donate to the large class
+  // (MayDonate), or of any class. Cost: entries to evict. False when no
+  // window qualifies.
   bool ReclaimWindow(uint32_t n, bool any_donor) {
     const uint16_t large = alloc_.large_class();
+    const double large_reads = ReadDensity(large);
+    const uint64_t large_age = EvictionAge(large);
     const uint32_t total = alloc_.num_slabs();
     if (n > total) return false;
     // Per slab: cost to free it, or -1 when it cannot be taken.
@@ -434,7 +476,7 @@ class DramStoreImpl final : public DramStore {
       } else if (h.cls == large) {
         cost[i] = any_donor ? 1 : -1;  // without any_donor, the large class evicts in order
       } else {
-        cost[i] = (any_donor || ColderThan(h.cls, large)) ? 1 + h.used : -1;
+        cost[i] = (any_donor || MayDonate(h.cls, h, large_reads, large_age)) ? 1 + h.used : -1;
       }
     }
     int64_t best = -1;
@@ -492,7 +534,7 @@ class DramStoreImpl final : public DramStore {
   const uint64_t max_value_bytes_;
   const std::unique_ptr<MetricsRegistry> owned_metrics_;  // when none was given
   MetricsRegistry* const metrics_;
-  const uint64_t decay_bytes_;
+  const uint64_t decay_bytes_;  // read_bytes_ halve after this much traffic
   Counter* evictions_metric_ = nullptr;
   Counter* slab_moves_metric_ = nullptr;
   Counter* hits_ = nullptr;
@@ -503,11 +545,10 @@ class DramStoreImpl final : public DramStore {
   SlabAllocator alloc_;
   SlotIndex index_;
   std::unique_ptr<EvictionPolicy> policy_;
-  std::vector<uint64_t> activity_;       // per class: bytes, decayed
   std::vector<uint32_t> class_entries_;  // per class
-  uint64_t activity_since_decay_ = 0;
-  uint32_t donor_cursor_ = 0;
-  std::vector<std::pair<double, uint16_t>> donors_;  // scratch
+  std::vector<uint64_t> read_bytes_;     // per class: bytes hit, decayed
+  uint64_t since_decay_ = 0;             // bytes committed and hit since the last halving
+  uint64_t clock_ = 0;                   // bytes committed and hit: stamps slabs (NoteUse)
   EvictionListener listener_;
   uint64_t used_bytes_ = 0;
   uint64_t allocated_bytes_ = 0;

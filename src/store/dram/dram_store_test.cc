@@ -314,6 +314,83 @@ TEST(DramStoreTest, ActiveClassesShareMemoryWithoutThrashing) {
   EXPECT_LE(s.slab_moves - moves, 8u) << big << " " << small;
 }
 
+// The benchmark's repro at unit scale: a store full of 1 MiB values never
+// read, then 32 MiB of 64 KiB values. The new values fit (32 < 64 MiB) and
+// the 1 MiB values are older, so every new value must stay: memory is taken
+// from the stale class, not from the new one's own fresh entries.
+TEST(DramStoreTest, NewClassTakesMemoryFromStaleClass) {
+  for (const char* policy : {"s3fifo", "lru"}) {
+    DramOptions o = SmallOptions(64 * MiB, 1 * MiB);
+    o.prefault = false;
+    o.eviction = policy;
+    auto store = OpenStore(o);
+    // 2x the store, never read.
+    for (uint64_t i = 0; i < 128; ++i) ASSERT_TRUE(Put(*store, Key(i), MiB).ok());
+    constexpr uint64_t kNew = 512;  // 32 MiB
+    for (uint64_t i = 0; i < kNew; ++i) ASSERT_TRUE(Put(*store, Key(1000 + i), 64 * KiB).ok());
+    uint64_t hits = 0;
+    for (uint64_t i = 0; i < kNew; ++i) hits += Get(*store, Key(1000 + i), 64 * KiB).ok();
+    const DramStats s = store->GetStats();
+    EXPECT_EQ(hits, kNew) << policy << ": 64 KiB slabs " << ClassOf(s, 64 * KiB)->slabs;
+    EXPECT_EQ(ClassOf(s, 64 * KiB)->slabs, 32u) << policy;
+    EXPECT_EQ(ClassOf(s, MiB)->slabs, 32u) << policy;
+  }
+}
+
+// The reverse mix: small values first, then big ones.
+TEST(DramStoreTest, NewBigClassTakesMemoryFromStaleSmallClass) {
+  for (const char* policy : {"s3fifo", "lru"}) {
+    DramOptions o = SmallOptions(64 * MiB, 1 * MiB);
+    o.prefault = false;
+    o.eviction = policy;
+    auto store = OpenStore(o);
+    // 2x the store, never read.
+    for (uint64_t i = 0; i < 2048; ++i) ASSERT_TRUE(Put(*store, Key(i), 64 * KiB).ok());
+    constexpr uint64_t kNew = 32;  // 32 MiB
+    for (uint64_t i = 0; i < kNew; ++i) ASSERT_TRUE(Put(*store, Key(10000 + i), MiB).ok());
+    uint64_t hits = 0;
+    for (uint64_t i = 0; i < kNew; ++i) hits += Get(*store, Key(10000 + i), MiB).ok();
+    const DramStats s = store->GetStats();
+    EXPECT_EQ(hits, kNew) << policy << ": 1 MiB slabs " << ClassOf(s, MiB)->slabs;
+    EXPECT_EQ(ClassOf(s, 64 * KiB)->slabs, 32u) << policy;
+    // The surviving 64 KiB values are the most recent ones.
+    for (uint64_t i = 2048 - 32 * 16; i < 2048; ++i) {
+      ASSERT_TRUE(Get(*store, Key(i), 64 * KiB).ok()) << policy << " " << i;
+    }
+  }
+}
+
+// A class that is read keeps its memory against a write-only flood of
+// another class: the flood evicts its own (older) values instead.
+TEST(DramStoreTest, ReadClassKeepsMemoryAgainstWriteOnlyFlood) {
+  for (const char* policy : {"s3fifo", "lru"}) {
+    DramOptions o = SmallOptions(64 * MiB, 1 * MiB);
+    o.prefault = false;
+    o.eviction = policy;
+    auto store = OpenStore(o);
+    constexpr uint64_t kHot = 256;  // 16 MiB of 64 KiB values
+    for (uint64_t i = 0; i < kHot; ++i) ASSERT_TRUE(Put(*store, Key(i), 64 * KiB).ok());
+    std::mt19937_64 rng(3);
+    uint64_t flood = 1000000, reads = 0, hits = 0;
+    for (int round = 0; round < 400; ++round) {  // 25x the store of 1 MiB values
+      for (int j = 0; j < 4; ++j) ASSERT_TRUE(Put(*store, Key(flood++), MiB).ok());
+      for (int j = 0; j < 16; ++j) {
+        const uint64_t k = rng() % kHot;
+        ++reads;
+        if (Get(*store, Key(k), 64 * KiB).ok()) {
+          ++hits;
+        } else {
+          ASSERT_TRUE(Put(*store, Key(k), 64 * KiB).ok());
+        }
+      }
+    }
+    const DramStats s = store->GetStats();
+    EXPECT_GE(hits * 100, reads * 90) << policy << ": " << hits << "/" << reads << ", 64 KiB slabs "
+                                      << ClassOf(s, 64 * KiB)->slabs;
+    EXPECT_EQ(ClassOf(s, 64 * KiB)->slabs, 16u) << policy;
+  }
+}
+
 // Index and metadata per entry at common KV page sizes, on the default 1 GiB
 // store with 4 MiB slabs. Not prefaulted and no bytes written: only metadata
 // is measured.

@@ -7,8 +7,13 @@
 // long document read once) puts `scan_factor` x the cache's entries of
 // never-seen pages. Only metadata is exercised (no bytes are copied).
 //
+// With mix_kib, odd prefixes use pages of mix_kib instead of value_kib (two
+// size classes sharing the memory); with scan_kib, scans write values of that
+// size (a write-only flood of another class).
+//
 // Usage: dram_trace_bench [requests] [prefixes] [pages_per_prefix] [zipf_alpha]
 //                         [scan_every] [scan_factor] [capacity_mib] [value_kib]
+//                         [mix_kib] [scan_kib]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -44,6 +49,8 @@ struct Trace {
   double scan_factor = 1.5;
   uint64_t capacity_mib = 256;
   uint64_t value_kib = 64;
+  uint64_t mix_kib = 0;   // 0: value_kib
+  uint64_t scan_kib = 0;  // 0: value_kib
 };
 
 struct Result {
@@ -64,7 +71,9 @@ Result Replay(const Trace& t, const char* policy) {
   }
   std::unique_ptr<DramStore> store = std::move(opened).value();
   const uint64_t value = t.value_kib << 10;
-  const uint64_t cache_entries = o.capacity_bytes / value;
+  const uint64_t mix_value = (t.mix_kib == 0 ? t.value_kib : t.mix_kib) << 10;
+  const uint64_t scan_value = (t.scan_kib == 0 ? t.value_kib : t.scan_kib) << 10;
+  const uint64_t scan_entries = o.capacity_bytes / scan_value;
 
   std::vector<double> cdf(t.prefixes);
   double sum = 0;
@@ -77,21 +86,22 @@ Result Replay(const Trace& t, const char* policy) {
 
   Result r;
   uint64_t scan_id = 1ull << 40;
-  auto access = [&](const KeyId& key, bool scan) {
+  auto access = [&](const KeyId& key, uint64_t size, bool scan) {
     (scan ? r.scan_accesses : r.hot_accesses)++;
     if (store->Acquire(key).ok()) {
       (scan ? r.scan_hits : r.hot_hits)++;
       return;
     }
-    auto res = store->Reserve(key, value);
+    auto res = store->Reserve(key, size);
     if (res.ok()) (void)store->Commit(std::move(res).value());
   };
   for (uint64_t req = 0; req < t.requests; ++req) {
     const uint64_t prefix = std::lower_bound(cdf.begin(), cdf.end(), u(rng)) - cdf.begin();
-    for (uint64_t p = 0; p < t.pages; ++p) access(PageKey(prefix, p), false);
+    const uint64_t size = prefix % 2 == 1 ? mix_value : value;
+    for (uint64_t p = 0; p < t.pages; ++p) access(PageKey(prefix, p), size, false);
     if (t.scan_every > 0 && (req + 1) % t.scan_every == 0) {
-      const uint64_t n = static_cast<uint64_t>(t.scan_factor * static_cast<double>(cache_entries));
-      for (uint64_t i = 0; i < n; ++i) access(PageKey(scan_id++, 0), true);
+      const uint64_t n = static_cast<uint64_t>(t.scan_factor * static_cast<double>(scan_entries));
+      for (uint64_t i = 0; i < n; ++i) access(PageKey(scan_id++, 0), scan_value, true);
     }
   }
   const kvpool::DramStats s = store->GetStats();
@@ -112,6 +122,8 @@ int main(int argc, char** argv) {
   if (argc > 6) t.scan_factor = std::strtod(argv[6], nullptr);
   if (argc > 7) t.capacity_mib = std::strtoull(argv[7], nullptr, 10);
   if (argc > 8) t.value_kib = std::strtoull(argv[8], nullptr, 10);
+  if (argc > 9) t.mix_kib = std::strtoull(argv[9], nullptr, 10);
+  if (argc > 10) t.scan_kib = std::strtoull(argv[10], nullptr, 10);
   const uint64_t entries = (t.capacity_mib << 10) / t.value_kib;
   std::printf(
       "trace: %llu requests x %llu pages, %llu prefixes (%llu pages, %.1fx the cache), zipf %.2f,"
@@ -121,16 +133,23 @@ int main(int argc, char** argv) {
       static_cast<double>(t.prefixes * t.pages) / static_cast<double>(entries), t.alpha,
       t.scan_factor, (unsigned long long)t.scan_every, (unsigned long long)t.capacity_mib,
       (unsigned long long)entries, (unsigned long long)t.value_kib);
+  if (t.mix_kib != 0) {
+    std::printf("  odd prefixes: %llu KiB pages\n", (unsigned long long)t.mix_kib);
+  }
+  if (t.scan_kib != 0) {
+    std::printf("  scans: %llu KiB values\n", (unsigned long long)t.scan_kib);
+  }
   for (const char* policy : {"s3fifo", "lru"}) {
     const Result r = Replay(t, policy);
     const uint64_t all = r.hot_accesses + r.scan_accesses;
-    std::printf("%-7s hit ratio %.4f (prefix pages %.4f, scans %.4f)  evictions %llu\n", policy,
-                static_cast<double>(r.hot_hits + r.scan_hits) / static_cast<double>(all),
-                static_cast<double>(r.hot_hits) / static_cast<double>(r.hot_accesses),
-                r.scan_accesses == 0
-                    ? 0.0
-                    : static_cast<double>(r.scan_hits) / static_cast<double>(r.scan_accesses),
-                (unsigned long long)r.evictions);
+    std::printf(
+        "%-7s hit ratio %.4f (prefix pages %.4f, scans %.4f)  evictions %llu  slab moves %llu\n",
+        policy, static_cast<double>(r.hot_hits + r.scan_hits) / static_cast<double>(all),
+        static_cast<double>(r.hot_hits) / static_cast<double>(r.hot_accesses),
+        r.scan_accesses == 0
+            ? 0.0
+            : static_cast<double>(r.scan_hits) / static_cast<double>(r.scan_accesses),
+        (unsigned long long)r.evictions, (unsigned long long)r.slab_moves);
   }
   return 0;
 }

@@ -97,6 +97,7 @@ void SlabAllocator::Free(uint32_t slot) {
     return;
   }
   // A run: every slab goes back to unassigned.
+  UnlinkSlab(si);
   const uint32_t n = s.run;
   Class& large = classes_[large_class()];
   large.slabs -= n;
@@ -127,6 +128,7 @@ void SlabAllocator::AssignSlab(uint32_t si, uint16_t c) {
   s.busy = 0;
   s.meta = std::make_unique<SlotMeta[]>(cl.slots_per_slab);
   for (uint32_t i = 0; i < cl.slots_per_slab; ++i) cl.free.PushTail(*this, SlotId(si, i));
+  LinkSlab(si);
   ++cl.slabs;
   cl.slots += cl.slots_per_slab;
   total_slots_ += cl.slots_per_slab;
@@ -139,6 +141,7 @@ void SlabAllocator::UnassignSlab(uint32_t si) {
   KVPOOL_CHECK(s.cls < large_class() && s.used == 0 && s.busy == 0);
   Class& cl = classes_[s.cls];
   for (uint32_t i = 0; i < cl.slots_per_slab; ++i) cl.free.Unlink(*this, SlotId(si, i));
+  UnlinkSlab(si);
   --cl.slabs;
   cl.slots -= cl.slots_per_slab;
   total_slots_ -= cl.slots_per_slab;
@@ -170,6 +173,7 @@ uint32_t SlabAllocator::AssignRun(uint32_t first, uint32_t n) {
   head.used = 1;
   head.busy = 0;
   head.meta = std::make_unique<SlotMeta[]>(1);
+  LinkSlab(first);
   Class& large = classes_[large_class()];
   large.slabs += n;
   ++large.slots;
@@ -177,6 +181,46 @@ uint32_t SlabAllocator::AssignRun(uint32_t first, uint32_t n) {
   ++meta_slots_;
   free_slabs_ -= n;
   return SlotId(first, 0);
+}
+
+void SlabAllocator::LinkSlab(uint32_t si) {
+  Slab& s = slabs_[si];
+  Class& cl = classes_[s.cls];
+  s.prev = cl.lru_tail;
+  s.next = kNoSlab;
+  if (cl.lru_tail == kNoSlab) {
+    cl.lru_head = si;
+  } else {
+    slabs_[cl.lru_tail].next = si;
+  }
+  cl.lru_tail = si;
+}
+
+void SlabAllocator::UnlinkSlab(uint32_t si) {
+  Slab& s = slabs_[si];
+  Class& cl = classes_[s.cls];
+  if (s.prev == kNoSlab) {
+    KVPOOL_CHECK(cl.lru_head == si);
+    cl.lru_head = s.next;
+  } else {
+    slabs_[s.prev].next = s.next;
+  }
+  if (s.next == kNoSlab) {
+    KVPOOL_CHECK(cl.lru_tail == si);
+    cl.lru_tail = s.prev;
+  } else {
+    slabs_[s.next].prev = s.prev;
+  }
+  s.prev = s.next = kNoSlab;
+}
+
+void SlabAllocator::TouchSlab(uint32_t si, uint64_t stamp) {
+  Slab& s = slabs_[si];
+  KVPOOL_CHECK(s.cls < classes_.size());
+  s.last_used = stamp;
+  if (classes_[s.cls].lru_tail == si) return;
+  UnlinkSlab(si);
+  LinkSlab(si);
 }
 
 uint64_t SlabAllocator::metadata_bytes() const {

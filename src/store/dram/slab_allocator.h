@@ -47,6 +47,11 @@ struct Slab {
   uint32_t busy = 0;                 // reserved, pinned or zombie slots: cannot be reclaimed
   uint16_t cls = kNoClass;           // a class, kNoClass or kRunTail
   uint32_t run = 0;                  // run head: slabs in the run; run tail: the head's index
+  // Link in the class's slab list, least recently used first (TouchSlab);
+  // slab classes and run heads only.
+  uint32_t prev = kNoSlab;
+  uint32_t next = kNoSlab;
+  uint64_t last_used = 0;  // the owner's clock at the slab's last TouchSlab
 };
 
 class SlabAllocator;
@@ -121,6 +126,14 @@ class SlabAllocator {
   // Makes slabs [first, first+n) a run and returns its (used) slot.
   uint32_t AssignRun(uint32_t first, uint32_t n);
 
+  // Sets the slab's last_used (REQUIRES: >= every other slab's) and moves it
+  // to the tail of its class's slab list. REQUIRES: a slab class's slab or a
+  // run head. O(1).
+  void TouchSlab(uint32_t slab, uint64_t stamp);
+  // The class's least recently touched slab (run head for the large class),
+  // or kNoSlab; follow Slab::next for the next oldest.
+  uint32_t oldest_slab(uint16_t c) const { return classes_[c].lru_head; }
+
   // Slots in all assigned slabs and runs, and those slabs.
   uint64_t total_slots() const { return total_slots_; }
   uint64_t assigned_slabs() const { return slabs_.size() - free_slabs_; }
@@ -135,7 +148,12 @@ class SlabAllocator {
     uint32_t slabs = 0;
     uint32_t slots = 0;
     SlotList free;
+    uint32_t lru_head = kNoSlab;  // slab list, least recently touched first
+    uint32_t lru_tail = kNoSlab;
   };
+
+  void LinkSlab(uint32_t slab);  // at the tail of its class's list
+  void UnlinkSlab(uint32_t slab);
 
   const uint64_t slab_bytes_;
   uint32_t slot_bits_ = 0;

@@ -75,6 +75,40 @@ TEST(SlabAllocatorTest, RunsTakeContiguousSlabs) {
   EXPECT_EQ(a.class_slabs(a.large_class()), 0u);
 }
 
+// Each class's slabs (run heads for the large class) are listed least
+// recently touched first.
+TEST(SlabAllocatorTest, SlabListsOrderedByLastTouch) {
+  SlabAllocator a = Make(8);
+  const uint16_t c = a.ClassFor(64 << 10), d = a.ClassFor(4096);
+  auto list = [&](uint16_t cls) {
+    std::vector<uint32_t> v;
+    for (uint32_t i = a.oldest_slab(cls); i != kNoSlab; i = a.slab(i).next) v.push_back(i);
+    return v;
+  };
+  EXPECT_EQ(a.oldest_slab(c), kNoSlab);
+  for (uint32_t i : {0u, 1u, 2u}) {
+    a.AssignSlab(i, c);
+    a.TouchSlab(i, 10 + i);
+  }
+  a.AssignSlab(3, d);
+  a.TouchSlab(3, 13);
+  EXPECT_EQ(list(c), (std::vector<uint32_t>{0, 1, 2}));
+  EXPECT_EQ(list(d), (std::vector<uint32_t>{3}));
+  a.TouchSlab(0, 20);  // middle and tail moves
+  a.TouchSlab(2, 21);
+  a.TouchSlab(2, 22);  // already the tail
+  EXPECT_EQ(list(c), (std::vector<uint32_t>{1, 0, 2}));
+  EXPECT_EQ(a.slab(2).last_used, 22u);
+  a.UnassignSlab(0);
+  EXPECT_EQ(list(c), (std::vector<uint32_t>{1, 2}));
+  EXPECT_EQ(a.slab(0).last_used, 0u);
+  const uint32_t run = a.AssignRun(4, 3);
+  a.TouchSlab(a.slab_of(run), 30);
+  EXPECT_EQ(list(a.large_class()), (std::vector<uint32_t>{4}));
+  a.Free(run);
+  EXPECT_EQ(a.oldest_slab(a.large_class()), kNoSlab);
+}
+
 TEST(SlabAllocatorTest, MetadataIsThirtyTwoBytesPerSlot) {
   SlabAllocator a = Make(8);
   const uint64_t base = a.metadata_bytes();
