@@ -13,6 +13,8 @@
 # see bench/README.md for what each means.
 #
 # Usage: bench/compare.sh local [--reps N] [--duration SECONDS] [--only PARTS] [--keep]
+#        bench/compare.sh ssd [--reps N] [--duration SECONDS] [--gib N] [--keep]
+#          (the SSD tier vs fio; bench/compare_ssd.sh, see bench/README.md)
 #   --only   comma list of memcpy,redis,kvpool (default all three)
 #   --keep   keep the temporary directory (logs, raw results)
 # Environment: BUILD_DIR (default build, relative to the repository root).
@@ -26,6 +28,10 @@ usage() {
   exit 2
 }
 
+if [[ "${1:-}" == "ssd" ]]; then
+  shift
+  exec "$HERE/compare_ssd.sh" "$@"
+fi
 [[ "${1:-}" == "local" ]] || usage
 shift
 REPS=3

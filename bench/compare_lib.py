@@ -12,6 +12,24 @@ Subcommands:
   json-get PATH                 read JSON on stdin, print the value at a dotted
                                 PATH (e.g. dram.index_bytes_per_entry)
   summarize RESULTS.jsonl       print the comparison table and the metric lines
+SSD mode (bench/compare_ssd.sh):
+  sample URL INTERVAL OUT NAME...   append {"t": monotonic s, NAME: value...} to OUT
+                                every INTERVAL s from a Prometheus /metrics URL
+                                until killed
+  write-rates SAMPLES REPS FLUSH_THREADS   split the SSD write phase in SAMPLES
+                                into REPS equal byte windows; print one JSON
+                                result per window (SSD write GB/s and put GB/s)
+                                and one with the region writes' latency and how
+                                busy the FLUSH_THREADS flush slots were
+  fio-gbps read|write           read fio --output-format=json on stdin, print GB/s
+  metric URL NAME               print one unlabelled series from /metrics (0 if absent)
+  log-recovery-s                read a node log on stdin, print seconds from the
+                                SSD file's open to "ssd: started" (-1 if absent)
+  tag-get THREADS REP P0 P1 H0 H1   tag kvpool-bench --json lines on stdin as
+                                cold SSD gets, with promotions (P1-P0) and node
+                                hits (H1-H0) during the run
+  show-get                      one human-readable line per tagged get result
+  ssd-summarize RESULTS.jsonl   print the SSD table and metric lines
 """
 import csv
 import json
@@ -170,6 +188,242 @@ def summarize(path):
     return 1 if errors else 0
 
 
+# ---- SSD mode ------------------------------------------------------------------
+
+def _scrape(url, names):
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name, _, value = line.partition(" ")
+        if name in names:
+            out[name] = float(value)
+    return out
+
+
+def sample(url, interval, out_path, names):
+    import signal
+    import time
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    names = set(names)
+    with open(out_path, "a") as out:
+        while True:
+            t = time.monotonic()
+            try:
+                row = _scrape(url, names)
+            except Exception:  # the node may be busy; try again next tick
+                row = None
+            if row is not None:
+                row["t"] = t
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+            time.sleep(max(0.0, interval - (time.monotonic() - t)))
+
+
+def _at_bytes(samples, field, target):
+    """Time (linear interpolation) at which samples[field] reached target."""
+    prev = None
+    for s in samples:
+        if s[field] >= target:
+            if prev is None or s[field] == prev[field]:
+                return s["t"]
+            f = (target - prev[field]) / (s[field] - prev[field])
+            return prev["t"] + f * (s["t"] - prev["t"])
+        prev = s
+    return samples[-1]["t"]
+
+
+def write_rates(path, reps, flush_threads):
+    w, b = "kvpool_ssd_write_bytes_total", "kvpool_bytes_written_total"
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    rows = [r for r in rows if w in r and b in r]
+    if len(rows) < 3:
+        sys.exit("write-rates: too few samples in %s" % path)
+    first = next((r for r in rows if r[w] > 0), None)
+    if first is None:
+        sys.exit("write-rates: the SSD tier wrote nothing")
+    # The phase ends at the last sample before the final flush (that one only
+    # writes the part-filled region): when puts stopped growing.
+    last_put = max(r[b] for r in rows)
+    end = next(r for r in rows if r[b] >= last_put)
+    w0, w1 = first[w], end[w]
+    if w1 <= w0:
+        sys.exit("write-rates: no SSD writes while the puts ran")
+    span = [r for r in rows if first["t"] <= r["t"] <= end["t"]]
+    for i in range(reps):
+        lo = w0 + (w1 - w0) * i / reps
+        hi = w0 + (w1 - w0) * (i + 1) / reps
+        t_lo, t_hi = _at_bytes(span, w, lo), _at_bytes(span, w, hi)
+        dt = max(t_hi - t_lo, 1e-9)
+        # Puts over the same window (the client is throttled to the SSD).
+        pb = [r for r in span if t_lo <= r["t"] <= t_hi]
+        put_gbps = ((pb[-1][b] - pb[0][b]) / max(pb[-1]["t"] - pb[0]["t"], 1e-9) / 1e9
+                    if len(pb) >= 2 else float("nan"))
+        print(json.dumps({"system": "kvpool", "op": "ssd-write", "rep": i,
+                          "gbps": (hi - lo) / dt / 1e9, "bytes": hi - lo, "seconds": dt}))
+        print(json.dumps({"system": "kvpool", "op": "put-dram-full", "rep": i, "gbps": put_gbps}))
+    # Where the write time goes: the device's time per region write, and the
+    # share of the phase the flush threads spent in writes. Near 1: the disk
+    # (at kvpool's depth) is the limit; well below: the demotion path is.
+    ls, lc = "kvpool_ssd_write_latency_seconds_sum", "kvpool_ssd_write_latency_seconds_count"
+    if ls in first and lc in first:
+        dt = max(end["t"] - first["t"], 1e-9)
+        writes = end[lc] - first[lc]
+        busy = end[ls] - first[ls]
+        print(json.dumps({"system": "node", "write_phase_s": dt,
+                          "region_writes": writes,
+                          "region_write_ms": 1000 * busy / writes if writes else float("nan"),
+                          "region_write_gbps": (end[w] - first[w]) / busy / 1e9 if busy else float("nan"),
+                          "flush_busy": busy / (dt * flush_threads)}))
+
+
+def fio_gbps(rw):
+    j = json.load(sys.stdin)
+    bw = sum(job[rw]["bw_bytes"] for job in j["jobs"])
+    print("%.4f" % (bw / 1e9))
+
+
+def metric(url, name):
+    print("%.0f" % _scrape(url, {name}).get(name, 0.0))
+
+
+def log_recovery_s():
+    import datetime
+    opened = started = None
+    for line in sys.stdin:
+        parts = line.split(" ", 2)
+        if len(parts) < 3:
+            continue
+        try:
+            t = datetime.datetime.strptime(parts[1], "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
+        except ValueError:
+            continue
+        if opened is None and "ssd:" in line and "opened with" in line:
+            opened = t
+        if "ssd: started with" in line:
+            started = t
+    print("%.3f" % (started - opened) if opened is not None and started is not None else "-1")
+
+
+def tag_get(threads, rep, p0, p1, h0, h1):
+    promoted, hits = float(p1) - float(p0), float(h1) - float(h0)
+    for l in sys.stdin:
+        if not l.strip():
+            continue
+        r = json.loads(l)
+        r.update({"system": "kvpool", "op": "cold-get", "threads": int(threads), "rep": int(rep),
+                  "promotions": promoted, "node_hits": hits,
+                  "ssd_share": promoted / hits if hits > 0 else float("nan")})
+        print(json.dumps(r))
+
+
+def show_get():
+    for l in sys.stdin:
+        r = json.loads(l)
+        print("  cold get %d thread(s) rep %d: %6.3f GB/s  p50 %8.1fus p99 %8.1fus  misses %d errors %d"
+              "  from SSD: %.1f%% of hits" % (r["threads"], r["rep"], r["gbps"], r["p50_us"], r["p99_us"],
+                                             r["misses"], r["errors"], 100 * r["ssd_share"]))
+
+
+def ssd_summarize(path):
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    node = {}
+    for r in rows:
+        if r.get("system") == "node":
+            node.update(r)
+    nan = float("nan")
+
+    def med(op, field="gbps", **match):
+        vals = [r[field] for r in rows if r.get("op") == op and r.get(field) is not None
+                and all(r.get(k) == v for k, v in match.items())]
+        vals = [v for v in vals if v == v]
+        return statistics.median(vals) if vals else nan
+
+    def count(op, **match):
+        return sum(1 for r in rows if r.get("op") == op and all(r.get(k) == v for k, v in match.items()))
+
+    fio_w, fio_r = med("write", system="fio"), med("read", system="fio")
+    fio_r32 = med("read-qd32", system="fio")
+    qd_w = next((r["qd"] for r in rows if r.get("system") == "fio" and r["op"] == "write"), 0)
+    qd_r = next((r["qd"] for r in rows if r.get("system") == "fio" and r["op"] == "read"), 0)
+    kv_w, kv_put = med("ssd-write"), med("put-dram-full")
+    get1, get2 = med("cold-get", threads=1), med("cold-get", threads=2)
+    best_t = 2 if (get2 == get2 and (get1 != get1 or get2 >= get1)) else 1
+    kv_r = get2 if best_t == 2 else get1
+    share = med("cold-get", "ssd_share", threads=best_t)
+    gib = node.get("ssd_used_bytes", 0) / float(1 << 30)
+    scan_s, ckpt_s = med("recovery-scan", "seconds"), med("recovery-checkpoint", "seconds")
+    scan_log, ckpt_log = med("recovery-scan", "log_seconds"), med("recovery-checkpoint", "log_seconds")
+    stop_s = med("recovery-checkpoint", "stop_seconds")
+    recov_ok = all(r.get("recovery") == ("scan" if r["op"] == "recovery-scan" else "checkpoint")
+                   and r.get("entries") == node.get("ssd_entries")
+                   for r in rows if r.get("op", "").startswith("recovery-"))
+    errors = sum(int(r.get("errors", 0)) for r in rows if r.get("op") == "cold-get")
+    misses = sum(int(r.get("misses", 0)) for r in rows if r.get("op") == "cold-get")
+
+    def ratio(a, b):
+        return a / b if b and b == b and a == a else nan
+
+    print()
+    print("%-7s %-26s %9s %5s %s" % ("system", "measure", "value", "reps", "notes"))
+    print("%-7s %-26s %9.3f %5d %s" % ("fio", "seq write GB/s", fio_w, count("write", system="fio"),
+                                       "1 MiB, O_DIRECT, io_uring, iodepth %d" % qd_w))
+    print("%-7s %-26s %9.3f %5d %s" % ("fio", "seq read GB/s", fio_r, count("read", system="fio"),
+                                       "1 MiB, O_DIRECT, io_uring, iodepth %d" % qd_r))
+    print("%-7s %-26s %9.3f %5d %s" % ("fio", "seq read GB/s, qd 32", fio_r32, count("read-qd32", system="fio"),
+                                       "reference: the device with more reads in flight"))
+    print("%-7s %-26s %9.3f %5d %s" % ("kvpool", "SSD write GB/s", kv_w, count("ssd-write"),
+                                       "region writes while puts demote (equal byte windows)"))
+    print("%-7s %-26s %9.3f %5d %s" % ("kvpool", "put GB/s, DRAM full", kv_put, count("put-dram-full"),
+                                       "client puts in the same windows"))
+    print("%-7s %-26s %9.3f %5d %s" % ("kvpool", "cold get GB/s, 1 thread", get1, count("cold-get", threads=1),
+                                       "batch 16, 1 MiB values only on SSD"))
+    print("%-7s %-26s %9.3f %5d %s" % ("kvpool", "cold get GB/s, 2 threads", get2, count("cold-get", threads=2),
+                                       "batch 16; %.0f%% of hits promoted from SSD" % (100 * share)))
+    print("%-7s %-26s %9.3f %5d %s" % ("kvpool", "restart after kill, s", scan_s, count("recovery-scan"),
+                                       "until /readyz; scan itself %.3f s (log); %.2f GiB on SSD" % (scan_log, gib)))
+    print("%-7s %-26s %9.3f %5d %s" % ("kvpool", "restart after stop, s", ckpt_s, count("recovery-checkpoint"),
+                                       "until /readyz; checkpoint load %.3f s (log); clean stop took %.2f s"
+                                       % (ckpt_log, stop_s)))
+    print("(medians over repetitions; GB/s = 1e9 bytes/s)")
+    if "flush_busy" in node:
+        print("write phase: %d region writes in %.2f s, %.1f ms each (%.2f GB/s per write); flush threads "
+              "busy %.0f%% of the time" % (node["region_writes"], node["write_phase_s"], node["region_write_ms"],
+                                          node["region_write_gbps"],
+                                          100 * node["flush_busy"]))
+    if not recov_ok:
+        print("WARNING: a restart did not recover by the expected method or lost entries (see results)")
+    print()
+    out = [
+        ("ssd_cold_read_vs_fio", "%.3f" % ratio(kv_r, fio_r)),
+        ("ssd_write_vs_fio", "%.3f" % ratio(kv_w, fio_w)),
+        ("ssd_index_bytes_per_entry", "%.2f" % float(node.get("index_bytes_per_entry", nan))),
+        ("ssd_recovery_s_per_gib", "%.3f" % ratio(scan_s, gib)),
+        ("ssd_checkpoint_load_s_per_gib", "%.3f" % ratio(ckpt_s, gib)),
+        ("ssd_cold_read_gbps", "%.3f" % kv_r),
+        ("ssd_cold_read_threads", "%d" % best_t),
+        ("ssd_cold_read_ssd_share", "%.3f" % share),
+        ("ssd_write_gbps", "%.3f" % kv_w),
+        ("ssd_put_dram_full_gbps", "%.3f" % kv_put),
+        ("fio_read_gbps", "%.3f" % fio_r),
+        ("fio_write_gbps", "%.3f" % fio_w),
+        ("fio_read_qd32_gbps", "%.3f" % fio_r32),
+        ("fio_read_iodepth", "%d" % qd_r),
+        ("fio_write_iodepth", "%d" % qd_w),
+        ("ssd_recovery_scan_log_s_per_gib", "%.3f" % ratio(scan_log, gib)),
+        ("ssd_checkpoint_load_log_s_per_gib", "%.3f" % ratio(ckpt_log, gib)),
+        ("ssd_write_region_ms", "%.2f" % float(node.get("region_write_ms", nan))),
+        ("ssd_write_flush_busy", "%.3f" % float(node.get("flush_busy", nan))),
+        ("ssd_errors", "%d" % (errors + misses + (0 if recov_ok else 1))),
+    ]
+    for name, value in out:
+        print("metric %s %s" % (name, value))
+    return 1 if errors or misses or not recov_ok else 0
+
+
 def main(argv):
     if len(argv) < 2:
         sys.exit(__doc__)
@@ -187,6 +441,22 @@ def main(argv):
         json_get(args[0])
     elif cmd == "summarize":
         return summarize(args[0])
+    elif cmd == "sample":
+        sample(args[0], float(args[1]), args[2], args[3:])
+    elif cmd == "write-rates":
+        write_rates(args[0], int(args[1]), int(args[2]) if len(args) > 2 else 2)
+    elif cmd == "fio-gbps":
+        fio_gbps(args[0])
+    elif cmd == "metric":
+        metric(args[0], args[1])
+    elif cmd == "log-recovery-s":
+        log_recovery_s()
+    elif cmd == "tag-get":
+        tag_get(*args[:6])
+    elif cmd == "show-get":
+        show_get()
+    elif cmd == "ssd-summarize":
+        return ssd_summarize(args[0])
     else:
         sys.exit("unknown subcommand %r\n%s" % (cmd, __doc__))
     return 0

@@ -1,0 +1,290 @@
+#!/usr/bin/env bash
+# bench/compare.sh ssd: kvpool's SSD tier side by side with fio on the same
+# directory (run through bench/compare.sh ssd; see bench/README.md).
+#
+# In one run, on one directory on the real disk (default: a temporary
+# directory under $KVPOOL_BENCH_DIR or /var/tmp; tmpfs is refused):
+#   fio      O_DIRECT sequential write, then read, of a 2 GiB file, 1 MiB
+#            blocks, ioengine=io_uring, at the queue depths kvpool issues
+#            (write: 2 flush threads x one region each = region/1MiB x 2;
+#            read: one 1 MiB value per promotion thread = --io-threads)
+#   kvpool   a node with a small DRAM tier (128 MiB) over an SSD tier (5 GiB):
+#            put 3 GiB of 1 MiB values (DRAM full after the first 128 MiB, so
+#            every put demotes), SSD write GB/s from kvpool_ssd_write_bytes_total
+#            sampled over time; flush; crash (SIGKILL) and restart 3 times (region
+#            scan), clean stop (SIGTERM) and restart 3 times (checkpoint): time
+#            until the node serves again per GiB on SSD; then cold reads with
+#            kvpool-bench get (1 and 2 threads, batch 16) of keys that are only
+#            on SSD (the restarted node's DRAM is empty).
+# Each measurement is repeated (default 3) and the median reported. Ends with
+# `metric NAME VALUE` lines. About 2-3 minutes on a 1-2 GB/s disk.
+#
+# Usage: bench/compare.sh ssd [--reps N] [--duration SECONDS] [--gib N] [--keep]
+#   --gib     GiB of 1 MiB values kvpool puts (default 3; the SSD tier gets N+2)
+#   --keep    keep the temporary directory (logs, raw results)
+# Environment: BUILD_DIR (default build), KVPOOL_BENCH_DIR (default /var/tmp),
+#   SSD_REGION (default 16MiB), IO_THREADS (default 4), NODE_DRAM (default 128MiB),
+#   NODE_ARGS (more kvpool-node flags, e.g. "--ssd-buffers 8").
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+HERE="$REPO/bench"
+
+usage() {
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
+  exit 2
+}
+
+REPS=3
+DURATION=3   # seconds per kvpool-bench get run
+GIB=3
+KEEP=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --reps) REPS="$2"; shift 2 ;;
+    --duration) DURATION="$2"; shift 2 ;;
+    --gib) GIB="$2"; shift 2 ;;
+    --keep) KEEP=1; shift ;;
+    *) usage ;;
+  esac
+done
+
+NODE_DRAM="${NODE_DRAM:-128MiB}"
+SSD_REGION="${SSD_REGION:-16MiB}"
+IO_THREADS="${IO_THREADS:-4}"
+FLUSH_THREADS=2        # the node's region-flush pool (src/node/node.cc)
+VALUE=1048576
+BATCH=16
+FIO_SIZE=2G
+KEYS=$((GIB * 1024))
+SSD_CAPACITY="$((GIB + 2))GiB"
+# kvpool issues region writes of SSD_REGION from FLUSH_THREADS threads at
+# once, each submitted whole (in 2 MiB pieces) through io_uring: that many
+# bytes in flight is fio at 1 MiB blocks and this depth.
+region_mib="$(printf '%s' "$SSD_REGION" | sed -n 's/^\([0-9]*\)MiB$/\1/p')"
+[[ -n "$region_mib" ]] || { echo "SSD_REGION must be N MiB" >&2; exit 2; }
+WRITE_QD=$((region_mib * FLUSH_THREADS))
+# Each promotion thread reads one value (1 MiB, one request) at a time.
+READ_QD=$IO_THREADS
+
+BUILD_DIR="${BUILD_DIR:-build}"
+[[ "$BUILD_DIR" = /* ]] || BUILD_DIR="$REPO/$BUILD_DIR"
+
+log() { printf '[compare-ssd %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+find_bin() {
+  local p
+  p="$(find "$BUILD_DIR" -type f -name "$1" -perm -u+x 2>/dev/null | sort | head -n 1)"
+  [[ -n "$p" ]] && printf '%s\n' "$p"
+}
+
+missing=()
+PY=/usr/bin/python3
+[[ -x "$PY" ]] || PY="$(command -v python3 || true)"
+[[ -n "$PY" ]] || missing+=("python3 (apt-get install python3)")
+command -v curl >/dev/null || missing+=("curl (apt-get install curl)")
+command -v fio >/dev/null || missing+=("fio (apt-get install fio)")
+KVPOOL_BENCH="$(find_bin kvpool-bench || true)"
+NODE="$(find_bin kvpool-node || true)"
+CTL="$(find_bin kvpoolctl || true)"
+[[ -n "$KVPOOL_BENCH" ]] || missing+=("kvpool-bench under $BUILD_DIR (cmake -B build -G Ninja && ninja -C build)")
+[[ -n "$NODE" ]] || missing+=("kvpool-node under $BUILD_DIR")
+[[ -n "$CTL" ]] || missing+=("kvpoolctl under $BUILD_DIR")
+if [[ ${#missing[@]} -gt 0 ]]; then
+  log "missing prerequisites:"
+  for m in "${missing[@]}"; do log "  - $m"; done
+  exit 2
+fi
+
+BASE="${KVPOOL_BENCH_DIR:-/var/tmp}"
+[[ -d "$BASE" ]] || die "$BASE is not a directory"
+fstype="$(stat -f -c %T "$BASE")"
+[[ "$fstype" != tmpfs && "$fstype" != ramfs ]] || die "$BASE is on $fstype: point KVPOOL_BENCH_DIR at a directory on the SSD"
+need_kib=$(( (GIB + 2) * 1024 * 1024 + 2 * 1024 * 1024 + 512 * 1024 ))
+avail_kib="$(df -Pk "$BASE" | awk 'NR==2 {print $4}')"
+[[ "$avail_kib" -ge "$need_kib" ]] || die "$BASE has $((avail_kib / 1024)) MiB free; this run wants $((need_kib / 1024)) MiB"
+
+# ---- lifecycle ---------------------------------------------------------------
+TMP="$(mktemp -d "$BASE/kvpool-ssd-bench.XXXXXX")"
+RESULTS="$TMP/results.jsonl"
+: > "$RESULTS"
+NODE_PID="" ; SAMPLER_PID=""
+stop_pid() {  # stop_pid PID NAME [SIGNAL]: signal, wait up to 60 s, then KILL
+  local pid="$1" sig="${3:-TERM}" _
+  kill -0 "$pid" 2>/dev/null || return 0
+  if [[ "$sig" == KILL ]]; then
+    # Reap at once: bash would otherwise report the killed job on stderr.
+    { kill -KILL "$pid"; wait "$pid"; } 2>/dev/null || true
+    return 0
+  fi
+  kill "-$sig" "$pid" 2>/dev/null || true
+  for _ in $(seq 600); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$pid" 2>/dev/null; then
+    log "$2 (pid $pid) did not exit 60 s after SIG$sig; killing it"
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  wait "$pid" 2>/dev/null || true
+}
+cleanup() {
+  local rc=$?
+  [[ -n "$SAMPLER_PID" ]] && stop_pid "$SAMPLER_PID" sampler
+  [[ -n "$NODE_PID" ]] && stop_pid "$NODE_PID" kvpool-node KILL
+  if [[ $KEEP -eq 1 || $rc -ne 0 ]]; then
+    rm -f "$TMP/fio.dat" "$TMP"/ssd/kvpool-ssd.data
+    log "logs and raw results kept in $TMP (data files removed)"
+  else
+    rm -rf "$TMP"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+now() { date +%s.%N; }
+elapsed() { "$PY" -c 'import sys; print("%.3f" % (float(sys.argv[2]) - float(sys.argv[1])))' "$1" "$2"; }
+
+SOCK="$TMP/kvpool.sock"
+ADMIN_PORT="$("$PY" "$HERE/compare_lib.py" freeport)"
+ADMIN_URL="http://127.0.0.1:$ADMIN_PORT"
+NODE_RUN=0
+# start_node: starts the node and waits until it serves; sets READY_S (seconds
+# from the exec to the first OK /readyz with the socket present).
+start_node() {
+  local t0 t1 _
+  NODE_RUN=$((NODE_RUN + 1))
+  NODE_LOG="$TMP/node-$NODE_RUN.log"
+  t0="$(now)"
+  # shellcheck disable=SC2086  # NODE_ARGS is a list of flags
+  "$NODE" --socket "$SOCK" --dram-capacity "$NODE_DRAM" --admin-port "$ADMIN_PORT" \
+    --ssd "$TMP/ssd" --ssd-capacity "$SSD_CAPACITY" --ssd-region-size "$SSD_REGION" \
+    --io-threads "$IO_THREADS" ${NODE_ARGS:-} > "$NODE_LOG" 2>&1 &
+  NODE_PID=$!
+  for _ in $(seq 12000); do
+    kill -0 "$NODE_PID" 2>/dev/null || { tail -n 20 "$NODE_LOG" >&2; NODE_PID=""; die "kvpool-node exited during startup"; }
+    if [[ -S "$SOCK" ]] && curl -fsS -m 2 "$ADMIN_URL/readyz" >/dev/null 2>&1; then
+      t1="$(now)"
+      READY_S="$(elapsed "$t0" "$t1")"
+      return 0
+    fi
+    sleep 0.01
+  done
+  tail -n 20 "$NODE_LOG" >&2
+  die "kvpool-node not ready after 120 s"
+}
+status_json() { curl -fsS -m 10 "$ADMIN_URL/api/v1/status"; }
+jget() { "$PY" "$HERE/compare_lib.py" json-get "$1"; }
+record() { printf '%s\n' "$1" >> "$RESULTS"; }
+
+# ---- fio ------------------------------------------------------------------------
+run_fio() {
+  local rw qd rep out gbps
+  for rw in write read; do
+    qd=$WRITE_QD; [[ $rw == read ]] && qd=$READ_QD
+    for rep in $(seq 0 $((REPS - 1))); do
+      out="$TMP/fio-$rw-$rep.json"
+      # end_fsync: the write is done when it is on the device (kvpool's
+      # region writes are O_DIRECT and complete on the device, too).
+      fio --name="seq$rw" --filename="$TMP/fio.dat" --rw="$rw" --bs=1M --size="$FIO_SIZE" \
+        --direct=1 --ioengine=io_uring --iodepth="$qd" --end_fsync=1 --output-format=json \
+        > "$out" 2> "$TMP/fio.err" || { cat "$TMP/fio.err" >&2; die "fio $rw failed"; }
+      gbps="$("$PY" "$HERE/compare_lib.py" fio-gbps "$rw" < "$out")"
+      log "fio $rw 1MiB qd $qd rep $rep: $gbps GB/s"
+      record "{\"system\":\"fio\",\"op\":\"$rw\",\"qd\":$qd,\"rep\":$rep,\"gbps\":$gbps}"
+    done
+  done
+  # For reference (not a target): reads at the write depth show how much the
+  # device gives when more reads are in flight than kvpool's promotion threads.
+  fio --name=seqread32 --filename="$TMP/fio.dat" --rw=read --bs=1M --size="$FIO_SIZE" --direct=1 \
+    --ioengine=io_uring --iodepth=32 --output-format=json > "$TMP/fio-read-qd32.json" 2> "$TMP/fio.err" \
+    || { cat "$TMP/fio.err" >&2; die "fio read qd 32 failed"; }
+  gbps="$("$PY" "$HERE/compare_lib.py" fio-gbps read < "$TMP/fio-read-qd32.json")"
+  log "fio read 1MiB qd 32 (reference): $gbps GB/s"
+  record "{\"system\":\"fio\",\"op\":\"read-qd32\",\"qd\":32,\"rep\":0,\"gbps\":$gbps}"
+  rm -f "$TMP/fio.dat"
+}
+
+# ---- kvpool ---------------------------------------------------------------------
+run_kvpool() {
+  local st used entries ibpe rep t0 t1 ctl_rc threads series
+  mkdir -p "$TMP/ssd"
+  start_node
+  log "kvpool-node ready in ${READY_S}s: DRAM $NODE_DRAM, SSD $SSD_CAPACITY in $TMP/ssd (region $SSD_REGION, io-threads $IO_THREADS)"
+
+  # Put phase: populate KEYS values of 1 MiB (untimed by kvpool-bench),
+  # sampling the node's counters every 50 ms for the write rate.
+  series="kvpool_ssd_write_bytes_total kvpool_bytes_written_total kvpool_tier_demotions_total kvpool_tier_demotions_dropped_total kvpool_ssd_write_latency_seconds_sum kvpool_ssd_write_latency_seconds_count"
+  # shellcheck disable=SC2086  # series is a list
+  "$PY" "$HERE/compare_lib.py" sample "$ADMIN_URL/metrics" 0.05 "$TMP/samples.jsonl" $series &
+  SAMPLER_PID=$!
+  sleep 0.5
+  log "kvpool: putting $KEYS values of 1 MiB (batch $BATCH, 1 thread): DRAM fills, then every put demotes"
+  t0="$(now)"
+  "$KVPOOL_BENCH" --socket "$SOCK" --op exists --populate --keys "$KEYS" --value-size "$VALUE" \
+    --batch "$BATCH" --threads 1 --duration 100ms --warmup 1ms --buffer-size 256MiB \
+    --namespace ssd-bench --json > "$TMP/populate.out" 2> "$TMP/populate.err" \
+    || { cat "$TMP/populate.err" >&2; die "kvpool-bench populate failed"; }
+  t1="$(now)"
+  "$CTL" --socket "$SOCK" flush || die "kvpoolctl flush failed"
+  sleep 0.5
+  stop_pid "$SAMPLER_PID" sampler
+  SAMPLER_PID=""
+  log "kvpool: populate + flush took $(elapsed "$t0" "$t1") s"
+  "$PY" "$HERE/compare_lib.py" write-rates "$TMP/samples.jsonl" "$REPS" "$FLUSH_THREADS" >> "$RESULTS" \
+    || die "could not derive write rates from $TMP/samples.jsonl"
+
+  st="$(status_json)"; printf '%s\n' "$st" > "$TMP/status-after-put.json"
+  used="$(printf '%s' "$st" | jget ssd.used_bytes)"
+  entries="$(printf '%s' "$st" | jget ssd.entries)"
+  ibpe="$(printf '%s' "$st" | jget ssd.index_bytes_per_entry)"
+  log "kvpool: SSD holds $entries entries, $((used >> 20)) MiB; dropped demotions: $(printf '%s' "$st" | jget ssd.inserts_dropped)"
+  record "{\"system\":\"node\",\"ssd_entries\":$entries,\"ssd_used_bytes\":$used,\"index_bytes_per_entry\":$ibpe}"
+
+  # Recovery after a crash: SIGKILL, restart, time until it serves (scan).
+  for rep in $(seq 0 $((REPS - 1))); do
+    stop_pid "$NODE_PID" kvpool-node KILL
+    start_node
+    st="$(status_json)"
+    record "{\"system\":\"kvpool\",\"op\":\"recovery-scan\",\"rep\":$rep,\"seconds\":$READY_S,\"used_bytes\":$used,\"recovery\":\"$(printf '%s' "$st" | jget ssd.recovery)\",\"entries\":$(printf '%s' "$st" | jget ssd.entries),\"log_seconds\":$("$PY" "$HERE/compare_lib.py" log-recovery-s < "$NODE_LOG")}"
+    log "kvpool: restart after SIGKILL served in ${READY_S}s (recovery $(printf '%s' "$st" | jget ssd.recovery), $(printf '%s' "$st" | jget ssd.entries) entries)"
+  done
+  # Clean restart: SIGTERM (flush + checkpoint), restart, time until it serves.
+  for rep in $(seq 0 $((REPS - 1))); do
+    t0="$(now)"
+    stop_pid "$NODE_PID" kvpool-node TERM
+    t1="$(now)"
+    start_node
+    st="$(status_json)"
+    record "{\"system\":\"kvpool\",\"op\":\"recovery-checkpoint\",\"rep\":$rep,\"seconds\":$READY_S,\"stop_seconds\":$(elapsed "$t0" "$t1"),\"used_bytes\":$used,\"recovery\":\"$(printf '%s' "$st" | jget ssd.recovery)\",\"entries\":$(printf '%s' "$st" | jget ssd.entries),\"log_seconds\":$("$PY" "$HERE/compare_lib.py" log-recovery-s < "$NODE_LOG")}"
+    log "kvpool: clean stop took $(elapsed "$t0" "$t1")s; restart served in ${READY_S}s (recovery $(printf '%s' "$st" | jget ssd.recovery))"
+  done
+
+  # Cold reads. The node was just restarted: DRAM is empty and every key is
+  # only on SSD. The last keys put were in DRAM at the first crash and are
+  # gone; read only keys below that tail. Promotions vs items read tell how
+  # many gets hit DRAM instead (keys promoted earlier in the run).
+  local read_keys=$((KEYS - 512)) p0 p1 i0 i1 rc
+  for threads in 1 2; do
+    for rep in $(seq 0 $((REPS - 1))); do
+      p0="$("$PY" "$HERE/compare_lib.py" metric "$ADMIN_URL/metrics" kvpool_tier_promotions_total)"
+      i0="$("$PY" "$HERE/compare_lib.py" metric "$ADMIN_URL/metrics" kvpool_hits_total)"
+      "$KVPOOL_BENCH" --socket "$SOCK" --op get --keys "$read_keys" --value-size "$VALUE" --batch "$BATCH" \
+        --threads "$threads" --duration "${DURATION}s" --buffer-size 512MiB --seed $((rep * 2 + threads)) \
+        --namespace ssd-bench --json > "$TMP/get.out" 2> "$TMP/get.err" || {
+        rc=$?; cat "$TMP/get.err" >&2; die "kvpool-bench get failed (exit $rc)"; }
+      p1="$("$PY" "$HERE/compare_lib.py" metric "$ADMIN_URL/metrics" kvpool_tier_promotions_total)"
+      i1="$("$PY" "$HERE/compare_lib.py" metric "$ADMIN_URL/metrics" kvpool_hits_total)"
+      "$PY" "$HERE/compare_lib.py" tag-get "$threads" "$rep" "$p0" "$p1" "$i0" "$i1" < "$TMP/get.out" \
+        | tee -a "$RESULTS" | "$PY" "$HERE/compare_lib.py" show-get >&2
+    done
+  done
+  st="$(status_json)"; printf '%s\n' "$st" > "$TMP/status-end.json"
+  stop_pid "$NODE_PID" kvpool-node TERM
+  NODE_PID=""
+}
+
+started=$SECONDS
+log "directory $TMP ($fstype); fio write qd $WRITE_QD (= $FLUSH_THREADS flush threads x $SSD_REGION / 1 MiB), read qd $READ_QD (= --io-threads)"
+run_fio
+run_kvpool
+log "done in $((SECONDS - started)) s"
+"$PY" "$HERE/compare_lib.py" ssd-summarize "$RESULTS"
