@@ -15,7 +15,9 @@
 #            scan), clean stop (SIGTERM) and restart 3 times (checkpoint): time
 #            until the node serves again per GiB on SSD; then cold reads with
 #            kvpool-bench get (1 and 2 threads, batch 16) of keys that are only
-#            on SSD (the restarted node's DRAM is empty).
+#            on SSD (the restarted node's DRAM is empty), each run paired with
+#            a fio read just before it (the read ratio is the median of the
+#            per-pair ratios: virtual disks change speed from minute to minute)
 # Each measurement is repeated (default 3) and the median reported. Ends with
 # `metric NAME VALUE` lines. About 2-3 minutes on a 1-2 GB/s disk.
 #
@@ -200,7 +202,20 @@ run_fio() {
   gbps="$("$PY" "$HERE/compare_lib.py" fio-gbps read < "$TMP/fio-read-qd32.json")"
   log "fio read 1MiB qd 32 (reference): $gbps GB/s"
   record "{\"system\":\"fio\",\"op\":\"read-qd32\",\"qd\":32,\"rep\":0,\"gbps\":$gbps}"
-  rm -f "$TMP/fio.dat"
+  # fio.dat stays for the paired reads next to kvpool's cold gets.
+}
+
+# fio_paired_read THREADS REP: one fio read (as above) right before a kvpool
+# cold-get run. Virtual disks change speed by 2x within minutes (host cache,
+# burst credits): the read ratio is taken per pair, then the median.
+fio_paired_read() {
+  local gbps
+  fio --name=seqread --filename="$TMP/fio.dat" --rw=read --bs=1M --size="$FIO_SIZE" --direct=1 \
+    --ioengine=io_uring --iodepth="$READ_QD" --output-format=json > "$TMP/fio-paired.json" 2> "$TMP/fio.err" \
+    || { cat "$TMP/fio.err" >&2; die "fio paired read failed"; }
+  gbps="$("$PY" "$HERE/compare_lib.py" fio-gbps read < "$TMP/fio-paired.json")"
+  record "{\"system\":\"fio\",\"op\":\"read-paired\",\"qd\":$READ_QD,\"threads\":$1,\"rep\":$2,\"gbps\":$gbps}"
+  printf '  fio read qd %d before it: %s GB/s\n' "$READ_QD" "$gbps" >&2
 }
 
 # ---- kvpool ---------------------------------------------------------------------
@@ -265,6 +280,7 @@ run_kvpool() {
   local read_keys=$((KEYS - 512)) p0 p1 i0 i1 rc
   for threads in 1 2; do
     for rep in $(seq 0 $((REPS - 1))); do
+      fio_paired_read "$threads" "$rep"
       p0="$("$PY" "$HERE/compare_lib.py" metric "$ADMIN_URL/metrics" kvpool_tier_promotions_total)"
       i0="$("$PY" "$HERE/compare_lib.py" metric "$ADMIN_URL/metrics" kvpool_hits_total)"
       "$KVPOOL_BENCH" --socket "$SOCK" --op get --keys "$read_keys" --value-size "$VALUE" --batch "$BATCH" \
@@ -280,6 +296,7 @@ run_kvpool() {
   st="$(status_json)"; printf '%s\n' "$st" > "$TMP/status-end.json"
   stop_pid "$NODE_PID" kvpool-node TERM
   NODE_PID=""
+  rm -f "$TMP/fio.dat"
 }
 
 started=$SECONDS
