@@ -1,0 +1,702 @@
+// The UCX progress thread: setup, the event loop, endpoints, calls and
+// message handling. Everything here runs on that thread.
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/epoll.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/log.h"
+#include "transport/ucx_core.h"
+
+namespace kvpool::transport {
+
+
+// The one boundary where a UCX status becomes a Status. Anything that breaks a
+// connection is Unavailable: the caller's next move is to try again or
+// elsewhere.
+Status FromUcs(ucs_status_t s, std::string_view what) {
+  if (s == UCS_OK) return Status::Ok();
+  std::string msg = fmt::format("{}: {}", what, ucs_status_string(s));
+  switch (s) {
+    case UCS_ERR_NO_MEMORY:
+    case UCS_ERR_EXCEEDS_LIMIT:
+      return ResourceExhausted(msg);
+    case UCS_ERR_INVALID_PARAM:
+    case UCS_ERR_INVALID_ADDR:
+      return InvalidArgument(msg);
+    case UCS_ERR_UNSUPPORTED:
+    case UCS_ERR_NO_DEVICE:
+    case UCS_ERR_NO_ELEM:
+      return FailedPrecondition(msg);
+    default:
+      return Unavailable(msg);
+  }
+}
+
+Result<sockaddr_storage> Resolve(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  std::string port_str = std::to_string(port);
+  int rc = getaddrinfo(host.c_str(), port_str.c_str(), &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return Unavailable(fmt::format("cannot resolve {}: {}", host, gai_strerror(rc)));
+  }
+  sockaddr_storage ss{};
+  std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
+  freeaddrinfo(res);
+  return ss;
+}
+
+socklen_t AddrLen(const sockaddr_storage& ss) {
+  return ss.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+}
+
+// "host:port" or "[v6]:port".
+bool SplitAddress(const std::string& a, std::string* host, uint16_t* port) {
+  size_t colon = a.rfind(':');
+  if (colon == std::string::npos || colon + 1 >= a.size()) return false;
+  *host = a.substr(0, colon);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  char* end = nullptr;
+  unsigned long p = std::strtoul(a.c_str() + colon + 1, &end, 10);
+  if (*end != '\0' || p == 0 || p > 65535) return false;
+  *port = static_cast<uint16_t>(p);
+  return !host->empty();
+}
+
+std::string FormatAddr(const sockaddr_storage& ss) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  uint16_t port = 0;
+  if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &a->sin6_addr, buf, sizeof(buf));
+    port = ntohs(a->sin6_port);
+    return fmt::format("[{}]:{}", buf, port);
+  }
+  const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+  inet_ntop(AF_INET, &a->sin_addr, buf, sizeof(buf));
+  port = ntohs(a->sin_port);
+  return fmt::format("{}:{}", buf, port);
+}
+
+
+Status UcxTransport::Core::Init() {
+  ucp_config_t* config = nullptr;
+  KVPOOL_RETURN_IF_ERROR(FromUcs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read"));
+  if (!opts.tls.empty()) {
+    Status st = FromUcs(ucp_config_modify(config, "TLS", opts.tls.c_str()), "UCX TLS setting");
+    if (!st.ok()) {
+      ucp_config_release(config);
+      return st;
+    }
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  ucs_status_t s = ucp_init(&params, config, &context);
+  ucp_config_release(config);
+  KVPOOL_RETURN_IF_ERROR(FromUcs(s, "ucp_init"));
+
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches it
+  KVPOOL_RETURN_IF_ERROR(FromUcs(ucp_worker_create(context, &wp, &worker), "ucp_worker_create"));
+
+  // Message headers travel in the AM header, so they are capped by what the
+  // worker can carry there.
+  ucp_worker_attr_t attr{};
+  attr.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+  KVPOOL_RETURN_IF_ERROR(FromUcs(ucp_worker_query(worker, &attr), "ucp_worker_query"));
+  if (attr.max_am_header <= kFrameBytes) return FailedPrecondition("UCX AM header too small");
+  limits.max_header_bytes = std::min(limits.max_header_bytes, attr.max_am_header - kFrameBytes);
+
+  int worker_fd = -1;
+  KVPOOL_RETURN_IF_ERROR(FromUcs(ucp_worker_get_efd(worker, &worker_fd), "ucp_worker_get_efd"));
+  epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd < 0) return ErrnoStatus("epoll_create1", errno);
+  for (int fd : {worker_fd, wake_fd}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) return ErrnoStatus("epoll_ctl", errno);
+  }
+
+  for (auto [id, cb] : {std::pair{kAmRequest, &OnRequestAm}, std::pair{kAmReply, &OnReplyAm}}) {
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                    UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    hp.id = id;
+    hp.cb = cb;
+    hp.arg = this;
+    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+    KVPOOL_RETURN_IF_ERROR(
+        FromUcs(ucp_worker_set_am_recv_handler(worker, &hp), "set AM handler"));
+  }
+
+  if (!opts.registered_region.empty()) {
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = opts.registered_region.data();
+    mp.length = opts.registered_region.size();
+    KVPOOL_RETURN_IF_ERROR(FromUcs(ucp_mem_map(context, &mp, &mem), "ucp_mem_map"));
+  }
+
+  KVPOOL_ASSIGN_OR_RETURN(sockaddr_storage listen_addr, Resolve(opts.listen_host, opts.listen_port));
+  ucp_listener_params_t lp{};
+  lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+  lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&listen_addr);
+  lp.sockaddr.addrlen = AddrLen(listen_addr);
+  lp.conn_handler.cb = &OnConnRequest;
+  lp.conn_handler.arg = this;
+  KVPOOL_RETURN_IF_ERROR(FromUcs(ucp_listener_create(worker, &lp, &listener), "listen"));
+  ucp_listener_attr_t la{};
+  la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+  KVPOOL_RETURN_IF_ERROR(FromUcs(ucp_listener_query(listener, &la), "ucp_listener_query"));
+  port = la.sockaddr.ss_family == AF_INET6
+             ? ntohs(reinterpret_cast<const sockaddr_in6*>(&la.sockaddr)->sin6_port)
+             : ntohs(reinterpret_cast<const sockaddr_in*>(&la.sockaddr)->sin_port);
+  std::string host = opts.advertise_host.empty() ? opts.listen_host : opts.advertise_host;
+  address = host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port)
+                                                  : fmt::format("{}:{}", host, port);
+  return Status::Ok();
+}
+
+void UcxTransport::Core::Loop() {
+  while (true) {
+    RunSubmissions();
+    // Bounded: a flood of messages cannot starve submissions and deadlines.
+    for (int i = 0; i < 256 && ucp_worker_progress(worker) != 0; ++i) {
+    }
+    AcceptPending();
+    CloseFailedEndpoints();
+    ReapClosing();
+    FireTimers();
+    RunDeferred();
+    if (stopping) return;
+    {
+      std::lock_guard<std::mutex> lock(sub_mu);
+      if (!submissions.empty()) continue;
+    }
+    if (!closing.empty()) {
+      // Closing endpoints need progress but raise no event; poll briefly.
+      epoll_event ev;
+      epoll_wait(epoll_fd, &ev, 1, 1);
+      continue;
+    }
+    ucs_status_t s = ucp_worker_arm(worker);
+    if (s == UCS_ERR_BUSY) continue;
+    epoll_event evs[2];
+    int n = epoll_wait(epoll_fd, evs, 2, NextTimeoutMs());
+    (void)n;
+    uint64_t drained;
+    while (read(wake_fd, &drained, sizeof(drained)) > 0) {
+    }
+  }
+}
+
+int UcxTransport::Core::NextTimeoutMs() const {
+  if (timers.empty()) return 1000;
+  auto left = timers.begin()->first - Clock::now();
+  if (left <= Clock::duration::zero()) return 0;
+  // Round up so the thread does not wake just before the deadline and spin.
+  auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+  return static_cast<int>(std::min<int64_t>(ms, 1000));
+}
+
+void UcxTransport::Core::RunSubmissions() {
+  std::vector<std::function<void()>> batch;
+  {
+    std::lock_guard<std::mutex> lock(sub_mu);
+    batch.swap(submissions);
+  }
+  for (auto& fn : batch) fn();
+}
+
+void UcxTransport::Core::RunDeferred() {
+  while (!deferred.empty()) {
+    std::vector<std::function<void()>> batch;
+    batch.swap(deferred);
+    for (auto& fn : batch) fn();
+  }
+}
+
+void UcxTransport::Core::FireTimers() {
+  auto now = Clock::now();
+  while (!timers.empty() && timers.begin()->first <= now) {
+    uint64_t id = timers.begin()->second;
+    timers.erase(timers.begin());
+    auto it = calls.find(id);
+    if (it == calls.end()) continue;
+    Settle(id, Reply{DeadlineExceeded("call timed out"), {}, 0, {}});
+    it = calls.find(id);
+    if (it != calls.end()) {
+      // A payload still moves through the caller's memory: abort it by closing
+      // the endpoint; the callback runs once UCX has let go of the memory.
+      FailEndpoint(it->second.ep_id, DeadlineExceeded("transfer passed its deadline"));
+    }
+  }
+}
+
+UcxTransport::Core::Endpoint* UcxTransport::Core::NewEndpoint(std::string peer, bool client) {
+  auto e = std::make_unique<Endpoint>();
+  e->core = this;
+  e->id = next_ep_id++;
+  e->peer = std::move(peer);
+  e->client = client;
+  Endpoint* raw = e.get();
+  endpoints.emplace(raw->id, std::move(e));
+  return raw;
+}
+
+Result<uint64_t> UcxTransport::Core::ClientEndpoint(const std::string& peer,
+                                                    const sockaddr_storage& addr) {
+  auto found = client_eps.find(peer);
+  if (found != client_eps.end()) return found->second;
+  Endpoint* e = NewEndpoint(peer, /*client=*/true);
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+  ep.sockaddr.addrlen = AddrLen(addr);
+  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep.err_handler.cb = &OnEpError;
+  ep.err_handler.arg = e;
+  ucs_status_t s = ucp_ep_create(worker, &ep, &e->ep);
+  if (s != UCS_OK) {
+    endpoints.erase(e->id);
+    return FromUcs(s, "connect to " + peer);
+  }
+  ep_by_handle[e->ep] = e->id;
+  client_eps[peer] = e->id;
+  endpoints_gauge->Add(1);
+  return e->id;
+}
+
+void UcxTransport::Core::AcceptPending() {
+  for (ucp_conn_request_h req : pending_conns) {
+    if (stopping || endpoints.size() >= opts.max_endpoints) {
+      CountError("too_many_endpoints");
+      ucp_listener_reject(listener, req);
+      continue;
+    }
+    std::string peer = "unknown";
+    ucp_conn_request_attr_t ca{};
+    ca.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+    if (ucp_conn_request_query(req, &ca) == UCS_OK) peer = FormatAddr(ca.client_address);
+    Endpoint* e = NewEndpoint(peer, /*client=*/false);
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.conn_request = req;
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = &OnEpError;
+    ep.err_handler.arg = e;
+    ucs_status_t s = ucp_ep_create(worker, &ep, &e->ep);
+    if (s != UCS_OK) {
+      LogWarn("transport: accepting {} failed: {}", peer, ucs_status_string(s));
+      endpoints.erase(e->id);
+      continue;
+    }
+    ep_by_handle[e->ep] = e->id;
+    endpoints_gauge->Add(1);
+  }
+  pending_conns.clear();
+}
+
+void UcxTransport::Core::FailEndpoint(uint64_t ep_id, const Status& why) {
+  auto it = endpoints.find(ep_id);
+  if (it == endpoints.end() || it->second->failed) return;
+  Endpoint* e = it->second.get();
+  e->failed = true;
+  auto c = client_eps.find(e->peer);
+  if (c != client_eps.end() && c->second == ep_id) client_eps.erase(c);
+  std::vector<uint64_t> ids(e->calls.begin(), e->calls.end());
+  for (uint64_t id : ids) Settle(id, Reply{Unavailable(why.message()), {}, 0, {}});
+  to_close.push_back(ep_id);
+}
+
+void UcxTransport::Core::CloseFailedEndpoints() {
+  for (uint64_t id : to_close) {
+    auto it = endpoints.find(id);
+    if (it == endpoints.end()) continue;
+    std::unique_ptr<Endpoint> e = std::move(it->second);
+    endpoints.erase(it);
+    endpoints_gauge->Add(-1);
+    ep_by_handle.erase(e->ep);
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;  // the peer is gone or misbehaving: no flush
+    ucs_status_ptr_t req = ucp_ep_close_nbx(e->ep, &p);
+    if (UCS_PTR_IS_PTR(req)) closing.emplace_back(req, std::move(e));
+  }
+  to_close.clear();
+}
+
+void UcxTransport::Core::ReapClosing() {
+  for (size_t i = 0; i < closing.size();) {
+    if (ucp_request_check_status(closing[i].first) != UCS_INPROGRESS) {
+      ucp_request_free(closing[i].first);
+      closing[i] = std::move(closing.back());
+      closing.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
+void UcxTransport::Core::StartCall(uint64_t id, std::string peer, Result<sockaddr_storage> addr,
+                                   std::vector<uint8_t> am_header,
+                                   std::span<const uint8_t> payload, std::span<uint8_t> sink,
+                                   Deadline deadline, ReplyCallback done) {
+  CallState& c = calls[id];
+  c.done = std::move(done);
+  c.sink = sink;
+  c.start = Clock::now();
+  timers.emplace(deadline, id);
+  if (stopping) return Settle(id, Reply{Unavailable("transport shut down"), {}, 0, {}});
+  if (!addr.ok()) return Settle(id, Reply{addr.status(), {}, 0, {}});
+  if (Clock::now() >= deadline) {
+    return Settle(id, Reply{DeadlineExceeded("deadline passed before sending"), {}, 0, {}});
+  }
+  Result<uint64_t> ep_id = ClientEndpoint(peer, *addr);
+  if (!ep_id.ok()) return Settle(id, Reply{Unavailable(ep_id.status().message()), {}, 0, {}});
+  c.ep_id = *ep_id;
+  Endpoint* e = endpoints[*ep_id].get();
+  e->calls.insert(id);
+
+  auto* op = new SendOp{this, std::move(am_header), id, !payload.empty(), nullptr, 0};
+  op->bytes = op->am_header.size() + payload.size();
+  if (op->holds_ref) ++c.refs;
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = UCP_AM_SEND_FLAG_REPLY;
+  p.cb.send = &OnSend;
+  p.user_data = op;
+  ucs_status_ptr_t sp = ucp_am_send_nbx(e->ep, kAmRequest, op->am_header.data(),
+                                        op->am_header.size(), payload.data(), payload.size(), &p);
+  if (UCS_PTR_IS_PTR(sp)) {
+    live_sends.insert(op);
+  } else {
+    SendDone(op, UCS_PTR_STATUS(sp));
+  }
+}
+
+void UcxTransport::Core::SendDone(SendOp* op, ucs_status_t status) {
+  if (status == UCS_OK) bytes_sent->Inc(op->bytes);
+  if (op->call_id != 0) {
+    auto it = calls.find(op->call_id);
+    if (it != calls.end()) {
+      if (op->holds_ref) --it->second.refs;
+      if (status != UCS_OK) {
+        Settle(op->call_id,
+               Reply{Unavailable(FromUcs(status, "send request").message()), {}, 0, {}});
+      }
+      MaybeFinish(op->call_id);
+    }
+  }
+  if (op->release) deferred.push_back(std::move(op->release));
+  delete op;
+}
+
+void UcxTransport::Core::SendReply(uint64_t ep_id, uint64_t request_id, MessageType type,
+                                   ServerReply r) {
+  auto it = endpoints.find(ep_id);
+  if (stopping || it == endpoints.end() || it->second->failed) {
+    if (r.release) deferred.push_back(std::move(r.release));
+    return;
+  }
+  if (r.status.ok() && (r.header.size() > limits.max_header_bytes ||
+                        r.payload.size() > limits.max_payload_bytes)) {
+    r.status = Internal("reply over the size limits");
+  }
+  std::span<const uint8_t> payload = r.status.ok() ? r.payload : std::span<const uint8_t>();
+  std::vector<uint8_t> error_text;
+  if (!r.status.ok()) {
+    std::string_view m = r.status.message().substr(0, limits.max_header_bytes);
+    error_text.assign(m.begin(), m.end());
+  }
+  Frame f;
+  f.kind = FrameKind::kReply;
+  f.type = type;
+  f.request_id = request_id;
+  f.status = static_cast<int32_t>(r.status.code());
+  f.payload_len = payload.size();
+  auto* op = new SendOp{this, EncodeFrame(f, r.status.ok() ? r.header : error_text), 0, false,
+                        std::move(r.release), 0};
+  op->bytes = op->am_header.size() + payload.size();
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = UCP_AM_SEND_FLAG_REPLY;
+  p.cb.send = &OnSend;
+  p.user_data = op;
+  ucs_status_ptr_t sp = ucp_am_send_nbx(it->second->ep, kAmReply, op->am_header.data(),
+                                        op->am_header.size(), payload.data(), payload.size(), &p);
+  if (UCS_PTR_IS_PTR(sp)) {
+    live_sends.insert(op);
+  } else {
+    SendDone(op, UCS_PTR_STATUS(sp));
+  }
+}
+
+void UcxTransport::Core::Settle(uint64_t id, Reply verdict) {
+  auto it = calls.find(id);
+  if (it == calls.end() || it->second.verdict) return;
+  it->second.verdict = std::move(verdict);
+  MaybeFinish(id);
+}
+
+void UcxTransport::Core::MaybeFinish(uint64_t id) {
+  auto it = calls.find(id);
+  if (it == calls.end()) return;
+  CallState& c = it->second;
+  if (!c.verdict || c.refs > 0) return;
+  Reply reply = std::move(*c.verdict);
+  if (c.answered && reply.status.code() != StatusCode::kDeadlineExceeded &&
+      reply.status.code() != StatusCode::kUnavailable) {
+    calls_ok->Inc();
+  } else if (reply.status.code() == StatusCode::kDeadlineExceeded) {
+    calls_timeout->Inc();
+  } else if (reply.status.code() == StatusCode::kUnavailable) {
+    calls_unavailable->Inc();
+  } else {
+    calls_error->Inc();
+  }
+  latency->Observe(std::chrono::duration<double>(Clock::now() - c.start).count());
+  auto e = endpoints.find(c.ep_id);
+  if (e != endpoints.end()) e->second->calls.erase(id);
+  ReplyCallback done = std::move(c.done);
+  calls.erase(it);
+  deferred.push_back([done = std::move(done), reply = std::move(reply)]() mutable {
+    done(std::move(reply));
+  });
+}
+
+std::optional<uint64_t> UcxTransport::Core::EndpointOf(const ucp_am_recv_param_t* param) {
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return std::nullopt;
+  auto it = ep_by_handle.find(param->reply_ep);
+  if (it == ep_by_handle.end()) return std::nullopt;
+  return it->second;
+}
+
+ucs_status_t UcxTransport::Core::OnRequest(const void* header, size_t header_len, void* data,
+                                           size_t len, const ucp_am_recv_param_t* param) {
+  std::optional<uint64_t> ep_id = EndpointOf(param);
+  if (!ep_id) {
+    CountError("unknown_endpoint");
+    return UCS_OK;
+  }
+  Frame f;
+  std::span<const uint8_t> hdr;
+  const char* reason = "";
+  Status st = DecodeFrame({static_cast<const uint8_t*>(header), header_len}, len,
+                          limits.max_header_bytes, limits.max_payload_bytes, &f, &hdr, &reason);
+  if (st.ok() && f.kind != FrameKind::kRequest) st = InvalidArgument(reason = "bad_kind");
+  if (!st.ok()) {
+    // A peer that sends garbage is cut off; UCX drops a rendezvous we decline.
+    CountError(reason);
+    FailEndpoint(*ep_id, st);
+    return UCS_OK;
+  }
+  bytes_received->Inc(header_len + len);
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+    auto* op = new RecvOp{this, true, 0, *ep_id, f, {hdr.begin(), hdr.end()}, {}};
+    op->payload.resize(len);  // len was checked against the limit above
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.recv_am = &OnRecv;
+    p.user_data = op;
+    ucs_status_ptr_t sp = ucp_am_recv_data_nbx(worker, data, op->payload.data(), len, &p);
+    if (UCS_PTR_IS_PTR(sp)) {
+      live_recvs.insert(op);
+    } else {
+      RecvDone(op, UCS_PTR_STATUS(sp));
+    }
+    return UCS_INPROGRESS;
+  }
+  const auto* d = static_cast<const uint8_t*>(data);
+  Dispatch(*ep_id, f, {hdr.begin(), hdr.end()}, std::vector<uint8_t>(d, d + len));
+  return UCS_OK;
+}
+
+void UcxTransport::Core::Dispatch(uint64_t ep_id, Frame frame, std::vector<uint8_t> header,
+                                  std::vector<uint8_t> payload) {
+  Handler handler;
+  {
+    std::lock_guard<std::mutex> lock(handlers_mu);
+    auto h = handlers.find(frame.type);
+    if (h != handlers.end()) handler = h->second;
+  }
+  if (!handler) {
+    SendReply(ep_id, frame.request_id, frame.type,
+              ServerReply{InvalidArgument("no handler for message type"), {}, {}, nullptr});
+    return;
+  }
+  auto it = endpoints.find(ep_id);
+  std::string peer = it != endpoints.end() ? it->second->peer : "unknown";
+  std::weak_ptr<Core> weak = weak_from_this();
+  auto responder = std::make_shared<Responder>(
+      [weak, ep_id, id = frame.request_id, type = frame.type](ServerReply r) {
+        auto core = weak.lock();
+        auto release = r.release;
+        auto shared = std::make_shared<ServerReply>(std::move(r));
+        if (core == nullptr ||
+            !core->Submit([c = core.get(), ep_id, id, type, shared] {
+              c->SendReply(ep_id, id, type, std::move(*shared));
+            })) {
+          if (release) release();
+        }
+      });
+  Deadline deadline = Clock::now() + std::chrono::milliseconds(frame.budget_ms);
+  auto run = [handler = std::move(handler), peer = std::move(peer), type = frame.type,
+              header = std::move(header), payload = std::move(payload), deadline,
+              responder]() mutable {
+    handler(Incoming{peer, type, header, payload, deadline}, std::move(*responder));
+  };
+  if (opts.handler_executor != nullptr) {
+    opts.handler_executor->Submit(std::move(run));
+  } else {
+    deferred.push_back(std::move(run));
+  }
+}
+
+ucs_status_t UcxTransport::Core::OnReply(const void* header, size_t header_len, void* data,
+                                         size_t len, const ucp_am_recv_param_t* param) {
+  std::optional<uint64_t> ep_id = EndpointOf(param);
+  Frame f;
+  std::span<const uint8_t> hdr;
+  const char* reason = "";
+  Status st = DecodeFrame({static_cast<const uint8_t*>(header), header_len}, len,
+                          limits.max_header_bytes, limits.max_payload_bytes, &f, &hdr, &reason);
+  if (st.ok() && f.kind != FrameKind::kReply) st = InvalidArgument(reason = "bad_kind");
+  if (!st.ok()) {
+    CountError(reason);
+    if (ep_id) FailEndpoint(*ep_id, st);
+    return UCS_OK;
+  }
+  bytes_received->Inc(header_len + len);
+  auto it = calls.find(f.request_id);
+  if (it == calls.end() || it->second.verdict) return UCS_OK;  // late: dropped
+  CallState& c = it->second;
+  c.answered = true;
+  if (f.status != 0) {
+    auto code = f.status > 0 && f.status <= static_cast<int32_t>(StatusCode::kInternal)
+                    ? static_cast<StatusCode>(f.status)
+                    : StatusCode::kInternal;
+    Settle(f.request_id, Reply{Status(code, AsString(hdr)), {}, 0, {}});
+    return UCS_OK;
+  }
+  c.partial.header.assign(hdr.begin(), hdr.end());
+  uint8_t* dst = nullptr;
+  if (c.sink.data() != nullptr) {
+    if (len > c.sink.size()) {
+      Settle(f.request_id,
+             Reply{ResourceExhausted(fmt::format("reply payload of {} bytes exceeds the {}-byte sink",
+                                                 len, c.sink.size())),
+                   {}, 0, {}});
+      return UCS_OK;
+    }
+    dst = c.sink.data();
+  } else {
+    c.partial.payload.resize(len);
+    dst = c.partial.payload.data();
+  }
+  c.partial.payload_bytes = len;
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+    auto* op = new RecvOp{this, false, f.request_id, 0, f, {}, {}};
+    ++c.refs;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.recv_am = &OnRecv;
+    p.user_data = op;
+    ucs_status_ptr_t sp = ucp_am_recv_data_nbx(worker, data, dst, len, &p);
+    if (UCS_PTR_IS_PTR(sp)) {
+      live_recvs.insert(op);
+    } else {
+      RecvDone(op, UCS_PTR_STATUS(sp));
+    }
+    return UCS_INPROGRESS;
+  }
+  if (len > 0) std::memcpy(dst, data, len);
+  Settle(f.request_id, std::move(c.partial));
+  return UCS_OK;
+}
+
+void UcxTransport::Core::RecvDone(RecvOp* op, ucs_status_t status) {
+  if (op->is_request) {
+    if (status == UCS_OK) {
+      Dispatch(op->ep_id, op->frame, std::move(op->header), std::move(op->payload));
+    } else {
+      CountError("payload_receive_failed");
+    }
+  } else {
+    auto it = calls.find(op->call_id);
+    if (it != calls.end()) {
+      --it->second.refs;
+      if (status == UCS_OK) {
+        Settle(op->call_id, std::move(it->second.partial));
+      } else {
+        Settle(op->call_id,
+               Reply{Unavailable(FromUcs(status, "receive reply payload").message()), {}, 0, {}});
+      }
+      MaybeFinish(op->call_id);
+    }
+  }
+  delete op;
+}
+
+void UcxTransport::Core::Shutdown() {
+  RunSubmissions();  // calls submitted before the stop fail; replies are dropped
+  if (listener != nullptr) ucp_listener_destroy(listener);
+  listener = nullptr;
+  AcceptPending();  // rejects
+  std::vector<uint64_t> ids;
+  for (auto& [id, c] : calls) ids.push_back(id);
+  for (uint64_t id : ids) Settle(id, Reply{Unavailable("transport shut down"), {}, 0, {}});
+  std::vector<uint64_t> eps;
+  for (auto& [id, e] : endpoints) eps.push_back(id);
+  for (uint64_t id : eps) FailEndpoint(id, Unavailable("transport shut down"));
+  CloseFailedEndpoints();
+  auto until = Clock::now() + opts.close_timeout;
+  while ((!closing.empty() || !calls.empty()) && Clock::now() < until) {
+    ucp_worker_progress(worker);
+    CloseFailedEndpoints();
+    ReapClosing();
+    RunDeferred();
+  }
+  for (auto& [req, e] : closing) ucp_request_free(req);
+  closing.clear();
+  if (mem != nullptr) ucp_mem_unmap(context, mem);
+  // After the worker is gone UCX writes nowhere, so calls whose transfers never
+  // finished can be answered and their operations freed.
+  if (worker != nullptr) ucp_worker_destroy(worker);
+  if (context != nullptr) ucp_cleanup(context);
+  worker = nullptr;
+  context = nullptr;
+  for (auto& [id, c] : calls) {
+    c.refs = 0;
+    if (!c.verdict) c.verdict = Reply{Unavailable("transport shut down"), {}, 0, {}};
+    ids.push_back(id);
+  }
+  for (uint64_t id : ids) MaybeFinish(id);
+  for (SendOp* op : live_sends) {
+    if (op->release) deferred.push_back(std::move(op->release));
+    delete op;
+  }
+  for (RecvOp* op : live_recvs) delete op;
+  live_sends.clear();
+  live_recvs.clear();
+  RunDeferred();
+  endpoints.clear();
+  if (epoll_fd >= 0) close(epoll_fd);
+}
+
+}  // namespace kvpool::transport

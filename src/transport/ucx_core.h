@@ -1,0 +1,233 @@
+// Internal to the UCX transport: the state shared by the public wrapper and
+// the progress thread. Not a public header.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "transport/peer_format.h"
+#include "transport/ucx_transport.h"
+
+namespace kvpool::transport {
+
+// Helpers shared by the UCX transport files.
+Status FromUcs(ucs_status_t s, std::string_view what);
+Result<sockaddr_storage> Resolve(const std::string& host, uint16_t port);
+socklen_t AddrLen(const sockaddr_storage& ss);
+bool SplitAddress(const std::string& a, std::string* host, uint16_t* port);
+std::string FormatAddr(const sockaddr_storage& ss);
+
+// Everything below marked "progress thread" is touched by that thread only,
+// which is why it needs no lock.
+struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
+  struct Endpoint {
+    Core* core;
+    uint64_t id;
+    ucp_ep_h ep = nullptr;
+    std::string peer;
+    bool client = false;
+    bool failed = false;
+    std::unordered_set<uint64_t> calls;
+  };
+  struct CallState {
+    ReplyCallback done;
+    uint64_t ep_id = 0;
+    std::span<uint8_t> sink;
+    Clock::time_point start;
+    int refs = 0;           // UCX operations still using the caller's payload or sink
+    bool answered = false;  // the peer replied (whatever its status)
+    Reply partial;          // a reply whose payload is still landing
+    std::optional<Reply> verdict;
+  };
+  struct SendOp {
+    Core* core;
+    std::vector<uint8_t> am_header;  // must live until the send completes
+    uint64_t call_id = 0;
+    bool holds_ref = false;
+    std::function<void()> release;
+    size_t bytes = 0;
+  };
+  struct RecvOp {
+    Core* core;
+    bool is_request = false;
+    uint64_t call_id = 0;  // replies
+    uint64_t ep_id = 0;    // requests
+    Frame frame;
+    std::vector<uint8_t> header;
+    std::vector<uint8_t> payload;  // requests
+  };
+
+  explicit Core(const UcxTransportOptions& o) : opts(o), limits(o.limits) {
+    if (opts.metrics == nullptr) own_metrics = std::make_unique<MetricsRegistry>();
+    metrics = opts.metrics ? opts.metrics : own_metrics.get();
+    const std::string calls_help = "Peer calls finished, by result";
+    calls_ok = metrics->GetCounter("kvpool_transport_calls_total", calls_help, {{"result", "ok"}});
+    calls_timeout =
+        metrics->GetCounter("kvpool_transport_calls_total", calls_help, {{"result", "timeout"}});
+    calls_unavailable = metrics->GetCounter("kvpool_transport_calls_total", calls_help,
+                                            {{"result", "unavailable"}});
+    calls_error =
+        metrics->GetCounter("kvpool_transport_calls_total", calls_help, {{"result", "error"}});
+    bytes_sent = metrics->GetCounter("kvpool_transport_bytes_sent_total",
+                                     "Peer message bytes sent (headers and payloads)");
+    bytes_received = metrics->GetCounter("kvpool_transport_bytes_received_total",
+                                         "Peer message bytes received (headers and payloads)");
+    endpoints_gauge = metrics->GetGauge("kvpool_transport_endpoints", "Open UCX endpoints");
+    latency = metrics->GetHistogram("kvpool_transport_call_seconds", "Peer call latency");
+  }
+
+  // ---- Any thread --------------------------------------------------------
+  bool Submit(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(sub_mu);
+      if (!accepting) return false;
+      submissions.push_back(std::move(fn));
+    }
+    uint64_t one = 1;
+    ssize_t n = write(wake_fd, &one, sizeof(one));
+    (void)n;  // a full eventfd counter already means "wake up"
+    return true;
+  }
+  void CountError(const char* reason) {
+    metrics->GetCounter("kvpool_transport_errors_total", "Malformed or rejected peer messages",
+                        {{"reason", reason}})
+        ->Inc();
+  }
+
+  void Stop() {
+    KVPOOL_CHECK(std::this_thread::get_id() != thread.get_id());
+    {
+      std::lock_guard<std::mutex> lock(sub_mu);
+      if (!accepting) return;
+      submissions.push_back([this] { stopping = true; });
+      accepting = false;
+    }
+    uint64_t one = 1;
+    ssize_t n = write(wake_fd, &one, sizeof(one));
+    (void)n;
+    thread.join();
+  }
+
+  // Resolves "host:port", with a cache. Runs on the calling thread.
+  Result<sockaddr_storage> Lookup(const std::string& peer);
+
+  // ---- Progress thread ---------------------------------------------------
+  Status Init();
+  void Loop();
+  void Shutdown();
+  void RunSubmissions();
+  void RunDeferred();
+  void FireTimers();
+  void CloseFailedEndpoints();
+  void ReapClosing();
+  void AcceptPending();
+  int NextTimeoutMs() const;
+
+  void StartCall(uint64_t id, std::string peer, Result<sockaddr_storage> addr,
+                 std::vector<uint8_t> am_header, std::span<const uint8_t> payload,
+                 std::span<uint8_t> sink, Deadline deadline, ReplyCallback done);
+  Result<uint64_t> ClientEndpoint(const std::string& peer, const sockaddr_storage& addr);
+  Endpoint* NewEndpoint(std::string peer, bool client);
+  void SendReply(uint64_t ep_id, uint64_t request_id, MessageType type, ServerReply r);
+  void Settle(uint64_t id, Reply verdict);
+  void MaybeFinish(uint64_t id);
+  void FailEndpoint(uint64_t ep_id, const Status& why);
+  void Dispatch(uint64_t ep_id, Frame frame, std::vector<uint8_t> header,
+                std::vector<uint8_t> payload);
+  void SendDone(SendOp* op, ucs_status_t status);
+  void RecvDone(RecvOp* op, ucs_status_t status);
+  ucs_status_t OnRequest(const void* header, size_t header_len, void* data, size_t len,
+                         const ucp_am_recv_param_t* param);
+  ucs_status_t OnReply(const void* header, size_t header_len, void* data, size_t len,
+                       const ucp_am_recv_param_t* param);
+  std::optional<uint64_t> EndpointOf(const ucp_am_recv_param_t* param);
+
+  static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+    auto* e = static_cast<Endpoint*>(arg);
+    e->core->FailEndpoint(e->id, FromUcs(status, "peer connection failed"));
+  }
+  static void OnConnRequest(ucp_conn_request_h req, void* arg) {
+    static_cast<Core*>(arg)->pending_conns.push_back(req);
+  }
+  static ucs_status_t OnRequestAm(void* arg, const void* h, size_t hl, void* d, size_t l,
+                                  const ucp_am_recv_param_t* p) {
+    return static_cast<Core*>(arg)->OnRequest(h, hl, d, l, p);
+  }
+  static ucs_status_t OnReplyAm(void* arg, const void* h, size_t hl, void* d, size_t l,
+                                const ucp_am_recv_param_t* p) {
+    return static_cast<Core*>(arg)->OnReply(h, hl, d, l, p);
+  }
+  static void OnSend(void* request, ucs_status_t status, void* user_data) {
+    auto* op = static_cast<SendOp*>(user_data);
+    op->core->live_sends.erase(op);
+    ucp_request_free(request);
+    op->core->SendDone(op, status);
+  }
+  static void OnRecv(void* request, ucs_status_t status, size_t length, void* user_data) {
+    auto* op = static_cast<RecvOp*>(user_data);
+    op->core->live_recvs.erase(op);
+    ucp_request_free(request);
+    op->core->RecvDone(op, status);
+  }
+
+  const UcxTransportOptions opts;
+  TransportLimits limits;  // written by Init before Open returns, then read-only
+  std::unique_ptr<MetricsRegistry> own_metrics;
+  MetricsRegistry* metrics;
+  Counter *calls_ok, *calls_timeout, *calls_unavailable, *calls_error;
+  Counter *bytes_sent, *bytes_received;
+  Gauge* endpoints_gauge;
+  Histogram* latency;
+
+  std::mutex handlers_mu;
+  std::unordered_map<MessageType, Handler> handlers;  // protected by handlers_mu
+
+  std::mutex sub_mu;
+  std::vector<std::function<void()>> submissions;  // protected by sub_mu
+  bool accepting = true;                           // protected by sub_mu
+
+  std::mutex addr_mu;
+  std::unordered_map<std::string, sockaddr_storage> addr_cache;  // protected by addr_mu
+
+  std::atomic<uint64_t> next_request_id{1};
+  int wake_fd = -1;
+  std::thread thread;
+  std::string address;  // set by Init
+  uint16_t port = 0;    // set by Init
+
+  // Progress thread only.
+  int epoll_fd = -1;
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  ucp_listener_h listener = nullptr;
+  ucp_mem_h mem = nullptr;
+  bool stopping = false;
+  uint64_t next_ep_id = 1;
+  std::unordered_map<uint64_t, std::unique_ptr<Endpoint>> endpoints;
+  std::unordered_map<std::string, uint64_t> client_eps;
+  std::unordered_map<ucp_ep_h, uint64_t> ep_by_handle;
+  std::vector<uint64_t> to_close;
+  std::vector<std::pair<void*, std::unique_ptr<Endpoint>>> closing;
+  std::vector<ucp_conn_request_h> pending_conns;
+  std::unordered_map<uint64_t, CallState> calls;
+  std::set<std::pair<Deadline, uint64_t>> timers;
+  std::vector<std::function<void()>> deferred;  // user code, run outside ucp_worker_progress
+  std::unordered_set<SendOp*> live_sends;
+  std::unordered_set<RecvOp*> live_recvs;
+};
+
+}  // namespace kvpool::transport

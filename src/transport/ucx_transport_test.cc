@@ -1,0 +1,283 @@
+// UCX transport tests over TCP on 127.0.0.1: the shared contract plus what
+// only a real network shows (a killed process, malformed messages, limits).
+#include "transport/ucx_transport.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "transport/peer_format.h"
+#include "transport/transport_contract_test.h"
+
+namespace kvpool::transport::testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+UcxTransportOptions TcpOptions() {
+  UcxTransportOptions o;
+  o.listen_host = "127.0.0.1";
+  o.tls = "tcp";
+  return o;
+}
+
+std::unique_ptr<UcxTransport> OpenOrDie(const UcxTransportOptions& o) {
+  auto t = UcxTransport::Open(o);
+  KVPOOL_CHECK(t.ok());
+  return std::move(t).value();
+}
+
+class UcxCluster final : public TestCluster {
+ public:
+  ~UcxCluster() override { nodes_.clear(); }
+  Transport* Add() override {
+    nodes_.push_back(OpenOrDie(TcpOptions()));
+    return nodes_.back().get();
+  }
+  void Kill(Transport* node) override {
+    auto it = std::find_if(nodes_.begin(), nodes_.end(),
+                           [&](const auto& n) { return n.get() == node; });
+    if (it != nodes_.end()) nodes_.erase(it);
+  }
+  std::string DeadAddress() override {
+    // Bind a transport to learn a free port, then close it: nothing listens there.
+    auto t = OpenOrDie(TcpOptions());
+    return t->address();
+  }
+
+ private:
+  std::vector<std::unique_ptr<UcxTransport>> nodes_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Ucx, TransportContractTest,
+                         ::testing::Values(ClusterFactory{"UcxTcp", [] {
+                           return std::unique_ptr<TestCluster>(new UcxCluster());
+                         }}),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(UcxTransportTest, ReportsBoundPort) {
+  auto t = OpenOrDie(TcpOptions());
+  EXPECT_NE(t->port(), 0);
+  EXPECT_EQ(t->address(), "127.0.0.1:" + std::to_string(t->port()));
+}
+
+TEST(UcxTransportTest, KilledServerProcessIsUnavailableQuickly) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Child: a server whose handler never answers, until it is killed.
+    close(fds[0]);
+    auto t = UcxTransport::Open(TcpOptions());
+    if (!t.ok()) _exit(1);
+    std::vector<Responder> held;
+    std::mutex mu;
+    (*t)->RegisterHandler(1, [&](Incoming, Responder r) {
+      std::lock_guard<std::mutex> lock(mu);
+      held.push_back(std::move(r));
+    });
+    uint16_t port = (*t)->port();
+    if (write(fds[1], &port, sizeof(port)) != sizeof(port)) _exit(1);
+    while (true) pause();
+  }
+  close(fds[1]);
+  uint16_t port = 0;
+  ASSERT_EQ(read(fds[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+  close(fds[0]);
+
+  auto client = OpenOrDie(TcpOptions());
+  std::atomic<bool> done{false};
+  Status st;
+  Clock::time_point finished;
+  CallArgs a;
+  a.peer = "127.0.0.1:" + std::to_string(port);
+  a.type = 1;
+  a.deadline = Clock::now() + milliseconds(20000);
+  client->Call(a, [&](Reply r) {
+    st = std::move(r.status);
+    finished = Clock::now();
+    done = true;
+  });
+  std::this_thread::sleep_for(milliseconds(200));  // let the request reach the child
+  auto killed = Clock::now();
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  while (!done) std::this_thread::sleep_for(milliseconds(1));
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_LT(finished - killed, milliseconds(3000));
+
+  // The next call to the dead address fails fast too (a new endpoint, refused).
+  a.deadline = Clock::now() + milliseconds(20000);
+  auto start = Clock::now();
+  Reply r = client->CallSync(a);
+  EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.ToString();
+  EXPECT_LT(Clock::now() - start, milliseconds(3000));
+}
+
+TEST(UcxTransportTest, OversizedPayloadIsRejectedAndCounted) {
+  MetricsRegistry metrics;
+  UcxTransportOptions so = TcpOptions();
+  so.limits.max_payload_bytes = 1 << 20;
+  so.metrics = &metrics;
+  auto server = OpenOrDie(so);
+  std::atomic<int> handled{0};
+  server->RegisterHandler(1, [&](Incoming, Responder r) {
+    handled++;
+    r.Respond(Status::Ok());
+  });
+  auto client = OpenOrDie(TcpOptions());
+  std::vector<uint8_t> big(2 << 20, 7);
+  CallArgs a;
+  a.peer = server->address();
+  a.type = 1;
+  a.payload = big;
+  a.deadline = Clock::now() + milliseconds(20000);
+  Reply r = client->CallSync(a);
+  EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.ToString();
+  EXPECT_EQ(handled.load(), 0);
+  EXPECT_EQ(metrics.ValueOf("kvpool_transport_errors_total", {{"reason", "payload_too_large"}}),
+            1);
+  // A well-formed call afterwards works on a fresh endpoint.
+  a.payload = {};
+  a.deadline = Clock::now() + milliseconds(20000);
+  r = client->CallSync(a);
+  EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_EQ(handled.load(), 1);
+}
+
+// Sends one raw active message to a transport, as a misbehaving peer would.
+class RawPeer {
+ public:
+  explicit RawPeer(uint16_t port) {
+    ucp_config_t* config;
+    KVPOOL_CHECK(ucp_config_read(nullptr, nullptr, &config) == UCS_OK);
+    KVPOOL_CHECK(ucp_config_modify(config, "TLS", "tcp") == UCS_OK);
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_AM;
+    KVPOOL_CHECK(ucp_init(&params, config, &context_) == UCS_OK);
+    ucp_config_release(config);
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    KVPOOL_CHECK(ucp_worker_create(context_, &wp, &worker_) == UCS_OK);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&sa);
+    ep.sockaddr.addrlen = sizeof(sa);
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t) {
+      static_cast<RawPeer*>(arg)->failed_ = true;
+    };
+    ep.err_handler.arg = this;
+    KVPOOL_CHECK(ucp_ep_create(worker_, &ep, &ep_) == UCS_OK);
+  }
+  ~RawPeer() {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* req = ucp_ep_close_nbx(ep_, &p);
+    if (UCS_PTR_IS_PTR(req)) {
+      auto until = Clock::now() + milliseconds(1000);
+      while (ucp_request_check_status(req) == UCS_INPROGRESS && Clock::now() < until) {
+        ucp_worker_progress(worker_);
+      }
+      ucp_request_free(req);
+    }
+    ucp_worker_destroy(worker_);
+    ucp_cleanup(context_);
+  }
+  // Sends and progresses until the send completes or the endpoint fails.
+  void Send(const std::vector<uint8_t>& header, const std::vector<uint8_t>& data) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_REPLY;
+    void* req = ucp_am_send_nbx(ep_, kAmRequest, header.data(), header.size(), data.data(),
+                                data.size(), &p);
+    if (UCS_PTR_IS_PTR(req)) {
+      auto until = Clock::now() + milliseconds(5000);
+      while (ucp_request_check_status(req) == UCS_INPROGRESS && Clock::now() < until) {
+        ucp_worker_progress(worker_);
+      }
+      ucp_request_free(req);
+    }
+  }
+  // Progresses until the server closes the connection (or the time is up).
+  bool WaitForFailure(milliseconds budget) {
+    auto until = Clock::now() + budget;
+    while (!failed_ && Clock::now() < until) ucp_worker_progress(worker_);
+    return failed_;
+  }
+
+ private:
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  ucp_ep_h ep_ = nullptr;
+  bool failed_ = false;
+};
+
+TEST(UcxTransportTest, MalformedMessagesAreRejectedCountedAndCloseTheEndpoint) {
+  MetricsRegistry metrics;
+  UcxTransportOptions so = TcpOptions();
+  so.metrics = &metrics;
+  auto server = OpenOrDie(so);
+  std::atomic<int> handled{0};
+  server->RegisterHandler(1, [&](Incoming, Responder r) {
+    handled++;
+    r.Respond(Status::Ok());
+  });
+  struct Case {
+    const char* reason;
+    std::vector<uint8_t> header;
+    std::vector<uint8_t> data;
+  };
+  Frame good;
+  good.type = 1;
+  good.request_id = 1;
+  std::vector<uint8_t> bad_magic = EncodeFrame(good, {});
+  bad_magic[0] ^= 0xFF;
+  Frame lying = good;
+  lying.payload_len = 1000;  // claims more than the data carries
+  Frame huge = good;
+  huge.payload_len = uint64_t{1} << 40;
+  std::vector<uint8_t> bad_header_len = EncodeFrame(good, {});
+  bad_header_len[20] = 200;  // more header bytes than present
+  std::vector<Case> cases = {
+      {"short_frame", {1, 2, 3}, {}},
+      {"bad_magic", bad_magic, {}},
+      {"payload_length_mismatch", EncodeFrame(lying, {}), {1, 2, 3}},
+      {"payload_too_large", EncodeFrame(huge, {}), {}},
+      {"header_length_mismatch", bad_header_len, {}},
+  };
+  for (const Case& c : cases) {
+    RawPeer peer(server->port());
+    peer.Send(c.header, c.data);
+    EXPECT_TRUE(peer.WaitForFailure(milliseconds(5000))) << c.reason;
+    EXPECT_EQ(metrics.ValueOf("kvpool_transport_errors_total", {{"reason", c.reason}}), 1)
+        << c.reason;
+  }
+  EXPECT_EQ(handled.load(), 0);
+  // The server still serves well-behaved peers.
+  auto client = OpenOrDie(TcpOptions());
+  CallArgs a;
+  a.peer = server->address();
+  a.type = 1;
+  a.deadline = Clock::now() + milliseconds(20000);
+  EXPECT_TRUE(client->CallSync(a).status.ok());
+}
+
+}  // namespace
+}  // namespace kvpool::transport::testing
