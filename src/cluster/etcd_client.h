@@ -1,0 +1,121 @@
+// EtcdClient: the few etcd v3 calls kvpool needs, over etcd's JSON gateway
+// (POST http://host:port/v3/...; keys and values base64, int64s as strings).
+//
+// This is the one place where HTTP and JSON errors become Status:
+// Unavailable for transport failures and timeouts (retry), NotFound for an
+// unknown or expired lease, Aborted for a compacted watch revision, Internal
+// for a reply that does not parse. Every request has a deadline: connect,
+// write and each read are bounded by request_timeout (a watch by its own
+// deadline). On a transport failure the next call tries the next endpoint.
+// Not thread-safe (one owner thread), except Interrupt().
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/metrics.h"
+#include "common/status.h"
+
+namespace kvpool {
+
+struct EtcdClientOptions {
+  // "http://host:port" of each etcd member.
+  std::vector<std::string> endpoints;
+  // Bounds connect, write and each read of a unary call: how long a call
+  // to a hung etcd blocks before it counts as failed.
+  std::chrono::milliseconds request_timeout{1000};
+
+  Status Validate() const;
+};
+
+struct EtcdKv {
+  std::string key;
+  std::string value;
+  int64_t create_revision = 0;
+  int64_t mod_revision = 0;
+  int64_t lease = 0;
+};
+
+struct EtcdRange {
+  int64_t revision = 0;  // the store revision the reply reflects
+  std::vector<EtcdKv> kvs;
+};
+
+// One compare of a txn; all compare for equality.
+struct EtcdCompare {
+  enum class Target { kCreateRevision, kModRevision };
+  std::string key;
+  Target target = Target::kModRevision;
+  int64_t revision = 0;  // 0 matches a key that does not exist
+};
+
+struct EtcdPut {
+  std::string key;
+  std::string value;
+  int64_t lease = 0;  // 0: no lease
+};
+
+struct EtcdTxnResult {
+  bool succeeded = false;  // every compare held and the puts were applied
+  int64_t revision = 0;    // the store revision after the txn
+};
+
+struct EtcdEvent {
+  enum class Type { kPut, kDelete };
+  Type type = Type::kPut;
+  EtcdKv kv;  // for a delete, only key and mod_revision
+};
+
+struct EtcdLease {
+  int64_t id = 0;
+  int64_t ttl_s = 0;  // as granted (etcd may raise a too small TTL)
+};
+
+class EtcdClient {
+ public:
+  // metrics may be null; otherwise it must outlive the client. Counts
+  // kvpool_membership_etcd_errors_total{kind}.
+  EtcdClient(EtcdClientOptions options, MetricsRegistry* metrics);
+  ~EtcdClient();
+  EtcdClient(const EtcdClient&) = delete;
+  EtcdClient& operator=(const EtcdClient&) = delete;
+
+  // Every key starting with prefix.
+  Result<EtcdRange> RangePrefix(const std::string& prefix);
+  Result<EtcdRange> Get(const std::string& key);
+  // Applies puts if every compare holds.
+  Result<EtcdTxnResult> Txn(const std::vector<EtcdCompare>& compares, const std::vector<EtcdPut>& puts);
+  Result<EtcdLease> LeaseGrant(int64_t ttl_s);
+  // One renewal; returns the new TTL. NotFound when the lease is gone.
+  Result<int64_t> LeaseKeepAlive(int64_t id);
+  // NotFound when the lease is already gone (its keys are gone too).
+  Status LeaseRevoke(int64_t id);
+
+  // Watches keys with prefix from start_revision, calling on_events for each
+  // batch (all events of a revision come in one batch), until the deadline
+  // (returns OK), Interrupt() (OK), or a failure. Aborted when
+  // start_revision was compacted: re-read with RangePrefix.
+  Status WatchPrefix(const std::string& prefix, int64_t start_revision,
+                     std::chrono::steady_clock::time_point deadline,
+                     const std::function<void(const std::vector<EtcdEvent>&)>& on_events);
+  // Breaks a blocked WatchPrefix, and makes every later one return at once
+  // (used when stopping). Thread-safe.
+  void Interrupt();
+
+  // Exposed for tests.
+  static std::string Base64Encode(std::string_view in);
+  static bool Base64Decode(std::string_view in, std::string* out);
+  // The smallest key greater than every key with this prefix.
+  static std::string PrefixEnd(const std::string& prefix);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvpool

@@ -1,0 +1,368 @@
+#include "cluster/etcd_membership.h"
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "cluster/etcd_client.h"
+#include "common/log.h"
+
+namespace kvpool {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// The longest a watch slice runs before the loop looks at its timers again.
+constexpr milliseconds kMaxSlice{1000};
+// How soon a failed keepalive is tried again.
+constexpr milliseconds kKeepAliveRetry{200};
+
+bool ValidName(const std::string& s) {
+  return !s.empty() && s.find('/') == std::string::npos &&
+         std::none_of(s.begin(), s.end(), [](char c) { return c <= ' ' || c == 0x7f; });
+}
+
+// The member record stored as the value of a member key.
+std::string EncodeMember(const Member& m) {
+  nlohmann::json j = {{"node_id", m.node_id},
+                      {"address", m.address},
+                      {"incarnation", m.incarnation},
+                      {"weight", m.weight}};
+  return j.dump();
+}
+
+bool DecodeMember(const std::string& value, Member* m) {
+  nlohmann::json j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return false;
+  auto id = j.find("node_id");
+  auto addr = j.find("address");
+  auto inc = j.find("incarnation");
+  auto w = j.find("weight");
+  if (id == j.end() || !id->is_string() || addr == j.end() || !addr->is_string() ||
+      inc == j.end() || !inc->is_number_unsigned() || w == j.end() || !w->is_number()) {
+    return false;
+  }
+  m->node_id = id->get<std::string>();
+  m->address = addr->get<std::string>();
+  m->incarnation = inc->get<uint64_t>();
+  m->weight = w->get<double>();
+  m->state = MemberState::kAlive;
+  return std::isfinite(m->weight);
+}
+
+}  // namespace
+
+Status EtcdMembershipOptions::Validate() const {
+  KVPOOL_RETURN_IF_ERROR((EtcdClientOptions{endpoints, request_timeout}.Validate()));
+  if (!ValidName(cluster)) return InvalidArgument("etcd membership: bad cluster name");
+  if (!ValidName(node_id)) return InvalidArgument("etcd membership: bad node id '" + node_id + "'");
+  if (address.find(':') == std::string::npos) {
+    return InvalidArgument("etcd membership: address must be host:port");
+  }
+  if (!std::isfinite(weight) || weight < 0) return InvalidArgument("etcd membership: bad weight");
+  if (lease_ttl < milliseconds(2000)) return InvalidArgument("etcd membership: lease_ttl < 2 s");
+  if (request_timeout * 4 > lease_ttl) {
+    return InvalidArgument("etcd membership: request_timeout must be <= lease_ttl / 4");
+  }
+  if (retry_interval.count() <= 0) return InvalidArgument("etcd membership: retry_interval <= 0");
+  return Status::Ok();
+}
+
+struct EtcdMembership::Impl {
+  EtcdMembership* self;
+  EtcdMembershipOptions options;
+  EtcdClient client;
+  std::string prefix;           // .../members/
+  std::string member_key;       // .../members/<node-id>
+  std::string incarnation_key;  // .../incarnation
+  Counter* renewals;
+  Counter* registrations;
+  Counter dummy_renewals;
+  Counter dummy_registrations;
+
+  // Owned by the loop (and by Open before it).
+  EtcdLease lease;                // id 0: none held
+  int64_t registered_revision = 0;  // revision of our current member key
+  Clock::time_point last_renewal;   // when the last successful renewal was sent
+  Clock::time_point next_keepalive;
+  Clock::time_point next_register;
+  milliseconds keepalive_interval{0};
+  milliseconds fence_after{0};
+  std::map<std::string, Member> members;  // as of watch_revision - 1
+  int64_t watch_revision = 0;
+  bool need_resync = true;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;  // protected by mu
+  LeaveMode leave_mode = LeaveMode::kRevokeLease;  // protected by mu
+
+  Impl(EtcdMembership* s, const EtcdMembershipOptions& o, MetricsRegistry* metrics)
+      : self(s),
+        options(o),
+        client(EtcdClientOptions{o.endpoints, o.request_timeout}, metrics),
+        prefix("/kvpool/v1/" + o.cluster + "/members/"),
+        member_key(prefix + o.node_id),
+        incarnation_key("/kvpool/v1/" + o.cluster + "/incarnation"),
+        renewals(metrics ? metrics->GetCounter("kvpool_membership_lease_renewals_total",
+                                               "Successful lease renewals.")
+                         : &dummy_renewals),
+        registrations(metrics ? metrics->GetCounter("kvpool_membership_registrations_total",
+                                                    "Registrations (start and after a fence).")
+                              : &dummy_registrations) {}
+
+  bool Stopping() {
+    std::lock_guard<std::mutex> l(mu);
+    return stop;
+  }
+
+  // Sleeps until t or Stop(), whichever is first.
+  void WaitUntil(Clock::time_point t) {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait_until(l, t, [&] { return stop; });
+  }
+
+  // Grants a lease and, in one txn, creates the member key and bumps the
+  // incarnation counter. On success the lease and incarnation are ours.
+  Status Register() {
+    const int64_t ttl_s = (options.lease_ttl.count() + 999) / 1000;
+    Clock::time_point granted_at = Clock::now();
+    KVPOOL_ASSIGN_OR_RETURN(EtcdLease granted, client.LeaseGrant(ttl_s));
+    Status st = RegisterWithLease(granted);
+    if (!st.ok()) {
+      client.LeaseRevoke(granted.id).IgnoreError();  // or it expires by itself
+      return st;
+    }
+    lease = granted;
+    keepalive_interval = milliseconds(granted.ttl_s * 1000 / 3);
+    fence_after = milliseconds(granted.ttl_s * 1000 / 2);
+    last_renewal = granted_at;
+    next_keepalive = granted_at + keepalive_interval;
+    registrations->Inc();
+    return Status::Ok();
+  }
+
+  Status RegisterWithLease(const EtcdLease& granted) {
+    // A few tries: another node may bump the counter between our read and
+    // our txn (the compare on mod_revision makes that a retry, not a dup).
+    for (int attempt = 0; attempt < 8; ++attempt) {
+      KVPOOL_ASSIGN_OR_RETURN(EtcdRange counter, client.Get(incarnation_key));
+      uint64_t current = 0;
+      int64_t counter_mod = 0;
+      if (!counter.kvs.empty()) {
+        counter_mod = counter.kvs[0].mod_revision;
+        char* end = nullptr;
+        current = std::strtoull(counter.kvs[0].value.c_str(), &end, 10);
+        if (*end != '\0') return Internal("etcd membership: incarnation counter is not a number");
+      }
+      Member me{options.node_id, options.address, current + 1, options.weight,
+                MemberState::kAlive};
+      Result<EtcdTxnResult> txn = client.Txn(
+          {{member_key, EtcdCompare::Target::kCreateRevision, 0},
+           {incarnation_key, EtcdCompare::Target::kModRevision, counter_mod}},
+          {{incarnation_key, std::to_string(current + 1), 0},
+           {member_key, EncodeMember(me), granted.id}});
+      if (txn.ok() && txn->succeeded) {
+        self->SetIncarnation(me.incarnation);
+        registered_revision = txn->revision;
+        LogInfo("membership: {} registered as incarnation {} (lease {:x}, ttl {} s)",
+                options.node_id, me.incarnation, granted.id, granted.ttl_s);
+        return Status::Ok();
+      }
+      // A failed or timed-out txn may still have been applied: the key then
+      // carries our lease.
+      KVPOOL_ASSIGN_OR_RETURN(EtcdRange existing, client.Get(member_key));
+      if (!existing.kvs.empty()) {
+        const EtcdKv& kv = existing.kvs[0];
+        Member found;
+        if (kv.lease == granted.id && DecodeMember(kv.value, &found)) {
+          self->SetIncarnation(found.incarnation);
+          registered_revision = kv.create_revision;
+          return Status::Ok();
+        }
+        return FailedPrecondition("node id already live: " + options.node_id);
+      }
+      if (!txn.ok()) return txn.status();
+    }
+    return Aborted("etcd membership: incarnation counter too contended");
+  }
+
+  // Reads every member and publishes them; the watch goes on from there.
+  Status Resync() {
+    KVPOOL_ASSIGN_OR_RETURN(EtcdRange range, client.RangePrefix(prefix));
+    members.clear();
+    for (const EtcdKv& kv : range.kvs) ApplyPut(kv);
+    watch_revision = range.revision + 1;
+    need_resync = false;
+    PublishMembers(range.revision);
+    return Status::Ok();
+  }
+
+  void ApplyPut(const EtcdKv& kv) {
+    Member m;
+    std::string id = kv.key.substr(prefix.size());
+    if (!DecodeMember(kv.value, &m) || m.node_id != id) {
+      LogWarn("membership: ignoring malformed member record under {}", kv.key);
+      return;
+    }
+    members[id] = std::move(m);
+  }
+
+  void ApplyEvents(const std::vector<EtcdEvent>& events) {
+    int64_t revision = 0;
+    for (const EtcdEvent& e : events) {
+      revision = std::max(revision, e.kv.mod_revision);
+      if (e.kv.key.compare(0, prefix.size(), prefix) != 0) continue;
+      if (e.type == EtcdEvent::Type::kPut) {
+        ApplyPut(e.kv);
+        continue;
+      }
+      members.erase(e.kv.key.substr(prefix.size()));
+      // Our current registration is gone (expired early, or deleted by
+      // hand): we hold no membership any more. Deletes of an older
+      // registration of ours (revoked when coming back) do not count.
+      if (e.kv.key == member_key && e.kv.mod_revision > registered_revision && lease.id != 0) {
+        Fence("member key deleted");
+      }
+    }
+    if (revision >= watch_revision) watch_revision = revision + 1;
+    if (revision > 0) PublishMembers(revision);
+  }
+
+  void PublishMembers(int64_t revision) {
+    std::vector<Member> list;
+    list.reserve(members.size());
+    for (const auto& [id, m] : members) list.push_back(m);
+    self->Publish(std::move(list), static_cast<uint64_t>(revision));
+  }
+
+  void Fence(const char* why) {
+    if (self->fenced()) return;
+    LogWarn("membership: {} fenced: {}", options.node_id, why);
+    self->SetFenced(true);
+    next_register = Clock::now();
+  }
+
+  // While fenced: drop the old lease, then register with a new incarnation.
+  void TryRecover() {
+    if (lease.id != 0) {
+      Status st = client.LeaseRevoke(lease.id);
+      if (!st.ok() && st.code() != StatusCode::kNotFound) {  // etcd still away
+        LogDebug("membership: {} cannot drop its old lease yet: {}", options.node_id,
+                 st.ToString());
+        return;
+      }
+      lease.id = 0;
+    }
+    Status st = Register();
+    if (!st.ok()) {
+      LogWarn("membership: {} cannot register again: {}", options.node_id, st.ToString());
+      return;
+    }
+    need_resync = true;
+    self->SetFenced(false);
+  }
+
+  void KeepAlive() {
+    Clock::time_point sent = Clock::now();
+    Result<int64_t> ttl = client.LeaseKeepAlive(lease.id);
+    if (ttl.ok()) {
+      last_renewal = sent;
+      next_keepalive = sent + keepalive_interval;
+      renewals->Inc();
+    } else if (ttl.status().code() == StatusCode::kNotFound) {
+      Fence("lease expired");
+    } else {
+      next_keepalive = Clock::now() + kKeepAliveRetry;
+    }
+  }
+
+  void Loop() {
+    while (!Stopping()) {
+      Clock::time_point now = Clock::now();
+      Clock::time_point slice_end = now + kMaxSlice;
+      if (!self->fenced()) {
+        if (now >= next_keepalive) KeepAlive();
+        if (!self->fenced() && Clock::now() >= last_renewal + fence_after) {
+          Fence("lease not renewed in time");
+        }
+      }
+      if (self->fenced()) {
+        if (Clock::now() >= next_register) {
+          TryRecover();
+          next_register = Clock::now() + options.retry_interval;
+        }
+        if (self->fenced()) slice_end = std::min(slice_end, next_register);
+      }
+      if (!self->fenced()) {
+        slice_end = std::min({slice_end, next_keepalive, last_renewal + fence_after});
+      }
+      if (Stopping()) break;
+      Status st = need_resync
+                      ? Resync()
+                      : client.WatchPrefix(prefix, watch_revision, slice_end,
+                                           [this](const std::vector<EtcdEvent>& ev) {
+                                             ApplyEvents(ev);
+                                           });
+      if (st.code() == StatusCode::kAborted) {
+        need_resync = true;
+      } else if (!st.ok()) {
+        WaitUntil(slice_end);
+      }
+    }
+    LeaveMode mode;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      mode = leave_mode;
+    }
+    if (mode == LeaveMode::kRevokeLease) Leave();
+    lease.id = 0;  // abandoned: it expires in etcd by itself
+  }
+
+  void Leave() {
+    if (lease.id == 0) return;
+    Status st = client.LeaseRevoke(lease.id);
+    if (!st.ok() && st.code() != StatusCode::kNotFound) {
+      LogWarn("membership: {} could not revoke its lease ({}); it expires in {} s",
+              options.node_id, st.ToString(), lease.ttl_s);
+    }
+    lease.id = 0;
+  }
+};
+
+EtcdMembership::EtcdMembership(const EtcdMembershipOptions& options, MetricsRegistry* metrics)
+    : Membership(options.node_id, metrics),
+      impl_(std::make_unique<Impl>(this, options, metrics)) {}
+
+EtcdMembership::~EtcdMembership() {
+  // Run() was never called (or did not get to leave).
+  impl_->Leave();
+}
+
+Result<std::unique_ptr<EtcdMembership>> EtcdMembership::Open(const EtcdMembershipOptions& options,
+                                                             MetricsRegistry* metrics) {
+  KVPOOL_RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<EtcdMembership> m(new EtcdMembership(options, metrics));
+  KVPOOL_RETURN_IF_ERROR(m->impl_->Register());
+  // The destructor revokes the lease if this fails.
+  KVPOOL_RETURN_IF_ERROR(m->impl_->Resync());
+  return m;
+}
+
+void EtcdMembership::Run() { impl_->Loop(); }
+
+void EtcdMembership::Stop(LeaveMode mode) {
+  {
+    std::lock_guard<std::mutex> l(impl_->mu);
+    impl_->stop = true;
+    impl_->leave_mode = mode;
+  }
+  impl_->cv.notify_all();
+  impl_->client.Interrupt();
+}
+
+}  // namespace kvpool

@@ -1,0 +1,276 @@
+// Integration tests of EtcdMembership against a real etcd (TTL 2 s).
+#include "cluster/etcd_membership.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <functional>
+#include <thread>
+
+#include "cluster/etcd_client.h"
+#include "cluster/etcd_test_util.h"
+
+namespace kvpool {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kTtl{2000};
+
+// Polls cond every 20 ms until it holds or timeout passes.
+bool WaitFor(const std::function<bool()>& cond, milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  return cond();
+}
+
+// A membership and the thread running its loop.
+struct Node {
+  std::unique_ptr<EtcdMembership> m;
+  std::thread loop;
+
+  void Start() {
+    loop = std::thread([this] { m->Run(); });
+  }
+  void Stop(EtcdMembership::LeaveMode mode = EtcdMembership::LeaveMode::kRevokeLease) {
+    if (!loop.joinable()) return;
+    m->Stop(mode);
+    loop.join();
+  }
+  ~Node() { Stop(); }
+  size_t Members() const { return m->view()->members.size(); }
+  bool Sees(const std::string& id) const { return m->view()->Find(id) != nullptr; }
+};
+
+class EtcdMembershipTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto s = EtcdTestServer::Start();
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    etcd_ = std::move(s).value().release();
+  }
+  static void TearDownTestSuite() {
+    delete etcd_;
+    etcd_ = nullptr;
+  }
+
+  EtcdMembershipOptions Options(const std::string& id) {
+    EtcdMembershipOptions o;
+    o.endpoints = {etcd_->endpoint()};
+    // Each test has a cluster of its own in the shared etcd.
+    o.cluster = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    o.node_id = id;
+    o.address = "127.0.0.1:" + std::to_string(7400 + id.back());
+    o.lease_ttl = kTtl;
+    o.request_timeout = milliseconds(500);
+    o.retry_interval = milliseconds(200);
+    return o;
+  }
+
+  std::unique_ptr<Node> StartNode(const std::string& id) {
+    auto m = EtcdMembership::Open(Options(id), &metrics_);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    if (!m.ok()) return nullptr;
+    auto n = std::make_unique<Node>();
+    n->m = std::move(m).value();
+    n->Start();
+    return n;
+  }
+
+  static EtcdTestServer* etcd_;
+  MetricsRegistry metrics_;
+};
+
+EtcdTestServer* EtcdMembershipTest::etcd_ = nullptr;
+
+TEST_F(EtcdMembershipTest, ThreeMembersSeeEachOther) {
+  auto a = StartNode("a");
+  ASSERT_NE(a, nullptr);
+  std::atomic<int> changes{0};
+  uint64_t sub = a->m->SubscribeViews([&](const auto&) { ++changes; });
+  auto b = StartNode("b");
+  auto c = StartNode("c");
+  ASSERT_TRUE(b && c);
+  for (Node* n : {a.get(), b.get(), c.get()}) {
+    ASSERT_TRUE(WaitFor([&] { return n->Members() == 3; }, milliseconds(3000)));
+  }
+  auto va = a->m->view();
+  EXPECT_EQ(va->Find("b")->incarnation, b->m->incarnation());
+  EXPECT_EQ(va->Find("c")->address, "127.0.0.1:7499");
+  EXPECT_EQ(va->Find("a")->incarnation, a->m->incarnation());
+  // Same epoch, same view: the epoch is the etcd revision.
+  ASSERT_TRUE(WaitFor([&] { return b->m->view()->epoch == va->epoch; }, milliseconds(2000)));
+  EXPECT_EQ(b->m->view()->members, va->members);
+  EXPECT_GE(changes.load(), 2);
+  a->m->Unsubscribe(sub);
+  EXPECT_FALSE(a->m->fenced());
+  EXPECT_EQ(metrics_.ValueOf("kvpool_membership_fenced"), 0);
+  EXPECT_EQ(metrics_.ValueOf("kvpool_membership_members"), 3);
+  // Renewals every TTL/3.
+  EXPECT_TRUE(WaitFor(
+      [&] { return metrics_.ValueOf("kvpool_membership_lease_renewals_total") >= 3; },
+      kTtl));
+}
+
+TEST_F(EtcdMembershipTest, DuplicateNodeIdIsRefused) {
+  auto a = StartNode("a");
+  ASSERT_NE(a, nullptr);
+  auto dup = EtcdMembership::Open(Options("a"), nullptr);
+  EXPECT_EQ(dup.status().code(), StatusCode::kFailedPrecondition) << dup.status().ToString();
+  // The refused attempt left the live member alone.
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_TRUE(a->Sees("a"));
+  EXPECT_FALSE(a->m->fenced());
+}
+
+TEST_F(EtcdMembershipTest, IncarnationsIncreaseAcrossRestarts) {
+  uint64_t prev = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto a = StartNode("a");
+    ASSERT_NE(a, nullptr);
+    EXPECT_GT(a->m->incarnation(), prev);
+    EXPECT_EQ(a->m->view()->Find("a")->incarnation, a->m->incarnation());
+    prev = a->m->incarnation();
+    a->Stop();
+  }
+  auto b = StartNode("b");
+  ASSERT_NE(b, nullptr);
+  EXPECT_GT(b->m->incarnation(), prev);  // one counter for the cluster
+}
+
+TEST_F(EtcdMembershipTest, StopRemovesTheMemberAtOnce) {
+  auto a = StartNode("a");
+  auto b = StartNode("b");
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(WaitFor([&] { return a->Sees("b"); }, milliseconds(3000)));
+  auto t0 = Clock::now();
+  b->Stop();
+  // Well under the TTL: the lease was revoked, not left to expire.
+  EXPECT_TRUE(WaitFor([&] { return !a->Sees("b"); }, milliseconds(1000)));
+  EXPECT_LT(Clock::now() - t0, kTtl);
+}
+
+TEST_F(EtcdMembershipTest, CrashedMemberLeavesWithinTtlPlusTwoSeconds) {
+  auto a = StartNode("a");
+  auto b = StartNode("b");
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(WaitFor([&] { return a->Sees("b"); }, milliseconds(3000)));
+  auto t0 = Clock::now();
+  b->Stop(EtcdMembership::LeaveMode::kAbandonLease);  // no more keepalives, no revoke
+  ASSERT_TRUE(WaitFor([&] { return !a->Sees("b"); }, kTtl + milliseconds(2000)));
+  // It left by lease expiry, not at once.
+  EXPECT_GT(Clock::now() - t0, kTtl / 2);
+  EXPECT_TRUE(a->Sees("a"));
+}
+
+TEST_F(EtcdMembershipTest, EtcdPauseFencesKeepsViewsAndRecoversWithNewIncarnations) {
+  std::vector<std::unique_ptr<Node>> nodes;
+  for (const char* id : {"a", "b", "c"}) nodes.push_back(StartNode(id));
+  for (auto& n : nodes) ASSERT_TRUE(n && WaitFor([&] { return n->Members() == 3; }, milliseconds(3000)));
+  std::vector<uint64_t> before;
+  for (auto& n : nodes) before.push_back(n->m->incarnation());
+  std::atomic<int> fence_calls{0};
+  uint64_t sub = nodes[0]->m->SubscribeFence([&](bool f) { fence_calls += f ? 1 : 0; });
+
+  // Let the nodes renew a few times, so the pause hits them mid-lease.
+  ASSERT_TRUE(WaitFor(
+      [&] { return metrics_.ValueOf("kvpool_membership_lease_renewals_total") >= 6; },
+      kTtl * 2));
+  etcd_->Pause();
+  auto t0 = Clock::now();
+  // TTL/2 + 1 s to fence.
+  bool all_fenced = WaitFor(
+      [&] {
+        for (auto& n : nodes) {
+          if (!n->m->fenced()) return false;
+        }
+        return true;
+      },
+      kTtl / 2 + milliseconds(1000));
+  auto fenced_after = Clock::now() - t0;
+  // The views do not lose anybody while etcd is away.
+  bool views_kept = true;
+  while (Clock::now() - t0 < milliseconds(3500)) {
+    for (auto& n : nodes) views_kept &= n->Members() == 3;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  etcd_->Resume();
+  EXPECT_TRUE(all_fenced) << "after "
+                          << std::chrono::duration_cast<milliseconds>(fenced_after).count();
+  EXPECT_TRUE(views_kept);
+  EXPECT_EQ(fence_calls.load(), 1);
+  EXPECT_EQ(metrics_.ValueOf("kvpool_membership_fenced"), 1);
+
+  // Back: everybody registers again with a new incarnation; nobody is lost.
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    Node* n = nodes[i].get();
+    ASSERT_TRUE(WaitFor([&] { return !n->m->fenced(); }, milliseconds(5000))) << i;
+    EXPECT_GT(n->m->incarnation(), before[i]);
+  }
+  for (auto& n : nodes) {
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          auto v = n->m->view();
+          if (v->members.size() != 3) return false;
+          for (auto& other : nodes) {
+            const Member* m = v->Find(other->m->node_id());
+            if (m == nullptr || m->incarnation != other->m->incarnation()) return false;
+          }
+          return true;
+        },
+        milliseconds(5000)));
+  }
+  nodes[0]->m->Unsubscribe(sub);
+}
+
+TEST(EtcdMembershipNoEtcdTest, OpenFailsFastWhenEtcdIsUnreachable) {
+  EtcdMembershipOptions o;
+  o.endpoints = {"http://127.0.0.1:1"};
+  o.node_id = "a";
+  o.address = "127.0.0.1:7400";
+  o.lease_ttl = kTtl;
+  o.request_timeout = milliseconds(300);
+  MetricsRegistry metrics;
+  auto t0 = Clock::now();
+  auto m = EtcdMembership::Open(o, &metrics);
+  EXPECT_EQ(m.status().code(), StatusCode::kUnavailable) << m.status().ToString();
+  EXPECT_LT(Clock::now() - t0, milliseconds(2000));
+  EXPECT_EQ(metrics.ValueOf("kvpool_membership_etcd_errors_total", {{"kind", "connect"}}), 1);
+}
+
+TEST(EtcdMembershipOptionsTest, Validates) {
+  EtcdMembershipOptions o;
+  o.endpoints = {"http://127.0.0.1:2379"};
+  o.node_id = "a";
+  o.address = "h:1";
+  EXPECT_TRUE(o.Validate().ok());
+  o.node_id = "a/b";
+  EXPECT_FALSE(o.Validate().ok());
+  o.node_id = "a";
+  o.lease_ttl = milliseconds(1000);
+  EXPECT_FALSE(o.Validate().ok());
+  o.lease_ttl = milliseconds(2000);
+  o.request_timeout = milliseconds(1000);
+  EXPECT_FALSE(o.Validate().ok());
+}
+
+TEST(EtcdClientTest, Base64RoundTripsAndPrefixEnd) {
+  for (const std::string& s : std::vector<std::string>{"", "a", "ab", "abc", "abcd", std::string("\0\xff\x10", 3)}) {
+    std::string back;
+    ASSERT_TRUE(EtcdClient::Base64Decode(EtcdClient::Base64Encode(s), &back));
+    EXPECT_EQ(back, s);
+  }
+  EXPECT_EQ(EtcdClient::Base64Encode("kvpool"), "a3Zwb29s");
+  std::string out;
+  EXPECT_FALSE(EtcdClient::Base64Decode("a3Z", &out));
+  EXPECT_FALSE(EtcdClient::Base64Decode("a3Z*", &out));
+  EXPECT_EQ(EtcdClient::PrefixEnd("/a/"), "/a0");
+  EXPECT_EQ(EtcdClient::PrefixEnd(std::string("a\xff", 2)), "b");
+}
+
+}  // namespace
+}  // namespace kvpool
