@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "common/metrics.h"
-#include "common/thread_annotations.h"
 
 namespace kvpool {
 
@@ -58,7 +57,7 @@ class Membership {
   Membership& operator=(const Membership&) = delete;
 
   // The current view; never null (epoch 0 and no members before the first).
-  std::shared_ptr<const MembershipView> view() const EXCLUDES(view_mu_);
+  std::shared_ptr<const MembershipView> view() const;
 
   // This node's identity as currently registered.
   const std::string& node_id() const { return node_id_; }
@@ -74,9 +73,9 @@ class Membership {
   // quick. A view callback is not called with the view current at
   // subscription time. Unsubscribe*() waits for a running callback to
   // return, so it must not be called from inside a callback.
-  uint64_t SubscribeViews(ViewCallback cb) EXCLUDES(cb_mu_);
-  uint64_t SubscribeFence(FenceCallback cb) EXCLUDES(cb_mu_);
-  void Unsubscribe(uint64_t id) EXCLUDES(cb_mu_);
+  uint64_t SubscribeViews(ViewCallback cb);
+  uint64_t SubscribeFence(FenceCallback cb);
+  void Unsubscribe(uint64_t id);
 
  protected:
   // metrics may be null (no metrics); otherwise it must outlive this object.
@@ -85,10 +84,10 @@ class Membership {
   // Publishes a view if its member set differs from the current one.
   // REQUIRES: epoch greater than the current view's epoch when it differs.
   // Returns true when a new view was published.
-  bool Publish(std::vector<Member> members, uint64_t epoch) EXCLUDES(view_mu_, cb_mu_);
+  bool Publish(std::vector<Member> members, uint64_t epoch);
   void SetIncarnation(uint64_t inc) { incarnation_.store(inc, std::memory_order_release); }
   // Sets the fence flag; tells fence subscribers when it changes.
-  void SetFenced(bool fenced) EXCLUDES(cb_mu_);
+  void SetFenced(bool fenced);
 
  private:
   const std::string node_id_;
@@ -96,13 +95,15 @@ class Membership {
   std::atomic<bool> fenced_{false};
 
   mutable std::mutex view_mu_;
-  std::shared_ptr<const MembershipView> view_ GUARDED_BY(view_mu_);
+  std::shared_ptr<const MembershipView> view_;  // protected by view_mu_
 
   // Held while callbacks run, so Unsubscribe can promise none is running.
   std::mutex cb_mu_;
-  uint64_t next_cb_id_ GUARDED_BY(cb_mu_) = 1;
-  std::map<uint64_t, ViewCallback> view_cbs_ GUARDED_BY(cb_mu_);
-  std::map<uint64_t, FenceCallback> fence_cbs_ GUARDED_BY(cb_mu_);
+  // Protected by cb_mu_. (std::mutex carries no clang capability
+  // annotation, so GUARDED_BY cannot be checked here.)
+  uint64_t next_cb_id_ = 1;
+  std::map<uint64_t, ViewCallback> view_cbs_;
+  std::map<uint64_t, FenceCallback> fence_cbs_;
 
   Gauge* members_gauge_ = nullptr;
   Gauge* epoch_gauge_ = nullptr;
