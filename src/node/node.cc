@@ -49,7 +49,7 @@ class NodeImpl final : public Node {
     io_pool_ = std::make_unique<ThreadPool>(opts_.io_threads, "kvpool-io");
     // Region flushes get their own threads: a promotion waiting for DRAM
     // room may wait for a demotion, which waits for a flush.
-    flush_pool_ = std::make_unique<ThreadPool>(2, "kvpool-flush");
+    flush_pool_ = std::make_unique<ThreadPool>(opts_.flush_threads, "kvpool-flush");
     if (!opts_.ssd_dirs.empty()) {
       SsdOptions so = opts_.SsdWithDirs();
       so.max_value_bytes = store_->max_value_bytes();
@@ -96,6 +96,11 @@ class NodeImpl final : public Node {
     if (io_pool_) io_pool_->Stop();
     admin_.reset();
     local_.reset();
+    if (ssd_ && opts_.ssd_persist_on_stop) {
+      // A clean stop keeps the whole cache: DRAM goes to SSD first.
+      uint64_t n = tiered_->DemoteAll();
+      LogInfo("wrote {} DRAM entries to the SSD tier before stopping", n);
+    }
     tiered_.reset();
     if (ssd_) {
       Status s = ssd_->Close();  // flush and checkpoint: a warm restart

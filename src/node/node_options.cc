@@ -81,6 +81,10 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
                  "How long a demotion waits for a free SSD buffer before it is dropped "
                  "(throttles writers to the SSD's speed)");
   t->AddInt("io-threads", &o->io_threads, 1, 64, "Worker threads for SSD reads (promotions)");
+  t->AddInt("ssd-flush-threads", &o->flush_threads, 1, 64,
+            "Threads writing SSD regions (one region write in flight each)");
+  t->AddBool("ssd-persist-on-stop", &o->ssd_persist_on_stop,
+             "On a clean stop, write DRAM entries to SSD so the restart is warm");
 
   t->AddInt("max-connections", &o->local.max_connections, 1, 65536,
             "Local client connections accepted at once; more are refused and counted");

@@ -29,6 +29,10 @@ struct NodeOptions {
   TieringOptions tiering;
   // Worker threads for SSD I/O (flushes, promotions).
   int io_threads = 4;
+  // Threads writing SSD regions (each keeps one region write in flight).
+  int flush_threads = 4;
+  // On a clean stop, write DRAM entries to SSD so a restart is warm.
+  bool ssd_persist_on_stop = true;
   LocalServerOptions local;
   AdminOptions admin;
 

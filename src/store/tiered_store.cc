@@ -74,7 +74,7 @@ struct TieredStore::Impl {
 
   void RunPromotion(const KeyId& key) {
     bool read = false;
-    Status s = ReadIntoDram(key, &read);
+    auto pinned = ReadIntoDram(key, &read);
     std::vector<PromoteDone> waiters;
     {
       std::lock_guard lock(mu);
@@ -84,36 +84,38 @@ struct TieredStore::Impl {
         inflight.erase(it);
       }
     }
-    if (!s.ok()) promotion_failures->Inc();
-    else if (read) promotions->Inc();
-    for (auto& w : waiters) {
-      if (!s.ok()) {
-        w(s, DramStore::Pin());
-        continue;
-      }
-      auto pin = self->dram_->Acquire(key);
-      if (pin.ok()) w(Status::Ok(), std::move(pin).value());
-      else w(pin.status(), DramStore::Pin());  // evicted again in a blink
+    if (!pinned.ok()) {
+      promotion_failures->Inc();
+      for (auto& w : waiters) w(pinned.status(), DramStore::Pin());
+      return;
     }
+    if (read) promotions->Inc();
+    // The first pin keeps the entry in place while the other waiters pin it.
+    for (size_t i = 1; i < waiters.size(); ++i) {
+      auto pin = self->dram_->Acquire(key);
+      if (pin.ok()) waiters[i](Status::Ok(), std::move(pin).value());
+      else waiters[i](pin.status(), DramStore::Pin());
+    }
+    if (!waiters.empty()) waiters[0](Status::Ok(), std::move(pinned).value());
   }
 
-  // *read tells whether the bytes came from SSD (false when another writer
-  // or promotion had put the key in DRAM meanwhile).
-  Status ReadIntoDram(const KeyId& key, bool* read) {
+  // Brings the key into DRAM and pins it. *read tells whether the bytes came
+  // from SSD (false when another writer or promotion had put it in DRAM).
+  Result<DramStore::Pin> ReadIntoDram(const KeyId& key, bool* read) {
+    auto resident = self->dram_->Acquire(key);
+    if (resident.ok()) return resident;
     SsdStore* ssd = self->ssd_;
     KVPOOL_ASSIGN_OR_RETURN(uint64_t size, ssd->Lookup(key));
     auto r = self->dram_->Reserve(key, size);
     if (!r.ok()) {
-      // Someone put or promoted it meanwhile: it is in DRAM, which is the goal.
-      if (r.status().code() == StatusCode::kAlreadyExists) return Status::Ok();
+      // Someone put or promoted it meanwhile: pin that entry.
+      if (r.status().code() == StatusCode::kAlreadyExists) return self->dram_->Acquire(key);
       return std::move(r).TakeStatus();
     }
     uint8_t* dst = self->dram_->segment_base() + r->offset();
     KVPOOL_RETURN_IF_ERROR(ssd->Read(key, dst, size));  // the reservation aborts on failure
     *read = true;
-    Status c = self->dram_->Commit(std::move(r).value());
-    if (!c.ok() && c.code() != StatusCode::kAlreadyExists) return c;
-    return Status::Ok();
+    return self->dram_->CommitAndAcquire(std::move(r).value());
   }
 };
 
@@ -183,6 +185,16 @@ Status TieredStore::Remove(const KeyId& key) {
 }
 
 Status TieredStore::Flush() { return ssd_ != nullptr ? ssd_->Flush() : Status::Ok(); }
+
+uint64_t TieredStore::DemoteAll() {
+  if (ssd_ == nullptr) return 0;
+  uint64_t written = 0;
+  dram_->ForEachEntry([&](const KeyId& key, const uint8_t* data, uint64_t size) {
+    if (ssd_->Contains(key)) return;
+    if (ssd_->Insert(key, data, size)) ++written;
+  });
+  return written;
+}
 
 void TieredStore::Promote(const KeyId& key, PromoteDone done) {
   if (ssd_ == nullptr) {

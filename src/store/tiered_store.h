@@ -58,6 +58,11 @@ class TieredStore {
   // Removes from both tiers; OK when it was in either.
   Status Remove(const KeyId& key);
 
+  // Copies every DRAM entry that is not on SSD yet into the SSD tier (for a
+  // clean shutdown: the restarted node keeps its whole cache). Returns how
+  // many were written; call Flush after. Holds the DRAM tier's lock.
+  uint64_t DemoteAll();
+
   // Writes the SSD tier's partly filled region buffers and waits for them:
   // what was demoted so far survives a crash. OK without an SSD tier.
   Status Flush();

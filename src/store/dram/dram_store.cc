@@ -149,45 +149,37 @@ class DramStoreImpl final : public DramStore {
     const KeyId key = reservation.key();
     const uint32_t slot = reservation.Release();
     std::lock_guard lock(mu_);
-    SlotMeta& m = alloc_.meta(slot);
-    KVPOOL_CHECK(m.state == SlotState::kReserved && m.key == key);
-    --reserved_;
-    --alloc_.slab(alloc_.slab_of(slot)).busy;
-    if (Find(key) != kNoSlot) {
-      FreeSlot(slot);
-      return AlreadyExists("dram: another writer committed the key first");
+    return CommitLocked(key, slot);
+  }
+
+  Result<Pin> CommitAndAcquire(Reservation reservation) override {
+    if (!reservation.valid()) return InvalidArgument("dram: commit of an empty reservation");
+    const KeyId key = reservation.key();
+    const uint32_t slot = reservation.Release();
+    std::lock_guard lock(mu_);
+    Status s = CommitLocked(key, slot);
+    if (!s.ok() && s.code() != StatusCode::kAlreadyExists) return s;
+    return AcquireLocked(key);
+  }
+
+  void ForEachEntry(const EvictionListener& fn) const override {
+    std::lock_guard lock(mu_);
+    for (uint32_t si = 0; si < alloc_.num_slabs(); ++si) {
+      const Slab& slab = alloc_.slab(si);
+      if (slab.meta == nullptr || slab.cls == kNoClass || slab.cls == kRunTail) continue;
+      const uint32_t n = slab.cls == alloc_.large_class() ? 1 : alloc_.slots_per_slab(slab.cls);
+      for (uint32_t i = 0; i < n; ++i) {
+        const uint32_t slot = alloc_.SlotId(si, i);
+        const SlotMeta& m = alloc_.meta(slot);
+        if (m.state != SlotState::kCommitted || Find(m.key) != slot) continue;
+        fn(m.key, segment_->base() + alloc_.offset(slot), m.size);
+      }
     }
-    const uint16_t cls = alloc_.class_of(slot);
-    m.state = SlotState::kCommitted;
-    index_.Insert(key, slot);
-    policy_->Insert(slot, cls);
-    NoteUse(slot, cls, m.size, /*hit=*/false);
-    ++entries_;
-    ++class_entries_[cls];
-    used_bytes_ += m.size;
-    return Status::Ok();
   }
 
   Result<Pin> Acquire(const KeyId& key) override {
     std::lock_guard lock(mu_);
-    const uint32_t slot = Find(key);
-    if (slot == kNoSlot) {
-      misses_->Inc();
-      return NotFound("dram: miss");
-    }
-    SlotMeta& m = alloc_.meta(slot);
-    if (m.pins == std::numeric_limits<uint16_t>::max()) {
-      return Unavailable("dram: entry has too many pins");
-    }
-    if (m.pins++ == 0) {
-      ++alloc_.slab(alloc_.slab_of(slot)).busy;
-      ++pinned_;
-    }
-    const uint16_t cls = alloc_.class_of(slot);
-    policy_->Touch(slot, cls);
-    NoteUse(slot, cls, m.size, /*hit=*/true);
-    hits_->Inc();
-    return Pin(this, slot, alloc_.offset(slot), m.size);
+    return AcquireLocked(key);
   }
 
   bool Contains(const KeyId& key) const override {
@@ -270,6 +262,49 @@ class DramStoreImpl final : public DramStore {
     --entries_;
     --class_entries_[cls];
     used_bytes_ -= alloc_.meta(slot).size;
+  }
+
+  // REQUIRES: mu_ held; slot reserved for key.
+  Status CommitLocked(const KeyId& key, uint32_t slot) {
+    SlotMeta& m = alloc_.meta(slot);
+    KVPOOL_CHECK(m.state == SlotState::kReserved && m.key == key);
+    --reserved_;
+    --alloc_.slab(alloc_.slab_of(slot)).busy;
+    if (Find(key) != kNoSlot) {
+      FreeSlot(slot);
+      return AlreadyExists("dram: another writer committed the key first");
+    }
+    const uint16_t cls = alloc_.class_of(slot);
+    m.state = SlotState::kCommitted;
+    index_.Insert(key, slot);
+    policy_->Insert(slot, cls);
+    NoteUse(slot, cls, m.size, /*hit=*/false);
+    ++entries_;
+    ++class_entries_[cls];
+    used_bytes_ += m.size;
+    return Status::Ok();
+  }
+
+  // REQUIRES: mu_ held.
+  Result<Pin> AcquireLocked(const KeyId& key) {
+    const uint32_t slot = Find(key);
+    if (slot == kNoSlot) {
+      misses_->Inc();
+      return NotFound("dram: miss");
+    }
+    SlotMeta& m = alloc_.meta(slot);
+    if (m.pins == std::numeric_limits<uint16_t>::max()) {
+      return Unavailable("dram: entry has too many pins");
+    }
+    if (m.pins++ == 0) {
+      ++alloc_.slab(alloc_.slab_of(slot)).busy;
+      ++pinned_;
+    }
+    const uint16_t cls = alloc_.class_of(slot);
+    policy_->Touch(slot, cls);
+    NoteUse(slot, cls, m.size, /*hit=*/true);
+    hits_->Inc();
+    return Pin(this, slot, alloc_.offset(slot), m.size);
   }
 
   void FreeSlot(uint32_t slot) {

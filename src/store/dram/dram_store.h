@@ -87,6 +87,10 @@ class DramStore {
   // Publishes the reserved bytes. AlreadyExists when another writer committed
   // the key first: this writer's slot is freed and the first value stays.
   virtual Status Commit(Reservation reservation) = 0;
+  // Commit, then pin the entry in the same step, so nothing can evict it in
+  // between (a promotion hands its pin to the get that waits for it). When
+  // another writer committed the key first, pins that entry instead.
+  virtual Result<Pin> CommitAndAcquire(Reservation reservation) = 0;
   // Pins the committed entry for reading. NotFound on a miss.
   virtual Result<Pin> Acquire(const KeyId& key) = 0;
   // True when committed. Does not count as an access for eviction.
@@ -99,6 +103,10 @@ class DramStore {
   // into the store. For write-back to a lower tier.
   using EvictionListener = std::function<void(const KeyId& key, const uint8_t* data, uint64_t size)>;
   virtual void SetEvictionListener(EvictionListener listener) = 0;
+  // Calls fn for every committed entry with its bytes, under the store's
+  // lock (the same rules as the eviction listener). For writing DRAM out to
+  // a lower tier at shutdown.
+  virtual void ForEachEntry(const EvictionListener& fn) const = 0;
 
   virtual DramStats GetStats() const = 0;
 

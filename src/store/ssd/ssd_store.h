@@ -36,7 +36,7 @@ struct SsdOptions {
   uint64_t region_bytes = 16ull << 20;
   // Region buffers per directory (one filling, the rest flushing). More
   // absorbs bursts of demotions; each costs region_bytes of memory.
-  uint32_t buffers_per_dir = 4;
+  uint32_t buffers_per_dir = 6;
   // Reclaiming a region re-inserts entries read at least this many times
   // since they were written (0: never re-insert).
   uint32_t reinsert_min_reads = 0;
