@@ -7,11 +7,16 @@
 //   stat                                           the node's statistics (JSON)
 //   flush                                          write the SSD tier's open regions
 //   metrics [--admin HOST:PORT]                    the node's Prometheus metrics
+//   members [--admin HOST:PORT]                    the cluster members the node sees
+//   shards [--admin HOST:PORT]                     shards owned per node and the balance
 // Exit status: 0 done, 1 a miss, 2 usage, 3 an error.
 #include <httplib.h>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -34,6 +39,8 @@ int Usage() {
       "  stat                                           the node's statistics (JSON)\n"
       "  flush                                          write the SSD tier's open regions\n"
       "  metrics [--admin HOST:PORT]                    Prometheus metrics (default 127.0.0.1:9710)\n"
+      "  members [--admin HOST:PORT]                    cluster members the node sees\n"
+      "  shards [--admin HOST:PORT]                     shards owned per node and the balance\n"
       "exit status: 0 done, 1 a miss, 2 usage, 3 an error\n",
       stderr);
   return 2;
@@ -52,18 +59,71 @@ kvpool_key_id Id(const std::string& ns, const std::string& key) {
   return id;
 }
 
-int Metrics(const std::string& admin) {
+// GETs path from the admin endpoint into *body; false (with a message) on failure.
+bool AdminGet(const std::string& admin, const std::string& path, std::string* body) {
   auto colon = admin.rfind(':');
-  if (colon == std::string::npos) return Usage();
-  httplib::Client http(admin.substr(0, colon), std::stoi(admin.substr(colon + 1)));
+  int port = colon == std::string::npos ? 0 : std::atoi(admin.c_str() + colon + 1);
+  if (port <= 0) {
+    std::fprintf(stderr, "kvpoolctl: --admin wants HOST:PORT, got '%s'\n", admin.c_str());
+    return false;
+  }
+  httplib::Client http(admin.substr(0, colon), port);
   http.set_connection_timeout(5);
   http.set_read_timeout(5);
-  auto res = http.Get("/metrics");
+  auto res = http.Get(path);
   if (!res || res->status != 200) {
-    std::fprintf(stderr, "kvpoolctl: cannot fetch http://%s/metrics\n", admin.c_str());
+    std::fprintf(stderr, "kvpoolctl: cannot fetch http://%s%s\n", admin.c_str(), path.c_str());
+    return false;
+  }
+  *body = std::move(res->body);
+  return true;
+}
+
+int Metrics(const std::string& admin) {
+  std::string body;
+  if (!AdminGet(admin, "/metrics", &body)) return 3;
+  std::fwrite(body.data(), 1, body.size(), stdout);
+  return 0;
+}
+
+// members: one line per member; shards: owned shards per node, its share
+// of the total, and the balance (largest owner over the mean).
+int Members(const std::string& admin, bool shards) {
+  std::string body;
+  if (!AdminGet(admin, "/api/v1/members", &body)) return 3;
+  auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.contains("members") || !j.contains("shards")) {
+    std::fprintf(stderr, "kvpoolctl: malformed /api/v1/members reply\n");
     return 3;
   }
-  std::fwrite(res->body.data(), 1, res->body.size(), stdout);
+  if (!shards) {
+    std::printf("%-24s %-24s %-20s %s\n", "NODE", "ADDRESS", "INCARNATION", "STATE");
+    for (const auto& m : j["members"]) {
+      std::printf("%-24s %-24s %-20llu %s%s\n", m.value("node_id", "").c_str(),
+                  m.value("address", "").c_str(),
+                  static_cast<unsigned long long>(m.value("incarnation", uint64_t{0})),
+                  m.value("state", "").c_str(), m.value("self", false) ? " (self)" : "");
+    }
+    std::printf("epoch %llu, %zu members\n",
+                static_cast<unsigned long long>(j.value("epoch", uint64_t{0})),
+                j["members"].size());
+    return 0;
+  }
+  const auto& owned = j["shards"]["owned"];
+  uint64_t total = j["shards"].value("total", uint64_t{0});
+  uint64_t max = 0, owners = 0;
+  std::printf("%-24s %8s %8s\n", "NODE", "SHARDS", "SHARE");
+  for (const auto& [id, n] : owned.items()) {
+    uint64_t c = n.get<uint64_t>();
+    max = std::max(max, c);
+    owners += c > 0;
+    std::printf("%-24s %8llu %7.2f%%\n", id.c_str(), static_cast<unsigned long long>(c),
+                total ? 100.0 * static_cast<double>(c) / static_cast<double>(total) : 0.0);
+  }
+  double mean = owners ? static_cast<double>(total) / static_cast<double>(owners) : 0.0;
+  std::printf("total %llu shards over %llu nodes, balance (max/mean) %.3f\n",
+              static_cast<unsigned long long>(total), static_cast<unsigned long long>(owners),
+              mean > 0 ? static_cast<double>(max) / mean : 0.0);
   return 0;
 }
 
@@ -83,14 +143,15 @@ int main(int argc, char** argv) {
   }
   if (args.empty()) return Usage();
   const std::string cmd = args[0];
-  if (cmd == "metrics") {
+  if (cmd == "metrics" || cmd == "members" || cmd == "shards") {
     std::string admin = "127.0.0.1:9710";
     for (size_t i = 1; i < args.size(); ++i) {
       if (args[i] == "--admin" && i + 1 < args.size()) admin = args[++i];
       else if (args[i].rfind("--admin=", 0) == 0) admin = args[i].substr(8);
       else return Usage();
     }
-    return Metrics(admin);
+    if (cmd == "metrics") return Metrics(admin);
+    return Members(admin, cmd == "shards");
   }
 
   if (cmd != "put" && cmd != "get" && cmd != "exists" && cmd != "remove" && cmd != "stat" &&

@@ -49,8 +49,9 @@ constexpr char kDashboardCsp[] =
     "frame-ancestors 'none'";
 
 // The request-counter label set is fixed: every other path counts as "other".
-constexpr std::array<std::string_view, 6> kKnownPaths = {
-    "/", "/metrics", "/healthz", "/readyz", "/api/v1/status", "/api/v1/config"};
+constexpr std::array<std::string_view, 7> kKnownPaths = {
+    "/", "/metrics", "/healthz", "/readyz", "/api/v1/status", "/api/v1/config",
+    "/api/v1/members"};
 constexpr std::string_view kOtherPath = "other";
 
 // Keep-alive would let one open dashboard (polling every 2 s) pin request
@@ -186,6 +187,9 @@ class HttpAdminServer final : public AdminServer {
     });
     server_.Get("/api/v1/status", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(hooks_.status_json ? hooks_.status_json() : "{}", kJsonContentType);
+    });
+    server_.Get("/api/v1/members", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(hooks_.members_json ? hooks_.members_json() : "{}", kJsonContentType);
     });
     server_.Get("/api/v1/config", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(hooks_.config_json ? hooks_.config_json() : "{}", kJsonContentType);

@@ -1,7 +1,7 @@
 // AdminServer: the node's admin HTTP endpoint (loopback by default).
 //
 // Serves /metrics (Prometheus text from the registry), /healthz, /readyz,
-// /api/v1/status and /api/v1/config (JSON from hooks the node provides), and
+// /api/v1/status, /api/v1/members and /api/v1/config (JSON from hooks the node provides), and
 // a self-contained dashboard page at / (no network fetches). It renders what
 // it is given and holds no node logic.
 //
@@ -38,6 +38,7 @@ struct AdminOptions {
 struct AdminHooks {
   std::function<std::string()> status_json;  // /api/v1/status
   std::function<std::string()> config_json;  // /api/v1/config
+  std::function<std::string()> members_json;  // /api/v1/members
   std::function<bool()> ready;               // /readyz: 200 when true, else 503
 };
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "admin/admin_server.h"
+#include "cluster/cluster.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "node/local_server.h"
@@ -57,6 +58,13 @@ class NodeImpl final : public Node {
     }
     tiered_ = std::make_unique<TieredStore>(store_.get(), ssd_.get(), io_pool_.get(),
                                             opts_.tiering, &metrics_);
+    ClusterOptions co = opts_.ClusterWithEndpoints(opts_.node_id);
+    if (co.enabled()) {
+      co.registered_region = {store_->segment_base(), store_->segment_bytes()};
+      peer_pool_ = std::make_unique<ThreadPool>(2, "kvpool-peer");
+      KVPOOL_ASSIGN_OR_RETURN(cluster_, Cluster::Open(co, peer_pool_.get(), &metrics_));
+      cluster_thread_ = std::thread([this] { cluster_->Run(); });
+    }
     LocalServerOptions lo = opts_.local;
     lo.instance_id = instance_id_;
     KVPOOL_ASSIGN_OR_RETURN(local_, LocalServer::Open(lo, tiered_.get(), &metrics_,
@@ -70,6 +78,7 @@ class NodeImpl final : public Node {
       AdminHooks hooks;
       hooks.status_json = [this] { return StatusJson(); };
       hooks.config_json = [this] { return config_json_; };
+      hooks.members_json = [this] { return MembersJson().dump(); };
       hooks.ready = [this] { return !stopping_.load(); };
       KVPOOL_ASSIGN_OR_RETURN(admin_, AdminServer::Start(opts_.admin, &metrics_, std::move(hooks)));
     }
@@ -92,6 +101,14 @@ class NodeImpl final : public Node {
       local_->Stop();
       if (local_thread_.joinable()) local_thread_.join();
     }
+    // Leave the cluster; destroying it fails the peer calls in flight, whose
+    // callbacks may still reach the local server, so it goes first.
+    if (cluster_) {
+      cluster_->Stop();
+      if (cluster_thread_.joinable()) cluster_thread_.join();
+      cluster_.reset();
+    }
+    if (peer_pool_) peer_pool_->Stop();
     // Promotions in flight call back into the server: drain them first.
     if (io_pool_) io_pool_->Stop();
     admin_.reset();
@@ -149,12 +166,42 @@ class NodeImpl final : public Node {
           {"huge_pages", st.huge_pages},
           {"classes", classes}}},
         {"ssd", SsdJson()},
-        {"members",
-         nlohmann::ordered_json::array({{{"node_id", opts_.node_id},
-                                         {"address", opts_.local.socket_path},
-                                         {"state", "alive"}}})},
+        {"members", MembersJson()["members"]},
     };
     return j.dump();
+  }
+
+  // The membership view and the shard ownership it implies. Standalone: this
+  // node alone, owning every shard.
+  nlohmann::ordered_json MembersJson() const {
+    nlohmann::ordered_json members = nlohmann::ordered_json::array();
+    nlohmann::ordered_json owned = nlohmann::ordered_json::object();
+    if (!cluster_) {
+      members.push_back({{"node_id", opts_.node_id},
+                         {"address", opts_.local.socket_path},
+                         {"incarnation", 0},
+                         {"state", "alive"},
+                         {"self", true}});
+      owned[opts_.node_id] = kNumShards;
+      return {{"cluster", nullptr}, {"epoch", 0}, {"members", members},
+              {"shards", {{"total", kNumShards}, {"owned", owned}}}};
+    }
+    auto view = cluster_->view();
+    auto map = cluster_->shard_map();
+    for (const auto& m : view->members) {
+      members.push_back({{"node_id", m.node_id},
+                         {"address", m.address},
+                         {"incarnation", m.incarnation},
+                         {"weight", m.weight},
+                         {"state", "alive"},
+                         {"self", m.node_id == opts_.node_id}});
+    }
+    for (const auto& [id, n] : map->OwnershipCounts()) owned[id] = n;
+    return {{"cluster", opts_.cluster.cluster},
+            {"epoch", view->epoch},
+            {"fenced", cluster_->fenced()},
+            {"members", members},
+            {"shards", {{"total", kNumShards}, {"owned", owned}}}};
   }
 
   nlohmann::ordered_json SsdJson() const {
@@ -198,8 +245,11 @@ class NodeImpl final : public Node {
   std::unique_ptr<ThreadPool> flush_pool_;  // SSD region writes
   std::unique_ptr<SsdStore> ssd_;        // null without --ssd
   std::unique_ptr<TieredStore> tiered_;
+  std::unique_ptr<ThreadPool> peer_pool_;  // peer request handlers
+  std::unique_ptr<Cluster> cluster_;       // null when standalone
   std::unique_ptr<LocalServer> local_;
   std::unique_ptr<AdminServer> admin_;
+  std::thread cluster_thread_;  // the membership loop
   std::thread local_thread_;  // the local socket server's event loop
   std::atomic<bool> stopping_{false};
   std::mutex stop_mu_;

@@ -4,6 +4,34 @@
 
 namespace kvpool {
 
+namespace {
+
+bool IsLoopback(const std::string& a) {
+  return a == "127.0.0.1" || a == "::1" || a == "localhost" || a.starts_with("127.");
+}
+
+std::vector<std::string> SplitCommas(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    if (comma > start) out.push_back(text.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+ClusterOptions NodeOptions::ClusterWithEndpoints(const std::string& id) const {
+  ClusterOptions c = cluster;
+  c.node_id = id;
+  c.etcd = SplitCommas(etcd_urls);
+  c.peer_port = static_cast<uint16_t>(peer_port);
+  return c;
+}
+
 Status NodeOptions::Validate() const {
   KVPOOL_RETURN_IF_ERROR(dram.Validate());
   KVPOOL_RETURN_IF_ERROR(tiering.Validate());
@@ -14,13 +42,24 @@ Status NodeOptions::Validate() const {
   KVPOOL_RETURN_IF_ERROR(local.Validate());
   if (admin_enabled) {
     KVPOOL_RETURN_IF_ERROR(admin.Validate());
-    bool loopback = admin.bind_address == "127.0.0.1" || admin.bind_address == "::1" ||
-                    admin.bind_address == "localhost" || admin.bind_address.starts_with("127.");
-    if (!loopback && !insecure) {
+    if (!IsLoopback(admin.bind_address) && !insecure) {
       return InvalidArgument(fmt::format(
           "--admin-address {} is not loopback and the admin endpoint has no authentication; "
           "pass --insecure to allow it",
           admin.bind_address));
+    }
+  }
+  if (placement == "home") {
+    return InvalidArgument("--placement home is not implemented yet (use local)");
+  }
+  ClusterOptions co = ClusterWithEndpoints(node_id.empty() ? "node" : node_id);
+  if (co.enabled()) {
+    KVPOOL_RETURN_IF_ERROR(co.Validate());
+    if (!IsLoopback(co.peer_address) && !insecure) {
+      return InvalidArgument(fmt::format(
+          "--peer-address {} is not loopback and the peer protocol has no authentication; "
+          "pass --insecure to allow it",
+          co.peer_address));
     }
   }
   if (local.max_frame_bytes < dram.max_value_bytes + 64 * 1024) {
@@ -34,14 +73,7 @@ Status NodeOptions::Validate() const {
 
 SsdOptions NodeOptions::SsdWithDirs() const {
   SsdOptions so = ssd;
-  so.dirs.clear();
-  size_t start = 0;
-  while (start <= ssd_dirs.size()) {
-    size_t comma = ssd_dirs.find(',', start);
-    if (comma == std::string::npos) comma = ssd_dirs.size();
-    if (comma > start) so.dirs.push_back(ssd_dirs.substr(start, comma - start));
-    start = comma + 1;
-  }
+  so.dirs = SplitCommas(ssd_dirs);
   so.max_value_bytes = dram.max_value_bytes;
   return so;
 }
@@ -104,6 +136,21 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddBool("insecure", &o->insecure,
              "Allow unauthenticated endpoints on non-loopback addresses");
   t->AddInt("admin-threads", &o->admin.threads, 1, 16, "Admin HTTP request threads");
+
+  t->AddString("peer-address", &o->cluster.peer_address,
+               "Peer transport (UCX) bind address (loopback unless --insecure)");
+  t->AddInt("peer-port", &o->peer_port, 0, 65535,
+            "Peer transport port (0: any free port; needed with --peers)");
+  t->AddString("etcd", &o->etcd_urls,
+               "etcd endpoints for membership, comma-separated (http://host:port)");
+  t->AddString("peers", &o->cluster.peers,
+               "Static member list id=host:port[*weight],... (without etcd)");
+  t->AddString("cluster", &o->cluster.cluster, "Cluster name (separates clusters on one etcd)");
+  t->AddDuration("lease-ttl", &o->cluster.lease_ttl, std::chrono::milliseconds(2000),
+                 std::chrono::milliseconds(600000),
+                 "Membership lease TTL: a dead node leaves the view after this long");
+  t->AddEnum("placement", &o->placement, {"local", "home"},
+             "Where a put is stored: the writer's node (local) or the key's home node (home)");
 }
 
 }  // namespace kvpool

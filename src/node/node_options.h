@@ -8,6 +8,7 @@
 #include <string>
 
 #include "admin/admin_server.h"
+#include "cluster/cluster.h"
 #include "common/settings.h"
 #include "node/local_server.h"
 #include "store/dram/dram_store.h"
@@ -35,11 +36,20 @@ struct NodeOptions {
   bool ssd_persist_on_stop = true;
   LocalServerOptions local;
   AdminOptions admin;
+  // Peer transport and membership (etcd endpoints split out of etcd_urls).
+  ClusterOptions cluster;
+  std::string etcd_urls;  // comma-separated; empty: no etcd
+  int peer_port = 0;      // copied to cluster.peer_port
+  // Where a put is stored: "local" (the writer's node, published to the
+  // key's home) or "home" (the key's home node).
+  std::string placement = "local";
 
   NodeOptions() { admin.port = 9710; }
   Status Validate() const;
   // The SSD options with dirs split out of ssd_dirs.
   SsdOptions SsdWithDirs() const;
+  // The cluster options with node id, etcd endpoints and port filled in.
+  ClusterOptions ClusterWithEndpoints(const std::string& node_id) const;
 };
 
 // Binds every field of *options to a row of the table. *options must outlive

@@ -1,0 +1,165 @@
+#include "cluster/cluster.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "cluster/etcd_membership.h"
+#include "cluster/static_membership.h"
+#include "common/log.h"
+#include "transport/ucx_transport.h"
+
+namespace kvpool {
+
+Status ClusterOptions::Validate() const {
+  if (node_id.empty()) return InvalidArgument("cluster: node id is empty");
+  if (!etcd.empty() && !peers.empty()) {
+    return InvalidArgument("--etcd and --peers are exclusive: membership comes from one of them");
+  }
+  if (!peers.empty() && peer_port == 0) {
+    return InvalidArgument("--peers needs --peer-port: the static list names fixed ports");
+  }
+  if (cluster.empty()) return InvalidArgument("--cluster is empty");
+  return Status::Ok();
+}
+
+namespace {
+
+std::string HostNameOr(const std::string& fallback) {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return fallback;
+  return buf;
+}
+
+class ClusterImpl final : public Cluster {
+ public:
+  explicit ClusterImpl(const ClusterOptions& o) : opts_(o) {}
+
+  ~ClusterImpl() override {
+    if (membership_ != nullptr && sub_ != 0) membership_->Unsubscribe(sub_);
+    // The membership goes before the transport: nothing calls peers then.
+    membership_.reset();
+    transport_.reset();
+  }
+
+  Status Init(Executor* handler_executor, MetricsRegistry* metrics) {
+    transport::UcxTransportOptions to;
+    to.listen_host = opts_.peer_address;
+    to.listen_port = opts_.peer_port;
+    to.advertise_host = opts_.advertise_host;
+    if (to.advertise_host.empty() &&
+        (opts_.peer_address == "0.0.0.0" || opts_.peer_address == "::")) {
+      to.advertise_host = HostNameOr("127.0.0.1");
+    }
+    to.handler_executor = handler_executor;
+    to.registered_region = opts_.registered_region;
+    to.metrics = metrics;
+    KVPOOL_ASSIGN_OR_RETURN(transport_, transport::UcxTransport::Open(to));
+    std::string address = transport_->address();
+
+    if (!opts_.etcd.empty()) {
+      EtcdMembershipOptions eo;
+      eo.endpoints = opts_.etcd;
+      eo.cluster = opts_.cluster;
+      eo.node_id = opts_.node_id;
+      eo.address = address;
+      eo.weight = opts_.weight;
+      eo.lease_ttl = opts_.lease_ttl;
+      eo.request_timeout = std::min(std::chrono::milliseconds(1000), opts_.lease_ttl / 4);
+      std::unique_ptr<EtcdMembership> em;
+      KVPOOL_ASSIGN_OR_RETURN(em, EtcdMembership::Open(eo, metrics));
+      etcd_ = em.get();
+      membership_ = std::move(em);
+    } else {
+      StaticMembershipOptions so;
+      so.node_id = opts_.node_id;
+      so.incarnation = static_cast<uint64_t>(
+          std::chrono::system_clock::now().time_since_epoch() / std::chrono::milliseconds(1));
+      KVPOOL_ASSIGN_OR_RETURN(so.peers, ParseStaticPeers(opts_.peers));
+      std::unique_ptr<StaticMembership> sm;
+      KVPOOL_ASSIGN_OR_RETURN(sm, StaticMembership::Open(so, metrics));
+      membership_ = std::move(sm);
+    }
+    sub_ = membership_->SubscribeViews(
+        [this](const std::shared_ptr<const MembershipView>& v) { OnView(*v); });
+    OnView(*membership_->view());
+    metrics->AddCallbackGauge("kvpool_cluster_shards_owned",
+                              "Shards whose home is this node in the current shard map", {},
+                              [this] { return OwnedShards(); }, this);
+    LogInfo("cluster {}: node {} incarnation {} peers at {} ({} members)", opts_.cluster,
+            opts_.node_id, membership_->incarnation(), address, view()->members.size());
+    metrics_ = metrics;
+    return Status::Ok();
+  }
+
+  void Run() override {
+    if (etcd_ != nullptr) {
+      etcd_->Run();
+      return;
+    }
+    std::unique_lock lock(run_mu_);
+    run_cv_.wait(lock, [this] { return stopping_; });
+  }
+
+  void Stop() override {
+    if (metrics_ != nullptr) metrics_->RemoveCallbacks(this);
+    if (etcd_ != nullptr) etcd_->Stop(EtcdMembership::LeaveMode::kRevokeLease);
+    std::lock_guard lock(run_mu_);
+    stopping_ = true;
+    run_cv_.notify_all();
+  }
+
+  const std::string& node_id() const override { return opts_.node_id; }
+  uint64_t incarnation() const override { return membership_->incarnation(); }
+  bool fenced() const override { return membership_->fenced(); }
+  std::string address() const override { return transport_->address(); }
+  transport::Transport* transport() const override { return transport_.get(); }
+  Membership* membership() const override { return membership_.get(); }
+  std::shared_ptr<const MembershipView> view() const override { return membership_->view(); }
+  std::shared_ptr<const ShardMap> shard_map() const override {
+    std::lock_guard lock(map_mu_);
+    return map_;
+  }
+
+ private:
+  void OnView(const MembershipView& v) {
+    auto map = std::make_shared<const ShardMap>(ShardMap::Compute(v));
+    std::lock_guard lock(map_mu_);
+    map_ = std::move(map);
+  }
+
+  double OwnedShards() const {
+    auto counts = shard_map()->OwnershipCounts();
+    auto it = counts.find(opts_.node_id);
+    return it == counts.end() ? 0.0 : it->second;
+  }
+
+  const ClusterOptions opts_;
+  std::unique_ptr<transport::UcxTransport> transport_;
+  std::unique_ptr<Membership> membership_;
+  EtcdMembership* etcd_ = nullptr;  // membership_ when it is etcd's
+  uint64_t sub_ = 0;
+  MetricsRegistry* metrics_ = nullptr;
+  mutable std::mutex map_mu_;
+  std::shared_ptr<const ShardMap> map_ = std::make_shared<const ShardMap>();  // protected by map_mu_
+  std::mutex run_mu_;
+  std::condition_variable run_cv_;
+  bool stopping_ = false;  // protected by run_mu_
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Cluster>> Cluster::Open(const ClusterOptions& options,
+                                               Executor* handler_executor,
+                                               MetricsRegistry* metrics) {
+  KVPOOL_RETURN_IF_ERROR(options.Validate());
+  auto c = std::make_unique<ClusterImpl>(options);
+  KVPOOL_RETURN_IF_ERROR(c->Init(handler_executor, metrics));
+  return std::unique_ptr<Cluster>(std::move(c));
+}
+
+}  // namespace kvpool

@@ -1,0 +1,79 @@
+// Cluster: this node's part in a kvpool cluster. Owns the peer transport
+// (UCX), the membership (etcd or a static --peers list) and the current
+// shard map, recomputed on every membership view; the directory and remote
+// reads (cluster_peer.h) are built on top of it.
+//
+// Threading: Run() is the membership loop, on a thread the node owns; it
+// returns after Stop(). Everything else may be called from any thread.
+// Destruction requires Run() to have returned (or never started).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cluster/membership.h"
+#include "cluster/shard_map.h"
+#include "common/executor.h"
+#include "common/metrics.h"
+#include "common/status.h"
+#include "transport/transport.h"
+
+namespace kvpool {
+
+struct ClusterOptions {
+  std::string node_id;
+  // Peer transport bind address and port (0: any free port). Peers reach
+  // this node at advertise_host:port (advertise_host empty: peer_address,
+  // or the host name when peer_address is a wildcard).
+  std::string peer_address = "127.0.0.1";
+  uint16_t peer_port = 0;
+  std::string advertise_host;
+  // etcd endpoints ("http://host:port"); empty: static or standalone.
+  std::vector<std::string> etcd;
+  // Static member list "id=host:port[*weight],..." (used without etcd).
+  std::string peers;
+  std::string cluster = "default";
+  // Lease TTL with etcd: shorter drops dead nodes sooner, fences sooner.
+  std::chrono::milliseconds lease_ttl{10000};
+  // Relative share of shards this node takes.
+  double weight = 1.0;
+  // The DRAM segment, registered with UCX for zero-copy transfers.
+  std::span<uint8_t> registered_region;
+
+  bool enabled() const { return !etcd.empty() || !peers.empty(); }
+  Status Validate() const;
+};
+
+class Cluster {
+ public:
+  // Opens the transport, then joins the membership (FailedPrecondition when
+  // the node id is live already). `handler_executor` runs peer request
+  // handlers; `metrics` must outlive the cluster. Both are not owned.
+  static Result<std::unique_ptr<Cluster>> Open(const ClusterOptions& options,
+                                               Executor* handler_executor,
+                                               MetricsRegistry* metrics);
+  virtual ~Cluster() = default;
+
+  // The membership loop; returns after Stop().
+  virtual void Run() = 0;
+  // Leaves the cluster (graceful: the member disappears at once) and makes
+  // Run() return.
+  virtual void Stop() = 0;
+
+  virtual const std::string& node_id() const = 0;
+  virtual uint64_t incarnation() const = 0;
+  virtual bool fenced() const = 0;
+  // "host:port" peers reach this node at.
+  virtual std::string address() const = 0;
+  virtual transport::Transport* transport() const = 0;
+  virtual Membership* membership() const = 0;
+  // Immutable snapshots; never null.
+  virtual std::shared_ptr<const MembershipView> view() const = 0;
+  virtual std::shared_ptr<const ShardMap> shard_map() const = 0;
+};
+
+}  // namespace kvpool
