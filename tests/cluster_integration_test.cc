@@ -7,11 +7,14 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "cluster/etcd_test_util.h"
 #include "harness/node_process.h"
+#include "kvpool/client.h"
+#include "kvpool/kvpool.h"
 
 namespace kvpool::testing {
 namespace {
@@ -130,6 +133,153 @@ TEST_F(ClusterTest, KilledNodeLeavesWithinTtlAndRejoinsWithNewIncarnation) {
   }));
   EXPECT_GT(Members(*a)["c"], old_inc);
   EXPECT_EQ(Members(*a), Members(*c));
+}
+
+// A client of one node's local socket (copy mode: bytes travel inline).
+class Conn {
+ public:
+  explicit Conn(const NodeProcess& n) {
+    kvpool_options o;
+    kvpool_options_init(&o);
+    o.socket_path = n.socket().c_str();
+    o.copy_mode = 1;
+    o.timeout_ms = 10000;
+    kvpool_status st;
+    c_ = kvpool_open(&o, &st);
+    EXPECT_NE(c_, nullptr) << kvpool_status_name(st) << " " << kvpool_last_error();
+  }
+  ~Conn() {
+    if (c_ != nullptr) kvpool_close(c_);
+  }
+  bool ok() const { return c_ != nullptr; }
+
+  void Put(const std::vector<kvpool_key_id>& ids, const std::vector<std::vector<uint8_t>>& vals) {
+    std::vector<const void*> ptrs;
+    std::vector<uint64_t> sizes;
+    for (const auto& v : vals) {
+      ptrs.push_back(v.data());
+      sizes.push_back(v.size());
+    }
+    std::vector<kvpool_status> st(ids.size());
+    ASSERT_EQ(kvpool_put(c_, ids.data(), ptrs.data(), sizes.data(), ids.size(), st.data()), KVPOOL_OK)
+        << kvpool_last_error();
+    for (auto s : st) EXPECT_EQ(s, KVPOOL_OK);
+  }
+
+  // Per key: the value, or nullopt on a miss.
+  std::vector<std::optional<std::vector<uint8_t>>> Get(const std::vector<kvpool_key_id>& ids) {
+    const size_t cap = 1 << 20;
+    std::vector<std::vector<uint8_t>> bufs(ids.size(), std::vector<uint8_t>(cap, 0xee));
+    std::vector<void*> ptrs;
+    for (auto& b : bufs) ptrs.push_back(b.data());
+    std::vector<uint64_t> caps(ids.size(), cap), got(ids.size());
+    std::vector<kvpool_status> st(ids.size());
+    std::vector<std::optional<std::vector<uint8_t>>> out(ids.size());
+    EXPECT_EQ(kvpool_get(c_, ids.data(), ptrs.data(), caps.data(), ids.size(), got.data(), st.data()),
+              KVPOOL_OK)
+        << kvpool_last_error();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (st[i] == KVPOOL_OK) {
+        bufs[i].resize(got[i]);
+        out[i] = std::move(bufs[i]);
+      } else {
+        EXPECT_EQ(st[i], KVPOOL_NOT_FOUND);
+      }
+    }
+    return out;
+  }
+
+  size_t ExistsCount(const std::vector<kvpool_key_id>& ids) {
+    std::vector<uint8_t> hits(ids.size());
+    size_t prefix = 0;
+    EXPECT_EQ(kvpool_exists(c_, ids.data(), ids.size(), hits.data(), &prefix), KVPOOL_OK);
+    size_t n = 0;
+    for (uint8_t h : hits) n += h;
+    return n;
+  }
+
+ private:
+  kvpool_client* c_ = nullptr;
+};
+
+std::vector<kvpool_key_id> Keys(const std::string& prefix, size_t n) {
+  std::vector<kvpool_key_id> ids;
+  for (size_t i = 0; i < n; ++i) ids.push_back(Client::KeyId("cluster-it", prefix + std::to_string(i)));
+  return ids;
+}
+
+std::vector<std::vector<uint8_t>> Values(uint64_t seed, size_t n) {
+  std::vector<std::vector<uint8_t>> v;
+  for (size_t i = 0; i < n; ++i) v.push_back(Pattern(seed + i, 1 + ((i * 37117) % 300000)));
+  return v;
+}
+
+TEST_F(ClusterTest, RemoteReadsAreByteExactAndADeadHolderIsAMiss) {
+  auto a = StartNode("a"), b = StartNode("b"), c = StartNode("c");
+  ASSERT_TRUE(a && b && c);
+  for (NodeProcess* n : {a.get(), b.get(), c.get()}) {
+    ASSERT_TRUE(WaitFor(milliseconds(5000), [&] { return Members(*n).size() == 3; }));
+  }
+  Conn ca(*a), cb(*b), cc(*c);
+  ASSERT_TRUE(ca.ok() && cb.ok() && cc.ok());
+  const size_t kN = 24;
+  auto shared = Keys("shared", kN), only_a = Keys("only-a", kN), via_b = Keys("via-b", kN);
+  auto shared_v = Values(100, kN), only_a_v = Values(200, kN), via_b_v = Values(300, kN);
+  ca.Put(shared, shared_v);
+  ca.Put(only_a, only_a_v);
+  ca.Put(via_b, via_b_v);
+
+  // Publishing is asynchronous (a few ms): wait until B sees every key.
+  ASSERT_TRUE(WaitFor(milliseconds(3000), [&] { return cb.ExistsCount(shared) == kN; }));
+  EXPECT_TRUE(WaitFor(milliseconds(3000), [&] { return cc.ExistsCount(only_a) == kN; }));
+
+  for (Conn* conn : {&cb, &cc}) {
+    auto got = conn->Get(shared);
+    for (size_t i = 0; i < kN; ++i) {
+      ASSERT_TRUE(got[i].has_value()) << i;
+      EXPECT_EQ(*got[i], shared_v[i]) << i;
+    }
+  }
+  auto got_b = cb.Get(via_b);  // replicas on B
+  for (size_t i = 0; i < kN; ++i) {
+    ASSERT_TRUE(got_b[i].has_value()) << i;
+    EXPECT_EQ(*got_b[i], via_b_v[i]) << i;
+  }
+  EXPECT_GT(b->Metric("kvpool_remote_hits_total"), 0);
+  // B's replicas are published before A dies.
+  ASSERT_TRUE(WaitFor(milliseconds(3000), [&] {
+    return b->Metric("kvpool_publish_items_total") >= static_cast<double>(2 * kN);
+  }));
+
+  a->Stop(SIGKILL);
+  // Right away (A still in the view): A-only keys miss within the deadline.
+  auto t0 = steady_clock::now();
+  auto miss = cb.Get(only_a);
+  EXPECT_LT(steady_clock::now() - t0, std::chrono::seconds(5));
+  for (size_t i = 0; i < kN; ++i) EXPECT_FALSE(miss[i].has_value()) << i;
+
+  // Once A has left the view, B's replicas still serve C (their shards'
+  // new homes learned of them from B's replay), and A-only keys miss fast.
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] {
+    return Members(*b).count("a") == 0 && Members(*c).count("a") == 0;
+  }));
+  std::vector<std::optional<std::vector<uint8_t>>> got_c;
+  EXPECT_TRUE(WaitFor(milliseconds(3000), [&] {
+    got_c = cc.Get(via_b);
+    for (const auto& g : got_c) {
+      if (!g) return false;
+    }
+    return true;
+  }));
+  for (size_t i = 0; i < kN; ++i) {
+    ASSERT_TRUE(got_c[i].has_value()) << i;
+    EXPECT_EQ(*got_c[i], via_b_v[i]) << i;
+  }
+  t0 = steady_clock::now();
+  miss = cc.Get(only_a);
+  EXPECT_LT(steady_clock::now() - t0, std::chrono::seconds(3));
+  for (size_t i = 0; i < kN; ++i) EXPECT_FALSE(miss[i].has_value()) << i;
+  EXPECT_EQ(cc.ExistsCount(only_a), 0u);
 }
 
 TEST(StandaloneNodeTest, MembersListsOnlyItself) {

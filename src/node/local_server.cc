@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <set>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -64,9 +65,13 @@ struct Conn {
 
 class LocalServerImpl final : public LocalServer {
  public:
-  LocalServerImpl(const LocalServerOptions& o, TieredStore* tiered, MetricsRegistry* m,
-                  std::function<std::string()> stats_json)
-      : opts_(o), tiered_(tiered), store_(tiered->dram()), stats_json_(std::move(stats_json)) {
+  LocalServerImpl(const LocalServerOptions& o, TieredStore* tiered, RemoteSource* remote,
+                  MetricsRegistry* m, std::function<std::string()> stats_json)
+      : opts_(o),
+        tiered_(tiered),
+        store_(tiered->dram()),
+        remote_(remote),
+        stats_json_(std::move(stats_json)) {
     for (int t = 1; t < kNumOps; ++t) {
       ops_[t] = m->GetCounter("kvpool_ops_total", "Requests handled, by operation",
                               {{"op", kOpNames[t]}});
@@ -89,6 +94,8 @@ class LocalServerImpl final : public LocalServer {
                                   "Put or reserve items refused (no space, too large)");
     waits_ = m->GetCounter("kvpool_promotion_waits_total",
                            "Requests that waited for entries to be promoted from SSD");
+    remote_waits_ = m->GetCounter("kvpool_remote_waits_total",
+                                  "Requests that waited for the cluster (local misses)");
     metrics_ = m;
   }
 
@@ -419,14 +426,15 @@ class LocalServerImpl final : public LocalServer {
     return true;
   }
 
-  // Gets of entries only on SSD: start their promotions and park the
+  // Gets of entries only on SSD: start their promotions; gets and exists of
+  // keys not here at all (with a remote source): ask the cluster. Parks the
   // request (and the connection's later frames) until they finish. Returns
   // true when parked.
   bool ParkForPromotions(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
-    if (tiered_->ssd() == nullptr || !c.handshaked) return false;
+    if ((tiered_->ssd() == nullptr && remote_ == nullptr) || !c.handshaked) return false;
     auto type = static_cast<MessageType>(h.type);
     keys_.clear();
-    if (type == MessageType::kAcquire) {
+    if (type == MessageType::kAcquire || (type == MessageType::kExists && remote_ != nullptr)) {
       if (!protocol::DecodeKeys(body, opts_.max_batch, &keys_).ok()) return false;
     } else if (type == MessageType::kGet) {
       if (!protocol::DecodeSizedKeys(body, opts_.max_batch, &sized_, nullptr).ok()) return false;
@@ -434,54 +442,88 @@ class LocalServerImpl final : public LocalServer {
     } else {
       return false;
     }
-    std::vector<KeyId> cold;
+    std::vector<KeyId> cold, absent;
     for (const auto& k : keys_) {
-      if (tiered_->NeedsPromotion(k)) cold.push_back(k);
+      if (type == MessageType::kExists) {
+        if (!tiered_->Contains(k)) absent.push_back(k);
+      } else if (tiered_->NeedsPromotion(k)) {
+        cold.push_back(k);
+      } else if (remote_ != nullptr && !store_->Contains(k)) {
+        absent.push_back(k);
+      }
     }
-    if (cold.empty()) return false;
+    if (cold.empty() && absent.empty()) return false;
     uint64_t id = next_pending_++;
     Pending& p = pending_[id];
     // The keys already in DRAM are pinned while the request waits, so the
     // promotions of the others cannot evict them.
-    for (const auto& k : keys_) {
-      auto pin = store_->Acquire(k);
-      if (pin.ok()) p.pins.push_back(std::move(pin).value());
+    if (type != MessageType::kExists) {
+      for (const auto& k : keys_) {
+        auto pin = store_->Acquire(k);
+        if (pin.ok()) p.pins.push_back(std::move(pin).value());
+      }
     }
     p.fd = c.fd;
     p.conn_id = c.id;
     p.header = h;
     p.body.assign(body.begin(), body.end());
-    p.remaining = cold.size();
+    p.remaining = cold.size() + (absent.empty() ? 0 : 1);
     c.pending = true;
-    waits_->Inc();
+    if (!cold.empty()) waits_->Inc();
     for (const auto& k : cold) {
       tiered_->Promote(k, [this, id](Status, DramStore::Pin pin) {
-        {
-          std::lock_guard lock(done_mu_);
-          done_.emplace_back(id, std::move(pin));
-        }
-        uint64_t one = 1;
-        ssize_t r = ::write(wake_fd_, &one, sizeof(one));
-        (void)r;
+        Done d{id, {}, {}};
+        if (pin.valid()) d.pins.push_back(std::move(pin));
+        PostDone(std::move(d));
       });
     }
+    if (!absent.empty()) {
+      remote_waits_->Inc();
+      if (type == MessageType::kExists) {
+        remote_->Exists(std::move(absent), [this, id](std::vector<KeyId> hits) {
+          PostDone(Done{id, {}, std::move(hits)});
+        });
+      } else {
+        remote_->Fetch(std::move(absent), [this, id](std::vector<DramStore::Pin> pins) {
+          PostDone(Done{id, std::move(pins), {}});
+        });
+      }
+    }
     return true;
+  }
+
+  // What finished for a parked request: promoted or fetched pins, or the
+  // keys the cluster has (exists). Any thread.
+  struct Done {
+    uint64_t id = 0;
+    std::vector<DramStore::Pin> pins;
+    std::vector<KeyId> remote_hits;
+  };
+  void PostDone(Done d) {
+    {
+      std::lock_guard lock(done_mu_);
+      done_.push_back(std::move(d));
+    }
+    uint64_t one = 1;
+    ssize_t r = ::write(wake_fd_, &one, sizeof(one));
+    (void)r;
   }
 
   // On the loop: answers parked requests whose promotions all finished
   // (from DRAM now; a failed promotion is a miss), then resumes their
   // connections.
   void FinishPromotions() {
-    std::vector<std::pair<uint64_t, DramStore::Pin>> done;
+    std::vector<Done> done;
     {
       std::lock_guard lock(done_mu_);
       done.swap(done_);
     }
-    for (auto& [id, pin] : done) {
-      auto it = pending_.find(id);
+    for (auto& d : done) {
+      auto it = pending_.find(d.id);
       if (it == pending_.end()) continue;
       // Held until the request is answered: the promoted entry stays put.
-      if (pin.valid()) it->second.pins.push_back(std::move(pin));
+      for (auto& pin : d.pins) it->second.pins.push_back(std::move(pin));
+      for (auto& k : d.remote_hits) it->second.remote_hits.insert(k);
       if (--it->second.remaining > 0) continue;
       Pending p = std::move(it->second);
       pending_.erase(it);
@@ -489,7 +531,9 @@ class LocalServerImpl final : public LocalServer {
       if (cit == conns_.end() || cit->second.id != p.conn_id) continue;  // client left
       Conn& c = cit->second;
       c.pending = false;
+      remote_hits_ = &p.remote_hits;
       Handle(c, p.header, p.body, /*allow_promote=*/false);
+      remote_hits_ = nullptr;
       ProcessFrames(c);
       if (!Flush(c)) {
         CloseConn(c.fd);
@@ -602,10 +646,14 @@ class LocalServerImpl final : public LocalServer {
         continue;
       }
       uint64_t size = it->second.size();
+      KeyId key = it->second.key();
       Status s = tiered_->Commit(std::move(it->second));
       c.reservations.erase(it);
       statuses_[i] = static_cast<int32_t>(s.code());
-      if (s.ok()) bytes_written_->Inc(size);
+      if (s.ok()) {
+        bytes_written_->Inc(size);
+        if (remote_ != nullptr) remote_->NoteStored(key, size);
+      }
     }
     out_.clear();
     protocol::EncodeStatuses(statuses_, &out_);
@@ -659,7 +707,8 @@ class LocalServerImpl final : public LocalServer {
     bool prefix = true;
     uint64_t hits = 0;
     for (size_t i = 0; i < keys_.size(); ++i) {
-      bool hit = tiered_->Contains(keys_[i]);
+      bool hit = tiered_->Contains(keys_[i]) ||
+                 (remote_hits_ != nullptr && remote_hits_->count(keys_[i]) > 0);
       rep.hits[i] = hit ? 1 : 0;
       hits += hit;
       if (!hit) prefix = false;
@@ -698,7 +747,10 @@ class LocalServerImpl final : public LocalServer {
       std::memcpy(base + r->offset(), src, sized_[i].size);
       Status s = tiered_->Commit(std::move(r).value());
       statuses_[i] = static_cast<int32_t>(s.code());
-      if (s.ok()) bytes_written_->Inc(sized_[i].size);
+      if (s.ok()) {
+        bytes_written_->Inc(sized_[i].size);
+        if (remote_ != nullptr) remote_->NoteStored(sized_[i].key, sized_[i].size);
+      }
     }
     out_.clear();
     protocol::EncodeStatuses(statuses_, &out_);
@@ -746,6 +798,7 @@ class LocalServerImpl final : public LocalServer {
     statuses_.assign(keys_.size(), 0);
     for (size_t i = 0; i < keys_.size(); ++i) {
       statuses_[i] = static_cast<int32_t>(tiered_->Remove(keys_[i]).code());
+      if (statuses_[i] == 0 && remote_ != nullptr) remote_->NoteDropped(keys_[i]);
     }
     out_.clear();
     protocol::EncodeStatuses(statuses_, &out_);
@@ -767,7 +820,8 @@ class LocalServerImpl final : public LocalServer {
     FrameHeader header;
     std::vector<uint8_t> body;
     size_t remaining = 0;
-    std::vector<DramStore::Pin> pins;  // promoted entries, until answered
+    std::vector<DramStore::Pin> pins;  // promoted or fetched entries, until answered
+    std::set<KeyId> remote_hits;       // exists: keys the cluster has
   };
 
   // A durability barrier: the SSD tier writes its partly filled regions.
@@ -784,9 +838,12 @@ class LocalServerImpl final : public LocalServer {
   DramStore* const store_;     // tiered_'s DRAM tier: the shared segment
   std::unordered_map<uint64_t, Pending> pending_;  // owned by the loop thread
   uint64_t next_pending_ = 1;
+  RemoteSource* const remote_;  // null when standalone
+  // While a parked exists is answered: the keys the cluster has.
+  const std::set<KeyId>* remote_hits_ = nullptr;
   std::mutex done_mu_;
-  // Protected by done_mu_: finished promotions and their pins.
-  std::vector<std::pair<uint64_t, DramStore::Pin>> done_;
+  // Protected by done_mu_: finished promotions and remote reads.
+  std::vector<Done> done_;
   MetricsRegistry* metrics_ = nullptr;
   const std::function<std::string()> stats_json_;
   int listen_fd_ = -1;
@@ -823,15 +880,18 @@ class LocalServerImpl final : public LocalServer {
   Counter* rejected_;
   Counter* put_failures_;
   Counter* waits_;
+  Counter* remote_waits_;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<LocalServer>> LocalServer::Open(const LocalServerOptions& options,
-                                                       TieredStore* store, MetricsRegistry* metrics,
+                                                       TieredStore* store, RemoteSource* remote,
+                                                       MetricsRegistry* metrics,
                                                        std::function<std::string()> stats_json) {
   KVPOOL_RETURN_IF_ERROR(options.Validate());
-  auto s = std::make_unique<LocalServerImpl>(options, store, metrics, std::move(stats_json));
+  auto s = std::make_unique<LocalServerImpl>(options, store, remote, metrics,
+                                             std::move(stats_json));
   KVPOOL_RETURN_IF_ERROR(s->Init());
   return std::unique_ptr<LocalServer>(std::move(s));
 }

@@ -8,8 +8,9 @@
 //
 // Threading: Run() is the event loop (one epoll thread, given by the node);
 // Stop() may be called from any thread. Everything else is owned by the loop.
-// Promotions complete on the store's executor and hand back to the loop; the
-// executor must be drained before the server is destroyed.
+// Promotions complete on the store's executor (remote reads on the
+// cluster's threads) and hand back to the loop; both must be drained before
+// the server is destroyed.
 #pragma once
 
 #include <chrono>
@@ -20,6 +21,7 @@
 
 #include "common/metrics.h"
 #include "common/status.h"
+#include "cluster/remote_source.h"
 #include "store/tiered_store.h"
 
 namespace kvpool {
@@ -53,9 +55,14 @@ class LocalServer {
   // Binds the socket. FailedPrecondition when a live node already serves the
   // path; a stale socket file left by a crash is replaced.
   // Gets of entries that are only on SSD wait (without blocking the loop)
-  // for their promotion into DRAM, then are answered from DRAM.
+  // for their promotion into DRAM, then are answered from DRAM. With a
+  // remote source (null: standalone), gets and exists of keys held nowhere
+  // here wait likewise for the cluster (fetched into DRAM, or asked), and
+  // commits and removes are published through it. remote must outlive the
+  // server's Run().
   static Result<std::unique_ptr<LocalServer>> Open(const LocalServerOptions& options,
-                                                   TieredStore* store, MetricsRegistry* metrics,
+                                                   TieredStore* store, RemoteSource* remote,
+                                                   MetricsRegistry* metrics,
                                                    std::function<std::string()> stats_json);
   virtual ~LocalServer() = default;
 

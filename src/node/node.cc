@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <chrono>
 #include <mutex>
 #include <random>
@@ -13,6 +14,10 @@
 
 #include "admin/admin_server.h"
 #include "cluster/cluster.h"
+#include "cluster/directory.h"
+#include "cluster/peer_server.h"
+#include "cluster/publisher.h"
+#include "cluster/remote_reader.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "node/local_server.h"
@@ -64,10 +69,11 @@ class NodeImpl final : public Node {
       peer_pool_ = std::make_unique<ThreadPool>(2, "kvpool-peer");
       KVPOOL_ASSIGN_OR_RETURN(cluster_, Cluster::Open(co, peer_pool_.get(), &metrics_));
       cluster_thread_ = std::thread([this] { cluster_->Run(); });
+      OpenClusterServices();
     }
     LocalServerOptions lo = opts_.local;
     lo.instance_id = instance_id_;
-    KVPOOL_ASSIGN_OR_RETURN(local_, LocalServer::Open(lo, tiered_.get(), &metrics_,
+    KVPOOL_ASSIGN_OR_RETURN(local_, LocalServer::Open(lo, tiered_.get(), reader_.get(), &metrics_,
                                                       [this] { return StatusJson(); }));
     metrics_.AddCallbackGauge("kvpool_uptime_seconds", "Seconds since the node started", {},
                               [this] { return UptimeSeconds(); }, this);
@@ -101,14 +107,28 @@ class NodeImpl final : public Node {
       local_->Stop();
       if (local_thread_.joinable()) local_thread_.join();
     }
-    // Leave the cluster; destroying it fails the peer calls in flight, whose
-    // callbacks may still reach the local server, so it goes first.
+    // Leave the cluster. Destroying it fails the peer calls in flight, whose
+    // callbacks may still reach the local server, so that goes later.
+    if (publish_thread_.joinable()) {
+      {
+        std::lock_guard lock(publish_mu_);
+        publish_stop_ = true;
+      }
+      publish_cv_.notify_all();
+      publish_thread_.join();
+    }
+    if (reader_) reader_->Shutdown();
     if (cluster_) {
       cluster_->Stop();
       if (cluster_thread_.joinable()) cluster_thread_.join();
-      cluster_.reset();
     }
     if (peer_pool_) peer_pool_->Stop();
+    if (cluster_ && !ssd_) store_->SetEvictionListener(nullptr);
+    cluster_.reset();
+    peer_server_.reset();
+    reader_.reset();
+    publisher_.reset();
+    directory_.reset();
     // Promotions in flight call back into the server: drain them first.
     if (io_pool_) io_pool_->Stop();
     admin_.reset();
@@ -132,6 +152,38 @@ class NodeImpl final : public Node {
   }
 
   int admin_port() const override { return admin_ ? admin_->port() : 0; }
+
+ private:
+  // The directory, publishing and remote reads over the cluster.
+  void OpenClusterServices() {
+    directory_ = std::make_unique<cluster::Directory>(cluster::DirectoryOptions{}, &metrics_);
+    publisher_ = std::make_unique<cluster::Publisher>(cluster::PublisherOptions{}, cluster_.get(),
+                                                      directory_.get(), peer_pool_.get(),
+                                                      &metrics_);
+    peer_server_ = std::make_unique<cluster::PeerServer>(cluster_.get(), directory_.get(),
+                                                         publisher_.get(), tiered_.get(),
+                                                         peer_pool_.get());
+    reader_ = std::make_unique<cluster::RemoteReader>(cluster::RemoteReaderOptions{},
+                                                      cluster_.get(), directory_.get(),
+                                                      publisher_.get(), tiered_.get(),
+                                                      peer_pool_.get(), &metrics_);
+    // Without an SSD tier an evicted entry is gone: unpublish it. (With one,
+    // it stays held on SSD.)
+    if (!ssd_) {
+      cluster::Publisher* pub = publisher_.get();
+      store_->SetEvictionListener(
+          [pub](const KeyId& key, const uint8_t*, uint64_t) { pub->Remove(key); });
+    }
+    publish_thread_ = std::thread([this] {
+      std::unique_lock lock(publish_mu_);
+      while (!publish_stop_) {
+        publish_cv_.wait_for(lock, std::chrono::milliseconds(5));
+        lock.unlock();
+        publisher_->Flush();
+        lock.lock();
+      }
+    });
+  }
 
  private:
   double UptimeSeconds() const {
@@ -247,6 +299,14 @@ class NodeImpl final : public Node {
   std::unique_ptr<TieredStore> tiered_;
   std::unique_ptr<ThreadPool> peer_pool_;  // peer request handlers
   std::unique_ptr<Cluster> cluster_;       // null when standalone
+  std::unique_ptr<cluster::Directory> directory_;
+  std::unique_ptr<cluster::Publisher> publisher_;
+  std::unique_ptr<cluster::PeerServer> peer_server_;
+  std::unique_ptr<cluster::RemoteReader> reader_;
+  std::thread publish_thread_;  // flushes the publisher every few ms
+  std::mutex publish_mu_;
+  std::condition_variable publish_cv_;
+  bool publish_stop_ = false;  // protected by publish_mu_
   std::unique_ptr<LocalServer> local_;
   std::unique_ptr<AdminServer> admin_;
   std::thread cluster_thread_;  // the membership loop

@@ -1,0 +1,142 @@
+#include "cluster/peer_messages_format.h"
+
+#include <map>
+
+#include "protocol/codec.h"
+
+namespace kvpool::cluster {
+
+using protocol::BodyReader;
+using protocol::BodyWriter;
+
+void EncodePublish(const PublishBatch& m, std::vector<uint8_t>* out) {
+  BodyWriter w(out);
+  w.Str(m.node_id);
+  w.U64(m.incarnation);
+  w.U32(static_cast<uint32_t>(m.items.size()));
+  for (const auto& it : m.items) {
+    w.Key(it.key);
+    w.U8(static_cast<uint8_t>(it.op));
+    w.U64(it.size);
+  }
+}
+
+Status DecodePublish(std::span<const uint8_t> body, PublishBatch* m) {
+  BodyReader r(body);
+  uint32_t n = 0;
+  if (r.Str(kMaxNodeIdBytes, &m->node_id) && r.U64(&m->incarnation) &&
+      r.Count(kMaxPeerBatch, 25, &n)) {
+    m->items.resize(n);
+    for (auto& it : m->items) {
+      uint8_t op = 0;
+      if (!(r.Key(&it.key) && r.U8(&op) && r.U64(&it.size))) break;
+      if (op != 1 && op != 2) return InvalidArgument("malformed publish: bad op");
+      it.op = static_cast<PublishOp>(op);
+    }
+  }
+  return r.Finish("publish");
+}
+
+void EncodeLookup(std::span<const KeyId> keys, std::vector<uint8_t>* out) {
+  BodyWriter w(out);
+  w.U32(static_cast<uint32_t>(keys.size()));
+  for (const auto& k : keys) w.Key(k);
+}
+
+Status DecodeLookup(std::span<const uint8_t> body, std::vector<KeyId>* keys) {
+  BodyReader r(body);
+  uint32_t n = 0;
+  if (r.Count(kMaxPeerBatch, 16, &n)) {
+    keys->resize(n);
+    for (auto& k : *keys) {
+      if (!r.Key(&k)) break;
+    }
+  }
+  return r.Finish("lookup");
+}
+
+void EncodeLookupReply(std::span<const LookupResult> results, std::vector<uint8_t>* out) {
+  // Intern the holders into one table; keys refer to it by index.
+  std::map<std::pair<std::string, uint64_t>, uint8_t> index;
+  std::vector<const HolderRef*> table;
+  for (const auto& r : results) {
+    for (const auto& h : r.holders) {
+      if (table.size() >= kMaxLookupNodes) break;
+      auto [it, fresh] = index.emplace(std::make_pair(h.node_id, h.incarnation),
+                                       static_cast<uint8_t>(table.size()));
+      if (fresh) table.push_back(&h);
+    }
+  }
+  BodyWriter w(out);
+  w.U32(static_cast<uint32_t>(table.size()));
+  for (const HolderRef* h : table) {
+    w.Str(h->node_id);
+    w.U64(h->incarnation);
+  }
+  w.U32(static_cast<uint32_t>(results.size()));
+  for (const auto& r : results) {
+    w.U64(r.size);
+    std::vector<uint8_t> idx;
+    for (const auto& h : r.holders) {
+      auto it = index.find({h.node_id, h.incarnation});
+      if (it != index.end() && idx.size() < kMaxHoldersPerKey) idx.push_back(it->second);
+    }
+    w.U8(static_cast<uint8_t>(idx.size()));
+    for (uint8_t i : idx) w.U8(i);
+  }
+}
+
+Status DecodeLookupReply(std::span<const uint8_t> body, size_t expected,
+                         std::vector<LookupResult>* results) {
+  BodyReader r(body);
+  uint32_t nodes = 0;
+  std::vector<HolderRef> table;
+  if (r.Count(kMaxLookupNodes, 12, &nodes)) {
+    table.resize(nodes);
+    for (auto& h : table) {
+      if (!(r.Str(kMaxNodeIdBytes, &h.node_id) && r.U64(&h.incarnation))) break;
+    }
+  }
+  uint32_t n = 0;
+  if (r.ok() && r.Count(kMaxPeerBatch, 9, &n)) {
+    if (n != expected) return InvalidArgument("malformed lookup reply: wrong item count");
+    results->assign(n, {});
+    for (auto& res : *results) {
+      uint8_t k = 0;
+      if (!(r.U64(&res.size) && r.U8(&k))) break;
+      if (k > kMaxHoldersPerKey) return InvalidArgument("malformed lookup reply: too many holders");
+      for (uint8_t j = 0; j < k; ++j) {
+        uint8_t i = 0;
+        if (!r.U8(&i)) break;
+        if (i >= table.size()) return InvalidArgument("malformed lookup reply: bad holder index");
+        res.holders.push_back(table[i]);
+      }
+    }
+  }
+  return r.Finish("lookup reply");
+}
+
+void EncodeFetch(const KeyId& key, uint64_t max_size, std::vector<uint8_t>* out) {
+  BodyWriter w(out);
+  w.Key(key);
+  w.U64(max_size);
+}
+
+Status DecodeFetch(std::span<const uint8_t> body, KeyId* key, uint64_t* max_size) {
+  BodyReader r(body);
+  r.Key(key) && r.U64(max_size);
+  return r.Finish("fetch");
+}
+
+void EncodeFetchReply(uint64_t size, std::vector<uint8_t>* out) {
+  BodyWriter w(out);
+  w.U64(size);
+}
+
+Status DecodeFetchReply(std::span<const uint8_t> body, uint64_t* size) {
+  BodyReader r(body);
+  r.U64(size);
+  return r.Finish("fetch reply");
+}
+
+}  // namespace kvpool::cluster

@@ -1,0 +1,95 @@
+// Peer messages of the cluster directory and remote reads, carried by the
+// transport (transport.h) as typed request/reply calls. Batches travel in
+// the call's payload (not the small AM header, whose size UCX may limit);
+// integers little-endian, via protocol/codec.h's BodyReader/BodyWriter, and
+// every count is checked against its limit before anything is allocated.
+//
+// kPeerPublish (request payload; reply: status only)
+// | field        | type        | meaning                                          |
+// |--------------|-------------|--------------------------------------------------|
+// | node_id      | str (<=128) | the holder                                        |
+// | incarnation  | u64         | the holder's incarnation                          |
+// | count        | u32 (<=4096)| items that follow                                 |
+// | key          | 16 bytes    | key id (hi, lo)                                   |
+// | op           | u8          | 1 = holds it now, 2 = dropped it                  |
+// | size         | u64         | value bytes (op 1; 0 for op 2)                    |
+//
+// kPeerLookup (request payload: u32 count (<=4096), count key ids)
+// Reply payload:
+// | field        | type        | meaning                                          |
+// |--------------|-------------|--------------------------------------------------|
+// | nodes        | u32 (<=256) | holder table entries                              |
+// |  node_id     | str (<=128) |                                                   |
+// |  incarnation | u64         |                                                   |
+// | count        | u32         | == the request's count, in request order          |
+// |  size        | u64         | value bytes (0: no holder known)                  |
+// |  holders     | u8 (<=8)    | then that many u8 indexes into the node table     |
+// Lookup also answers exists: a key with a live holder exists.
+//
+// kPeerFetch (request header: key 16 bytes, u64 max_size). Reply: OK with
+// header u64 size and the value as payload (landing in the caller's sink);
+// NotFound when the node does not hold it (or holds it only on SSD and the
+// promotion failed); ResourceExhausted when size > max_size.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/key_id.h"
+#include "common/status.h"
+#include "transport/transport.h"
+
+namespace kvpool::cluster {
+
+inline constexpr transport::MessageType kPeerPublish = 0x0101;
+inline constexpr transport::MessageType kPeerLookup = 0x0102;
+inline constexpr transport::MessageType kPeerFetch = 0x0103;
+
+inline constexpr uint32_t kMaxPeerBatch = 4096;
+inline constexpr uint32_t kMaxNodeIdBytes = 128;
+inline constexpr uint32_t kMaxLookupNodes = 256;
+inline constexpr uint32_t kMaxHoldersPerKey = 8;
+
+enum class PublishOp : uint8_t { kAdd = 1, kRemove = 2 };
+
+struct PublishItem {
+  KeyId key;
+  PublishOp op = PublishOp::kAdd;
+  uint64_t size = 0;
+};
+
+struct PublishBatch {
+  std::string node_id;
+  uint64_t incarnation = 0;
+  std::vector<PublishItem> items;
+};
+
+struct HolderRef {
+  std::string node_id;
+  uint64_t incarnation = 0;
+  friend bool operator==(const HolderRef&, const HolderRef&) = default;
+};
+
+struct LookupResult {
+  uint64_t size = 0;             // 0: no holder known
+  std::vector<HolderRef> holders;
+};
+
+void EncodePublish(const PublishBatch& m, std::vector<uint8_t>* out);
+Status DecodePublish(std::span<const uint8_t> body, PublishBatch* m);
+
+void EncodeLookup(std::span<const KeyId> keys, std::vector<uint8_t>* out);
+Status DecodeLookup(std::span<const uint8_t> body, std::vector<KeyId>* keys);
+
+void EncodeLookupReply(std::span<const LookupResult> results, std::vector<uint8_t>* out);
+Status DecodeLookupReply(std::span<const uint8_t> body, size_t expected,
+                         std::vector<LookupResult>* results);
+
+void EncodeFetch(const KeyId& key, uint64_t max_size, std::vector<uint8_t>* out);
+Status DecodeFetch(std::span<const uint8_t> body, KeyId* key, uint64_t* max_size);
+void EncodeFetchReply(uint64_t size, std::vector<uint8_t>* out);
+Status DecodeFetchReply(std::span<const uint8_t> body, uint64_t* size);
+
+}  // namespace kvpool::cluster

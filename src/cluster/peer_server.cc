@@ -1,0 +1,114 @@
+#include "cluster/peer_server.h"
+
+#include <vector>
+
+#include "cluster/peer_messages_format.h"
+#include "common/log.h"
+
+namespace kvpool::cluster {
+
+using transport::Incoming;
+using transport::Responder;
+using transport::ServerReply;
+
+namespace {
+
+// Answers a fetch from a pinned DRAM entry without copying: the pin lives
+// until the transport releases the payload.
+void ReplyWithPin(Responder& responder, DramStore* dram, DramStore::Pin pin) {
+  auto held = std::make_shared<DramStore::Pin>(std::move(pin));
+  std::vector<uint8_t> header;
+  EncodeFetchReply(held->size(), &header);
+  ServerReply reply;
+  reply.status = Status::Ok();
+  reply.header = std::move(header);
+  reply.payload = {dram->segment_base() + held->offset(), held->size()};
+  reply.release = [held] {};
+  responder.Respond(std::move(reply));
+}
+
+}  // namespace
+
+PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publisher,
+                       TieredStore* store, Executor* executor)
+    : cluster_(cluster),
+      directory_(directory),
+      publisher_(publisher),
+      store_(store),
+      executor_(executor),
+      last_map_(cluster->shard_map()) {
+  transport::Transport* t = cluster_->transport();
+  t->RegisterHandler(kPeerPublish, [this](Incoming in, Responder r) {
+    if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
+    PublishBatch batch;
+    Status s = DecodePublish(in.payload, &batch);
+    if (s.ok()) directory_->Apply(batch);
+    r.Respond(s);
+  });
+  t->RegisterHandler(kPeerLookup, [this](Incoming in, Responder r) {
+    if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
+    std::vector<KeyId> keys;
+    Status s = DecodeLookup(in.payload, &keys);
+    if (!s.ok()) return r.Respond(s);
+    auto results = directory_->Lookup(keys);
+    auto body = std::make_shared<std::vector<uint8_t>>();
+    EncodeLookupReply(results, body.get());
+    ServerReply reply;
+    reply.status = Status::Ok();
+    reply.payload = *body;
+    reply.release = [body] {};
+    r.Respond(std::move(reply));
+  });
+  t->RegisterHandler(kPeerFetch, [this](Incoming in, Responder r) {
+    if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
+    KeyId key;
+    uint64_t max_size = 0;
+    Status s = DecodeFetch(in.request, &key, &max_size);
+    if (!s.ok()) return r.Respond(s);
+    DramStore* dram = store_->dram();
+    auto pin = store_->Acquire(key);
+    if (pin.ok()) {
+      if (pin->size() > max_size) return r.Respond(ResourceExhausted("value larger than asked"));
+      return ReplyWithPin(r, dram, std::move(pin).value());
+    }
+    if (!store_->NeedsPromotion(key)) return r.Respond(NotFound("not held here"));
+    auto shared = std::make_shared<Responder>(std::move(r));
+    store_->Promote(key, [shared, dram, max_size](Status ps, DramStore::Pin p) {
+      if (!ps.ok() || !p.valid()) return shared->Respond(NotFound("not held here"));
+      if (p.size() > max_size) return shared->Respond(ResourceExhausted("value larger than asked"));
+      ReplyWithPin(*shared, dram, std::move(p));
+    });
+  });
+  sub_ = cluster_->membership()->SubscribeViews(
+      [this](const std::shared_ptr<const MembershipView>& view) {
+        auto after = cluster_->shard_map();
+        auto before = last_map_;
+        last_map_ = after;
+        executor_->Submit([this, before, after, view] { OnView(before, after, view); });
+      });
+}
+
+// The membership (and its subscription) is gone by now: see the header.
+PeerServer::~PeerServer() = default;
+
+void PeerServer::OnView(std::shared_ptr<const ShardMap> before,
+                        std::shared_ptr<const ShardMap> after,
+                        std::shared_ptr<const MembershipView> view) {
+  directory_->Prune(*view);
+  // Shards whose home changed: their new homes know nothing of what this
+  // node holds, so tell them again.
+  std::vector<uint32_t> moved = ShardMap::Moved(*before, *after);
+  if (moved.empty()) return;
+  std::vector<bool> is_moved(kNumShards, false);
+  for (uint32_t s : moved) is_moved[s] = true;
+  uint64_t n = 0;
+  store_->dram()->ForEachEntry([&](const KeyId& key, const uint8_t*, uint64_t size) {
+    if (is_moved[ShardOf(key)]) {
+      publisher_->Add(key, size);
+      ++n;
+    }
+  });
+  LogDebug("view {}: {} shards moved, {} entries republished", view->epoch, moved.size(), n);
+}
+
+}  // namespace kvpool::cluster

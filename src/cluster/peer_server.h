@@ -1,0 +1,50 @@
+// PeerServer: answers peers' directory and data requests on this node.
+//
+// Publish batches go into the local Directory; Lookup answers from it;
+// Fetch answers with a value pinned in DRAM, sent zero-copy (the pin is
+// released by the transport's release callback once the bytes are out),
+// promoting it from SSD first when it is only there. A fenced node answers
+// Unavailable. On every membership view it prunes the directory of dead
+// incarnations and replays this node's DRAM inventory of the shards whose
+// home moved to their new homes (through the Publisher).
+//
+// Thread-safe. Handlers run on the transport's handler executor; view work
+// runs on the executor. Destroy only after the cluster itself (its
+// transport runs the handlers, its membership the view callback) and after
+// the executor has drained.
+#pragma once
+
+#include <memory>
+
+#include "cluster/cluster.h"
+#include "cluster/directory.h"
+#include "cluster/publisher.h"
+#include "common/executor.h"
+#include "store/tiered_store.h"
+
+namespace kvpool::cluster {
+
+class PeerServer {
+ public:
+  // Registers the handlers and subscribes to views. All pointers must
+  // outlive the server.
+  PeerServer(Cluster* cluster, Directory* directory, Publisher* publisher, TieredStore* store,
+             Executor* executor);
+  ~PeerServer();
+  PeerServer(const PeerServer&) = delete;
+  PeerServer& operator=(const PeerServer&) = delete;
+
+ private:
+  void OnView(std::shared_ptr<const ShardMap> before, std::shared_ptr<const ShardMap> after,
+              std::shared_ptr<const MembershipView> view);
+
+  Cluster* const cluster_;
+  Directory* const directory_;
+  Publisher* const publisher_;
+  TieredStore* const store_;
+  Executor* const executor_;
+  uint64_t sub_ = 0;
+  std::shared_ptr<const ShardMap> last_map_;  // only touched by the membership's callback thread
+};
+
+}  // namespace kvpool::cluster

@@ -1,0 +1,383 @@
+#include "cluster/remote_reader.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "cluster/peer_messages_format.h"
+#include "common/log.h"
+
+namespace kvpool::cluster {
+
+using transport::Clock;
+
+struct RemoteReader::State {
+  RemoteReaderOptions opts;
+  Cluster* cluster = nullptr;
+  Directory* directory = nullptr;
+  TieredStore* store = nullptr;
+  Executor* executor = nullptr;
+  Publisher* publisher = nullptr;
+
+  Counter* lookups = nullptr;
+  Counter* fetches = nullptr;
+  Counter* fetch_bytes = nullptr;
+  Counter* hits = nullptr;
+  Counter* misses = nullptr;
+  Counter* lookup_errors = nullptr;
+  Counter* fetch_errors = nullptr;
+  Counter* cooldowns = nullptr;
+
+  std::mutex mu;
+  // Protected by mu: peers avoided until the time point; the stage gate.
+  std::unordered_map<std::string, Clock::time_point> cooling;
+  bool stopping = false;
+  int active = 0;
+  std::condition_variable idle;
+
+  bool Cooling(const std::string& address) {
+    std::lock_guard lock(mu);
+    auto it = cooling.find(address);
+    if (it == cooling.end()) return false;
+    if (Clock::now() >= it->second) {
+      cooling.erase(it);
+      return false;
+    }
+    return true;
+  }
+
+  void NoteFailure(const std::string& address, const Status& s) {
+    if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kDeadlineExceeded) return;
+    std::lock_guard lock(mu);
+    cooling[address] = Clock::now() + opts.cooldown;
+    cooldowns->Inc();
+  }
+
+  // The gate: stages that may call the transport run inside it.
+  bool Enter() {
+    std::lock_guard lock(mu);
+    if (stopping) return false;
+    ++active;
+    return true;
+  }
+  void Leave() {
+    std::lock_guard lock(mu);
+    if (--active == 0) idle.notify_all();
+  }
+
+  // Runs fn on the executor (inside the gate), or skip() at once when
+  // shutting down.
+  void Continue(std::shared_ptr<State> self, std::function<void()> fn, std::function<void()> skip) {
+    {
+      std::lock_guard lock(mu);
+      if (stopping) {
+        skip();
+        return;
+      }
+    }
+    executor->Submit([self, fn = std::move(fn), skip = std::move(skip)] {
+      if (!self->Enter()) {
+        skip();
+        return;
+      }
+      fn();
+      self->Leave();
+    });
+  }
+};
+
+namespace {
+
+// One batched lookup across the keys' homes.
+struct LookupOp {
+  std::vector<KeyId> keys;
+  std::vector<LookupResult> results;
+  std::atomic<int> pending{1};  // one extra, dropped when every call is out
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> payloads;
+  std::function<void()> then;
+
+  void Done() {
+    if (pending.fetch_sub(1, std::memory_order_acq_rel) == 1) then();
+  }
+};
+
+// The live holders of a key (not this node, in the view with the same
+// incarnation, not cooling down), as peer addresses.
+std::vector<std::string> Candidates(RemoteReader::State& st, const MembershipView& view,
+                                    const LookupResult& r) {
+  std::vector<std::string> out;
+  for (const auto& h : r.holders) {
+    if (h.node_id == st.cluster->node_id()) continue;
+    const Member* m = view.Find(h.node_id);
+    if (m == nullptr || (m->incarnation != 0 && m->incarnation != h.incarnation)) continue;
+    if (st.Cooling(m->address)) continue;
+    out.push_back(m->address);
+  }
+  return out;
+}
+
+// Looks the keys up at their homes; `then` runs once every home answered or
+// failed (results of failed homes stay empty), on a transport thread or
+// inline.
+void StartLookup(const std::shared_ptr<RemoteReader::State>& st, std::shared_ptr<LookupOp> op) {
+  op->results.assign(op->keys.size(), {});
+  st->lookups->Inc(op->keys.size());
+  auto map = st->cluster->shard_map();
+  std::map<std::string, std::vector<size_t>> groups;  // home address -> key indexes
+  std::vector<KeyId> local_keys;
+  std::vector<size_t> local_idx;
+  for (size_t i = 0; i < op->keys.size(); ++i) {
+    const Member* home = map->HomeOf(op->keys[i]);
+    if (home == nullptr) continue;
+    if (home->node_id == st->cluster->node_id()) {
+      local_keys.push_back(op->keys[i]);
+      local_idx.push_back(i);
+    } else if (!st->Cooling(home->address)) {
+      groups[home->address].push_back(i);
+    }
+  }
+  if (!local_keys.empty()) {
+    auto res = st->directory->Lookup(local_keys);
+    for (size_t j = 0; j < res.size(); ++j) op->results[local_idx[j]] = std::move(res[j]);
+  }
+  for (auto& [address, idx] : groups) {
+    for (size_t start = 0; start < idx.size(); start += kMaxPeerBatch) {
+      size_t end = std::min(idx.size(), start + kMaxPeerBatch);
+      std::vector<size_t> part(idx.begin() + static_cast<ptrdiff_t>(start),
+                               idx.begin() + static_cast<ptrdiff_t>(end));
+      std::vector<KeyId> keys;
+      for (size_t i : part) keys.push_back(op->keys[i]);
+      auto payload = std::make_shared<std::vector<uint8_t>>();
+      EncodeLookup(keys, payload.get());
+      op->payloads.push_back(payload);
+      transport::CallArgs args;
+      args.peer = address;
+      args.type = kPeerLookup;
+      args.payload = *payload;
+      args.deadline = Clock::now() + st->opts.lookup_timeout;
+      op->pending.fetch_add(1, std::memory_order_relaxed);
+      st->cluster->transport()->Call(
+          args, [st, op, part = std::move(part), address](transport::Reply r) {
+            std::vector<LookupResult> res;
+            Status s = r.status;
+            if (s.ok()) s = DecodeLookupReply(r.payload, part.size(), &res);
+            if (s.ok()) {
+              for (size_t j = 0; j < part.size(); ++j) op->results[part[j]] = std::move(res[j]);
+            } else {
+              st->lookup_errors->Inc();
+              st->NoteFailure(address, s);
+              LogDebug("lookup at {}: {}", address, s.ToString());
+            }
+            op->Done();
+          });
+    }
+  }
+  op->Done();
+}
+
+// Fetches the found keys into local DRAM slots.
+struct FetchOp {
+  std::vector<KeyId> keys;
+  std::vector<DramStore::Reservation> slots;
+  std::vector<std::vector<std::string>> peers;  // candidate holders per key
+  std::mutex mu;
+  std::vector<DramStore::Pin> pins;  // protected by mu
+  std::atomic<int> pending{1};
+  RemoteSource::FetchDone done;
+
+  void AddPin(DramStore::Pin pin) {
+    std::lock_guard lock(mu);
+    pins.push_back(std::move(pin));
+  }
+  void Done() {
+    if (pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::vector<DramStore::Pin> out;
+      {
+        std::lock_guard lock(mu);
+        out.swap(pins);
+      }
+      slots.clear();
+      done(std::move(out));
+    }
+  }
+};
+
+// Fetches key i of op from its next candidate holder into its reserved
+// slot; on failure tries the next one, then gives up (a miss).
+void IssueFetch(const std::shared_ptr<RemoteReader::State>& st, const std::shared_ptr<FetchOp>& op,
+                size_t i, size_t attempt) {
+  const std::string& peer = op->peers[i][attempt];
+  DramStore* dram = st->store->dram();
+  uint64_t size = op->slots[i].size();
+  std::vector<uint8_t> request;
+  EncodeFetch(op->keys[i], size, &request);
+  transport::CallArgs args;
+  args.peer = peer;
+  args.type = kPeerFetch;
+  args.request = request;
+  args.sink = {dram->segment_base() + op->slots[i].offset(), size};
+  args.deadline = Clock::now() + st->opts.fetch_timeout;
+  st->fetches->Inc();
+  st->cluster->transport()->Call(args, [st, op, i, attempt, dram](transport::Reply rep) {
+    const std::string& peer = op->peers[i][attempt];
+    uint64_t got = 0;
+    Status s = rep.status;
+    if (s.ok()) s = DecodeFetchReply(rep.header, &got);
+    if (s.ok() && (got != op->slots[i].size() || rep.payload_bytes != got)) {
+      s = Corruption("fetch reply size does not match the directory's");
+    }
+    if (s.ok()) {
+      auto pin = dram->CommitAndAcquire(std::move(op->slots[i]));
+      if (pin.ok()) {
+        st->hits->Inc();
+        st->fetch_bytes->Inc(got);
+        st->publisher->Add(op->keys[i], got);  // a new local replica
+        op->AddPin(std::move(pin).value());
+      } else {
+        st->misses->Inc();
+      }
+      op->Done();
+      return;
+    }
+    if (s.code() != StatusCode::kNotFound) st->fetch_errors->Inc();
+    st->NoteFailure(peer, s);
+    LogDebug("fetch {} from {}: {}", op->keys[i].ToHex(), peer, s.ToString());
+    if (attempt + 1 < op->peers[i].size()) {
+      // The next holder, from the executor (this is a transport thread).
+      st->Continue(
+          st, [st, op, i, attempt] { IssueFetch(st, op, i, attempt + 1); },
+          [st, op, i] {
+            op->slots[i].Reset();
+            st->misses->Inc();
+            op->Done();
+          });
+      return;
+    }
+    op->slots[i].Reset();
+    st->misses->Inc();
+    op->Done();
+  });
+}
+
+void StartFetches(const std::shared_ptr<RemoteReader::State>& st, const LookupOp& lookup,
+                  RemoteSource::FetchDone done) {
+  auto op = std::make_shared<FetchOp>();
+  op->keys = lookup.keys;
+  op->slots.resize(lookup.keys.size());
+  op->peers.resize(lookup.keys.size());
+  op->done = std::move(done);
+  auto view = st->cluster->view();
+  uint64_t misses = 0;
+  std::vector<size_t> to_fetch;
+  for (size_t i = 0; i < lookup.keys.size(); ++i) {
+    const KeyId& key = lookup.keys[i];
+    const LookupResult& r = lookup.results[i];
+    if (r.size > 0) op->peers[i] = Candidates(*st, *view, r);
+    if (op->peers[i].empty()) {
+      ++misses;
+      continue;
+    }
+    auto slot = st->store->Reserve(key, r.size);
+    if (!slot.ok()) {
+      // Stored here meanwhile (by a writer or another fetch): serve that.
+      auto pin = slot.status().code() == StatusCode::kAlreadyExists
+                     ? st->store->Acquire(key)
+                     : Result<DramStore::Pin>(slot.status());
+      if (pin.ok()) {
+        op->AddPin(std::move(pin).value());
+      } else {
+        ++misses;
+      }
+      continue;
+    }
+    op->slots[i] = std::move(slot).value();
+    to_fetch.push_back(i);
+  }
+  op->pending.fetch_add(static_cast<int>(to_fetch.size()), std::memory_order_relaxed);
+  for (size_t i : to_fetch) IssueFetch(st, op, i, 0);
+  st->misses->Inc(misses);
+  op->Done();
+}
+
+}  // namespace
+
+RemoteReader::RemoteReader(const RemoteReaderOptions& options, Cluster* cluster,
+                           Directory* directory, Publisher* publisher, TieredStore* store,
+                           Executor* executor, MetricsRegistry* m)
+    : state_(std::make_shared<State>()), publisher_(publisher) {
+  State& s = *state_;
+  s.opts = options;
+  s.cluster = cluster;
+  s.directory = directory;
+  s.store = store;
+  s.executor = executor;
+  s.publisher = publisher;
+  s.lookups = m->GetCounter("kvpool_remote_lookups_total", "Keys looked up at their home nodes");
+  s.fetches = m->GetCounter("kvpool_remote_fetches_total", "Values fetched from peers");
+  s.fetch_bytes = m->GetCounter("kvpool_remote_fetch_bytes_total", "Value bytes fetched from peers");
+  s.hits = m->GetCounter("kvpool_remote_hits_total", "Local misses served from a peer");
+  s.misses = m->GetCounter("kvpool_remote_misses_total", "Local misses no peer could serve");
+  s.lookup_errors = m->GetCounter("kvpool_peer_errors_total", "Failed peer calls, by operation",
+                                  {{"op", "lookup"}});
+  s.fetch_errors = m->GetCounter("kvpool_peer_errors_total", "Failed peer calls, by operation",
+                                 {{"op", "fetch"}});
+  s.cooldowns = m->GetCounter("kvpool_peer_cooldowns_total",
+                              "Times a peer was set aside after Unavailable or a timeout");
+}
+
+RemoteReader::~RemoteReader() { Shutdown(); }
+
+void RemoteReader::Shutdown() {
+  std::unique_lock lock(state_->mu);
+  state_->stopping = true;
+  state_->idle.wait(lock, [this] { return state_->active == 0; });
+}
+
+void RemoteReader::Fetch(std::vector<KeyId> keys, FetchDone done) {
+  auto st = state_;
+  if (keys.empty() || st->cluster->fenced() || !st->Enter()) {
+    if (!keys.empty()) st->misses->Inc(keys.size());
+    done({});
+    return;
+  }
+  auto op = std::make_shared<LookupOp>();
+  op->keys = std::move(keys);
+  auto shared_done = std::make_shared<FetchDone>(std::move(done));
+  op->then = [st, op, shared_done] {
+    st->Continue(
+        st, [st, op, shared_done] { StartFetches(st, *op, std::move(*shared_done)); },
+        [st, op, shared_done] {
+          st->misses->Inc(op->keys.size());
+          (*shared_done)({});
+        });
+  };
+  StartLookup(st, op);
+  st->Leave();
+}
+
+void RemoteReader::Exists(std::vector<KeyId> keys, ExistsDone done) {
+  auto st = state_;
+  if (keys.empty() || st->cluster->fenced() || !st->Enter()) {
+    done({});
+    return;
+  }
+  auto op = std::make_shared<LookupOp>();
+  op->keys = std::move(keys);
+  auto shared_done = std::make_shared<ExistsDone>(std::move(done));
+  op->then = [st, op, shared_done] {
+    auto view = st->cluster->view();
+    std::vector<KeyId> hits;
+    for (size_t i = 0; i < op->keys.size(); ++i) {
+      if (op->results[i].size > 0 && !Candidates(*st, *view, op->results[i]).empty()) {
+        hits.push_back(op->keys[i]);
+      }
+    }
+    (*shared_done)(std::move(hits));
+  };
+  StartLookup(st, op);
+  st->Leave();
+}
+
+}  // namespace kvpool::cluster

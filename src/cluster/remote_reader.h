@@ -1,0 +1,62 @@
+// RemoteReader: the cluster's RemoteSource. A read of keys missing here
+// asks each key's home (one batched Lookup per home node; the local
+// directory when the home is this node), then fetches each found key from a
+// live holder straight into a reserved local DRAM slot (the transport's
+// sink), commits and pins it, and publishes the new local replica.
+// Publishing what this node stores goes through the Publisher.
+//
+// Failure: a lookup or fetch that fails or misses its deadline is a miss;
+// after Unavailable or DeadlineExceeded the peer is avoided for a cool-down.
+// A fenced node does not go remote (everything misses).
+//
+// Thread-safe. Stages after a reply run on the executor (never on the
+// transport thread, which must not block). Shutdown() must be called, and
+// must return, before the cluster's transport is destroyed.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "cluster/cluster.h"
+#include "cluster/directory.h"
+#include "cluster/publisher.h"
+#include "cluster/remote_source.h"
+#include "common/executor.h"
+#include "common/metrics.h"
+#include "store/tiered_store.h"
+
+namespace kvpool::cluster {
+
+struct RemoteReaderOptions {
+  // Deadline of each directory lookup and each fetch. Shorter: a dead peer
+  // costs less; longer: a slow network still hits.
+  std::chrono::milliseconds lookup_timeout{500};
+  std::chrono::milliseconds fetch_timeout{2000};
+  // How long a peer that failed Unavailable/DeadlineExceeded is avoided.
+  std::chrono::milliseconds cooldown{2000};
+};
+
+class RemoteReader final : public RemoteSource {
+ public:
+  // All pointers must outlive the reader.
+  RemoteReader(const RemoteReaderOptions& options, Cluster* cluster, Directory* directory,
+               Publisher* publisher, TieredStore* store, Executor* executor,
+               MetricsRegistry* metrics);
+  ~RemoteReader() override;
+
+  void Fetch(std::vector<KeyId> keys, FetchDone done) override;
+  void Exists(std::vector<KeyId> keys, ExistsDone done) override;
+  void NoteStored(const KeyId& key, uint64_t size) override { publisher_->Add(key, size); }
+  void NoteDropped(const KeyId& key) override { publisher_->Remove(key); }
+
+  // New reads miss at once; waits for running stages to leave the transport.
+  void Shutdown();
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+  Publisher* const publisher_;
+};
+
+}  // namespace kvpool::cluster

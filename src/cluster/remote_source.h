@@ -1,0 +1,36 @@
+// RemoteSource: what the local server asks of the cluster. Reads of keys
+// missing here go to their holders (via the keys' home nodes); what this
+// node stores and drops is published to the homes.
+//
+// Thread-safe. The done callbacks run exactly once, on some cluster thread
+// (never inside the call), no later than the source's call deadlines.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "common/key_id.h"
+#include "store/dram/dram_store.h"
+
+namespace kvpool {
+
+class RemoteSource {
+ public:
+  virtual ~RemoteSource() = default;
+
+  // Fetches keys this node does not hold into local DRAM (kept as local
+  // replicas); done gets a pin per key found (any order; misses are absent).
+  using FetchDone = std::function<void(std::vector<DramStore::Pin>)>;
+  virtual void Fetch(std::vector<KeyId> keys, FetchDone done) = 0;
+  // Which of the keys some live peer holds.
+  using ExistsDone = std::function<void(std::vector<KeyId>)>;
+  virtual void Exists(std::vector<KeyId> keys, ExistsDone done) = 0;
+
+  // This node committed / dropped a key (queued, published asynchronously).
+  // Quick; may be called under the DRAM store's lock.
+  virtual void NoteStored(const KeyId& key, uint64_t size) = 0;
+  virtual void NoteDropped(const KeyId& key) = 0;
+};
+
+}  // namespace kvpool
