@@ -3,7 +3,11 @@
 // kill -9 leaving the view within the lease TTL, a restart coming back with
 // a higher incarnation; kvpoolctl members/shards.
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <map>
@@ -135,14 +139,16 @@ TEST_F(ClusterTest, KilledNodeLeavesWithinTtlAndRejoinsWithNewIncarnation) {
   EXPECT_EQ(Members(*a), Members(*c));
 }
 
-// A client of one node's local socket (copy mode: bytes travel inline).
+// A client of one node's local socket.
 class Conn {
  public:
-  explicit Conn(const NodeProcess& n) {
+  // copy_mode: bytes travel inline (get); otherwise through the mapped
+  // segment (acquire, then a copy out).
+  explicit Conn(const NodeProcess& n, bool copy_mode = true) {
     kvpool_options o;
     kvpool_options_init(&o);
     o.socket_path = n.socket().c_str();
-    o.copy_mode = 1;
+    o.copy_mode = copy_mode ? 1 : 0;
     o.timeout_ms = 10000;
     kvpool_status st;
     c_ = kvpool_open(&o, &st);
@@ -220,7 +226,7 @@ TEST_F(ClusterTest, RemoteReadsAreByteExactAndADeadHolderIsAMiss) {
   for (NodeProcess* n : {a.get(), b.get(), c.get()}) {
     ASSERT_TRUE(WaitFor(milliseconds(5000), [&] { return Members(*n).size() == 3; }));
   }
-  Conn ca(*a), cb(*b), cc(*c);
+  Conn ca(*a), cb(*b), cc(*c, /*copy_mode=*/false);
   ASSERT_TRUE(ca.ok() && cb.ok() && cc.ok());
   const size_t kN = 24;
   auto shared = Keys("shared", kN), only_a = Keys("only-a", kN), via_b = Keys("via-b", kN);
@@ -280,6 +286,82 @@ TEST_F(ClusterTest, RemoteReadsAreByteExactAndADeadHolderIsAMiss) {
   EXPECT_LT(steady_clock::now() - t0, std::chrono::seconds(3));
   for (size_t i = 0; i < kN; ++i) EXPECT_FALSE(miss[i].has_value()) << i;
   EXPECT_EQ(cc.ExistsCount(only_a), 0u);
+}
+
+TEST_F(ClusterTest, AHungHolderIsAMissWithinTheDeadlineThenCoolsDown) {
+  // A long lease: the hung node stays in the view while B reads.
+  auto args = [&](const std::string& id) {
+    return std::vector<std::string>{"--node-id", id, "--etcd", etcd_->endpoint(), "--cluster",
+                                    "hung", "--peer-port", "0", "--lease-ttl", "30s",
+                                    "--peer-lookup-timeout", "300ms", "--peer-fetch-timeout",
+                                    "800ms", "--peer-cooldown", "10s"};
+  };
+  std::string log;
+  auto a = NodeProcess::Start(args("a"), "", &log);
+  ASSERT_NE(a, nullptr) << log;
+  auto b = NodeProcess::Start(args("b"), "", &log);
+  ASSERT_NE(b, nullptr) << log;
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] { return Members(*b).size() == 2; }));
+  Conn ca(*a), cb(*b);
+  auto ids = Keys("hung", 16);
+  ca.Put(ids, Values(500, 16));
+  ASSERT_TRUE(WaitFor(milliseconds(3000), [&] { return cb.ExistsCount(ids) == ids.size(); }));
+
+  ASSERT_EQ(kill(a->pid(), SIGSTOP), 0);
+  auto t0 = steady_clock::now();
+  auto got = cb.Get(ids);
+  auto first = steady_clock::now() - t0;
+  for (const auto& g : got) EXPECT_FALSE(g.has_value());
+  // One lookup round (300 ms) then one fetch round (800 ms), with slack.
+  EXPECT_LT(first, milliseconds(2500));
+  // A is cooling down now: the next miss does not wait for it.
+  t0 = steady_clock::now();
+  got = cb.Get(ids);
+  EXPECT_LT(steady_clock::now() - t0, milliseconds(250));
+  for (const auto& g : got) EXPECT_FALSE(g.has_value());
+  EXPECT_GT(b->Metric("kvpool_peer_cooldowns_total"), 0);
+  kill(a->pid(), SIGCONT);
+}
+
+// A free loopback TCP port (bound and released: a small race, fine here).
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+TEST(StaticClusterTest, PeersListServesRemoteReads) {
+  int pa = FreePort(), pb = FreePort();
+  ASSERT_TRUE(pa > 0 && pb > 0 && pa != pb);
+  std::string peers = "a=127.0.0.1:" + std::to_string(pa) + ",b=127.0.0.1:" + std::to_string(pb);
+  std::string log;
+  auto a = NodeProcess::Start({"--node-id", "a", "--peers", peers, "--peer-port", std::to_string(pa)},
+                              "", &log);
+  ASSERT_NE(a, nullptr) << log;
+  auto b = NodeProcess::Start({"--node-id", "b", "--peers", peers, "--peer-port", std::to_string(pb)},
+                              "", &log);
+  ASSERT_NE(b, nullptr) << log;
+  EXPECT_EQ(Members(*a).size(), 2u);
+  Conn ca(*a), cb(*b);
+  auto ids = Keys("static", 8);
+  auto vals = Values(400, 8);
+  ca.Put(ids, vals);
+  ASSERT_TRUE(WaitFor(milliseconds(3000), [&] { return cb.ExistsCount(ids) == ids.size(); }));
+  auto got = cb.Get(ids);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ASSERT_TRUE(got[i].has_value()) << i;
+    EXPECT_EQ(*got[i], vals[i]) << i;
+  }
 }
 
 TEST(StandaloneNodeTest, MembersListsOnlyItself) {

@@ -163,7 +163,7 @@ class NodeImpl final : public Node {
     peer_server_ = std::make_unique<cluster::PeerServer>(cluster_.get(), directory_.get(),
                                                          publisher_.get(), tiered_.get(),
                                                          peer_pool_.get());
-    reader_ = std::make_unique<cluster::RemoteReader>(cluster::RemoteReaderOptions{},
+    reader_ = std::make_unique<cluster::RemoteReader>(opts_.remote,
                                                       cluster_.get(), directory_.get(),
                                                       publisher_.get(), tiered_.get(),
                                                       peer_pool_.get(), &metrics_);

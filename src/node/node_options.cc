@@ -149,6 +149,15 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddDuration("lease-ttl", &o->cluster.lease_ttl, std::chrono::milliseconds(2000),
                  std::chrono::milliseconds(600000),
                  "Membership lease TTL: a dead node leaves the view after this long");
+  t->AddDuration("peer-lookup-timeout", &o->remote.lookup_timeout, std::chrono::milliseconds(10),
+                 std::chrono::milliseconds(60000),
+                 "Deadline of a directory lookup at a key's home (a late answer is a miss)");
+  t->AddDuration("peer-fetch-timeout", &o->remote.fetch_timeout, std::chrono::milliseconds(10),
+                 std::chrono::milliseconds(60000),
+                 "Deadline of fetching one value from a peer (a late answer is a miss)");
+  t->AddDuration("peer-cooldown", &o->remote.cooldown, std::chrono::milliseconds(0),
+                 std::chrono::milliseconds(600000),
+                 "How long a peer that failed or timed out is avoided");
   t->AddEnum("placement", &o->placement, {"local", "home"},
              "Where a put is stored: the writer's node (local) or the key's home node (home)");
 }

@@ -9,6 +9,7 @@
 
 #include "admin/admin_server.h"
 #include "cluster/cluster.h"
+#include "cluster/remote_reader.h"
 #include "common/settings.h"
 #include "node/local_server.h"
 #include "store/dram/dram_store.h"
@@ -43,6 +44,8 @@ struct NodeOptions {
   // Where a put is stored: "local" (the writer's node, published to the
   // key's home) or "home" (the key's home node).
   std::string placement = "local";
+  // Deadlines and cool-down of remote reads.
+  cluster::RemoteReaderOptions remote;
 
   NodeOptions() { admin.port = 9710; }
   Status Validate() const;
