@@ -323,6 +323,87 @@ TEST_F(ClusterTest, AHungHolderIsAMissWithinTheDeadlineThenCoolsDown) {
   kill(a->pid(), SIGCONT);
 }
 
+bool Fenced(const NodeProcess& n) {
+  auto j = nlohmann::json::parse(n.HttpGet("/api/v1/members"), nullptr, false);
+  return !j.is_discarded() && j.value("fenced", false);
+}
+
+TEST_F(ClusterTest, FencedNodesMissThenComeBackAndRepublish) {
+  auto a = StartNode("a"), b = StartNode("b");
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] { return Members(*b).size() == 2; }));
+  Conn ca(*a), cb(*b);
+  auto ids = Keys("fence", 16);
+  auto vals = Values(600, 16);
+  ca.Put(ids, vals);
+  ASSERT_TRUE(WaitFor(milliseconds(3000), [&] { return cb.ExistsCount(ids) == ids.size(); }));
+  uint64_t inc_a = Members(*b)["a"];
+
+  // etcd hangs past the lease TTL: both nodes fence themselves; a fenced
+  // node does no remote work, so B's reads of A's keys miss (local ones
+  // still work).
+  etcd_->Pause();
+  ASSERT_TRUE(WaitFor(milliseconds(4000), [&] { return Fenced(*b); }));
+  for (const auto& g : cb.Get(ids)) EXPECT_FALSE(g.has_value());
+  EXPECT_EQ(ca.ExistsCount(ids), ids.size());
+  std::this_thread::sleep_for(milliseconds(2500));  // let the leases expire
+  etcd_->Resume();
+
+  // Both re-register with new incarnations; A republishes everything under
+  // its new one, so B finds the keys again.
+  ASSERT_TRUE(WaitFor(milliseconds(8000), [&] {
+    auto m = Members(*b);
+    return !Fenced(*b) && m.size() == 2 && m["a"] > inc_a;
+  })) << b->HttpGet("/api/v1/members");
+  std::vector<std::optional<std::vector<uint8_t>>> got;
+  EXPECT_TRUE(WaitFor(milliseconds(5000), [&] {
+    got = cb.Get(ids);
+    for (const auto& g : got) {
+      if (!g) return false;
+    }
+    return true;
+  }));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ASSERT_TRUE(got[i].has_value()) << i;
+    EXPECT_EQ(*got[i], vals[i]) << i;
+  }
+}
+
+TEST_F(ClusterTest, AHolderBackUnderANewIncarnationRepublishesEverything) {
+  auto a = StartNode("a"), b = StartNode("b");
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] { return Members(*b).size() == 2; }));
+  Conn ca(*a), cb(*b);
+  auto ids = Keys("reinc", 32);
+  auto vals = Values(700, 32);
+  ca.Put(ids, vals);
+  ASSERT_TRUE(WaitFor(milliseconds(3000), [&] { return cb.ExistsCount(ids) == ids.size(); }));
+  uint64_t inc_a = Members(*b)["a"];
+
+  // A hangs past its lease: B drops it (and its directory entries, also of
+  // keys whose home is B). Resumed, A fences, registers again under a new
+  // incarnation, and must tell every home what it holds again.
+  ASSERT_EQ(kill(a->pid(), SIGSTOP), 0);
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] { return Members(*b).count("a") == 0; }));
+  ASSERT_EQ(kill(a->pid(), SIGCONT), 0);
+  ASSERT_TRUE(WaitFor(milliseconds(8000), [&] {
+    auto m = Members(*b);
+    return m.count("a") == 1 && m["a"] > inc_a;
+  })) << b->HttpGet("/api/v1/members");
+  std::vector<std::optional<std::vector<uint8_t>>> got;
+  EXPECT_TRUE(WaitFor(milliseconds(5000), [&] {
+    got = cb.Get(ids);
+    for (const auto& g : got) {
+      if (!g) return false;
+    }
+    return true;
+  }));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ASSERT_TRUE(got[i].has_value()) << i;
+    EXPECT_EQ(*got[i], vals[i]) << i;
+  }
+}
+
 // A free loopback TCP port (bound and released: a small race, fine here).
 int FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);

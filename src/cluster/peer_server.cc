@@ -36,7 +36,8 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publis
       publisher_(publisher),
       store_(store),
       executor_(executor),
-      last_map_(cluster->shard_map()) {
+      last_map_(cluster->shard_map()),
+      last_incarnation_(cluster->incarnation()) {
   transport::Transport* t = cluster_->transport();
   t->RegisterHandler(kPeerPublish, [this](Incoming in, Responder r) {
     if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
@@ -84,7 +85,12 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publis
         auto after = cluster_->shard_map();
         auto before = last_map_;
         last_map_ = after;
-        executor_->Submit([this, before, after, view] { OnView(before, after, view); });
+        // Re-registered (after a fence) under a new incarnation: every home
+        // drops what this node published before, so all of it is replayed.
+        uint64_t inc = cluster_->incarnation();
+        bool all = inc != last_incarnation_;
+        last_incarnation_ = inc;
+        executor_->Submit([this, before, after, view, all] { OnView(before, after, view, all); });
       });
 }
 
@@ -93,13 +99,13 @@ PeerServer::~PeerServer() = default;
 
 void PeerServer::OnView(std::shared_ptr<const ShardMap> before,
                         std::shared_ptr<const ShardMap> after,
-                        std::shared_ptr<const MembershipView> view) {
+                        std::shared_ptr<const MembershipView> view, bool replay_all) {
   directory_->Prune(*view);
   // Shards whose home changed: their new homes know nothing of what this
   // node holds, so tell them again.
   std::vector<uint32_t> moved = ShardMap::Moved(*before, *after);
-  if (moved.empty()) return;
-  std::vector<bool> is_moved(kNumShards, false);
+  if (moved.empty() && !replay_all) return;
+  std::vector<bool> is_moved(kNumShards, replay_all);
   for (uint32_t s : moved) is_moved[s] = true;
   uint64_t n = 0;
   store_->dram()->ForEachEntry([&](const KeyId& key, const uint8_t*, uint64_t size) {

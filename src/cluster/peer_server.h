@@ -6,7 +6,8 @@
 // promoting it from SSD first when it is only there. A fenced node answers
 // Unavailable. On every membership view it prunes the directory of dead
 // incarnations and replays this node's DRAM inventory of the shards whose
-// home moved to their new homes (through the Publisher).
+// home moved to their new homes (through the Publisher) -- all of it when
+// this node itself came back under a new incarnation.
 //
 // Thread-safe. Handlers run on the transport's handler executor; view work
 // runs on the executor. Destroy only after the cluster itself (its
@@ -36,7 +37,7 @@ class PeerServer {
 
  private:
   void OnView(std::shared_ptr<const ShardMap> before, std::shared_ptr<const ShardMap> after,
-              std::shared_ptr<const MembershipView> view);
+              std::shared_ptr<const MembershipView> view, bool replay_all);
 
   Cluster* const cluster_;
   Directory* const directory_;
@@ -44,7 +45,9 @@ class PeerServer {
   TieredStore* const store_;
   Executor* const executor_;
   uint64_t sub_ = 0;
-  std::shared_ptr<const ShardMap> last_map_;  // only touched by the membership's callback thread
+  // Only touched by the membership's callback thread.
+  std::shared_ptr<const ShardMap> last_map_;
+  uint64_t last_incarnation_ = 0;
 };
 
 }  // namespace kvpool::cluster
