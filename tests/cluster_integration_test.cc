@@ -404,6 +404,48 @@ TEST_F(ClusterTest, AHolderBackUnderANewIncarnationRepublishesEverything) {
   }
 }
 
+uint64_t DramEntries(const NodeProcess& n) {
+  auto j = nlohmann::json::parse(n.HttpGet("/api/v1/status"), nullptr, false);
+  return j.is_discarded() ? 0 : j["dram"]["entries"].get<uint64_t>();
+}
+
+TEST_F(ClusterTest, PlacementHomeSpreadsValuesOverTheHomes) {
+  std::vector<std::unique_ptr<NodeProcess>> nodes;
+  for (const char* id : {"a", "b", "c"}) {
+    auto args = Args(id);
+    args.insert(args.end(), {"--placement", "home"});
+    std::string log;
+    nodes.push_back(NodeProcess::Start(args, "", &log));
+    ASSERT_NE(nodes.back(), nullptr) << log;
+  }
+  for (auto& n : nodes) {
+    ASSERT_TRUE(WaitFor(milliseconds(5000), [&] { return Members(*n).size() == 3; }));
+  }
+  Conn ca(*nodes[0]), cb(*nodes[1]);
+  const size_t kN = 60;
+  auto ids = Keys("home", kN);
+  auto vals = Values(800, kN);
+  ca.Put(ids, vals);
+  // Each value ends up on its home only (A keeps about a third): once B and
+  // C hold theirs, every value is in exactly one place.
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] {
+    uint64_t a = DramEntries(*nodes[0]), b = DramEntries(*nodes[1]), c = DramEntries(*nodes[2]);
+    return b > 0 && c > 0 && a + b + c == kN &&
+           nodes[0]->Metric("kvpool_placement_moved_total") == static_cast<double>(b + c);
+  })) << DramEntries(*nodes[0]) << " " << DramEntries(*nodes[1]) << " " << DramEntries(*nodes[2]);
+  EXPECT_GT(DramEntries(*nodes[0]), 0u);
+  EXPECT_EQ(nodes[0]->Metric("kvpool_placement_kept_total"), 0);
+
+  ASSERT_TRUE(WaitFor(milliseconds(3000), [&] { return cb.ExistsCount(ids) == kN; }));
+  for (Conn* conn : {&ca, &cb}) {
+    auto got = conn->Get(ids);
+    for (size_t i = 0; i < kN; ++i) {
+      ASSERT_TRUE(got[i].has_value()) << i;
+      EXPECT_EQ(*got[i], vals[i]) << i;
+    }
+  }
+}
+
 // A free loopback TCP port (bound and released: a small race, fine here).
 int FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -30,6 +30,11 @@
 // header u64 size and the value as payload (landing in the caller's sink);
 // NotFound when the node does not hold it (or holds it only on SSD and the
 // promotion failed); ResourceExhausted when size > max_size.
+//
+// kPeerStore (placement home: a writer hands a value to the key's home).
+// Request header: key 16 bytes, u64 size; payload: the value (size bytes).
+// Reply: OK when the home holds the key now (stored, or already there);
+// ResourceExhausted when it has no room; InvalidArgument on a size mismatch.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +51,7 @@ namespace kvpool::cluster {
 inline constexpr transport::MessageType kPeerPublish = 0x0101;
 inline constexpr transport::MessageType kPeerLookup = 0x0102;
 inline constexpr transport::MessageType kPeerFetch = 0x0103;
+inline constexpr transport::MessageType kPeerStore = 0x0104;
 
 inline constexpr uint32_t kMaxPeerBatch = 4096;
 inline constexpr uint32_t kMaxNodeIdBytes = 128;
@@ -91,5 +97,12 @@ void EncodeFetch(const KeyId& key, uint64_t max_size, std::vector<uint8_t>* out)
 Status DecodeFetch(std::span<const uint8_t> body, KeyId* key, uint64_t* max_size);
 void EncodeFetchReply(uint64_t size, std::vector<uint8_t>* out);
 Status DecodeFetchReply(std::span<const uint8_t> body, uint64_t* size);
+// kPeerStore's header has Fetch's layout (key, size).
+inline void EncodeStore(const KeyId& key, uint64_t size, std::vector<uint8_t>* out) {
+  EncodeFetch(key, size, out);
+}
+inline Status DecodeStore(std::span<const uint8_t> body, KeyId* key, uint64_t* size) {
+  return DecodeFetch(body, key, size);
+}
 
 }  // namespace kvpool::cluster

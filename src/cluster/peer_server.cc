@@ -1,5 +1,6 @@
 #include "cluster/peer_server.h"
 
+#include <cstring>
 #include <vector>
 
 #include "cluster/peer_messages_format.h"
@@ -79,6 +80,28 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publis
       if (p.size() > max_size) return shared->Respond(ResourceExhausted("value larger than asked"));
       ReplyWithPin(*shared, dram, std::move(p));
     });
+  });
+  t->RegisterHandler(kPeerStore, [this](Incoming in, Responder r) {
+    if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
+    KeyId key;
+    uint64_t size = 0;
+    Status s = DecodeStore(in.request, &key, &size);
+    if (s.ok() && size != in.payload.size()) s = InvalidArgument("store: payload size mismatch");
+    if (!s.ok()) return r.Respond(s);
+    auto slot = store_->Reserve(key, size);
+    if (!slot.ok()) {
+      // Already here: the home holds it, which is all the writer asks.
+      return r.Respond(slot.status().code() == StatusCode::kAlreadyExists ? Status::Ok()
+                                                                           : slot.status());
+    }
+    // The one copy of a home placement: the request buffer into the slot.
+    std::memcpy(store_->dram()->segment_base() + slot->offset(), in.payload.data(), size);
+    s = store_->Commit(std::move(slot).value());
+    if (s.ok() || s.code() == StatusCode::kAlreadyExists) {
+      if (s.ok()) publisher_->Add(key, size);
+      return r.Respond(Status::Ok());
+    }
+    r.Respond(s);
   });
   sub_ = cluster_->membership()->SubscribeViews(
       [this](const std::shared_ptr<const MembershipView>& view) {

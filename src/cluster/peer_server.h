@@ -3,7 +3,8 @@
 // Publish batches go into the local Directory; Lookup answers from it;
 // Fetch answers with a value pinned in DRAM, sent zero-copy (the pin is
 // released by the transport's release callback once the bytes are out),
-// promoting it from SSD first when it is only there. A fenced node answers
+// promoting it from SSD first when it is only there; Store (placement home)
+// keeps a value handed over by its writer. A fenced node answers
 // Unavailable. On every membership view it prunes the directory of dead
 // incarnations and replays this node's DRAM inventory of the shards whose
 // home moved to their new homes (through the Publisher) -- all of it when

@@ -304,9 +304,9 @@ void StartFetches(const std::shared_ptr<RemoteReader::State>& st, const LookupOp
 }  // namespace
 
 RemoteReader::RemoteReader(const RemoteReaderOptions& options, Cluster* cluster,
-                           Directory* directory, Publisher* publisher, TieredStore* store,
-                           Executor* executor, MetricsRegistry* m)
-    : state_(std::make_shared<State>()), publisher_(publisher) {
+                           Directory* directory, Publisher* publisher, HomePlacer* placer,
+                           TieredStore* store, Executor* executor, MetricsRegistry* m)
+    : state_(std::make_shared<State>()), publisher_(publisher), placer_(placer) {
   State& s = *state_;
   s.opts = options;
   s.cluster = cluster;

@@ -19,6 +19,7 @@
 
 #include "cluster/cluster.h"
 #include "cluster/directory.h"
+#include "cluster/home_placer.h"
 #include "cluster/publisher.h"
 #include "cluster/remote_source.h"
 #include "common/executor.h"
@@ -38,15 +39,22 @@ struct RemoteReaderOptions {
 
 class RemoteReader final : public RemoteSource {
  public:
-  // All pointers must outlive the reader.
+  // All pointers must outlive the reader. placer null: placement local
+  // (what this node stores is published as held here).
   RemoteReader(const RemoteReaderOptions& options, Cluster* cluster, Directory* directory,
-               Publisher* publisher, TieredStore* store, Executor* executor,
+               Publisher* publisher, HomePlacer* placer, TieredStore* store, Executor* executor,
                MetricsRegistry* metrics);
   ~RemoteReader() override;
 
   void Fetch(std::vector<KeyId> keys, FetchDone done) override;
   void Exists(std::vector<KeyId> keys, ExistsDone done) override;
-  void NoteStored(const KeyId& key, uint64_t size) override { publisher_->Add(key, size); }
+  void NoteStored(const KeyId& key, uint64_t size) override {
+    if (placer_ != nullptr) {
+      placer_->Place(key, size);
+    } else {
+      publisher_->Add(key, size);
+    }
+  }
   void NoteDropped(const KeyId& key) override { publisher_->Remove(key); }
 
   // New reads miss at once; waits for running stages to leave the transport.
@@ -57,6 +65,7 @@ class RemoteReader final : public RemoteSource {
  private:
   std::shared_ptr<State> state_;
   Publisher* const publisher_;
+  HomePlacer* const placer_;
 };
 
 }  // namespace kvpool::cluster

@@ -15,6 +15,7 @@
 #include "admin/admin_server.h"
 #include "cluster/cluster.h"
 #include "cluster/directory.h"
+#include "cluster/home_placer.h"
 #include "cluster/peer_server.h"
 #include "cluster/publisher.h"
 #include "cluster/remote_reader.h"
@@ -127,6 +128,7 @@ class NodeImpl final : public Node {
     cluster_.reset();
     peer_server_.reset();
     reader_.reset();
+    placer_.reset();
     publisher_.reset();
     directory_.reset();
     // Promotions in flight call back into the server: drain them first.
@@ -163,9 +165,14 @@ class NodeImpl final : public Node {
     peer_server_ = std::make_unique<cluster::PeerServer>(cluster_.get(), directory_.get(),
                                                          publisher_.get(), tiered_.get(),
                                                          peer_pool_.get());
+    if (opts_.placement == "home") {
+      placer_ = std::make_unique<cluster::HomePlacer>(cluster_.get(), publisher_.get(),
+                                                      tiered_.get(), opts_.remote.fetch_timeout,
+                                                      &metrics_);
+    }
     reader_ = std::make_unique<cluster::RemoteReader>(opts_.remote,
                                                       cluster_.get(), directory_.get(),
-                                                      publisher_.get(), tiered_.get(),
+                                                      publisher_.get(), placer_.get(), tiered_.get(),
                                                       peer_pool_.get(), &metrics_);
     // Without an SSD tier an evicted entry is gone: unpublish it. (With one,
     // it stays held on SSD.)
@@ -302,6 +309,7 @@ class NodeImpl final : public Node {
   std::unique_ptr<cluster::Directory> directory_;
   std::unique_ptr<cluster::Publisher> publisher_;
   std::unique_ptr<cluster::PeerServer> peer_server_;
+  std::unique_ptr<cluster::HomePlacer> placer_;  // placement home only
   std::unique_ptr<cluster::RemoteReader> reader_;
   std::thread publish_thread_;  // flushes the publisher every few ms
   std::mutex publish_mu_;

@@ -49,9 +49,6 @@ Status NodeOptions::Validate() const {
           admin.bind_address));
     }
   }
-  if (placement == "home") {
-    return InvalidArgument("--placement home is not implemented yet (use local)");
-  }
   ClusterOptions co = ClusterWithEndpoints(node_id.empty() ? "node" : node_id);
   if (co.enabled()) {
     KVPOOL_RETURN_IF_ERROR(co.Validate());
