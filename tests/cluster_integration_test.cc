@@ -252,6 +252,15 @@ TEST_F(ClusterTest, RemoteReadsAreByteExactAndADeadHolderIsAMiss) {
     EXPECT_EQ(*got_b[i], via_b_v[i]) << i;
   }
   EXPECT_GT(b->Metric("kvpool_remote_hits_total"), 0);
+  // B's exists answers were reused by its gets (no second lookup round).
+  EXPECT_GT(b->Metric("kvpool_remote_lookup_cache_hits_total"), 0);
+  // Every key has one directory entry, at its home.
+  double dir_entries = 0;
+  for (NodeProcess* n : {a.get(), b.get(), c.get()}) {
+    dir_entries += n->Metric("kvpool_directory_entries");
+    EXPECT_GT(n->Metric("kvpool_directory_bytes"), 0);
+  }
+  EXPECT_EQ(dir_entries, 3.0 * kN);
   // B's replicas are published before A dies.
   ASSERT_TRUE(WaitFor(milliseconds(3000), [&] {
     return b->Metric("kvpool_publish_items_total") >= static_cast<double>(2 * kN);

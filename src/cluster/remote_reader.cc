@@ -29,13 +29,44 @@ struct RemoteReader::State {
   Counter* lookup_errors = nullptr;
   Counter* fetch_errors = nullptr;
   Counter* cooldowns = nullptr;
+  Counter* cache_hits = nullptr;
 
   std::mutex mu;
   // Protected by mu: peers avoided until the time point; the stage gate.
   std::unordered_map<std::string, Clock::time_point> cooling;
+  // Positive lookup answers from remote homes, until their expiry: an
+  // exists followed by a get asks the home once.
+  struct Cached {
+    LookupResult result;
+    Clock::time_point expiry;
+  };
+  std::unordered_map<KeyId, Cached, KeyIdHash> cache;
   bool stopping = false;
   int active = 0;
   std::condition_variable idle;
+
+  bool CacheGet(const KeyId& key, LookupResult* out) {
+    if (opts.lookup_cache_ttl.count() == 0) return false;
+    std::lock_guard lock(mu);
+    auto it = cache.find(key);
+    if (it == cache.end()) return false;
+    if (Clock::now() >= it->second.expiry) {
+      cache.erase(it);
+      return false;
+    }
+    *out = it->second.result;
+    return true;
+  }
+  void CachePut(const KeyId& key, const LookupResult& r) {
+    if (opts.lookup_cache_ttl.count() == 0 || r.holders.empty()) return;
+    std::lock_guard lock(mu);
+    if (cache.size() >= opts.lookup_cache_entries) cache.clear();  // crude but bounded
+    cache[key] = {r, Clock::now() + opts.lookup_cache_ttl};
+  }
+  void CacheDrop(const KeyId& key) {
+    std::lock_guard lock(mu);
+    cache.erase(key);
+  }
 
   bool Cooling(const std::string& address) {
     std::lock_guard lock(mu);
@@ -134,6 +165,8 @@ void StartLookup(const std::shared_ptr<RemoteReader::State>& st, std::shared_ptr
     if (home->node_id == st->cluster->node_id()) {
       local_keys.push_back(op->keys[i]);
       local_idx.push_back(i);
+    } else if (st->CacheGet(op->keys[i], &op->results[i])) {
+      st->cache_hits->Inc();
     } else if (!st->Cooling(home->address)) {
       groups[home->address].push_back(i);
     }
@@ -164,7 +197,10 @@ void StartLookup(const std::shared_ptr<RemoteReader::State>& st, std::shared_ptr
             Status s = r.status;
             if (s.ok()) s = DecodeLookupReply(r.payload, part.size(), &res);
             if (s.ok()) {
-              for (size_t j = 0; j < part.size(); ++j) op->results[part[j]] = std::move(res[j]);
+              for (size_t j = 0; j < part.size(); ++j) {
+                st->CachePut(op->keys[part[j]], res[j]);
+                op->results[part[j]] = std::move(res[j]);
+              }
             } else {
               st->lookup_errors->Inc();
               st->NoteFailure(address, s);
@@ -256,6 +292,7 @@ void IssueFetch(const std::shared_ptr<RemoteReader::State>& st, const std::share
       return;
     }
     op->slots[i].Reset();
+    st->CacheDrop(op->keys[i]);  // every holder failed: ask the home next time
     st->misses->Inc();
     op->Done();
   });
@@ -323,6 +360,8 @@ RemoteReader::RemoteReader(const RemoteReaderOptions& options, Cluster* cluster,
                                   {{"op", "lookup"}});
   s.fetch_errors = m->GetCounter("kvpool_peer_errors_total", "Failed peer calls, by operation",
                                  {{"op", "fetch"}});
+  s.cache_hits = m->GetCounter("kvpool_remote_lookup_cache_hits_total",
+                               "Keys answered from the short-lived lookup cache");
   s.cooldowns = m->GetCounter("kvpool_peer_cooldowns_total",
                               "Times a peer was set aside after Unavailable or a timeout");
 }

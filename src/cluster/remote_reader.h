@@ -1,6 +1,7 @@
 // RemoteReader: the cluster's RemoteSource. A read of keys missing here
 // asks each key's home (one batched Lookup per home node; the local
-// directory when the home is this node), then fetches each found key from a
+// directory when the home is this node; positive answers are reused for a
+// short TTL), then fetches each found key from a
 // live holder straight into a reserved local DRAM slot (the transport's
 // sink), commits and pins it, and publishes the new local replica.
 // Publishing what this node stores goes through the Publisher.
@@ -35,6 +36,12 @@ struct RemoteReaderOptions {
   std::chrono::milliseconds fetch_timeout{2000};
   // How long a peer that failed Unavailable/DeadlineExceeded is avoided.
   std::chrono::milliseconds cooldown{2000};
+  // How long a positive lookup answer from a remote home is reused (0: not
+  // cached). Longer saves round trips (exists then get); a stale answer
+  // costs a failed fetch, after which the entry is dropped.
+  std::chrono::milliseconds lookup_cache_ttl{1000};
+  // Entries cached at most (the cache is cleared when full).
+  size_t lookup_cache_entries = 1u << 16;
 };
 
 class RemoteReader final : public RemoteSource {

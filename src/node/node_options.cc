@@ -155,6 +155,9 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddDuration("peer-cooldown", &o->remote.cooldown, std::chrono::milliseconds(0),
                  std::chrono::milliseconds(600000),
                  "How long a peer that failed or timed out is avoided");
+  t->AddDuration("peer-lookup-cache-ttl", &o->remote.lookup_cache_ttl,
+                 std::chrono::milliseconds(0), std::chrono::milliseconds(60000),
+                 "How long a positive directory answer is reused (0: ask the home every time)");
   t->AddEnum("placement", &o->placement, {"local", "home"},
              "Where a put is stored: the writer's node (local) or the key's home node (home)");
 }
