@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "common/log.h"
+#include "node/parked_reads.h"
 #include "protocol/codec.h"
 
 namespace kvpool {
@@ -92,10 +93,6 @@ class LocalServerImpl final : public LocalServer {
                               "Local connections refused at the max-connections limit");
     put_failures_ = m->GetCounter("kvpool_put_failures_total",
                                   "Put or reserve items refused (no space, too large)");
-    waits_ = m->GetCounter("kvpool_promotion_waits_total",
-                           "Requests that waited for entries to be promoted from SSD");
-    remote_waits_ = m->GetCounter("kvpool_remote_waits_total",
-                                  "Requests that waited for the cluster (local misses)");
     metrics_ = m;
   }
 
@@ -111,6 +108,7 @@ class LocalServerImpl final : public LocalServer {
     if (epoll_fd_ < 0) return ErrnoStatus("epoll_create1", errno);
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) return ErrnoStatus("eventfd", errno);
+    parked_ = std::make_unique<ParkedReads>(tiered_, remote_, wake_fd_, metrics_);
     KVPOOL_RETURN_IF_ERROR(Bind());
     epoll_event ev{};
     ev.events = EPOLLIN;
@@ -143,7 +141,7 @@ class LocalServerImpl final : public LocalServer {
           uint64_t v;
           ssize_t r = ::read(wake_fd_, &v, sizeof(v));
           (void)r;
-          FinishPromotions();
+          FinishParked();
         } else {
           auto it = conns_.find(static_cast<int>(tag));
           if (it == conns_.end()) continue;
@@ -426,11 +424,10 @@ class LocalServerImpl final : public LocalServer {
     return true;
   }
 
-  // Gets of entries only on SSD: start their promotions; gets and exists of
-  // keys not here at all (with a remote source): ask the cluster. Parks the
-  // request (and the connection's later frames) until they finish. Returns
-  // true when parked.
-  bool ParkForPromotions(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
+  // Gets of entries only on SSD, and (with a remote source) gets and exists
+  // of keys not held here, wait in parked_ without blocking the loop; the
+  // connection's later frames wait behind them. Returns true when parked.
+  bool Park(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
     if ((tiered_->ssd() == nullptr && remote_ == nullptr) || !c.handshaked) return false;
     auto type = static_cast<MessageType>(h.type);
     keys_.clear();
@@ -442,97 +439,28 @@ class LocalServerImpl final : public LocalServer {
     } else {
       return false;
     }
-    std::vector<KeyId> cold, absent;
-    for (const auto& k : keys_) {
-      if (type == MessageType::kExists) {
-        if (!tiered_->Contains(k)) absent.push_back(k);
-      } else if (tiered_->NeedsPromotion(k)) {
-        cold.push_back(k);
-      } else if (remote_ != nullptr && !store_->Contains(k)) {
-        absent.push_back(k);
-      }
-    }
-    if (cold.empty() && absent.empty()) return false;
-    uint64_t id = next_pending_++;
-    Pending& p = pending_[id];
-    // The keys already in DRAM are pinned while the request waits, so the
-    // promotions of the others cannot evict them.
-    if (type != MessageType::kExists) {
-      for (const auto& k : keys_) {
-        auto pin = store_->Acquire(k);
-        if (pin.ok()) p.pins.push_back(std::move(pin).value());
-      }
-    }
-    p.fd = c.fd;
-    p.conn_id = c.id;
-    p.header = h;
-    p.body.assign(body.begin(), body.end());
-    p.remaining = cold.size() + (absent.empty() ? 0 : 1);
+    ParkedReads::Request r;
+    r.fd = c.fd;
+    r.conn_id = c.id;
+    r.header = h;
+    r.body.assign(body.begin(), body.end());
+    auto kind = type == MessageType::kExists ? ParkedReads::Kind::kExists : ParkedReads::Kind::kRead;
+    if (!parked_->Park(kind, keys_, std::move(r))) return false;
     c.pending = true;
-    if (!cold.empty()) waits_->Inc();
-    for (const auto& k : cold) {
-      tiered_->Promote(k, [this, id](Status, DramStore::Pin pin) {
-        Done d{id, {}, {}};
-        if (pin.valid()) d.pins.push_back(std::move(pin));
-        PostDone(std::move(d));
-      });
-    }
-    if (!absent.empty()) {
-      remote_waits_->Inc();
-      if (type == MessageType::kExists) {
-        remote_->Exists(std::move(absent), [this, id](std::vector<KeyId> hits) {
-          PostDone(Done{id, {}, std::move(hits)});
-        });
-      } else {
-        remote_->Fetch(std::move(absent), [this, id](std::vector<DramStore::Pin> pins) {
-          PostDone(Done{id, std::move(pins), {}});
-        });
-      }
-    }
     return true;
   }
 
-  // What finished for a parked request: promoted or fetched pins, or the
-  // keys the cluster has (exists). Any thread.
-  struct Done {
-    uint64_t id = 0;
-    std::vector<DramStore::Pin> pins;
-    std::vector<KeyId> remote_hits;
-  };
-  void PostDone(Done d) {
-    {
-      std::lock_guard lock(done_mu_);
-      done_.push_back(std::move(d));
-    }
-    uint64_t one = 1;
-    ssize_t r = ::write(wake_fd_, &one, sizeof(one));
-    (void)r;
-  }
-
-  // On the loop: answers parked requests whose promotions all finished
-  // (from DRAM now; a failed promotion is a miss), then resumes their
+  // On the loop: answers parked requests whose waits all finished (from
+  // DRAM now; a failed promotion or fetch is a miss), then resumes their
   // connections.
-  void FinishPromotions() {
-    std::vector<Done> done;
-    {
-      std::lock_guard lock(done_mu_);
-      done.swap(done_);
-    }
-    for (auto& d : done) {
-      auto it = pending_.find(d.id);
-      if (it == pending_.end()) continue;
-      // Held until the request is answered: the promoted entry stays put.
-      for (auto& pin : d.pins) it->second.pins.push_back(std::move(pin));
-      for (auto& k : d.remote_hits) it->second.remote_hits.insert(k);
-      if (--it->second.remaining > 0) continue;
-      Pending p = std::move(it->second);
-      pending_.erase(it);
+  void FinishParked() {
+    for (auto& p : parked_->TakeReady()) {
       auto cit = conns_.find(p.fd);
       if (cit == conns_.end() || cit->second.id != p.conn_id) continue;  // client left
       Conn& c = cit->second;
       c.pending = false;
       remote_hits_ = &p.remote_hits;
-      Handle(c, p.header, p.body, /*allow_promote=*/false);
+      Handle(c, p.header, p.body, /*allow_park=*/false);
       remote_hits_ = nullptr;
       ProcessFrames(c);
       if (!Flush(c)) {
@@ -548,8 +476,8 @@ class LocalServerImpl final : public LocalServer {
   }
 
   void Handle(Conn& c, const FrameHeader& h, std::span<const uint8_t> body,
-              bool allow_promote = true) {
-    if (allow_promote && ParkForPromotions(c, h, body)) return;
+              bool allow_park = true) {
+    if (allow_park && Park(c, h, body)) return;
     auto start = std::chrono::steady_clock::now();
     auto type = static_cast<MessageType>(h.type);
     if (h.type == 0 || h.type >= kNumOps) {
@@ -814,16 +742,6 @@ class LocalServerImpl final : public LocalServer {
     return Status::Ok();
   }
 
-  struct Pending {
-    int fd = -1;
-    uint64_t conn_id = 0;
-    FrameHeader header;
-    std::vector<uint8_t> body;
-    size_t remaining = 0;
-    std::vector<DramStore::Pin> pins;  // promoted or fetched entries, until answered
-    std::set<KeyId> remote_hits;       // exists: keys the cluster has
-  };
-
   // A durability barrier: the SSD tier writes its partly filled regions.
   // Blocks the loop for the flush (an operator action, not a data path).
   Status OnFlush(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
@@ -836,14 +754,10 @@ class LocalServerImpl final : public LocalServer {
   const LocalServerOptions opts_;
   TieredStore* const tiered_;  // outlives the server
   DramStore* const store_;     // tiered_'s DRAM tier: the shared segment
-  std::unordered_map<uint64_t, Pending> pending_;  // owned by the loop thread
-  uint64_t next_pending_ = 1;
   RemoteSource* const remote_;  // null when standalone
+  std::unique_ptr<ParkedReads> parked_;  // created with the wake fd
   // While a parked exists is answered: the keys the cluster has.
   const std::set<KeyId>* remote_hits_ = nullptr;
-  std::mutex done_mu_;
-  // Protected by done_mu_: finished promotions and remote reads.
-  std::vector<Done> done_;
   MetricsRegistry* metrics_ = nullptr;
   const std::function<std::string()> stats_json_;
   int listen_fd_ = -1;
@@ -879,8 +793,6 @@ class LocalServerImpl final : public LocalServer {
   Counter* accepted_;
   Counter* rejected_;
   Counter* put_failures_;
-  Counter* waits_;
-  Counter* remote_waits_;
 };
 
 }  // namespace

@@ -1,0 +1,92 @@
+#include "node/parked_reads.h"
+
+#include <unistd.h>
+
+namespace kvpool {
+
+ParkedReads::ParkedReads(TieredStore* store, RemoteSource* remote, int wake_fd,
+                         MetricsRegistry* m)
+    : tiered_(store), dram_(store->dram()), remote_(remote), wake_fd_(wake_fd) {
+  waits_ = m->GetCounter("kvpool_promotion_waits_total",
+                         "Requests that waited for entries to be promoted from SSD");
+  remote_waits_ = m->GetCounter("kvpool_remote_waits_total",
+                                "Requests that waited for the cluster (local misses)");
+}
+
+bool ParkedReads::Park(Kind kind, std::span<const KeyId> keys, Request request) {
+  std::vector<KeyId> cold, absent;
+  for (const auto& k : keys) {
+    if (kind == Kind::kExists) {
+      if (remote_ != nullptr && !tiered_->Contains(k)) absent.push_back(k);
+    } else if (tiered_->NeedsPromotion(k)) {
+      cold.push_back(k);
+    } else if (remote_ != nullptr && !dram_->Contains(k)) {
+      absent.push_back(k);
+    }
+  }
+  if (cold.empty() && absent.empty()) return false;
+  uint64_t id = next_id_++;
+  Pending& p = pending_[id];
+  p.request = std::move(request);
+  // The keys already in DRAM are pinned while the request waits, so the
+  // promotions and fetches of the others cannot evict them.
+  if (kind == Kind::kRead) {
+    for (const auto& k : keys) {
+      auto pin = dram_->Acquire(k);
+      if (pin.ok()) p.request.pins.push_back(std::move(pin).value());
+    }
+  }
+  p.remaining = cold.size() + (absent.empty() ? 0 : 1);
+  if (!cold.empty()) waits_->Inc();
+  for (const auto& k : cold) {
+    tiered_->Promote(k, [this, id](Status, DramStore::Pin pin) {
+      Done d{id, {}, {}};
+      if (pin.valid()) d.pins.push_back(std::move(pin));
+      Post(std::move(d));
+    });
+  }
+  if (!absent.empty()) {
+    remote_waits_->Inc();
+    if (kind == Kind::kExists) {
+      remote_->Exists(std::move(absent), [this, id](std::vector<KeyId> hits) {
+        Post(Done{id, {}, std::move(hits)});
+      });
+    } else {
+      remote_->Fetch(std::move(absent), [this, id](std::vector<DramStore::Pin> pins) {
+        Post(Done{id, std::move(pins), {}});
+      });
+    }
+  }
+  return true;
+}
+
+void ParkedReads::Post(Done d) {
+  {
+    std::lock_guard lock(mu_);
+    done_.push_back(std::move(d));
+  }
+  uint64_t one = 1;
+  ssize_t r = ::write(wake_fd_, &one, sizeof(one));
+  (void)r;
+}
+
+std::vector<ParkedReads::Request> ParkedReads::TakeReady() {
+  std::vector<Done> done;
+  {
+    std::lock_guard lock(mu_);
+    done.swap(done_);
+  }
+  std::vector<Request> ready;
+  for (auto& d : done) {
+    auto it = pending_.find(d.id);
+    if (it == pending_.end()) continue;
+    for (auto& pin : d.pins) it->second.request.pins.push_back(std::move(pin));
+    for (auto& k : d.remote_hits) it->second.request.remote_hits.insert(k);
+    if (--it->second.remaining > 0) continue;
+    ready.push_back(std::move(it->second.request));
+    pending_.erase(it);
+  }
+  return ready;
+}
+
+}  // namespace kvpool
