@@ -15,6 +15,8 @@
 # Usage: bench/compare.sh local [--reps N] [--duration SECONDS] [--only PARTS] [--keep]
 #        bench/compare.sh ssd [--reps N] [--duration SECONDS] [--gib N] [--keep]
 #          (the SSD tier vs fio; bench/compare_ssd.sh, see bench/README.md)
+#        bench/compare.sh remote [--reps N] [--duration SECONDS] [--keep]
+#          (two nodes over UCX vs iperf3 and Redis; bench/compare_remote.sh)
 #   --only   comma list of memcpy,redis,kvpool (default all three)
 #   --keep   keep the temporary directory (logs, raw results)
 # Environment: BUILD_DIR (default build, relative to the repository root).
@@ -28,6 +30,10 @@ usage() {
   exit 2
 }
 
+if [[ "${1:-}" == "remote" ]]; then
+  shift
+  exec "$HERE/compare_remote.sh" "$@"
+fi
 if [[ "${1:-}" == "ssd" ]]; then
   shift
   exec "$HERE/compare_ssd.sh" "$@"

@@ -30,6 +30,15 @@ SSD mode (bench/compare_ssd.sh):
                                 hits (H1-H0) during the run
   show-get                      one human-readable line per tagged get result
   ssd-summarize RESULTS.jsonl   print the SSD table and metric lines
+Remote mode (bench/compare_remote.sh):
+  scrape URL                    print every series of a /metrics URL as one JSON object
+  iperf-json REP                read iperf3 -J on stdin, print one JSON result line
+  remote-run PHASE REP A_URL B_URL A_PID B_PID -- CMD...   run CMD (a kvpool-bench
+                                --json run), print its result lines tagged with
+                                PHASE/REP and what the nodes counted meanwhile
+                                (remote fetches, hits, lookups) and the CPU
+                                seconds of node A, node B and the client
+  remote-summarize RESULTS.jsonl   print the remote table and metric lines
 """
 import csv
 import json
@@ -437,6 +446,226 @@ def ssd_summarize(path):
     return 1 if errors or misses or not recov_ok else 0
 
 
+# ---- remote mode ---------------------------------------------------------------
+
+def _scrape_all(url):
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            pass
+    return out
+
+
+def _proc_cpu_s(pid):
+    import os
+    with open("/proc/%d/stat" % int(pid)) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # utime, stime are fields 14 and 15 (1-based); fields[0] is field 3.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def iperf_json(rep):
+    j = json.load(sys.stdin)
+    end = j["end"]
+    recv = end["sum_received"]["bits_per_second"] / 8
+    cpu = end.get("cpu_utilization_percent", {})
+    print(json.dumps({"system": "iperf3", "op": "tcp", "value_size": 1 << 20, "config": "1 stream, -l 1M",
+                      "rep": int(rep), "gbps": recv / 1e9, "ops_per_s": recv / (1 << 20),
+                      "cpu_sender_pct": cpu.get("host_total"), "cpu_receiver_pct": cpu.get("remote_total"),
+                      "retransmits": end.get("sum_sent", {}).get("retransmits")}))
+
+
+def remote_run(phase, rep, a_url, b_url, a_pid, b_pid, cmd):
+    import resource
+    import subprocess
+    import time
+    a0, b0 = _scrape_all(a_url + "/metrics"), _scrape_all(b_url + "/metrics")
+    ca0, cb0 = _proc_cpu_s(a_pid), _proc_cpu_s(b_pid)
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE)
+    wall = time.monotonic() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    ca1, cb1 = _proc_cpu_s(a_pid), _proc_cpu_s(b_pid)
+    time.sleep(0.05)  # let the publisher's 5 ms flushes land before the counters are read
+    a1, b1 = _scrape_all(a_url + "/metrics"), _scrape_all(b_url + "/metrics")
+    if p.returncode not in (0, 3):
+        sys.stderr.write("kvpool-bench failed (exit %d): %s\n" % (p.returncode, " ".join(cmd)))
+        return p.returncode
+
+    def d(m0, m1, name):
+        return m1.get(name, 0.0) - m0.get(name, 0.0)
+
+    lines = [l for l in p.stdout.decode().splitlines() if l.strip()]
+    if len(lines) != 1:
+        sys.stderr.write("remote-run: expected one result line, got %d\n" % len(lines))
+        return 1
+    client_cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    for l in lines:
+        r = json.loads(l)
+        hits = d(b0, b1, "kvpool_hits_total")
+        rhits = d(b0, b1, "kvpool_remote_hits_total")
+        r.update({
+            "system": "kvpool", "phase": phase, "rep": int(rep), "config": "batch %d" % r["batch"],
+            "b_hits": hits, "b_remote_hits": rhits, "b_remote_fetches": d(b0, b1, "kvpool_remote_fetches_total"),
+            "b_remote_fetch_bytes": d(b0, b1, "kvpool_remote_fetch_bytes_total"),
+            "b_remote_misses": d(b0, b1, "kvpool_remote_misses_total"),
+            "b_remote_lookups": d(b0, b1, "kvpool_remote_lookups_total"),
+            "b_dir_lookups": d(b0, b1, "kvpool_directory_lookups_total"),
+            "a_dir_lookups": d(a0, a1, "kvpool_directory_lookups_total"),
+            "b_evictions": d(b0, b1, "kvpool_dram_evictions_total"),
+            "peer_errors": sum(d(b0, b1, k) + d(a0, a1, k) for k in set(b1) | set(a1)
+                               if k.startswith("kvpool_peer_errors_total")),
+            "placement_moved": d(b0, b1, "kvpool_placement_moved_total"),
+            "placement_kept": d(b0, b1, "kvpool_placement_kept_total"),
+            "remote_share": rhits / hits if hits > 0 else float("nan"),
+            "wall_s": wall, "cpu_a_s": ca1 - ca0, "cpu_b_s": cb1 - cb0, "cpu_client_s": client_cpu,
+        })
+        print(json.dumps(r))
+        sys.stdout.flush()
+        sys.stderr.write("  %-9s rep %d: %7.3f GB/s %10.0f items/s  p50 %9.1fus p99 %9.1fus  remote %5.1f%% of B's hits"
+                         "  cpu A %.2f B %.2f client %.2f s / %.2f s  errors %d misses %d\n" % (
+                             phase, int(rep), r["gbps"], r["ops_per_s"], r["p50_us"], r["p99_us"],
+                             100 * r["remote_share"] if r["remote_share"] == r["remote_share"] else -1,
+                             r["cpu_a_s"], r["cpu_b_s"], client_cpu, wall, r["errors"], r["misses"]))
+    return 0
+
+
+def remote_summarize(path):
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    node = {}
+    for r in rows:
+        if r.get("system") == "node":
+            node.update(r)
+    nan = float("nan")
+
+    def med(vals):
+        vals = [v for v in vals if v is not None and v == v]
+        return statistics.median(vals) if vals else nan
+
+    def sel(**match):
+        return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+
+    def ratio(a, b):
+        return a / b if b and b == b and a == a else nan
+
+    mb = 1 << 20
+    iperf = sel(system="iperf3")
+    iperf_g = med([r["gbps"] for r in iperf])
+    # Redis GET: the best configuration by median.
+    redis_best, redis_cfg, redis_p50 = nan, "-", nan
+    for cfg in sorted({r["config"] for r in sel(system="redis", op="get")}):
+        rs = sel(system="redis", op="get", config=cfg)
+        g = med([r["gbps"] for r in rs])
+        if redis_best != redis_best or g > redis_best:
+            redis_best, redis_cfg, redis_p50 = g, cfg, med([r["p50_us"] for r in rs])
+    get = sel(system="kvpool", phase="get")
+    get_g = med([r["gbps"] for r in get])
+    share = med([r["remote_share"] for r in get])
+    local = sel(system="kvpool", phase="local-get")
+    local_g = med([r["gbps"] for r in local])
+    ex = sel(system="kvpool", phase="exists")
+    ex_k = med([r["ops_per_s"] for r in ex])
+    put = sel(system="kvpool", phase="put")
+    put_g = med([r["gbps"] for r in put])
+
+    def call_ms(r):
+        return 1000 * r["duration_s"] / r["calls"] if r.get("calls") else nan
+
+    def lookup_share(size):
+        shares = []
+        for rep in sorted({r["rep"] for r in sel(phase="ls-get", value_size=size)}):
+            g = sel(phase="ls-get", value_size=size, rep=rep)
+            e = sel(phase="ls-exists", value_size=size, rep=rep)
+            if g and e:
+                shares.append(ratio(call_ms(e[0]), call_ms(g[0])))
+        g = sel(phase="ls-get", value_size=size)
+        e = sel(phase="ls-exists", value_size=size)
+        return (med(shares), med([call_ms(r) for r in e]), med([call_ms(r) for r in g]),
+                med([r["remote_share"] for r in g]))
+
+    ls64, ls64_e, ls64_g, ls64_rs = lookup_share(64 << 10)
+    ls1m, ls1m_e, ls1m_g, ls1m_rs = lookup_share(mb)
+
+    def cores(rs, field):
+        # Over the timed run: node CPU outside it (the client's start) is near zero.
+        return med([r[field] / r["duration_s"] for r in rs if r.get("duration_s")])
+
+    def cpu_per_gb(rs, field):
+        return med([r[field] / (r["b_remote_fetch_bytes"] / 1e9) for r in rs if r.get("b_remote_fetch_bytes")])
+
+    kv_rows = [r for r in rows if r.get("system") == "kvpool"]
+    errors = sum(int(r.get("errors", 0)) + int(r.get("mismatches", 0)) for r in kv_rows)
+    misses = sum(int(r.get("misses", 0)) for r in kv_rows if r.get("phase") != "put")
+    peer_errors = sum(r.get("peer_errors", 0) for r in kv_rows)
+
+    print()
+    print("%-8s %-30s %10s %5s %s" % ("system", "measure", "value", "reps", "notes"))
+
+    def line(system, measure, value, reps, note, fmt="%10.3f"):
+        print(("%-8s %-30s " + fmt + " %5s %s") % (system, measure, value, reps, note))
+
+    line("iperf3", "TCP GB/s, 1 stream", iperf_g, len(iperf),
+         "loopback, 1 MiB writes; CPU sender %.0f%% receiver %.0f%%" % (
+             med([r.get("cpu_sender_pct") for r in iperf]), med([r.get("cpu_receiver_pct") for r in iperf])))
+    line("redis", "GET GB/s, 1 MiB", redis_best, len(sel(system="redis", op="get", config=redis_cfg)),
+         "best config: %s (p50 %.0fus per request)" % (redis_cfg, redis_p50))
+    line("kvpool", "remote get GB/s, 1 MiB", get_g, len(get),
+         "B reads keys held on A, batch 16; %.1f%% of B's hits were remote fetches; p50 %.1f ms per call"
+         % (100 * share, med([r["p50_us"] for r in get]) / 1000))
+    line("kvpool", "  CPU cores while getting", nan, len(get),
+         "node A %.2f, node B %.2f, client %.2f (incl. its start) of %s; CPU s per GB fetched: A %.2f B %.2f client %.2f" % (
+             cores(get, "cpu_a_s"), cores(get, "cpu_b_s"), cores(get, "cpu_client_s"), node.get("cpus", "?"),
+             cpu_per_gb(get, "cpu_a_s"), cpu_per_gb(get, "cpu_b_s"), cpu_per_gb(get, "cpu_client_s")), fmt="%10s")
+    line("kvpool", "local get GB/s on A, 1 MiB", local_g, len(local),
+         "reference: the same keys read on their holder (one copy, no network)")
+    if put:
+        line("kvpool", "put GB/s via B, placement home", put_g, len(put),
+             "%.0f%% of puts stored on their home A" % (100 * med([
+                 ratio(r["placement_moved"], r["placement_moved"] + r["placement_kept"]) for r in put])))
+    else:
+        line("kvpool", "remote put", nan, 0, node.get("put_note", "not measured"))
+    line("kvpool", "remote exists keys/s", ex_k, len(ex),
+         "batch 128, 4 KiB keys held only on A, asked through B; %.0f%% of lookups went to A over UCX, "
+         "p50 %.0fus per call" % (100 * med([ratio(r["a_dir_lookups"], r["b_remote_lookups"]) for r in ex]),
+                                 med([r["p50_us"] for r in ex])), fmt="%10.0f")
+    line("kvpool", "lookup share, batch 64, 64 KiB", ls64, len(sel(phase="ls-get", value_size=64 << 10)),
+         "exists call %.3f ms / get call %.3f ms (%.0f%% remote)" % (ls64_e, ls64_g, 100 * ls64_rs))
+    line("kvpool", "lookup share, batch 64, 1 MiB", ls1m, len(sel(phase="ls-get", value_size=mb)),
+         "exists call %.3f ms / get call %.3f ms (%.0f%% remote)" % (ls1m_e, ls1m_g, 100 * ls1m_rs))
+    line("kvpool", "directory bytes per entry", node.get("directory_bytes_per_entry", nan), 1,
+         "kvpool_directory_bytes / kvpool_directory_entries, A and B (%d entries)" % node.get("directory_entries", 0),
+         fmt="%10.1f")
+    print("(medians over repetitions; GB/s = 1e9 bytes/s)")
+    print()
+    out = [
+        ("remote_get_1m_vs_iperf", "%.3f" % ratio(get_g, iperf_g)),
+        ("remote_get_1m_vs_redis", "%.3f" % ratio(get_g, redis_best)),
+        ("remote_exists_keys_per_s", "%.0f" % ex_k),
+        ("lookup_share_of_batch_get", "%.3f" % ls64),
+        ("lookup_share_of_batch_get_1m", "%.3f" % ls1m),
+        ("directory_bytes_per_entry", "%.1f" % node.get("directory_bytes_per_entry", nan)),
+        ("remote_get_1m_gbps", "%.3f" % get_g),
+        ("remote_get_remote_share", "%.3f" % share),
+        ("iperf3_tcp_gbps", "%.3f" % iperf_g),
+        ("redis_get_1m_gbps", "%.3f" % redis_best),
+        ("local_get_1m_gbps_on_holder", "%.3f" % local_g),
+        ("remote_put_1m_gbps", "%.3f" % put_g if put else "unsupported"),
+        ("remote_errors", str(errors + misses + int(peer_errors))),
+    ]
+    for name, value in out:
+        print("metric %s %s" % (name, value))
+    return 1 if errors or misses or peer_errors else 0
+
+
 def main(argv):
     if len(argv) < 2:
         sys.exit(__doc__)
@@ -470,6 +699,15 @@ def main(argv):
         show_get()
     elif cmd == "ssd-summarize":
         return ssd_summarize(args[0])
+    elif cmd == "scrape":
+        print(json.dumps(_scrape_all(args[0])))
+    elif cmd == "iperf-json":
+        iperf_json(args[0])
+    elif cmd == "remote-run":
+        sep = args.index("--")
+        return remote_run(*args[:sep], args[sep + 1:])
+    elif cmd == "remote-summarize":
+        return remote_summarize(args[0])
     else:
         sys.exit("unknown subcommand %r\n%s" % (cmd, __doc__))
     return 0
