@@ -39,6 +39,14 @@ class ClusterImpl final : public Cluster {
  public:
   explicit ClusterImpl(const ClusterOptions& o) : opts_(o) {}
 
+  void Adopt(std::unique_ptr<transport::Transport> t, std::unique_ptr<Membership> m) {
+    transport_ = std::move(t);
+    membership_ = std::move(m);
+    sub_ = membership_->SubscribeViews(
+        [this](const std::shared_ptr<const MembershipView>& v) { OnView(*v); });
+    OnView(*membership_->view());
+  }
+
   ~ClusterImpl() override {
     if (membership_ != nullptr && sub_ != 0) membership_->Unsubscribe(sub_);
     // The membership goes before the transport: nothing calls peers then.
@@ -58,7 +66,9 @@ class ClusterImpl final : public Cluster {
     to.handler_executor = handler_executor;
     to.registered_region = opts_.registered_region;
     to.metrics = metrics;
-    KVPOOL_ASSIGN_OR_RETURN(transport_, transport::UcxTransport::Open(to));
+    std::unique_ptr<transport::UcxTransport> ucx;
+    KVPOOL_ASSIGN_OR_RETURN(ucx, transport::UcxTransport::Open(to));
+    transport_ = std::move(ucx);
     std::string address = transport_->address();
 
     if (!opts_.etcd.empty()) {
@@ -139,7 +149,7 @@ class ClusterImpl final : public Cluster {
   }
 
   const ClusterOptions opts_;
-  std::unique_ptr<transport::UcxTransport> transport_;
+  std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<Membership> membership_;
   EtcdMembership* etcd_ = nullptr;  // membership_ when it is etcd's
   uint64_t sub_ = 0;
@@ -152,6 +162,16 @@ class ClusterImpl final : public Cluster {
 };
 
 }  // namespace
+
+std::unique_ptr<Cluster> Cluster::Assemble(std::string node_id,
+                                           std::unique_ptr<transport::Transport> transport,
+                                           std::unique_ptr<Membership> membership) {
+  ClusterOptions o;
+  o.node_id = std::move(node_id);
+  auto c = std::make_unique<ClusterImpl>(o);
+  c->Adopt(std::move(transport), std::move(membership));
+  return c;
+}
 
 Result<std::unique_ptr<Cluster>> Cluster::Open(const ClusterOptions& options,
                                                Executor* handler_executor,

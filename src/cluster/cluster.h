@@ -56,6 +56,11 @@ class Cluster {
   static Result<std::unique_ptr<Cluster>> Open(const ClusterOptions& options,
                                                Executor* handler_executor,
                                                MetricsRegistry* metrics);
+  // Assembles a cluster from parts already open (tests: an in-process
+  // transport and a static membership). Run() then just waits for Stop().
+  static std::unique_ptr<Cluster> Assemble(std::string node_id,
+                                           std::unique_ptr<transport::Transport> transport,
+                                           std::unique_ptr<Membership> membership);
   virtual ~Cluster() = default;
 
   // The membership loop; returns after Stop().

@@ -130,14 +130,14 @@ void PeerServer::OnView(std::shared_ptr<const ShardMap> before,
   if (moved.empty() && !replay_all) return;
   std::vector<bool> is_moved(kNumShards, replay_all);
   for (uint32_t s : moved) is_moved[s] = true;
-  uint64_t n = 0;
+  // Collected under the store's lock, queued after it.
+  std::vector<std::pair<KeyId, uint64_t>> held;
   store_->dram()->ForEachEntry([&](const KeyId& key, const uint8_t*, uint64_t size) {
-    if (is_moved[ShardOf(key)]) {
-      publisher_->Add(key, size);
-      ++n;
-    }
+    if (is_moved[ShardOf(key)]) held.emplace_back(key, size);
   });
-  LogDebug("view {}: {} shards moved, {} entries republished", view->epoch, moved.size(), n);
+  for (const auto& [key, size] : held) publisher_->Add(key, size);
+  LogDebug("view {}: {} shards moved, {} entries republished", view->epoch, moved.size(),
+           held.size());
 }
 
 }  // namespace kvpool::cluster

@@ -1,0 +1,214 @@
+// Directory, publishing and remote reads of three nodes in one process,
+// over the in-process transport with a static membership: byte-exact
+// fetches into local DRAM slots, exists, replicas published, a dead holder
+// skipped for a live one, a dead home a miss.
+#include "cluster/remote_reader.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include "cluster/peer_server.h"
+#include "cluster/static_membership.h"
+#include "transport/in_process_transport.h"
+
+namespace kvpool::cluster {
+namespace {
+
+using std::chrono::milliseconds;
+
+std::vector<uint8_t> Bytes(uint64_t seed, size_t n) {
+  std::vector<uint8_t> v(n);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& b : v) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    b = static_cast<uint8_t>(x);
+  }
+  return v;
+}
+
+KeyId Key(uint64_t i) { return MakeKeyId("rr", std::to_string(i)); }
+
+struct TestNode {
+  MetricsRegistry metrics;  // outlives everything below
+  std::unique_ptr<DramStore> dram;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<TieredStore> tiered;
+  std::unique_ptr<Cluster> cluster;
+  std::unique_ptr<Directory> directory;
+  std::unique_ptr<Publisher> publisher;
+  std::unique_ptr<PeerServer> server;
+  std::unique_ptr<RemoteReader> reader;
+
+  TestNode(transport::InProcessNetwork* net, const std::string& id,
+           const std::vector<Member>& members) {
+    DramOptions d;
+    d.capacity_bytes = 64u << 20;  // room for every size class the test uses
+    d.slab_bytes = 1u << 20;
+    d.max_value_bytes = 1u << 20;
+    d.huge_pages = false;
+    d.prefault = false;
+    dram = DramStore::Open(d, &metrics).value();
+    pool = std::make_unique<ThreadPool>(2, "test-peer");
+    tiered = std::make_unique<TieredStore>(dram.get(), nullptr, pool.get(), TieringOptions{},
+                                           &metrics);
+    StaticMembershipOptions so{id, 1, members};
+    auto membership = StaticMembership::Open(so, &metrics);
+    EXPECT_TRUE(membership.ok());
+    cluster = Cluster::Assemble(id, net->AddNode(id + ":1"), std::move(membership).value());
+    directory = std::make_unique<Directory>(DirectoryOptions{}, &metrics);
+    publisher = std::make_unique<Publisher>(PublisherOptions{}, cluster.get(), directory.get(),
+                                            pool.get(), &metrics);
+    server = std::make_unique<PeerServer>(cluster.get(), directory.get(), publisher.get(),
+                                          tiered.get(), pool.get());
+    RemoteReaderOptions ro;
+    ro.lookup_timeout = milliseconds(300);
+    ro.fetch_timeout = milliseconds(300);
+    reader = std::make_unique<RemoteReader>(ro, cluster.get(), directory.get(), publisher.get(),
+                                            nullptr, tiered.get(), pool.get(), &metrics);
+  }
+
+  // The node's shutdown order (node.cc).
+  ~TestNode() {
+    reader->Shutdown();
+    pool->Stop();
+    cluster.reset();
+    server.reset();
+    reader.reset();
+    publisher.reset();
+    directory.reset();
+  }
+
+  void Put(const KeyId& key, const std::vector<uint8_t>& v) {
+    auto r = tiered->Reserve(key, v.size());
+    ASSERT_TRUE(r.ok());
+    std::memcpy(dram->segment_base() + r->offset(), v.data(), v.size());
+    ASSERT_TRUE(tiered->Commit(std::move(r).value()).ok());
+    reader->NoteStored(key, v.size());
+  }
+
+  std::vector<DramStore::Pin> Fetch(std::vector<KeyId> keys) {
+    std::promise<std::vector<DramStore::Pin>> done;
+    auto f = done.get_future();
+    reader->Fetch(std::move(keys), [&](std::vector<DramStore::Pin> pins) {
+      done.set_value(std::move(pins));
+    });
+    EXPECT_EQ(f.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+    return f.get();
+  }
+
+  size_t ExistsCount(std::vector<KeyId> keys) {
+    std::promise<size_t> done;
+    auto f = done.get_future();
+    reader->Exists(std::move(keys), [&](std::vector<KeyId> hits) { done.set_value(hits.size()); });
+    EXPECT_EQ(f.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+    return f.get();
+  }
+
+  std::vector<uint8_t> Read(const DramStore::Pin& p) const {
+    const uint8_t* b = dram->segment_base() + p.offset();
+    return {b, b + p.size()};
+  }
+};
+
+class RemoteReaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<Member> members;
+    for (const char* id : {"a", "b", "c"}) members.push_back({id, std::string(id) + ":1", 0, 1.0});
+    for (const char* id : {"a", "b", "c"}) {
+      nodes_.push_back(std::make_unique<TestNode>(&net_, id, members));
+    }
+  }
+  void FlushAll() {
+    for (auto& n : nodes_) {
+      if (n) n->publisher->Flush();
+    }
+  }
+  // Publishing crosses the network thread: wait (bounded) for the homes.
+  bool WaitDirectoryEntries(uint64_t n) {
+    for (int i = 0; i < 200; ++i) {
+      uint64_t total = 0;
+      for (auto& node : nodes_) total += node ? node->directory->entries() : 0;
+      if (total == n) return true;
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    return false;
+  }
+
+  transport::InProcessNetwork net_;  // outlives the nodes
+  std::vector<std::unique_ptr<TestNode>> nodes_;
+};
+
+TEST_F(RemoteReaderTest, FetchesByteExactIntoLocalSlotsAndPublishesReplicas) {
+  TestNode& a = *nodes_[0];
+  TestNode& b = *nodes_[1];
+  TestNode& c = *nodes_[2];
+  const int kN = 40;
+  std::vector<KeyId> keys;
+  std::vector<std::vector<uint8_t>> vals;
+  for (int i = 0; i < kN; ++i) {
+    keys.push_back(Key(i));
+    vals.push_back(Bytes(i, 1 + i * 997));
+    a.Put(keys.back(), vals.back());
+  }
+  FlushAll();
+  ASSERT_TRUE(WaitDirectoryEntries(kN));
+  EXPECT_EQ(b.ExistsCount(keys), static_cast<size_t>(kN));
+
+  auto pins = b.Fetch(keys);
+  ASSERT_EQ(pins.size(), static_cast<size_t>(kN)) << b.metrics.RenderPrometheus();
+  EXPECT_EQ(b.metrics.GetCounter("kvpool_remote_hits_total", "")->Value(),
+            static_cast<uint64_t>(kN));
+  pins.clear();
+  for (int i = 0; i < kN; ++i) {
+    auto p = b.dram->Acquire(keys[i]);  // a local replica now
+    ASSERT_TRUE(p.ok()) << i;
+    EXPECT_EQ(b.Read(*p), vals[i]) << i;
+  }
+  // Keys held nowhere miss; they are not in the result.
+  EXPECT_TRUE(c.Fetch({Key(1000), Key(1001)}).empty());
+  EXPECT_EQ(c.ExistsCount({Key(1000)}), 0u);
+
+  // B's replicas are published: with A gone, C still finds every key whose
+  // home is alive, from B (A, if tried first, fails and is skipped).
+  FlushAll();
+  // B's publishes cross the network: wait (bounded) until all were answered.
+  Counter* published = b.metrics.GetCounter("kvpool_publish_items_total", "");
+  for (int i = 0; i < 200 && published->Value() < static_cast<uint64_t>(kN); ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_EQ(published->Value(), static_cast<uint64_t>(kN));
+  std::vector<KeyId> homed_alive;
+  auto map = c.cluster->shard_map();
+  for (const auto& k : keys) {
+    if (map->HomeOf(k)->node_id != "a") homed_alive.push_back(k);
+  }
+  ASSERT_FALSE(homed_alive.empty());
+  nodes_[0].reset();  // A dies (its address now answers Unavailable)
+  auto got = c.Fetch(homed_alive);
+  EXPECT_EQ(got.size(), homed_alive.size());
+  for (const auto& p : got) {
+    bool matched = false;
+    for (int i = 0; i < kN; ++i) matched |= c.Read(p) == vals[i];
+    EXPECT_TRUE(matched);
+  }
+  // Keys whose home was A: the lookup fails, a miss (A is cooling down).
+  std::vector<KeyId> homed_a;
+  for (const auto& k : keys) {
+    if (map->HomeOf(k)->node_id == "a") homed_a.push_back(k);
+  }
+  if (!homed_a.empty()) {
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_TRUE(c.Fetch(homed_a).empty());
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(1000));
+  }
+}
+
+}  // namespace
+}  // namespace kvpool::cluster
