@@ -11,6 +11,7 @@
 #include <future>
 #include <thread>
 
+#include "cluster/home_placer.h"
 #include "cluster/peer_server.h"
 #include "cluster/static_membership.h"
 #include "transport/in_process_transport.h"
@@ -208,6 +209,46 @@ TEST_F(RemoteReaderTest, FetchesByteExactIntoLocalSlotsAndPublishesReplicas) {
     EXPECT_TRUE(c.Fetch(homed_a).empty());
     EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(1000));
   }
+}
+
+TEST_F(RemoteReaderTest, PlacementHomeMovesValuesToTheirHomeOrKeepsThemWhenItIsDown) {
+  TestNode& a = *nodes_[0];
+  TestNode& b = *nodes_[1];
+  HomePlacer placer(a.cluster.get(), a.publisher.get(), a.tiered.get(), milliseconds(300),
+                    &a.metrics);
+  auto map = a.cluster->shard_map();
+  std::vector<KeyId> to_b, to_c;
+  for (int i = 0; to_b.size() < 8 || to_c.size() < 8; ++i) {
+    KeyId k = Key(5000 + i);
+    const std::string& home = map->HomeOf(k)->node_id;
+    if (home == "b" && to_b.size() < 8) to_b.push_back(k);
+    if (home == "c" && to_c.size() < 8) to_c.push_back(k);
+  }
+  nodes_[2].reset();  // C is down
+  auto put = [&](const KeyId& k, uint64_t seed) {
+    auto v = Bytes(seed, 4096);
+    auto r = a.tiered->Reserve(k, v.size());
+    ASSERT_TRUE(r.ok());
+    std::memcpy(a.dram->segment_base() + r->offset(), v.data(), v.size());
+    ASSERT_TRUE(a.tiered->Commit(std::move(r).value()).ok());
+    placer.Place(k, v.size());
+  };
+  for (size_t i = 0; i < to_b.size(); ++i) put(to_b[i], i);
+  for (size_t i = 0; i < to_c.size(); ++i) put(to_c[i], 100 + i);
+  Counter* moved = a.metrics.GetCounter("kvpool_placement_moved_total", "");
+  Counter* kept = a.metrics.GetCounter("kvpool_placement_kept_total", "");
+  for (int i = 0; i < 300 && moved->Value() + kept->Value() < 16; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_EQ(moved->Value(), 8u);
+  EXPECT_EQ(kept->Value(), 8u);
+  for (size_t i = 0; i < to_b.size(); ++i) {
+    EXPECT_FALSE(a.dram->Contains(to_b[i])) << i;  // handed over
+    auto p = b.dram->Acquire(to_b[i]);
+    ASSERT_TRUE(p.ok()) << i;
+    EXPECT_EQ(b.Read(*p), Bytes(i, 4096)) << i;
+  }
+  for (const auto& k : to_c) EXPECT_TRUE(a.dram->Contains(k));  // kept: the home is down
 }
 
 }  // namespace
