@@ -1,26 +1,34 @@
 #include "cluster/directory.h"
 
 #include <algorithm>
-#include <array>
+#include <map>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 
 namespace kvpool::cluster {
 
 namespace {
 
-// A holder as stored: an interned node id and the incarnation.
-struct Holder {
-  uint32_t node = 0;
-  uint64_t incarnation = 0;
+// One key of the open-addressing table (linear probing). Holders are
+// indexes into the interned (node id, incarnation) table.
+struct Slot {
+  KeyId key;
+  uint32_t size = 0;  // value bytes (values are < 4 GiB)
+  uint8_t count = 0;  // holders in use
+  uint8_t state = 0;  // kEmpty, kFull, kTombstone
+  uint16_t holders[kDirectoryHoldersPerKey] = {};
 };
+static_assert(sizeof(Slot) == 32, "a directory slot is 32 bytes");
 
-struct Entry {
-  uint64_t size = 0;
-  uint8_t count = 0;
-  std::array<Holder, kMaxHoldersPerKey> holders;
-};
+constexpr uint8_t kEmpty = 0;
+constexpr uint8_t kFull = 1;
+constexpr uint8_t kTombstone = 2;
+constexpr size_t kInitialSlots = 1024;
+// Grow (or clean tombstones) past this share of used slots.
+constexpr double kMaxLoad = 0.8;
+constexpr size_t kMaxHolderRefs = 65535;
+
+size_t HashOf(const KeyId& k) { return static_cast<size_t>(k.lo ^ (k.hi * 0x9E3779B97F4A7C15ull)); }
 
 }  // namespace
 
@@ -28,24 +36,113 @@ struct Directory::Impl {
   DirectoryOptions opts;
   mutable std::mutex mu;
   // Protected by mu.
-  std::unordered_map<KeyId, Entry, KeyIdHash> map;
-  std::vector<std::string> node_names;                // interned node ids
-  std::unordered_map<std::string, uint32_t> node_index;
+  std::vector<Slot> slots = std::vector<Slot>(kInitialSlots);
+  size_t full = 0;
+  size_t tombstones = 0;
+  std::vector<HolderRef> refs;  // interned holders
+  std::map<std::pair<std::string, uint64_t>, uint16_t> ref_index;
+
   Counter* dropped = nullptr;
   Counter* applied = nullptr;
   Counter* lookups = nullptr;
   Counter* lookup_hits = nullptr;
   MetricsRegistry* metrics = nullptr;
 
-  uint32_t Intern(const std::string& id) {
-    auto [it, fresh] = node_index.emplace(id, static_cast<uint32_t>(node_names.size()));
-    if (fresh) node_names.push_back(id);
-    return it->second;
+  size_t mask() const { return slots.size() - 1; }
+
+  // The slot holding key, or nullptr.
+  Slot* Find(const KeyId& key) {
+    for (size_t i = HashOf(key) & mask();; i = (i + 1) & mask()) {
+      Slot& s = slots[i];
+      if (s.state == kEmpty) return nullptr;
+      if (s.state == kFull && s.key == key) return &s;
+    }
+  }
+  const Slot* Find(const KeyId& key) const { return const_cast<Impl*>(this)->Find(key); }
+
+  // The slot for key, inserting an empty entry; nullptr when full (bound).
+  Slot* FindOrInsert(const KeyId& key) {
+    if (Slot* s = Find(key)) return s;
+    if (full >= opts.max_entries) return nullptr;
+    if (static_cast<double>(full + tombstones + 1) > kMaxLoad * static_cast<double>(slots.size())) {
+      Rehash(static_cast<double>(full + 1) > 0.5 * kMaxLoad * static_cast<double>(slots.size())
+                 ? slots.size() * 2
+                 : slots.size());
+    }
+    for (size_t i = HashOf(key) & mask();; i = (i + 1) & mask()) {
+      Slot& s = slots[i];
+      if (s.state != kFull) {
+        if (s.state == kTombstone) --tombstones;
+        s = Slot{};
+        s.key = key;
+        s.state = kFull;
+        ++full;
+        return &s;
+      }
+    }
   }
 
-  static void Erase(Entry& e, uint8_t i) {
-    e.holders[i] = e.holders[e.count - 1];
-    --e.count;
+  void Erase(Slot* s) {
+    s->state = kTombstone;
+    --full;
+    ++tombstones;
+  }
+
+  void Rehash(size_t n) {
+    std::vector<Slot> old(n);
+    old.swap(slots);
+    tombstones = 0;
+    for (const Slot& s : old) {
+      if (s.state != kFull) continue;
+      size_t i = HashOf(s.key) & mask();
+      while (slots[i].state == kFull) i = (i + 1) & mask();
+      slots[i] = s;
+    }
+  }
+
+  // The interned index of (node, incarnation); compacts the table when it
+  // is full (restarts add incarnations over a long life).
+  uint16_t Ref(const std::string& node, uint64_t incarnation) {
+    auto it = ref_index.find({node, incarnation});
+    if (it != ref_index.end()) return it->second;
+    if (refs.size() >= kMaxHolderRefs) CompactRefs();
+    uint16_t idx = static_cast<uint16_t>(refs.size());
+    refs.push_back({node, incarnation});
+    ref_index.emplace(std::make_pair(node, incarnation), idx);
+    return idx;
+  }
+
+  void CompactRefs() {
+    std::vector<int32_t> remap(refs.size(), -1);
+    std::vector<HolderRef> kept;
+    for (Slot& s : slots) {
+      if (s.state != kFull) continue;
+      for (uint8_t i = 0; i < s.count; ++i) {
+        int32_t& r = remap[s.holders[i]];
+        if (r < 0) {
+          r = static_cast<int32_t>(kept.size());
+          kept.push_back(refs[s.holders[i]]);
+        }
+        s.holders[i] = static_cast<uint16_t>(r);
+      }
+    }
+    refs = std::move(kept);
+    ref_index.clear();
+    for (size_t i = 0; i < refs.size(); ++i) {
+      ref_index.emplace(std::make_pair(refs[i].node_id, refs[i].incarnation),
+                        static_cast<uint16_t>(i));
+    }
+  }
+
+  static void RemoveHolder(Slot& s, uint8_t i) {
+    s.holders[i] = s.holders[s.count - 1];
+    --s.count;
+  }
+
+  uint64_t bytes() const {
+    uint64_t b = slots.size() * sizeof(Slot) + refs.size() * (sizeof(HolderRef) + 64);
+    for (const auto& r : refs) b += r.node_id.size();
+    return b;
   }
 };
 
@@ -62,56 +159,51 @@ Directory::Directory(const DirectoryOptions& options, MetricsRegistry* m)
                                      "Keys looked up that had a holder");
   m->AddCallbackGauge("kvpool_directory_entries", "Keys in this node's directory", {},
                       [this] { return static_cast<double>(entries()); }, this);
-  m->AddCallbackGauge("kvpool_directory_bytes", "Estimated memory of this node's directory", {},
-                      [this] { return static_cast<double>(entries() * bytes_per_entry()); }, this);
+  m->AddCallbackGauge("kvpool_directory_bytes", "Memory of this node's directory (table and holder names)", {},
+                      [this] { return static_cast<double>(bytes()); }, this);
 }
 
 Directory::~Directory() { impl_->metrics->RemoveCallbacks(this); }
 
-uint64_t Directory::bytes_per_entry() {
-  // The node of an unordered_map: key, value, next pointer, cached hash, plus
-  // its bucket pointer.
-  return sizeof(KeyId) + sizeof(Entry) + 2 * sizeof(void*) + sizeof(size_t);
-}
-
 uint64_t Directory::entries() const {
   std::lock_guard lock(impl_->mu);
-  return impl_->map.size();
+  return impl_->full;
+}
+
+uint64_t Directory::bytes() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->bytes();
 }
 
 void Directory::Apply(const PublishBatch& batch) {
   std::lock_guard lock(impl_->mu);
-  uint32_t node = impl_->Intern(batch.node_id);
+  uint16_t ref = impl_->Ref(batch.node_id, batch.incarnation);
   for (const auto& it : batch.items) {
     if (it.op == PublishOp::kAdd) {
-      auto found = impl_->map.find(it.key);
-      if (found == impl_->map.end()) {
-        if (impl_->map.size() >= impl_->opts.max_entries) {
-          impl_->dropped->Inc();
-          continue;
-        }
-        found = impl_->map.emplace(it.key, Entry{}).first;
+      Slot* s = impl_->FindOrInsert(it.key);
+      if (s == nullptr) {
+        impl_->dropped->Inc();
+        continue;
       }
-      Entry& e = found->second;
-      e.size = it.size;
+      s->size = static_cast<uint32_t>(std::min<uint64_t>(it.size, UINT32_MAX));
+      // The same node under another incarnation is replaced, not added.
       uint8_t i = 0;
-      while (i < e.count && e.holders[i].node != node) ++i;
-      if (i == e.count) {
-        if (e.count == kMaxHoldersPerKey) Impl::Erase(e, 0);  // the oldest goes
-        i = e.count++;
+      while (i < s->count && impl_->refs[s->holders[i]].node_id != batch.node_id) ++i;
+      if (i == s->count) {
+        if (s->count == kDirectoryHoldersPerKey) Impl::RemoveHolder(*s, 0);  // the oldest goes
+        i = s->count++;
       }
-      e.holders[i] = {node, batch.incarnation};
+      s->holders[i] = ref;
     } else {
-      auto found = impl_->map.find(it.key);
-      if (found == impl_->map.end()) continue;
-      Entry& e = found->second;
-      for (uint8_t i = 0; i < e.count; ++i) {
-        if (e.holders[i].node == node && e.holders[i].incarnation == batch.incarnation) {
-          Impl::Erase(e, i);
+      Slot* s = impl_->Find(it.key);
+      if (s == nullptr) continue;
+      for (uint8_t i = 0; i < s->count; ++i) {
+        if (s->holders[i] == ref) {
+          Impl::RemoveHolder(*s, i);
           break;
         }
       }
-      if (e.count == 0) impl_->map.erase(found);
+      if (s->count == 0) impl_->Erase(s);
     }
     impl_->applied->Inc();
   }
@@ -123,13 +215,10 @@ std::vector<LookupResult> Directory::Lookup(std::span<const KeyId> keys) const {
   {
     std::lock_guard lock(impl_->mu);
     for (size_t k = 0; k < keys.size(); ++k) {
-      auto it = impl_->map.find(keys[k]);
-      if (it == impl_->map.end()) continue;
-      const Entry& e = it->second;
-      out[k].size = e.size;
-      for (uint8_t i = 0; i < e.count; ++i) {
-        out[k].holders.push_back({impl_->node_names[e.holders[i].node], e.holders[i].incarnation});
-      }
+      const Slot* s = impl_->Find(keys[k]);
+      if (s == nullptr) continue;
+      out[k].size = s->size;
+      for (uint8_t i = 0; i < s->count; ++i) out[k].holders.push_back(impl_->refs[s->holders[i]]);
       ++hits;
     }
   }
@@ -140,23 +229,23 @@ std::vector<LookupResult> Directory::Lookup(std::span<const KeyId> keys) const {
 
 void Directory::Prune(const MembershipView& view) {
   std::lock_guard lock(impl_->mu);
-  // Per interned node: the live incarnation, or none.
-  std::vector<int64_t> live(impl_->node_names.size(), -1);
-  for (size_t n = 0; n < impl_->node_names.size(); ++n) {
-    if (const Member* m = view.Find(impl_->node_names[n])) live[n] = static_cast<int64_t>(m->incarnation);
+  // Per interned holder: alive in the view with that incarnation (0 in the
+  // view, a static member, matches any).
+  std::vector<bool> alive(impl_->refs.size(), false);
+  for (size_t r = 0; r < impl_->refs.size(); ++r) {
+    const Member* m = view.Find(impl_->refs[r].node_id);
+    alive[r] = m != nullptr && (m->incarnation == 0 || m->incarnation == impl_->refs[r].incarnation);
   }
-  for (auto it = impl_->map.begin(); it != impl_->map.end();) {
-    Entry& e = it->second;
-    for (uint8_t i = 0; i < e.count;) {
-      int64_t inc = live[e.holders[i].node];
-      bool alive = inc == 0 || (inc > 0 && static_cast<uint64_t>(inc) == e.holders[i].incarnation);
-      if (alive) {
+  for (Slot& s : impl_->slots) {
+    if (s.state != kFull) continue;
+    for (uint8_t i = 0; i < s.count;) {
+      if (alive[s.holders[i]]) {
         ++i;
       } else {
-        Impl::Erase(e, i);
+        Impl::RemoveHolder(s, i);
       }
     }
-    it = e.count == 0 ? impl_->map.erase(it) : std::next(it);
+    if (s.count == 0) impl_->Erase(&s);
   }
 }
 

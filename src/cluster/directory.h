@@ -2,10 +2,13 @@
 // incarnation) that hold the key, fed by holders' Publish batches.
 //
 // Bounded: at most max_entries keys (new keys beyond it are not recorded:
-// a lookup of them misses, which is safe) and kMaxHoldersPerKey holders per
-// key (the newest replace the oldest). Entries of dead incarnations are
-// dropped by Prune() when the membership view changes. Memory is reported
-// (kvpool_directory_entries, kvpool_directory_bytes).
+// a lookup of them misses, which is safe) and kDirectoryHoldersPerKey
+// holders per key (the newest replace the oldest). Entries of dead
+// incarnations are dropped by Prune() when the membership view changes.
+// Stored as a flat open-addressing table of 32-byte slots (holders are
+// 16-bit indexes into an interned (node, incarnation) table), at most 80%
+// full: 40-80 bytes per key. Memory is reported (kvpool_directory_entries,
+// kvpool_directory_bytes).
 //
 // Thread-safe (one mutex; no call leaves the process).
 #pragma once
@@ -21,8 +24,10 @@
 
 namespace kvpool::cluster {
 
+inline constexpr uint8_t kDirectoryHoldersPerKey = 5;
+
 struct DirectoryOptions {
-  // Keys recorded at most; each costs about bytes_per_entry() of memory.
+  // Keys recorded at most; each costs 40-80 bytes.
   uint64_t max_entries = 8u << 20;
 };
 
@@ -42,7 +47,8 @@ class Directory {
   void Prune(const MembershipView& view);
 
   uint64_t entries() const;
-  static uint64_t bytes_per_entry();
+  // Memory held: the slot table and the interned holders.
+  uint64_t bytes() const;
 
  private:
   struct Impl;

@@ -61,5 +61,38 @@ TEST(Directory, AddRemovePruneAndBound) {
   EXPECT_EQ(dir.entries(), 0u);
 }
 
+TEST(Directory, ManyKeysAddRemoveAndMemoryPerKey) {
+  MetricsRegistry m;
+  Directory dir(DirectoryOptions{}, &m);
+  const uint64_t kN = 200000;
+  PublishBatch add{"a", 1, {}}, remove{"a", 1, {}};
+  for (uint64_t i = 0; i < kN; ++i) add.items.push_back({K(i), PublishOp::kAdd, i + 1});
+  dir.Apply(add);
+  EXPECT_EQ(dir.entries(), kN);
+  double per_key = static_cast<double>(dir.bytes()) / static_cast<double>(kN);
+  EXPECT_LE(per_key, 82.0);
+  // Remove every other key; the rest are still found with their sizes.
+  for (uint64_t i = 0; i < kN; i += 2) remove.items.push_back({K(i), PublishOp::kRemove, 0});
+  dir.Apply(remove);
+  EXPECT_EQ(dir.entries(), kN / 2);
+  std::vector<KeyId> keys;
+  for (uint64_t i = 0; i < kN; ++i) keys.push_back(K(i));
+  auto r = dir.Lookup(keys);
+  for (uint64_t i = 0; i < kN; ++i) {
+    ASSERT_EQ(r[i].holders.empty(), i % 2 == 0) << i;
+    if (i % 2 == 1) {
+      ASSERT_EQ(r[i].size, i + 1) << i;
+    }
+  }
+  // Re-adding after removals reuses tombstones without losing keys.
+  dir.Apply(add);
+  EXPECT_EQ(dir.entries(), kN);
+  // Holders per key are bounded; the newest replace the oldest.
+  for (int n = 0; n < 8; ++n) {
+    dir.Apply({"n" + std::to_string(n), 1, {{K(7), PublishOp::kAdd, 8}}});
+  }
+  EXPECT_EQ(dir.Lookup(std::vector<KeyId>{K(7)})[0].holders.size(), kDirectoryHoldersPerKey);
+}
+
 }  // namespace
 }  // namespace kvpool::cluster
