@@ -80,11 +80,29 @@ typedef struct kvpool_options {
    * thread costs tens of microseconds on VMs, which dominates small calls.
    * 0 never polls. Default 50. */
   uint32_t spin_us;
+  /* Remote mode, for a host without a node: the peer addresses of one or
+   * more cluster nodes, "host:port[,host:port]" (the nodes' --peer-port;
+   * any one live node is enough). Non-NULL selects remote mode: the client
+   * learns the membership from those nodes, computes the shard map itself
+   * and talks the peer protocol (UCX; UCX_TLS from the environment) to the
+   * keys' homes; socket_path, max_connections, reconnect, copy_mode and
+   * spin_us are ignored. In remote mode: put stores each value on its key's
+   * home (ALREADY_EXISTS is reported as OK); get looks the key up at its
+   * home and fetches it from a holder straight into the caller's buffer;
+   * exists asks the homes; a home that does not answer makes its keys
+   * misses (get, exists) or UNAVAILABLE (put), and the call fails
+   * UNAVAILABLE when no node answers. The zero-copy calls, remove, flush and
+   * stats_json fail with FAILED_PRECONDITION. NULL: local mode. Default NULL. */
+  const char* remote_peers;
+  /* Remote mode: how often the membership is refreshed (ms); it is also
+   * refreshed whenever a node does not answer. Default 2000. */
+  uint32_t remote_refresh_ms;
 } kvpool_options;
 
 KVPOOL_API void kvpool_options_init(kvpool_options* options);
 
-/* Connects to the node. On failure returns NULL with *status set (UNAVAILABLE
+/* Connects to the node (remote mode: asks the remote_peers for the
+ * membership). On failure returns NULL with *status set (UNAVAILABLE
  * when no node listens) and kvpool_last_error() telling why. */
 KVPOOL_API kvpool_client* kvpool_open(const kvpool_options* options, kvpool_status* status);
 /* Releases every reservation and pin of the client, then frees it. NULL is ignored. */
@@ -153,7 +171,8 @@ KVPOOL_API kvpool_status kvpool_stats_json(kvpool_client* client, char* buf, siz
  * and waits for them, so everything demoted to SSD so far survives a crash
  * of the node. Values only in DRAM are not written. OK without an SSD tier. */
 KVPOOL_API kvpool_status kvpool_flush(kvpool_client* client);
-/* Largest value the node accepts, in bytes (0 when not connected). */
+/* Largest value the node accepts, in bytes (0 when not connected; remote
+ * mode: the peer transport's limit, 64 MiB). */
 KVPOOL_API uint64_t kvpool_max_value_size(kvpool_client* client);
 
 #ifdef __cplusplus

@@ -9,12 +9,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "client/local_connection.h"
+#include "client/remote_client.h"
 #include "common/key_id.h"
 #include "kvpool/kvpool.h"
 #include "protocol/codec.h"
@@ -70,6 +72,8 @@ struct kvpool_client {
   std::shared_ptr<kvpool::Mapping> mapping;                        // protected by mu
   std::map<uint16_t, std::pair<std::shared_ptr<kvpool::Mapping>, int64_t>> retired;  // mu
   kvpool::protocol::HelloReply hello;                              // protected by mu
+  // Remote mode (options.remote_peers): set, and everything above unused.
+  std::unique_ptr<kvpool::client::RemoteClient> remote;
 };
 
 namespace kvpool {
@@ -320,6 +324,40 @@ kvpool_status Overall(const kvpool_status* statuses, size_t n, bool existing_ok)
   return KVPOOL_OK;
 }
 
+// Remote mode has no shared segment, no node-side handles and no node of its own.
+kvpool_status NotInRemoteMode(const char* call) {
+  return Fail(FailedPrecondition(fmt::format("{} is not available in remote mode", call)));
+}
+
+kvpool_client* OpenRemote(const kvpool_options& o, kvpool_status* status) {
+  auto seeds = client::ParsePeerList(o.remote_peers);
+  if (!seeds.ok()) {
+    *status = Fail(seeds.status());
+    return nullptr;
+  }
+  client::RemoteClientOptions ro;
+  ro.seeds = std::move(seeds).value();
+  ro.timeout = std::chrono::milliseconds(o.timeout_ms);
+  if (o.remote_refresh_ms > 0) ro.refresh_interval = std::chrono::milliseconds(o.remote_refresh_ms);
+  auto remote = client::RemoteClient::Open(ro);
+  if (!remote.ok()) {
+    *status = Fail(remote.status());
+    return nullptr;
+  }
+  auto c = std::make_unique<kvpool_client>();
+  c->options = o;
+  c->options.socket_path = nullptr;  // the caller's strings are not kept
+  c->options.remote_peers = nullptr;
+  c->remote = std::move(remote).value();
+  *status = KVPOOL_OK;
+  return c.release();
+}
+
+std::span<const KeyId> AsKeys(const kvpool_key_id* ids, size_t n) {
+  static_assert(sizeof(KeyId) == sizeof(kvpool_key_id) && offsetof(KeyId, lo) == offsetof(kvpool_key_id, lo));
+  return {reinterpret_cast<const KeyId*>(ids), n};
+}
+
 }  // namespace
 }  // namespace kvpool
 
@@ -346,6 +384,8 @@ void kvpool_options_init(kvpool_options* o) {
   o->reconnect = 1;
   o->copy_mode = 0;
   o->spin_us = 50;
+  o->remote_peers = nullptr;
+  o->remote_refresh_ms = 2000;
 }
 
 kvpool_client* kvpool_open(const kvpool_options* options, kvpool_status* status) {
@@ -367,6 +407,7 @@ kvpool_client* kvpool_open(const kvpool_options* options, kvpool_status* status)
     *status = Fail(InvalidArgument("timeout_ms must be > 0 and max_connections in 1..255"));
     return nullptr;
   }
+  if (o.remote_peers != nullptr) return OpenRemote(o, status);
   auto c = std::make_unique<kvpool_client>();
   c->options = o;
   c->socket_path = o.socket_path != nullptr ? o.socket_path : "/tmp/kvpool.sock";
@@ -400,6 +441,7 @@ void kvpool_key_ids(const void* ns, size_t ns_len, const void* const* keys, cons
 kvpool_status kvpool_reserve(kvpool_client* c, const kvpool_key_id* ids, const uint64_t* sizes,
                              size_t n, kvpool_region* regions, kvpool_status* statuses) {
   if (c == nullptr) return Fail(InvalidArgument("client is NULL"));
+  if (c->remote) return NotInRemoteMode("kvpool_reserve");
   if (kvpool_status z = ZeroCopyAllowed(c); z != KVPOOL_OK) return z;
   uint32_t max_batch = MaxBatch(c);
   // All items of one call go to one connection so the caller can commit them
@@ -426,6 +468,7 @@ kvpool_status kvpool_reserve(kvpool_client* c, const kvpool_key_id* ids, const u
 kvpool_status kvpool_commit(kvpool_client* c, const uint64_t* handles, size_t n,
                             kvpool_status* statuses) {
   if (c == nullptr) return Fail(InvalidArgument("client is NULL"));
+  if (c->remote) return NotInRemoteMode("kvpool_commit");
   std::map<uint16_t, std::vector<size_t>> by_conn;
   for (size_t i = 0; i < n; ++i) {
     statuses[i] = KVPOOL_INVALID_ARGUMENT;
@@ -470,12 +513,14 @@ kvpool_status kvpool_commit(kvpool_client* c, const uint64_t* handles, size_t n,
 
 kvpool_status kvpool_abort(kvpool_client* c, const uint64_t* handles, size_t n) {
   if (c == nullptr) return Fail(InvalidArgument("client is NULL"));
+  if (c->remote) return NotInRemoteMode("kvpool_abort");
   return ReturnHandles(c, MessageType::kAbort, handles, n);
 }
 
 kvpool_status kvpool_acquire(kvpool_client* c, const kvpool_key_id* ids, size_t n,
                              kvpool_region* regions, kvpool_status* statuses) {
   if (c == nullptr) return Fail(InvalidArgument("client is NULL"));
+  if (c->remote) return NotInRemoteMode("kvpool_acquire");
   if (kvpool_status z = ZeroCopyAllowed(c); z != KVPOOL_OK) return z;
   uint32_t max_batch = MaxBatch(c);
   Status s = WithConnection(c, [&](Lease& lease, Clock::time_point deadline) -> Status {
@@ -495,12 +540,18 @@ kvpool_status kvpool_acquire(kvpool_client* c, const kvpool_key_id* ids, size_t 
 
 kvpool_status kvpool_release(kvpool_client* c, const uint64_t* handles, size_t n) {
   if (c == nullptr) return Fail(InvalidArgument("client is NULL"));
+  if (c->remote) return NotInRemoteMode("kvpool_release");
   return ReturnHandles(c, MessageType::kRelease, handles, n);
 }
 
 kvpool_status kvpool_put(kvpool_client* c, const kvpool_key_id* ids, const void* const* values,
                          const uint64_t* sizes, size_t n, kvpool_status* statuses) {
   if (c == nullptr) return Fail(InvalidArgument("client is NULL"));
+  if (c->remote) {
+    Status s = c->remote->Put(AsKeys(ids, n), values, sizes, statuses);
+    if (!s.ok()) return Fail(s);
+    return Overall(statuses, n, true);
+  }
   if (!c->options.copy_mode) {
     // Reserve, copy into the segment, commit: one memcpy per value.
     std::vector<kvpool_region> regions(n);
@@ -569,6 +620,10 @@ kvpool_status kvpool_get(kvpool_client* c, const kvpool_key_id* ids, void* const
                          const uint64_t* capacities, size_t n, uint64_t* sizes,
                          kvpool_status* statuses) {
   if (c == nullptr) return Fail(InvalidArgument("client is NULL"));
+  if (c->remote) {
+    Status s = c->remote->Get(AsKeys(ids, n), buffers, capacities, sizes, statuses);
+    return s.ok() ? KVPOOL_OK : Fail(s);
+  }
   if (!c->options.copy_mode) {
     // Acquire, copy out of the segment, release: one memcpy per value.
     std::vector<kvpool_region> regions(n);
@@ -637,6 +692,16 @@ kvpool_status kvpool_get(kvpool_client* c, const kvpool_key_id* ids, void* const
 kvpool_status kvpool_exists(kvpool_client* c, const kvpool_key_id* ids, size_t n, uint8_t* hits,
                             size_t* prefix_len) {
   if (c == nullptr) return Fail(InvalidArgument("client is NULL"));
+  if (c->remote) {
+    std::vector<uint8_t> h(n);
+    Status s = c->remote->Exists(AsKeys(ids, n), h.data());
+    if (!s.ok()) return Fail(s);
+    if (hits != nullptr) std::memcpy(hits, h.data(), n);
+    if (prefix_len != nullptr) {
+      *prefix_len = static_cast<size_t>(std::find(h.begin(), h.end(), 0) - h.begin());
+    }
+    return KVPOOL_OK;
+  }
   uint32_t max_batch = MaxBatch(c);
   size_t prefix = 0;
   bool in_prefix = true;
@@ -666,6 +731,7 @@ kvpool_status kvpool_exists(kvpool_client* c, const kvpool_key_id* ids, size_t n
 kvpool_status kvpool_remove(kvpool_client* c, const kvpool_key_id* ids, size_t n,
                             kvpool_status* statuses) {
   if (c == nullptr) return Fail(InvalidArgument("client is NULL"));
+  if (c->remote) return NotInRemoteMode("kvpool_remove");
   uint32_t max_batch = MaxBatch(c);
   for (size_t off = 0; off < n; off += max_batch) {
     size_t m = std::min<size_t>(max_batch, n - off);
@@ -687,6 +753,7 @@ kvpool_status kvpool_remove(kvpool_client* c, const kvpool_key_id* ids, size_t n
 
 kvpool_status kvpool_stats_json(kvpool_client* c, char* buf, size_t cap, size_t* len) {
   if (c == nullptr) return Fail(InvalidArgument("client is NULL"));
+  if (c->remote) return NotInRemoteMode("kvpool_stats_json");
   std::string json;
   Status s = WithConnection(c, [&](Lease& lease, Clock::time_point deadline) -> Status {
     std::vector<uint8_t> reply;
@@ -704,6 +771,7 @@ kvpool_status kvpool_stats_json(kvpool_client* c, char* buf, size_t cap, size_t*
 
 kvpool_status kvpool_flush(kvpool_client* c) {
   if (c == nullptr) return Fail(InvalidArgument("client is NULL"));
+  if (c->remote) return NotInRemoteMode("kvpool_flush");
   Status s = WithConnection(c, [&](Lease& lease, Clock::time_point deadline) -> Status {
     std::vector<uint8_t> reply;
     return lease.link()->Call(MessageType::kFlush, {}, deadline, &reply);
@@ -714,6 +782,7 @@ kvpool_status kvpool_flush(kvpool_client* c) {
 
 uint64_t kvpool_max_value_size(kvpool_client* c) {
   if (c == nullptr) return 0;
+  if (c->remote) return client::RemoteClient::kMaxValueBytes;
   std::lock_guard lock(c->mu);
   return c->hello.max_value_bytes;
 }

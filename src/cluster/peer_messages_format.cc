@@ -1,5 +1,7 @@
 #include "cluster/peer_messages_format.h"
 
+#include <algorithm>
+#include <bit>
 #include <map>
 
 #include "protocol/codec.h"
@@ -137,6 +139,46 @@ Status DecodeFetchReply(std::span<const uint8_t> body, uint64_t* size) {
   BodyReader r(body);
   r.U64(size);
   return r.Finish("fetch reply");
+}
+
+void EncodeMembersReply(const MembershipView& view, std::vector<uint8_t>* out) {
+  BodyWriter w(out);
+  w.U64(view.epoch);
+  w.U32(static_cast<uint32_t>(view.members.size()));
+  for (const auto& m : view.members) {
+    w.Str(m.node_id);
+    w.Str(m.address);
+    w.U64(m.incarnation);
+    w.U64(std::bit_cast<uint64_t>(m.weight));
+  }
+}
+
+Status DecodeMembersReply(std::span<const uint8_t> body, MembershipView* view) {
+  BodyReader r(body);
+  uint32_t n = 0;
+  view->members.clear();
+  if (r.U64(&view->epoch) && r.Count(kMaxMembers, 24, &n)) {
+    view->members.resize(n);
+    for (auto& m : view->members) {
+      uint64_t weight_bits = 0;
+      if (!(r.Str(kMaxNodeIdBytes, &m.node_id) && r.Str(kMaxAddressBytes, &m.address) &&
+            r.U64(&m.incarnation) && r.U64(&weight_bits))) {
+        break;
+      }
+      m.weight = std::bit_cast<double>(weight_bits);
+      m.state = MemberState::kAlive;
+    }
+  }
+  Status s = r.Finish("members reply");
+  if (!s.ok()) return s;
+  std::sort(view->members.begin(), view->members.end(),
+            [](const Member& a, const Member& b) { return a.node_id < b.node_id; });
+  for (size_t i = 1; i < view->members.size(); ++i) {
+    if (view->members[i].node_id == view->members[i - 1].node_id) {
+      return InvalidArgument("malformed members reply: duplicate node id");
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace kvpool::cluster

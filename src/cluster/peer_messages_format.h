@@ -35,6 +35,18 @@
 // Request header: key 16 bytes, u64 size; payload: the value (size bytes).
 // Reply: OK when the home holds the key now (stored, or already there);
 // ResourceExhausted when it has no room; InvalidArgument on a size mismatch.
+//
+// kPeerMembers (remote-mode clients learn the cluster). Request: empty.
+// Reply payload, the answering node's current membership view:
+// | field        | type         | meaning                                         |
+// |--------------|--------------|-------------------------------------------------|
+// | epoch        | u64          | the view's epoch (etcd revision; static: fixed) |
+// | count        | u32 (<=4096) | members that follow, sorted by node_id          |
+// |  node_id     | str (<=128)  |                                                 |
+// |  address     | str (<=256)  | peer address "host:port"                        |
+// |  incarnation | u64          | 0 = unknown (static membership)                 |
+// |  weight      | u64          | the member's weight, IEEE-754 double bits       |
+// Clients compute the ShardMap from it exactly as nodes do.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +54,7 @@
 #include <string>
 #include <vector>
 
+#include "cluster/membership.h"
 #include "common/key_id.h"
 #include "common/status.h"
 #include "transport/transport.h"
@@ -52,11 +65,14 @@ inline constexpr transport::MessageType kPeerPublish = 0x0101;
 inline constexpr transport::MessageType kPeerLookup = 0x0102;
 inline constexpr transport::MessageType kPeerFetch = 0x0103;
 inline constexpr transport::MessageType kPeerStore = 0x0104;
+inline constexpr transport::MessageType kPeerMembers = 0x0105;
 
 inline constexpr uint32_t kMaxPeerBatch = 4096;
 inline constexpr uint32_t kMaxNodeIdBytes = 128;
 inline constexpr uint32_t kMaxLookupNodes = 256;
 inline constexpr uint32_t kMaxHoldersPerKey = 8;
+inline constexpr uint32_t kMaxMembers = 4096;
+inline constexpr uint32_t kMaxAddressBytes = 256;
 
 enum class PublishOp : uint8_t { kAdd = 1, kRemove = 2 };
 
@@ -104,5 +120,9 @@ inline void EncodeStore(const KeyId& key, uint64_t size, std::vector<uint8_t>* o
 inline Status DecodeStore(std::span<const uint8_t> body, KeyId* key, uint64_t* size) {
   return DecodeFetch(body, key, size);
 }
+
+// kPeerMembers reply (MembershipView from cluster/membership.h).
+void EncodeMembersReply(const MembershipView& view, std::vector<uint8_t>* out);
+Status DecodeMembersReply(std::span<const uint8_t> body, MembershipView* view);
 
 }  // namespace kvpool::cluster

@@ -103,6 +103,17 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publis
     }
     r.Respond(s);
   });
+  // Remote-mode clients learn the membership from any node.
+  t->RegisterHandler(kPeerMembers, [this](Incoming, Responder r) {
+    if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
+    auto body = std::make_shared<std::vector<uint8_t>>();
+    EncodeMembersReply(*cluster_->view(), body.get());
+    ServerReply reply;
+    reply.status = Status::Ok();
+    reply.payload = *body;
+    reply.release = [body] {};
+    r.Respond(std::move(reply));
+  });
   sub_ = cluster_->membership()->SubscribeViews(
       [this](const std::shared_ptr<const MembershipView>& view) {
         auto after = cluster_->shard_map();
