@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -43,6 +44,16 @@ bool Eventually(Fn fn) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return fn();
+}
+
+// The state letter of /proc/PID/stat ('R', 'S', 'T' for stopped, ...).
+char ProcessState(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  auto close_paren = line.rfind(')');
+  return close_paren != std::string::npos && close_paren + 2 < line.size() ? line[close_paren + 2]
+                                                                           : '?';
 }
 
 int RawConnect(const std::string& path) {
@@ -184,6 +195,9 @@ TEST(ClientLifecycle, StoppedNodeTimesOutWithinTheDeadline) {
   kvpool_client* c = Open(node->socket(), 300);
   ASSERT_NE(c, nullptr);
   kill(node->pid(), SIGSTOP);
+  // kill() returns before the process is stopped: wait until the kernel says
+  // it is, or the node may still answer the request below.
+  ASSERT_TRUE(Eventually([&] { return ProcessState(node->pid()) == 'T'; }));
   auto start = std::chrono::steady_clock::now();
   kvpool_key_id id = Client::KeyId("stop", "a");
   uint8_t hit;
