@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "cluster/etcd_test_util.h"
+#include "harness/cluster_harness.h"
 #include "harness/node_process.h"
 #include "kvpool/client.h"
 #include "kvpool/kvpool.h"
@@ -34,47 +35,6 @@ namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
-
-int64_t MsSince(steady_clock::time_point t0) {
-  return std::chrono::duration_cast<milliseconds>(steady_clock::now() - t0).count();
-}
-
-nlohmann::json MembersJson(const NodeProcess& n) {
-  int status = 0;
-  std::string body = n.HttpGet("/api/v1/members", &status);
-  if (status != 200) return nlohmann::json();
-  auto j = nlohmann::json::parse(body, nullptr, false);
-  return j.is_discarded() ? nlohmann::json() : j;
-}
-
-// node id -> incarnation, as one node's /api/v1/members lists them.
-std::map<std::string, uint64_t> Members(const NodeProcess& n) {
-  std::map<std::string, uint64_t> out;
-  auto j = MembersJson(n);
-  if (!j.is_object()) return out;
-  for (const auto& m : j["members"]) out[m["node_id"]] = m["incarnation"].get<uint64_t>();
-  return out;
-}
-
-bool Fenced(const NodeProcess& n) {
-  auto j = MembersJson(n);
-  return j.is_object() && j.value("fenced", false);
-}
-
-uint64_t DramEntries(const NodeProcess& n) {
-  auto j = nlohmann::json::parse(n.HttpGet("/api/v1/status"), nullptr, false);
-  return j.is_discarded() ? 0 : j["dram"]["entries"].get<uint64_t>();
-}
-
-template <typename Pred>
-bool WaitFor(milliseconds timeout, Pred pred, milliseconds step = milliseconds(50)) {
-  auto deadline = steady_clock::now() + timeout;
-  while (steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(step);
-  }
-  return pred();
-}
 
 // One value: its id and how to regenerate its bytes.
 struct KeyRec {
@@ -107,16 +67,7 @@ uint64_t WrongBytes(const KeyRec& k, const uint8_t* data, size_t got) {
 // A client of one node's local socket (copy mode). One per thread.
 class Conn {
  public:
-  explicit Conn(const NodeProcess& n) {
-    kvpool_options o;
-    kvpool_options_init(&o);
-    o.socket_path = n.socket().c_str();
-    o.copy_mode = 1;
-    o.timeout_ms = 10000;
-    kvpool_status st;
-    c_ = kvpool_open(&o, &st);
-    EXPECT_NE(c_, nullptr) << kvpool_status_name(st) << " " << kvpool_last_error();
-  }
+  explicit Conn(const NodeProcess& n) : c_(OpenLocal(n, /*copy_mode=*/true)) {}
   ~Conn() {
     if (c_ != nullptr) kvpool_close(c_);
   }
@@ -425,28 +376,17 @@ class TcpProxy {
 
 int PortOf(const std::string& url) { return std::stoi(url.substr(url.rfind(':') + 1)); }
 
-class ClusterFaultTest : public ::testing::Test {
+class ClusterFaultTest : public EtcdClusterTest {
  protected:
+  ClusterFaultTest() : EtcdClusterTest("ft") {}
   void SetUp() override {
     signal(SIGPIPE, SIG_IGN);
-    auto etcd = EtcdTestServer::Start();
-    ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
-    etcd_ = std::move(etcd).value();
+    EtcdClusterTest::SetUp();
   }
 
-  std::vector<std::string> Args(const std::string& id, const std::string& etcd_url = "") const {
-    return {"--node-id", id, "--etcd", etcd_url.empty() ? etcd_->endpoint() : etcd_url,
-            "--cluster", "ft", "--peer-port", "0", "--lease-ttl", "2s"};
+  std::unique_ptr<NodeProcess> StartNode(const std::vector<std::string>& args) {
+    return StartNodeWith(args);
   }
-
-  std::unique_ptr<NodeProcess> StartNode(std::vector<std::string> args) {
-    std::string log;
-    auto n = NodeProcess::Start(args, "", &log);
-    EXPECT_NE(n, nullptr) << log;
-    return n;
-  }
-
-  std::unique_ptr<EtcdTestServer> etcd_;
 };
 
 // 1. kill -9 of one node under load.

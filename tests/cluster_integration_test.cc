@@ -3,11 +3,7 @@
 // kill -9 leaving the view within the lease TTL, a restart coming back with
 // a higher incarnation; kvpoolctl members/shards.
 #include <gtest/gtest.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <map>
@@ -16,6 +12,7 @@
 #include <thread>
 
 #include "cluster/etcd_test_util.h"
+#include "harness/cluster_harness.h"
 #include "harness/node_process.h"
 #include "kvpool/client.h"
 #include "kvpool/kvpool.h"
@@ -26,51 +23,11 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
 
-// node id -> incarnation, as one node's /api/v1/members lists them.
-std::map<std::string, uint64_t> Members(const NodeProcess& n) {
-  std::map<std::string, uint64_t> out;
-  int status = 0;
-  std::string body = n.HttpGet("/api/v1/members", &status);
-  if (status != 200) return out;
-  auto j = nlohmann::json::parse(body, nullptr, false);
-  if (j.is_discarded()) return out;
-  for (const auto& m : j["members"]) out[m["node_id"]] = m["incarnation"].get<uint64_t>();
-  return out;
-}
-
-// Polls (real processes, real leases: there is no clock to fake) until
-// pred holds or the timeout passes; returns whether it held.
-template <typename Pred>
-bool WaitFor(milliseconds timeout, Pred pred) {
-  auto deadline = steady_clock::now() + timeout;
-  while (steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(milliseconds(50));
-  }
-  return pred();
-}
-
-class ClusterTest : public ::testing::Test {
+class ClusterTest : public EtcdClusterTest {
  protected:
-  void SetUp() override {
-    auto etcd = EtcdTestServer::Start();
-    ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
-    etcd_ = std::move(etcd).value();
-  }
+  ClusterTest() : EtcdClusterTest("it") {}
 
-  std::vector<std::string> Args(const std::string& id) const {
-    return {"--node-id", id, "--etcd", etcd_->endpoint(), "--cluster", "it",
-            "--peer-port", "0", "--lease-ttl", "2s"};
-  }
-
-  std::unique_ptr<NodeProcess> StartNode(const std::string& id) {
-    std::string log;
-    auto n = NodeProcess::Start(Args(id), "", &log);
-    EXPECT_NE(n, nullptr) << log;
-    return n;
-  }
-
-  std::unique_ptr<EtcdTestServer> etcd_;
+  std::unique_ptr<NodeProcess> StartNode(const std::string& id) { return StartNodeWith(Args(id)); }
 };
 
 TEST_F(ClusterTest, ThreeNodesSeeEachOtherAndCtlReportsThem) {
@@ -144,55 +101,21 @@ class Conn {
  public:
   // copy_mode: bytes travel inline (get); otherwise through the mapped
   // segment (acquire, then a copy out).
-  explicit Conn(const NodeProcess& n, bool copy_mode = true) {
-    kvpool_options o;
-    kvpool_options_init(&o);
-    o.socket_path = n.socket().c_str();
-    o.copy_mode = copy_mode ? 1 : 0;
-    o.timeout_ms = 10000;
-    kvpool_status st;
-    c_ = kvpool_open(&o, &st);
-    EXPECT_NE(c_, nullptr) << kvpool_status_name(st) << " " << kvpool_last_error();
-  }
+  explicit Conn(const NodeProcess& n, bool copy_mode = true) : c_(OpenLocal(n, copy_mode)) {}
   ~Conn() {
     if (c_ != nullptr) kvpool_close(c_);
   }
   bool ok() const { return c_ != nullptr; }
 
   void Put(const std::vector<kvpool_key_id>& ids, const std::vector<std::vector<uint8_t>>& vals) {
-    std::vector<const void*> ptrs;
-    std::vector<uint64_t> sizes;
-    for (const auto& v : vals) {
-      ptrs.push_back(v.data());
-      sizes.push_back(v.size());
-    }
     std::vector<kvpool_status> st(ids.size());
-    ASSERT_EQ(kvpool_put(c_, ids.data(), ptrs.data(), sizes.data(), ids.size(), st.data()), KVPOOL_OK)
-        << kvpool_last_error();
+    ASSERT_EQ(PutValues(c_, ids, vals, &st), KVPOOL_OK) << kvpool_last_error();
     for (auto s : st) EXPECT_EQ(s, KVPOOL_OK);
   }
 
   // Per key: the value, or nullopt on a miss.
   std::vector<std::optional<std::vector<uint8_t>>> Get(const std::vector<kvpool_key_id>& ids) {
-    const size_t cap = 1 << 20;
-    std::vector<std::vector<uint8_t>> bufs(ids.size(), std::vector<uint8_t>(cap, 0xee));
-    std::vector<void*> ptrs;
-    for (auto& b : bufs) ptrs.push_back(b.data());
-    std::vector<uint64_t> caps(ids.size(), cap), got(ids.size());
-    std::vector<kvpool_status> st(ids.size());
-    std::vector<std::optional<std::vector<uint8_t>>> out(ids.size());
-    EXPECT_EQ(kvpool_get(c_, ids.data(), ptrs.data(), caps.data(), ids.size(), got.data(), st.data()),
-              KVPOOL_OK)
-        << kvpool_last_error();
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (st[i] == KVPOOL_OK) {
-        bufs[i].resize(got[i]);
-        out[i] = std::move(bufs[i]);
-      } else {
-        EXPECT_EQ(st[i], KVPOOL_NOT_FOUND);
-      }
-    }
-    return out;
+    return GetValues(c_, ids, 1 << 20);
   }
 
   size_t ExistsCount(const std::vector<kvpool_key_id>& ids) {
@@ -209,9 +132,7 @@ class Conn {
 };
 
 std::vector<kvpool_key_id> Keys(const std::string& prefix, size_t n) {
-  std::vector<kvpool_key_id> ids;
-  for (size_t i = 0; i < n; ++i) ids.push_back(Client::KeyId("cluster-it", prefix + std::to_string(i)));
-  return ids;
+  return NumberedKeys("cluster-it", prefix, n);
 }
 
 std::vector<std::vector<uint8_t>> Values(uint64_t seed, size_t n) {
@@ -241,16 +162,10 @@ TEST_F(ClusterTest, RemoteReadsAreByteExactAndADeadHolderIsAMiss) {
 
   for (Conn* conn : {&cb, &cc}) {
     auto got = conn->Get(shared);
-    for (size_t i = 0; i < kN; ++i) {
-      ASSERT_TRUE(got[i].has_value()) << i;
-      EXPECT_EQ(*got[i], shared_v[i]) << i;
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectValues(got, shared_v));
   }
   auto got_b = cb.Get(via_b);  // replicas on B
-  for (size_t i = 0; i < kN; ++i) {
-    ASSERT_TRUE(got_b[i].has_value()) << i;
-    EXPECT_EQ(*got_b[i], via_b_v[i]) << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(got_b, via_b_v));
   EXPECT_GT(b->Metric("kvpool_remote_hits_total"), 0);
   // B's exists answers were reused by its gets (no second lookup round).
   EXPECT_GT(b->Metric("kvpool_remote_lookup_cache_hits_total"), 0);
@@ -281,15 +196,9 @@ TEST_F(ClusterTest, RemoteReadsAreByteExactAndADeadHolderIsAMiss) {
   std::vector<std::optional<std::vector<uint8_t>>> got_c;
   EXPECT_TRUE(WaitFor(milliseconds(3000), [&] {
     got_c = cc.Get(via_b);
-    for (const auto& g : got_c) {
-      if (!g) return false;
-    }
-    return true;
+    return AllHit(got_c);
   }));
-  for (size_t i = 0; i < kN; ++i) {
-    ASSERT_TRUE(got_c[i].has_value()) << i;
-    EXPECT_EQ(*got_c[i], via_b_v[i]) << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(got_c, via_b_v));
   t0 = steady_clock::now();
   miss = cc.Get(only_a);
   EXPECT_LT(steady_clock::now() - t0, std::chrono::seconds(3));
@@ -332,11 +241,6 @@ TEST_F(ClusterTest, AHungHolderIsAMissWithinTheDeadlineThenCoolsDown) {
   kill(a->pid(), SIGCONT);
 }
 
-bool Fenced(const NodeProcess& n) {
-  auto j = nlohmann::json::parse(n.HttpGet("/api/v1/members"), nullptr, false);
-  return !j.is_discarded() && j.value("fenced", false);
-}
-
 TEST_F(ClusterTest, FencedNodesMissThenComeBackAndRepublish) {
   auto a = StartNode("a"), b = StartNode("b");
   ASSERT_TRUE(a && b);
@@ -367,15 +271,9 @@ TEST_F(ClusterTest, FencedNodesMissThenComeBackAndRepublish) {
   std::vector<std::optional<std::vector<uint8_t>>> got;
   EXPECT_TRUE(WaitFor(milliseconds(5000), [&] {
     got = cb.Get(ids);
-    for (const auto& g : got) {
-      if (!g) return false;
-    }
-    return true;
+    return AllHit(got);
   }));
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ASSERT_TRUE(got[i].has_value()) << i;
-    EXPECT_EQ(*got[i], vals[i]) << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(got, vals));
 }
 
 TEST_F(ClusterTest, AHolderBackUnderANewIncarnationRepublishesEverything) {
@@ -402,20 +300,9 @@ TEST_F(ClusterTest, AHolderBackUnderANewIncarnationRepublishesEverything) {
   std::vector<std::optional<std::vector<uint8_t>>> got;
   EXPECT_TRUE(WaitFor(milliseconds(5000), [&] {
     got = cb.Get(ids);
-    for (const auto& g : got) {
-      if (!g) return false;
-    }
-    return true;
+    return AllHit(got);
   }));
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ASSERT_TRUE(got[i].has_value()) << i;
-    EXPECT_EQ(*got[i], vals[i]) << i;
-  }
-}
-
-uint64_t DramEntries(const NodeProcess& n) {
-  auto j = nlohmann::json::parse(n.HttpGet("/api/v1/status"), nullptr, false);
-  return j.is_discarded() ? 0 : j["dram"]["entries"].get<uint64_t>();
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(got, vals));
 }
 
 TEST_F(ClusterTest, PlacementHomeSpreadsValuesOverTheHomes) {
@@ -448,41 +335,17 @@ TEST_F(ClusterTest, PlacementHomeSpreadsValuesOverTheHomes) {
   ASSERT_TRUE(WaitFor(milliseconds(3000), [&] { return cb.ExistsCount(ids) == kN; }));
   for (Conn* conn : {&ca, &cb}) {
     auto got = conn->Get(ids);
-    for (size_t i = 0; i < kN; ++i) {
-      ASSERT_TRUE(got[i].has_value()) << i;
-      EXPECT_EQ(*got[i], vals[i]) << i;
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectValues(got, vals));
   }
-}
-
-// A free loopback TCP port (bound and released: a small race, fine here).
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
 }
 
 TEST(StaticClusterTest, PeersListServesRemoteReads) {
-  int pa = FreePort(), pb = FreePort();
-  ASSERT_TRUE(pa > 0 && pb > 0 && pa != pb);
-  std::string peers = "a=127.0.0.1:" + std::to_string(pa) + ",b=127.0.0.1:" + std::to_string(pb);
-  std::string log;
-  auto a = NodeProcess::Start({"--node-id", "a", "--peers", peers, "--peer-port", std::to_string(pa)},
-                              "", &log);
-  ASSERT_NE(a, nullptr) << log;
-  auto b = NodeProcess::Start({"--node-id", "b", "--peers", peers, "--peer-port", std::to_string(pb)},
-                              "", &log);
-  ASSERT_NE(b, nullptr) << log;
+  StaticCluster sc;
+  sc.PickPorts({"a", "b"});
+  ASSERT_TRUE(sc.ports[0] > 0 && sc.ports[1] > 0 && sc.ports[0] != sc.ports[1]);
+  ASSERT_TRUE(sc.StartNodes({"a", "b"}));
+  NodeProcess* a = sc.nodes[0].get();
+  NodeProcess* b = sc.nodes[1].get();
   EXPECT_EQ(Members(*a).size(), 2u);
   Conn ca(*a), cb(*b);
   auto ids = Keys("static", 8);
@@ -490,10 +353,7 @@ TEST(StaticClusterTest, PeersListServesRemoteReads) {
   ca.Put(ids, vals);
   ASSERT_TRUE(WaitFor(milliseconds(3000), [&] { return cb.ExistsCount(ids) == ids.size(); }));
   auto got = cb.Get(ids);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ASSERT_TRUE(got[i].has_value()) << i;
-    EXPECT_EQ(*got[i], vals[i]) << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(got, vals));
 }
 
 TEST(StandaloneNodeTest, MembersListsOnlyItself) {

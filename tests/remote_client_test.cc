@@ -2,10 +2,6 @@
 // in a static --peers cluster (UCX on loopback) and a client that has no
 // node socket, only the nodes' peer addresses (kvpool_options.remote_peers).
 #include <gtest/gtest.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <optional>
@@ -13,6 +9,7 @@
 #include <thread>
 
 #include "cluster/peer_messages_format.h"
+#include "harness/cluster_harness.h"
 #include "harness/node_process.h"
 #include "kvpool/client.h"
 #include "kvpool/kvpool.h"
@@ -23,39 +20,8 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
 
-// A free loopback TCP port (bound and released: a small race, fine here).
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
-// Polls (real processes: there is no clock to fake) until pred holds.
-template <typename Pred>
-bool WaitFor(milliseconds timeout, Pred pred) {
-  auto deadline = steady_clock::now() + timeout;
-  while (steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(milliseconds(20));
-  }
-  return pred();
-}
-
-uint64_t DramEntries(const NodeProcess& n) {
-  auto j = nlohmann::json::parse(n.HttpGet("/api/v1/status"), nullptr, false);
-  return j.is_discarded() ? 0 : j["dram"]["entries"].get<uint64_t>();
-}
-
-std::string Addr(int port) { return "127.0.0.1:" + std::to_string(port); }
+// Polling step of this suite's waits.
+constexpr milliseconds kPoll(20);
 
 // A kvpool_client plus the batch helpers the tests need.
 class Conn {
@@ -71,13 +37,7 @@ class Conn {
     return c == nullptr ? nullptr : std::unique_ptr<Conn>(new Conn(c));
   }
   static std::unique_ptr<Conn> Local(const NodeProcess& n) {
-    kvpool_options o;
-    kvpool_options_init(&o);
-    o.socket_path = n.socket().c_str();
-    o.timeout_ms = 10000;
-    kvpool_status st;
-    kvpool_client* c = kvpool_open(&o, &st);
-    EXPECT_NE(c, nullptr) << kvpool_status_name(st) << " " << kvpool_last_error();
+    kvpool_client* c = OpenLocal(n, /*copy_mode=*/false);
     return c == nullptr ? nullptr : std::unique_ptr<Conn>(new Conn(c));
   }
   ~Conn() { kvpool_close(c_); }
@@ -86,14 +46,8 @@ class Conn {
   kvpool_status Put(const std::vector<kvpool_key_id>& ids,
                     const std::vector<std::vector<uint8_t>>& vals,
                     std::vector<kvpool_status>* st) {
-    std::vector<const void*> ptrs;
-    std::vector<uint64_t> sizes;
-    for (const auto& v : vals) {
-      ptrs.push_back(v.data());
-      sizes.push_back(v.size());
-    }
     st->assign(ids.size(), -1);
-    return kvpool_put(c_, ids.data(), ptrs.data(), sizes.data(), ids.size(), st->data());
+    return PutValues(c_, ids, vals, st);
   }
   void PutOk(const std::vector<kvpool_key_id>& ids, const std::vector<std::vector<uint8_t>>& vals) {
     std::vector<kvpool_status> st;
@@ -104,25 +58,7 @@ class Conn {
   // Per key: the value, or nullopt on a miss. Buffers of `cap` bytes.
   std::vector<std::optional<std::vector<uint8_t>>> Get(const std::vector<kvpool_key_id>& ids,
                                                        size_t cap = 4u << 20) {
-    std::vector<std::vector<uint8_t>> bufs(ids.size(), std::vector<uint8_t>(cap, 0xee));
-    std::vector<void*> ptrs;
-    for (auto& b : bufs) ptrs.push_back(b.data());
-    std::vector<uint64_t> caps(ids.size(), cap), got(ids.size());
-    std::vector<kvpool_status> st(ids.size());
-    std::vector<std::optional<std::vector<uint8_t>>> out(ids.size());
-    EXPECT_EQ(kvpool_get(c_, ids.data(), ptrs.data(), caps.data(), ids.size(), got.data(),
-                         st.data()),
-              KVPOOL_OK)
-        << kvpool_last_error();
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (st[i] == KVPOOL_OK) {
-        bufs[i].resize(got[i]);
-        out[i] = std::move(bufs[i]);
-      } else {
-        EXPECT_EQ(st[i], KVPOOL_NOT_FOUND) << i;
-      }
-    }
-    return out;
+    return GetValues(c_, ids, cap);
   }
 
   std::vector<uint8_t> Exists(const std::vector<kvpool_key_id>& ids, size_t* prefix) {
@@ -143,9 +79,7 @@ class Conn {
 };
 
 std::vector<kvpool_key_id> Keys(const std::string& prefix, size_t n) {
-  std::vector<kvpool_key_id> ids;
-  for (size_t i = 0; i < n; ++i) ids.push_back(Client::KeyId("remote-it", prefix + std::to_string(i)));
-  return ids;
+  return NumberedKeys("remote-it", prefix, n);
 }
 
 // Sizes from 1 KiB to 4 MiB.
@@ -165,27 +99,13 @@ struct Cluster3 {
   std::string peers;  // "host:port,host:port,host:port" for remote_peers
 
   bool Start() {
-    std::vector<int> ports;
-    std::string members;
-    for (const char* id : {"a", "b", "c"}) {
-      int p = FreePort();
-      if (p <= 0) return false;
-      ports.push_back(p);
-      addrs.push_back(Addr(p));
-      members += std::string(members.empty() ? "" : ",") + id + "=" + Addr(p);
-    }
+    StaticCluster sc;
+    bool ok = sc.PickPorts({"a", "b", "c"}) &&
+              sc.StartNodes({"a", "b", "c"}, {"--dram-capacity", "128MiB"});
+    nodes = std::move(sc.nodes);
+    addrs = sc.addrs;
     peers = addrs[0] + "," + addrs[1] + "," + addrs[2];
-    const char* ids[] = {"a", "b", "c"};
-    for (int i = 0; i < 3; ++i) {
-      std::string log;
-      auto n = NodeProcess::Start({"--node-id", ids[i], "--peers", members, "--peer-port",
-                                   std::to_string(ports[i]), "--dram-capacity", "128MiB"},
-                                  "", &log);
-      EXPECT_NE(n, nullptr) << log;
-      if (n == nullptr) return false;
-      nodes.push_back(std::move(n));
-    }
-    return true;
+    return ok;
   }
 };
 
@@ -224,11 +144,9 @@ TEST_F(RemoteClientTest, PutGetExistsAreByteExact) {
   // A second put of the same keys is fine (the homes hold them already).
   rc->PutOk(ids, vals);
   auto got = rc->Get(ids);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ASSERT_TRUE(got[i].has_value()) << i;
-    EXPECT_EQ(*got[i], vals[i]) << i;
-  }
-  ASSERT_TRUE(WaitFor(milliseconds(3000), [&] { return rc->ExistsCount(ids) == ids.size(); }));
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(got, vals));
+  ASSERT_TRUE(
+      WaitFor(milliseconds(3000), [&] { return rc->ExistsCount(ids) == ids.size(); }, kPoll));
 
   // The values are spread over the homes, not all on one node.
   int holding = 0;
@@ -260,12 +178,10 @@ TEST_F(RemoteClientTest, RemoteAndLocalClientsSeeEachOthersValues) {
   for (auto& n : cluster_->nodes) {
     auto local = Conn::Local(*n);
     ASSERT_NE(local, nullptr);
-    ASSERT_TRUE(WaitFor(milliseconds(3000), [&] { return local->ExistsCount(ids) == ids.size(); }));
+    ASSERT_TRUE(
+        WaitFor(milliseconds(3000), [&] { return local->ExistsCount(ids) == ids.size(); }, kPoll));
     auto got = local->Get(ids);
-    for (size_t i = 0; i < ids.size(); ++i) {
-      ASSERT_TRUE(got[i].has_value()) << i;
-      EXPECT_EQ(*got[i], vals[i]) << i;
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectValues(got, vals));
   }
   // Local put on b (kept on b, published to the homes), remote get.
   auto ids2 = Keys("l2r", 6);
@@ -275,12 +191,10 @@ TEST_F(RemoteClientTest, RemoteAndLocalClientsSeeEachOthersValues) {
     ASSERT_NE(local, nullptr);
     local->PutOk(ids2, vals2);
   }
-  ASSERT_TRUE(WaitFor(milliseconds(3000), [&] { return rc->ExistsCount(ids2) == ids2.size(); }));
+  ASSERT_TRUE(
+      WaitFor(milliseconds(3000), [&] { return rc->ExistsCount(ids2) == ids2.size(); }, kPoll));
   auto got = rc->Get(ids2);
-  for (size_t i = 0; i < ids2.size(); ++i) {
-    ASSERT_TRUE(got[i].has_value()) << i;
-    EXPECT_EQ(*got[i], vals2[i]) << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(got, vals2));
 }
 
 TEST_F(RemoteClientTest, ExistsReportsHitsAndThePrefix) {
@@ -293,7 +207,8 @@ TEST_F(RemoteClientTest, ExistsReportsHitsAndThePrefix) {
   std::vector<std::vector<uint8_t>> vals;
   for (size_t i = 0; i < put_ids.size(); ++i) vals.push_back(Pattern(400 + i, 2048));
   rc->PutOk(put_ids, vals);
-  ASSERT_TRUE(WaitFor(milliseconds(3000), [&] { return rc->ExistsCount(ids) == put_ids.size(); }));
+  ASSERT_TRUE(
+      WaitFor(milliseconds(3000), [&] { return rc->ExistsCount(ids) == put_ids.size(); }, kPoll));
   size_t prefix = 99;
   auto hits = rc->Exists(ids, &prefix);
   EXPECT_EQ(prefix, 5u);
@@ -303,16 +218,13 @@ TEST_F(RemoteClientTest, ExistsReportsHitsAndThePrefix) {
 }
 
 TEST_F(RemoteClientTest, ADeadEntryInThePeerListIsSkipped) {
-  auto rc = Remote(Addr(FreePort()) + "," + cluster_->addrs[2], 5000);
+  auto rc = Remote(LoopbackAddr(FreePort()) + "," + cluster_->addrs[2], 5000);
   ASSERT_NE(rc, nullptr);
   auto ids = Keys("dead-entry", 4);
   auto vals = Values(500, ids.size());
   rc->PutOk(ids, vals);
   auto got = rc->Get(ids);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ASSERT_TRUE(got[i].has_value()) << i;
-    EXPECT_EQ(*got[i], vals[i]) << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(got, vals));
 }
 
 TEST_F(RemoteClientTest, ZeroCopyAndNodeOnlyCallsAreFailedPrecondition) {
@@ -342,7 +254,8 @@ TEST(RemoteClientOpenTest, MalformedOrDeadPeerListsFail) {
   EXPECT_EQ(Conn::Remote("no-port", 1000, &st), nullptr);
   EXPECT_EQ(st, KVPOOL_INVALID_ARGUMENT);
   auto start = steady_clock::now();
-  EXPECT_EQ(Conn::Remote(Addr(FreePort()) + "," + Addr(FreePort()), 2000, &st), nullptr);
+  EXPECT_EQ(Conn::Remote(LoopbackAddr(FreePort()) + "," + LoopbackAddr(FreePort()), 2000, &st),
+            nullptr);
   EXPECT_EQ(st, KVPOOL_UNAVAILABLE) << kvpool_last_error();
   EXPECT_LT(steady_clock::now() - start, milliseconds(2000 + 1000));
 }
