@@ -98,7 +98,14 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publis
     std::memcpy(store_->dram()->segment_base() + slot->offset(), in.payload.data(), size);
     s = store_->Commit(std::move(slot).value());
     if (s.ok() || s.code() == StatusCode::kAlreadyExists) {
-      if (s.ok()) publisher_->Add(key, size);
+      if (s.ok()) {
+        // The writer drops its copy on this OK: the key must be in this home's
+        // directory first, or a read through the writer misses until the next
+        // publish tick. Flush applies this node's own items synchronously, in
+        // queue order.
+        publisher_->Add(key, size);
+        publisher_->Flush();
+      }
       return r.Respond(Status::Ok());
     }
     r.Respond(s);
