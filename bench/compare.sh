@@ -66,24 +66,10 @@ NODE_DRAM=3GiB
 REDIS_CONFIGS=("-c 1" "-c 4" "-c 4 -P 4")
 WORKING_SET=$((1 << 30))
 
-BUILD_DIR="${BUILD_DIR:-build}"
-[[ "$BUILD_DIR" = /* ]] || BUILD_DIR="$REPO/$BUILD_DIR"
-
-log() { printf '[compare %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-die() { log "error: $*"; exit 1; }
-
+LOG_TAG=compare
+# shellcheck source=bench/common.sh
+source "$HERE/common.sh"
 # ---- prerequisites ---------------------------------------------------------
-find_bin() {  # find_bin NAME: first executable NAME under the build directory
-  local p
-  p="$(find "$BUILD_DIR" -type f -name "$1" -perm -u+x 2>/dev/null | sort | head -n 1)"
-  [[ -n "$p" ]] && printf '%s\n' "$p"
-}
-
-missing=()
-PY=/usr/bin/python3
-[[ -x "$PY" ]] || PY="$(command -v python3 || true)"
-[[ -n "$PY" ]] || missing+=("python3 (apt-get install python3)")
-command -v curl >/dev/null || missing+=("curl (apt-get install curl)")
 if want redis; then
   for t in redis-server redis-benchmark redis-cli; do
     command -v "$t" >/dev/null || missing+=("$t (apt-get install redis-server redis-tools)")
@@ -100,11 +86,7 @@ if want kvpool; then
   [[ -n "$KVPOOL_BENCH" ]] || missing+=("kvpool-bench under $BUILD_DIR (cmake -B build -G Ninja && ninja -C build)")
   [[ -n "$NODE" ]] || missing+=("kvpool-node under $BUILD_DIR (cmake -B build -G Ninja && ninja -C build)")
 fi
-if [[ ${#missing[@]} -gt 0 ]]; then
-  log "missing prerequisites:"
-  for m in "${missing[@]}"; do log "  - $m"; done
-  exit 2
-fi
+check_missing
 avail_kib="$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)"
 if [[ "$avail_kib" -lt $((8 * 1024 * 1024)) ]]; then
   log "warning: only $((avail_kib / 1024)) MiB available; this run wants ~8 GiB (node 3 GiB, redis ~1.3 GiB, benches 2 GiB)"

@@ -57,23 +57,9 @@ REDIS_CONFIGS=("-c 1" "-c 4" "-c 4 -P 4")
 REDIS_KEYS=1024                       # 1 GiB of 1 MiB values
 MB=1048576
 
-BUILD_DIR="${BUILD_DIR:-build}"
-[[ "$BUILD_DIR" = /* ]] || BUILD_DIR="$REPO/$BUILD_DIR"
-
-log() { printf '[remote %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-die() { log "error: $*"; exit 1; }
-
-find_bin() {
-  local p
-  p="$(find "$BUILD_DIR" -type f -name "$1" -perm -u+x 2>/dev/null | sort | head -n 1)"
-  [[ -n "$p" ]] && printf '%s\n' "$p"
-}
-
-missing=()
-PY=/usr/bin/python3
-[[ -x "$PY" ]] || PY="$(command -v python3 || true)"
-[[ -n "$PY" ]] || missing+=("python3 (apt-get install python3)")
-command -v curl >/dev/null || missing+=("curl (apt-get install curl)")
+LOG_TAG=remote
+# shellcheck source=bench/common.sh
+source "$HERE/common.sh"
 command -v iperf3 >/dev/null || missing+=("iperf3 (apt-get install iperf3)")
 for t in redis-server redis-benchmark redis-cli; do
   command -v "$t" >/dev/null || missing+=("$t (apt-get install redis-server redis-tools)")
@@ -82,11 +68,7 @@ NODE="$(find_bin kvpool-node || true)"
 BENCH="$(find_bin kvpool-bench || true)"
 [[ -n "$NODE" ]] || missing+=("kvpool-node under $BUILD_DIR (cmake -B build -G Ninja && ninja -C build)")
 [[ -n "$BENCH" ]] || missing+=("kvpool-bench under $BUILD_DIR (cmake -B build -G Ninja && ninja -C build)")
-if [[ ${#missing[@]} -gt 0 ]]; then
-  log "missing prerequisites:"
-  for m in "${missing[@]}"; do log "  - $m"; done
-  exit 2
-fi
+check_missing
 if [[ -n "$NODE" ]] && ! "$NODE" --help 2>&1 | grep -q -- '--peers'; then
   die "$NODE has no --peers (a build from before clustering? rebuild: ninja -C $BUILD_DIR)"
 fi

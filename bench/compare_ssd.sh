@@ -25,7 +25,8 @@
 #   --gib     GiB of 1 MiB values kvpool puts (default 3; the SSD tier gets N+2)
 #   --keep    keep the temporary directory (logs, raw results)
 # Environment: BUILD_DIR (default build), KVPOOL_BENCH_DIR (default /var/tmp),
-#   SSD_REGION (default 16MiB), IO_THREADS (default 4), NODE_DRAM (default 128MiB),
+#   SSD_REGION (default 16MiB), IO_THREADS (default 4), FLUSH_THREADS (default 4),
+#   NODE_DRAM (default 128MiB),
 #   NODE_ARGS (more kvpool-node flags, e.g. "--ssd-buffers 8").
 set -euo pipefail
 
@@ -54,7 +55,7 @@ done
 NODE_DRAM="${NODE_DRAM:-128MiB}"
 SSD_REGION="${SSD_REGION:-16MiB}"
 IO_THREADS="${IO_THREADS:-4}"
-FLUSH_THREADS=2        # the node's region-flush pool (src/node/node.cc)
+FLUSH_THREADS="${FLUSH_THREADS:-4}"   # the node's --ssd-flush-threads (passed below)
 VALUE=1048576
 BATCH=16
 FIO_SIZE=2G
@@ -69,23 +70,9 @@ WRITE_QD=$((region_mib * FLUSH_THREADS))
 # Each promotion thread reads one value (1 MiB, one request) at a time.
 READ_QD=$IO_THREADS
 
-BUILD_DIR="${BUILD_DIR:-build}"
-[[ "$BUILD_DIR" = /* ]] || BUILD_DIR="$REPO/$BUILD_DIR"
-
-log() { printf '[compare-ssd %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-die() { log "error: $*"; exit 1; }
-
-find_bin() {
-  local p
-  p="$(find "$BUILD_DIR" -type f -name "$1" -perm -u+x 2>/dev/null | sort | head -n 1)"
-  [[ -n "$p" ]] && printf '%s\n' "$p"
-}
-
-missing=()
-PY=/usr/bin/python3
-[[ -x "$PY" ]] || PY="$(command -v python3 || true)"
-[[ -n "$PY" ]] || missing+=("python3 (apt-get install python3)")
-command -v curl >/dev/null || missing+=("curl (apt-get install curl)")
+LOG_TAG=compare-ssd
+# shellcheck source=bench/common.sh
+source "$HERE/common.sh"
 command -v fio >/dev/null || missing+=("fio (apt-get install fio)")
 KVPOOL_BENCH="$(find_bin kvpool-bench || true)"
 NODE="$(find_bin kvpool-node || true)"
@@ -93,11 +80,7 @@ CTL="$(find_bin kvpoolctl || true)"
 [[ -n "$KVPOOL_BENCH" ]] || missing+=("kvpool-bench under $BUILD_DIR (cmake -B build -G Ninja && ninja -C build)")
 [[ -n "$NODE" ]] || missing+=("kvpool-node under $BUILD_DIR")
 [[ -n "$CTL" ]] || missing+=("kvpoolctl under $BUILD_DIR")
-if [[ ${#missing[@]} -gt 0 ]]; then
-  log "missing prerequisites:"
-  for m in "${missing[@]}"; do log "  - $m"; done
-  exit 2
-fi
+check_missing
 
 BASE="${KVPOOL_BENCH_DIR:-/var/tmp}"
 [[ -d "$BASE" ]] || die "$BASE is not a directory"
@@ -159,7 +142,7 @@ start_node() {
   # shellcheck disable=SC2086  # NODE_ARGS is a list of flags
   "$NODE" --socket "$SOCK" --dram-capacity "$NODE_DRAM" --admin-port "$ADMIN_PORT" \
     --ssd "$TMP/ssd" --ssd-capacity "$SSD_CAPACITY" --ssd-region-size "$SSD_REGION" \
-    --io-threads "$IO_THREADS" ${NODE_ARGS:-} > "$NODE_LOG" 2>&1 &
+    --io-threads "$IO_THREADS" --ssd-flush-threads "$FLUSH_THREADS" ${NODE_ARGS:-} > "$NODE_LOG" 2>&1 &
   NODE_PID=$!
   for _ in $(seq 12000); do
     kill -0 "$NODE_PID" 2>/dev/null || { tail -n 20 "$NODE_LOG" >&2; NODE_PID=""; die "kvpool-node exited during startup"; }
