@@ -1,0 +1,10 @@
+"""kvpool: Python client of the kvpool KV cache, plus engine connectors.
+
+Pure Python over libkvpool.so (ctypes). See kvpool.client for the API and
+kvpool.integrations for the SGLang, vLLM and LMCache connectors.
+"""
+
+from .client import Client, KeyIds, KvpoolError, StatusCode, buffer_address, version
+
+__all__ = ["Client", "KeyIds", "KvpoolError", "StatusCode", "buffer_address", "version"]
+__version__ = "0.1.0"

@@ -1,0 +1,19 @@
+"""kvpool Python package: pure Python over libkvpool.so (ctypes).
+
+Installs offline with Debian's pip and setuptools (no pyproject.toml, so pip
+builds it in place without fetching a build backend):
+    pip install ./python
+libkvpool.so itself is not bundled: it is found through KVPOOL_LIBRARY, the
+source checkout's build tree, or the system loader (ldconfig).
+"""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="kvpool",
+    version="0.1.0",
+    description="Python client of the kvpool KV cache, with SGLang, vLLM and LMCache connectors",
+    packages=find_packages(include=["kvpool", "kvpool.*"]),
+    python_requires=">=3.9",
+    zip_safe=False,
+)
