@@ -1,0 +1,540 @@
+"""kvpool as an LMCache remote storage backend.
+
+Enable it with LMCache's remote storage plugins (config YAML):
+
+    remote_storage_plugins: ["kvpool"]
+    extra_config:
+      remote_storage_plugin.kvpool.module_path: kvpool.integrations.lmcache
+      remote_storage_plugin.kvpool.class_name: KvpoolConnectorAdapter
+      remote_storage_plugin.kvpool.socket: /tmp/kvpool.sock    # optional
+
+or, with older LMCache, the same plugin entries plus `remote_url: kvpool://`.
+`KvpoolConnectorAdapter` accepts `kvpool://...` and `plugin://kvpool[.name]`
+URLs; `class_name: KvpoolRemoteConnector` also works (LMCache then builds
+the connector itself, without the engine metadata, so stored headers are
+only checked for self-consistency). Settings, URL query over plugin
+settings over defaults: `socket` (else env KVPOOL_SOCKET, else the
+library's default), `remote` (peer list: remote mode), `namespace`
+(default `lmcache`), `timeout_ms` (5000), `io_threads` (4),
+`retry_interval_s` (1.0). `kvpool://host:port[,host:port]` selects remote
+mode, `kvpool:///path/to.sock` a socket.
+
+Each chunk is stored under `key.to_string()` as a small header (shape,
+dtype, format) plus the raw bytes (see `_lmcache_format`). Every native call
+runs on the connector's own thread pool, never on LMCache's event loop. A
+node that is down, goes away or times out makes gets and lookups misses and
+puts no-ops (retried after `retry_interval_s`); no exception reaches LMCache.
+A header whose layout does not match the engine's (`metadata.kv_shape`,
+`kv_dtype`, MLA or not) is a miss. Thread-safe.
+"""
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from dataclasses import dataclass, fields
+from typing import List, Optional, Sequence
+from urllib.parse import parse_qs, unquote, urlparse
+
+import torch
+from lmcache.v1.memory_management import MemoryFormat, MemoryObj
+from lmcache.v1.storage_backend.connector import ConnectorAdapter
+from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
+
+import kvpool
+from kvpool.integrations import _lmcache_format as fmt
+
+logger = logging.getLogger(__name__)
+
+SCHEME = "kvpool://"
+PLUGIN_TYPE = "kvpool"
+
+
+@dataclass
+class KvpoolSettings:
+    socket: Optional[str] = None
+    remote: Optional[str] = None
+    namespace: str = "lmcache"
+    timeout_ms: int = 5000
+    io_threads: int = 4
+    retry_interval_s: float = 1.0
+
+    def update(self, values: dict) -> None:
+        convert = {"timeout_ms": int, "io_threads": int, "retry_interval_s": float}
+        for f in fields(self):
+            if values.get(f.name) is not None:
+                setattr(self, f.name, convert.get(f.name, str)(values[f.name]))
+
+
+def plugin_name_of(url: Optional[str]) -> Optional[str]:
+    """`plugin://kvpool.primary` -> `kvpool.primary`; None for other URLs."""
+    if url and url.startswith("plugin://"):
+        return url[len("plugin://"):].split("/", 1)[0] or None
+    return None
+
+
+def _plugin_settings(config, name: str) -> dict:
+    extra = getattr(config, "extra_config", None) or {}
+    prefix = "remote_storage_plugin.%s." % name
+    out = {k[len(prefix):]: v for k, v in extra.items() if k.startswith(prefix)}
+    nested = (extra.get("remote_storage_plugin") or {}).get(name)
+    if isinstance(nested, dict):
+        out = {**nested, **out}
+    return out
+
+
+def _url_settings(url: Optional[str]) -> dict:
+    if not url or not url.startswith(SCHEME):
+        return {}
+    parsed = urlparse(url)
+    out = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+    if parsed.netloc:
+        out.setdefault("remote", unquote(parsed.netloc))
+    if parsed.path not in ("", "/"):
+        out.setdefault("socket", unquote(parsed.path))
+    return out
+
+
+def resolve_settings(url: Optional[str], plugin_name: Optional[str], config) -> KvpoolSettings:
+    """Defaults, then the plugin's extra_config entries, then the URL query."""
+    name = plugin_name or plugin_name_of(url)
+    if name is None:  # built by LMCache from the class alone: the first kvpool plugin
+        name = next((n for n in (getattr(config, "remote_storage_plugins", None) or [])
+                     if n.split(".", 1)[0] == PLUGIN_TYPE), PLUGIN_TYPE)
+    settings = KvpoolSettings()
+    settings.update(_plugin_settings(config, name))
+    settings.update(_url_settings(url))
+    return settings
+
+
+class KvpoolConnectorAdapter(ConnectorAdapter):
+    """Accepts `kvpool://...` and `plugin://kvpool[.name]`."""
+
+    def __init__(self):
+        super().__init__(SCHEME)
+
+    def can_parse(self, url: str) -> bool:
+        name = plugin_name_of(url)
+        if name is not None:
+            return name.split(".", 1)[0] == PLUGIN_TYPE
+        return url.startswith(SCHEME)
+
+    def create_connector(self, context) -> RemoteConnector:
+        return KvpoolRemoteConnector(loop=context.loop,
+                                     local_cpu_backend=context.local_cpu_backend,
+                                     config=context.config,
+                                     metadata=getattr(context, "metadata", None),
+                                     url=context.url,
+                                     plugin_name=getattr(context, "plugin_name", None))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).rsplit(".", 1)[-1]
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()  # torch 1.13: no dtype.itemsize
+
+
+def _object_buffer(obj: MemoryObj):
+    """(address, nbytes, keepalive) of a memory object's raw bytes."""
+    try:
+        view = obj.byte_array
+        addr, nbytes = kvpool.buffer_address(view)
+    except (TypeError, ValueError, AttributeError):
+        view = obj.tensor
+        addr, nbytes = kvpool.buffer_address(view)
+    return addr, nbytes, view
+
+
+class KvpoolRemoteConnector(RemoteConnector):
+    """LMCache `RemoteConnector` over a kvpool node (or cluster)."""
+
+    def __init__(self, loop=None, local_cpu_backend=None, config=None, metadata=None, *,
+                 url: Optional[str] = None, plugin_name: Optional[str] = None,
+                 settings: Optional[KvpoolSettings] = None):
+        if RemoteConnector.__init__ is not object.__init__:
+            # Newer LMCache's base takes (config, metadata); older has no __init__.
+            try:
+                RemoteConnector.__init__(self, config, metadata)
+            except Exception as e:
+                logger.warning("kvpool: RemoteConnector base init failed (%s)", e)
+        self.loop = loop
+        self.local_cpu_backend = local_cpu_backend
+        self.config = config
+        self.metadata = metadata
+        self.url = url
+        self.settings = settings or resolve_settings(url, plugin_name, config)
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(1, self.settings.io_threads), thread_name_prefix="kvpool-lmcache")
+        self._lock = threading.Lock()
+        self._client: Optional[kvpool.Client] = None
+        self._part_limit = 0
+        self._retry_at = 0.0  # no native call before this (monotonic seconds)
+        self._closed = False
+        self.stats = {"hits": 0, "misses": 0, "rejected_headers": 0, "stored": 0,
+                      "store_failures": 0, "errors": 0}
+        self._connect()
+
+    # ---- connection ----------------------------------------------------------
+    def _connect(self) -> Optional[kvpool.Client]:
+        with self._lock:
+            if self._client is not None or self._closed or time.monotonic() < self._retry_at:
+                return self._client
+            s = self.settings
+            try:
+                client = kvpool.Client(s.socket, namespace=s.namespace, timeout_ms=s.timeout_ms,
+                                       remote=s.remote)
+                limit = client.max_value_size if s.remote is None else 64 << 20
+            except kvpool.KvpoolError as e:
+                self._retry_at = time.monotonic() + s.retry_interval_s
+                logger.warning("kvpool: node not reachable (%s); lookups miss until it is", e)
+                return None
+            self._client, self._part_limit = client, limit
+            return client
+
+    def _usable_client(self) -> Optional[kvpool.Client]:
+        if time.monotonic() < self._retry_at:
+            return None
+        return self._client or self._connect()
+
+    def _failed(self, e: Exception) -> None:
+        """A call failed as a whole: misses and no-ops for retry_interval_s. The
+        client is kept (the library reconnects when the node is back)."""
+        with self._lock:
+            self.stats["errors"] += 1
+            self._retry_at = time.monotonic() + self.settings.retry_interval_s
+        logger.warning("kvpool: call failed (%s); misses for %.1fs", e,
+                       self.settings.retry_interval_s)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.stats[name] += n
+
+    # ---- off the event loop --------------------------------------------------
+    async def _offload(self, fn, *args, on_cancel=None):
+        """Runs fn(*args) on the connector's threads. If the awaiting task is
+        cancelled while fn runs, on_cancel(future) decides what to do with its
+        eventual result."""
+        try:
+            cf = self._executor.submit(fn, *args)
+        except RuntimeError:  # executor shut down: closed
+            return None
+        try:
+            return await asyncio.wrap_future(cf)
+        except asyncio.CancelledError:
+            if on_cancel is not None and not cf.cancelled():
+                on_cancel(cf)
+            raise
+
+    @staticmethod
+    def _release_results_when_done(cf: concurrent.futures.Future) -> None:
+        def release(f):
+            if not f.cancelled() and f.exception() is None:
+                for obj in f.result() or []:
+                    if obj is not None:
+                        obj.ref_count_down()
+        cf.add_done_callback(release)
+
+    @staticmethod
+    def _hold_until_done(objs: Sequence[MemoryObj]):
+        """LMCache drops its reference once put returns, even when cancelled; the
+        copy still running must keep the objects alive."""
+        def on_cancel(cf):
+            for obj in objs:
+                obj.ref_count_up()
+            cf.add_done_callback(lambda _f: [obj.ref_count_down() for obj in objs])
+        return on_cancel
+
+    # ---- layout checks -------------------------------------------------------
+    def _expected_fmt(self) -> Optional[MemoryFormat]:
+        if self.metadata is None:
+            return None
+        return MemoryFormat.KV_MLA_FMT if getattr(self.metadata, "use_mla", False) \
+            else MemoryFormat.KV_2LTD
+
+    def _accept(self, h: fmt.Header):
+        """(torch dtype, MemoryFormat) when the header describes a chunk this
+        engine can use, else None."""
+        dtype = getattr(torch, h.dtype_name, None)
+        mfmt = MemoryFormat.__members__.get(h.fmt_name)
+        if not isinstance(dtype, torch.dtype) or mfmt is None:
+            return None
+        numel = 1
+        for d in h.shape:
+            numel *= d
+        if numel == 0 or numel * _element_size(dtype) != h.payload_bytes:
+            return None
+        if h.part_bytes and h.part_bytes >= h.payload_bytes:
+            return None
+        md = self.metadata
+        if md is None:
+            return dtype, mfmt
+        if getattr(md, "kv_dtype", dtype) != dtype:
+            return None
+        kv_shape = tuple(getattr(md, "kv_shape", ()) or ())
+        if mfmt in (MemoryFormat.KV_2LTD, MemoryFormat.KV_MLA_FMT) and len(kv_shape) == 5:
+            layers, kv, tokens, heads, head_size = kv_shape
+            if mfmt != self._expected_fmt() or len(h.shape) != 4:
+                return None
+            if (h.shape[0], h.shape[1], h.shape[3]) != (kv, layers, heads * head_size) \
+                    or not 1 <= h.shape[2] <= tokens:
+                return None
+        return dtype, mfmt
+
+    # ---- blocking bodies (connector threads) ---------------------------------
+    def _get_many(self, keys: Sequence) -> List[Optional[MemoryObj]]:
+        n = len(keys)
+        out: List[Optional[MemoryObj]] = [None] * n
+        client = self._usable_client()
+        if client is None or n == 0:
+            self._count("misses", n)
+            return out
+        strs = [k.to_string() for k in keys]
+        try:
+            raw_headers = client.get([fmt.meta_key(s) for s in strs])
+        except kvpool.KvpoolError as e:
+            self._failed(e)
+            self._count("misses", n)
+            return out
+        part_keys, ptrs, sizes, owner, keep = [], [], [], [], []
+        for i, raw in enumerate(raw_headers):
+            h = fmt.decode(raw)
+            if h is None:
+                if raw is not None:
+                    self._count("rejected_headers")
+                continue
+            accepted = self._accept(h)
+            if accepted is None:
+                self._count("rejected_headers")
+                continue
+            dtype, mfmt = accepted
+            try:
+                obj = self.local_cpu_backend.allocate(torch.Size(h.shape), dtype, mfmt)
+            except Exception as e:  # e.g. the scheduler role's backend cannot allocate
+                logger.debug("kvpool: allocate failed: %s", e)
+                obj = None
+            if obj is None:
+                continue
+            out[i] = obj
+            try:
+                base, nbytes, view = _object_buffer(obj)
+            except (TypeError, ValueError, AttributeError) as e:
+                logger.warning("kvpool: cannot address the allocated object: %s", e)
+                nbytes = -1
+            if nbytes != h.payload_bytes:
+                out[i] = None
+                obj.ref_count_down()
+                continue
+            keep.append(view)
+            for key, (off, size) in zip(fmt.payload_keys(strs[i], h), fmt.part_spans(h)):
+                part_keys.append(key)
+                ptrs.append(base + off)
+                sizes.append(size)
+                owner.append(i)
+        try:
+            statuses = client.get_ptrs(part_keys, ptrs, sizes) if part_keys else []
+        except kvpool.KvpoolError as e:
+            self._failed(e)
+            statuses = [kvpool.StatusCode.UNAVAILABLE] * len(part_keys)
+        for i, st in zip(owner, statuses):
+            if st != kvpool.StatusCode.OK and out[i] is not None:
+                out[i].ref_count_down()
+                out[i] = None
+        hits = sum(o is not None for o in out)
+        self._count("hits", hits)
+        self._count("misses", n - hits)
+        return out
+
+    def _put_many(self, keys: Sequence, objs: Sequence[MemoryObj]) -> int:
+        client = self._usable_client()
+        if client is None or not keys:
+            return 0
+        part_keys, ptrs, sizes, owner, keep = [], [], [], [], []
+        metas, headers = [], []
+        for i, (key, obj) in enumerate(zip(keys, objs)):
+            try:
+                base, nbytes, view = _object_buffer(obj)
+                h = fmt.layout(obj.get_shape(), _dtype_name(obj.get_dtype()),
+                               obj.get_memory_format().name, nbytes, self._part_limit)
+                if nbytes != obj.get_size() or nbytes == 0:
+                    raise ValueError("object is %d bytes, its buffer %d" % (obj.get_size(), nbytes))
+                header = fmt.encode(h)
+            except (TypeError, ValueError, AttributeError) as e:
+                logger.warning("kvpool: cannot store %s: %s", key, e)
+                self._count("store_failures")
+                continue
+            s = key.to_string()
+            keep.append(view)
+            metas.append(fmt.meta_key(s))
+            headers.append(header)
+            for pkey, (off, size) in zip(fmt.payload_keys(s, h), fmt.part_spans(h)):
+                part_keys.append(pkey)
+                ptrs.append(base + off)
+                sizes.append(size)
+                owner.append(len(metas) - 1)
+        if not metas:
+            return 0
+        try:
+            statuses = client.put_ptrs(part_keys, ptrs, sizes)
+            complete = [True] * len(metas)
+            for j, st in zip(owner, statuses):
+                if st != kvpool.StatusCode.OK:
+                    complete[j] = False
+            done = [j for j, ok in enumerate(complete) if ok]
+            stored = 0
+            if done:
+                hs = client.put([metas[j] for j in done], [headers[j] for j in done])
+                stored = sum(st == kvpool.StatusCode.OK for st in hs)
+        except kvpool.KvpoolError as e:
+            self._failed(e)
+            self._count("store_failures", len(metas))
+            return 0
+        self._count("stored", stored)
+        self._count("store_failures", len(metas) - stored)
+        return stored
+
+    def _prefix(self, keys: Sequence) -> int:
+        client = self._usable_client()
+        if client is None or not keys:
+            return 0
+        try:
+            return client.hit_prefix([fmt.meta_key(k.to_string()) for k in keys])
+        except kvpool.KvpoolError as e:
+            self._failed(e)
+            return 0
+
+    def _exists_many(self, keys: Sequence) -> List[bool]:
+        client = self._usable_client()
+        if client is None or not keys:
+            return [False] * len(keys)
+        try:
+            return client.exists([fmt.meta_key(k.to_string()) for k in keys])
+        except kvpool.KvpoolError as e:
+            self._failed(e)
+            return [False] * len(keys)
+
+    def _remove(self, key) -> bool:
+        client = self._usable_client()
+        if client is None:
+            return False
+        s = key.to_string()
+        try:
+            h = fmt.decode(client.get([fmt.meta_key(s)])[0])
+            st = client.remove([fmt.meta_key(s)])[0]
+            if h is not None:
+                client.remove(fmt.payload_keys(s, h))
+        except kvpool.KvpoolError as e:
+            self._failed(e)
+            return False
+        return st == kvpool.StatusCode.OK
+
+    def _ping(self) -> int:
+        client = self._usable_client()
+        if client is None:
+            return int(kvpool.StatusCode.UNAVAILABLE)
+        try:
+            client.exists(["#ping"])
+        except kvpool.KvpoolError as e:
+            self._failed(e)
+            return int(e.code) or int(kvpool.StatusCode.UNAVAILABLE)
+        return 0
+
+    # ---- RemoteConnector -----------------------------------------------------
+    async def exists(self, key) -> bool:
+        result = await self._offload(self._exists_many, [key])
+        return bool(result and result[0])
+
+    def exists_sync(self, key) -> bool:
+        return self._exists_many([key])[0]
+
+    async def get(self, key) -> Optional[MemoryObj]:
+        result = await self._offload(self._get_many, [key],
+                                     on_cancel=self._release_results_when_done)
+        return result[0] if result else None
+
+    async def put(self, key, memory_obj: MemoryObj):
+        """Stores the object; LMCache releases it after this returns."""
+        await self._offload(self._put_many, [key], [memory_obj],
+                            on_cancel=self._hold_until_done([memory_obj]))
+
+    async def list(self) -> List[str]:
+        return []  # kvpool does not enumerate keys
+
+    async def close(self):
+        await asyncio.get_running_loop().run_in_executor(None, self.close_sync)
+
+    def close_sync(self) -> None:
+        """Waits for calls in flight, then disconnects. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._executor.shutdown(wait=True)
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def support_ping(self) -> bool:
+        return True
+
+    async def ping(self) -> int:
+        result = await self._offload(self._ping)
+        return int(kvpool.StatusCode.UNAVAILABLE) if result is None else result
+
+    def support_batched_get(self) -> bool:
+        return True
+
+    async def batched_get(self, keys) -> List[Optional[MemoryObj]]:
+        result = await self._offload(self._get_many, list(keys),
+                                     on_cancel=self._release_results_when_done)
+        return result if result is not None else [None] * len(keys)
+
+    def support_batched_put(self) -> bool:
+        return True
+
+    async def batched_put(self, keys, memory_objs):
+        objs = list(memory_objs)
+        await self._offload(self._put_many, list(keys), objs,
+                            on_cancel=self._hold_until_done(objs))
+
+    def support_batched_async_contains(self) -> bool:
+        return True
+
+    async def batched_async_contains(self, lookup_id: str, keys, pin: bool = False) -> int:
+        result = await self._offload(self._prefix, list(keys))
+        return result or 0
+
+    def support_batched_get_non_blocking(self) -> bool:
+        return True
+
+    async def batched_get_non_blocking(self, lookup_id: str, keys) -> List[MemoryObj]:
+        """The leading objects found; the ones after the first miss are released."""
+        objs = await self.batched_get(keys)
+        n = 0
+        while n < len(objs) and objs[n] is not None:
+            n += 1
+        for obj in objs[n:]:
+            if obj is not None:
+                obj.ref_count_down()
+        return objs[:n]
+
+    def support_batched_contains(self) -> bool:
+        return True
+
+    def batched_contains(self, keys, stop_after_first_not_exits: bool = True) -> List[bool]:
+        hits = self._exists_many(list(keys))
+        if stop_after_first_not_exits and False in hits:
+            first = hits.index(False)
+            hits = hits[:first] + [False] * (len(hits) - first)
+        return hits
+
+    def remove_sync(self, key) -> bool:
+        return self._remove(key)
+
+    def __repr__(self) -> str:
+        s = self.settings
+        return "<KvpoolRemoteConnector %s ns=%r>" % (s.remote or s.socket or "default-socket",
+                                                    s.namespace)

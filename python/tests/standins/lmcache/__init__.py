@@ -1,0 +1,6 @@
+"""Test stand-in of the `lmcache` package (see ENGINES.md §3, §4.4).
+
+Only the modules the kvpool connector touches, at LMCache's own module paths,
+written from ENGINES.md. The real package cannot be installed here (no PyPI,
+and its `lmcache/utils.py` needs float8 dtypes that torch 1.13 lacks).
+"""
