@@ -1,0 +1,160 @@
+"""vLLM per-layer KV tensors (ENGINES.md §2.6) and kvpool's page format.
+
+A page holds one block of every layer this worker owns, in a canonical form
+that does not depend on the attention backend: MHA `(2, block_size, heads,
+head_size)` (K then V), MLA `(block_size, head_size)`. Blocks are read and
+written through each tensor's logical indexing, so any stride order (NHD,
+HND, strided per-layer views of a shared buffer) lands in the same bytes,
+and instances on different backends share pages.
+
+Page = 32-byte header + the layers' blocks in registration order:
+  0..7   magic b"kvpoolV1"
+  8..23  geometry digest: SHA-256 of (layer names, canonical shapes, dtypes)
+  24..31 first 8 bytes of SHA-256(key)
+A page whose header does not match what this worker expects is never copied
+into the KV cache.
+
+Not thread-safe; owned by the worker's connector.
+"""
+
+import hashlib
+
+import torch
+
+HEADER_BYTES = 32
+MAGIC = b"kvpoolV1"
+
+
+def _physical_order(t):
+    """Dimensions from outermost to innermost in memory (from the strides)."""
+    return tuple(sorted(range(t.dim()), key=lambda d: (-t.stride(d), d)))
+
+
+class LayerLayout:
+    """How one layer's KV tensor stores blocks, and how to copy them.
+
+    kind:
+      "kv_first"    (2, num_blocks, block_size, heads, head)    FlashAttention
+      "block_first" (num_blocks, 2, block_size, heads, head)    FlashInfer and others
+      "mla"         (num_blocks, block_size, head)              MLA backends
+      "bhnc"        (num_blocks, heads, block_size, 2 * head)   standardized views (MHA)
+      "bhnc_mla"    (num_blocks, 1, block_size, head)           standardized views (MLA)
+    """
+
+    def __init__(self, name, tensor, kind, canon_shape):
+        self.name = name
+        self.tensor = tensor
+        self.kind = kind
+        self.canon_shape = tuple(canon_shape)
+        self.dtype = tensor.dtype
+        self.element_size = tensor.element_size()
+        self.block_bytes = self.element_size
+        for d in self.canon_shape:
+            self.block_bytes *= d
+        self.physical_order = _physical_order(tensor)
+
+    def describe(self):
+        # The backend's layout is left out: pages are canonical, so instances
+        # on different backends share them.
+        return "%s:%s:%s" % (self.name, "x".join(map(str, self.canon_shape)),
+                             str(self.dtype).replace("torch.", ""))
+
+    def gather(self, ids):
+        """(n, *canon_shape) copy of blocks `ids` (a LongTensor on the tensor's device)."""
+        t = self.tensor
+        if self.kind == "kv_first":
+            return t[:, ids].transpose(0, 1)
+        if self.kind in ("block_first", "mla"):
+            return t[ids]
+        if self.kind == "bhnc_mla":
+            return t[ids][:, 0]
+        blocks = t[ids]
+        n, h, bs, c = blocks.shape
+        return blocks.reshape(n, h, bs, 2, c // 2).permute(0, 3, 2, 1, 4)
+
+    def scatter(self, ids, src):
+        """Writes src (n, *canon_shape) into blocks `ids`."""
+        t = self.tensor
+        if self.kind == "kv_first":
+            t[:, ids] = src.transpose(0, 1)
+        elif self.kind in ("block_first", "mla"):
+            t[ids] = src
+        elif self.kind == "bhnc_mla":
+            t[ids] = src.unsqueeze(1)
+        else:
+            n, two, bs, h, d = src.shape
+            t[ids] = src.permute(0, 3, 2, 1, 4).reshape(n, h, bs, two * d)
+
+
+def detect(name, tensor, num_blocks, block_size, use_mla):
+    """The LayerLayout of one registered KV tensor. Raises ValueError for a
+    shape this connector does not know (the caller then disables itself)."""
+    s = tuple(tensor.shape)
+    if tensor.dim() == 5:
+        if s[0] == 2 and s[1] == num_blocks and s[2] == block_size:
+            return LayerLayout(name, tensor, "kv_first", (2, s[2], s[3], s[4]))
+        if s[0] == num_blocks and s[1] == 2 and s[2] == block_size:
+            return LayerLayout(name, tensor, "block_first", (2, s[2], s[3], s[4]))
+    elif tensor.dim() == 3 and s[0] == num_blocks and s[1] == block_size:
+        return LayerLayout(name, tensor, "mla", (s[1], s[2]))
+    elif tensor.dim() == 4 and s[0] == num_blocks and s[2] == block_size:
+        if use_mla and s[1] == 1:
+            return LayerLayout(name, tensor, "bhnc_mla", (s[2], s[3]))
+        if not use_mla and s[3] % 2 == 0:
+            return LayerLayout(name, tensor, "bhnc", (2, s[2], s[1], s[3] // 2))
+    raise ValueError("layer %s: KV tensor of shape %s, strides %s is not a layout kvpool knows "
+                     "(num_blocks=%d, block_size=%d, mla=%s)"
+                     % (name, s, tuple(tensor.stride()), num_blocks, block_size, use_mla))
+
+
+def infer_num_blocks(tensors, block_size):
+    """num_blocks when the config does not say: the dimension next to the
+    K/V axis (5-D) or the first one (3-D/4-D), if all layers agree."""
+    found = set()
+    for t in tensors:
+        s = tuple(t.shape)
+        if t.dim() == 5:
+            found.add(s[1] if s[0] == 2 and s[2] == block_size else s[0])
+        elif t.dim() in (3, 4):
+            found.add(s[0])
+    return found.pop() if len(found) == 1 else None
+
+
+class PageFormat:
+    """Layout of a page for one worker's set of layers."""
+
+    def __init__(self, layers):
+        self.layers = list(layers)
+        self.offsets = {}
+        off = HEADER_BYTES
+        for layer in self.layers:
+            # Each layer starts at a multiple of its element size so the
+            # staging row can be viewed as that dtype in place.
+            off += (-off) % layer.element_size
+            self.offsets[layer.name] = off
+            off += layer.block_bytes
+        # Rows of a staging tensor start at multiples of 16, so every layer's
+        # slice can be viewed as its dtype.
+        self.page_bytes = off + (-off) % 16
+        desc = "|".join(layer.describe() for layer in self.layers).encode()
+        self.geometry = hashlib.sha256(desc).digest()[:16]
+
+    def describe(self):
+        first = self.layers[0]
+        return "%d layers, %s %s (physical dims %s), %d-byte pages" % (
+            len(self.layers), first.kind, str(first.dtype).replace("torch.", ""),
+            first.physical_order, self.page_bytes)
+
+    def header_rows(self, keys):
+        """(n, HEADER_BYTES) uint8 headers for these keys."""
+        rows = bytearray()
+        for k in keys:
+            rows += MAGIC + self.geometry + hashlib.sha256(k).digest()[:8]
+        return torch.frombuffer(rows, dtype=torch.uint8).view(len(keys), HEADER_BYTES)
+
+    def layer_view(self, staging, layer):
+        """The slice of a (n, page_bytes) uint8 staging tensor holding `layer`,
+        viewed as (n, *canon_shape) of the layer's dtype (no copy)."""
+        off = self.offsets[layer.name]
+        part = staging[:, off:off + layer.block_bytes]
+        return part.view(layer.dtype).view((staging.shape[0],) + layer.canon_shape)

@@ -1,0 +1,1 @@
+"""Stand-in package (empty, as in ENGINES.md §4)."""

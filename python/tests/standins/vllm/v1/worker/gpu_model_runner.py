@@ -1,0 +1,238 @@
+"""Stand-in of vllm/v1/worker/gpu_model_runner.py with the connector hooks of
+kv_connector_model_runner_mixin.py and the per-layer hooks of the attention
+layer (ENGINES.md §2.3, §2.6).
+
+It allocates per-layer KV tensors in a chosen backend layout, registers them
+with the worker-side connector, and runs each step as vLLM does:
+bind_connector_metadata, start_load_kv(forward_context), per layer
+wait_for_layer_load -> attention -> save_kv_layer, wait_for_save,
+get_finished + get_block_ids_with_load_errors, clear_connector_metadata.
+
+"Attention" is a deterministic stand-in: the KV of token p in layer l is a
+function of the token prefix [0, p], the layer and the (global) head, so any
+instance computes the same bytes for the same prefix. Before writing, each
+layer reads back the KV of every already-computed token of every scheduled
+request and compares it byte for byte with what it should be; blocks that
+differ are reported in ModelRunnerOutput.wrong_kv_block_ids (a stand-in
+field): the engine would have attended to wrong KV there. The sampled token
+is a hash of the request's KV in the last layer, so wrong KV also changes
+the output.
+"""
+
+import hashlib
+
+import torch
+
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.forward_context import ForwardContext
+from vllm.v1.attention.backend import AttentionMetadata
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+
+# Backend layouts of ENGINES.md §2.6. For each: the logical shape of one
+# layer, how the physical buffer is ordered, and where token slots live.
+LAYOUTS = ("flash_attn", "flash_attn_block_major", "flashinfer_nhd", "flashinfer_hnd", "mla",
+           "standard_blhnc", "standard_mla")
+
+
+def prefix_ids(tokens):
+    """One int per position identifying the token prefix ending there."""
+    out, r = [], 17
+    for t in tokens:
+        r = (r * 1000003 + int(t) + 1) % 2147483647
+        out.append(r)
+    return out
+
+
+def expected_kv(prefix, layer, head_offset, num_heads, head_size, dtype, mla):
+    """KV of the positions whose prefix ids are `prefix`: (n, 2, H, D) for MHA
+    (H heads starting at global head `head_offset`), (n, D) for MLA."""
+    p = torch.tensor(prefix, dtype=torch.int64)
+    if mla:
+        x = (p[:, None] * 7 + layer * 131 + torch.arange(head_size)[None, :]) % 251
+    else:
+        heads = torch.arange(head_offset, head_offset + num_heads)
+        kv = torch.arange(2)
+        x = (p[:, None, None, None] * 7 + layer * 131 + kv[None, :, None, None] * 29
+             + heads[None, None, :, None] * 17 + torch.arange(head_size)[None, None, None, :]) % 251
+    return (x.to(torch.float32) / 251.0 - 0.5).to(dtype)
+
+
+def allocate_kv_caches(layout, layer_names, num_blocks, block_size, num_heads, head_size, dtype):
+    """Per-layer tensors as vLLM's runner hands them to register_kv_caches,
+    filled with a value no real KV has (so a block that was never written
+    shows up)."""
+    nl, nb, bs, h, d = len(layer_names), num_blocks, block_size, num_heads, head_size
+
+    def fill(t):
+        return t.fill_(3.0)
+
+    if layout == "flash_attn":  # (2, NB, BS, H, D), contiguous
+        caches = [fill(torch.empty(2, nb, bs, h, d, dtype=dtype)) for _ in range(nl)]
+    elif layout == "flash_attn_block_major":  # (2, NB, ...) logical, blocks outermost in memory
+        caches = [fill(torch.empty(nb, 2, bs, h, d, dtype=dtype)).transpose(0, 1) for _ in range(nl)]
+    elif layout == "flashinfer_nhd":  # (NB, 2, BS, H, D)
+        caches = [fill(torch.empty(nb, 2, bs, h, d, dtype=dtype)) for _ in range(nl)]
+    elif layout == "flashinfer_hnd":  # (NB, 2, BS, H, D) logical over an (NB, 2, H, BS, D) buffer
+        caches = [fill(torch.empty(nb, 2, h, bs, d, dtype=dtype)).permute(0, 1, 3, 2, 4)
+                  for _ in range(nl)]
+    elif layout == "mla":  # (NB, BS, D)
+        caches = [fill(torch.empty(nb, bs, d, dtype=dtype)) for _ in range(nl)]
+    elif layout == "standard_blhnc":  # one buffer (B, L, H, N, 2*D); layer views [B, H, N, C]
+        buf = fill(torch.empty(nb, nl, h, bs, 2 * d, dtype=dtype))
+        caches = [buf[:, i] for i in range(nl)]
+    elif layout == "standard_mla":  # one buffer (B, L, 1, N, D); layer views [B, 1, N, D]
+        buf = fill(torch.empty(nb, nl, 1, bs, d, dtype=dtype))
+        caches = [buf[:, i] for i in range(nl)]
+    else:
+        raise ValueError(layout)
+    return dict(zip(layer_names, caches))
+
+
+class _Slots:
+    """Reads/writes the KV of token slots in one layer tensor of a layout."""
+
+    def __init__(self, layout, tensor):
+        self.layout, self.t = layout, tensor
+
+    def write(self, blk, off, kv):
+        t, lay = self.t, self.layout
+        if lay in ("flash_attn", "flash_attn_block_major"):
+            t[0, blk, off] = kv[:, 0]
+            t[1, blk, off] = kv[:, 1]
+        elif lay in ("flashinfer_nhd", "flashinfer_hnd"):
+            t[blk, 0, off] = kv[:, 0]
+            t[blk, 1, off] = kv[:, 1]
+        elif lay == "mla":
+            t[blk, off] = kv
+        elif lay == "standard_blhnc":
+            d = kv.shape[-1]
+            t[blk, :, off, :d] = kv[:, 0]
+            t[blk, :, off, d:] = kv[:, 1]
+        else:  # standard_mla
+            t[blk, 0, off] = kv
+
+    def read(self, blk, off):
+        t, lay = self.t, self.layout
+        if lay in ("flash_attn", "flash_attn_block_major"):
+            return torch.stack([t[0, blk, off], t[1, blk, off]], dim=1)
+        if lay in ("flashinfer_nhd", "flashinfer_hnd"):
+            return torch.stack([t[blk, 0, off], t[blk, 1, off]], dim=1)
+        if lay == "mla":
+            return t[blk, off]
+        if lay == "standard_blhnc":
+            x = t[blk, :, off]
+            d = x.shape[-1] // 2
+            return torch.stack([x[..., :d], x[..., d:]], dim=1)
+        return t[blk, 0, off]
+
+
+def _bits(x):
+    return x.contiguous().view(torch.int16 if x.element_size() == 2 else torch.int32)
+
+
+class GPUModelRunner:
+    def __init__(self, vllm_config, kv_cache_config, layout="flash_attn"):
+        self.vllm_config = vllm_config
+        mc, pc = vllm_config.model_config, vllm_config.parallel_config
+        self.block_size = vllm_config.cache_config.block_size
+        self.mla = layout in ("mla", "standard_mla")
+        assert self.mla == mc.use_mla, "layout and model_config.use_mla disagree"
+        self.tp_rank = pc.rank % pc.tensor_parallel_size
+        self.num_heads = mc.get_num_kv_heads(pc)
+        self.head_size = mc.get_head_size()
+        self.dtype = mc.dtype
+        self.layout = layout
+        self.layer_names = list(kv_cache_config.kv_cache_groups[0].layer_names)
+        self.kv_caches = allocate_kv_caches(layout, self.layer_names, kv_cache_config.num_blocks,
+                                            self.block_size, self.num_heads, self.head_size,
+                                            self.dtype)
+        self.slots = {n: _Slots(layout, t) for n, t in self.kv_caches.items()}
+        self.connector = None
+        if vllm_config.kv_transfer_config is not None:
+            self.connector = KVConnectorFactory.create_connector(vllm_config, KVConnectorRole.WORKER,
+                                                                 kv_cache_config)
+            self.connector.register_kv_caches(self.kv_caches)
+        self.reqs = {}  # req id -> [tokens, block ids]
+
+    def _kv(self, tokens_prefix, layer_idx):
+        return expected_kv(tokens_prefix, layer_idx, self.tp_rank * self.num_heads,
+                           self.num_heads, self.head_size, self.dtype, self.mla)
+
+    def _update_states(self, so):
+        for nr in so.scheduled_new_reqs:
+            self.reqs[nr.req_id] = [list(nr.prompt_token_ids), list(nr.block_ids[0])]
+        c = so.scheduled_cached_reqs
+        for i, rid in enumerate(c.req_ids):
+            st = self.reqs[rid]
+            if rid in c.all_token_ids:
+                st[0] = list(c.all_token_ids[rid])
+            if c.new_block_ids[i]:
+                st[1].extend(c.new_block_ids[i][0])
+        for rid in so.finished_req_ids:
+            self.reqs.pop(rid, None)
+
+    def execute_model(self, so):
+        self._update_states(so)
+        computed = {nr.req_id: nr.num_computed_tokens for nr in so.scheduled_new_reqs}
+        c = so.scheduled_cached_reqs
+        computed.update(zip(c.req_ids, c.num_computed_tokens))
+        bs = self.block_size
+        conn = self.connector
+        attn_meta = {name: AttentionMetadata() for name in self.layer_names}
+        ctx = ForwardContext(no_compile_layers={}, attn_metadata=attn_meta)
+        if conn is not None:
+            conn.bind_connector_metadata(so.kv_connector_metadata)
+            conn.start_load_kv(ctx)
+        wrong = set()
+        plan = {}
+        for rid, n in so.num_scheduled_tokens.items():
+            tokens, ids = self.reqs[rid]
+            start = computed[rid]
+            pre = prefix_ids(tokens[:start + n])
+            pos = torch.arange(start + n)
+            blk = torch.tensor([ids[p // bs] for p in range(start + n)], dtype=torch.long)
+            plan[rid] = (start, n, pre, blk, pos % bs)
+        for li, name in enumerate(self.layer_names):
+            if conn is not None:
+                conn.wait_for_layer_load(name)
+            slots = self.slots[name]
+            for rid, (start, n, pre, blk, off) in plan.items():
+                if start:
+                    got = _bits(slots.read(blk[:start], off[:start]))
+                    want = _bits(self._kv(pre[:start], li))
+                    bad = (got != want).reshape(start, -1).any(dim=1)
+                    wrong.update(int(b) for b in blk[:start][bad].unique())
+                slots.write(blk[start:], off[start:], self._kv(pre[start:], li))
+            if conn is not None:
+                conn.save_kv_layer(name, self.kv_caches[name], attn_meta[name])
+        kvo = None
+        if conn is not None:
+            conn.wait_for_save()
+            sending, recving = conn.get_finished(set(so.finished_req_ids))
+            kvo = KVConnectorOutput(finished_sending=sending, finished_recving=recving,
+                                    invalid_block_ids=set(conn.get_block_ids_with_load_errors()))
+            conn.clear_connector_metadata()
+        out = ModelRunnerOutput(req_ids=list(plan), kv_connector_output=kvo)
+        last = self.slots[self.layer_names[-1]]
+        for rid, (start, n, pre, blk, off) in plan.items():
+            if start + n == len(self.reqs[rid][0]):
+                kv = last.read(blk, off).contiguous().view(torch.uint8).numpy().tobytes()
+                out.sampled_token_ids[rid] = int.from_bytes(hashlib.sha256(kv).digest()[:4],
+                                                            "little") % 32000
+        out.wrong_kv_block_ids = wrong
+        return out
+
+    def block_bytes(self, block_id):
+        """Every layer's bytes of one block, in canonical (layout-free) order."""
+        parts = []
+        bs = self.block_size
+        for name in self.layer_names:
+            kv = self.slots[name].read(torch.full((bs,), block_id, dtype=torch.long),
+                                       torch.arange(bs))
+            parts.append(kv.contiguous().view(torch.uint8).numpy().tobytes())
+        return b"".join(parts)
+
+    def shutdown(self):
+        if self.connector is not None:
+            self.connector.shutdown()
