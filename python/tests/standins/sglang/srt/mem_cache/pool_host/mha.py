@@ -1,0 +1,3 @@
+"""Stand-in: pool_host/mha.py."""
+
+from sglang.srt.mem_cache.memory_pool_host import MHATokenToKVPoolHost  # noqa: F401
