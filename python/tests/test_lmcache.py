@@ -279,9 +279,48 @@ def test_foreign_or_broken_layouts_are_misses(lm, kvpool_node, engines):
     before = dict(a.connector.stats)
     assert a.backend.batched_get_blocking(new) == [None] * 5
     assert a.connector.stats["rejected_headers"] - before["rejected_headers"] == 3  # 0, 1, 4
-    assert a.backend.batched_async_contains("x", new) == 5  # headers exist; loads miss
+    # Lookups agree: only 3 (a payload of the wrong size: exists cannot tell) looks stored.
+    assert a.backend.batched_async_contains("x", new) == 0
+    assert a.connector.batched_contains(new, False) == [False, False, False, True, False]
     a.assert_no_leaks()
     raw.close()
+
+
+def test_lookups_check_the_payload_too(lm, kvpool_node, engines):
+    e = new_engine(engines, lm, make_config(lm, kvpool_node.socket), make_metadata(lm))
+    keys, _ = e.store(TOKENS)
+    raw = kvpool.Client(kvpool_node.socket, namespace="lmcache")
+    s = [k.to_string() for k in keys]
+    headers = [fmt.decode(h) for h in raw.get([fmt.meta_key(x) for x in s])]
+    assert headers[3].shape[2] == 5
+    # Evict the payloads of chunk 1 and of the short last chunk; headers stay.
+    assert raw.remove(fmt.payload_keys(s[1], headers[1]) + fmt.payload_keys(s[3], headers[3])) \
+        == [kvpool.StatusCode.OK] * 2
+    assert e.backend.batched_async_contains("x", keys) == 1
+    assert e.connector.batched_contains(keys, False) == [True, False, True, False]
+    assert e.backend.contains(keys[1]) is False and e.backend.contains(keys[2]) is True
+    got = e.backend.batched_get_blocking(keys)
+    assert [g is not None for g in got] == [True, False, True, False]
+    for g in got:
+        if g is not None:
+            g.ref_count_down()
+    e.assert_no_leaks()
+    raw.close()
+
+
+def test_newer_base_class_init_gets_config_and_metadata(lm, kvpool_node, monkeypatch):
+    """LMCache 2026's RemoteConnector.__init__(config, metadata); older has none."""
+    from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
+    from kvpool.integrations.lmcache import KvpoolRemoteConnector
+    seen = []
+    monkeypatch.setattr(RemoteConnector, "__init__",
+                        lambda self, config, metadata: seen.append((config, metadata)),
+                        raising=False)
+    cfg, md = make_config(lm, kvpool_node.socket), make_metadata(lm)
+    c = KvpoolRemoteConnector(loop=None, local_cpu_backend=None, config=cfg, metadata=md)
+    assert seen == [(cfg, md)]
+    c.close_sync()
+    c.close_sync()  # idempotent
 
 
 def test_put_leaves_release_to_lmcache(lm, kvpool_node, engines):
@@ -364,17 +403,18 @@ def test_event_loop_keeps_running_during_a_slow_get(lm, kvpool_node, engines):
 def test_ticker_detects_a_blocked_loop(lm, kvpool_node, engines):
     """Control for the test above: a coroutine that blocks stops the ticker."""
     e = new_engine(engines, lm, make_config(lm, kvpool_node.socket), make_metadata(lm))
-    stop, release = threading.Event(), threading.Event()
+    stop, entered, release = threading.Event(), threading.Event(), threading.Event()
     ticks, tick_future = ticker(e.sm.loop, stop)
 
     async def blocking():
+        entered.set()
         release.wait(10)
 
     blocked = asyncio.run_coroutine_threadsafe(blocking(), e.sm.loop)
-    time.sleep(0.05)
+    assert entered.wait(10)
     start = ticks[0]
     time.sleep(0.2)
-    assert ticks[0] - start <= 1
+    assert ticks[0] == start
     release.set()
     blocked.result(5)
     stop.set()
@@ -382,8 +422,9 @@ def test_ticker_detects_a_blocked_loop(lm, kvpool_node, engines):
 
 
 def test_get_cancelled_on_timeout_releases_its_objects(lm, kvpool_node, engines):
-    e = new_engine(engines, lm, make_config(lm, kvpool_node.socket, blocking_timeout_secs=0.2),
-                   make_metadata(lm))
+    # One connector thread: a later job runs after the earlier job's done-callbacks.
+    e = new_engine(engines, lm, make_config(lm, kvpool_node.socket, blocking_timeout_secs=0.2,
+                                            io_threads=1), make_metadata(lm))
     keys, _ = e.store(TOKENS)
     slow = SlowCalls(e.connector._client, "get_ptrs")
     assert e.backend.batched_get_blocking(keys) == [None] * 4  # timed out, cancelled
@@ -391,7 +432,7 @@ def test_get_cancelled_on_timeout_releases_its_objects(lm, kvpool_node, engines)
     assert e.allocator.live_count() == 4  # the native call still owns them
     slow.release.set()
     assert slow.finished.wait(10)
-    e.connector._executor.submit(lambda: None).result(10)  # done-callbacks have run
+    e.connector._executor.submit(lambda: None).result(10)
     slow.undo()
     e.assert_no_leaks()
 

@@ -355,6 +355,8 @@ class KvpoolRemoteConnector(RemoteConnector):
         metas, headers = [], []
         for i, (key, obj) in enumerate(zip(keys, objs)):
             try:
+                if obj.get_dtype() is None:
+                    raise ValueError("object has no dtype (format %s)" % obj.get_memory_format())
                 base, nbytes, view = _object_buffer(obj)
                 h = fmt.layout(obj.get_shape(), _dtype_name(obj.get_dtype()),
                                obj.get_memory_format().name, nbytes, self._part_limit)
@@ -395,25 +397,74 @@ class KvpoolRemoteConnector(RemoteConnector):
         self._count("store_failures", len(metas) - stored)
         return stored
 
-    def _prefix(self, keys: Sequence) -> int:
+    def _full_chunk_layout(self) -> Optional[fmt.Header]:
+        """The layout of a full chunk of this engine, when the metadata tells it."""
+        md = self.metadata
+        kv_shape = tuple(getattr(md, "kv_shape", ()) or ())
+        dtype = getattr(md, "kv_dtype", None)
+        if len(kv_shape) != 5 or not isinstance(dtype, torch.dtype) or not self._part_limit:
+            return None
+        layers, kv, tokens, heads, head_size = kv_shape
+        shape = (kv, layers, tokens, heads * head_size)
+        nbytes = kv * layers * tokens * heads * head_size * _element_size(dtype)
+        return fmt.layout(shape, _dtype_name(dtype), self._expected_fmt().name, nbytes,
+                          self._part_limit)
+
+    def _present(self, keys: Sequence, prefix_only: bool) -> List[bool]:
+        """Per key: a usable header and every payload part are stored. One
+        exists call for headers plus full-chunk payloads; headers of other
+        chunks (the short last one, or a foreign layout) are read and their
+        payloads checked in two more calls."""
+        n = len(keys)
+        out = [False] * n
         client = self._usable_client()
-        if client is None or not keys:
-            return 0
+        if client is None or n == 0:
+            return out
+        strs = [k.to_string() for k in keys]
+        full = self._full_chunk_layout()
+        probe = [fmt.meta_key(s) for s in strs]
+        spans = []
+        if full is not None:
+            for s in strs:
+                parts = fmt.payload_keys(s, full)
+                spans.append((len(probe), len(probe) + len(parts)))
+                probe.extend(parts)
         try:
-            return client.hit_prefix([fmt.meta_key(k.to_string()) for k in keys])
+            hits = client.exists(probe)
+            unsure = []
+            for i in range(n):
+                if not hits[i]:
+                    if prefix_only:
+                        break
+                    continue
+                if full is not None and all(hits[spans[i][0]:spans[i][1]]):
+                    out[i] = True
+                else:
+                    unsure.append(i)
+            if unsure:
+                check, owner = [], []
+                for i, raw in zip(unsure, client.get([probe[i] for i in unsure])):
+                    h = fmt.decode(raw)
+                    if h is not None and self._accept(h) is not None:
+                        parts = fmt.payload_keys(strs[i], h)
+                        check.extend(parts)
+                        owner.extend([i] * len(parts))
+                complete = dict.fromkeys(owner, True)
+                for i, hit in zip(owner, client.exists(check) if check else []):
+                    complete[i] = complete[i] and hit
+                for i, ok in complete.items():
+                    out[i] = ok
         except kvpool.KvpoolError as e:
             self._failed(e)
-            return 0
+            return [False] * n
+        return out
+
+    def _prefix(self, keys: Sequence) -> int:
+        present = self._present(keys, prefix_only=True)
+        return present.index(False) if False in present else len(present)
 
     def _exists_many(self, keys: Sequence) -> List[bool]:
-        client = self._usable_client()
-        if client is None or not keys:
-            return [False] * len(keys)
-        try:
-            return client.exists([fmt.meta_key(k.to_string()) for k in keys])
-        except kvpool.KvpoolError as e:
-            self._failed(e)
-            return [False] * len(keys)
+        return self._present(keys, prefix_only=False)
 
     def _remove(self, key) -> bool:
         client = self._usable_client()
