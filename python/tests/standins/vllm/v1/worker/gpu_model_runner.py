@@ -224,12 +224,16 @@ class GPUModelRunner:
         return out
 
     def block_bytes(self, block_id):
-        """Every layer's bytes of one block, in canonical (layout-free) order."""
+        """Every layer's bytes of one block, layer after layer, each as MHA
+        (K/V, tokens, heads, head) or MLA (tokens, head): the order of
+        ENGINES.md's logical shapes, whatever the physical layout."""
         parts = []
         bs = self.block_size
         for name in self.layer_names:
             kv = self.slots[name].read(torch.full((bs,), block_id, dtype=torch.long),
                                        torch.arange(bs))
+            if not self.mla:  # (tokens, K/V, heads, head) -> (K/V, tokens, heads, head)
+                kv = kv.transpose(0, 1)
             parts.append(kv.contiguous().view(torch.uint8).numpy().tobytes())
         return b"".join(parts)
 
