@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "cluster/etcd_membership.h"
+#include "cluster/peer_messages_format.h"
 #include "cluster/static_membership.h"
 #include "common/log.h"
 #include "transport/ucx_transport.h"
@@ -49,6 +50,11 @@ class ClusterImpl final : public Cluster {
 
   ~ClusterImpl() override {
     if (membership_ != nullptr && sub_ != 0) membership_->Unsubscribe(sub_);
+    {
+      // A lease status request may still come in until the transport goes.
+      std::lock_guard lock(lease_mu_);
+      lease_source_ = nullptr;
+    }
     // The membership goes before the transport: nothing calls peers then.
     membership_.reset();
     transport_.reset();
@@ -80,9 +86,14 @@ class ClusterImpl final : public Cluster {
       eo.weight = opts_.weight;
       eo.lease_ttl = opts_.lease_ttl;
       eo.request_timeout = std::min(std::chrono::milliseconds(1000), opts_.lease_ttl / 4);
+      eo.probe_peers = [this](transport::Deadline deadline) { return ProbePeers(deadline); };
       std::unique_ptr<EtcdMembership> em;
       KVPOOL_ASSIGN_OR_RETURN(em, EtcdMembership::Open(eo, metrics));
       etcd_ = em.get();
+      {
+        std::lock_guard lock(lease_mu_);
+        lease_source_ = etcd_;
+      }
       membership_ = std::move(em);
     } else {
       StaticMembershipOptions so;
@@ -97,6 +108,12 @@ class ClusterImpl final : public Cluster {
     sub_ = membership_->SubscribeViews(
         [this](const std::shared_ptr<const MembershipView>& v) { OnView(*v); });
     OnView(*membership_->view());
+    transport_->RegisterHandler(cluster::kPeerLeaseStatus,
+                                [this](transport::Incoming, transport::Responder r) {
+                                  std::vector<uint8_t> header;
+                                  cluster::EncodeLeaseStatusReply(LeaseStatus(), &header);
+                                  r.Respond(Status::Ok(), std::move(header));
+                                });
     metrics->AddCallbackGauge("kvpool_cluster_shards_owned",
                               "Shards whose home is this node in the current shard map", {},
                               [this] { return OwnedShards(); }, this);
@@ -126,6 +143,7 @@ class ClusterImpl final : public Cluster {
   const std::string& node_id() const override { return opts_.node_id; }
   uint64_t incarnation() const override { return membership_->incarnation(); }
   bool fenced() const override { return membership_->fenced(); }
+  bool etcd_outage() const override { return etcd_ != nullptr && etcd_->etcd_outage(); }
   std::string address() const override { return transport_->address(); }
   transport::Transport* transport() const override { return transport_.get(); }
   Membership* membership() const override { return membership_.get(); }
@@ -142,6 +160,61 @@ class ClusterImpl final : public Cluster {
     map_ = std::move(map);
   }
 
+  cluster::LeaseStatusReply LeaseStatus() const {
+    cluster::LeaseStatusReply m;
+    std::lock_guard lock(lease_mu_);
+    if (lease_source_ == nullptr) return m;  // static membership: no lease
+    EtcdMembership::LeaseState st = lease_source_->lease_state();
+    m.fenced = st.fenced;
+    m.has_lease = true;
+    m.etcd_outage = st.etcd_outage;
+    m.since_renewal_ms = static_cast<uint64_t>(std::max<int64_t>(0, st.since_renewal.count()));
+    return m;
+  }
+
+  // Asks every other member how its lease fares (EtcdMembership's fencing
+  // rule). Returns by the deadline: the transport finishes every call by it.
+  std::vector<PeerLeaseReport> ProbePeers(transport::Deadline deadline) {
+    struct Pending {
+      std::mutex mu;
+      std::condition_variable cv;
+      size_t left = 0;  // protected by mu
+      std::vector<PeerLeaseReport> reports;  // protected by mu
+    };
+    auto view = membership_->view();
+    std::vector<std::string> peers;
+    for (const Member& m : view->members) {
+      if (m.node_id != opts_.node_id) peers.push_back(m.address);
+    }
+    auto p = std::make_shared<Pending>();
+    p->left = peers.size();
+    p->reports.resize(peers.size());
+    for (size_t i = 0; i < peers.size(); ++i) {
+      transport::CallArgs args;
+      args.peer = peers[i];
+      args.type = cluster::kPeerLeaseStatus;
+      args.deadline = deadline;
+      transport_->Call(args, [p, i](transport::Reply r) {
+        PeerLeaseReport rep;
+        cluster::LeaseStatusReply m;
+        if (r.status.ok() && cluster::DecodeLeaseStatusReply(r.header, &m).ok()) {
+          // Older than a day reads as a day: no overflow, same verdict.
+          uint64_t ms = std::min<uint64_t>(m.since_renewal_ms, 86'400'000);
+          rep.answered = true;
+          rep.fenced = m.fenced;
+          rep.has_lease = m.has_lease;
+          rep.renewed_at = std::chrono::steady_clock::now() - std::chrono::milliseconds(ms);
+        }
+        std::lock_guard lock(p->mu);
+        p->reports[i] = rep;
+        if (--p->left == 0) p->cv.notify_all();
+      });
+    }
+    std::unique_lock lock(p->mu);
+    p->cv.wait(lock, [&] { return p->left == 0; });
+    return p->reports;
+  }
+
   double OwnedShards() const {
     auto counts = shard_map()->OwnershipCounts();
     auto it = counts.find(opts_.node_id);
@@ -152,6 +225,8 @@ class ClusterImpl final : public Cluster {
   std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<Membership> membership_;
   EtcdMembership* etcd_ = nullptr;  // membership_ when it is etcd's
+  mutable std::mutex lease_mu_;
+  EtcdMembership* lease_source_ = nullptr;  // etcd_ until destruction; protected by lease_mu_
   uint64_t sub_ = 0;
   MetricsRegistry* metrics_ = nullptr;
   mutable std::mutex map_mu_;

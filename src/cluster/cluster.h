@@ -72,6 +72,9 @@ class Cluster {
   virtual const std::string& node_id() const = 0;
   virtual uint64_t incarnation() const = 0;
   virtual bool fenced() const = 0;
+  // True while etcd is down for this node and its peers alike and the node
+  // serves with its last view instead of fencing (etcd_membership.h).
+  virtual bool etcd_outage() const = 0;
   // "host:port" peers reach this node at.
   virtual std::string address() const = 0;
   virtual transport::Transport* transport() const = 0;

@@ -41,9 +41,13 @@ struct Directory::Impl {
   size_t tombstones = 0;
   std::vector<HolderRef> refs;  // interned holders
   std::map<std::pair<std::string, uint64_t>, uint16_t> ref_index;
+  // The newest incarnation of each node seen in a view (Prune). Older ones
+  // are dead; newer ones are alive but not in this node's view yet.
+  std::map<std::string, uint64_t> last_seen;
 
   Counter* dropped = nullptr;
   Counter* applied = nullptr;
+  Counter* stale = nullptr;
   Counter* lookups = nullptr;
   Counter* lookup_hits = nullptr;
   MetricsRegistry* metrics = nullptr;
@@ -154,6 +158,8 @@ Directory::Directory(const DirectoryOptions& options, MetricsRegistry* m)
                                  "Published keys not recorded because the directory was full");
   impl_->applied = m->GetCounter("kvpool_directory_updates_total",
                                  "Publish and unpublish items applied to the directory");
+  impl_->stale = m->GetCounter("kvpool_directory_stale_publish_total",
+                               "Publish batches ignored: sent by an incarnation already replaced");
   impl_->lookups = m->GetCounter("kvpool_directory_lookups_total", "Keys looked up in the directory");
   impl_->lookup_hits = m->GetCounter("kvpool_directory_lookup_hits_total",
                                      "Keys looked up that had a holder");
@@ -177,6 +183,11 @@ uint64_t Directory::bytes() const {
 
 void Directory::Apply(const PublishBatch& batch) {
   std::lock_guard lock(impl_->mu);
+  auto seen = impl_->last_seen.find(batch.node_id);
+  if (batch.incarnation != 0 && seen != impl_->last_seen.end() && batch.incarnation < seen->second) {
+    impl_->stale->Inc();  // a late batch from a life the node has left
+    return;
+  }
   uint16_t ref = impl_->Ref(batch.node_id, batch.incarnation);
   for (const auto& it : batch.items) {
     if (it.op == PublishOp::kAdd) {
@@ -229,12 +240,31 @@ std::vector<LookupResult> Directory::Lookup(std::span<const KeyId> keys) const {
 
 void Directory::Prune(const MembershipView& view) {
   std::lock_guard lock(impl_->mu);
-  // Per interned holder: alive in the view with that incarnation (0 in the
-  // view, a static member, matches any).
+  auto& last_seen = impl_->last_seen;
+  if (last_seen.size() > kMaxMembers) {  // bounded: forget nodes long gone
+    std::erase_if(last_seen, [&](const auto& kv) { return view.Find(kv.first) == nullptr; });
+  }
+  for (const Member& m : view.members) {
+    uint64_t& seen = last_seen[m.node_id];
+    seen = std::max(seen, m.incarnation);
+  }
+  // Per interned holder: alive when the view has it with that incarnation
+  // (0 in the view, a static member, matches any), or when it is newer than
+  // any this node has seen: it re-registered and its publishes overtook the
+  // view that announces it.
   std::vector<bool> alive(impl_->refs.size(), false);
   for (size_t r = 0; r < impl_->refs.size(); ++r) {
-    const Member* m = view.Find(impl_->refs[r].node_id);
-    alive[r] = m != nullptr && (m->incarnation == 0 || m->incarnation == impl_->refs[r].incarnation);
+    const HolderRef& ref = impl_->refs[r];
+    const Member* m = view.Find(ref.node_id);
+    auto seen = last_seen.find(ref.node_id);
+    uint64_t newest = seen == last_seen.end() ? 0 : seen->second;
+    if (m != nullptr && m->incarnation == 0) {
+      alive[r] = true;
+    } else {
+      // (newest 0: never seen in a view, so nothing says it is alive.)
+      alive[r] = m != nullptr ? m->incarnation == ref.incarnation || ref.incarnation > newest
+                              : newest != 0 && ref.incarnation > newest;
+    }
   }
   for (Slot& s : impl_->slots) {
     if (s.state != kFull) continue;

@@ -43,7 +43,10 @@ class Directory {
   // One result per key, in order.
   std::vector<LookupResult> Lookup(std::span<const KeyId> keys) const;
   // Drops holders that are not alive in `view` with the same incarnation
-  // (an incarnation 0 in the view, a static member, matches any).
+  // (an incarnation 0 in the view, a static member, matches any). A holder
+  // incarnation newer than any seen in a view so far is kept: the node
+  // re-registered and its publishes arrived before the view saying so.
+  // Apply() ignores batches from an incarnation older than the newest seen.
   void Prune(const MembershipView& view);
 
   uint64_t entries() const;

@@ -61,6 +61,57 @@ TEST(Directory, AddRemovePruneAndBound) {
   EXPECT_EQ(dir.entries(), 0u);
 }
 
+// A holder re-registers (incarnation 2 -> 5) and its replay reaches the home
+// before the views that drop the old life and announce the new one: the new
+// entries survive those views; a late batch from the old life is ignored.
+TEST(Directory, PublishesOvertakingTheViewSurviveIt) {
+  MetricsRegistry m;
+  Directory dir(DirectoryOptions{}, &m);
+  MembershipView v1;
+  v1.members = {{"a", "h:1", 1, 1.0}, {"b", "h:2", 2, 1.0}};
+  dir.Prune(v1);
+  dir.Apply({"b", 2, {{K(1), PublishOp::kAdd, 10}}});
+  dir.Apply({"b", 5, {{K(2), PublishOp::kAdd, 20}}});  // the new life, ahead of the view
+  dir.Prune(v1);                                        // b still at 2 here: both kept
+  EXPECT_EQ(dir.entries(), 2u);
+  MembershipView v2;
+  v2.members = {{"a", "h:1", 1, 1.0}};  // b's old lease expired
+  dir.Prune(v2);
+  auto r = dir.Lookup(std::vector<KeyId>{K(1), K(2)});
+  EXPECT_TRUE(r[0].holders.empty());
+  ASSERT_EQ(r[1].holders.size(), 1u);
+  EXPECT_EQ(r[1].holders[0], (HolderRef{"b", 5}));
+  MembershipView v3;
+  v3.members = {{"a", "h:1", 1, 1.0}, {"b", "h:2", 5, 1.0}};
+  dir.Prune(v3);
+  EXPECT_EQ(dir.entries(), 1u);
+  dir.Apply({"b", 2, {{K(3), PublishOp::kAdd, 30}}});  // late, from the old life
+  EXPECT_TRUE(dir.Lookup(std::vector<KeyId>{K(3)})[0].holders.empty());
+  EXPECT_EQ(m.ValueOf("kvpool_directory_stale_publish_total"), 1);
+  // A node never seen in any view, absent from it: nothing keeps its entries.
+  dir.Apply({"c", 9, {{K(4), PublishOp::kAdd, 40}}});
+  dir.Prune(v3);
+  EXPECT_TRUE(dir.Lookup(std::vector<KeyId>{K(4)})[0].holders.empty());
+}
+
+TEST(PeerMessagesFormat, LeaseStatusRoundTripAndRejects) {
+  LeaseStatusReply a{.fenced = false, .has_lease = true, .etcd_outage = true, .since_renewal_ms = 1234};
+  std::vector<uint8_t> buf;
+  EncodeLeaseStatusReply(a, &buf);
+  ASSERT_EQ(buf.size(), 9u);
+  LeaseStatusReply b;
+  ASSERT_TRUE(DecodeLeaseStatusReply(buf, &b).ok());
+  EXPECT_EQ(a, b);
+  buf[0] |= 8;  // an unknown flag
+  EXPECT_EQ(DecodeLeaseStatusReply(buf, &b).code(), StatusCode::kInvalidArgument);
+  buf[0] = 1;
+  buf.pop_back();
+  EXPECT_FALSE(DecodeLeaseStatusReply(buf, &b).ok());
+  buf.push_back(0);
+  buf.push_back(0);  // trailing bytes
+  EXPECT_FALSE(DecodeLeaseStatusReply(buf, &b).ok());
+}
+
 TEST(Directory, ManyKeysAddRemoveAndMemoryPerKey) {
   MetricsRegistry m;
   Directory dir(DirectoryOptions{}, &m);

@@ -118,7 +118,11 @@ struct EtcdClient::Impl {
   // Transport failure: count it and move to the next endpoint.
   Status TransportError(httplib::Error err, const std::string& path) {
     (err == httplib::Error::Connection ? err_connect : err_timeout)->Inc();
-    Status st = Unavailable("etcd " + Endpoint() + path + ": " + httplib::to_string(err));
+    // A request that timed out may still take effect; one refused never does.
+    bool timed_out = err == httplib::Error::Read || err == httplib::Error::Write ||
+                     err == httplib::Error::ConnectionTimeout;
+    std::string msg = "etcd " + Endpoint() + path + ": " + httplib::to_string(err);
+    Status st = timed_out ? DeadlineExceeded(msg) : Unavailable(msg);
     unary.reset();
     endpoint = (endpoint + 1) % options.endpoints.size();
     return st;

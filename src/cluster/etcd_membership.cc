@@ -1,10 +1,12 @@
 #include "cluster/etcd_membership.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "cluster/etcd_client.h"
@@ -20,6 +22,10 @@ using std::chrono::milliseconds;
 constexpr milliseconds kMaxSlice{1000};
 // How soon a failed keepalive is tried again.
 constexpr milliseconds kKeepAliveRetry{200};
+// While etcd is down for everyone: how often the peers are asked again.
+constexpr milliseconds kOutageRecheck{250};
+// The longest one ask of the peers may take.
+constexpr milliseconds kProbeBudget{500};
 
 bool ValidName(const std::string& s) {
   return !s.empty() && s.find('/') == std::string::npos &&
@@ -56,6 +62,29 @@ bool DecodeMember(const std::string& value, Member* m) {
 
 }  // namespace
 
+LeaseVerdict JudgeLease(std::span<const PeerLeaseReport> reports, Clock::time_point failing_since,
+                        std::string* why) {
+  size_t asked = reports.size(), vouching = 0, renewing = 0;
+  for (const PeerLeaseReport& r : reports) {
+    // A fenced peer, or one without a lease, tells nothing about etcd.
+    if (!r.answered || r.fenced || !r.has_lease) continue;
+    ++vouching;
+    if (r.renewed_at > failing_since) ++renewing;
+  }
+  if (renewing > 0) {
+    *why = fmt::format("lease not renewed in time while {} of {} peers renew theirs", renewing,
+                       asked);
+    return LeaseVerdict::kFence;
+  }
+  if (vouching == 0) {
+    *why = fmt::format("lease not renewed in time and none of {} peers can vouch for the view",
+                       asked);
+    return LeaseVerdict::kFence;
+  }
+  *why = fmt::format("etcd unreachable for {} of {} peers too", vouching, asked);
+  return LeaseVerdict::kEtcdOutage;
+}
+
 Status EtcdMembershipOptions::Validate() const {
   KVPOOL_RETURN_IF_ERROR((EtcdClientOptions{endpoints, request_timeout}.Validate()));
   if (!ValidName(cluster)) return InvalidArgument("etcd membership: bad cluster name");
@@ -69,6 +98,7 @@ Status EtcdMembershipOptions::Validate() const {
     return InvalidArgument("etcd membership: request_timeout must be <= lease_ttl / 4");
   }
   if (retry_interval.count() <= 0) return InvalidArgument("etcd membership: retry_interval <= 0");
+  if (open_timeout.count() < 0) return InvalidArgument("etcd membership: open_timeout < 0");
   return Status::Ok();
 }
 
@@ -83,18 +113,26 @@ struct EtcdMembership::Impl {
   Counter* registrations;
   Counter dummy_renewals;
   Counter dummy_registrations;
+  Gauge* outage_gauge = nullptr;
 
   // Owned by the loop (and by Open before it).
   EtcdLease lease;                // id 0: none held
   int64_t registered_revision = 0;  // revision of our current member key
   Clock::time_point last_renewal;   // when the last successful renewal was sent
+  Clock::time_point first_failure;  // the first failed renewal after last_renewal
+  Clock::time_point next_outage_check;  // while renewals fail: when to ask the peers
   Clock::time_point next_keepalive;
   Clock::time_point next_register;
   milliseconds keepalive_interval{0};
   milliseconds fence_after{0};
   std::map<std::string, Member> members;  // as of watch_revision - 1
+  std::vector<int64_t> abandoned_leases;  // granted by failed registrations
   int64_t watch_revision = 0;
   bool need_resync = true;
+
+  // Read by lease_state() from any thread.
+  std::atomic<int64_t> last_renewal_ns{0};  // last_renewal, steady clock
+  std::atomic<bool> outage{false};
 
   std::mutex mu;
   std::condition_variable cv;
@@ -113,7 +151,23 @@ struct EtcdMembership::Impl {
                          : &dummy_renewals),
         registrations(metrics ? metrics->GetCounter("kvpool_membership_registrations_total",
                                                     "Registrations (start and after a fence).")
-                              : &dummy_registrations) {}
+                              : &dummy_registrations),
+        outage_gauge(metrics ? metrics->GetGauge(
+                                   "kvpool_membership_etcd_outage",
+                                   "1 while etcd is unreachable for this node and its peers alike "
+                                   "and the node serves with its last view.")
+                             : nullptr) {}
+
+  void SetRenewed(Clock::time_point sent) {
+    last_renewal = sent;
+    last_renewal_ns.store(sent.time_since_epoch().count(), std::memory_order_release);
+    next_outage_check = {};
+  }
+
+  void SetOutage(bool on) {
+    if (outage.exchange(on) == on) return;
+    if (outage_gauge != nullptr) outage_gauge->Set(on ? 1 : 0);
+  }
 
   bool Stopping() {
     std::lock_guard<std::mutex> l(mu);
@@ -134,13 +188,16 @@ struct EtcdMembership::Impl {
     KVPOOL_ASSIGN_OR_RETURN(EtcdLease granted, client.LeaseGrant(ttl_s));
     Status st = RegisterWithLease(granted);
     if (!st.ok()) {
-      client.LeaseRevoke(granted.id).IgnoreError();  // or it expires by itself
+      // Or it expires by itself; a timed-out txn may have put our member key
+      // under it, which the next attempt recognises and clears.
+      client.LeaseRevoke(granted.id).IgnoreError();
+      abandoned_leases.push_back(granted.id);
       return st;
     }
     lease = granted;
     keepalive_interval = milliseconds(granted.ttl_s * 1000 / 3);
     fence_after = milliseconds(granted.ttl_s * 1000 / 2);
-    last_renewal = granted_at;
+    SetRenewed(granted_at);
     next_keepalive = granted_at + keepalive_interval;
     registrations->Inc();
     return Status::Ok();
@@ -183,6 +240,12 @@ struct EtcdMembership::Impl {
           self->SetIncarnation(found.incarnation);
           registered_revision = kv.create_revision;
           return Status::Ok();
+        }
+        if (std::find(abandoned_leases.begin(), abandoned_leases.end(), kv.lease) !=
+            abandoned_leases.end()) {
+          // Our own earlier attempt, whose answer timed out: clear it.
+          KVPOOL_RETURN_IF_ERROR(client.LeaseRevoke(kv.lease));
+          continue;
         }
         return FailedPrecondition("node id already live: " + options.node_id);
       }
@@ -240,11 +303,16 @@ struct EtcdMembership::Impl {
     self->Publish(std::move(list), static_cast<uint64_t>(revision));
   }
 
-  void Fence(const char* why) {
+  void Fence(const std::string& why) {
     if (self->fenced()) return;
+    SetOutage(false);
     LogWarn("membership: {} fenced: {}", options.node_id, why);
     self->SetFenced(true);
     next_register = Clock::now();
+  }
+
+  Clock::time_point FenceCheckAt() const {
+    return std::max(last_renewal + fence_after, next_outage_check);
   }
 
   // While fenced: drop the old lease, then register with a new incarnation.
@@ -271,14 +339,39 @@ struct EtcdMembership::Impl {
     Clock::time_point sent = Clock::now();
     Result<int64_t> ttl = client.LeaseKeepAlive(lease.id);
     if (ttl.ok()) {
-      last_renewal = sent;
+      if (outage.load()) LogInfo("membership: {} reaches etcd again", options.node_id);
+      SetOutage(false);
+      SetRenewed(sent);
       next_keepalive = sent + keepalive_interval;
       renewals->Inc();
     } else if (ttl.status().code() == StatusCode::kNotFound) {
       Fence("lease expired");
     } else {
+      if (first_failure <= last_renewal) first_failure = sent;
       next_keepalive = Clock::now() + kKeepAliveRetry;
     }
+  }
+
+  // The lease went TTL/2 without a renewal: fence, unless the peers say
+  // etcd is down for them too (see the header).
+  void FenceOrRideOut() {
+    if (!options.probe_peers) {
+      Fence("lease not renewed in time");
+      return;
+    }
+    Clock::time_point failing_since = std::max(first_failure, last_renewal);
+    std::vector<PeerLeaseReport> reports =
+        options.probe_peers(Clock::now() + std::min<milliseconds>(kProbeBudget, options.request_timeout));
+    std::string why;
+    if (JudgeLease(reports, failing_since, &why) == LeaseVerdict::kFence) {
+      Fence(why);
+      return;
+    }
+    if (!outage.load()) {
+      LogWarn("membership: {} keeps its last view: {}", options.node_id, why);
+    }
+    SetOutage(true);
+    next_outage_check = Clock::now() + kOutageRecheck;
   }
 
   void Loop() {
@@ -287,9 +380,7 @@ struct EtcdMembership::Impl {
       Clock::time_point slice_end = now + kMaxSlice;
       if (!self->fenced()) {
         if (now >= next_keepalive) KeepAlive();
-        if (!self->fenced() && Clock::now() >= last_renewal + fence_after) {
-          Fence("lease not renewed in time");
-        }
+        if (!self->fenced() && Clock::now() >= FenceCheckAt()) FenceOrRideOut();
       }
       if (self->fenced()) {
         if (Clock::now() >= next_register) {
@@ -299,7 +390,7 @@ struct EtcdMembership::Impl {
         if (self->fenced()) slice_end = std::min(slice_end, next_register);
       }
       if (!self->fenced()) {
-        slice_end = std::min({slice_end, next_keepalive, last_renewal + fence_after});
+        slice_end = std::min({slice_end, next_keepalive, FenceCheckAt()});
       }
       if (Stopping()) break;
       Status st = need_resync
@@ -347,13 +438,39 @@ Result<std::unique_ptr<EtcdMembership>> EtcdMembership::Open(const EtcdMembershi
                                                              MetricsRegistry* metrics) {
   KVPOOL_RETURN_IF_ERROR(options.Validate());
   std::unique_ptr<EtcdMembership> m(new EtcdMembership(options, metrics));
-  KVPOOL_RETURN_IF_ERROR(m->impl_->Register());
+  // etcd that answers too slowly (busy, fsyncing) is waited for, up to
+  // open_timeout; one that refuses, or says no, is an error at once.
+  Clock::time_point deadline = Clock::now() + options.open_timeout;
+  auto patiently = [&](const char* what, auto&& step) -> Status {
+    for (;;) {
+      Status st = step();
+      if (st.code() != StatusCode::kDeadlineExceeded ||
+          Clock::now() + options.retry_interval >= deadline) {
+        return st;
+      }
+      LogWarn("membership: {}: {} timed out ({}); trying again", options.node_id, what,
+              st.ToString());
+      m->impl_->WaitUntil(Clock::now() + options.retry_interval);
+    }
+  };
+  KVPOOL_RETURN_IF_ERROR(patiently("registering", [&] { return m->impl_->Register(); }));
   // The destructor revokes the lease if this fails.
-  KVPOOL_RETURN_IF_ERROR(m->impl_->Resync());
+  KVPOOL_RETURN_IF_ERROR(patiently("reading the members", [&] { return m->impl_->Resync(); }));
   return m;
 }
 
 void EtcdMembership::Run() { impl_->Loop(); }
+
+EtcdMembership::LeaseState EtcdMembership::lease_state() const {
+  LeaseState st;
+  st.fenced = fenced();
+  st.etcd_outage = impl_->outage.load();
+  Clock::time_point renewed{Clock::duration(impl_->last_renewal_ns.load(std::memory_order_acquire))};
+  st.since_renewal = std::chrono::duration_cast<milliseconds>(Clock::now() - renewed);
+  return st;
+}
+
+bool EtcdMembership::etcd_outage() const { return impl_->outage.load(); }
 
 void EtcdMembership::Stop(LeaveMode mode) {
   {

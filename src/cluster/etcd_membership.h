@@ -9,9 +9,15 @@
 // (epoch = the etcd revision the view reflects).
 //
 // Fencing: if the lease has not been renewed for TTL/2 (or etcd says it is
-// gone), the node is fenced: fenced() turns true and fence subscribers are
-// told, so it stops serving remote work well before peers can drop it
-// (TTL). While fenced the loop keeps trying to come back: it revokes the old
+// gone), the node asks its peers (probe_peers) how their own leases fare.
+// If any of them renewed after this node's renewals began to fail, etcd is
+// up and this node is cut from it: it is fenced: fenced() turns true and
+// fence subscribers are told, so it stops serving remote work well before
+// peers can drop it (TTL). The same when no peer answers (nobody to vouch
+// for the old view) or there is no probe. If the peers that answer cannot
+// renew either, etcd is down for everyone: the node keeps serving with its
+// last view (etcd_outage() is true) and asks again every 250 ms until a
+// renewal succeeds or a peer proves etcd is back. While fenced the loop keeps trying to come back: it revokes the old
 // lease (which removes the old registration) and registers again with a NEW
 // incarnation, so no peer ever takes a request meant for the incarnation it
 // may already have given up on. Then the flag clears.
@@ -26,7 +32,9 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,6 +42,29 @@
 #include "common/status.h"
 
 namespace kvpool {
+
+// What a peer says of its own lease (peer message kPeerLeaseStatus).
+struct PeerLeaseReport {
+  bool answered = false;
+  bool fenced = false;     // the peer has fenced itself
+  bool has_lease = false;  // false: the peer has no etcd lease (static membership)
+  // When the peer last renewed its lease, on this node's steady clock.
+  std::chrono::steady_clock::time_point renewed_at;
+};
+
+// Asks every other member of the current view, answering by `deadline`.
+using PeerLeaseProbe = std::function<std::vector<PeerLeaseReport>(
+    std::chrono::steady_clock::time_point deadline)>;
+
+enum class LeaseVerdict {
+  kFence,       // this node is cut from etcd (or cannot tell): fence
+  kEtcdOutage,  // etcd is down for the peers too: keep the last view
+};
+
+// The fencing rule, given the peers' reports and when this node's renewals
+// began to fail. `why` gets a sentence for the log.
+LeaseVerdict JudgeLease(std::span<const PeerLeaseReport> reports,
+                        std::chrono::steady_clock::time_point failing_since, std::string* why);
 
 struct EtcdMembershipOptions {
   // "http://host:port" of each etcd member.
@@ -53,6 +84,12 @@ struct EtcdMembershipOptions {
   std::chrono::milliseconds request_timeout{1000};
   // Pause between attempts to register again while fenced.
   std::chrono::milliseconds retry_interval{500};
+  // How long Open() keeps trying while etcd answers too slowly (a refused
+  // connection fails at once).
+  std::chrono::milliseconds open_timeout{10000};
+  // Asked before fencing (see the top of this file); empty: fence at once.
+  // Called on the membership loop's thread.
+  PeerLeaseProbe probe_peers;
 
   Status Validate() const;
 };
@@ -76,6 +113,17 @@ class EtcdMembership final : public Membership {
   void Run();
   // Asks Run() to return soon (within about one request_timeout).
   void Stop(LeaveMode mode = LeaveMode::kRevokeLease);
+
+  // This node's lease as it answers kPeerLeaseStatus. Any thread.
+  struct LeaseState {
+    bool fenced = false;
+    bool etcd_outage = false;
+    std::chrono::milliseconds since_renewal{0};  // since the last renewal was sent
+  };
+  LeaseState lease_state() const;
+  // True while etcd is unreachable for this node and its peers alike and
+  // the node serves with its last view.
+  bool etcd_outage() const;
 
  private:
   struct Impl;

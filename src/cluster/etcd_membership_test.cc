@@ -28,6 +28,40 @@ bool WaitFor(const std::function<bool()>& cond, milliseconds timeout) {
   return cond();
 }
 
+// The fencing rule: fence when a peer renewed after this node's renewals
+// began to fail (etcd is up: this node is cut) or when no peer can vouch;
+// ride the outage out when the peers that answer cannot renew either.
+TEST(JudgeLeaseTest, FencesWhenCutOrAloneKeepsTheViewWhenEtcdIsDownForAll) {
+  auto t0 = Clock::now();
+  auto failing_since = t0 - milliseconds(500);
+  auto report = [](bool answered, bool fenced, bool lease, Clock::time_point renewed) {
+    PeerLeaseReport r;
+    r.answered = answered;
+    r.fenced = fenced;
+    r.has_lease = lease;
+    r.renewed_at = renewed;
+    return r;
+  };
+  std::string why;
+  std::vector<PeerLeaseReport> none;
+  EXPECT_EQ(JudgeLease(none, failing_since, &why), LeaseVerdict::kFence);
+  std::vector<PeerLeaseReport> all_down = {report(true, false, true, t0 - milliseconds(900)),
+                                           report(true, false, true, t0 - milliseconds(700))};
+  EXPECT_EQ(JudgeLease(all_down, failing_since, &why), LeaseVerdict::kEtcdOutage);
+  EXPECT_EQ(why, "etcd unreachable for 2 of 2 peers too");
+  std::vector<PeerLeaseReport> one_renews = all_down;
+  one_renews.push_back(report(true, false, true, t0 - milliseconds(100)));
+  EXPECT_EQ(JudgeLease(one_renews, failing_since, &why), LeaseVerdict::kFence);
+  EXPECT_EQ(why, "lease not renewed in time while 1 of 3 peers renew theirs");
+  // Silent, fenced or lease-less peers vouch for nothing.
+  std::vector<PeerLeaseReport> no_voice = {report(false, false, false, t0),
+                                           report(true, true, true, t0 - milliseconds(900)),
+                                           report(true, false, false, t0)};
+  EXPECT_EQ(JudgeLease(no_voice, failing_since, &why), LeaseVerdict::kFence);
+  no_voice.push_back(report(true, false, true, t0 - milliseconds(600)));
+  EXPECT_EQ(JudgeLease(no_voice, failing_since, &why), LeaseVerdict::kEtcdOutage);
+}
+
 // A membership and the thread running its loop.
 struct Node {
   std::unique_ptr<EtcdMembership> m;
@@ -225,6 +259,25 @@ TEST_F(EtcdMembershipTest, EtcdPauseFencesKeepsViewsAndRecoversWithNewIncarnatio
         milliseconds(5000)));
   }
   nodes[0]->m->Unsubscribe(sub);
+}
+
+// An etcd that answers slowly at start (here: hung for 1.5 s) is waited
+// for: the registration goes through once it answers, exactly once.
+TEST_F(EtcdMembershipTest, OpenWaitsForASlowEtcd) {
+  etcd_->Pause();
+  std::thread resume([] {
+    std::this_thread::sleep_for(milliseconds(1500));
+    etcd_->Resume();
+  });
+  auto t0 = Clock::now();
+  auto m = EtcdMembership::Open(Options("a"), &metrics_);
+  auto took = Clock::now() - t0;
+  resume.join();
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_GE(took, milliseconds(1400));
+  EXPECT_EQ((*m)->view()->members.size(), 1u);
+  EXPECT_GT((*m)->incarnation(), 0u);
+  EXPECT_GE(metrics_.ValueOf("kvpool_membership_etcd_errors_total", {{"kind", "timeout"}}), 1);
 }
 
 TEST(EtcdMembershipNoEtcdTest, OpenFailsFastWhenEtcdIsUnreachable) {

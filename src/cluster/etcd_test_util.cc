@@ -114,6 +114,10 @@ void EtcdTestServer::Kill() {
 
 Status EtcdTestServer::Restart() {
   Kill();
+  return Relaunch();
+}
+
+Status EtcdTestServer::Relaunch() {
   KVPOOL_RETURN_IF_ERROR(Spawn());
   return WaitHealthy(std::chrono::seconds(10));
 }

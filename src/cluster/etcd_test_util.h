@@ -27,6 +27,9 @@ class EtcdTestServer {
   void Resume();
   // SIGKILL, then start again on the same ports and data directory.
   Status Restart();
+  // Restart() in two steps: etcd stays down between them.
+  void Stop() { Kill(); }
+  Status Relaunch();
   Status WaitHealthy(std::chrono::milliseconds timeout) const;
 
  private:

@@ -181,4 +181,22 @@ Status DecodeMembersReply(std::span<const uint8_t> body, MembershipView* view) {
   return Status::Ok();
 }
 
+void EncodeLeaseStatusReply(const LeaseStatusReply& m, std::vector<uint8_t>* out) {
+  BodyWriter w(out);
+  w.U8(static_cast<uint8_t>((m.fenced ? 1 : 0) | (m.has_lease ? 2 : 0) | (m.etcd_outage ? 4 : 0)));
+  w.U64(m.since_renewal_ms);
+}
+
+Status DecodeLeaseStatusReply(std::span<const uint8_t> body, LeaseStatusReply* m) {
+  BodyReader r(body);
+  uint8_t flags = 0;
+  if (r.U8(&flags) && r.U64(&m->since_renewal_ms)) {
+    if ((flags & ~7u) != 0) return InvalidArgument("malformed lease status reply: unknown flags");
+    m->fenced = (flags & 1) != 0;
+    m->has_lease = (flags & 2) != 0;
+    m->etcd_outage = (flags & 4) != 0;
+  }
+  return r.Finish("lease status reply");
+}
+
 }  // namespace kvpool::cluster

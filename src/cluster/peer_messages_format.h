@@ -47,6 +47,15 @@
 // |  incarnation | u64          | 0 = unknown (static membership)                 |
 // |  weight      | u64          | the member's weight, IEEE-754 double bits       |
 // Clients compute the ShardMap from it exactly as nodes do.
+//
+// kPeerLeaseStatus (a node whose lease renewals fail asks its peers how
+// theirs fare before it fences; etcd_membership.h). Request: empty.
+// Reply header:
+// | field            | type | meaning                                            |
+// |------------------|------|----------------------------------------------------|
+// | flags            | u8   | bit 0 fenced, bit 1 holds an etcd lease, bit 2     |
+// |                  |      | etcd outage (serving with its last view); others 0 |
+// | since_renewal_ms | u64  | since its last successful renewal was sent         |
 #pragma once
 
 #include <cstdint>
@@ -66,6 +75,7 @@ inline constexpr transport::MessageType kPeerLookup = 0x0102;
 inline constexpr transport::MessageType kPeerFetch = 0x0103;
 inline constexpr transport::MessageType kPeerStore = 0x0104;
 inline constexpr transport::MessageType kPeerMembers = 0x0105;
+inline constexpr transport::MessageType kPeerLeaseStatus = 0x0106;
 
 inline constexpr uint32_t kMaxPeerBatch = 4096;
 inline constexpr uint32_t kMaxNodeIdBytes = 128;
@@ -124,5 +134,16 @@ inline Status DecodeStore(std::span<const uint8_t> body, KeyId* key, uint64_t* s
 // kPeerMembers reply (MembershipView from cluster/membership.h).
 void EncodeMembersReply(const MembershipView& view, std::vector<uint8_t>* out);
 Status DecodeMembersReply(std::span<const uint8_t> body, MembershipView* view);
+
+// kPeerLeaseStatus reply.
+struct LeaseStatusReply {
+  bool fenced = false;
+  bool has_lease = false;
+  bool etcd_outage = false;
+  uint64_t since_renewal_ms = 0;
+  friend bool operator==(const LeaseStatusReply&, const LeaseStatusReply&) = default;
+};
+void EncodeLeaseStatusReply(const LeaseStatusReply& m, std::vector<uint8_t>* out);
+Status DecodeLeaseStatusReply(std::span<const uint8_t> body, LeaseStatusReply* m);
 
 }  // namespace kvpool::cluster

@@ -39,6 +39,9 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publis
       executor_(executor),
       last_map_(cluster->shard_map()),
       last_incarnation_(cluster->incarnation()) {
+  // The directory learns each member's newest incarnation from the views,
+  // the first one included.
+  directory_->Prune(*cluster_->view());
   transport::Transport* t = cluster_->transport();
   t->RegisterHandler(kPeerPublish, [this](Incoming in, Responder r) {
     if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));

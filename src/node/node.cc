@@ -259,6 +259,7 @@ class NodeImpl final : public Node {
     return {{"cluster", opts_.cluster.cluster},
             {"epoch", view->epoch},
             {"fenced", cluster_->fenced()},
+            {"etcd_outage", cluster_->etcd_outage()},
             {"members", members},
             {"shards", {{"total", kNumShards}, {"owned", owned}}}};
   }

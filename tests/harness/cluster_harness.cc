@@ -51,6 +51,11 @@ bool Fenced(const NodeProcess& n) {
   return j.is_object() && j.value("fenced", false);
 }
 
+bool EtcdOutage(const NodeProcess& n) {
+  auto j = MembersJson(n);
+  return j.is_object() && j.value("etcd_outage", false);
+}
+
 uint64_t DramEntries(const NodeProcess& n) {
   auto j = nlohmann::json::parse(n.HttpGet("/api/v1/status"), nullptr, false);
   return j.is_discarded() ? 0 : j["dram"]["entries"].get<uint64_t>();

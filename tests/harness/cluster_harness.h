@@ -52,6 +52,8 @@ nlohmann::json MembersJson(const NodeProcess& n);
 std::map<std::string, uint64_t> Members(const NodeProcess& n);
 // Whether the node reports itself fenced.
 bool Fenced(const NodeProcess& n);
+// Whether the node reports riding out an etcd outage with its last view.
+bool EtcdOutage(const NodeProcess& n);
 // dram.entries of /api/v1/status (0 when it does not answer).
 uint64_t DramEntries(const NodeProcess& n);
 
