@@ -17,6 +17,9 @@
 #          (the SSD tier vs fio; bench/compare_ssd.sh, see bench/README.md)
 #        bench/compare.sh remote [--reps N] [--duration SECONDS] [--keep]
 #          (two nodes over UCX vs iperf3 and Redis; bench/compare_remote.sh)
+#        bench/compare.sh connectors [--reps N] [--keep] [-- BENCH_ARGS]
+#          (SGLang/LMCache connectors vs the raw Python client;
+#          bench/compare_connectors.sh)
 #   --only   comma list of memcpy,redis,kvpool (default all three)
 #   --keep   keep the temporary directory (logs, raw results)
 # Environment: BUILD_DIR (default build, relative to the repository root).
@@ -33,6 +36,10 @@ usage() {
 if [[ "${1:-}" == "remote" ]]; then
   shift
   exec "$HERE/compare_remote.sh" "$@"
+fi
+if [[ "${1:-}" == "connectors" ]]; then
+  shift
+  exec "$HERE/compare_connectors.sh" "$@"
 fi
 if [[ "${1:-}" == "ssd" ]]; then
   shift

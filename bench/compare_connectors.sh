@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# bench/compare.sh connectors: the engine connectors against kvpool's raw
+# Python client API on the same data, in one run (about 1 minute).
+#
+# Starts its own kvpool-node (temporary directory, free admin port, DRAM
+# $NODE_DRAM) and runs bench/connectors_bench.py against it with
+# /usr/bin/python3 and this build's libkvpool.so:
+#   sglang   KvpoolHiCacheStorage batch_set_v1/batch_get_v1 of 128-page
+#            batches vs Client.put_ptrs/get_ptrs of the same objects
+#   lmcache  the LMCache connector's batched get/put (its bench_lmcache hook)
+# Medians of --reps (>= 3) reps. Ends with `metric` lines:
+# sglang_get_vs_client, sglang_set_vs_client (and lmcache_get_vs_client when
+# the LMCache hook measures it).
+#
+# Usage: bench/compare.sh connectors [--reps N] [--keep] [-- BENCH_ARGS...]
+#   BENCH_ARGS go to connectors_bench.py (--batches, --page-size, --layers,
+#   --heads, --head-dim, --only sglang,lmcache)
+# Environment: BUILD_DIR (default build), NODE_DRAM (default 2GiB).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+HERE="$REPO/bench"
+
+usage() {
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
+  exit 2
+}
+
+REPS=3
+KEEP=0
+EXTRA=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --reps) REPS="$2"; shift 2 ;;
+    --keep) KEEP=1; shift ;;
+    --) shift; EXTRA=("$@"); break ;;
+    *) usage ;;
+  esac
+done
+NODE_DRAM="${NODE_DRAM:-2GiB}"
+
+LOG_TAG=connectors
+# shellcheck source=bench/common.sh
+source "$HERE/common.sh"
+NODE="$(find_bin kvpool-node || true)"
+LIB="$BUILD_DIR/src/client/libkvpool.so"
+[[ -n "$NODE" ]] || missing+=("kvpool-node under $BUILD_DIR (ninja -C $BUILD_DIR kvpool-node)")
+[[ -f "$LIB" ]] || missing+=("$LIB (ninja -C $BUILD_DIR kvpool_client)")
+if [[ -n "$PY" ]] && ! "$PY" -c 'import torch' 2>/dev/null; then
+  missing+=("torch for $PY (apt-get install python3-torch)")
+fi
+check_missing
+
+WORK="$(mktemp -d /tmp/kvpool-connectors-XXXXXX)"
+NODE_PID=""
+cleanup() {
+  if [[ -n "$NODE_PID" ]]; then
+    kill "$NODE_PID" 2>/dev/null || true
+    wait "$NODE_PID" 2>/dev/null || true
+  fi
+  if [[ "$KEEP" == 1 ]]; then log "kept $WORK"; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+SOCK="$WORK/node.sock"
+"$NODE" --socket "$SOCK" --dram-capacity "$NODE_DRAM" --admin-port 0 --node-id bench-connectors \
+  >"$WORK/node.log" 2>&1 &
+NODE_PID=$!
+for _ in $(seq 1 1200); do
+  grep -q 'admin http://' "$WORK/node.log" 2>/dev/null && break
+  kill -0 "$NODE_PID" 2>/dev/null || { tail -n 20 "$WORK/node.log" >&2; die "kvpool-node exited"; }
+  sleep 0.1
+done
+grep -q 'admin http://' "$WORK/node.log" || die "kvpool-node not ready after 120 s"
+log "kvpool-node $NODE_DRAM on $SOCK"
+
+KVPOOL_LIBRARY="$LIB" PYTHONDONTWRITEBYTECODE=1 \
+  "$PY" "$HERE/connectors_bench.py" --socket "$SOCK" --reps "$REPS" "${EXTRA[@]}"
