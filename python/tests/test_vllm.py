@@ -374,3 +374,90 @@ def test_factory_constructor_forms(vllm_env, kvpool_node):
     with pytest.raises(ValueError):  # HMA needs SupportsHMA; vLLM refuses, so does the stand-in
         KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, None,
                                             hybrid_kv_cache_manager=True)
+
+
+def test_stopped_node_is_a_miss_within_the_timeout(vllm_env, kvpool_node):
+    import os
+    import signal
+    import time
+
+    toks = prompt(33)
+    a = vllm_env.engine(vllm_env.config(kvpool_node.socket))
+    ref = a.run([vllm_env.Request("a", toks, max_tokens=1)])["a"]
+    cfg = vllm_env.config(kvpool_node.socket)
+    cfg.kv_transfer_config.kv_connector_extra_config["kvpool_timeout_ms"] = 300
+    b = vllm_env.engine(cfg)
+    b.add_request(vllm_env.Request("b", toks, max_tokens=1))
+    so = b.scheduler.schedule()
+    planned = set(so.kv_connector_metadata.loads[0].block_ids)
+    os.kill(kvpool_node.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        out = b.runner.execute_model(so)
+        assert out.kv_connector_output.invalid_block_ids == planned
+        req = vllm_env.Request("c", toks, max_tokens=1)
+        assert b.scheduler.connector.get_num_new_matched_tokens(req, 0) == (0, False)
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        os.kill(kvpool_node.proc.pid, signal.SIGCONT)
+    b.scheduler.update_from_output(so, out)
+    while b.scheduler.has_unfinished_requests():
+        b.step()
+    assert b.scheduler.requests["b"].output_token_ids == ref
+
+
+def test_salt_lora_and_multimodal_inputs_separate_keys(vllm_env, kvpool_node):
+    from types import SimpleNamespace as NS
+
+    toks = prompt(24)
+    cfg = vllm_env.config(kvpool_node.socket)
+    a = vllm_env.engine(cfg)
+    image = [NS(identifier="img-1", mm_position=NS(offset=9, length=4))]
+    a.run([vllm_env.Request("plain", toks), vllm_env.Request("salted", toks, cache_salt="s1")])
+    a.run([vllm_env.Request("lora", toks, lora_request=NS(lora_name="adapter-a", lora_int_id=1))])
+    a.run([vllm_env.Request("mm", toks, mm_features=image)])
+    conn = vllm_env.engine(cfg).scheduler.connector
+
+    def hits(**kw):
+        return conn.get_num_new_matched_tokens(vllm_env.Request("q", toks, **kw), 0)[0]
+
+    assert hits() == 20
+    assert hits(cache_salt="s1") == 20 and hits(cache_salt="s2") == 0
+    assert hits(lora_request=NS(lora_name="adapter-a", lora_int_id=7)) == 20
+    assert hits(lora_request=NS(lora_name="adapter-b", lora_int_id=1)) == 0
+    assert hits(mm_features=image) == 20
+    # Another image at the same place: blocks before it still hit, not the ones it overlaps.
+    other = [NS(identifier="img-2", mm_position=NS(offset=9, length=4))]
+    assert hits(mm_features=other) == 8
+
+
+def test_resumed_request_loads_into_its_new_blocks(vllm_env, kvpool_node):
+    from vllm.v1.core.kv_cache_manager import KVCacheBlock, KVCacheBlocks
+    from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+
+    toks = prompt(30)
+    vllm_env.engine(vllm_env.config(kvpool_node.socket)).run([vllm_env.Request("a", toks)])
+    conn = vllm_env.engine(vllm_env.config(kvpool_node.socket)).scheduler.connector
+    req = vllm_env.Request("r", toks, max_tokens=4)
+    n, _ = conn.get_num_new_matched_tokens(req, 0)
+    assert n == 28
+    conn.update_state_after_alloc(req, KVCacheBlocks(([KVCacheBlock(i) for i in range(8)],)), n)
+    step1 = SchedulerOutput([NewRequestData("r", toks, (list(range(8)),), n)],
+                            CachedRequestData(), {"r": 2}, 2, set())
+    meta = conn.build_connector_meta(step1)
+    assert [t.block_ids for t in meta.loads] == [list(range(7))]
+    first_hashes = meta.loads[0].hashes
+    # Preempted, then resumed with other blocks: vLLM asks again and allocates anew.
+    req.num_computed_tokens = 0
+    n, _ = conn.get_num_new_matched_tokens(req, 0)
+    new_ids = list(range(20, 28))
+    conn.update_state_after_alloc(req, KVCacheBlocks(([KVCacheBlock(i) for i in new_ids],)), n)
+    for cached in (CachedRequestData(req_ids=["r"], resumed_from_preemption=[True],
+                                     new_block_ids=[(new_ids,)], num_computed_tokens=[28]),
+                   CachedRequestData(req_ids=["r"], resumed_req_ids={"r"},
+                                     new_block_ids=[(new_ids,)], num_computed_tokens=[28])):
+        conn.update_state_after_alloc(req, KVCacheBlocks(([KVCacheBlock(i) for i in new_ids],)), n)
+        meta = conn.build_connector_meta(SchedulerOutput([], cached, {"r": 2}, 2, set()))
+        assert [t.block_ids for t in meta.loads] == [new_ids[:7]]
+        assert meta.loads[0].hashes == first_hashes
+    assert conn.request_finished(req, new_ids) == (False, None)
