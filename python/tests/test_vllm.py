@@ -461,3 +461,41 @@ def test_resumed_request_loads_into_its_new_blocks(vllm_env, kvpool_node):
         assert [t.block_ids for t in meta.loads] == [new_ids[:7]]
         assert meta.loads[0].hashes == first_hashes
     assert conn.request_finished(req, new_ids) == (False, None)
+
+
+def test_dummy_runs_and_unknown_layouts_raise_nothing(vllm_env, kvpool_node):
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorMetadata,
+                                                                   KVConnectorRole)
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    from kvpool.integrations.vllm import BlockTransfer, KvpoolConnectorMetadata
+
+    cfg = vllm_env.config(kvpool_node.socket)
+    w = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, KVCacheConfig(num_blocks=8))
+    kv = torch.zeros(2, 8, BS, 2, 8, dtype=torch.bfloat16)
+    w.register_kv_caches({"l0": kv})
+    for meta in (KVConnectorMetadata(), KvpoolConnectorMetadata()):  # profiling / dummy runs
+        w.bind_connector_metadata(meta)
+        w.start_load_kv(None)
+        w.wait_for_layer_load("l0")
+        w.save_kv_layer("l0", kv, None)
+        w.wait_for_save()
+        assert w.get_finished({"x"}) == (None, None)
+        assert w.get_block_ids_with_load_errors() == set()
+        w.clear_connector_metadata()
+    w.shutdown()
+    # A layout the connector does not know: it disables itself; loads are errors.
+    w = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, KVCacheConfig(num_blocks=8))
+    odd = torch.zeros(8, BS * 2 * 2 * 8, dtype=torch.bfloat16)
+    w.register_kv_caches({"l0": odd})
+    w.bind_connector_metadata(KvpoolConnectorMetadata(
+        loads=[BlockTransfer("r", [3, 4], [b"\1" * 32, b"\2" * 32])],
+        saves=[BlockTransfer("r", [5], [b"\3" * 32])]))
+    w.start_load_kv(None)
+    w.save_kv_layer("l0", odd, None)
+    w.wait_for_save()
+    assert w.get_block_ids_with_load_errors() == {3, 4}
+    assert w.get_block_ids_with_load_errors() == set()  # reported once
+    assert odd.count_nonzero() == 0
+    w.shutdown()

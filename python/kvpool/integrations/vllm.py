@@ -220,11 +220,14 @@ class _SchedulerSide:
             # num_computed = local hits + the external tokens promised for this request.
             end = num_computed // bs
             start = (num_computed - t.pending_load_tokens) // bs
-            t.pending_load_tokens = 0
             hashes = t.hasher.upto(end)
             if len(hashes) == end and end <= len(t.block_ids):
                 meta.loads.append(BlockTransfer(req_id, t.block_ids[start:end], hashes[start:end]))
                 t.saved_blocks = max(t.saved_blocks, end)
+            else:  # vLLM allocated fewer blocks than it computes: not expected to happen
+                logger.error("kvpool: request %s: cannot place %d external tokens in %d blocks",
+                             req_id, t.pending_load_tokens, len(t.block_ids))
+            t.pending_load_tokens = 0
         if self._s.save:
             # Full blocks whose KV exists once this step has run (tokens known;
             # speculative tokens beyond num_tokens are not).
@@ -307,7 +310,8 @@ class _WorkerSide:
         return torch.empty((n, self._format.page_bytes), dtype=torch.uint8)
 
     def start_load_kv(self, meta):
-        transfers = meta.loads if meta is not None else ()
+        # vLLM's dummy runs bind a bare KVConnectorMetadata.
+        transfers = getattr(meta, "loads", None) or ()
         block_ids = [b for tr in transfers for b in tr.block_ids]
         if not block_ids:
             return
@@ -344,7 +348,7 @@ class _WorkerSide:
             self.stats["load_errors"] += len(block_ids)
 
     def save_kv_layer(self, meta, layer_name, kv_layer):
-        if not self._writes or self._format is None or meta is None or not meta.saves:
+        if not self._writes or self._format is None or not getattr(meta, "saves", None):
             return
         if self._save is None:
             self._save = self._begin_save(meta)
