@@ -131,6 +131,16 @@ def test_pages_shared_across_backend_layouts(vllm_env, kvpool_node):
     out_b = b.run([vllm_env.Request("b", toks, max_tokens=2)])
     assert b.scheduler.external_hits["b"] == 40
     assert b.wrong_kv_block_ids == set() and out_b["b"] == out_a["a"]
+    # The standardized views are their own page family: another family's page
+    # is a load error (recomputed), never KV.
+    c = vllm_env.engine(vllm_env.config(kvpool_node.socket), "standard_blhnc")
+    req = vllm_env.Request("c", toks, max_tokens=2)
+    c.add_request(req)
+    so, out, _ = c.step()
+    assert out.kv_connector_output.invalid_block_ids == set(so.kv_connector_metadata.loads[0].block_ids)
+    while c.scheduler.has_unfinished_requests():
+        c.step()
+    assert list(req.output_token_ids) == out_a["a"]
 
 
 def test_two_instances_share_prefix(vllm_env, kvpool_node):

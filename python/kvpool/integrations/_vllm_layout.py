@@ -54,10 +54,13 @@ class LayerLayout:
         self.physical_order = _physical_order(tensor)
 
     def describe(self):
-        # The backend's layout is left out: pages are canonical, so instances
-        # on different backends share them.
-        return "%s:%s:%s" % (self.name, "x".join(map(str, self.canon_shape)),
-                             str(self.dtype).replace("torch.", ""))
+        # The backend's layout is left out, so instances on different backends
+        # share pages; the standardized views are their own family, because
+        # how their content axis splits into K and V is read from ENGINES.md
+        # alone (a misreading then makes loads fail, never swap K and V).
+        family = "std" if self.kind.startswith("bhnc") else "v1"
+        return "%s:%s:%s:%s" % (self.name, family, "x".join(map(str, self.canon_shape)),
+                                str(self.dtype).replace("torch.", ""))
 
     def gather(self, ids):
         """(n, *canon_shape) copy of blocks `ids` (a LongTensor on the tensor's device)."""
