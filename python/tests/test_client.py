@@ -206,3 +206,26 @@ def test_status_codes_match_the_library():
 def test_library_path_from_environment(monkeypatch):
     monkeypatch.setenv("KVPOOL_LIBRARY", "/nonexistent/libkvpool.so")
     assert kvpool._native.candidates()[0] == "/nonexistent/libkvpool.so"
+
+
+def test_remote_mode_reaches_a_node_over_its_peer_port(node_factory, monkeypatch):
+    """Client(remote=...) on a host without a node socket: a one-node static
+    --peers cluster, UCX over loopback TCP."""
+    import socket as sk
+
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    monkeypatch.setenv("UCX_NET_DEVICES", "lo")
+    s = sk.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    node = node_factory(["--node-id", "n1", "--peers", "n1=127.0.0.1:%d" % port,
+                         "--peer-port", str(port)])
+    big = pattern(4, 3 << 20)  # over the first 1 MiB guess: a second, exact-size round
+    with Client(remote="127.0.0.1:%d" % port, namespace="r") as c:
+        assert c.put(["a", "big"], [b"hello", big]) == [OK, OK]
+        assert c.get(["a", "big", "miss"]) == [b"hello", big, None]
+        assert c.exists(["a", "miss"]) == [True, False]
+        assert c.hit_prefix(["a", "big", "miss"]) == 2
+    with Client(node.socket, namespace="r") as local:
+        assert local.get(["a"]) == [b"hello"]

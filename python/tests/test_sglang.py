@@ -288,3 +288,19 @@ def test_short_value_is_a_miss_not_wrong_kv(kvpool_node):
     assert backend.batch_exists(["bad"]) == 1
     assert backend.batch_get_v1(["bad"], host) == [False]
     assert backend.batch_get(["bad"]) == [None]
+
+
+def test_malformed_calls_are_misses_not_exceptions(kvpool_node):
+    ctrl = make_controller(make_pool("mha", "page_first"), kvpool_node.socket)
+    backend, pool = ctrl.storage_backend, ctrl.mem_pool_host
+    host = pool.alloc(2 * PAGE)
+    ragged = host[:PAGE + 1]  # not whole pages: the pool's meta asserts
+    assert backend.batch_get_v1(["a", "b"], ragged) == [False, False]
+    assert backend.batch_set_v1(["a", "b"], ragged) == [False, False]
+    assert backend.batch_set_v1(["a", "b"], host[:PAGE]) == [False, False]  # one page for two keys
+    assert backend.batch_exists([None]) == 0
+    assert backend.batch_get(["a"], ["not a tensor"]) == [None]
+    assert backend.batch_set(["a"], [torch.zeros(3, 3).t()]) is False
+    assert backend.batch_set(["a", "b"], [pool.get_dummy_flat_data_page()]) is False
+    assert backend.get_stats().errors >= 3
+    assert backend.batch_exists(["a", "b"]) == 0  # nothing was stored

@@ -35,6 +35,7 @@ Thread-safe: the controller's prefetch, IO and backup threads call it
 concurrently; the kvpool client is thread-safe and releases the GIL.
 """
 
+import functools
 import logging
 import os
 import threading
@@ -55,6 +56,34 @@ _ZERO_COPY_LAYOUTS = ("page_first", "page_first_direct", "page_head")
 
 def _element_size(dtype):
     return torch.empty((), dtype=dtype).element_size()
+
+
+def _never_raises(default):
+    """Turns any exception of an engine-facing method into default(keys): the
+    engine sees a miss or a failed store, never an exception it did not ask
+    for (a malformed host_indices, a pool that is not what it claims, ...)."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def guarded(self, keys, *args, **kwargs):
+            try:
+                return fn(self, keys, *args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - the engine must not see it
+                with self._lock:
+                    self._stats.errors += 1
+                logger.warning("kvpool: %s failed: %r", fn.__name__, e)
+                return default(keys)
+
+        return guarded
+
+    return wrap
+
+
+_ZERO = lambda keys: 0  # noqa: E731
+_FALSE = lambda keys: False  # noqa: E731
+_NONE = lambda keys: None  # noqa: E731
+_ALL_FALSE = lambda keys: [False] * len(keys)  # noqa: E731
+_ALL_NONE = lambda keys: [None] * len(keys)  # noqa: E731
 
 
 @dataclass
@@ -223,6 +252,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         return ptrs, sizes
 
     # ---- zero-copy path --------------------------------------------------------
+    @_never_raises(_ZERO)
     def batch_exists(self, keys: List[str],
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
         if not keys:
@@ -253,6 +283,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
             return [False] * n, 0
         return self._per_page(st, n), sum(sizes)
 
+    @_never_raises(_ALL_FALSE)
     def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
         if not keys:
@@ -262,6 +293,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         self._count_get(len(keys), out, nbytes, t0)
         return out
 
+    @_never_raises(_ALL_FALSE)
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
         if not keys:
@@ -299,6 +331,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
             return None
         return self.mem_pool_host.get_dummy_flat_data_page()
 
+    @_never_raises(_ALL_NONE)
     def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> List[Optional[torch.Tensor]]:
         n = len(keys)
@@ -332,10 +365,12 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         self._count_get(n, [o is not None for o in out], sum(sizes), t0)
         return out
 
+    @_never_raises(_NONE)
     def get(self, key: str, target_location: Optional[Any] = None,
             target_sizes: Optional[Any] = None) -> Optional[torch.Tensor]:
         return self.batch_get([key], None if target_location is None else [target_location])[0]
 
+    @_never_raises(_FALSE)
     def batch_set(self, keys: List[str], values: Optional[Any] = None,
                   target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> bool:
@@ -364,10 +399,12 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         self._count_set(n, out, sum(sizes), t0)
         return all(out)
 
+    @_never_raises(_FALSE)
     def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
             target_sizes: Optional[Any] = None) -> bool:
         return self.batch_set([key], [value])
 
+    @_never_raises(_FALSE)
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
 
