@@ -25,6 +25,9 @@ HEADER_BYTES = 32
 MAGIC = b"kvpoolV1"
 
 
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def _physical_order(t):
     """Dimensions from outermost to innermost in memory (from the strides)."""
     return tuple(sorted(range(t.dim()), key=lambda d: (-t.stride(d), d)))
@@ -43,11 +46,16 @@ class LayerLayout:
 
     def __init__(self, name, tensor, kind, canon_shape):
         self.name = name
-        self.tensor = tensor
         self.kind = kind
         self.canon_shape = tuple(canon_shape)
         self.dtype = tensor.dtype
         self.element_size = tensor.element_size()
+        self.device = tensor.device
+        # Blocks are moved as integers of the element's width: the bytes are
+        # the same, and integer copies are several times faster than bf16 or
+        # fp8 ones on CPU.
+        self.tensor = tensor.view(_BITS[self.element_size])
+        self.bits = self.tensor.dtype
         self.block_bytes = self.element_size
         for d in self.canon_shape:
             self.block_bytes *= d
@@ -66,9 +74,9 @@ class LayerLayout:
         """(n, *canon_shape) copy of blocks `ids` (a LongTensor on the tensor's device)."""
         t = self.tensor
         if self.kind == "kv_first":
-            return t[:, ids].transpose(0, 1)
+            return t.index_select(1, ids).transpose(0, 1)
         if self.kind in ("block_first", "mla"):
-            return t[ids]
+            return t.index_select(0, ids)
         if self.kind == "bhnc_mla":
             return t[ids][:, 0]
         blocks = t[ids]
@@ -157,7 +165,8 @@ class PageFormat:
 
     def layer_view(self, staging, layer):
         """The slice of a (n, page_bytes) uint8 staging tensor holding `layer`,
-        viewed as (n, *canon_shape) of the layer's dtype (no copy)."""
+        viewed as (n, *canon_shape) of integers of the layer's element width
+        (no copy)."""
         off = self.offsets[layer.name]
         part = staging[:, off:off + layer.block_bytes]
-        return part.view(layer.dtype).view((staging.shape[0],) + layer.canon_shape)
+        return part.view(layer.bits).view((staging.shape[0],) + layer.canon_shape)

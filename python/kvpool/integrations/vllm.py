@@ -284,6 +284,7 @@ class _WorkerSide:
         self._layers = {}
         self._load_errors = set()
         self._save = None  # this step's (block ids, keys, staging, layers still to copy)
+        self._buffers = {}  # "load"/"save" -> staging tensor
         self.stats = {"loaded_blocks": 0, "load_errors": 0, "saved_blocks": 0,
                       "skipped_saves": 0, "failed_saves": 0}
 
@@ -306,8 +307,15 @@ class _WorkerSide:
     def _keys(self, hashes):
         return [h + self._suffix for h in hashes]
 
-    def _staging(self, n):
-        return torch.empty((n, self._format.page_bytes), dtype=torch.uint8)
+    def _staging(self, purpose, n):
+        """(n, page_bytes) host rows, reused across steps (fresh memory would
+        cost a page fault per 4 KiB on every step). Puts and gets are
+        synchronous, so a buffer is free again when its call returns."""
+        buf = self._buffers.get(purpose)
+        if buf is None or buf.shape[0] < n:
+            buf = torch.empty((max(n, 16), self._format.page_bytes), dtype=torch.uint8)
+            self._buffers[purpose] = buf
+        return buf[:n]
 
     def start_load_kv(self, meta):
         # vLLM's dummy runs bind a bare KVConnectorMetadata.
@@ -320,7 +328,7 @@ class _WorkerSide:
             return
         keys = self._keys([h for tr in transfers for h in tr.hashes])
         fmt = self._format
-        staging = self._staging(len(keys))
+        staging = self._staging("load", len(keys))
         base, row = staging.data_ptr(), fmt.page_bytes
         statuses = self._pool.call("get_ptrs", keys, [base + i * row for i in range(len(keys))],
                                    [row] * len(keys))
@@ -338,8 +346,8 @@ class _WorkerSide:
         rows = staging.index_select(0, sel) if len(good) < len(keys) else staging
         for layer in fmt.layers:
             ids = torch.tensor([block_ids[i] for i in good], dtype=torch.long,
-                               device=layer.tensor.device)
-            layer.scatter(ids, fmt.layer_view(rows, layer).to(layer.tensor.device))
+                               device=layer.device)
+            layer.scatter(ids, fmt.layer_view(rows, layer).to(layer.device))
         self.stats["loaded_blocks"] += len(good)
 
     def _fail_loads(self, block_ids):
@@ -356,7 +364,7 @@ class _WorkerSide:
         layer = self._layers.get(layer_name)
         if not block_ids or layer is None or layer_name not in pending:
             return
-        ids = torch.tensor(block_ids, dtype=torch.long, device=layer.tensor.device)
+        ids = torch.tensor(block_ids, dtype=torch.long, device=layer.device)
         self._format.layer_view(staging, layer).copy_(layer.gather(ids))
         pending.discard(layer_name)
 
@@ -371,7 +379,7 @@ class _WorkerSide:
         self.stats["skipped_saves"] += len(keys) - len(todo)
         block_ids = [block_ids[i] for i in todo]
         keys = [keys[i] for i in todo]
-        staging = self._staging(len(keys))
+        staging = self._staging("save", len(keys))
         if keys:
             staging[:, :HEADER_BYTES] = self._format.header_rows(keys)
         return block_ids, keys, staging, set(self._layers)
@@ -403,6 +411,7 @@ class _WorkerSide:
 
     def close(self):
         self._save = None
+        self._buffers = {}
         self._pool.close()
 
 
