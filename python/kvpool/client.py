@@ -44,11 +44,13 @@ _ITEM_CODES = frozenset(
      StatusCode.RESOURCE_EXHAUSTED))
 
 
+_CODES = tuple(StatusCode)  # index = code value, for fast conversion of batch results
+_OK = StatusCode.OK
+
+
 def _code(value):
-    try:
-        return StatusCode(value)
-    except ValueError:
-        return StatusCode.INTERNAL
+    """StatusCode of a C status; an unknown value is INTERNAL."""
+    return _CODES[value] if 0 <= value < len(_CODES) else StatusCode.INTERNAL
 
 
 class KvpoolError(Exception):
@@ -223,7 +225,7 @@ class Client:
                 raise ValueError("KeyIds made for another namespace")
             return keys
         n = len(keys)
-        bk = [_as_bytes(k) for k in keys]
+        bk = [k.encode("utf-8") if type(k) is str else _as_bytes(k) for k in keys]
         karr = (ctypes.c_char_p * n)(*bk)
         larr = (ctypes.c_size_t * n)(*[len(k) for k in bk])
         ids = (KeyId * n)()
@@ -349,7 +351,7 @@ class Client:
         st = (_native.c_status * n)(*([-1] * n))
         rc = self._native_call(self._lib.kvpool_remove, ids.ids, n, st)
         self._check_call(rc, st, n)
-        return [_code(s) for s in st]
+        return [_code(s) for s in st[:n]]
 
     # ---- caller-memory calls -------------------------------------------------
     def _ptr_batch(self, keys, ptrs, sizes):
@@ -370,7 +372,7 @@ class Client:
             return []
         rc = self._native_call(self._lib.kvpool_put, ids.ids, parr, sarr, n, st)
         self._check_call(rc, st, n)
-        return [StatusCode.OK if s == 2 else _code(s) for s in st]
+        return [_OK if s == 2 else _code(s) for s in st[:n]]
 
     def get_ptrs(self, keys, ptrs, sizes):
         """Copies each value into sizes[i] bytes at address ptrs[i]. OK only
@@ -385,12 +387,10 @@ class Client:
         rc = self._native_call(self._lib.kvpool_get, ids.ids, parr, carr, n, got, st)
         if rc != 0:
             raise KvpoolError(rc, _last_error())
-        out = []
-        for i in range(n):
-            s = st[i]
-            if s == 0 and got[i] != carr[i]:
-                s = StatusCode.FAILED_PRECONDITION
-            out.append(_code(s))
+        out = [_code(s) for s in st[:n]]
+        for i, (g, c) in enumerate(zip(got[:n], carr[:n])):
+            if g != c and out[i] == _OK:
+                out[i] = StatusCode.FAILED_PRECONDITION
         return out
 
     # ---- introspection -------------------------------------------------------

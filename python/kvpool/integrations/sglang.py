@@ -266,6 +266,11 @@ class KvpoolHiCacheStorage(HiCacheStorage):
 
     def _per_page(self, statuses, n):
         """One bool per page: all of its pieces OK."""
+        if self._pieces == 1:
+            return [s == StatusCode.OK for s in statuses]
+        if self._pieces == 2:
+            return [k == StatusCode.OK and v == StatusCode.OK
+                    for k, v in zip(statuses[0::2], statuses[1::2])]
         p = self._pieces
         return [all(s == StatusCode.OK for s in statuses[i * p:(i + 1) * p]) for i in range(n)]
 
