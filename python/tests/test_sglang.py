@@ -2,6 +2,9 @@
 against a real kvpool-node (single process; multi-rank runs are in
 test_sglang_ranks.py)."""
 
+import signal
+import time
+
 import pytest
 import torch
 
@@ -304,3 +307,34 @@ def test_malformed_calls_are_misses_not_exceptions(kvpool_node):
     assert backend.batch_set(["a", "b"], [pool.get_dummy_flat_data_page()]) is False
     assert backend.get_stats().errors >= 3
     assert backend.batch_exists(["a", "b"]) == 0  # nothing was stored
+
+
+def _wait_stopped(pid):
+    """SIGSTOP is asynchronous: wait until /proc says the process is stopped."""
+    for _ in range(1000):
+        with open("/proc/%d/stat" % pid) as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.005)
+    raise AssertionError("node did not stop")
+
+
+def test_hung_node_is_a_miss_within_the_deadline(kvpool_node):
+    ctrl = make_controller(make_pool("mha", "page_first"), kvpool_node.socket,
+                           extra={"timeout_ms": 300})
+    backend = ctrl.storage_backend
+    host, toks, op = write_pages(ctrl, 4, seed=18)
+    assert op.ok
+    hashes = ctrl.page_hashes(toks)
+    kvpool_node.proc.send_signal(signal.SIGSTOP)
+    try:
+        _wait_stopped(kvpool_node.proc.pid)
+        t0 = time.monotonic()
+        assert backend.batch_exists(hashes) == 0
+        assert backend.batch_get_v1(hashes, host) == [False] * 4
+        assert backend.batch_set_v1(hashes, host) == [False] * 4
+        assert time.monotonic() - t0 < 3 * 0.3 + 1.5
+    finally:
+        kvpool_node.proc.send_signal(signal.SIGCONT)
+    assert backend.batch_exists(hashes) == 4
+    assert backend.batch_get_v1(hashes, host) == [True] * 4
