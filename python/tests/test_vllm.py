@@ -509,3 +509,45 @@ def test_dummy_runs_and_unknown_layouts_raise_nothing(vllm_env, kvpool_node):
     assert w.get_block_ids_with_load_errors() == set()  # reported once
     assert odd.count_nonzero() == 0
     w.shutdown()
+
+
+def test_pipeline_stages_all_needed_for_a_hit(vllm_env, kvpool_node):
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from kvpool.integrations import _vllm_keys as k
+
+    toks = prompt(21)
+    cfg = vllm_env.config(kvpool_node.socket, tp=2)
+    cfg.parallel_config.pipeline_parallel_size = 2
+    ns, _ = k.namespace(cfg)
+    assert "tp=2" in ns and "pp=2" in ns
+    sched = KVConnectorFactory.create_connector(cfg, KVConnectorRole.SCHEDULER)
+    hashes = k.BlockHasher(vllm_env.Request("h", toks), BS).upto(5)
+    shards = [k.rank_suffix(False, t, p) for p in range(2) for t in range(2)]
+    assert len(set(shards)) == 4
+    with client(kvpool_node, ns) as c:
+        for sfx in shards[:3]:  # stage 1, TP rank 1 has nothing yet
+            assert c.put([h + sfx for h in hashes], [b"x" * 64] * 5) == [0] * 5
+        assert sched.get_num_new_matched_tokens(vllm_env.Request("q", toks), 0) == (0, False)
+        assert c.put([h + shards[3] for h in hashes[:2]], [b"x" * 64] * 2) == [0] * 2
+        assert sched.get_num_new_matched_tokens(vllm_env.Request("q", toks), 0) == (8, False)
+    sched.shutdown()
+
+
+def test_base_class_without_kv_cache_config(vllm_env, kvpool_node, monkeypatch):
+    from vllm.distributed.kv_transfer.kv_connector.v1 import base
+
+    from kvpool.integrations.vllm import KvpoolConnector
+
+    def old_init(self, vllm_config, role):  # vLLM <= 0.10
+        self._connector_metadata = None
+        self._vllm_config = vllm_config
+        self._role = role
+
+    monkeypatch.setattr(base.KVConnectorBase_V1, "__init__", old_init)
+    cfg = vllm_env.config(kvpool_node.socket)
+    c = KvpoolConnector(cfg, base.KVConnectorRole.SCHEDULER, None)
+    assert c.role == base.KVConnectorRole.SCHEDULER
+    assert c.get_num_new_matched_tokens(vllm_env.Request("q", prompt(9)), 0) == (0, False)
+    c.shutdown()
