@@ -283,7 +283,8 @@ class _WorkerSide:
         self._format = None
         self._layers = {}
         self._load_errors = set()
-        self._save = None  # this step's (block ids, keys, staging, layers still to copy)
+        # This step's (metadata, block ids, keys, staging, layers still to copy).
+        self._save = None
         self._buffers = {}  # "load"/"save" -> staging tensor
         self.stats = {"loaded_blocks": 0, "load_errors": 0, "saved_blocks": 0,
                       "skipped_saves": 0, "failed_saves": 0}
@@ -358,9 +359,9 @@ class _WorkerSide:
     def save_kv_layer(self, meta, layer_name, kv_layer):
         if not self._writes or self._format is None or not getattr(meta, "saves", None):
             return
-        if self._save is None:
-            self._save = self._begin_save(meta)
-        block_ids, _, staging, pending = self._save
+        if self._save is None or self._save[0] is not meta:  # first layer of this step
+            self._save = (meta,) + self._begin_save(meta)
+        _, block_ids, _, staging, pending = self._save
         layer = self._layers.get(layer_name)
         if not block_ids or layer is None or layer_name not in pending:
             return
@@ -388,7 +389,7 @@ class _WorkerSide:
         save, self._save = self._save, None
         if save is None:
             return
-        block_ids, keys, staging, pending = save
+        _, block_ids, keys, staging, pending = save
         if not keys:
             return
         if pending:
