@@ -165,7 +165,152 @@ def bench_sglang(args):
 # when not measured. Every returned entry is printed as a `metric` line.
 # ============================================================================
 def bench_lmcache(args):
-    return None
+    """LMCache: chunks of 256 tokens ([2, layers, 256, heads*head_dim] bf16,
+    KV_2LTD) in batches of 16 (a 4096-token prompt), three sides timed batch
+    by batch in alternating order, so all see the same background load:
+      connector  KvpoolRemoteConnector.batched_put / batched_get (inside
+                 LMCache's instrumented wrapper) awaited on an event loop in
+                 this thread: the connector's whole cost, including its hop
+                 to its I/O threads and, for gets, LocalCPUBackend.allocate
+                 (the stand-in allocator reuses freed buffers, like LMCache's
+                 arena);
+      client     Client.put_ptrs / get_ptrs of the same payload keys (same
+                 namespace and names) from and into memory objects' buffers;
+      engine     (shown, not a metric) the same connector driven as LMCache
+                 drives it: RemoteBackend on LMCache's event-loop thread, so
+                 two more thread hops per call.
+    Every chunk read is compared with what was written (untimed). Warm-up
+    rep, then `args.reps` reps; metrics are ratios of median GB/s, connector
+    over client."""
+    import asyncio
+
+    from lmcache.utils import CacheEngineKey
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.memory_management import MemoryFormat, TensorMemoryAllocator
+    from lmcache.v1.metadata import LMCacheMetadata
+    from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+    from lmcache.v1.storage_backend.storage_manager import StorageManager
+    from kvpool.integrations import _lmcache_format as lmfmt
+
+    chunk, per_batch, nb = 256, 16, args.batches
+    shape = torch.Size([2, args.layers, chunk, args.heads * args.head_dim])
+    md = LMCacheMetadata("bench/model", 1, 0, "vllm", torch.bfloat16,
+                         (args.layers, 2, chunk, args.heads, args.head_dim))
+    plugin = "remote_storage_plugin.kvpool."
+    cfg = LMCacheEngineConfig(chunk_size=chunk, remote_storage_plugins=["kvpool"],
+                              blocking_timeout_secs=60, extra_config={
+                                  plugin + "module_path": "kvpool.integrations.lmcache",
+                                  plugin + "class_name": "KvpoolConnectorAdapter",
+                                  plugin + "socket": args.socket,
+                                  plugin + "timeout_ms": 30000})
+    chunk_bytes = shape.numel() * 2
+    batch_bytes = per_batch * chunk_bytes
+    alloc = TensorMemoryAllocator(4 * batch_bytes)
+    sm = StorageManager(cfg, md, LocalCPUBackend(cfg, alloc))
+    backend = sm.remote_backends["kvpool"]
+    wrapped = backend.connection  # InstrumentedRemoteConnector(KvpoolRemoteConnector)
+    connector = wrapped.getWrappedConnector()
+    loop = asyncio.new_event_loop()
+    client = kvpool.Client(args.socket, namespace=connector.settings.namespace, timeout_ms=30000)
+    # Source objects (random KV) and the raw client's destination objects.
+    src = [sm.allocate(shape, torch.bfloat16, MemoryFormat.KV_2LTD) for _ in range(per_batch)]
+    for o in src:
+        o.tensor.view(torch.int16).copy_(torch.randint(-32768, 32767, shape, dtype=torch.int16))
+    dst = [sm.allocate(shape, torch.bfloat16, MemoryFormat.KV_2LTD) for _ in range(per_batch)]
+    src_ptrs = [kvpool.buffer_address(o.byte_array)[0] for o in src]
+    dst_ptrs = [kvpool.buffer_address(o.byte_array)[0] for o in dst]
+    sizes = [chunk_bytes] * per_batch
+    header = lmfmt.layout(shape, "bfloat16", "KV_2LTD", chunk_bytes, client.max_value_size)
+    log("lmcache: %d batches x %d chunks x %.1f MiB per rep (%.0f MiB), %d reps" % (
+        nb, per_batch, chunk_bytes / 2**20, nb * batch_bytes / 2**20, args.reps))
+
+    def same(objs):
+        return all(o is not None and torch.equal(o.tensor.view(torch.int16),
+                                                 w.tensor.view(torch.int16))
+                   for o, w in zip(objs, src))
+
+    sides = ("connector", "client", "engine")
+    rates = {s + op: [] for s in sides for op in ("_set", "_get")}
+    for rep in range(-1, args.reps):
+        keys = [[CacheEngineKey("bench/model", 1, 0, ((rep + 2) * 1000 + b) * 100 + i,
+                                torch.bfloat16) for i in range(per_batch)] for b in range(nb)]
+        names = [[k.to_string() for k in ks] for ks in keys]
+        payloads = [[n for s in ns for n in lmfmt.payload_keys(s, header)] for ns in names]
+        if any(len(p) != per_batch for p in payloads):
+            raise SystemExit("lmcache: chunks over the node's value limit")
+        secs = dict.fromkeys(rates, 0.0)
+        loaded = []  # checked and released after the timing
+
+        def put(side, b):
+            if side == "connector":
+                for o in src:
+                    o.ref_count_up()  # the serializer's reference; the wrapper drops it
+                loop.run_until_complete(wrapped.batched_put(keys[b], src))
+            elif side == "engine":
+                backend.batched_submit_put_task(keys[b], src)
+                backend.wait_for_puts()
+            elif any(x != kvpool.StatusCode.OK for x in client.put_ptrs(payloads[b], src_ptrs,
+                                                                         sizes)):
+                raise SystemExit("client put_ptrs failed")
+
+        def get(side, b):
+            if side == "connector":
+                loaded.append(loop.run_until_complete(wrapped.batched_get(keys[b])))
+            elif side == "engine":
+                loaded.append(backend.batched_get_blocking(keys[b]))
+            elif any(x != kvpool.StatusCode.OK for x in client.get_ptrs(payloads[b], dst_ptrs,
+                                                                         sizes)):
+                raise SystemExit("client get_ptrs missed")
+
+        def drop(b):
+            client.remove([lmfmt.meta_key(n) for n in names[b]] + payloads[b])
+
+        for b in range(nb):
+            order = sides[(rep + b) % 3:] + sides[:(rep + b) % 3]
+            if (rep + b) % 2:
+                order = order[::-1]
+            for side in order:  # stores: each side writes the batch fresh
+                drop(b)
+                stored = connector.stats["stored"]
+                secs[side + "_set"] += timed(lambda: put(side, b))
+                if side != "client" and connector.stats["stored"] - stored != per_batch:
+                    raise SystemExit("lmcache batched_put stored %d of %d" % (
+                        connector.stats["stored"] - stored, per_batch))
+            for side in order:  # loads: all read what the last store left
+                secs[side + "_get"] += timed(lambda: get(side, b))
+            ok = all(same(objs) for objs in loaded) and same(dst)
+            for o in (o for objs in loaded for o in objs if o is not None):
+                o.ref_count_down()
+            loaded.clear()
+            if not ok:
+                raise SystemExit("lmcache: a get missed or returned other bytes")
+            for d in dst:
+                d.tensor.zero_()
+            drop(b)
+        if rep < 0:
+            continue
+        for k in rates:
+            rates[k].append(nb * batch_bytes / secs[k] / 1e9)
+        log("rep %d GB/s: set connector %.2f client %.2f engine %.2f; "
+            "get connector %.2f client %.2f engine %.2f" % (
+                rep + 1, *(rates[s + "_set"][-1] for s in sides),
+                *(rates[s + "_get"][-1] for s in sides)))
+    client.close()
+    for o in src + dst:
+        o.ref_count_down()
+    sm.close()
+    loop.close()
+    if alloc.live_count() != 0:
+        raise SystemExit("lmcache: %d memory objects leaked" % alloc.live_count())
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print("%-28s %10s %10s" % ("lmcache (16-chunk batches)", "set GB/s", "get GB/s"))
+    print("%-28s %10.2f %10.2f" % ("  KvpoolRemoteConnector", med["connector_set"],
+                                   med["connector_get"]))
+    print("%-28s %10.2f %10.2f" % ("  raw Client *_ptrs", med["client_set"], med["client_get"]))
+    print("%-28s %10.2f %10.2f" % ("  (via LMCache's loop thread)", med["engine_set"],
+                                   med["engine_get"]))
+    return {"lmcache_get_vs_client": med["connector_get"] / med["client_get"],
+            "lmcache_set_vs_client": med["connector_set"] / med["client_set"]}
 
 
 def main():

@@ -536,3 +536,20 @@ def test_header_format():
     small = fmt.layout((1, 2, 3, 4), "float16", "KV_MLA_FMT", 48, 1 << 20)
     assert small.part_bytes == 0 and fmt.part_spans(small) == [(0, 48)]
     assert fmt.payload_keys("k", small) == ["k#float16:KV_MLA_FMT:1x2x3x4"]
+
+
+def test_object_buffer_without_raw_data(lm):
+    """Memory objects without a flat raw_data tensor are addressed through
+    byte_array (or tensor)."""
+    from kvpool.integrations.lmcache import _object_buffer
+    a = lm.mm.TensorMemoryAllocator(1 << 20)
+    obj = a.allocate(torch.Size([2, 2, 3, 8]), torch.bfloat16, lm.mm.MemoryFormat.KV_2LTD)
+
+    class Wrapped:
+        byte_array = property(lambda self: obj.byte_array)
+        tensor = property(lambda self: obj.tensor)
+        get_size = obj.get_size
+
+    addr, nbytes, _ = _object_buffer(Wrapped())
+    assert (addr, nbytes) == (obj.raw_data.data_ptr(), 2 * 2 * 3 * 8 * 2)
+    obj.ref_count_down()

@@ -10,9 +10,11 @@ One chunk (one `CacheEngineKey`, key string K) is stored as:
 
 The payload key names the shape, dtype and format, so a header can only ever
 lead to bytes written for that very layout, and the reader asks for each part
-by its exact size (a stored value of another size is a miss). The header is
-written after every part was stored, so a present header means a complete
-payload was stored (parts can still be evicted later: that read is a miss).
+by its exact size (a stored value of another size is a miss). A reader that
+knows the engine's full-chunk layout reads full chunks straight from their
+payload key; the header is needed for the others (the short last chunk). A
+header proves nothing about its payload (parts fail or are evicted on their
+own): lookups and reads check the parts themselves.
 
 Header, little-endian:
 | offset | size     | field                                                  |

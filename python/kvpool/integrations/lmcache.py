@@ -138,7 +138,13 @@ def _element_size(dtype: torch.dtype) -> int:
 
 
 def _object_buffer(obj: MemoryObj):
-    """(address, nbytes, keepalive) of a memory object's raw bytes."""
+    """(address, nbytes, keepalive) of a memory object's raw bytes: its flat
+    uint8 `raw_data` tensor when it has one (LMCache's TensorMemoryObj; the
+    cheapest), else `byte_array`, else `tensor`."""
+    raw = getattr(obj, "raw_data", None)
+    if isinstance(raw, torch.Tensor) and raw.dtype == torch.uint8 and raw.device.type == "cpu" \
+            and raw.is_contiguous() and raw.numel() >= obj.get_size():
+        return raw.data_ptr(), obj.get_size(), raw
     try:
         view = obj.byte_array
         addr, nbytes = kvpool.buffer_address(view)
@@ -171,6 +177,7 @@ class KvpoolRemoteConnector(RemoteConnector):
         self._lock = threading.Lock()
         self._client: Optional[kvpool.Client] = None
         self._part_limit = 0
+        self._full_layout = None  # (part limit, header of a full chunk or None)
         self._retry_at = 0.0  # no native call before this (monotonic seconds)
         self._closed = False
         self.stats = {"hits": 0, "misses": 0, "rejected_headers": 0, "stored": 0,
@@ -285,75 +292,93 @@ class KvpoolRemoteConnector(RemoteConnector):
 
     # ---- blocking bodies (connector threads) ---------------------------------
     def _get_many(self, keys: Sequence) -> List[Optional[MemoryObj]]:
+        """Full chunks are read straight from their payload key (the key names
+        the layout, so no header is needed); the others (the short last chunk,
+        misses) by their header's layout."""
         n = len(keys)
         out: List[Optional[MemoryObj]] = [None] * n
         client = self._usable_client()
-        if client is None or n == 0:
-            self._count("misses", n)
-            return out
-        strs = [k.to_string() for k in keys]
-        try:
-            raw_headers = client.get([fmt.meta_key(s) for s in strs])
-        except kvpool.KvpoolError as e:
-            self._failed(e)
-            self._count("misses", n)
-            return out
+        if client is not None and n:
+            strs = [k.to_string() for k in keys]
+            full = self._full_chunk_layout()
+            todo = list(range(n))
+            if full is not None and self._load(client, strs, [(i, full) for i in todo], out):
+                todo = [i for i in todo if out[i] is None]
+            elif full is not None:
+                todo = []  # the node failed: misses
+            if todo:
+                try:
+                    raws = client.get([fmt.meta_key(strs[i]) for i in todo])
+                except kvpool.KvpoolError as e:
+                    self._failed(e)
+                    raws = [None] * len(todo)
+                plan = []
+                for i, raw in zip(todo, raws):
+                    h = fmt.decode(raw)
+                    if h is None or self._accept(h) is None:
+                        if raw is not None:
+                            self._count("rejected_headers")
+                    elif h != full:  # a full chunk's layout was tried above
+                        plan.append((i, h))
+                self._load(client, strs, plan, out)
+        hits = sum(o is not None for o in out)
+        self._count("hits", hits)
+        self._count("misses", n - hits)
+        return out
+
+    def _load(self, client, strs: Sequence[str], plan, out: List[Optional[MemoryObj]]) -> bool:
+        """For each (index, header) of plan, allocates the object and reads its
+        payload into it; out[index] is the object, or stays None on any
+        failure. False when the call failed as a whole."""
         part_keys, ptrs, sizes, owner, keep = [], [], [], [], []
-        for i, raw in enumerate(raw_headers):
-            h = fmt.decode(raw)
-            if h is None:
-                if raw is not None:
-                    self._count("rejected_headers")
-                continue
-            accepted = self._accept(h)
-            if accepted is None:
-                self._count("rejected_headers")
-                continue
-            dtype, mfmt = accepted
+        resolved = {}  # header -> (shape, dtype, format), resolved once per call
+        for i, h in plan:
+            if h not in resolved:
+                resolved[h] = (torch.Size(h.shape), getattr(torch, h.dtype_name),
+                               MemoryFormat[h.fmt_name])
             try:
-                obj = self.local_cpu_backend.allocate(torch.Size(h.shape), dtype, mfmt)
+                obj = self.local_cpu_backend.allocate(*resolved[h])
             except Exception as e:  # e.g. the scheduler role's backend cannot allocate
                 logger.debug("kvpool: allocate failed: %s", e)
                 obj = None
             if obj is None:
                 continue
-            out[i] = obj
             try:
                 base, nbytes, view = _object_buffer(obj)
             except (TypeError, ValueError, AttributeError) as e:
                 logger.warning("kvpool: cannot address the allocated object: %s", e)
                 nbytes = -1
             if nbytes != h.payload_bytes:
-                out[i] = None
                 obj.ref_count_down()
                 continue
+            out[i] = obj
             keep.append(view)
             for key, (off, size) in zip(fmt.payload_keys(strs[i], h), fmt.part_spans(h)):
                 part_keys.append(key)
                 ptrs.append(base + off)
                 sizes.append(size)
                 owner.append(i)
+        ok = True
         try:
             statuses = client.get_ptrs(part_keys, ptrs, sizes) if part_keys else []
         except kvpool.KvpoolError as e:
             self._failed(e)
-            statuses = [kvpool.StatusCode.UNAVAILABLE] * len(part_keys)
+            statuses, ok = [kvpool.StatusCode.UNAVAILABLE] * len(part_keys), False
         for i, st in zip(owner, statuses):
             if st != kvpool.StatusCode.OK and out[i] is not None:
                 out[i].ref_count_down()
                 out[i] = None
-        hits = sum(o is not None for o in out)
-        self._count("hits", hits)
-        self._count("misses", n - hits)
-        return out
+        return ok
 
     def _put_many(self, keys: Sequence, objs: Sequence[MemoryObj]) -> int:
+        """Headers and payload parts in one call. A header stored without its
+        payload is harmless: readers and lookups check the payload parts."""
         client = self._usable_client()
         if client is None or not keys:
             return 0
-        part_keys, ptrs, sizes, owner, keep = [], [], [], [], []
-        metas, headers = [], []
-        for i, (key, obj) in enumerate(zip(keys, objs)):
+        put_keys, ptrs, sizes, owner, keep = [], [], [], [], []
+        count = 0
+        for key, obj in zip(keys, objs):
             try:
                 if obj.get_dtype() is None:
                     raise ValueError("object has no dtype (format %s)" % obj.get_memory_format())
@@ -368,37 +393,40 @@ class KvpoolRemoteConnector(RemoteConnector):
                 self._count("store_failures")
                 continue
             s = key.to_string()
-            keep.append(view)
-            metas.append(fmt.meta_key(s))
-            headers.append(header)
-            for pkey, (off, size) in zip(fmt.payload_keys(s, h), fmt.part_spans(h)):
-                part_keys.append(pkey)
-                ptrs.append(base + off)
+            keep += (view, header)
+            spans = [(base + off, size) for off, size in fmt.part_spans(h)]
+            spans.append((kvpool.buffer_address(header)[0], len(header)))
+            put_keys += fmt.payload_keys(s, h) + [fmt.meta_key(s)]
+            for ptr, size in spans:
+                ptrs.append(ptr)
                 sizes.append(size)
-                owner.append(len(metas) - 1)
-        if not metas:
+                owner.append(count)
+            count += 1
+        if not count:
             return 0
         try:
-            statuses = client.put_ptrs(part_keys, ptrs, sizes)
-            complete = [True] * len(metas)
-            for j, st in zip(owner, statuses):
-                if st != kvpool.StatusCode.OK:
-                    complete[j] = False
-            done = [j for j, ok in enumerate(complete) if ok]
-            stored = 0
-            if done:
-                hs = client.put([metas[j] for j in done], [headers[j] for j in done])
-                stored = sum(st == kvpool.StatusCode.OK for st in hs)
+            statuses = client.put_ptrs(put_keys, ptrs, sizes)
         except kvpool.KvpoolError as e:
             self._failed(e)
-            self._count("store_failures", len(metas))
+            self._count("store_failures", count)
             return 0
+        complete = [True] * count
+        for j, st in zip(owner, statuses):
+            if st != kvpool.StatusCode.OK:
+                complete[j] = False
+        stored = sum(complete)
         self._count("stored", stored)
-        self._count("store_failures", len(metas) - stored)
+        self._count("store_failures", count - stored)
         return stored
 
     def _full_chunk_layout(self) -> Optional[fmt.Header]:
         """The layout of a full chunk of this engine, when the metadata tells it."""
+        cached = self._full_layout
+        if cached is None or cached[0] != self._part_limit:
+            cached = self._full_layout = (self._part_limit, self._compute_full_layout())
+        return cached[1]
+
+    def _compute_full_layout(self) -> Optional[fmt.Header]:
         md = self.metadata
         kv_shape = tuple(getattr(md, "kv_shape", ()) or ())
         dtype = getattr(md, "kv_dtype", None)

@@ -186,8 +186,10 @@ class TensorMemoryObj(MemoryObj):
 
 
 class TensorMemoryAllocator:
-    """CPU allocator with a byte budget. Thread-safe. Counts live objects and
-    bytes so tests can check that every object was released exactly once."""
+    """CPU allocator with a byte budget. Thread-safe. Freed buffers are kept
+    for reuse by the next object of the same size (like LMCache's arena, whose
+    memory is allocated and touched once). Counts live objects and bytes so
+    tests can check that every object was released exactly once."""
 
     GUARD_BYTES = 64
     GUARD_VALUE = 0xA5
@@ -200,6 +202,7 @@ class TensorMemoryAllocator:
         self.allocations = 0
         self.frees = 0
         self.guard_violations: List[str] = []
+        self._spare: dict = {}  # size -> freed raw buffers
 
     def allocate(self, shape, dtype: Optional[torch.dtype],
                  fmt: MemoryFormat = MemoryFormat.KV_2LTD) -> Optional[TensorMemoryObj]:
@@ -210,7 +213,10 @@ class TensorMemoryAllocator:
                 return None
             self.used_bytes += size
             self.allocations += 1
-        raw = torch.empty(size + self.GUARD_BYTES, dtype=torch.uint8)
+            spare = self._spare.get(size)
+            raw = spare.pop() if spare else None
+        if raw is None:
+            raw = torch.empty(size + self.GUARD_BYTES, dtype=torch.uint8)
         raw[size:] = self.GUARD_VALUE
         meta = MemoryObjMetadata(shape=shape, dtype=dtype, address=raw.data_ptr(),
                                  phy_size=size, ref_count=1, fmt=fmt)
@@ -229,6 +235,7 @@ class TensorMemoryAllocator:
                 raise RuntimeError("double free")
             self.used_bytes -= size
             self.frees += 1
+            self._spare.setdefault(size, []).append(obj.raw_data)
 
     def live_count(self) -> int:
         with self._lock:
