@@ -551,3 +551,19 @@ def test_base_class_without_kv_cache_config(vllm_env, kvpool_node, monkeypatch):
     assert c.role == base.KVConnectorRole.SCHEDULER
     assert c.get_num_new_matched_tokens(vllm_env.Request("q", prompt(9)), 0) == (0, False)
     c.shutdown()
+
+
+def test_batched_requests_with_chunked_prefill(vllm_env, kvpool_node):
+    shared = prompt(40, 3)
+    reqs = lambda: [vllm_env.Request("r1", shared + prompt(6, 11), max_tokens=3),  # noqa: E731
+                    vllm_env.Request("r2", shared + prompt(9, 12), max_tokens=2),
+                    vllm_env.Request("r3", prompt(27, 13), max_tokens=4)]
+    a = vllm_env.engine(vllm_env.config(kvpool_node.socket, max_tokens_per_step=24))
+    out_a = a.run(reqs())
+    b = vllm_env.engine(vllm_env.config(kvpool_node.socket, max_tokens_per_step=24))
+    out_b = b.run(reqs())
+    assert out_b == out_a == reference_outputs(vllm_env, reqs())
+    # Each loads all but its last prompt block's worth: (tokens - 1) // 4 blocks.
+    assert b.scheduler.external_hits == {"r1": 44, "r2": 48, "r3": 24}
+    assert a.wrong_kv_block_ids == set() and b.wrong_kv_block_ids == set()
+    assert b.invalid_block_ids == set()
