@@ -78,7 +78,8 @@ def _plugin_settings(config, name: str) -> dict:
     extra = getattr(config, "extra_config", None) or {}
     prefix = "remote_storage_plugin.%s." % name
     out = {k[len(prefix):]: v for k, v in extra.items() if k.startswith(prefix)}
-    nested = (extra.get("remote_storage_plugin") or {}).get(name)
+    nested = extra.get("remote_storage_plugin")  # the same settings as nested mappings
+    nested = nested.get(name) if isinstance(nested, dict) else None
     if isinstance(nested, dict):
         out = {**nested, **out}
     return out
@@ -193,6 +194,7 @@ class KvpoolRemoteConnector(RemoteConnector):
             try:
                 client = kvpool.Client(s.socket, namespace=s.namespace, timeout_ms=s.timeout_ms,
                                        remote=s.remote)
+                # Remote mode cannot ask a node; 64 MiB is the node's default limit.
                 limit = client.max_value_size if s.remote is None else 64 << 20
             except kvpool.KvpoolError as e:
                 self._retry_at = time.monotonic() + s.retry_interval_s
@@ -261,34 +263,34 @@ class KvpoolRemoteConnector(RemoteConnector):
         return MemoryFormat.KV_MLA_FMT if getattr(self.metadata, "use_mla", False) \
             else MemoryFormat.KV_2LTD
 
-    def _accept(self, h: fmt.Header):
-        """(torch dtype, MemoryFormat) when the header describes a chunk this
-        engine can use, else None."""
+    def _usable(self, h: fmt.Header) -> bool:
+        """The header describes a chunk this engine can load: a dtype and format
+        both sides know, a self-consistent size, and (with the engine's
+        metadata) its dtype, layer count, head geometry, MLA or not, and at
+        most chunk_size tokens."""
         dtype = getattr(torch, h.dtype_name, None)
         mfmt = MemoryFormat.__members__.get(h.fmt_name)
         if not isinstance(dtype, torch.dtype) or mfmt is None:
-            return None
+            return False
         numel = 1
         for d in h.shape:
             numel *= d
         if numel == 0 or numel * _element_size(dtype) != h.payload_bytes:
-            return None
+            return False
         if h.part_bytes and h.part_bytes >= h.payload_bytes:
-            return None
+            return False
         md = self.metadata
         if md is None:
-            return dtype, mfmt
+            return True
         if getattr(md, "kv_dtype", dtype) != dtype:
-            return None
+            return False
         kv_shape = tuple(getattr(md, "kv_shape", ()) or ())
         if mfmt in (MemoryFormat.KV_2LTD, MemoryFormat.KV_MLA_FMT) and len(kv_shape) == 5:
             layers, kv, tokens, heads, head_size = kv_shape
-            if mfmt != self._expected_fmt() or len(h.shape) != 4:
-                return None
-            if (h.shape[0], h.shape[1], h.shape[3]) != (kv, layers, heads * head_size) \
-                    or not 1 <= h.shape[2] <= tokens:
-                return None
-        return dtype, mfmt
+            return (mfmt == self._expected_fmt() and len(h.shape) == 4
+                    and (h.shape[0], h.shape[1], h.shape[3]) == (kv, layers, heads * head_size)
+                    and 1 <= h.shape[2] <= tokens)
+        return True
 
     # ---- blocking bodies (connector threads) ---------------------------------
     def _get_many(self, keys: Sequence) -> List[Optional[MemoryObj]]:
@@ -315,7 +317,7 @@ class KvpoolRemoteConnector(RemoteConnector):
                 plan = []
                 for i, raw in zip(todo, raws):
                     h = fmt.decode(raw)
-                    if h is None or self._accept(h) is None:
+                    if h is None or not self._usable(h):
                         if raw is not None:
                             self._count("rejected_headers")
                     elif h != full:  # a full chunk's layout was tried above
@@ -473,7 +475,7 @@ class KvpoolRemoteConnector(RemoteConnector):
                 check, owner = [], []
                 for i, raw in zip(unsure, client.get([probe[i] for i in unsure])):
                     h = fmt.decode(raw)
-                    if h is not None and self._accept(h) is not None:
+                    if h is not None and self._usable(h):
                         parts = fmt.payload_keys(strs[i], h)
                         check.extend(parts)
                         owner.extend([i] * len(parts))
