@@ -356,6 +356,57 @@ TEST(StaticClusterTest, PeersListServesRemoteReads) {
   ASSERT_NO_FATAL_FAILURE(ExpectValues(got, vals));
 }
 
+// Placement home with homes slower than the writer: a hand-off pins its
+// value until the home has it (or its deadline passes), so without a bound
+// the writer's DRAM fills with pinned values and refuses puts. Here the home
+// b is stopped (SIGSTOP): every hand-off to it hangs to its deadline. With
+// the in-flight budget every put still succeeds; what does not fit the
+// budget stays on the writer (busy), the hand-offs that time out are kept.
+TEST(StaticClusterTest, PlacementHomeWithAHungHomeNeverRefusesPuts) {
+  StaticCluster sc;
+  sc.PickPorts({"a", "b"});
+  ASSERT_TRUE(sc.ports[0] > 0 && sc.ports[1] > 0 && sc.ports[0] != sc.ports[1]);
+  ASSERT_TRUE(sc.StartNodes({"a", "b"}, {"--placement", "home", "--dram-capacity", "64MiB",
+                                         "--slab-size", "1MiB", "--peer-fetch-timeout", "2s"}));
+  NodeProcess* a = sc.nodes[0].get();
+  NodeProcess* b = sc.nodes[1].get();
+  kvpool_client* c = OpenLocal(*a, /*copy_mode=*/true);
+  ASSERT_NE(c, nullptr);
+  const size_t kN = 512, kBatch = 16;  // 128 MiB of 256 KiB values, twice a's DRAM
+  auto ids = NumberedKeys("cluster-it", "busy-", kN);
+  auto put_all = [&](size_t from, size_t to) {
+    size_t refused = 0;
+    for (size_t i = from; i < to; i += kBatch) {
+      std::vector<kvpool_key_id> bid(ids.begin() + i, ids.begin() + i + kBatch);
+      ByteValues bval;
+      for (size_t k = i; k < i + kBatch; ++k) bval.push_back(Pattern(900000 + k, 256 << 10));
+      std::vector<kvpool_status> st(kBatch, KVPOOL_INTERNAL);
+      EXPECT_EQ(PutValues(c, bid, bval, &st), KVPOOL_OK) << kvpool_last_error();
+      for (kvpool_status x : st) refused += x != KVPOOL_OK;
+    }
+    return refused;
+  };
+  EXPECT_EQ(put_all(0, 64), 0u);  // b up: values move
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] { return a->Metric("kvpool_placement_moved_total") > 0; }));
+  ASSERT_EQ(kill(b->pid(), SIGSTOP), 0);
+  EXPECT_EQ(put_all(64, kN), 0u) << "puts must not be refused while the home hangs";
+  double busy = a->Metric("kvpool_placement_busy_total");
+  double inflight = a->Metric("kvpool_placement_inflight_bytes");
+  ASSERT_EQ(kill(b->pid(), SIGCONT), 0);
+  kvpool_close(c);
+  EXPECT_TRUE(WaitFor(milliseconds(8000), [&] {
+    return a->Metric("kvpool_placement_inflight_bytes") == 0;
+  }));
+  double moved = a->Metric("kvpool_placement_moved_total");
+  double kept = a->Metric("kvpool_placement_kept_total");
+  std::printf("placement with a hung home: moved %.0f busy %.0f kept %.0f of %zu, "
+              "%.0f bytes in flight while hung\n", moved, busy, kept, kN, inflight);
+  EXPECT_GT(busy, 0);
+  EXPECT_GT(inflight, 0);
+  EXPECT_LE(inflight, 16.0 * (1 << 20));  // a quarter of a's DRAM
+  EXPECT_LE(moved + busy + kept, static_cast<double>(kN));
+}
+
 TEST(StandaloneNodeTest, MembersListsOnlyItself) {
   auto n = NodeProcess::Start();
   ASSERT_NE(n, nullptr);

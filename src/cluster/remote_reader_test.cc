@@ -35,6 +35,48 @@ std::vector<uint8_t> Bytes(uint64_t seed, size_t n) {
 
 KeyId Key(uint64_t i) { return MakeKeyId("rr", std::to_string(i)); }
 
+// Holds the lookups sent to one address until Open(): a home that is slow
+// to answer, under the test's control.
+class GatedTransport final : public transport::Transport {
+ public:
+  GatedTransport(std::unique_ptr<transport::Transport> inner, std::string gated_peer)
+      : inner_(std::move(inner)), gated_peer_(std::move(gated_peer)) {}
+  std::string address() const override { return inner_->address(); }
+  void RegisterHandler(transport::MessageType type, transport::Handler h) override {
+    inner_->RegisterHandler(type, std::move(h));
+  }
+  void Call(const transport::CallArgs& args, transport::ReplyCallback done) override {
+    {
+      std::lock_guard lock(mu_);
+      if (closed_ && args.type == kPeerLookup && args.peer == gated_peer_) {
+        held_.push_back({args, std::move(done)});
+        return;
+      }
+    }
+    inner_->Call(args, std::move(done));
+  }
+  size_t held() {
+    std::lock_guard lock(mu_);
+    return held_.size();
+  }
+  void Open() {
+    std::vector<std::pair<transport::CallArgs, transport::ReplyCallback>> held;
+    {
+      std::lock_guard lock(mu_);
+      closed_ = false;
+      held.swap(held_);
+    }
+    for (auto& [args, done] : held) inner_->Call(args, std::move(done));
+  }
+
+ private:
+  std::unique_ptr<transport::Transport> inner_;
+  const std::string gated_peer_;
+  std::mutex mu_;
+  bool closed_ = true;  // protected by mu_
+  std::vector<std::pair<transport::CallArgs, transport::ReplyCallback>> held_;  // protected by mu_
+};
+
 struct TestNode {
   MetricsRegistry metrics;  // outlives everything below
   std::unique_ptr<DramStore> dram;
@@ -45,9 +87,12 @@ struct TestNode {
   std::unique_ptr<Publisher> publisher;
   std::unique_ptr<PeerServer> server;
   std::unique_ptr<RemoteReader> reader;
+  GatedTransport* gate = nullptr;  // owned by cluster; null unless gated
 
+  // gate_lookups_to: an address whose lookups from this node are held
+  // (see GatedTransport; reachable through `gate`).
   TestNode(transport::InProcessNetwork* net, const std::string& id,
-           const std::vector<Member>& members) {
+           const std::vector<Member>& members, const std::string& gate_lookups_to = "") {
     DramOptions d;
     d.capacity_bytes = 64u << 20;  // room for every size class the test uses
     d.slab_bytes = 1u << 20;
@@ -61,7 +106,13 @@ struct TestNode {
     StaticMembershipOptions so{id, 1, members};
     auto membership = StaticMembership::Open(so, &metrics);
     EXPECT_TRUE(membership.ok());
-    cluster = Cluster::Assemble(id, net->AddNode(id + ":1"), std::move(membership).value());
+    std::unique_ptr<transport::Transport> t = net->AddNode(id + ":1");
+    if (!gate_lookups_to.empty()) {
+      auto gated = std::make_unique<GatedTransport>(std::move(t), gate_lookups_to);
+      gate = gated.get();
+      t = std::move(gated);
+    }
+    cluster = Cluster::Assemble(id, std::move(t), std::move(membership).value());
     directory = std::make_unique<Directory>(DirectoryOptions{}, &metrics);
     publisher = std::make_unique<Publisher>(PublisherOptions{}, cluster.get(), directory.get(),
                                             pool.get(), &metrics);
@@ -70,6 +121,7 @@ struct TestNode {
     RemoteReaderOptions ro;
     ro.lookup_timeout = milliseconds(300);
     ro.fetch_timeout = milliseconds(300);
+    if (gate != nullptr) ro.lookup_timeout = milliseconds(10000);  // held, not lost
     reader = std::make_unique<RemoteReader>(ro, cluster.get(), directory.get(), publisher.get(),
                                             nullptr, tiered.get(), pool.get(), &metrics);
   }
@@ -123,7 +175,9 @@ class RemoteReaderTest : public ::testing::Test {
     std::vector<Member> members;
     for (const char* id : {"a", "b", "c"}) members.push_back({id, std::string(id) + ":1", 0, 1.0});
     for (const char* id : {"a", "b", "c"}) {
-      nodes_.push_back(std::make_unique<TestNode>(&net_, id, members));
+      // B's lookups at C are held until the test opens the gate.
+      nodes_.push_back(
+          std::make_unique<TestNode>(&net_, id, members, std::string(id) == "b" ? "c:1" : ""));
     }
   }
   void FlushAll() {
@@ -147,6 +201,7 @@ class RemoteReaderTest : public ::testing::Test {
 };
 
 TEST_F(RemoteReaderTest, FetchesByteExactIntoLocalSlotsAndPublishesReplicas) {
+  nodes_[1]->gate->Open();
   TestNode& a = *nodes_[0];
   TestNode& b = *nodes_[1];
   TestNode& c = *nodes_[2];
@@ -212,10 +267,11 @@ TEST_F(RemoteReaderTest, FetchesByteExactIntoLocalSlotsAndPublishesReplicas) {
 }
 
 TEST_F(RemoteReaderTest, PlacementHomeMovesValuesToTheirHomeOrKeepsThemWhenItIsDown) {
+  nodes_[1]->gate->Open();
   TestNode& a = *nodes_[0];
   TestNode& b = *nodes_[1];
-  HomePlacer placer(a.cluster.get(), a.publisher.get(), a.tiered.get(), milliseconds(300),
-                    &a.metrics);
+  HomePlacer placer(HomePlacerOptions{.timeout = milliseconds(300)}, a.cluster.get(),
+                    a.publisher.get(), a.tiered.get(), &a.metrics);
   auto map = a.cluster->shard_map();
   std::vector<KeyId> to_b, to_c;
   for (int i = 0; to_b.size() < 8 || to_c.size() < 8; ++i) {
@@ -249,6 +305,54 @@ TEST_F(RemoteReaderTest, PlacementHomeMovesValuesToTheirHomeOrKeepsThemWhenItIsD
     EXPECT_EQ(b.Read(*p), Bytes(i, 4096)) << i;
   }
   for (const auto& k : to_c) EXPECT_TRUE(a.dram->Contains(k));  // kept: the home is down
+}
+
+// A read does not wait for the slowest home before fetching: keys whose
+// home answered (here: B's own directory) are fetched while the lookup at
+// another home (C, held) is still out, and the read completes once C answers.
+TEST_F(RemoteReaderTest, FetchesStartWhileOtherHomesAreStillAnswering) {
+  TestNode& a = *nodes_[0];
+  TestNode& b = *nodes_[1];
+  auto map = b.cluster->shard_map();
+  std::vector<KeyId> keys;
+  std::vector<std::vector<uint8_t>> vals;
+  size_t homed_b = 0, homed_c = 0;
+  for (int i = 0; keys.size() < 24 && i < 1000; ++i) {
+    const std::string& home = map->HomeOf(Key(i))->node_id;
+    if (home == "a") continue;
+    if (home == "b" && homed_b == 12) continue;
+    if (home == "c" && homed_c == 12) continue;
+    ++(home == "b" ? homed_b : homed_c);
+    keys.push_back(Key(i));
+    vals.push_back(Bytes(i, 8192));
+    a.Put(keys.back(), vals.back());
+  }
+  ASSERT_EQ(homed_b, 12u);
+  ASSERT_EQ(homed_c, 12u);
+  a.publisher->Flush();
+  ASSERT_TRUE(WaitDirectoryEntries(keys.size()));
+
+  std::promise<std::vector<DramStore::Pin>> done;
+  auto f = done.get_future();
+  b.reader->Fetch(keys, [&](std::vector<DramStore::Pin> pins) { done.set_value(std::move(pins)); });
+  Counter* hits = b.metrics.GetCounter("kvpool_remote_hits_total", "");
+  for (int i = 0; i < 500 && hits->Value() < homed_b; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_EQ(hits->Value(), homed_b);  // B-homed keys are in, C's lookup still held
+  EXPECT_EQ(b.gate->held(), 1u);
+  EXPECT_EQ(f.wait_for(milliseconds(0)), std::future_status::timeout);
+
+  b.gate->Open();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  auto pins = f.get();
+  ASSERT_EQ(pins.size(), keys.size());
+  EXPECT_EQ(hits->Value(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto p = b.dram->Acquire(keys[i]);
+    ASSERT_TRUE(p.ok()) << i;
+    EXPECT_EQ(b.Read(*p), vals[i]) << i;
+  }
 }
 
 }  // namespace

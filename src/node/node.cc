@@ -166,9 +166,12 @@ class NodeImpl final : public Node {
                                                          publisher_.get(), tiered_.get(),
                                                          peer_pool_.get());
     if (opts_.placement == "home") {
-      placer_ = std::make_unique<cluster::HomePlacer>(cluster_.get(), publisher_.get(),
-                                                      tiered_.get(), opts_.remote.fetch_timeout,
-                                                      &metrics_);
+      cluster::HomePlacerOptions po;
+      po.timeout = opts_.remote.fetch_timeout;
+      // At most a quarter of DRAM pinned for hand-offs: the rest stays evictable.
+      po.max_inflight_bytes = std::min(opts_.placement_max_inflight, opts_.dram.capacity_bytes / 4);
+      placer_ = std::make_unique<cluster::HomePlacer>(po, cluster_.get(), publisher_.get(),
+                                                      tiered_.get(), &metrics_);
     }
     reader_ = std::make_unique<cluster::RemoteReader>(opts_.remote,
                                                       cluster_.get(), directory_.get(),

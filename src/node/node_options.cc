@@ -160,6 +160,9 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
                  "How long a positive directory answer is reused (0: ask the home every time)");
   t->AddEnum("placement", &o->placement, {"local", "home"},
              "Where a put is stored: the writer's node (local) or the key's home node (home)");
+  t->AddBytes("placement-max-inflight", &o->placement_max_inflight, 1ull << 20, 1ull << 40,
+              "Placement home: value bytes being handed to homes at once; a put beyond it stays "
+              "on the writer (as placement local) instead of filling its DRAM with pinned values");
 }
 
 }  // namespace kvpool

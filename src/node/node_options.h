@@ -44,6 +44,9 @@ struct NodeOptions {
   // Where a put is stored: "local" (the writer's node, published to the
   // key's home) or "home" (the key's home node).
   std::string placement = "local";
+  // Placement home: bytes of hand-offs to homes in flight at once; a value
+  // put beyond it stays on the writer, as with placement local.
+  uint64_t placement_max_inflight = 64ull << 20;
   // Deadlines and cool-down of remote reads.
   cluster::RemoteReaderOptions remote;
 
