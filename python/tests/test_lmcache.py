@@ -553,3 +553,23 @@ def test_object_buffer_without_raw_data(lm):
     addr, nbytes, _ = _object_buffer(Wrapped())
     assert (addr, nbytes) == (obj.raw_data.data_ptr(), 2 * 2 * 3 * 8 * 2)
     obj.ref_count_down()
+
+
+def test_layerwise_objects_round_trip(lm, kvpool_node, engines):
+    """Layer-wise keys and formats (KV_T2D) go through the header path."""
+    e = new_engine(engines, lm, make_config(lm, kvpool_node.socket), make_metadata(lm))
+    key = e.keys(TOKENS[:CHUNK])[0].split_layers(LAYERS)[1]
+    assert key.to_string().endswith("@1")
+    obj = e.sm.allocate(torch.Size([7, 2, HEADS * HEAD_SIZE]), torch.float16,
+                        lm.mm.MemoryFormat.KV_T2D)
+    obj.tensor.copy_(torch.randn(obj.get_shape()).half())
+    want = bytes(obj.byte_array)
+    e.backend.submit_put_task(key, obj).result(10)
+    obj.ref_count_down()
+    assert e.backend.contains(key) is True
+    got = e.backend.get_blocking(key)
+    assert got.get_shape() == torch.Size([7, 2, HEADS * HEAD_SIZE])
+    assert got.get_memory_format() == lm.mm.MemoryFormat.KV_T2D
+    assert bytes(got.byte_array) == want
+    got.ref_count_down()
+    e.assert_no_leaks()

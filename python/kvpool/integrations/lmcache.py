@@ -379,25 +379,31 @@ class KvpoolRemoteConnector(RemoteConnector):
         if client is None or not keys:
             return 0
         put_keys, ptrs, sizes, owner, keep = [], [], [], [], []
+        layouts = {}  # (shape, dtype, format, bytes) -> (header, its bytes, address), per call
         count = 0
         for key, obj in zip(keys, objs):
             try:
-                if obj.get_dtype() is None:
+                dtype = obj.get_dtype()
+                if dtype is None:
                     raise ValueError("object has no dtype (format %s)" % obj.get_memory_format())
                 base, nbytes, view = _object_buffer(obj)
-                h = fmt.layout(obj.get_shape(), _dtype_name(obj.get_dtype()),
-                               obj.get_memory_format().name, nbytes, self._part_limit)
                 if nbytes != obj.get_size() or nbytes == 0:
                     raise ValueError("object is %d bytes, its buffer %d" % (obj.get_size(), nbytes))
-                header = fmt.encode(h)
+                what = (tuple(obj.get_shape()), dtype, obj.get_memory_format(), nbytes)
+                if what not in layouts:
+                    h = fmt.layout(what[0], _dtype_name(dtype), what[2].name, nbytes,
+                                   self._part_limit)
+                    header = fmt.encode(h)
+                    layouts[what] = (h, header, kvpool.buffer_address(header)[0])
+                h, header, header_addr = layouts[what]
             except (TypeError, ValueError, AttributeError) as e:
                 logger.warning("kvpool: cannot store %s: %s", key, e)
                 self._count("store_failures")
                 continue
             s = key.to_string()
-            keep += (view, header)
+            keep.append(view)
             spans = [(base + off, size) for off, size in fmt.part_spans(h)]
-            spans.append((kvpool.buffer_address(header)[0], len(header)))
+            spans.append((header_addr, len(header)))
             put_keys += fmt.payload_keys(s, h) + [fmt.meta_key(s)]
             for ptr, size in spans:
                 ptrs.append(ptr)
