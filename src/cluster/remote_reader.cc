@@ -121,18 +121,16 @@ struct RemoteReader::State {
 
 namespace {
 
-// One batched lookup across the keys' homes.
-struct LookupOp {
+// The keys of one read and what their homes answered. Each key's result is
+// written once, before the key's group is handed on (see StartLookup).
+struct LookupState {
   std::vector<KeyId> keys;
   std::vector<LookupResult> results;
-  std::atomic<int> pending{1};  // one extra, dropped when every call is out
-  std::vector<std::shared_ptr<std::vector<uint8_t>>> payloads;
-  std::function<void()> then;
-
-  void Done() {
-    if (pending.fetch_sub(1, std::memory_order_acq_rel) == 1) then();
-  }
 };
+
+// Where a group of resolved keys is handed on from.
+enum class ResolvedOn { kCaller, kTransportThread };
+using Resolved = std::function<void(std::vector<size_t> idx, ResolvedOn on)>;
 
 // The live holders of a key (not this node, in the view with the same
 // incarnation, not cooling down), as peer addresses.
@@ -149,32 +147,44 @@ std::vector<std::string> Candidates(RemoteReader::State& st, const MembershipVie
   return out;
 }
 
-// Looks the keys up at their homes; `then` runs once every home answered or
-// failed (results of failed homes stay empty), on a transport thread or
-// inline.
-void StartLookup(const std::shared_ptr<RemoteReader::State>& st, std::shared_ptr<LookupOp> op) {
+// Looks the keys of op up at their homes and hands every key index to
+// `resolved` exactly once, in groups, as soon as its result is in
+// op->results: the keys answered by this node's directory or the cache (and
+// those with no live home, left empty) at once on the caller's thread, each
+// remote home's keys on a transport thread when that home answers or fails
+// (a failed home's results stay empty). So a read can start fetching some
+// keys while the lookups of others are still out.
+void StartLookup(const std::shared_ptr<RemoteReader::State>& st,
+                 const std::shared_ptr<LookupState>& op, const Resolved& resolved) {
   op->results.assign(op->keys.size(), {});
   st->lookups->Inc(op->keys.size());
   auto map = st->cluster->shard_map();
   std::map<std::string, std::vector<size_t>> groups;  // home address -> key indexes
   std::vector<KeyId> local_keys;
-  std::vector<size_t> local_idx;
+  std::vector<size_t> local_idx, now;
   for (size_t i = 0; i < op->keys.size(); ++i) {
     const Member* home = map->HomeOf(op->keys[i]);
-    if (home == nullptr) continue;
-    if (home->node_id == st->cluster->node_id()) {
+    if (home == nullptr) {
+      now.push_back(i);
+    } else if (home->node_id == st->cluster->node_id()) {
       local_keys.push_back(op->keys[i]);
       local_idx.push_back(i);
     } else if (st->CacheGet(op->keys[i], &op->results[i])) {
       st->cache_hits->Inc();
+      now.push_back(i);
     } else if (!st->Cooling(home->address)) {
       groups[home->address].push_back(i);
+    } else {
+      now.push_back(i);
     }
   }
   if (!local_keys.empty()) {
     auto res = st->directory->Lookup(local_keys);
     for (size_t j = 0; j < res.size(); ++j) op->results[local_idx[j]] = std::move(res[j]);
+    now.insert(now.end(), local_idx.begin(), local_idx.end());
   }
+  // The remote lookups go out first: their round trips overlap the fetches
+  // of the keys resolved here.
   for (auto& [address, idx] : groups) {
     for (size_t start = 0; start < idx.size(); start += kMaxPeerBatch) {
       size_t end = std::min(idx.size(), start + kMaxPeerBatch);
@@ -184,15 +194,13 @@ void StartLookup(const std::shared_ptr<RemoteReader::State>& st, std::shared_ptr
       for (size_t i : part) keys.push_back(op->keys[i]);
       auto payload = std::make_shared<std::vector<uint8_t>>();
       EncodeLookup(keys, payload.get());
-      op->payloads.push_back(payload);
       transport::CallArgs args;
       args.peer = address;
       args.type = kPeerLookup;
       args.payload = *payload;
       args.deadline = Clock::now() + st->opts.lookup_timeout;
-      op->pending.fetch_add(1, std::memory_order_relaxed);
       st->cluster->transport()->Call(
-          args, [st, op, part = std::move(part), address](transport::Reply r) {
+          args, [st, op, payload, part = std::move(part), address, resolved](transport::Reply r) {
             std::vector<LookupResult> res;
             Status s = r.status;
             if (s.ok()) s = DecodeLookupReply(r.payload, part.size(), &res);
@@ -206,37 +214,44 @@ void StartLookup(const std::shared_ptr<RemoteReader::State>& st, std::shared_ptr
               st->NoteFailure(address, s);
               LogDebug("lookup at {}: {}", address, s.ToString());
             }
-            op->Done();
+            resolved(std::move(part), ResolvedOn::kTransportThread);
           });
     }
   }
-  op->Done();
+  if (!now.empty()) resolved(std::move(now), ResolvedOn::kCaller);
 }
 
-// Fetches the found keys into local DRAM slots.
-struct FetchOp {
-  std::vector<KeyId> keys;
+// An exists: counts the keys resolved and answers once all are.
+struct ExistsOp : LookupState {
+  std::atomic<size_t> pending{0};
+  RemoteSource::ExistsDone done;
+};
+
+// A fetch: each key is fetched from its next candidate holder into a
+// reserved local DRAM slot as soon as its home answered.
+struct FetchOp : LookupState {
   std::vector<DramStore::Reservation> slots;
   std::vector<std::vector<std::string>> peers;  // candidate holders per key
   std::mutex mu;
   std::vector<DramStore::Pin> pins;  // protected by mu
-  std::atomic<int> pending{1};
+  // Keys not finished yet, plus one held until the lookups are all out, so
+  // `done` never runs inside Fetch().
+  std::atomic<size_t> pending{0};
   RemoteSource::FetchDone done;
 
   void AddPin(DramStore::Pin pin) {
     std::lock_guard lock(mu);
     pins.push_back(std::move(pin));
   }
-  void Done() {
-    if (pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      std::vector<DramStore::Pin> out;
-      {
-        std::lock_guard lock(mu);
-        out.swap(pins);
-      }
-      slots.clear();
-      done(std::move(out));
+  void Finished(size_t n) {
+    if (n == 0 || pending.fetch_sub(n, std::memory_order_acq_rel) != n) return;
+    std::vector<DramStore::Pin> out;
+    {
+      std::lock_guard lock(mu);
+      out.swap(pins);
     }
+    slots.clear();
+    done(std::move(out));
   }
 };
 
@@ -274,7 +289,7 @@ void IssueFetch(const std::shared_ptr<RemoteReader::State>& st, const std::share
       } else {
         st->misses->Inc();
       }
-      op->Done();
+      op->Finished(1);
       return;
     }
     if (s.code() != StatusCode::kNotFound) st->fetch_errors->Inc();
@@ -287,30 +302,27 @@ void IssueFetch(const std::shared_ptr<RemoteReader::State>& st, const std::share
           [st, op, i] {
             op->slots[i].Reset();
             st->misses->Inc();
-            op->Done();
+            op->Finished(1);
           });
       return;
     }
     op->slots[i].Reset();
     st->CacheDrop(op->keys[i]);  // every holder failed: ask the home next time
     st->misses->Inc();
-    op->Done();
+    op->Finished(1);
   });
 }
 
-void StartFetches(const std::shared_ptr<RemoteReader::State>& st, const LookupOp& lookup,
-                  RemoteSource::FetchDone done) {
-  auto op = std::make_shared<FetchOp>();
-  op->keys = lookup.keys;
-  op->slots.resize(lookup.keys.size());
-  op->peers.resize(lookup.keys.size());
-  op->done = std::move(done);
+// Reserves slots for the resolved keys idx of op and fetches them. Runs
+// inside the gate, off the transport threads (Reserve may wait for DRAM).
+void StartFetches(const std::shared_ptr<RemoteReader::State>& st,
+                  const std::shared_ptr<FetchOp>& op, const std::vector<size_t>& idx) {
   auto view = st->cluster->view();
-  uint64_t misses = 0;
+  size_t misses = 0, finished = 0;
   std::vector<size_t> to_fetch;
-  for (size_t i = 0; i < lookup.keys.size(); ++i) {
-    const KeyId& key = lookup.keys[i];
-    const LookupResult& r = lookup.results[i];
+  for (size_t i : idx) {
+    const KeyId& key = op->keys[i];
+    const LookupResult& r = op->results[i];
     if (r.size > 0) op->peers[i] = Candidates(*st, *view, r);
     if (op->peers[i].empty()) {
       ++misses;
@@ -324,6 +336,7 @@ void StartFetches(const std::shared_ptr<RemoteReader::State>& st, const LookupOp
                      : Result<DramStore::Pin>(slot.status());
       if (pin.ok()) {
         op->AddPin(std::move(pin).value());
+        ++finished;
       } else {
         ++misses;
       }
@@ -332,10 +345,9 @@ void StartFetches(const std::shared_ptr<RemoteReader::State>& st, const LookupOp
     op->slots[i] = std::move(slot).value();
     to_fetch.push_back(i);
   }
-  op->pending.fetch_add(static_cast<int>(to_fetch.size()), std::memory_order_relaxed);
   for (size_t i : to_fetch) IssueFetch(st, op, i, 0);
   st->misses->Inc(misses);
-  op->Done();
+  op->Finished(misses + finished);
 }
 
 }  // namespace
@@ -381,18 +393,23 @@ void RemoteReader::Fetch(std::vector<KeyId> keys, FetchDone done) {
     done({});
     return;
   }
-  auto op = std::make_shared<LookupOp>();
+  auto op = std::make_shared<FetchOp>();
   op->keys = std::move(keys);
-  auto shared_done = std::make_shared<FetchDone>(std::move(done));
-  op->then = [st, op, shared_done] {
+  op->slots.resize(op->keys.size());
+  op->peers.resize(op->keys.size());
+  op->done = std::move(done);
+  op->pending.store(op->keys.size() + 1, std::memory_order_relaxed);
+  StartLookup(st, op, [st, op](std::vector<size_t> idx, ResolvedOn on) {
+    if (on == ResolvedOn::kCaller) return StartFetches(st, op, idx);  // inside the gate
     st->Continue(
-        st, [st, op, shared_done] { StartFetches(st, *op, std::move(*shared_done)); },
-        [st, op, shared_done] {
-          st->misses->Inc(op->keys.size());
-          (*shared_done)({});
+        st, [st, op, idx] { StartFetches(st, op, idx); },
+        [st, op, n = idx.size()] {
+          st->misses->Inc(n);
+          op->Finished(n);
         });
-  };
-  StartLookup(st, op);
+  });
+  // The extra count is dropped from the executor, so done never runs here.
+  st->Continue(st, [op] { op->Finished(1); }, [op] { op->Finished(1); });
   st->Leave();
 }
 
@@ -402,10 +419,11 @@ void RemoteReader::Exists(std::vector<KeyId> keys, ExistsDone done) {
     done({});
     return;
   }
-  auto op = std::make_shared<LookupOp>();
+  auto op = std::make_shared<ExistsOp>();
   op->keys = std::move(keys);
-  auto shared_done = std::make_shared<ExistsDone>(std::move(done));
-  op->then = [st, op, shared_done] {
+  op->done = std::move(done);
+  op->pending.store(op->keys.size(), std::memory_order_relaxed);
+  auto answer = [st, op] {
     auto view = st->cluster->view();
     std::vector<KeyId> hits;
     for (size_t i = 0; i < op->keys.size(); ++i) {
@@ -413,9 +431,18 @@ void RemoteReader::Exists(std::vector<KeyId> keys, ExistsDone done) {
         hits.push_back(op->keys[i]);
       }
     }
-    (*shared_done)(std::move(hits));
+    op->done(std::move(hits));
   };
-  StartLookup(st, op);
+  StartLookup(st, op, [st, op, answer](std::vector<size_t> idx, ResolvedOn on) {
+    size_t n = idx.size();
+    if (op->pending.fetch_sub(n, std::memory_order_acq_rel) != n) return;
+    // Everything resolved; never answer inside Exists() itself.
+    if (on == ResolvedOn::kCaller) {
+      st->Continue(st, answer, answer);
+    } else {
+      answer();
+    }
+  });
   st->Leave();
 }
 

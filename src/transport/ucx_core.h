@@ -96,6 +96,9 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
       std::lock_guard<std::mutex> lock(sub_mu);
       if (!accepting) return false;
       submissions.push_back(std::move(fn));
+      // Only the first submission of a batch wakes the thread: it drains the
+      // whole queue, and it checks the queue under sub_mu before sleeping.
+      if (submissions.size() > 1) return true;
     }
     uint64_t one = 1;
     ssize_t n = write(wake_fd, &one, sizeof(one));
