@@ -198,6 +198,48 @@ def test_two_instances_share_one_node(lm, kvpool_node, engines):
     b.assert_no_leaks()
 
 
+_WRITER = """
+import sys, torch
+sys.path.insert(0, %(tests)r)
+import test_lmcache as t
+from lmcache.v1 import memory_management, metadata, config
+class LM: pass
+lm = LM()
+import lmcache.v1.storage_backend.local_cpu_backend as local_cpu
+import lmcache.v1.storage_backend.storage_manager as storage_manager
+import lmcache.utils as utils
+lm.config, lm.mm, lm.metadata = config, memory_management, metadata
+lm.local_cpu, lm.storage_manager, lm.utils = local_cpu, storage_manager, utils
+e = t.Engine(lm, t.make_config(lm, %(socket)r), t.make_metadata(lm, torch.bfloat16))
+e.store(t.TOKENS, seed=11)
+e.assert_no_leaks()
+print("stored", e.connector.stats["stored"])
+e.close()
+"""
+
+
+def test_two_processes_share_one_node(lm, kvpool_node, engines):
+    """One LMCache process writes; another, started later, loads byte-exact."""
+    import os
+    import subprocess
+    import sys
+    tests = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", _WRITER % {"tests": tests,
+                                                           "socket": kvpool_node.socket}],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["stored", "4"]
+    reader = new_engine(engines, lm, make_config(lm, kvpool_node.socket),
+                        make_metadata(lm, torch.bfloat16))
+    # The bytes the writer stored: the same seeded data, regenerated here.
+    probe = new_engine(engines, lm, make_config(lm, kvpool_node.socket, namespace="probe"),
+                       make_metadata(lm, torch.bfloat16))
+    keys, expected = probe.store(TOKENS, seed=11)
+    assert reader.backend.batched_async_contains("x", keys) == 4
+    reader.check_and_release(reader.backend.batched_get_blocking(keys), keys, expected)
+    reader.assert_no_leaks()
+
+
 def test_namespaces_are_disjoint(lm, kvpool_node, engines):
     a = new_engine(engines, lm, make_config(lm, kvpool_node.socket, namespace="a"),
                    make_metadata(lm))
