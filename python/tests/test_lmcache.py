@@ -286,6 +286,34 @@ def test_node_killed_mid_run_is_misses_then_recovers(lm, kvpool_node, engines):
     e.assert_no_leaks()
 
 
+def test_hung_node_is_misses_within_the_deadline(lm, kvpool_node, engines):
+    import os
+    import signal
+    e = new_engine(engines, lm, make_config(lm, kvpool_node.socket, timeout_ms=500),
+                   make_metadata(lm))
+    keys, expected = e.store(TOKENS)
+    os.kill(kvpool_node.proc.pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 10  # SIGSTOP takes effect asynchronously
+        while open("/proc/%d/stat" % kvpool_node.proc.pid).read().rsplit(")", 1)[1].split()[0] \
+                != "T":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        start = time.monotonic()
+        assert e.backend.batched_get_blocking(keys) == [None] * 4
+        assert time.monotonic() - start < 5
+        assert e.backend.batched_async_contains("x", keys) == 0
+        assert e.backend.timeouts == 0  # the connector answered before LMCache gave up
+    finally:
+        os.kill(kvpool_node.proc.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while e.backend.batched_async_contains("x", keys) != 4:
+        assert time.monotonic() < deadline, "hits did not come back after SIGCONT"
+        time.sleep(0.05)
+    e.check_and_release(e.backend.batched_get_blocking(keys), keys, expected)
+    e.assert_no_leaks()
+
+
 def test_foreign_or_broken_layouts_are_misses(lm, kvpool_node, engines):
     a = new_engine(engines, lm, make_config(lm, kvpool_node.socket), make_metadata(lm))
     keys, expected = a.store(TOKENS)
