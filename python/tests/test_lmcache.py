@@ -18,24 +18,25 @@ LAYERS, HEADS, HEAD_SIZE, CHUNK = 2, 4, 16, 16
 MODEL = "org/test-model"
 
 
-@pytest.fixture
-def lm(standins_on_path):
+def lmcache_modules():
     """The LMCache stand-in modules, imported under their real names."""
+    import types
+
+    import lmcache.utils as utils
     import lmcache.v1.config as config
     import lmcache.v1.memory_management as mm
     import lmcache.v1.metadata as metadata
     import lmcache.v1.storage_backend.connector as connector
     import lmcache.v1.storage_backend.local_cpu_backend as local_cpu
     import lmcache.v1.storage_backend.storage_manager as storage_manager
-    import lmcache.utils as utils
+    return types.SimpleNamespace(config=config, mm=mm, metadata=metadata, connector=connector,
+                                 local_cpu=local_cpu, storage_manager=storage_manager,
+                                 utils=utils)
 
-    class M:
-        pass
 
-    m = M()
-    m.config, m.mm, m.metadata, m.connector = config, mm, metadata, connector
-    m.local_cpu, m.storage_manager, m.utils = local_cpu, storage_manager, utils
-    return m
+@pytest.fixture
+def lm(standins_on_path):
+    return lmcache_modules()
 
 
 def make_config(lm, socket, plugin="kvpool", class_name="KvpoolConnectorAdapter", **settings):
@@ -202,14 +203,7 @@ _WRITER = """
 import sys, torch
 sys.path.insert(0, %(tests)r)
 import test_lmcache as t
-from lmcache.v1 import memory_management, metadata, config
-class LM: pass
-lm = LM()
-import lmcache.v1.storage_backend.local_cpu_backend as local_cpu
-import lmcache.v1.storage_backend.storage_manager as storage_manager
-import lmcache.utils as utils
-lm.config, lm.mm, lm.metadata = config, memory_management, metadata
-lm.local_cpu, lm.storage_manager, lm.utils = local_cpu, storage_manager, utils
+lm = t.lmcache_modules()
 e = t.Engine(lm, t.make_config(lm, %(socket)r), t.make_metadata(lm, torch.bfloat16))
 e.store(t.TOKENS, seed=11)
 e.assert_no_leaks()
