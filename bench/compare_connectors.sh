@@ -8,7 +8,7 @@
 #   sglang   KvpoolHiCacheStorage batch_set_v1/batch_get_v1 of 128-page
 #            batches vs Client.put_ptrs/get_ptrs of the same objects
 #   lmcache  the LMCache connector's batched get/put (its bench_lmcache hook)
-# Medians of --reps (>= 3) reps. Ends with `metric` lines:
+# Medians of --reps (>= 3, default 5) reps. Ends with `metric` lines:
 # sglang_get_vs_client, sglang_set_vs_client (and lmcache_get_vs_client when
 # the LMCache hook measures it).
 #
@@ -26,7 +26,7 @@ usage() {
   exit 2
 }
 
-REPS=3
+REPS=5
 KEEP=0
 EXTRA=()
 while [[ $# -gt 0 ]]; do

@@ -10,12 +10,12 @@ the node and sets the environment). Measures:
            same namespace, object names, host-pool pointers and sizes, with
            the key strings and pointer lists prepared outside the timing.
   LMCache  bench_lmcache() below (the LMCache connector's own hook).
-After an untimed warm-up rep, each rep times every side once (order
-alternating between reps); stores
+After an untimed warm-up rep, each rep runs every batch on both sides back
+to back (order alternating), so background load hits both alike; stores
 write fresh objects (removed, untimed, between sides). Reports medians of
->= 3 reps and ends with `metric NAME VALUE` lines:
+>= 3 reps (default 5) and ends with `metric NAME VALUE` lines:
   sglang_get_vs_client, sglang_set_vs_client (median GB/s ratios; 1.0 =
-  the connector adds no cost over the raw client).
+  the connector adds no cost over the raw client), and the LMCache hook's.
 """
 
 import argparse
@@ -96,52 +96,42 @@ def bench_sglang(args):
     batch_bytes = BATCH * s.page_bytes
     log("sglang: %d batches x %d pages x %.0f KiB per rep (%.0f MiB), %d reps" % (
         nb, BATCH, s.page_bytes / 1024, nb * batch_bytes / 2**20, args.reps))
+
+    def check(ok, what):
+        if not ok:
+            raise SystemExit("sglang bench: %s" % what)
+
+    def all_ok(statuses):
+        return all(x == kvpool.StatusCode.OK for x in statuses)
+
+    # One 128-page batch per call; side -> (store, load).
+    calls = {
+        "sglang": (lambda h, o: check(all(s.backend.batch_set_v1(h, s.host)), "batch_set_v1"),
+                   lambda h, o: check(all(s.backend.batch_get_v1(h, s.host)), "batch_get_v1")),
+        "client": (lambda h, o: check(all_ok(s.client.put_ptrs(o, s.ptrs, s.sizes)), "put_ptrs"),
+                   lambda h, o: check(all_ok(s.client.get_ptrs(o, s.ptrs, s.sizes)), "get_ptrs")),
+    }
     rates = {k: [] for k in ("sglang_set", "client_set", "sglang_get", "client_get")}
     # Rep -1 is a warm-up, not recorded: each client maps the node's segment
     # itself, and the first touch of every page of that mapping faults.
     for rep in range(-1, args.reps):
-        hashes = [s.hashes(rep, b) for b in range(nb)]
-        objs = [s.object_keys(h) for h in hashes]
-
-        def sglang_set():
-            for h in hashes:
-                if not all(s.backend.batch_set_v1(h, s.host)):
-                    raise SystemExit("sglang batch_set_v1 failed")
-
-        def client_set():
-            for o in objs:
-                st = s.client.put_ptrs(o, s.ptrs, s.sizes)
-                if any(x != kvpool.StatusCode.OK for x in st):
-                    raise SystemExit("client put_ptrs failed: %s" % st[:4])
-
-        def sglang_get():
-            for h in hashes:
-                if not all(s.backend.batch_get_v1(h, s.host)):
-                    raise SystemExit("sglang batch_get_v1 missed")
-
-        def client_get():
-            for o in objs:
-                st = s.client.get_ptrs(o, s.ptrs, s.sizes)
-                if any(x != kvpool.StatusCode.OK for x in st):
-                    raise SystemExit("client get_ptrs missed: %s" % st[:4])
-
-        def drop():
-            for o in objs:
+        secs = dict.fromkeys(rates, 0.0)
+        for b in range(nb):
+            # Side by side per batch, order alternating, so both sides see the
+            # same background load; stores write fresh objects each time.
+            h = s.hashes(rep, b)
+            o = s.object_keys(h)
+            order = ("sglang", "client") if (rep + b) % 2 == 0 else ("client", "sglang")
+            for side in order:
                 s.client.remove(o)
-
-        order = ("sglang", "client") if rep % 2 == 0 else ("client", "sglang")
-        sets = {"sglang": sglang_set, "client": client_set}
-        gets = {"sglang": sglang_get, "client": client_get}
-        for side in order:  # stores: each side writes the objects fresh
-            drop()
-            rates[side + "_set"].append(nb * batch_bytes / timed(sets[side]) / 1e9)
-        for side in order:  # loads: both read what the last store left
-            rates[side + "_get"].append(nb * batch_bytes / timed(gets[side]) / 1e9)
-        drop()
+                secs[side + "_set"] += timed(lambda: calls[side][0](h, o))
+            for side in order:
+                secs[side + "_get"] += timed(lambda: calls[side][1](h, o))
+            s.client.remove(o)
         if rep < 0:
-            for v in rates.values():
-                v.pop()
             continue
+        for k, t in secs.items():
+            rates[k].append(nb * batch_bytes / t / 1e9)
         log("rep %d: set sglang %.2f client %.2f GB/s; get sglang %.2f client %.2f GB/s" % (
             rep + 1, rates["sglang_set"][-1], rates["client_set"][-1],
             rates["sglang_get"][-1], rates["client_get"][-1]))
@@ -316,7 +306,7 @@ def bench_lmcache(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--socket", required=True, help="the kvpool-node's socket")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--batches", type=int, default=8, help="128-page batches per rep")
     ap.add_argument("--page-size", type=int, default=32, help="tokens per page")
     ap.add_argument("--layers", type=int, default=32)
