@@ -173,6 +173,7 @@ void UcxTransport::Core::Loop() {
     // Bounded: a flood of messages cannot starve submissions and deadlines.
     for (int i = 0; i < 256 && ucp_worker_progress(worker) != 0; ++i) {
     }
+    SubmitHandlers();
     AcceptPending();
     CloseFailedEndpoints();
     ReapClosing();
@@ -193,9 +194,11 @@ void UcxTransport::Core::Loop() {
     if (s == UCS_ERR_BUSY) continue;
     epoll_event evs[2];
     int n = epoll_wait(epoll_fd, evs, 2, NextTimeoutMs());
-    (void)n;
-    uint64_t drained;
-    while (read(wake_fd, &drained, sizeof(drained)) > 0) {
+    for (int i = 0; i < n; ++i) {
+      if (evs[i].data.fd != wake_fd) continue;
+      uint64_t drained;  // one read resets the eventfd counter
+      ssize_t r = read(wake_fd, &drained, sizeof(drained));
+      (void)r;
     }
   }
 }
@@ -216,6 +219,20 @@ void UcxTransport::Core::RunSubmissions() {
     batch.swap(submissions);
   }
   for (auto& fn : batch) fn();
+}
+
+// The requests that arrived in one pass go to the executor as one task: a
+// burst of fetches costs one thread hand-off, not one each.
+void UcxTransport::Core::SubmitHandlers() {
+  if (to_handle.empty()) return;
+  if (to_handle.size() == 1) {
+    opts.handler_executor->Submit(std::move(to_handle.front()));
+  } else {
+    opts.handler_executor->Submit([batch = std::move(to_handle)]() mutable {
+      for (auto& fn : batch) fn();
+    });
+  }
+  to_handle.clear();
 }
 
 void UcxTransport::Core::RunDeferred() {
@@ -562,7 +579,8 @@ void UcxTransport::Core::Dispatch(uint64_t ep_id, Frame frame, std::vector<uint8
     handler(Incoming{peer, type, header, payload, deadline}, std::move(*responder));
   };
   if (opts.handler_executor != nullptr) {
-    opts.handler_executor->Submit(std::move(run));
+    to_handle.push_back(std::move(run));
+    if (to_handle.size() >= kMaxHandlerBatch) SubmitHandlers();
   } else {
     deferred.push_back(std::move(run));
   }
@@ -655,6 +673,7 @@ void UcxTransport::Core::RecvDone(RecvOp* op, ucs_status_t status) {
 
 void UcxTransport::Core::Shutdown() {
   RunSubmissions();  // calls submitted before the stop fail; replies are dropped
+  to_handle.clear();  // their responders answer Internal, which is dropped
   if (listener != nullptr) ucp_listener_destroy(listener);
   listener = nullptr;
   AcceptPending();  // rejects

@@ -134,6 +134,7 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   void Shutdown();
   void RunSubmissions();
   void RunDeferred();
+  void SubmitHandlers();
   void FireTimers();
   void CloseFailedEndpoints();
   void ReapClosing();
@@ -229,6 +230,9 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   std::unordered_map<uint64_t, CallState> calls;
   std::set<std::pair<Deadline, uint64_t>> timers;
   std::vector<std::function<void()>> deferred;  // user code, run outside ucp_worker_progress
+  // Requests for the handler executor, submitted together after each pass.
+  static constexpr size_t kMaxHandlerBatch = 64;
+  std::vector<std::function<void()>> to_handle;
   std::unordered_set<SendOp*> live_sends;
   std::unordered_set<RecvOp*> live_recvs;
 };

@@ -10,8 +10,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
+#include "common/executor.h"
 #include "transport/peer_format.h"
 #include "transport/transport_contract_test.h"
 
@@ -33,11 +37,29 @@ std::unique_ptr<UcxTransport> OpenOrDie(const UcxTransportOptions& o) {
   return std::move(t).value();
 }
 
+// Counts the tasks it is given and runs them on a pool.
+class CountingExecutor final : public Executor {
+ public:
+  void Submit(std::function<void()> fn) override {
+    tasks++;
+    pool_.Submit(std::move(fn));
+  }
+  std::atomic<int> tasks{0};
+
+ private:
+  ThreadPool pool_{2, "test-handlers"};
+};
+
 class UcxCluster final : public TestCluster {
  public:
+  // handler_executor: run handlers there (as the node does), else on the
+  // progress thread.
+  explicit UcxCluster(Executor* handler_executor = nullptr) : executor_(handler_executor) {}
   ~UcxCluster() override { nodes_.clear(); }
   Transport* Add() override {
-    nodes_.push_back(OpenOrDie(TcpOptions()));
+    UcxTransportOptions o = TcpOptions();
+    o.handler_executor = executor_;
+    nodes_.push_back(OpenOrDie(o));
     return nodes_.back().get();
   }
   void Kill(Transport* node) override {
@@ -52,14 +74,66 @@ class UcxCluster final : public TestCluster {
   }
 
  private:
+  Executor* const executor_;  // not owned; may be null
   std::vector<std::unique_ptr<UcxTransport>> nodes_;
 };
 
+// The executor outlives every cluster the tests make.
+CountingExecutor* SharedHandlerExecutor() {
+  static auto* e = new CountingExecutor();
+  return e;
+}
+
 INSTANTIATE_TEST_SUITE_P(Ucx, TransportContractTest,
-                         ::testing::Values(ClusterFactory{"UcxTcp", [] {
-                           return std::unique_ptr<TestCluster>(new UcxCluster());
-                         }}),
+                         ::testing::Values(ClusterFactory{"UcxTcp",
+                                                          [] {
+                                                            return std::unique_ptr<TestCluster>(
+                                                                new UcxCluster());
+                                                          }},
+                                           ClusterFactory{"UcxTcpHandlerExecutor",
+                                                          [] {
+                                                            return std::unique_ptr<TestCluster>(
+                                                                new UcxCluster(
+                                                                    SharedHandlerExecutor()));
+                                                          }}),
                          [](const auto& info) { return info.param.name; });
+
+// Requests that arrive together reach the handler executor together (one
+// hand-off per burst, not per request), and each is answered as its own.
+TEST(UcxTransportTest, BurstOfRequestsIsHandedToTheExecutorInBatches) {
+  CountingExecutor executor;
+  UcxTransportOptions so = TcpOptions();
+  so.handler_executor = &executor;
+  auto server = OpenOrDie(so);
+  server->RegisterHandler(1, [](Incoming in, Responder r) {
+    r.Respond(Status::Ok(), {in.request.begin(), in.request.end()});
+  });
+  auto client = OpenOrDie(TcpOptions());
+  constexpr int kCalls = 256;
+  std::mutex mu;
+  std::condition_variable cv;
+  int done = 0, exact = 0;
+  std::vector<std::string> bodies(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    bodies[i] = "request-" + std::to_string(i);
+    CallArgs a;
+    a.peer = server->address();
+    a.type = 1;
+    a.request = AsBytes(bodies[i]);
+    a.deadline = Clock::now() + std::chrono::seconds(10);
+    client->Call(a, [&, i](Reply r) {
+      std::lock_guard lock(mu);
+      if (r.status.ok() && AsString(r.header) == bodies[i]) ++exact;
+      ++done;
+      cv.notify_all();
+    });
+  }
+  std::unique_lock lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return done == kCalls; }));
+  EXPECT_EQ(exact, kCalls);
+  EXPECT_GE(executor.tasks.load(), 1);
+  EXPECT_LT(executor.tasks.load(), kCalls);
+}
 
 TEST(UcxTransportTest, ReportsBoundPort) {
   auto t = OpenOrDie(TcpOptions());
