@@ -314,7 +314,8 @@ void IssueFetch(const std::shared_ptr<RemoteReader::State>& st, const std::share
 }
 
 // Reserves slots for the resolved keys idx of op and fetches them. Runs
-// inside the gate, off the transport threads (Reserve may wait for DRAM).
+// inside the gate; on a transport thread only without an SSD tier (with one,
+// Reserve may wait for room on SSD).
 void StartFetches(const std::shared_ptr<RemoteReader::State>& st,
                   const std::shared_ptr<FetchOp>& op, const std::vector<size_t>& idx) {
   auto view = st->cluster->view();
@@ -401,6 +402,13 @@ void RemoteReader::Fetch(std::vector<KeyId> keys, FetchDone done) {
   op->pending.store(op->keys.size() + 1, std::memory_order_relaxed);
   StartLookup(st, op, [st, op](std::vector<size_t> idx, ResolvedOn on) {
     if (on == ResolvedOn::kCaller) return StartFetches(st, op, idx);  // inside the gate
+    if (st->store->ssd() == nullptr && st->Enter()) {
+      // Without an SSD tier a Reserve never waits: start on this transport
+      // thread and save a hand-off per read.
+      StartFetches(st, op, idx);
+      st->Leave();
+      return;
+    }
     st->Continue(
         st, [st, op, idx] { StartFetches(st, op, idx); },
         [st, op, n = idx.size()] {

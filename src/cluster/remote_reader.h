@@ -10,9 +10,10 @@
 // after Unavailable or DeadlineExceeded the peer is avoided for a cool-down.
 // A fenced node does not go remote (everything misses).
 //
-// Thread-safe. Stages after a reply run on the executor (never on the
-// transport thread, which must not block). Shutdown() must be called, and
-// must return, before the cluster's transport is destroyed.
+// Thread-safe. Stages after a reply that may wait (a Reserve with an SSD
+// tier, a retry) run on the executor, never on the transport thread.
+// Shutdown() must be called, and must return, before the cluster's
+// transport is destroyed.
 #pragma once
 
 #include <chrono>
