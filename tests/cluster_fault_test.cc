@@ -532,6 +532,8 @@ struct OutageRun {
   uint64_t outage_ms = 0;
   int64_t t_outage_ms[3] = {-1, -1, -1};  // first "etcd_outage" seen, per node
   bool fenced_in_outage = false;
+  std::string ctl_in_outage;           // kvpoolctl members mid-outage
+  bool status_says_outage = false;     // /api/v1/status membership.etcd_outage mid-outage
   uint64_t probe_hits[3] = {0, 0, 0}, probe_misses[3] = {0, 0, 0}, probe_wrong = 0;
   bool recovered = false;
   int64_t t_membership_update_ms = -1;
@@ -612,6 +614,12 @@ void RunEtcdOutage(ClusterFaultTest* t, EtcdTestServer* etcd, bool hang, millise
     for (int i = 0; i < 3; ++i) {
       if (r->t_outage_ms[i] < 0 && EtcdOutage(*nodes[i])) r->t_outage_ms[i] = MsSince(outage_t0);
       r->fenced_in_outage = r->fenced_in_outage || Fenced(*nodes[i]);
+    }
+    if (r->ctl_in_outage.empty() && steady_clock::now() - outage_t0 > outage / 2) {
+      std::string admin = "127.0.0.1:" + std::to_string(nodes[1]->admin_port());
+      RunCommand({CtlBinary(), "members", "--admin", admin}, &r->ctl_in_outage);
+      auto st = nlohmann::json::parse(nodes[1]->HttpGet("/api/v1/status"), nullptr, false);
+      r->status_says_outage = st.is_object() && st["membership"].value("etcd_outage", false);
     }
     std::this_thread::sleep_for(milliseconds(100));
   }
@@ -702,6 +710,8 @@ void ExpectServedThroughTheOutage(const OutageRun& r, milliseconds outage) {
     EXPECT_LE(r.t_outage_ms[i], 2000) << i;
   }
   EXPECT_FALSE(r.fenced_in_outage);
+  EXPECT_NE(r.ctl_in_outage.find("etcd is unreachable"), std::string::npos) << r.ctl_in_outage;
+  EXPECT_TRUE(r.status_says_outage);
   // Peer reads of fresh keys hit before and all through the outage.
   EXPECT_GT(r.probe_hits[0], 0u);
   EXPECT_EQ(r.probe_misses[0], 0u);

@@ -107,6 +107,11 @@ int Members(const std::string& admin, bool shards) {
     std::printf("epoch %llu, %zu members\n",
                 static_cast<unsigned long long>(j.value("epoch", uint64_t{0})),
                 j["members"].size());
+    if (j.value("fenced", false)) {
+      std::printf("this node is fenced: its lease is not renewed, it does no remote work\n");
+    } else if (j.value("etcd_outage", false)) {
+      std::printf("etcd is unreachable for this node and its peers: serving with this view\n");
+    }
     return 0;
   }
   const auto& owned = j["shards"]["owned"];

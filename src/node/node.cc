@@ -229,6 +229,9 @@ class NodeImpl final : public Node {
           {"classes", classes}}},
         {"ssd", SsdJson()},
         {"members", MembersJson()["members"]},
+        {"membership",
+         {{"fenced", cluster_ != nullptr && cluster_->fenced()},
+          {"etcd_outage", cluster_ != nullptr && cluster_->etcd_outage()}}},
     };
     return j.dump();
   }
