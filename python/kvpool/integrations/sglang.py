@@ -149,7 +149,8 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         self._closed = False
         self._next_connect = 0.0
         self._stats = KvpoolStorageStats(namespace=self.namespace)
-        self._connect()
+        # No connection yet: the namespace depends on the host pool, which
+        # register_mem_pool_host brings (it connects; so does a first call).
 
     # ---- naming ----------------------------------------------------------------
     def _rank_suffix(self):
@@ -235,7 +236,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         with self._lock:
             self.namespace = namespace
             self._stats.namespace = namespace
-            old, self._client = self._client, None
+            old, self._client = self._client, None  # opened under the provisional namespace
             self._next_connect = 0.0
         if old is not None:
             old.close()
