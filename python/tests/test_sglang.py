@@ -50,7 +50,8 @@ def test_dynamic_loader_constructs_and_registers(kvpool_node):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind,layout", [("mha", "page_first"), ("mha", "page_first_direct"),
-                                         ("mla", "page_first"), ("mla", "page_first_direct")])
+                                         ("mha", "page_head"), ("mla", "page_first"),
+                                         ("mla", "page_first_direct")])
 def test_zero_copy_prefix_shared_between_instances(kvpool_node, kind, layout, dtype):
     """Instance A backs up 300 pages (3 batches of <=128); instance B, with its
     own host pool, finds and loads them byte-exact, and only them."""
