@@ -580,7 +580,7 @@ void UcxTransport::Core::Dispatch(uint64_t ep_id, Frame frame, std::vector<uint8
   };
   if (opts.handler_executor != nullptr) {
     to_handle.push_back(std::move(run));
-    if (to_handle.size() >= kMaxHandlerBatch) SubmitHandlers();
+    if (to_handle.size() >= opts.max_handler_batch) SubmitHandlers();
   } else {
     deferred.push_back(std::move(run));
   }

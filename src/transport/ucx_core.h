@@ -230,8 +230,8 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   std::unordered_map<uint64_t, CallState> calls;
   std::set<std::pair<Deadline, uint64_t>> timers;
   std::vector<std::function<void()>> deferred;  // user code, run outside ucp_worker_progress
-  // Requests for the handler executor, submitted together after each pass.
-  static constexpr size_t kMaxHandlerBatch = 64;
+  // Requests for the handler executor, submitted together after each pass
+  // (opts.max_handler_batch per task).
   std::vector<std::function<void()>> to_handle;
   std::unordered_set<SendOp*> live_sends;
   std::unordered_set<RecvOp*> live_recvs;

@@ -13,6 +13,7 @@ Status UcxTransportOptions::Validate() const {
   if (limits.max_header_bytes == 0) return InvalidArgument("max_header_bytes is 0");
   if (limits.max_payload_bytes == 0) return InvalidArgument("max_payload_bytes is 0");
   if (max_endpoints == 0) return InvalidArgument("max_endpoints is 0");
+  if (max_handler_batch == 0) return InvalidArgument("max_handler_batch is 0");
   return Status::Ok();
 }
 

@@ -47,6 +47,11 @@ struct UcxTransportOptions {
   // Where handlers run; null runs them on the progress thread (they must then
   // be quick and non-blocking). Not owned; must outlive the transport.
   Executor* handler_executor = nullptr;
+  // Requests that arrive in one progress pass are handed to the executor
+  // together, up to this many per task: fewer thread hand-offs for a burst
+  // (a batch of fetches), but a handler that waits delays the others of its
+  // task. 1: one task per request.
+  size_t max_handler_batch = 16;
   // Optional region (the DRAM segment) registered with ucp_mem_map up front,
   // so RDMA-capable transports move it without per-call registration.
   std::span<uint8_t> registered_region;
