@@ -1,7 +1,8 @@
 // CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), as used by iSCSI,
 // ext4 and RocksDB. Detects every single-bit error and every burst of up to
-// 32 bits. Uses the SSE4.2 crc32 instruction when the CPU has it (checked
-// once at startup), else a slicing-by-8 table. Thread-safe (pure functions).
+// 32 bits. Uses the SSE4.2 crc32 instruction (three interleaved streams) when
+// the CPU has it (checked once at startup), else a slicing-by-8 table.
+// Thread-safe (pure functions).
 #pragma once
 
 #include <cstddef>
