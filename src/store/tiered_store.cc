@@ -106,6 +106,7 @@ struct TieredStore::Impl {
     if (resident.ok()) return resident;
     SsdStore* ssd = self->ssd_;
     KVPOOL_ASSIGN_OR_RETURN(uint64_t size, ssd->Lookup(key));
+    ssd->WaitForRoom(size);  // for what this Reserve evicts (see Reserve)
     auto r = self->dram_->Reserve(key, size);
     if (!r.ok()) {
       // Someone put or promoted it meanwhile: pin that entry.
@@ -148,7 +149,9 @@ TieredStore::TieredStore(DramStore* dram, SsdStore* ssd, Executor* executor,
         return;
       }
       if (ssd->Contains(key)) return;  // already written back earlier
-      if (ssd->Insert(key, data, size)) impl->demotions->Inc();
+      // Under the DRAM lock: never wait for a region write here (Reserve
+      // waited for room before taking the lock).
+      if (ssd->TryInsert(key, data, size)) impl->demotions->Inc();
       else impl->demotions_dropped->Inc();
     });
   }
@@ -159,7 +162,15 @@ TieredStore::~TieredStore() {
 }
 
 Result<DramStore::Reservation> TieredStore::Reserve(const KeyId& key, uint64_t size) {
-  if (ssd_ != nullptr && ssd_->Contains(key)) return AlreadyExists("key is stored (on SSD)");
+  if (ssd_ != nullptr) {
+    if (ssd_->Contains(key)) return AlreadyExists("key is stored (on SSD)");
+    // The Reserve may evict, and evictions are demoted under the DRAM lock
+    // without waiting: when the SSD tier's buffers are all being written,
+    // wait for one here, outside that lock (bounded by --ssd-insert-wait),
+    // so puts run at the device's speed and other requests keep going.
+    // On timeout the put goes on and its evictions may be dropped.
+    ssd_->WaitForRoom(size);
+  }
   return dram_->Reserve(key, size);
 }
 

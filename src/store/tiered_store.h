@@ -47,6 +47,8 @@ class TieredStore {
   SsdStore* ssd() const { return ssd_; }
 
   // As DramStore::Reserve, but AlreadyExists also when the key is on SSD.
+  // With an SSD tier, first waits (bounded) until it has room for a
+  // demotion, so the evictions under the DRAM lock never wait for I/O.
   Result<DramStore::Reservation> Reserve(const KeyId& key, uint64_t size);
   Status Commit(DramStore::Reservation reservation) { return dram_->Commit(std::move(reservation)); }
   // DRAM only: NotFound when the entry is not in DRAM (see NeedsPromotion).

@@ -2,12 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <thread>
 
 #include "common/executor.h"
+#include "store/ssd/fault_device.h"
 #include "store/ssd/memory_device.h"
 #include "store/ssd/ssd_store.h"
 
@@ -31,7 +34,9 @@ bool Check(const uint8_t* p, int i, uint64_t n) {
 class TieredStoreTest : public ::testing::Test {
  protected:
   void SetUp() override { Open(0); }
-  void Open(uint32_t admit_min_reads) {
+  // write_latency_us > 0: every SSD write takes that long, one region
+  // buffer per directory (demotions soon wait for a write).
+  void Open(uint32_t admit_min_reads, uint32_t write_latency_us = 0) {
     tiered_.reset();
     ssd_.reset();
     dram_.reset();
@@ -48,9 +53,15 @@ class TieredStoreTest : public ::testing::Test {
     s.capacity_bytes = 128 * kMiB;
     s.region_bytes = 4 * kMiB;
     s.device_factory = disk_.Factory();
+    if (write_latency_us > 0) {
+      s.device_factory = FaultDevice::Wrap(disk_.Factory(), faults_);
+      s.buffers_per_dir = 1;
+      s.insert_wait = std::chrono::seconds(5);
+    }
     auto sr = SsdStore::Open(s, &metrics_, &flush_pool_);
     ASSERT_TRUE(sr.ok()) << sr.status().ToString();
     ssd_ = std::move(sr).value();
+    faults_->SetLatencyMicros(write_latency_us);  // after the start's scan
     TieringOptions t;
     t.admit_min_reads = admit_min_reads;
     tiered_ = std::make_unique<TieredStore>(dram_.get(), ssd_.get(), &pool_, t, &metrics_);
@@ -91,6 +102,7 @@ class TieredStoreTest : public ::testing::Test {
 
   MetricsRegistry metrics_;
   MemoryDisk disk_;
+  std::shared_ptr<FaultInjector> faults_ = std::make_shared<FaultInjector>(1);
   ThreadPool pool_{2, "test-promote"};
   ThreadPool flush_pool_{2, "test-flush"};
   std::unique_ptr<DramStore> dram_;
@@ -195,6 +207,43 @@ TEST_F(TieredStoreTest, AdmissionSkipsEntriesReadTooRarely) {
   EXPECT_EQ(hot_on_ssd, hot_evicted);  // every evicted hot entry went to SSD
   EXPECT_EQ(cold_on_ssd, 0);           // no one-time entry did
   EXPECT_GT(metrics_.ValueOf("kvpool_tier_demotions_skipped_total"), 0);
+}
+
+// A put that must wait for the SSD tier (every buffer being written) waits
+// before it takes the DRAM lock: other requests are served meanwhile, and
+// no demotion is dropped.
+TEST_F(TieredStoreTest, PutWaitingForSsdRoomDoesNotBlockDram) {
+  Open(0, /*write_latency_us=*/500'000);
+  constexpr int kN = 40;  // 16 fit in DRAM; 24 demotions = 8+ region writes
+  std::atomic<bool> writing{true};
+  Status put_status;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread writer([&] {
+    for (int i = 0; i < kN && put_status.ok(); ++i) put_status = Put(i, kMiB);
+    writing = false;
+  });
+  double worst_s = 0;
+  uint64_t calls = 0;
+  for (int i = 0; writing; ++i, ++calls) {
+    const auto c0 = std::chrono::steady_clock::now();
+    (void)tiered_->Contains(K(i % kN));  // takes the DRAM lock
+    worst_s = std::max(
+        worst_s, std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  writer.join();
+  const double put_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(put_status.ok()) << put_status.ToString();
+  EXPECT_GT(put_s, 1.0);    // the puts did wait for writes (else this proves nothing)
+  EXPECT_GT(calls, 100u);
+  EXPECT_LT(worst_s, 0.25);  // a write takes 0.5 s; no lookup waited for one
+  EXPECT_EQ(metrics_.ValueOf("kvpool_tier_demotions_dropped_total"), 0);
+  EXPECT_GE(dram_->GetStats().evictions, kN - 16u);
+  EXPECT_EQ(metrics_.ValueOf("kvpool_tier_demotions_total"), dram_->GetStats().evictions);
+  faults_->SetLatencyMicros(0);
+  ASSERT_TRUE(tiered_->Flush().ok());
+  for (int i = 0; i < kN; ++i) ASSERT_TRUE(PromoteAndCheck(i, kMiB).ok()) << i;
 }
 
 }  // namespace

@@ -6,7 +6,9 @@
 // marked otherwise; device I/O and payload copies run outside it. A record
 // is reserved in a region buffer under mu_, filled outside it (the region's
 // `writers` count keeps the buffer from being flushed meanwhile), then
-// published in the index under mu_.
+// published in the index under mu_. Insert(wait=false) (TryInsert, the
+// demotion path under the DRAM lock) never blocks on a region write;
+// WaitForRoom is where callers wait instead, before taking their lock.
 //
 // Lifetime: SsdStore owns the engine through a shared_ptr; executor tasks
 // hold a weak_ptr and return at once when the engine is gone or closing, so
@@ -89,7 +91,9 @@ class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
   // Stops background work without writing anything more (a kill).
   void Abandon();
 
-  bool Insert(const KeyId& key, const uint8_t* data, uint64_t size);
+  // wait: when no buffer has room, wait up to insert_wait for a flush.
+  bool Insert(const KeyId& key, const uint8_t* data, uint64_t size, bool wait);
+  bool WaitForRoom(uint64_t size);
   Result<uint64_t> Lookup(const KeyId& key) const;
   Status Read(const KeyId& key, uint8_t* dst, uint64_t size);
   void Remove(const KeyId& key);
@@ -112,6 +116,8 @@ class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
 
   // --- write path (ssd_engine.cc) ---
   bool CanWrite(Dir& d, std::chrono::steady_clock::time_point now) const;
+  // True when PrepareRegion(di, rec) would succeed now. REQUIRES: mu_ held.
+  bool HasRoom(const Dir& d, uint64_t rec) const;
   // Makes the dir's filling region fit `bytes` more; false if it cannot.
   bool PrepareRegion(uint32_t di, uint64_t bytes);
   void Seal(uint32_t di);

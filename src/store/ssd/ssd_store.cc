@@ -33,8 +33,12 @@ class SsdStoreImpl final : public SsdStore {
   ~SsdStoreImpl() override { e_->Abandon(); }
 
   bool Insert(const KeyId& key, const uint8_t* data, uint64_t size) override {
-    return e_->Insert(key, data, size);
+    return e_->Insert(key, data, size, /*wait=*/true);
   }
+  bool TryInsert(const KeyId& key, const uint8_t* data, uint64_t size) override {
+    return e_->Insert(key, data, size, /*wait=*/false);
+  }
+  bool WaitForRoom(uint64_t size) override { return e_->WaitForRoom(size); }
   Result<uint64_t> Lookup(const KeyId& key) const override { return e_->Lookup(key); }
   bool Contains(const KeyId& key) const override { return e_->Lookup(key).ok(); }
   Status Read(const KeyId& key, uint8_t* dst, uint64_t size) override {

@@ -93,6 +93,14 @@ class SsdStore {
   // when none frees up in time, the tier is offline, or the value is too
   // large. A key already stored keeps its first value.
   virtual bool Insert(const KeyId& key, const uint8_t* data, uint64_t size) = 0;
+  // As Insert, but never waits: false (a counted drop) when no buffer has
+  // room now. For callers holding another lock (DRAM eviction), which wait
+  // with WaitForRoom before taking it.
+  virtual bool TryInsert(const KeyId& key, const uint8_t* data, uint64_t size) = 0;
+  // Waits up to insert_wait until an Insert of `size` bytes would find room
+  // without waiting for a region write. False on timeout, or at once when
+  // no directory is writable or the value could never be stored.
+  virtual bool WaitForRoom(uint64_t size) = 0;
   // The size of the stored value, or NotFound.
   virtual Result<uint64_t> Lookup(const KeyId& key) const = 0;
   virtual bool Contains(const KeyId& key) const = 0;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <random>
 #include <thread>
@@ -58,6 +59,43 @@ TEST_F(SsdStoreTest, ReadsFromBufferBeforeFlush) {
   ASSERT_TRUE((*s)->Flush().ok());
   EXPECT_EQ((*s)->GetStats().writes, 1u);
   EXPECT_TRUE(ReadCheck(**s, 1, 5000).ok());
+}
+
+// TryInsert (demotion under the DRAM lock) never waits for a region write;
+// WaitForRoom waits for one and then an insert fits.
+TEST_F(SsdStoreTest, TryInsertNeverWaitsWaitForRoomDoes) {
+  SsdOptions o = Options(1, kSuperblockBytes + (16 << 20));
+  o.buffers_per_dir = 2;
+  o.insert_wait = std::chrono::seconds(5);
+  auto s = Open(o);
+  ASSERT_NE(s, nullptr);
+  faults_->SetLatencyMicros(300'000);  // every region write takes 0.3 s
+  using Clock = std::chrono::steady_clock;
+  auto secs = [](Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  // Two buffers of three records: the seventh finds both being written.
+  std::vector<std::vector<uint8_t>> v;
+  for (int i = 0; i < 7; ++i) v.push_back(Value(i, kThird));
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(s->TryInsert(Key(i), v[i].data(), kThird)) << i;
+  auto t0 = Clock::now();
+  EXPECT_FALSE(s->TryInsert(Key(6), v[6].data(), kThird));
+  EXPECT_LT(secs(t0), 0.1);
+  EXPECT_EQ(s->GetStats().inserts_dropped, 1u);
+  t0 = Clock::now();
+  EXPECT_TRUE(s->WaitForRoom(kThird));
+  EXPECT_GT(secs(t0), 0.1);  // it did wait for the first write
+  EXPECT_TRUE(s->TryInsert(Key(6), v[6].data(), kThird));
+  faults_->SetLatencyMicros(0);
+  ASSERT_TRUE(s->Flush().ok());
+  for (int i = 0; i < 7; ++i) EXPECT_TRUE(ReadCheck(*s, i, kThird).ok()) << i;
+  EXPECT_EQ(s->GetStats().inserts_dropped, 1u);
+  // Values that can never be stored, and a closed store: no wait at all.
+  t0 = Clock::now();
+  EXPECT_FALSE(s->WaitForRoom(o.region_bytes));
+  ASSERT_TRUE(s->Close().ok());
+  EXPECT_FALSE(s->WaitForRoom(kThird));
+  EXPECT_LT(secs(t0), 0.1);
 }
 
 TEST_F(SsdStoreTest, FifoReclaimsTheOldestRegion) {
