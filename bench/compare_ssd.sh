@@ -6,13 +6,24 @@
 # directory under $KVPOOL_BENCH_DIR or /var/tmp; tmpfs is refused):
 #   fio      O_DIRECT sequential write, then read, of a 2 GiB file, 1 MiB
 #            blocks, ioengine=io_uring, at the queue depths kvpool issues
-#            (write: 2 flush threads x one region each = region/1MiB x 2;
-#            read: one 1 MiB value per promotion thread = --io-threads)
+#            (write: flush threads x one region each = region/1MiB x threads;
+#            read: one 1 MiB value per promotion thread = --io-threads).
+#            Each write rep creates the file anew and writes it twice: first
+#            onto fresh blocks ("first fill"), then over its own bytes
+#            ("overwrite", the figure compared with kvpool's writes).
 #   kvpool   a node with a small DRAM tier (128 MiB) over an SSD tier (5 GiB):
 #            put 3 GiB of 1 MiB values (DRAM full after the first 128 MiB, so
 #            every put demotes), SSD write GB/s from kvpool_ssd_write_bytes_total
-#            sampled over time; flush; crash (SIGKILL) and restart 3 times (region
-#            scan), clean stop (SIGTERM) and restart 3 times (checkpoint): time
+#            sampled over time, twice on one data file: first onto the freshly
+#            preallocated file ("first fill"); then the node is killed, the
+#            superblock zeroed (the next start is cold and writes from region 0
+#            again) and the same amount put again over the bytes the first fill
+#            wrote ("overwrite"). Both fio and kvpool thus compare like with
+#            like: on ext4 and most filesystems the first write into fresh or
+#            fallocated blocks costs more (unwritten-extent conversion) than an
+#            overwrite, and a cache's log overwrites its file in steady state.
+#            After the overwrite phase: flush; crash (SIGKILL) and restart 3
+#            times (region scan), clean stop (SIGTERM) and restart 3 times (checkpoint): time
 #            until the node serves again per GiB on SSD; then cold reads with
 #            kvpool-bench get (1 and 2 threads, batch 16) of keys that are only
 #            on SSD (the restarted node's DRAM is empty), each run paired with
@@ -162,19 +173,26 @@ record() { printf '%s\n' "$1" >> "$RESULTS"; }
 
 # ---- fio ------------------------------------------------------------------------
 run_fio() {
-  local rw qd rep out gbps
+  local rw qd rep out gbps pass op
   for rw in write read; do
     qd=$WRITE_QD; [[ $rw == read ]] && qd=$READ_QD
     for rep in $(seq 0 $((REPS - 1))); do
-      out="$TMP/fio-$rw-$rep.json"
-      # end_fsync: the write is done when it is on the device (kvpool's
-      # region writes are O_DIRECT and complete on the device, too).
-      fio --name="seq$rw" --filename="$TMP/fio.dat" --rw="$rw" --bs=1M --size="$FIO_SIZE" \
-        --direct=1 --ioengine=io_uring --iodepth="$qd" --end_fsync=1 --output-format=json \
-        > "$out" 2> "$TMP/fio.err" || { cat "$TMP/fio.err" >&2; die "fio $rw failed"; }
-      gbps="$("$PY" "$HERE/compare_lib.py" fio-gbps "$rw" < "$out")"
-      log "fio $rw 1MiB qd $qd rep $rep: $gbps GB/s"
-      record "{\"system\":\"fio\",\"op\":\"$rw\",\"qd\":$qd,\"rep\":$rep,\"gbps\":$gbps}"
+      # Writes: a new file each rep, written twice (fresh blocks, then over
+      # its own bytes); reads: the file the last write left.
+      [[ $rw == write ]] && rm -f "$TMP/fio.dat"
+      for pass in fresh over; do
+        [[ $rw == read && $pass == fresh ]] && continue
+        op=$rw; [[ $pass == fresh ]] && op=write-fresh
+        out="$TMP/fio-$op-$rep.json"
+        # end_fsync: the write is done when it is on the device (kvpool's
+        # region writes are O_DIRECT and complete on the device, too).
+        fio --name="seq$rw" --filename="$TMP/fio.dat" --rw="$rw" --bs=1M --size="$FIO_SIZE" \
+          --direct=1 --ioengine=io_uring --iodepth="$qd" --end_fsync=1 --output-format=json \
+          > "$out" 2> "$TMP/fio.err" || { cat "$TMP/fio.err" >&2; die "fio $rw failed"; }
+        gbps="$("$PY" "$HERE/compare_lib.py" fio-gbps "$rw" < "$out")"
+        log "fio $op 1MiB qd $qd rep $rep: $gbps GB/s"
+        record "{\"system\":\"fio\",\"op\":\"$op\",\"qd\":$qd,\"rep\":$rep,\"gbps\":$gbps}"
+      done
     done
   done
   # For reference (not a target): reads at the write depth show how much the
@@ -202,33 +220,58 @@ fio_paired_read() {
 }
 
 # ---- kvpool ---------------------------------------------------------------------
-run_kvpool() {
-  local st used entries ibpe rep t0 t1 ctl_rc threads series
-  mkdir -p "$TMP/ssd"
-  start_node
-  log "kvpool-node ready in ${READY_S}s: DRAM $NODE_DRAM, SSD $SSD_CAPACITY in $TMP/ssd (region $SSD_REGION, io-threads $IO_THREADS)"
-
-  # Put phase: populate KEYS values of 1 MiB (untimed by kvpool-bench),
-  # sampling the node's counters every 50 ms for the write rate.
+# put_phase NAMESPACE TAG: populates KEYS values of 1 MiB (untimed by
+# kvpool-bench), sampling the node's counters every 50 ms for the write rate;
+# flushes. The rates are recorded as write-rates prints them (TAG "over"), or
+# with "-fresh" appended to their op and system (TAG "fresh"): the summary's
+# ssd_write_vs_fio uses the overwrite phase, the first fill is reported apart.
+put_phase() {
+  local ns="$1" tag="$2" t0 t1 series samples="$TMP/samples-$2.jsonl"
   series="kvpool_ssd_write_bytes_total kvpool_bytes_written_total kvpool_tier_demotions_total kvpool_tier_demotions_dropped_total kvpool_ssd_write_latency_seconds_sum kvpool_ssd_write_latency_seconds_count"
   # shellcheck disable=SC2086  # series is a list
-  "$PY" "$HERE/compare_lib.py" sample "$ADMIN_URL/metrics" 0.05 "$TMP/samples.jsonl" $series &
+  "$PY" "$HERE/compare_lib.py" sample "$ADMIN_URL/metrics" 0.05 "$samples" $series &
   SAMPLER_PID=$!
   sleep 0.5
-  log "kvpool: putting $KEYS values of 1 MiB (batch $BATCH, 1 thread): DRAM fills, then every put demotes"
+  log "kvpool ($tag): putting $KEYS values of 1 MiB (batch $BATCH, 1 thread): DRAM fills, then every put demotes"
   t0="$(now)"
   "$KVPOOL_BENCH" --socket "$SOCK" --op exists --populate --keys "$KEYS" --value-size "$VALUE" \
     --batch "$BATCH" --threads 1 --duration 100ms --warmup 1ms --buffer-size 256MiB \
-    --namespace ssd-bench --json > "$TMP/populate.out" 2> "$TMP/populate.err" \
+    --namespace "$ns" --json > "$TMP/populate-$tag.out" 2> "$TMP/populate.err" \
     || { cat "$TMP/populate.err" >&2; die "kvpool-bench populate failed"; }
   t1="$(now)"
   "$CTL" --socket "$SOCK" flush || die "kvpoolctl flush failed"
   sleep 0.5
   stop_pid "$SAMPLER_PID" sampler
   SAMPLER_PID=""
-  log "kvpool: populate + flush took $(elapsed "$t0" "$t1") s"
-  "$PY" "$HERE/compare_lib.py" write-rates "$TMP/samples.jsonl" "$REPS" "$FLUSH_THREADS" >> "$RESULTS" \
-    || die "could not derive write rates from $TMP/samples.jsonl"
+  log "kvpool ($tag): populate + flush took $(elapsed "$t0" "$t1") s"
+  "$PY" "$HERE/compare_lib.py" write-rates "$samples" "$REPS" "$FLUSH_THREADS" > "$TMP/rates-$tag.jsonl" \
+    || die "could not derive write rates from $samples"
+  if [[ $tag == fresh ]]; then
+    sed -e 's/"op": "\([a-z-]*\)"/"op": "\1-fresh"/' -e 's/"system": "node"/"system": "node-fresh"/' \
+      "$TMP/rates-$tag.jsonl" >> "$RESULTS"
+  else
+    cat "$TMP/rates-$tag.jsonl" >> "$RESULTS"
+  fi
+  log "kvpool ($tag): SSD write GB/s per window: $(sed -n 's/.*"op": "ssd-write".*"gbps": \([0-9.]*\).*/\1/p' "$TMP/rates-$tag.jsonl" | tr '\n' ' ')"
+}
+
+run_kvpool() {
+  local st used entries ibpe rep t0 t1 ctl_rc threads
+  mkdir -p "$TMP/ssd"
+  start_node
+  log "kvpool-node ready in ${READY_S}s: DRAM $NODE_DRAM, SSD $SSD_CAPACITY in $TMP/ssd (region $SSD_REGION, io-threads $IO_THREADS, flush threads $FLUSH_THREADS)"
+  # First fill: the data file was just preallocated, never written.
+  put_phase ssd-bench-fill fresh
+  # Kill, zero the superblock: the next start finds no valid superblock,
+  # starts cold and fills the regions from the first one again, over the
+  # bytes just written (as fio's measured passes overwrite its file).
+  stop_pid "$NODE_PID" kvpool-node KILL
+  dd if=/dev/zero of="$TMP/ssd/kvpool-ssd.data" bs=4096 count=1 conv=notrunc,fsync status=none \
+    || die "could not zero the superblock"
+  start_node
+  st="$(status_json)"
+  log "kvpool-node restarted in ${READY_S}s: recovery $(printf '%s' "$st" | jget ssd.recovery), $(printf '%s' "$st" | jget ssd.entries) entries"
+  put_phase ssd-bench over
 
   st="$(status_json)"; printf '%s\n' "$st" > "$TMP/status-after-put.json"
   used="$(printf '%s' "$st" | jget ssd.used_bytes)"
@@ -288,3 +331,22 @@ run_fio
 run_kvpool
 log "done in $((SECONDS - started)) s"
 "$PY" "$HERE/compare_lib.py" ssd-summarize "$RESULTS"
+# The first-fill figures (fresh blocks for both), beside the summary's.
+"$PY" - "$RESULTS" <<'PYEOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+def med(system, op):
+    v = [r["gbps"] for r in rows if r.get("system") == system and r.get("op") == op and r["gbps"] == r["gbps"]]
+    return statistics.median(v) if v else float("nan")
+fio_f, kv_f = med("fio", "write-fresh"), med("kvpool", "ssd-write-fresh")
+node = {}
+for r in rows:
+    if r.get("system") == "node-fresh":
+        node.update(r)
+print("first fill (fresh blocks): fio write %.3f GB/s, kvpool SSD write %.3f GB/s; region writes %.1f ms, "
+      "flush threads busy %.0f%%" % (fio_f, kv_f, node.get("region_write_ms", float("nan")),
+                                      100 * node.get("flush_busy", float("nan"))))
+print("metric ssd_first_fill_write_vs_fio %.3f" % (kv_f / fio_f if fio_f else float("nan")))
+print("metric ssd_first_fill_write_gbps %.3f" % kv_f)
+print("metric fio_first_fill_write_gbps %.3f" % fio_f)
+PYEOF
