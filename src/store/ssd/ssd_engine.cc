@@ -412,7 +412,24 @@ Result<uint64_t> SsdEngine::Lookup(const KeyId& key) const {
 
 void SsdEngine::Remove(const KeyId& key) {
   std::lock_guard lock(mu_);
+  IndexLoc loc;
+  if (!index_.Find(key.hi, &loc)) return;
   index_.Erase(key.hi);
+  // Logged in the record's own directory: its region is older there, so it
+  // is reclaimed before the tombstone's (a crash then cannot revive it).
+  if (!closing_) LogTombstone(loc.region / regions_per_dir_, key);
+}
+
+bool SsdEngine::LogTombstone(uint32_t di, const KeyId& key) {
+  Dir& d = *dirs_[di];
+  if (!CanWrite(d, Clock::now()) || !PrepareRegion(di, kRecordHeaderBytes)) return false;
+  const uint32_t ri = static_cast<uint32_t>(d.filling);
+  Region& r = d.regions[ri];
+  RecordHeader h;
+  EncodeTombstone(key, {RegionOffset(ri) + r.used, r.seq, d.incarnation()}, &h);
+  std::memcpy(r.buf + r.used, &h, sizeof(h));
+  r.used += kRecordHeaderBytes;
+  return true;
 }
 
 Status SsdEngine::Read(const KeyId& key, uint8_t* dst, uint64_t size) {

@@ -23,6 +23,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/executor.h"
@@ -128,6 +130,9 @@ class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
   // Drops a region and its index entries (a failed write).
   void DropRegion(uint32_t di, uint32_t ri);
   void TakeOffline(Dir& d, std::string reason);
+  // Appends a tombstone for key to dir di's filling region (never waits;
+  // false when there is no room now: the removal is then not logged).
+  bool LogTombstone(uint32_t di, const KeyId& key);
   // Reads back one batch of hot records of reclaimed regions and inserts
   // them again (an executor task, or inline from Flush).
   void RunOneReinsertJob();
@@ -143,6 +148,9 @@ class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
   // Adds a recovered record; a later region seq wins for a duplicate key.
   void AddRecovered(uint32_t di, uint32_t ri, uint64_t h, uint64_t offset, uint32_t len,
                     uint32_t reads);
+  // A tombstone found by the scan: drops h's earlier record, and later
+  // AddRecovered calls skip records it outdates.
+  void AddTombstone(uint64_t seq, uint64_t h, uint64_t offset);
   void FinishRecovery();
   void RegisterMetrics();
 
@@ -171,6 +179,9 @@ class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
   bool closed_ = false;
   uint32_t running_ = 0;        // executor tasks inside the engine
   std::string recovery_;
+  // During recovery only: key_hi -> position (region seq, offset) of its
+  // newest tombstone.
+  std::unordered_map<uint64_t, std::pair<uint64_t, uint64_t>> tombstones_;
   std::vector<uint8_t*> all_bufs_;
 
   // Plain counters for SsdStats (the registry's may be shared by stores).

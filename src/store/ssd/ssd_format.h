@@ -51,6 +51,14 @@
 //    60    4 header_crc     CRC-32C of header bytes 0..59 (scan validates
 //                           headers without reading payload CRCs)
 //
+// Tombstone (64 bytes, no payload): a RecordHeader with magic
+// kTombstoneMagic "KVTB" and value_len 0, written when a key is removed, in
+// the directory of the record it removes (so that record's region is always
+// reclaimed first). Recovery drops every record of the key at an earlier
+// position (region seq, then offset) and keeps later ones. Additive: a
+// reader that does not know the magic skips it like padding (the removed
+// key then comes back after a crash, as before tombstones existed).
+//
 // Checkpoint file (<dir>/kvpool-ssd.ckpt; trusted only while the superblock
 // names its size and CRC): CheckpointHeader, then region_count
 // CheckpointRegion, then `entries` CheckpointEntry.
@@ -88,6 +96,7 @@ inline constexpr uint16_t kSsdFormatVersion = 1;
 inline constexpr uint32_t kSuperblockMagic = 0x4253564B;  // "KVSB"
 inline constexpr uint32_t kRegionMagic = 0x4752564B;      // "KVRG"
 inline constexpr uint32_t kRecordMagic = 0x4352564B;      // "KVRC"
+inline constexpr uint32_t kTombstoneMagic = 0x4254564B;   // "KVTB"
 inline constexpr uint32_t kCheckpointMagic = 0x4B43564B;  // "KVCK"
 inline constexpr uint64_t kSuperblockBytes = 4096;
 inline constexpr uint64_t kRegionHeaderBytes = 64;
@@ -190,9 +199,10 @@ struct RecordExpect {
 
 // Fills `h` (header_crc and data_crc included) for `payload`.
 inline void EncodeRecordHeader(const KeyId& key, const uint8_t* payload, uint64_t len,
-                               const RecordExpect& at, RecordHeader* h) {
+                               const RecordExpect& at, RecordHeader* h,
+                               uint32_t magic = kRecordMagic) {
   std::memset(h, 0, sizeof(*h));
-  h->magic = kRecordMagic;
+  h->magic = magic;
   h->version = kSsdFormatVersion;
   h->key_hi = key.hi;
   h->key_lo = key.lo;
@@ -207,10 +217,19 @@ inline void EncodeRecordHeader(const KeyId& key, const uint8_t* payload, uint64_
 
 // True when the header is intact and belongs exactly here (not misplaced,
 // not left over from an older region or file incarnation).
-inline bool HeaderValidAt(const RecordHeader& h, const RecordExpect& at) {
-  return h.magic == kRecordMagic && h.version == kSsdFormatVersion &&
+inline bool HeaderValidAt(const RecordHeader& h, const RecordExpect& at,
+                          uint32_t magic = kRecordMagic) {
+  return h.magic == magic && h.version == kSsdFormatVersion &&
          h.header_crc == crc32c::Value(&h, 60) && h.file_offset == at.file_offset &&
          h.region_seq == at.region_seq && h.incarnation == at.incarnation;
+}
+
+inline void EncodeTombstone(const KeyId& key, const RecordExpect& at, RecordHeader* h) {
+  EncodeRecordHeader(key, nullptr, 0, at, h, kTombstoneMagic);
+}
+inline bool TombstoneValidAt(const RecordHeader& h, const RecordExpect& at) {
+  return HeaderValidAt(h, at, kTombstoneMagic) && h.value_len == 0 &&
+         h.data_crc == crc32c::Value(&h, 56);
 }
 
 // True when the payload matches the header's data_crc.

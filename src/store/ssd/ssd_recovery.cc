@@ -220,6 +220,11 @@ void SsdEngine::ScanDir(uint32_t di) {
         AddRecovered(di, ri, h.key_hi, pos, static_cast<uint32_t>(h.value_len), 0);
         pos += RecordBytes(h.value_len);
         end = pos;
+      } else if (h.magic == kTombstoneMagic &&
+                 TombstoneValidAt(h, {base + pos, rh.seq, d.incarnation()})) {
+        AddTombstone(rh.seq, h.key_hi, pos);
+        pos += kRecordHeaderBytes;
+        end = pos;
       } else {
         // Padding, stale bytes, or a damaged header: look for the next
         // record rather than give up on the rest of the region.
@@ -234,6 +239,8 @@ void SsdEngine::AddRecovered(uint32_t di, uint32_t ri, uint64_t h, uint64_t offs
                              uint32_t reads) {
   Dir& d = *dirs_[di];
   Region& r = d.regions[ri];
+  auto t = tombstones_.find(h);
+  if (t != tombstones_.end() && t->second > std::make_pair(r.seq, offset)) return;  // removed
   IndexLoc old;
   if (index_.Find(h, &old)) {
     uint32_t odi;
@@ -244,7 +251,20 @@ void SsdEngine::AddRecovered(uint32_t di, uint32_t ri, uint64_t h, uint64_t offs
   r.keys.push_back(h);
 }
 
+void SsdEngine::AddTombstone(uint64_t seq, uint64_t h, uint64_t offset) {
+  const auto at = std::make_pair(seq, offset);
+  auto [t, fresh] = tombstones_.try_emplace(h, at);
+  if (!fresh && t->second < at) t->second = at;
+  IndexLoc old;
+  uint32_t odi;
+  if (index_.Find(h, &old) &&
+      std::make_pair(RegionOf(old.region, &odi).seq, static_cast<uint64_t>(old.offset)) < at) {
+    index_.Erase(h);
+  }
+}
+
 void SsdEngine::FinishRecovery() {
+  std::unordered_map<uint64_t, std::pair<uint64_t, uint64_t>>().swap(tombstones_);
   for (auto& dp : dirs_) {
     Dir& d = *dp;
     if (d.dev == nullptr) continue;

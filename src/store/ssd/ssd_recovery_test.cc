@@ -42,6 +42,51 @@ TEST_F(SsdRecoveryTest, CheckpointThenScanAfterKill) {
   for (int i = 0; i < 200; ++i) ASSERT_TRUE(ReadCheck(*s, i, 20000).ok()) << i;
 }
 
+// A removal is logged (a tombstone in the record's directory): after a kill
+// and a scan, removed keys stay removed, keys put again after their removal
+// come back with the new value, the rest are untouched.
+TEST_F(SsdRecoveryTest, RemovedKeysStayRemovedAfterKill) {
+  SsdOptions o = Options(2, kCap);
+  constexpr size_t kN = 20000, kNew = 7000;
+  {
+    auto s = Open(o);
+    Fill(*s, 0, 300, kN);
+    ASSERT_TRUE(s->Flush().ok());
+    // Removes of records on disk, of records still in the filling buffers,
+    // and a remove + put again of the same key (within and across regions).
+    for (int i = 0; i < 300; i += 3) s->Remove(Key(i));
+    Fill(*s, 300, 330, kN);
+    for (int i = 300; i < 330; i += 3) s->Remove(Key(i));
+    for (int i = 0; i < 30; i += 3) {
+      auto v = Value(i + 1000, kNew);
+      ASSERT_TRUE(s->Insert(Key(i), v.data(), v.size())) << i;
+    }
+    s->Remove(Key(3));  // removed, put again, removed again
+    ASSERT_TRUE(s->Flush().ok());
+  }  // dropped without Close: the next start scans
+  auto s = Open(o);
+  EXPECT_EQ(s->GetStats().recovery, "scan");
+  int removed = 0;
+  for (int i = 0; i < 330; ++i) {
+    if (i % 3 != 0) {
+      ASSERT_TRUE(ReadCheck(*s, i, kN).ok()) << i;
+    } else if (i < 30 && i != 3) {
+      auto len = s->Lookup(Key(i));
+      ASSERT_TRUE(len.ok()) << i;
+      ASSERT_EQ(len.value(), kNew) << i;
+      std::vector<uint8_t> got(kNew);
+      ASSERT_TRUE(s->Read(Key(i), got.data(), kNew).ok()) << i;
+      EXPECT_EQ(got, Value(i + 1000, kNew)) << i;
+    } else {
+      EXPECT_FALSE(s->Contains(Key(i))) << i;
+      removed += !s->Contains(Key(i));
+    }
+  }
+  EXPECT_EQ(removed, 330 / 3 - 9);
+  EXPECT_EQ(s->GetStats().entries, 330u - removed);
+  EXPECT_EQ(s->GetStats().crc_failures, 0u);
+}
+
 TEST_F(SsdRecoveryTest, KillKeepsWhatWasFlushedWithNoHoles) {
   SsdOptions o = Options(1, kSuperblockBytes + 32 * (1 << 20));
   {

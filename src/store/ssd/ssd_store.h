@@ -108,6 +108,8 @@ class SsdStore {
   // Lookup gave). NotFound, Corruption (the entry is dropped), IOError (a
   // miss; the entry is dropped). Blocks on the device.
   virtual Status Read(const KeyId& key, uint8_t* dst, uint64_t size) = 0;
+  // Drops the key and logs a tombstone (when a buffer has room now; never
+  // waits) so a crash restart does not bring it back once that is written.
   virtual void Remove(const KeyId& key) = 0;
   // Writes out the partly filled region buffers and waits for all flushes.
   virtual Status Flush() = 0;
