@@ -55,6 +55,28 @@ class SsdNodeTest : public ::testing::Test {
     if (client_ != nullptr) kvpool_close(client_);
   }
   uint64_t MaxValue() { return kvpool_max_value_size(client_); }
+  // Puts keys [0, n) of w (a flush barrier every 8 MiB), flushes; returns
+  // the SSD tier's entries then.
+  uint64_t PutAllAndFlush(const Workload& w, uint64_t n) {
+    EXPECT_EQ(PutRange(client_, w, 0, n, 8, 8 * kMiB), 0u);
+    EXPECT_TRUE(Flush(client_));
+    return SsdStatus(*node_)["entries"].get<uint64_t>();
+  }
+  // Restarts with args: the tier must recover by `recovery` with exactly
+  // `entries`, and reading keys [0, n) of w hits exactly those, byte-exact.
+  GetResult RestartExpect(const std::vector<std::string>& args, const std::string& recovery,
+                          const Workload& w, uint64_t n, uint64_t entries) {
+    Restart(args);
+    if (node_ == nullptr || client_ == nullptr) return {};
+    nlohmann::json s = SsdStatus(*node_);
+    EXPECT_EQ(s["recovery"], recovery);
+    EXPECT_EQ(s["entries"].get<uint64_t>(), entries);
+    GetResult r = GetRange(client_, w, 0, n);
+    EXPECT_EQ(r.wrong, 0u);
+    EXPECT_EQ(r.errors, 0u);
+    EXPECT_EQ(r.hits, entries);
+    return r;
+  }
   double M(const std::string& s) { return MetricOr0(*node_, s); }
 
   TempDir tmp_;
@@ -115,14 +137,8 @@ TEST_F(SsdNodeTest, CleanRestartLoadsCheckpointAndKeepsEveryKey) {
   int st = StopNode(SIGTERM);
   ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "wait status " << st;
 
-  ASSERT_NO_FATAL_FAILURE(Restart(args));
-  nlohmann::json s = SsdStatus(*node_);
-  EXPECT_EQ(s["recovery"], "checkpoint");
-  EXPECT_EQ(s["entries"].get<uint64_t>(), n);
-  GetResult r = GetRange(client_, w, 0, n);
-  EXPECT_EQ(r.wrong, 0u);
-  EXPECT_EQ(r.errors, 0u);
-  EXPECT_EQ(r.hits, n) << r.misses << " of " << n << " keys lost across a clean restart";
+  // Every key (DRAM ones included) across a clean restart.
+  ASSERT_NO_FATAL_FAILURE(RestartExpect(args, "checkpoint", w, n, n));
   EXPECT_EQ(SsdStatus(*node_)["crc_failures"], 0);
 }
 
@@ -171,20 +187,10 @@ TEST_F(SsdNodeTest, CrashAfterFlushKeepsExactlyTheFlushedEntries) {
   ASSERT_NO_FATAL_FAILURE(Restart(args));
   Workload w{"c1", 64 << 10, std::min<uint64_t>(512 << 10, MaxValue()), 13};
   const uint64_t n = w.KeysFor(96 * kMiB);
-  ASSERT_EQ(PutRange(client_, w, 0, n, 8, 8 * kMiB), 0u);
-  ASSERT_TRUE(Flush(client_));
-  const uint64_t flushed = SsdStatus(*node_)["entries"].get<uint64_t>();
+  const uint64_t flushed = PutAllAndFlush(w, n);
   ASSERT_GT(flushed, n / 2);
   StopNode(SIGKILL);
-
-  ASSERT_NO_FATAL_FAILURE(Restart(args));
-  nlohmann::json s = SsdStatus(*node_);
-  EXPECT_EQ(s["recovery"], "scan");
-  EXPECT_EQ(s["entries"].get<uint64_t>(), flushed);
-  GetResult r = GetRange(client_, w, 0, n);
-  EXPECT_EQ(r.wrong, 0u);
-  EXPECT_EQ(r.errors, 0u);
-  EXPECT_EQ(r.hits, flushed);
+  ASSERT_NO_FATAL_FAILURE(RestartExpect(args, "scan", w, n, flushed));
   EXPECT_EQ(SsdStatus(*node_)["crc_failures"], 0);
 }
 
@@ -196,9 +202,7 @@ TEST_F(SsdNodeTest, RemovedKeysStayRemovedAfterCrash) {
   ASSERT_NO_FATAL_FAILURE(Restart(args));
   Workload w{"rm", 64 << 10, std::min<uint64_t>(256 << 10, MaxValue()), 21};
   const uint64_t n = w.KeysFor(96 * kMiB);
-  ASSERT_EQ(PutRange(client_, w, 0, n, 8, 8 * kMiB), 0u);
-  ASSERT_TRUE(Flush(client_));
-  const uint64_t flushed = SsdStatus(*node_)["entries"].get<uint64_t>();
+  const uint64_t flushed = PutAllAndFlush(w, n);
   std::vector<kvpool_key_id> ids;
   for (uint64_t i = 0; i < n; i += 4) ids.push_back(w.Id(i));
   std::vector<kvpool_status> st(ids.size());
@@ -208,15 +212,9 @@ TEST_F(SsdNodeTest, RemovedKeysStayRemovedAfterCrash) {
   const uint64_t kept = SsdStatus(*node_)["entries"].get<uint64_t>();
   ASSERT_GT(flushed - kept, n / 8);  // most removed keys were on SSD
   StopNode(SIGKILL);
-
-  ASSERT_NO_FATAL_FAILURE(Restart(args));
-  nlohmann::json s = SsdStatus(*node_);
-  EXPECT_EQ(s["recovery"], "scan");
-  EXPECT_EQ(s["entries"].get<uint64_t>(), kept);
-  GetResult r = GetRange(client_, w, 0, n);
-  EXPECT_EQ(r.wrong, 0u);
-  EXPECT_EQ(r.errors, 0u);
-  EXPECT_EQ(r.hits, kept);
+  GetResult r;
+  ASSERT_NO_FATAL_FAILURE(r = RestartExpect(args, "scan", w, n, kept));
+  ASSERT_EQ(r.hit.size(), n);
   for (uint64_t i = 0; i < n; i += 4) EXPECT_EQ(r.hit[i], 0) << i;
 }
 
