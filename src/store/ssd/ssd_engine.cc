@@ -27,8 +27,11 @@ double SecondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+constexpr uint64_t kHugePage = 2ull << 20;
+
 // The per-thread aligned buffer O_DIRECT reads land in before the one copy
-// into the caller's memory.
+// into the caller's memory (whole huge pages: a 1 MiB value with its header
+// needs more than 1 MiB anyway).
 uint8_t* BounceBuffer(uint64_t n) {
   struct Buf {
     uint8_t* p = nullptr;
@@ -38,14 +41,22 @@ uint8_t* BounceBuffer(uint64_t n) {
   thread_local Buf b;
   if (b.n < n) {
     std::free(b.p);
-    b.n = AlignUp(n, 1 << 20);
-    b.p = static_cast<uint8_t*>(std::aligned_alloc(kDeviceBlock, b.n));
+    b.n = AlignUp(n, kHugePage);
+    b.p = AllocIoBuffer(b.n);
     KVPOOL_CHECK(b.p != nullptr);
   }
   return b.p;
 }
 
 }  // namespace
+
+uint8_t* AllocIoBuffer(uint64_t bytes) {
+  const bool huge = bytes % kHugePage == 0;
+  void* p = nullptr;
+  if (posix_memalign(&p, huge ? kHugePage : kDeviceBlock, bytes) != 0) return nullptr;
+  if (huge) madvise(p, bytes, MADV_HUGEPAGE);  // advisory only
+  return static_cast<uint8_t*>(p);
+}
 
 SsdEngine::SsdEngine(const SsdOptions& options, MetricsRegistry* metrics, Executor* executor)
     : opts_(options),
@@ -59,15 +70,8 @@ SsdEngine::~SsdEngine() {
 }
 
 uint8_t* SsdEngine::AllocBuffer() {
-  // On transparent huge pages where the kernel allows it (madvise mode):
-  // each O_DIRECT write pins its buffer's pages, 512 times fewer of them.
-  constexpr uint64_t kHugePage = 2ull << 20;
-  const uint64_t align = opts_.region_bytes % kHugePage == 0 ? kHugePage : kDeviceBlock;
-  void* p = nullptr;
-  if (posix_memalign(&p, align, opts_.region_bytes) != 0) return nullptr;
-  if (align == kHugePage) madvise(p, opts_.region_bytes, MADV_HUGEPAGE);  // advisory only
-  auto* b = static_cast<uint8_t*>(p);
-  all_bufs_.push_back(b);
+  uint8_t* b = AllocIoBuffer(opts_.region_bytes);
+  if (b != nullptr) all_bufs_.push_back(b);
   return b;
 }
 

@@ -83,6 +83,14 @@ struct Dir {
   uint32_t incarnation() const { return static_cast<uint32_t>(uuid_lo); }
 };
 
+// Memory for O_DIRECT I/O, 4 KiB-aligned; free with std::free, null when
+// out of memory. A size that is a multiple of 2 MiB is 2 MiB-aligned and
+// advised onto transparent huge pages (where the kernel allows, madvise
+// mode): an I/O then pins a few large pages, and a virtual disk gets far
+// fewer segments per request (twice the throughput on the development VM,
+// for kvpool and fio alike).
+uint8_t* AllocIoBuffer(uint64_t bytes);
+
 class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
  public:
   SsdEngine(const SsdOptions& options, MetricsRegistry* metrics, Executor* executor);

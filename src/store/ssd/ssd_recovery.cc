@@ -29,7 +29,7 @@ namespace {
 struct AlignedBuf {
   explicit AlignedBuf(uint64_t n)
       : n(AlignUp(std::max<uint64_t>(n, 1), kDeviceBlock)),
-        p(static_cast<uint8_t*>(std::aligned_alloc(kDeviceBlock, this->n))) {
+        p(AllocIoBuffer(this->n)) {
     KVPOOL_CHECK(p != nullptr);
     std::memset(p, 0, this->n);
   }
