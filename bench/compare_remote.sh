@@ -7,11 +7,14 @@
 # temporary directory:
 #   iperf3   one TCP stream, 1 MiB writes, 5 s (the loopback wire's limit)
 #   redis    redis-benchmark GET of 1 MiB values from another process, every
-#            GET a hit; best of -c 1 / -c 4 / -c 4 -P 4
+#            GET a hit; best of -c 1 / -c 4 / -c 4 -P 4, plus -c N -P 16 when
+#            kvpool's remote get runs N = GET_THREADS > 1 client threads
+#            (N connections x batch 16 in flight, as kvpool has)
 #   kvpool   nodes A (large DRAM) and B (small DRAM, so fetched replicas are
 #            evicted and reads stay remote) in a static --peers cluster,
 #            UCX_TLS=tcp UCX_NET_DEVICES=lo. Keys are put through A's socket;
-#            B then reads them: get (1 MiB, batch 16), exists (batch 128),
+#            B then reads them: get (1 MiB, batch 16, GET_THREADS client
+#            threads, each with its own connection), exists (batch 128),
 #            exists vs get at batch 64 (the lookups' share of a batch get),
 #            put through B with --placement home when the node supports it.
 #            Node counters around each run give the share of B's hits that
@@ -22,7 +25,11 @@
 # Usage: bench/compare.sh remote [--reps N] [--duration SECONDS] [--keep]
 # Environment: BUILD_DIR (default build), UCX_TLS (default tcp),
 #   UCX_NET_DEVICES (default lo), A_DRAM (default 5GiB), B_DRAM (default 128MiB),
-#   GET_KEYS (default 3072 1 MiB keys on A), IPERF_SECONDS (default 5).
+#   GET_KEYS (default 3072 1 MiB keys on A), IPERF_SECONDS (default 5),
+#   GET_THREADS (default 1: kvpool-bench threads of the remote get, each
+#   with its own connection to B; one thread leaves the wire idle while it
+#   copies a batch out, more overlap that copy with the next batch's
+#   fetches; the other runs always use one).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -50,10 +57,13 @@ export UCX_NET_DEVICES="${UCX_NET_DEVICES:-lo}"
 A_DRAM="${A_DRAM:-5GiB}"
 B_DRAM="${B_DRAM:-128MiB}"
 GET_KEYS="${GET_KEYS:-3072}"          # 1 MiB values: 3 GiB on A, 24x B's DRAM
+GET_THREADS="${GET_THREADS:-1}"
 EXISTS_KEYS=65536                     # 4 KiB values
 LS_KEYS=16384                         # 64 KiB values (1 GiB) for the lookup share
 IPERF_SECONDS="${IPERF_SECONDS:-5}"
 REDIS_CONFIGS=("-c 1" "-c 4" "-c 4 -P 4")
+# Redis gets at least kvpool's concurrency: GET_THREADS connections x 16 in flight.
+[[ "$GET_THREADS" -gt 1 ]] && REDIS_CONFIGS+=("-c $GET_THREADS -P 16")
 REDIS_KEYS=1024                       # 1 GiB of 1 MiB values
 MB=1048576
 
@@ -226,10 +236,12 @@ populate_a() {  # populate_a NAMESPACE KEYS VALUE_SIZE: put through A's socket, 
 }
 
 b_run() {  # b_run PHASE REP SOCKET-ID ARGS...: one kvpool-bench run, tagged with node counters
+  # (one client thread unless B_THREADS says otherwise)
   local phase="$1" rep="$2" sid="$3" rc=0
   shift 3
   "$PY" "$HERE/compare_lib.py" remote-run "$phase" "$rep" "$A_URL" "$B_URL" "$A_PID" "$B_PID" -- \
-    "$BENCH" --socket "$TMP/$sid.sock" --json --threads 1 --seed $((rep + 1)) "$@" >> "$RESULTS" || rc=$?
+    "$BENCH" --socket "$TMP/$sid.sock" --json --threads "${B_THREADS:-1}" --seed $((rep + 1)) "$@" \
+    >> "$RESULTS" || rc=$?
   [[ $rc -eq 0 ]] || die "kvpool-bench ($phase rep $rep) failed"
 }
 
@@ -247,10 +259,10 @@ run_kvpool() {
   DIR_ENTRIES=0
 
   populate_a get1m "$GET_KEYS" 1MiB
-  log "remote get: B reads 1 MiB values held on A, batch 16, $REPS x ${DURATION}s"
+  log "remote get: B reads 1 MiB values held on A, batch 16, $GET_THREADS client threads, $REPS x ${DURATION}s"
   for rep in $(seq 0 $((REPS - 1))); do
-    b_run get "$rep" b --op get --namespace get1m --keys "$GET_KEYS" --value-size 1MiB --batch 16 \
-      --duration "${DURATION}s" --warmup 0ms --buffer-size 256MiB
+    B_THREADS=$GET_THREADS b_run get "$rep" b --op get --namespace get1m --keys "$GET_KEYS" \
+      --value-size 1MiB --batch 16 --duration "${DURATION}s" --warmup 0ms --buffer-size 256MiB
   done
   log "reference: local get of the same keys on A"
   for rep in $(seq 0 $((REPS - 1))); do
