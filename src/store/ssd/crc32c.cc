@@ -87,8 +87,11 @@ ShiftTable MakeShiftTable(size_t bytes) {
 constexpr size_t kLongLane = 4096;
 constexpr size_t kShortLane = 256;
 
-template <size_t kLane>
-__attribute__((target("sse4.2"))) inline uint64_t ThreeLanes(uint64_t c, const uint8_t* p,
+// Reads each input byte once; with kCopy also stores it to d (the copy rides
+// along with the CRC instead of a second pass over the source).
+template <size_t kLane, bool kCopy>
+__attribute__((target("sse4.2"))) inline uint64_t ThreeLanes(uint64_t c, uint8_t* d,
+                                                             const uint8_t* p,
                                                              const ShiftTable& shift) {
   uint64_t c1 = 0, c2 = 0;
   for (size_t i = 0; i < kLane; i += 8) {
@@ -96,6 +99,11 @@ __attribute__((target("sse4.2"))) inline uint64_t ThreeLanes(uint64_t c, const u
     std::memcpy(&v0, p + i, 8);
     std::memcpy(&v1, p + kLane + i, 8);
     std::memcpy(&v2, p + 2 * kLane + i, 8);
+    if constexpr (kCopy) {
+      std::memcpy(d + i, &v0, 8);
+      std::memcpy(d + kLane + i, &v1, 8);
+      std::memcpy(d + 2 * kLane + i, &v2, 8);
+    }
     c = _mm_crc32_u64(c, v0);
     c1 = _mm_crc32_u64(c1, v1);
     c2 = _mm_crc32_u64(c2, v2);
@@ -104,33 +112,43 @@ __attribute__((target("sse4.2"))) inline uint64_t ThreeLanes(uint64_t c, const u
   return shift(ab) ^ static_cast<uint32_t>(c2);
 }
 
-__attribute__((target("sse4.2"))) uint32_t ExtendSse42(uint32_t crc, const uint8_t* p, size_t n) {
+template <bool kCopy>
+__attribute__((target("sse4.2"))) uint32_t ExtendSse42(uint32_t crc, uint8_t* d,
+                                                       const uint8_t* p, size_t n) {
   static const ShiftTable kShiftLong = MakeShiftTable(kLongLane);
   static const ShiftTable kShiftShort = MakeShiftTable(kShortLane);
   uint64_t c = crc;
+  auto advance = [&](size_t k) {
+    p += k;
+    n -= k;
+    if constexpr (kCopy) d += k;
+  };
   while (n > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0) {
-    c = _mm_crc32_u8(static_cast<uint32_t>(c), *p++);
-    --n;
+    if constexpr (kCopy) *d = *p;
+    c = _mm_crc32_u8(static_cast<uint32_t>(c), *p);
+    advance(1);
   }
   while (n >= 3 * kLongLane) {
-    c = ThreeLanes<kLongLane>(c, p, kShiftLong);
-    p += 3 * kLongLane;
-    n -= 3 * kLongLane;
+    c = ThreeLanes<kLongLane, kCopy>(c, d, p, kShiftLong);
+    advance(3 * kLongLane);
   }
   while (n >= 3 * kShortLane) {
-    c = ThreeLanes<kShortLane>(c, p, kShiftShort);
-    p += 3 * kShortLane;
-    n -= 3 * kShortLane;
+    c = ThreeLanes<kShortLane, kCopy>(c, d, p, kShiftShort);
+    advance(3 * kShortLane);
   }
   while (n >= 8) {
     uint64_t v;
     std::memcpy(&v, p, 8);
+    if constexpr (kCopy) std::memcpy(d, &v, 8);
     c = _mm_crc32_u64(c, v);
-    p += 8;
-    n -= 8;
+    advance(8);
   }
   uint32_t c32 = static_cast<uint32_t>(c);
-  while (n-- > 0) c32 = _mm_crc32_u8(c32, *p++);
+  while (n > 0) {
+    if constexpr (kCopy) *d = *p;
+    c32 = _mm_crc32_u8(c32, *p);
+    advance(1);
+  }
   return c32;
 }
 
@@ -150,11 +168,22 @@ uint32_t Extend(uint32_t crc, const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
   crc = ~crc;
 #if defined(__x86_64__)
-  crc = kHaveSse42 ? ExtendSse42(crc, p, n) : ExtendPortable(crc, p, n);
+  crc = kHaveSse42 ? ExtendSse42<false>(crc, nullptr, p, n) : ExtendPortable(crc, p, n);
 #else
   crc = ExtendPortable(crc, p, n);
 #endif
   return ~crc;
+}
+
+uint32_t CopyAndExtend(uint32_t crc, void* dst, const void* src, size_t n) {
+#if defined(__x86_64__)
+  if (kHaveSse42) {
+    return ~ExtendSse42<true>(~crc, static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src),
+                              n);
+  }
+#endif
+  std::memcpy(dst, src, n);
+  return Extend(crc, src, n);
 }
 
 bool HardwareAccelerated() { return kHaveSse42; }

@@ -13,6 +13,9 @@ namespace kvpool::crc32c {
 // Continues a CRC: Extend(Extend(0, a), b) == Value(a || b).
 uint32_t Extend(uint32_t crc, const void* data, size_t n);
 inline uint32_t Value(const void* data, size_t n) { return Extend(0, data, n); }
+// Copies n bytes from src to dst (not overlapping) and returns
+// Extend(crc, src, n), reading the source once.
+uint32_t CopyAndExtend(uint32_t crc, void* dst, const void* src, size_t n);
 
 // True when the hardware path is in use (for logs and benchmarks).
 bool HardwareAccelerated();

@@ -64,6 +64,23 @@ TEST(Crc32cTest, MatchesReferenceAcrossLaneBoundaries) {
   }
 }
 
+TEST(Crc32cTest, CopyAndExtendCopiesAndMatchesExtend) {
+  std::vector<uint8_t> src(40000);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + (i >> 9));
+  for (size_t start : {0, 3, 8}) {
+    for (size_t n : {0, 5, 8, 769, 12288, 12288 + 768 + 13, 39000}) {
+      std::vector<uint8_t> dst(n + 16, 0xEE);
+      const uint32_t seed = Value("seed", 4);
+      EXPECT_EQ(CopyAndExtend(seed, dst.data() + 1, src.data() + start, n),
+                Extend(seed, src.data() + start, n))
+          << start << " " << n;
+      EXPECT_EQ(std::memcmp(dst.data() + 1, src.data() + start, n), 0) << start << " " << n;
+      EXPECT_EQ(dst[0], 0xEE);  // nothing written outside [dst, dst + n)
+      EXPECT_EQ(dst[n + 1], 0xEE);
+    }
+  }
+}
+
 TEST(Crc32cTest, DetectsEverySingleBitFlip) {
   std::vector<uint8_t> buf(256, 0x5A);
   const uint32_t good = Value(buf.data(), buf.size());

@@ -172,9 +172,9 @@ bool SsdEngine::Insert(const KeyId& key, const uint8_t* data, uint64_t size, boo
   // Fill the record outside the lock; `writers` keeps the buffer unflushed.
   Dir& d = *dirs_[di];
   RecordHeader h;
-  EncodeRecordHeader(key, data, size, {RegionOffset(ri) + off, seq, d.incarnation()}, &h);
+  EncodeRecordHeader(key, data, size, {RegionOffset(ri) + off, seq, d.incarnation()}, &h,
+                     kRecordMagic, buf + off + kRecordHeaderBytes);
   std::memcpy(buf + off, &h, sizeof(h));
-  std::memcpy(buf + off + kRecordHeaderBytes, data, size);
   std::memset(buf + off + kRecordHeaderBytes + size, 0, rec - kRecordHeaderBytes - size);
   {
     std::lock_guard lock(mu_);

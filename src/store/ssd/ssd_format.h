@@ -197,10 +197,11 @@ struct RecordExpect {
   uint32_t incarnation;
 };
 
-// Fills `h` (header_crc and data_crc included) for `payload`.
+// Fills `h` (header_crc and data_crc included) for `payload`. With
+// copy_to, also copies the payload there in the same pass over it.
 inline void EncodeRecordHeader(const KeyId& key, const uint8_t* payload, uint64_t len,
                                const RecordExpect& at, RecordHeader* h,
-                               uint32_t magic = kRecordMagic) {
+                               uint32_t magic = kRecordMagic, uint8_t* copy_to = nullptr) {
   std::memset(h, 0, sizeof(*h));
   h->magic = magic;
   h->version = kSsdFormatVersion;
@@ -211,7 +212,8 @@ inline void EncodeRecordHeader(const KeyId& key, const uint8_t* payload, uint64_
   h->region_seq = at.region_seq;
   h->incarnation = at.incarnation;
   uint32_t c = crc32c::Value(h, 56);
-  h->data_crc = crc32c::Extend(c, payload, len);
+  h->data_crc = copy_to != nullptr ? crc32c::CopyAndExtend(c, copy_to, payload, len)
+                                   : crc32c::Extend(c, payload, len);
   h->header_crc = crc32c::Value(h, 60);
 }
 
