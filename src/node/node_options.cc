@@ -107,8 +107,9 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
             "Demote to SSD only entries read at least this often (0: all)");
   t->AddDuration("ssd-insert-wait", &o->ssd.insert_wait, std::chrono::milliseconds(0),
                  std::chrono::milliseconds(10000),
-                 "How long a demotion waits for a free SSD buffer before it is dropped "
-                 "(throttles writers to the SSD's speed)");
+                 "How long a put (or promotion) waits, before it takes the DRAM lock, for "
+                 "SSD buffer room for the demotions it causes (throttles writers to the SSD's "
+                 "speed); a demotion that still finds no room is dropped and counted");
   t->AddInt("io-threads", &o->io_threads, 1, 64, "Worker threads for SSD reads (promotions)");
   t->AddInt("ssd-flush-threads", &o->flush_threads, 1, 64,
             "Threads writing SSD regions (one region write in flight each)");
