@@ -28,7 +28,7 @@
 #            until the node serves again per GiB on SSD; then cold reads with
 #            kvpool-bench get (1 and 2 threads, batch 16) of keys that are only
 #            on SSD (the restarted node's DRAM is empty), each run paired with
-#            a fio read just before it (the read ratio is the median of the
+#            a fio read of kvpool's own data file just before it (the read ratio is the median of the
 #            per-pair ratios: virtual disks change speed from minute to minute)
 # Each measurement is repeated (default 3) and the median reported. Ends with
 # `metric NAME VALUE` lines. About 2-3 minutes on a 1-2 GB/s disk.
@@ -214,12 +214,17 @@ run_fio() {
   # fio.dat stays for the paired reads next to kvpool's cold gets.
 }
 
-# fio_paired_read THREADS REP: one fio read (as above) right before a kvpool
-# cold-get run. Virtual disks change speed by 2x within minutes (host cache,
-# burst credits): the read ratio is taken per pair, then the median.
+# fio_paired_read THREADS REP: one fio read right before a kvpool cold-get
+# run. Virtual disks change speed by 2x within minutes (host cache, burst
+# credits): the read ratio is taken per pair, then the median. fio reads
+# kvpool's own data file (read-only, its first $FIO_SIZE, which the
+# overwrite phase just wrote), not fio.dat: a file written minutes earlier
+# may have left the host's cache while kvpool's just-written one has not,
+# which would flatter kvpool's reads.
 fio_paired_read() {
   local gbps
-  fio_thp --name=seqread --filename="$TMP/fio.dat" --rw=read --bs=1M --size="$FIO_SIZE" --direct=1 \
+  fio_thp --name=seqread --filename="$TMP/ssd/kvpool-ssd.data" --readonly --rw=read --bs=1M \
+    --size="$FIO_SIZE" --direct=1 \
     --ioengine=io_uring --iodepth="$READ_QD" --output-format=json > "$TMP/fio-paired.json" 2> "$TMP/fio.err" \
     || { cat "$TMP/fio.err" >&2; die "fio paired read failed"; }
   gbps="$("$PY" "$HERE/compare_lib.py" fio-gbps read < "$TMP/fio-paired.json")"
