@@ -126,7 +126,7 @@ struct EtcdMembership::Impl {
   milliseconds keepalive_interval{0};
   milliseconds fence_after{0};
   std::map<std::string, Member> members;  // as of watch_revision - 1
-  std::vector<int64_t> abandoned_leases;  // granted by failed registrations
+  std::vector<int64_t> abandoned_leases;  // granted by failed registrations (the last 16)
   int64_t watch_revision = 0;
   bool need_resync = true;
 
@@ -192,6 +192,8 @@ struct EtcdMembership::Impl {
       // under it, which the next attempt recognises and clears.
       client.LeaseRevoke(granted.id).IgnoreError();
       abandoned_leases.push_back(granted.id);
+      // Bounded: an abandoned lease expires within its TTL anyway.
+      if (abandoned_leases.size() > 16) abandoned_leases.erase(abandoned_leases.begin());
       return st;
     }
     lease = granted;
