@@ -15,32 +15,70 @@ HomePlacer::HomePlacer(const HomePlacerOptions& options, Cluster* cluster, Publi
   kept_ = m->GetCounter("kvpool_placement_kept_total",
                         "Values kept here because their home could not take them");
   busy_ = m->GetCounter("kvpool_placement_busy_total",
-                        "Values kept here because the hand-offs in flight were at their byte budget");
+                        "Values queued because the hand-offs in flight were at their byte budget");
+  queue_full_ = m->GetCounter("kvpool_placement_queue_full_total",
+                              "Values kept here because the hand-off queue was full");
   m->AddCallbackGauge("kvpool_placement_inflight_bytes", "Value bytes being handed to homes", {},
                       [this] { return static_cast<double>(inflight_bytes_.load()); }, this);
+  m->AddCallbackGauge("kvpool_placement_queued", "Values waiting to be handed to their homes", {},
+                      [this] {
+                        std::lock_guard lock(mu_);
+                        return static_cast<double>(queue_.size());
+                      },
+                      this);
 }
 
 HomePlacer::~HomePlacer() { metrics_->RemoveCallbacks(this); }
 
 void HomePlacer::Place(const KeyId& key, uint64_t size) {
+  if (TryStart(key, size, /*published=*/false)) return;
+  // Over budget: readable from here at once, moved later.
+  publisher_->Add(key, size);
+  {
+    std::lock_guard lock(mu_);
+    if (queue_.size() >= opts_.max_queued) {
+      queue_full_->Inc();
+      return;
+    }
+    queue_.push_back({key, size});
+  }
+  busy_->Inc();
+  Drain();  // the hand-offs in flight may all have finished meanwhile
+}
+
+void HomePlacer::Drain() {
+  for (;;) {
+    Queued q;
+    {
+      std::lock_guard lock(mu_);
+      if (queue_.empty()) return;
+      q = queue_.front();
+      queue_.pop_front();
+    }
+    if (!TryStart(q.key, q.size, /*published=*/true)) {
+      std::lock_guard lock(mu_);
+      queue_.push_front(q);
+      return;
+    }
+  }
+}
+
+bool HomePlacer::TryStart(const KeyId& key, uint64_t size, bool published) {
   const Member* home = cluster_->shard_map()->HomeOf(key);
   if (home == nullptr || home->node_id == cluster_->node_id() || cluster_->fenced()) {
-    publisher_->Add(key, size);
-    return;
+    if (!published) publisher_->Add(key, size);
+    return true;
   }
-  // Reserve the bytes first; over budget (unless nothing is in flight),
-  // the value stays here.
+  // Reserve the bytes first; over budget (unless nothing is in flight): no.
   uint64_t before = inflight_bytes_.fetch_add(size);
   if (before != 0 && before + size > opts_.max_inflight_bytes) {
     inflight_bytes_.fetch_sub(size);
-    busy_->Inc();
-    publisher_->Add(key, size);
-    return;
+    return false;
   }
   auto pin = store_->Acquire(key);
   if (!pin.ok()) {  // already gone (evicted or removed)
     inflight_bytes_.fetch_sub(size);
-    return;
+    return true;
   }
   auto held = std::make_shared<DramStore::Pin>(std::move(pin).value());
   std::vector<uint8_t> request;
@@ -52,19 +90,23 @@ void HomePlacer::Place(const KeyId& key, uint64_t size) {
   args.payload = {store_->dram()->segment_base() + held->offset(), held->size()};
   args.deadline = transport::Clock::now() + opts_.timeout;
   std::string peer = home->address;
-  cluster_->transport()->Call(args, [this, held, key, size, peer](transport::Reply r) {
+  cluster_->transport()->Call(args, [this, held, key, size, peer, published](transport::Reply r) {
     held->Reset();
     inflight_bytes_.fetch_sub(size);
     if (r.status.ok()) {
       moved_->Inc();
-      Status s = store_->Remove(key);  // the home holds it (and publishes it)
+      // The home holds it (and publishes it); this node no longer does.
+      if (published) publisher_->Remove(key);
+      Status s = store_->Remove(key);
       (void)s;
-      return;
+    } else {
+      kept_->Inc();
+      LogDebug("store {} at home {}: {}", key.ToHex(), peer, r.status.ToString());
+      if (!published) publisher_->Add(key, size);
     }
-    kept_->Inc();
-    LogDebug("store {} at home {}: {}", key.ToHex(), peer, r.status.ToString());
-    publisher_->Add(key, size);
+    Drain();
   });
+  return true;
 }
 
 }  // namespace kvpool::cluster

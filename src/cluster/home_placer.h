@@ -3,18 +3,26 @@
 // from the pinned local entry without a copy); once the home has it, the
 // local copy is removed, so capacity spreads over the homes. If the home
 // cannot take it (dead, full, slow past the deadline), the value stays here
-// and is published as a local placement would. So does a value put while
-// the hand-offs in flight are at their byte budget: the pinned values of
-// hand-offs cannot be evicted, and a writer faster than the wire would
-// otherwise fill its DRAM with them and refuse puts.
+// and is published as a local placement would.
 //
-// Thread-safe; Place() is quick (a pin and an async call). Callbacks run on
-// transport threads and use the store and publisher: destroy the placer
-// after the cluster's transport.
+// Hand-offs pin their values until the home answers, and pinned values
+// cannot be evicted: a writer faster than the wire (or a hung home) would
+// fill its DRAM with them and refuse puts. So the bytes in flight are
+// bounded (max_inflight_bytes). A value put while the budget is spent is
+// published here at once (readable from anywhere) and queued, unpinned; the
+// queue is handed off, oldest first, as hand-offs finish, and a moved value
+// is unpublished here. A value evicted while it waits is simply gone. When
+// the queue is full (max_queued), the value stays here for good.
+//
+// Thread-safe; Place() is quick (a pin and an async call, or a queue
+// push). Callbacks run on transport threads and use the store and
+// publisher: destroy the placer after the cluster's transport.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <deque>
+#include <mutex>
 
 #include "cluster/cluster.h"
 #include "cluster/publisher.h"
@@ -28,6 +36,8 @@ struct HomePlacerOptions {
   std::chrono::milliseconds timeout{1000};
   // Value bytes in flight to homes at once (at least one value always may).
   uint64_t max_inflight_bytes = 64ull << 20;
+  // Values waiting for the budget (16 + 8 bytes each).
+  size_t max_queued = 65536;
 };
 
 class HomePlacer {
@@ -41,15 +51,28 @@ class HomePlacer {
   void Place(const KeyId& key, uint64_t size);
 
  private:
+  struct Queued {
+    KeyId key;
+    uint64_t size = 0;
+  };
+  // Starts the hand-off of key unless the budget is spent (false). Keys whose
+  // home is (now) this node stay here. `published`: already published here.
+  bool TryStart(const KeyId& key, uint64_t size, bool published);
+  // Starts queued hand-offs while the budget allows.
+  void Drain();
+
   Cluster* const cluster_;
   Publisher* const publisher_;
   TieredStore* const store_;
   const HomePlacerOptions opts_;
   std::atomic<uint64_t> inflight_bytes_{0};
+  std::mutex mu_;
+  std::deque<Queued> queue_;  // protected by mu_
   MetricsRegistry* const metrics_;
   Counter* moved_;
   Counter* kept_;
   Counter* busy_;
+  Counter* queue_full_;
 };
 
 }  // namespace kvpool::cluster
