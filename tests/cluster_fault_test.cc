@@ -539,6 +539,7 @@ struct OutageRun {
   int64_t t_membership_update_ms = -1;
   std::map<std::string, uint64_t> inc_before, inc_after;
   uint64_t remote_after = 0;
+  double publish_retried = 0, publish_dropped = 0;  // summed over the nodes, at the end
 };
 
 void RunEtcdOutage(ClusterFaultTest* t, EtcdTestServer* etcd, bool hang, milliseconds outage,
@@ -663,6 +664,8 @@ void RunEtcdOutage(ClusterFaultTest* t, EtcdTestServer* etcd, bool hang, millise
   for (int i = 0; i < 3; ++i) {
     r->probe_hits[i] = hits[i];
     r->probe_misses[i] = misses[i];
+    r->publish_retried += nodes[i]->Metric("kvpool_publish_retried_total");
+    r->publish_dropped += nodes[i]->Metric("kvpool_publish_dropped_total");
   }
   r->probe_wrong = wrong + remote_after_wrong;
   auto inc = [&](const std::map<std::string, uint64_t>& m, const char* id) {
@@ -676,7 +679,8 @@ void RunEtcdOutage(ClusterFaultTest* t, EtcdTestServer* etcd, bool hang, millise
       "\"t_outage_ms\":[%lld,%lld,%lld],\"fenced_in_outage\":%d,"
       "\"fresh_remote_before\":\"%llu/%llu\",\"fresh_remote_in_outage\":\"%llu/%llu\","
       "\"fresh_remote_after\":\"%llu/%llu\",\"t_membership_update_ms\":%lld,"
-      "\"remote_after_final\":%llu,\"incarnations\":\"a %llu->%llu b %llu->%llu c %llu->%llu\"}\n",
+      "\"remote_after_final\":%llu,\"publish_retried\":%.0f,\"publish_dropped\":%.0f,"
+      "\"incarnations\":\"a %llu->%llu b %llu->%llu c %llu->%llu\"}\n",
       hang ? "hung" : "stopped", (unsigned long long)r->outage_ms, (unsigned long long)r->s.ops,
       (unsigned long long)r->s.gets, (unsigned long long)r->s.hits,
       (unsigned long long)r->s.misses, (unsigned long long)r->s.local_misses,
@@ -691,7 +695,7 @@ void RunEtcdOutage(ClusterFaultTest* t, EtcdTestServer* etcd, bool hang, millise
       (unsigned long long)r->probe_hits[2],
       (unsigned long long)(r->probe_hits[2] + r->probe_misses[2]),
       (long long)r->t_membership_update_ms, (unsigned long long)r->remote_after,
-      inc(r->inc_before, "a"), inc(r->inc_after, "a"), inc(r->inc_before, "b"),
+      r->publish_retried, r->publish_dropped, inc(r->inc_before, "a"), inc(r->inc_after, "a"), inc(r->inc_before, "b"),
       inc(r->inc_after, "b"), inc(r->inc_before, "c"), inc(r->inc_after, "c"));
 }
 

@@ -11,9 +11,11 @@ Publisher::Publisher(const PublisherOptions& options, Cluster* cluster, Director
     : opts_(options), cluster_(cluster), directory_(directory), executor_(executor) {
   sent_ = m->GetCounter("kvpool_publish_items_total", "Directory items published to home nodes");
   dropped_ = m->GetCounter("kvpool_publish_dropped_total",
-                           "Directory items dropped (queue full or no home)");
+                           "Directory items dropped (queue full, no home, or out of retries)");
   errors_ = m->GetCounter("kvpool_peer_errors_total", "Failed peer calls, by operation",
                           {{"op", "publish"}});
+  retried_ = m->GetCounter("kvpool_publish_retried_total",
+                           "Directory items sent again after a home did not take their batch");
 }
 
 void Publisher::Add(const KeyId& key, uint64_t size) { Enqueue({key, PublishOp::kAdd, size}); }
@@ -38,67 +40,92 @@ void Publisher::Enqueue(const PublishItem& item) {
 
 void Publisher::Flush() {
   std::lock_guard flush_lock(flush_mu_);
-  std::vector<PublishItem> items;
+  std::vector<PublishItem> fresh;
   {
     std::lock_guard lock(mu_);
-    items.swap(queue_);
+    fresh.swap(queue_);
     flush_scheduled_ = false;
   }
+  // Retries that are due go first (they are older).
+  std::vector<Retry> items;
+  {
+    auto now = std::chrono::steady_clock::now();
+    std::lock_guard lock(retry_->mu);
+    while (!retry_->items.empty() && retry_->items.front().due <= now) {
+      items.push_back(retry_->items.front());
+      retry_->items.pop_front();
+    }
+  }
+  if (!items.empty()) retried_->Inc(items.size());
+  items.reserve(items.size() + fresh.size());
+  for (const PublishItem& it : fresh) items.push_back({it, 0, {}});
   if (items.empty()) return;
   auto map = cluster_->shard_map();
   const std::string& self = cluster_->node_id();
   uint64_t incarnation = cluster_->incarnation();
-  // Per home address: its batch (the home's node id decides "is it me").
-  std::map<std::string, PublishBatch> batches;
+  // Per home address: its items (the home's node id decides "is it me").
+  std::map<std::string, std::vector<Retry>> batches;
   PublishBatch local{self, incarnation, {}};
-  for (const auto& it : items) {
-    const Member* home = map->HomeOf(it.key);
+  for (const Retry& r : items) {
+    const Member* home = map->HomeOf(r.item.key);
     if (home == nullptr) {
       dropped_->Inc();
       continue;
     }
     if (home->node_id == self) {
-      local.items.push_back(it);
+      local.items.push_back(r.item);
       continue;
     }
-    PublishBatch& b = batches[home->address];
-    if (b.items.empty()) b = PublishBatch{self, incarnation, {}};
-    b.items.push_back(it);
+    batches[home->address].push_back(r);
   }
   if (!local.items.empty()) {
     directory_->Apply(local);
     sent_->Inc(local.items.size());
   }
   if (cluster_->fenced()) {
+    // A fenced node publishes nothing; it replays everything it holds
+    // when it registers again.
     dropped_->Inc(items.size() - local.items.size());
     return;
   }
   for (auto& [address, batch] : batches) {
-    for (size_t start = 0; start < batch.items.size(); start += opts_.max_batch) {
-      PublishBatch part{batch.node_id, batch.incarnation, {}};
-      size_t end = std::min(batch.items.size(), start + opts_.max_batch);
-      part.items.assign(batch.items.begin() + static_cast<ptrdiff_t>(start),
-                        batch.items.begin() + static_cast<ptrdiff_t>(end));
+    for (size_t start = 0; start < batch.size(); start += opts_.max_batch) {
+      size_t end = std::min(batch.size(), start + opts_.max_batch);
+      auto part = std::make_shared<std::vector<Retry>>(
+          batch.begin() + static_cast<ptrdiff_t>(start), batch.begin() + static_cast<ptrdiff_t>(end));
+      PublishBatch msg{self, incarnation, {}};
+      msg.items.reserve(part->size());
+      for (const Retry& r : *part) msg.items.push_back(r.item);
       auto payload = std::make_shared<std::vector<uint8_t>>();
-      EncodePublish(part, payload.get());
+      EncodePublish(msg, payload.get());
       transport::CallArgs args;
       args.peer = address;
       args.type = kPeerPublish;
       args.payload = *payload;
       args.deadline = transport::Clock::now() + opts_.timeout;
-      size_t n = part.items.size();
-      // The callback may outlive the publisher: it touches only metrics.
+      // The callback may outlive the publisher: it touches only metrics and
+      // the shared retry queue.
       Counter* sent = sent_;
       Counter* errors = errors_;
       Counter* dropped = dropped_;
-      cluster_->transport()->Call(args, [sent, errors, dropped, payload, n,
+      auto retry = retry_;
+      const PublisherOptions opts = opts_;
+      cluster_->transport()->Call(args, [sent, errors, dropped, payload, part, retry, opts,
                                          address](transport::Reply r) {
         if (r.status.ok()) {
-          sent->Inc(n);
-        } else {
-          errors->Inc();
-          dropped->Inc(n);
-          LogDebug("publish to {}: {}", address, r.status.ToString());
+          sent->Inc(part->size());
+          return;
+        }
+        errors->Inc();
+        LogDebug("publish to {}: {}", address, r.status.ToString());
+        auto due = std::chrono::steady_clock::now() + opts.retry_delay;
+        std::lock_guard lock(retry->mu);
+        for (Retry& it : *part) {
+          if (it.attempt >= opts.max_retries || retry->items.size() >= opts.max_queue) {
+            dropped->Inc();
+            continue;
+          }
+          retry->items.push_back({it.item, it.attempt + 1, due});
         }
       });
     }

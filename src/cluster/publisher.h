@@ -2,8 +2,12 @@
 // queue an item; Flush() sends the queue as one Publish batch per home
 // (applied directly when the home is this node). The node calls Flush()
 // every few milliseconds; a queue reaching max_batch is flushed at once on
-// the executor. Delivery is best effort (soft state): a failed batch is
-// counted and dropped.
+// the executor. Delivery is best effort (soft state) with retries: a batch
+// a home did not take (down, fenced while it re-registers, late) is sent
+// again up to max_retries times, retry_delay apart, each time to the key's
+// home as of then; after that it is counted and dropped. (A retried add can
+// land after a later remove of the same key: the home then lists a holder
+// that no longer has the key, which costs a reader one failed fetch.)
 //
 // Thread-safe; Add/Remove are quick (one mutex, no I/O) and may be called
 // under the DRAM store's lock.
@@ -11,6 +15,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -29,6 +34,8 @@ struct PublisherOptions {
   // Queued items at most; beyond it items are dropped (and counted).
   uint32_t max_queue = 1u << 20;
   std::chrono::milliseconds timeout{1000};
+  uint32_t max_retries = 5;
+  std::chrono::milliseconds retry_delay{200};
 };
 
 class Publisher {
@@ -44,6 +51,18 @@ class Publisher {
  private:
   void Enqueue(const PublishItem& item);
 
+  // Items of failed batches, waiting for their next try. Shared with the
+  // transport callbacks, which may outlive the publisher.
+  struct Retry {
+    PublishItem item;
+    uint32_t attempt = 0;  // tries made so far
+    std::chrono::steady_clock::time_point due;
+  };
+  struct RetryQueue {
+    std::mutex mu;
+    std::deque<Retry> items;  // protected by mu; roughly in due order
+  };
+
   const PublisherOptions opts_;
   Cluster* const cluster_;
   Directory* const directory_;
@@ -51,10 +70,12 @@ class Publisher {
   std::mutex mu_;
   std::vector<PublishItem> queue_;  // protected by mu_
   bool flush_scheduled_ = false;    // protected by mu_
+  std::shared_ptr<RetryQueue> retry_ = std::make_shared<RetryQueue>();
   std::mutex flush_mu_;             // one Flush at a time (keeps batches in order)
   Counter* sent_;
   Counter* dropped_;
   Counter* errors_;
+  Counter* retried_;
 };
 
 }  // namespace kvpool::cluster

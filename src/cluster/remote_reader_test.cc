@@ -307,6 +307,37 @@ TEST_F(RemoteReaderTest, PlacementHomeMovesValuesToTheirHomeOrKeepsThemWhenItIsD
   for (const auto& k : to_c) EXPECT_TRUE(a.dram->Contains(k));  // kept: the home is down
 }
 
+// A publish batch the home did not take (b is down) is sent again after the
+// retry delay, to the key's home as of then: b, back, gets every entry.
+TEST_F(RemoteReaderTest, APublishTheHomeDidNotTakeIsSentAgain) {
+  TestNode& a = *nodes_[0];
+  auto map = a.cluster->shard_map();
+  std::vector<KeyId> keys;
+  for (int i = 0; keys.size() < 8 && i < 1000; ++i) {
+    if (map->HomeOf(Key(i))->node_id == "b") keys.push_back(Key(i));
+  }
+  ASSERT_EQ(keys.size(), 8u);
+  nodes_[1].reset();  // b goes away; its address stops answering
+  for (size_t i = 0; i < keys.size(); ++i) a.Put(keys[i], Bytes(static_cast<int>(i), 4096));
+  a.publisher->Flush();
+  for (int i = 0; i < 200 && a.metrics.ValueOf("kvpool_peer_errors_total", {{"op", "publish"}}) < 1;
+       ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_GE(a.metrics.ValueOf("kvpool_peer_errors_total", {{"op", "publish"}}), 1);
+  std::vector<Member> members;
+  for (const char* id : {"a", "b", "c"}) members.push_back({id, std::string(id) + ":1", 0, 1.0});
+  nodes_[1] = std::make_unique<TestNode>(&net_, "b", members, "c:1");
+  a.publisher->Flush();  // before the retry delay: nothing is due yet
+  EXPECT_EQ(a.metrics.ValueOf("kvpool_publish_retried_total"), 0);
+  std::this_thread::sleep_for(milliseconds(250));  // past the retry delay (200 ms)
+  a.publisher->Flush();
+  ASSERT_TRUE(WaitDirectoryEntries(keys.size()));
+  EXPECT_EQ(nodes_[1]->directory->entries(), keys.size());
+  EXPECT_EQ(a.metrics.ValueOf("kvpool_publish_retried_total"), 8);
+  EXPECT_EQ(a.metrics.ValueOf("kvpool_publish_dropped_total"), 0);
+}
+
 // A read does not wait for the slowest home before fetching: keys whose
 // home answered (here: B's own directory) are fetched while the lookup at
 // another home (C, held) is still out, and the read completes once C answers.
