@@ -104,17 +104,6 @@ TMP="$(mktemp -d -t kvpool-compare.XXXXXX)"
 RESULTS="$TMP/results.jsonl"
 : > "$RESULTS"
 NODE_PID="" ; REDIS_PID=""
-stop_pid() {  # stop_pid PID NAME: TERM, wait up to 10 s, then KILL
-  local pid="$1" _
-  kill -0 "$pid" 2>/dev/null || return 0
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$pid" 2>/dev/null; then
-    log "$2 (pid $pid) ignored SIGTERM for 10 s; killing it"
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
-  wait "$pid" 2>/dev/null || true
-}
 cleanup() {
   local rc=$?
   [[ -n "$NODE_PID" ]] && stop_pid "$NODE_PID" kvpool-node

@@ -87,18 +87,6 @@ TMP="$(mktemp -d -t kvpool-remote.XXXXXX)"
 RESULTS="$TMP/results.jsonl"
 : > "$RESULTS"
 A_PID="" ; B_PID="" ; REDIS_PID="" ; IPERF_PID=""
-stop_pid() {  # stop_pid PID NAME: TERM, wait up to 10 s, then KILL
-  local pid="$1" _
-  [[ -n "$pid" ]] || return 0
-  kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null || true; return 0; }
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$pid" 2>/dev/null; then
-    log "$2 (pid $pid) ignored SIGTERM for 10 s; killing it"
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
-  wait "$pid" 2>/dev/null || true
-}
 cleanup() {
   local rc=$?
   stop_pid "$B_PID" kvpool-node-b

@@ -107,22 +107,7 @@ TMP="$(mktemp -d "$BASE/kvpool-ssd-bench.XXXXXX")"
 RESULTS="$TMP/results.jsonl"
 : > "$RESULTS"
 NODE_PID="" ; SAMPLER_PID=""
-stop_pid() {  # stop_pid PID NAME [SIGNAL]: signal, wait up to 60 s, then KILL
-  local pid="$1" sig="${3:-TERM}" _
-  kill -0 "$pid" 2>/dev/null || return 0
-  if [[ "$sig" == KILL ]]; then
-    # Reap at once: bash would otherwise report the killed job on stderr.
-    { kill -KILL "$pid"; wait "$pid"; } 2>/dev/null || true
-    return 0
-  fi
-  kill "-$sig" "$pid" 2>/dev/null || true
-  for _ in $(seq 600); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$pid" 2>/dev/null; then
-    log "$2 (pid $pid) did not exit 60 s after SIG$sig; killing it"
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
-  wait "$pid" 2>/dev/null || true
-}
+STOP_WAIT_S=60  # a clean stop flushes and writes the checkpoint
 cleanup() {
   local rc=$?
   [[ -n "$SAMPLER_PID" ]] && stop_pid "$SAMPLER_PID" sampler
