@@ -514,9 +514,7 @@ ucs_status_t UcxTransport::Core::OnRequest(const void* header, size_t header_len
   Frame f;
   std::span<const uint8_t> hdr;
   const char* reason = "";
-  Status st = DecodeFrame({static_cast<const uint8_t*>(header), header_len}, len,
-                          limits.max_header_bytes, limits.max_payload_bytes, &f, &hdr, &reason);
-  if (st.ok() && f.kind != FrameKind::kRequest) st = InvalidArgument(reason = "bad_kind");
+  Status st = DecodeIncoming(header, header_len, len, FrameKind::kRequest, &f, &hdr, &reason);
   if (!st.ok()) {
     // A peer that sends garbage is cut off; UCX drops a rendezvous we decline.
     CountError(reason);
@@ -586,15 +584,22 @@ void UcxTransport::Core::Dispatch(uint64_t ep_id, Frame frame, std::vector<uint8
   }
 }
 
+Status UcxTransport::Core::DecodeIncoming(const void* header, size_t header_len, size_t len,
+                                          FrameKind want, Frame* f, std::span<const uint8_t>* hdr,
+                                          const char** reason) const {
+  Status st = DecodeFrame({static_cast<const uint8_t*>(header), header_len}, len,
+                          limits.max_header_bytes, limits.max_payload_bytes, f, hdr, reason);
+  if (st.ok() && f->kind != want) st = InvalidArgument(*reason = "bad_kind");
+  return st;
+}
+
 ucs_status_t UcxTransport::Core::OnReply(const void* header, size_t header_len, void* data,
                                          size_t len, const ucp_am_recv_param_t* param) {
   std::optional<uint64_t> ep_id = EndpointOf(param);
   Frame f;
   std::span<const uint8_t> hdr;
   const char* reason = "";
-  Status st = DecodeFrame({static_cast<const uint8_t*>(header), header_len}, len,
-                          limits.max_header_bytes, limits.max_payload_bytes, &f, &hdr, &reason);
-  if (st.ok() && f.kind != FrameKind::kReply) st = InvalidArgument(reason = "bad_kind");
+  Status st = DecodeIncoming(header, header_len, len, FrameKind::kReply, &f, &hdr, &reason);
   if (!st.ok()) {
     CountError(reason);
     if (ep_id) FailEndpoint(*ep_id, st);

@@ -156,6 +156,10 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   void RecvDone(RecvOp* op, ucs_status_t status);
   ucs_status_t OnRequest(const void* header, size_t header_len, void* data, size_t len,
                          const ucp_am_recv_param_t* param);
+  // A received frame checked against the limits and for the expected kind;
+  // *reason names what was wrong (a metric label).
+  Status DecodeIncoming(const void* header, size_t header_len, size_t len, FrameKind want,
+                        Frame* f, std::span<const uint8_t>* hdr, const char** reason) const;
   ucs_status_t OnReply(const void* header, size_t header_len, void* data, size_t len,
                        const ucp_am_recv_param_t* param);
   std::optional<uint64_t> EndpointOf(const ucp_am_recv_param_t* param);
