@@ -363,6 +363,34 @@ TEST(StaticClusterTest, PeersListServesRemoteReads) {
   ASSERT_NO_FATAL_FAILURE(ExpectValues(got, vals));
 }
 
+// A large batch get through b of values held on a (zero-copy client:
+// acquire, copy out, release): every value arrives byte-exact, and each is
+// fetched exactly once, its bytes counted once.
+TEST(StaticClusterTest, LargeRemoteBatchGetFetchesEachValueOnce) {
+  StaticCluster sc;
+  sc.PickPorts({"a", "b"});
+  ASSERT_TRUE(sc.StartNodes({"a", "b"}));
+  NodeProcess* a = sc.nodes[0].get();
+  NodeProcess* b = sc.nodes[1].get();
+  Conn ca(*a), cb(*b, /*copy_mode=*/false);
+  constexpr size_t kN = 24;
+  auto ids = Keys("ahead", kN);
+  ByteValues vals;
+  for (size_t i = 0; i < kN; ++i) vals.push_back(Pattern(900 + i, (900 << 10) - i * 999));
+  ca.Put(ids, vals);
+  ASSERT_TRUE(WaitFor(milliseconds(3000), [&] { return cb.ExistsCount(ids) == kN; }));
+  auto got = cb.Get(ids);
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(got, vals));
+  EXPECT_EQ(b->Metric("kvpool_remote_fetches_total"), kN);
+  uint64_t bytes = 0;
+  for (const auto& v : vals) bytes += v.size();
+  EXPECT_EQ(b->Metric("kvpool_remote_fetch_bytes_total"), static_cast<double>(bytes));
+  // Read again: now local replicas (b's 64 MiB holds them), nothing fetched.
+  got = cb.Get(ids);
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(got, vals));
+  EXPECT_EQ(b->Metric("kvpool_remote_fetches_total"), kN);
+}
+
 // Placement home with homes slower than the writer: a hand-off pins its
 // value until the home has it (or its deadline passes), so without a bound
 // the writer's DRAM fills with pinned values and refuses puts. Here the home

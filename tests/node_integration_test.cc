@@ -174,6 +174,64 @@ TEST(NodeIntegration, PutLargerThanTheFreeSegment) {
   kvpool_close(c);
 }
 
+// A get of many large values (acquire, copy out, release): every item
+// keeps its own outcome: hits byte-exact, a miss NOT_FOUND, a too-small
+// buffer RESOURCE_EXHAUSTED with the value's size and the buffer untouched,
+// and no pin is left behind.
+TEST(NodeIntegration, LargeBatchGetKeepsEachItemsOutcome) {
+  auto node = NodeProcess::Start({"--dram-capacity", "64MiB", "--slab-size", "1MiB"});
+  ASSERT_NE(node, nullptr);
+  kvpool_client* c = Open(node->socket(), 1);
+  constexpr size_t kN = 24;
+  constexpr uint64_t kSize = 900 << 10;
+  std::vector<kvpool_key_id> ids;
+  std::vector<std::vector<uint8_t>> vals;
+  for (size_t i = 0; i < kN; ++i) {
+    ids.push_back(Id("chunks", "k" + std::to_string(i)));
+    std::vector<uint8_t> v(kSize - i * 1000);
+    for (size_t j = 0; j < v.size(); ++j) v[j] = static_cast<uint8_t>(i * 31 + j * 7 + (j >> 11));
+    vals.push_back(std::move(v));
+  }
+  // Key 5 and key 17 are never stored.
+  for (size_t i = 0; i < kN; ++i) {
+    if (i == 5 || i == 17) continue;
+    const void* p = vals[i].data();
+    uint64_t size = vals[i].size();
+    kvpool_status st;
+    ASSERT_EQ(kvpool_put(c, &ids[i], &p, &size, 1, &st), KVPOOL_OK) << kvpool_last_error();
+  }
+  std::vector<std::vector<uint8_t>> bufs(kN, std::vector<uint8_t>(1 << 20, 0xee));
+  std::vector<void*> ptrs;
+  std::vector<uint64_t> caps(kN, 1 << 20), sizes(kN, 0);
+  for (auto& b : bufs) ptrs.push_back(b.data());
+  caps[20] = 1000;  // too small for its value
+  std::vector<kvpool_status> st(kN);
+  ASSERT_EQ(kvpool_get(c, ids.data(), ptrs.data(), caps.data(), kN, sizes.data(), st.data()),
+            KVPOOL_OK)
+      << kvpool_last_error();
+  for (size_t i = 0; i < kN; ++i) {
+    if (i == 5 || i == 17) {
+      EXPECT_EQ(st[i], KVPOOL_NOT_FOUND) << i;
+      continue;
+    }
+    EXPECT_EQ(sizes[i], vals[i].size()) << i;
+    if (i == 20) {
+      EXPECT_EQ(st[i], KVPOOL_RESOURCE_EXHAUSTED);
+      EXPECT_EQ(bufs[i][0], 0xee);  // untouched
+      continue;
+    }
+    ASSERT_EQ(st[i], KVPOOL_OK) << i;
+    EXPECT_TRUE(std::equal(vals[i].begin(), vals[i].end(), bufs[i].begin())) << i;
+  }
+  // Every pin was released: the connection still serves, and the node
+  // holds no pin.
+  EXPECT_EQ(kvpool_get(c, ids.data(), ptrs.data(), caps.data(), kN, sizes.data(), st.data()),
+            KVPOOL_OK);
+  // (Stats goes over the same connection, behind the releases.)
+  EXPECT_EQ(Stats(c)["dram"]["pinned"], 0);
+  kvpool_close(c);
+}
+
 TEST(NodeIntegration, ZeroCopyPinsSurviveEvictionChurn) {
   auto node = NodeProcess::Start({"--dram-capacity", "32MiB", "--slab-size", "1MiB"});
   ASSERT_NE(node, nullptr);
