@@ -1,10 +1,12 @@
 #include "cluster/peer_server.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "cluster/peer_messages_format.h"
 #include "common/log.h"
+#include "store/ssd/ssd_store.h"
 
 namespace kvpool::cluster {
 
@@ -31,12 +33,19 @@ void ReplyWithPin(Responder& responder, DramStore* dram, DramStore::Pin pin) {
 }  // namespace
 
 PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publisher,
-                       TieredStore* store, Executor* executor)
+                       TieredStore* store, Executor* executor, Executor* list_executor,
+                       MetricsRegistry* metrics)
     : cluster_(cluster),
       directory_(directory),
       publisher_(publisher),
       store_(store),
       executor_(executor),
+      list_executor_(list_executor != nullptr ? list_executor : executor),
+      owned_metrics_(metrics == nullptr ? std::make_unique<MetricsRegistry>() : nullptr),
+      ssd_replayed_((metrics != nullptr ? metrics : owned_metrics_.get())
+                        ->GetCounter("kvpool_publish_ssd_replayed_total",
+                                     "Entries held only on SSD published again to their homes "
+                                     "(at start, for moved shards, after re-registration)")),
       last_map_(cluster->shard_map()),
       last_incarnation_(cluster->incarnation()) {
   // The directory learns each member's newest incarnation from the views,
@@ -136,10 +145,49 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publis
         last_incarnation_ = inc;
         executor_->Submit([this, before, after, view, all] { OnView(before, after, view, all); });
       });
+  // What the SSD tier recovered (checkpoint or scan) is held from the start
+  // but no home has heard of it yet.
+  ReplaySsd(std::vector<bool>(kNumShards, true), {});
 }
 
 // The membership (and its subscription) is gone by now: see the header.
-PeerServer::~PeerServer() = default;
+PeerServer::~PeerServer() {
+  std::unique_lock lock(gate_->mu);
+  gate_->stopped = true;
+  gate_->stop.store(true);
+  gate_->cv.wait(lock, [&] { return gate_->running == 0; });
+}
+
+void PeerServer::ReplaySsd(std::vector<bool> shards, std::vector<KeyId> skip) {
+  SsdStore* ssd = store_->ssd();
+  if (ssd == nullptr) return;
+  std::sort(skip.begin(), skip.end());
+  list_executor_->Submit([this, ssd, gate = gate_, shards = std::move(shards),
+                          skip = std::move(skip)] {
+    {
+      std::lock_guard lock(gate->mu);
+      if (gate->stopped) return;  // the server is gone: `this` is too
+      ++gate->running;
+    }
+    uint64_t n = 0;
+    ssd->ListEntries([&](uint64_t key_hi) { return shards[ShardOf(KeyId{key_hi, 0})]; },
+                     [&](const std::vector<SsdEntry>& batch) {
+                       uint64_t added = 0;
+                       for (const SsdEntry& e : batch) {
+                         if (std::binary_search(skip.begin(), skip.end(), e.key)) continue;
+                         publisher_->Add(e.key, e.size);
+                         ++added;
+                       }
+                       n += added;
+                       ssd_replayed_->Inc(added);
+                       return !gate->stop.load();
+                     });
+    LogDebug("republished {} entries from the SSD tier", n);
+    std::lock_guard lock(gate->mu);
+    --gate->running;
+    gate->cv.notify_all();
+  });
+}
 
 void PeerServer::OnView(std::shared_ptr<const ShardMap> before,
                         std::shared_ptr<const ShardMap> after,
@@ -157,8 +205,16 @@ void PeerServer::OnView(std::shared_ptr<const ShardMap> before,
     if (is_moved[ShardOf(key)]) held.emplace_back(key, size);
   });
   for (const auto& [key, size] : held) publisher_->Add(key, size);
-  LogDebug("view {}: {} shards moved, {} entries republished", view->epoch, moved.size(),
+  LogDebug("view {}: {} shards moved, {} DRAM entries republished", view->epoch, moved.size(),
            held.size());
+  // Then the SSD tier's entries of those shards, but for the ones just
+  // published: skipping exactly those (not whatever DRAM holds when the
+  // listing gets there) also covers a key promoted or demoted meanwhile.
+  if (store_->ssd() == nullptr) return;
+  std::vector<KeyId> published;
+  published.reserve(held.size());
+  for (const auto& kv : held) published.push_back(kv.first);
+  ReplaySsd(std::move(is_moved), std::move(published));
 }
 
 }  // namespace kvpool::cluster

@@ -6,22 +6,34 @@
 // promoting it from SSD first when it is only there; Store (placement home)
 // keeps a value handed over by its writer. A fenced node answers
 // Unavailable. On every membership view it prunes the directory of dead
-// incarnations and replays this node's DRAM inventory of the shards whose
-// home moved to their new homes (through the Publisher) -- all of it when
-// this node itself came back under a new incarnation.
+// incarnations and replays this node's inventory of the shards whose home
+// moved to their new homes (through the Publisher) -- all of it when this
+// node itself came back under a new incarnation. The inventory is the DRAM
+// entries, listed under the DRAM lock, and with an SSD tier the SSD's
+// entries that the DRAM replay did not just publish, listed from their
+// record headers on the list executor (device reads; seconds for a large
+// tier); at start the whole SSD tier is listed that way, so what a
+// restarted node recovered is published.
 //
 // Thread-safe. Handlers run on the transport's handler executor; view work
-// runs on the executor. Destroy only after the cluster itself (its
-// transport runs the handlers, its membership the view callback) and after
-// the executor has drained.
+// runs on the executor, SSD listings on the list executor. Destroy only
+// after the cluster itself (its transport runs the handlers, its membership
+// the view callback) and after the executor has drained; destruction stops
+// a running SSD listing after its current region and waits for it, and
+// listings still queued on the list executor then do nothing.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "cluster/cluster.h"
 #include "cluster/directory.h"
 #include "cluster/publisher.h"
 #include "common/executor.h"
+#include "common/metrics.h"
 #include "store/tiered_store.h"
 
 namespace kvpool::cluster {
@@ -29,9 +41,12 @@ namespace kvpool::cluster {
 class PeerServer {
  public:
   // Registers the handlers and subscribes to views. All pointers must
-  // outlive the server.
+  // outlive the server. list_executor runs the SSD listings (one thread is
+  // enough: they run one after another); null: the executor. metrics null:
+  // the counters are kept but not exported.
   PeerServer(Cluster* cluster, Directory* directory, Publisher* publisher, TieredStore* store,
-             Executor* executor);
+             Executor* executor, Executor* list_executor = nullptr,
+             MetricsRegistry* metrics = nullptr);
   ~PeerServer();
   PeerServer(const PeerServer&) = delete;
   PeerServer& operator=(const PeerServer&) = delete;
@@ -40,11 +55,29 @@ class PeerServer {
   void OnView(std::shared_ptr<const ShardMap> before, std::shared_ptr<const ShardMap> after,
               std::shared_ptr<const MembershipView> view, bool replay_all);
 
+  // Queues a listing of the SSD tier's entries of the shards marked in
+  // `shards` (kNumShards flags) and publishes them, but for the keys in
+  // `skip` (published from DRAM just before). No-op without SSD.
+  void ReplaySsd(std::vector<bool> shards, std::vector<KeyId> skip);
+
+  // Shared with queued listings, which may run after the server is gone.
+  struct ListGate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool stopped = false;           // protected by mu
+    int running = 0;                // protected by mu
+    std::atomic<bool> stop{false};  // read by a running listing between regions
+  };
+
   Cluster* const cluster_;
   Directory* const directory_;
   Publisher* const publisher_;
   TieredStore* const store_;
   Executor* const executor_;
+  Executor* const list_executor_;
+  std::unique_ptr<MetricsRegistry> owned_metrics_;  // when none was given
+  Counter* ssd_replayed_;
+  std::shared_ptr<ListGate> gate_ = std::make_shared<ListGate>();
   uint64_t sub_ = 0;
   // Only touched by the membership's callback thread.
   std::shared_ptr<const ShardMap> last_map_;

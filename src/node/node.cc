@@ -127,6 +127,7 @@ class NodeImpl final : public Node {
     if (cluster_ && !ssd_) store_->SetEvictionListener(nullptr);
     cluster_.reset();
     peer_server_.reset();
+    if (list_pool_) list_pool_->Stop();  // queued listings return at once now
     reader_.reset();
     placer_.reset();
     publisher_.reset();
@@ -162,9 +163,11 @@ class NodeImpl final : public Node {
     publisher_ = std::make_unique<cluster::Publisher>(cluster::PublisherOptions{}, cluster_.get(),
                                                       directory_.get(), peer_pool_.get(),
                                                       &metrics_);
-    peer_server_ = std::make_unique<cluster::PeerServer>(cluster_.get(), directory_.get(),
-                                                         publisher_.get(), tiered_.get(),
-                                                         peer_pool_.get());
+    // SSD inventory listings read the device for seconds: their own thread.
+    if (ssd_) list_pool_ = std::make_unique<ThreadPool>(1, "kvpool-list");
+    peer_server_ = std::make_unique<cluster::PeerServer>(
+        cluster_.get(), directory_.get(), publisher_.get(), tiered_.get(), peer_pool_.get(),
+        list_pool_.get(), &metrics_);
     if (opts_.placement == "home") {
       cluster::HomePlacerOptions po;
       po.timeout = opts_.remote.fetch_timeout;
@@ -312,6 +315,7 @@ class NodeImpl final : public Node {
   std::unique_ptr<SsdStore> ssd_;        // null without --ssd
   std::unique_ptr<TieredStore> tiered_;
   std::unique_ptr<ThreadPool> peer_pool_;  // peer request handlers
+  std::unique_ptr<ThreadPool> list_pool_;  // SSD inventory listings (cluster + SSD only)
   std::unique_ptr<Cluster> cluster_;       // null when standalone
   std::unique_ptr<cluster::Directory> directory_;
   std::unique_ptr<cluster::Publisher> publisher_;

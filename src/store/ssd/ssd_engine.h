@@ -110,12 +110,14 @@ class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
   Status Flush();
   Status Close();
   SsdStats GetStats() const;
+  // SsdStore::ListEntries (ssd_list.cc).
+  uint64_t ListEntries(const SsdKeyFilter& want, const SsdEntrySink& sink);
 
  private:
   struct Metrics {
     Counter *reads, *read_bytes, *writes, *write_bytes, *crc_failures, *region_evictions,
-        *inserts_dropped, *read_errors, *write_errors;
-    Histogram *read_latency, *write_latency;
+        *inserts_dropped, *read_errors, *write_errors, *list_entries, *list_read_bytes;
+    Histogram *read_latency, *write_latency, *list_seconds;
   };
   struct Reinsert {
     uint32_t dir;
@@ -145,6 +147,13 @@ class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
   // them again (an executor task, or inline from Flush).
   void RunOneReinsertJob();
   uint8_t* AllocBuffer();
+
+  // --- listing (ssd_list.cc) ---
+  struct ListTarget;
+  // The live records of global region `global` that pass want, by offset;
+  // fills *seq, *dev and *incarnation for reading them. REQUIRES: mu_ held.
+  std::vector<ListTarget> ListTargets(uint32_t global, const SsdKeyFilter& want, uint64_t* seq,
+                                      Device** dev, uint32_t* incarnation);
 
   // --- recovery (ssd_recovery.cc) ---
   // Sets *cold_reason when the dir starts empty, *method to how it recovered.

@@ -226,6 +226,15 @@ inline bool HeaderValidAt(const RecordHeader& h, const RecordExpect& at,
          h.region_seq == at.region_seq && h.incarnation == at.incarnation;
 }
 
+// True when `h`, found `pos` bytes into a region of `region_bytes`, is a
+// record a region scan accepts there: an intact header placed exactly here,
+// with its payload inside the region. (The payload CRC is checked on read.)
+inline bool RecordValidAt(const RecordHeader& h, uint64_t pos, uint64_t region_bytes,
+                          const RecordExpect& at) {
+  return HeaderValidAt(h, at) && h.value_len <= UINT32_MAX &&
+         pos + RecordBytes(h.value_len) <= region_bytes;
+}
+
 inline void EncodeTombstone(const KeyId& key, const RecordExpect& at, RecordHeader* h) {
   EncodeRecordHeader(key, nullptr, 0, at, h, kTombstoneMagic);
 }

@@ -215,8 +215,7 @@ void SsdEngine::ScanDir(uint32_t di) {
     while (pos + kRecordHeaderBytes <= opts_.region_bytes) {
       RecordHeader h;
       std::memcpy(&h, b.p + pos, sizeof(h));
-      if (h.magic == kRecordMagic && HeaderValidAt(h, {base + pos, rh.seq, d.incarnation()}) &&
-          h.value_len <= UINT32_MAX && pos + RecordBytes(h.value_len) <= opts_.region_bytes) {
+      if (RecordValidAt(h, pos, opts_.region_bytes, {base + pos, rh.seq, d.incarnation()})) {
         AddRecovered(di, ri, h.key_hi, pos, static_cast<uint32_t>(h.value_len), 0);
         pos += RecordBytes(h.value_len);
         end = pos;

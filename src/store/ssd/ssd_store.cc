@@ -47,6 +47,9 @@ class SsdStoreImpl final : public SsdStore {
   void Remove(const KeyId& key) override { e_->Remove(key); }
   Status Flush() override { return e_->Flush(); }
   Status Close() override { return e_->Close(); }
+  uint64_t ListEntries(const SsdKeyFilter& want, const SsdEntrySink& sink) override {
+    return e_->ListEntries(want, sink);
+  }
   SsdStats GetStats() const override { return e_->GetStats(); }
 
  private:
@@ -81,6 +84,12 @@ void SsdEngine::RegisterMetrics() {
   m_.read_errors = r->GetCounter("kvpool_ssd_read_errors_total", "Device read errors (misses).");
   m_.write_errors =
       r->GetCounter("kvpool_ssd_write_errors_total", "Region writes that failed after retries.");
+  m_.list_entries = r->GetCounter("kvpool_ssd_list_entries_total",
+                                  "Entries listed with their key ids (cluster inventory replay).");
+  m_.list_read_bytes = r->GetCounter("kvpool_ssd_list_read_bytes_total",
+                                     "Bytes read from SSD to list entries (record headers).");
+  m_.list_seconds = r->GetHistogram("kvpool_ssd_list_seconds",
+                                    "Time of one entry listing (ListEntries), all regions.");
   m_.read_latency = r->GetHistogram("kvpool_ssd_read_latency_seconds", "Device read latency.");
   m_.write_latency =
       r->GetHistogram("kvpool_ssd_write_latency_seconds", "Device write latency (per region).");

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,6 +79,19 @@ struct SsdStats {
   std::vector<SsdDirStats> dirs;
 };
 
+// One value held on SSD, as its record header names it.
+struct SsdEntry {
+  KeyId key;
+  uint64_t size = 0;  // value bytes
+};
+// Which entries a listing wants, by KeyId::hi (all the index keeps of a key;
+// a key's shard is in its top bits). Called under the store's lock: quick,
+// and never calls the store.
+using SsdKeyFilter = std::function<bool(uint64_t key_hi)>;
+// Receives the listed entries one region at a time, outside the store's
+// lock; returning false stops the listing.
+using SsdEntrySink = std::function<bool(const std::vector<SsdEntry>&)>;
+
 class SsdStore {
  public:
   // Opens the files (creating them), then rebuilds the index: from the
@@ -115,6 +129,18 @@ class SsdStore {
   virtual Status Flush() = 0;
   // Flushes, writes the checkpoint, closes the files. Idempotent.
   virtual Status Close() = 0;
+
+  // Lists the live entries whose key passes `want` with their full key ids
+  // and sizes (the index keeps only tags: the ids come from the record
+  // headers). One region at a time: the region's live records are picked
+  // from the index under the lock, then the headers of a region on disk are
+  // read outside it, in reads of at most 1 MiB, so inserts and reads go on
+  // meanwhile. An outdated copy (the index points at a newer record) is
+  // never listed, nor a record whose region was reclaimed during the read;
+  // an entry inserted or removed while the listing runs may or may not be.
+  // Blocks on the device: call it from a background thread. Returns the
+  // number of entries listed.
+  virtual uint64_t ListEntries(const SsdKeyFilter& want, const SsdEntrySink& sink) = 0;
 
   virtual SsdStats GetStats() const = 0;
 };

@@ -1,0 +1,162 @@
+// SsdStore::ListEntries: the live entries with their full key ids and sizes,
+// from buffers and from disk, after restarts; outdated copies, removed and
+// reclaimed entries never listed; the filter and the early stop.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "store/ssd/ssd_test_util.h"
+
+namespace kvpool::ssd::testing {
+namespace {
+
+using SsdListTest = SsdFixture;
+
+using Listing = std::map<KeyId, uint64_t>;
+
+SsdKeyFilter All() {
+  return [](uint64_t) { return true; };
+}
+
+// Lists with `want`; a key listed twice fails the test.
+Listing List(SsdStore& s, const SsdKeyFilter& want, uint64_t* returned = nullptr) {
+  Listing out;
+  uint64_t n = s.ListEntries(want, [&](const std::vector<SsdEntry>& batch) {
+    EXPECT_FALSE(batch.empty());
+    for (const SsdEntry& e : batch) EXPECT_TRUE(out.emplace(e.key, e.size).second) << e.key.ToHex();
+    return true;
+  });
+  EXPECT_EQ(n, out.size());
+  if (returned != nullptr) *returned = n;
+  return out;
+}
+
+size_t SizeOf(int i) { return 1 + (static_cast<size_t>(i) * 7919) % (150 << 10); }
+
+bool Insert(SsdStore& s, int i, size_t n) {
+  auto v = Value(i, n);
+  return s.Insert(Key(i), v.data(), n);
+}
+
+TEST_F(SsdListTest, ListsExactKeysAndSizesFromDiskAndBuffers) {
+  auto s = Open(Options(2, 2 * (kSuperblockBytes + (16 << 20))));
+  ASSERT_NE(s, nullptr);
+  Listing want;
+  for (int i = 0; i < 150; ++i) {
+    ASSERT_TRUE(Insert(*s, i, SizeOf(i)));
+    want[Key(i)] = SizeOf(i);
+  }
+  ASSERT_TRUE(s->Flush().ok());
+  // Some more that stay in the filling region buffers.
+  for (int i = 150; i < 160; ++i) {
+    ASSERT_TRUE(Insert(*s, i, SizeOf(i)));
+    want[Key(i)] = SizeOf(i);
+  }
+  EXPECT_EQ(List(*s, All()), want);
+  EXPECT_EQ(metrics_.ValueOf("kvpool_ssd_list_entries_total"), 160);
+  EXPECT_GT(metrics_.ValueOf("kvpool_ssd_list_read_bytes_total"), 0);
+
+  // The filter sees KeyId::hi; only what passes is listed.
+  Listing odd;
+  for (const auto& [k, n] : want) {
+    if (k.hi & 1) odd[k] = n;
+  }
+  ASSERT_GT(odd.size(), 0u);
+  ASSERT_LT(odd.size(), want.size());
+  EXPECT_EQ(List(*s, [](uint64_t hi) { return (hi & 1) != 0; }), odd);
+}
+
+TEST_F(SsdListTest, OutdatedRemovedAndReclaimedEntriesAreNotListed) {
+  // 4 regions of 1 MiB, three 300 KiB records each.
+  auto s = Open(Options(1, kSuperblockBytes + (4 << 20)));
+  ASSERT_NE(s, nullptr);
+  constexpr size_t kThird = 300 << 10;
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(Insert(*s, i, kThird));
+  // Key 1 removed; key 2 removed and put again with another size (its old
+  // record stays on disk, outdated).
+  s->Remove(Key(1));
+  s->Remove(Key(2));
+  ASSERT_TRUE(Insert(*s, 2, 1000));
+  // Key 20 twice in one region: listed once, as its newer record.
+  ASSERT_TRUE(Insert(*s, 20, 500));
+  s->Remove(Key(20));
+  ASSERT_TRUE(Insert(*s, 20, 700));
+  Listing want = {{Key(0), kThird}, {Key(2), 1000},   {Key(3), kThird},
+                  {Key(4), kThird}, {Key(5), kThird}, {Key(20), 700}};
+  EXPECT_EQ(List(*s, All()), want);  // key 20's region still in its buffer
+  ASSERT_TRUE(s->Flush().ok());
+  EXPECT_EQ(List(*s, All()), want);
+
+  // Two more regions' worth fill the file, a third reclaims the oldest
+  // region (key 0, removed key 1, key 2's old copy): key 0 is gone from the
+  // index and from the listing.
+  for (int i = 10; i < 19; ++i) ASSERT_TRUE(Insert(*s, i, kThird));
+  ASSERT_TRUE(s->Flush().ok());
+  Listing after;
+  for (int i : {0, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15, 16, 17, 18, 20}) {
+    auto n = s->Lookup(Key(i));
+    if (n.ok()) after[Key(i)] = *n;
+  }
+  EXPECT_EQ(after.count(Key(0)), 0u);
+  EXPECT_GE(s->GetStats().region_evictions, 1u);
+  EXPECT_EQ(List(*s, All()), after);
+}
+
+TEST_F(SsdListTest, ListsWhatARestartRecovered) {
+  SsdOptions o = Options(2, 2 * (kSuperblockBytes + (8 << 20)));
+  Listing want;
+  {
+    auto s = Open(o);
+    ASSERT_NE(s, nullptr);
+    for (int i = 0; i < 60; ++i) {
+      ASSERT_TRUE(Insert(*s, i, SizeOf(i)));
+      want[Key(i)] = SizeOf(i);
+    }
+    s->Remove(Key(7));
+    want.erase(Key(7));
+    ASSERT_TRUE(s->Close().ok());  // checkpoint
+  }
+  {
+    auto s = Open(o);
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(s->GetStats().recovery, "checkpoint");
+    EXPECT_EQ(List(*s, All()), want);
+    ASSERT_TRUE(s->Flush().ok());
+  }  // dropped without Close: the next start scans
+  auto s = Open(o);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->GetStats().recovery, "scan");
+  EXPECT_EQ(List(*s, All()), want);
+}
+
+TEST_F(SsdListTest, SinkStopsTheListing) {
+  auto s = Open(Options(1, kSuperblockBytes + (8 << 20)));
+  ASSERT_NE(s, nullptr);
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(Insert(*s, i, 200 << 10));  // several regions
+  ASSERT_TRUE(s->Flush().ok());
+  int batches = 0;
+  uint64_t n = s->ListEntries(All(), [&](const std::vector<SsdEntry>&) {
+    ++batches;
+    return false;
+  });
+  EXPECT_EQ(batches, 1);
+  EXPECT_GT(n, 0u);
+  EXPECT_LT(n, 40u);
+}
+
+// A read error lists none of that read's records (they are not dropped).
+TEST_F(SsdListTest, ReadErrorsListNothingWrong) {
+  auto s = Open(Options(1, kSuperblockBytes + (8 << 20)));
+  ASSERT_NE(s, nullptr);
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(Insert(*s, i, 100 << 10));
+  ASSERT_TRUE(s->Flush().ok());
+  faults_->SetReadErrorProbability(1.0);
+  uint64_t n = 1;
+  EXPECT_TRUE(List(*s, All(), &n).empty());
+  EXPECT_EQ(n, 0u);
+  faults_->SetReadErrorProbability(0);
+  EXPECT_EQ(List(*s, All()).size(), 20u);
+}
+
+}  // namespace
+}  // namespace kvpool::ssd::testing

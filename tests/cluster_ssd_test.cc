@@ -1,0 +1,156 @@
+// SSD-held entries in the cluster directory, against real kvpool-node
+// processes and a real etcd: node A has a small DRAM tier over an SSD tier,
+// so most of what it writes is held only on SSD. Those entries must reach
+// their homes' directories like DRAM ones: when a joining node takes over
+// shards (A replays the moved shards' SSD-only entries), and when A restarts
+// (it publishes what its SSD tier recovered). Every read is compared byte
+// for byte with what was put.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+
+#include "harness/cluster_harness.h"
+#include "ssd_test_util.h"
+
+namespace kvpool::testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr uint64_t kMiB = 1 << 20;
+// 320 values of 192 KiB = 60 MiB through A's 32 MiB DRAM tier.
+constexpr uint64_t kN = 320;
+
+class ClusterSsdTest : public EtcdClusterTest {
+ protected:
+  ClusterSsdTest() : EtcdClusterTest("ssd") {}
+  void TearDown() override {
+    for (kvpool_client* c : clients_) kvpool_close(c);
+    if (!HasFailure()) return;
+    for (NodeProcess* n : {a_.get(), b_.get(), c_.get()}) {
+      if (n == nullptr) continue;
+      std::string log = n->Log();
+      if (log.size() > 4000) log = log.substr(log.size() - 4000);
+      std::cerr << "---- node log (tail) ----\n" << log << "\n";
+    }
+  }
+
+  std::vector<std::string> SsdNodeArgs(const std::string& id) const {
+    auto args = Args(id);
+    auto ssd = SsdArgs(ssd_dir_, "32MiB", "256MiB", "1MiB", {"--ssd-buffers", "8"});
+    args.insert(args.end(), ssd.begin(), ssd.end());
+    return args;
+  }
+  kvpool_client* Client(const NodeProcess& n) {
+    kvpool_client* c = OpenClient(n.socket());
+    EXPECT_NE(c, nullptr) << NodeDiagnosis(n);
+    if (c != nullptr) clients_.push_back(c);
+    return c;
+  }
+  // How many of keys [0, kN) the node finds (locally or in a directory).
+  uint64_t Found(kvpool_client* c) {
+    uint64_t found = 0;
+    for (uint64_t lo = 0; lo < kN; lo += 64) {
+      std::vector<kvpool_key_id> ids;
+      for (uint64_t i = lo; i < std::min(kN, lo + 64); ++i) ids.push_back(w_.Id(i));
+      std::vector<uint8_t> hits(ids.size());
+      size_t prefix = 0;
+      if (kvpool_exists(c, ids.data(), ids.size(), hits.data(), &prefix) != KVPOOL_OK) return 0;
+      for (uint8_t h : hits) found += h;
+    }
+    return found;
+  }
+  bool AllSee(std::initializer_list<NodeProcess*> nodes, size_t members) {
+    for (NodeProcess* n : nodes) {
+      if (Members(*n).size() != members) return false;
+    }
+    return true;
+  }
+  // Starts A (SSD tier) and B; A writes every key (flushed: demotions
+  // never find the buffers busy), most of them end up only on SSD, and B's
+  // directory lookups find all. *ca, *cb: clients of A and B.
+  void StartAAndBThenWrite(kvpool_client** ca_out, kvpool_client** cb_out) {
+    a_ = StartNodeWith(SsdNodeArgs("a"));
+    b_ = StartNodeWith(Args("b"));
+    ASSERT_TRUE(a_ && b_);
+    ASSERT_TRUE(WaitFor(milliseconds(5000), [&] { return AllSee({a_.get(), b_.get()}, 2); }));
+    kvpool_client* ca = *ca_out = Client(*a_);
+    kvpool_client* cb = *cb_out = Client(*b_);
+    ASSERT_TRUE(ca && cb);
+    ASSERT_EQ(PutRange(ca, w_, 0, kN, 8, 8 * kMiB), 0u);
+    ASSERT_TRUE(Flush(ca));
+    const uint64_t in_dram = DramEntries(*a_);
+    const uint64_t on_ssd = SsdStatus(*a_)["entries"].get<uint64_t>();
+    EXPECT_LT(in_dram, kN / 2);
+    EXPECT_GE(in_dram + on_ssd, kN);
+    EXPECT_EQ(MetricOr0(*a_, "kvpool_tier_demotions_dropped_total"), 0);
+    ASSERT_TRUE(WaitFor(milliseconds(5000), [&] { return Found(cb) == kN; }))
+        << "B finds " << Found(cb) << " of " << kN;
+  }
+
+  TempDir tmp_;
+  std::string ssd_dir_ = tmp_.path() + "/ssd";
+  Workload w_{"cluster-ssd", 192 << 10, 192 << 10, 5};
+  std::unique_ptr<NodeProcess> a_, b_, c_;
+  std::vector<kvpool_client*> clients_;
+};
+
+// C joins: the shards it takes over include keys that A holds only on SSD.
+// A replays them to C (the DRAM inventory alone would leave them unknown
+// there), so every key reads back through C, byte-exact.
+TEST_F(ClusterSsdTest, JoiningNodeLearnsSsdOnlyEntriesOfMovedShards) {
+  kvpool_client *ca = nullptr, *cb = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartAAndBThenWrite(&ca, &cb));
+
+  c_ = StartNodeWith(Args("c"));
+  ASSERT_NE(c_, nullptr);
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] {
+    return AllSee({a_.get(), b_.get(), c_.get()}, 3);
+  }));
+  kvpool_client* cc = Client(*c_);
+  ASSERT_NE(cc, nullptr);
+  EXPECT_TRUE(WaitFor(milliseconds(10000), [&] { return Found(cc) == kN; }))
+      << "C finds " << Found(cc) << " of " << kN;
+  EXPECT_GT(MetricOr0(*c_, "kvpool_directory_entries"), 0);
+  GetResult r = GetRange(cc, w_, 0, kN);
+  EXPECT_EQ(r.hits, kN);
+  EXPECT_EQ(r.wrong, 0u);
+  EXPECT_EQ(r.errors, 0u);
+  // A republished SSD-only entries of the moved shards, read from their
+  // record headers.
+  EXPECT_GT(MetricOr0(*a_, "kvpool_publish_ssd_replayed_total"), 0);
+  EXPECT_GT(MetricOr0(*a_, "kvpool_ssd_list_entries_total"), 0);
+}
+
+// A stops cleanly (its DRAM goes to SSD, a checkpoint is written) and its
+// entries leave B's directory with it; restarted, A publishes everything
+// its SSD tier recovered, and every key reads back through B, byte-exact.
+TEST_F(ClusterSsdTest, RestartedNodePublishesWhatItsSsdRecovered) {
+  kvpool_client *ca = nullptr, *cb = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartAAndBThenWrite(&ca, &cb));
+
+  kvpool_close(ca);
+  clients_.erase(clients_.begin());
+  a_->Stop(SIGTERM);
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] { return Members(*b_).count("a") == 0; }));
+  EXPECT_TRUE(WaitFor(milliseconds(3000), [&] { return Found(cb) == 0; }))
+      << "B still finds " << Found(cb) << " keys of the stopped node";
+
+  a_ = StartNodeWith(SsdNodeArgs("a"));
+  ASSERT_NE(a_, nullptr);
+  nlohmann::json s = SsdStatus(*a_);
+  EXPECT_EQ(s["recovery"], "checkpoint");
+  EXPECT_EQ(s["entries"].get<uint64_t>(), kN);
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] { return AllSee({a_.get(), b_.get()}, 2); }));
+  EXPECT_TRUE(WaitFor(milliseconds(10000), [&] { return Found(cb) == kN; }))
+      << "B finds " << Found(cb) << " of " << kN;
+  GetResult r = GetRange(cb, w_, 0, kN);
+  EXPECT_EQ(r.hits, kN);
+  EXPECT_EQ(r.wrong, 0u);
+  EXPECT_EQ(r.errors, 0u);
+  EXPECT_GE(MetricOr0(*a_, "kvpool_publish_ssd_replayed_total"), static_cast<double>(kN));
+}
+
+}  // namespace
+}  // namespace kvpool::testing
