@@ -570,6 +570,11 @@ def remote_summarize(path):
     get = sel(system="kvpool", phase="get")
     get_g = med([r["gbps"] for r in get])
     share = med([r["remote_share"] for r in get])
+    # A zero-copy get that reads only the values' stamps reports no GB/s of
+    # its own: the bytes it made readable are items x value size.
+    zc = sel(system="kvpool", phase="zc-get")
+    zc_g = med([r["ops_per_s"] * r["value_size"] / 1e9 for r in zc])
+    zc_share = med([r["remote_share"] for r in zc])
     local = sel(system="kvpool", phase="local-get")
     local_g = med([r["gbps"] for r in local])
     ex = sel(system="kvpool", phase="exists")
@@ -625,6 +630,9 @@ def remote_summarize(path):
          "node A %.2f, node B %.2f, client %.2f (incl. its start) of %s; CPU s per GB fetched: A %.2f B %.2f client %.2f" % (
              cores(get, "cpu_a_s"), cores(get, "cpu_b_s"), cores(get, "cpu_client_s"), node.get("cpus", "?"),
              cpu_per_gb(get, "cpu_a_s"), cpu_per_gb(get, "cpu_b_s"), cpu_per_gb(get, "cpu_client_s")), fmt="%10s")
+    line("kvpool", "zero-copy remote get GB/s", zc_g, len(zc),
+         "acquire on B of keys held on A, read in place (stamps checked), batch 16; %.1f%% remote; "
+         "CPU s per GB: A %.2f B %.2f" % (100 * zc_share, cpu_per_gb(zc, "cpu_a_s"), cpu_per_gb(zc, "cpu_b_s")))
     line("kvpool", "local get GB/s on A, 1 MiB", local_g, len(local),
          "reference: the same keys read on their holder (one copy, no network)")
     if put:
@@ -646,14 +654,32 @@ def remote_summarize(path):
          fmt="%10.1f")
     print("(medians over repetitions; GB/s = 1e9 bytes/s)")
     print()
+    # Ratios pair each repetition's figures, taken back to back (the median
+    # of the per-repetition ratios), so load that comes and goes on a
+    # shared machine moves both sides of a ratio alike.
+    def paired(num_rows, den_rows, gbps=lambda r: r["gbps"]):
+        den = {r["rep"]: r["gbps"] for r in den_rows}
+        return med([ratio(gbps(r), den.get(r["rep"], nan)) for r in num_rows])
+
+    redis_rows = sel(system="redis", op="get", config=redis_cfg)
+    zc_gbps = lambda r: r["ops_per_s"] * r["value_size"] / 1e9  # noqa: E731
+    print("paired per repetition (rep: iperf3, redis %s, get, zero-copy get GB/s):" % redis_cfg)
+    for rep in sorted({r["rep"] for r in iperf}):
+        def one(rows, f=lambda r: r["gbps"]):
+            v = [f(r) for r in rows if r["rep"] == rep]
+            return v[0] if v else nan
+        print("  rep %d: %.3f  %.3f  %.3f  %.3f" % (rep, one(iperf), one(redis_rows), one(get), one(zc, zc_gbps)))
+    print()
     out = [
-        ("remote_get_1m_vs_iperf", "%.3f" % ratio(get_g, iperf_g)),
-        ("remote_get_1m_vs_redis", "%.3f" % ratio(get_g, redis_best)),
+        ("remote_get_1m_vs_iperf", "%.3f" % paired(get, iperf)),
+        ("remote_get_1m_vs_redis", "%.3f" % paired(get, redis_rows)),
         ("remote_exists_keys_per_s", "%.0f" % ex_k),
         ("lookup_share_of_batch_get", "%.3f" % ls64),
         ("lookup_share_of_batch_get_1m", "%.3f" % ls1m),
         ("directory_bytes_per_entry", "%.1f" % node.get("directory_bytes_per_entry", nan)),
+        ("remote_zc_get_1m_vs_iperf", "%.3f" % paired(zc, iperf, zc_gbps)),
         ("remote_get_1m_gbps", "%.3f" % get_g),
+        ("remote_zc_get_1m_gbps", "%.3f" % zc_g),
         ("remote_get_remote_share", "%.3f" % share),
         ("iperf3_tcp_gbps", "%.3f" % iperf_g),
         ("redis_get_1m_gbps", "%.3f" % redis_best),

@@ -5,7 +5,7 @@
 #
 # In one run (about 2 minutes), everything on 127.0.0.1, free ports, a
 # temporary directory:
-#   iperf3   one TCP stream, 1 MiB writes, 5 s (the loopback wire's limit)
+#   iperf3   one TCP stream, 1 MiB writes, 3 s (the loopback wire's limit)
 #   redis    redis-benchmark GET of 1 MiB values from another process, every
 #            GET a hit; best of -c 1 / -c 4 / -c 4 -P 4, plus -c N -P 16 when
 #            kvpool's remote get runs N = GET_THREADS > 1 client threads
@@ -14,18 +14,21 @@
 #            evicted and reads stay remote) in a static --peers cluster,
 #            UCX_TLS=tcp UCX_NET_DEVICES=lo. Keys are put through A's socket;
 #            B then reads them: get (1 MiB, batch 16, GET_THREADS client
-#            threads, each with its own connection), exists (batch 128),
+#            threads, each with its own connection), zero-copy get (acquire
+#            into B's segment, read in place), exists (batch 128),
 #            exists vs get at batch 64 (the lookups' share of a batch get),
 #            put through B with --placement home when the node supports it.
 #            Node counters around each run give the share of B's hits that
 #            were remote fetches, and /proc the CPU time of A, B and client.
-# Each measurement is repeated (default 3) and the median reported. Ends with
+# Each measurement is repeated (default 3) and the median reported; iperf3,
+# Redis, the get and the zero-copy get run back to back in each repetition,
+# and a ratio is the median of the per-repetition ratios. Ends with
 # `metric NAME VALUE` lines.
 #
 # Usage: bench/compare.sh remote [--reps N] [--duration SECONDS] [--keep]
 # Environment: BUILD_DIR (default build), UCX_TLS (default tcp),
 #   UCX_NET_DEVICES (default lo), A_DRAM (default 5GiB), B_DRAM (default 128MiB),
-#   GET_KEYS (default 3072 1 MiB keys on A), IPERF_SECONDS (default 5),
+#   GET_KEYS (default 3072 1 MiB keys on A), IPERF_SECONDS (default 3),
 #   GET_THREADS (default 1: kvpool-bench threads of the remote get, each
 #   with its own connection to B; one thread leaves the wire idle while it
 #   copies a batch out, more overlap that copy with the next batch's
@@ -60,11 +63,12 @@ GET_KEYS="${GET_KEYS:-3072}"          # 1 MiB values: 3 GiB on A, 24x B's DRAM
 GET_THREADS="${GET_THREADS:-1}"
 EXISTS_KEYS=65536                     # 4 KiB values
 LS_KEYS=16384                         # 64 KiB values (1 GiB) for the lookup share
-IPERF_SECONDS="${IPERF_SECONDS:-5}"
+IPERF_SECONDS="${IPERF_SECONDS:-3}"
 REDIS_CONFIGS=("-c 1" "-c 4" "-c 4 -P 4")
 # Redis gets at least kvpool's concurrency: GET_THREADS connections x 16 in flight.
 [[ "$GET_THREADS" -gt 1 ]] && REDIS_CONFIGS+=("-c $GET_THREADS -P 16")
 REDIS_KEYS=1024                       # 1 GiB of 1 MiB values
+REDIS_N=()                            # requests per redis-benchmark run, by config
 MB=1048576
 
 LOG_TAG=remote
@@ -105,30 +109,27 @@ trap 'exit 130' INT TERM
 freeport() { "$PY" "$HERE/compare_lib.py" freeport; }
 
 # ---- iperf3 ----------------------------------------------------------------------
-run_iperf() {
-  local rep port _
-  log "iperf3: one TCP stream over loopback, 1 MiB writes, $REPS x ${IPERF_SECONDS}s"
-  for rep in $(seq 0 $((REPS - 1))); do
-    port="$(freeport)"
-    iperf3 -s -1 -p "$port" > "$TMP/iperf-server-$rep.log" 2>&1 &
-    IPERF_PID=$!
-    # Wait for the listener without connecting (-1 serves one client only).
-    for _ in $(seq 50); do
-      ss -ltnH "sport = :$port" 2>/dev/null | grep -q . && break
-      sleep 0.1
-    done
-    iperf3 -c 127.0.0.1 -p "$port" -l 1M -t "$IPERF_SECONDS" -J > "$TMP/iperf-$rep.json" \
-      || die "iperf3 client failed (see $TMP/iperf-$rep.json)"
-    "$PY" "$HERE/compare_lib.py" iperf-json "$rep" < "$TMP/iperf-$rep.json" | tee -a "$RESULTS" > "$TMP/last.json"
-    log "iperf3 rep $rep: $("$PY" "$HERE/compare_lib.py" json-get gbps < "$TMP/last.json") GB/s"
-    stop_pid "$IPERF_PID" iperf3-server
-    IPERF_PID=""
+iperf_rep() {  # iperf_rep REP: one ${IPERF_SECONDS}s run
+  local rep="$1" port _
+  port="$(freeport)"
+  iperf3 -s -1 -p "$port" > "$TMP/iperf-server-$rep.log" 2>&1 &
+  IPERF_PID=$!
+  # Wait for the listener without connecting (-1 serves one client only).
+  for _ in $(seq 50); do
+    ss -ltnH "sport = :$port" 2>/dev/null | grep -q . && break
+    sleep 0.1
   done
+  iperf3 -c 127.0.0.1 -p "$port" -l 1M -t "$IPERF_SECONDS" -J > "$TMP/iperf-$rep.json" \
+    || die "iperf3 client failed (see $TMP/iperf-$rep.json)"
+  "$PY" "$HERE/compare_lib.py" iperf-json "$rep" < "$TMP/iperf-$rep.json" | tee -a "$RESULTS" > "$TMP/last.json"
+  log "iperf3 rep $rep: $("$PY" "$HERE/compare_lib.py" json-get gbps < "$TMP/last.json") GB/s"
+  stop_pid "$IPERF_PID" iperf3-server
+  IPERF_PID=""
 }
 
 # ---- redis -------------------------------------------------------------------------
-run_redis() {
-  local attempt _ cfg rep n out rps misses tags
+redis_start() {
+  local attempt _
   for attempt in 1 2 3; do
     REDIS_PORT="$(freeport)"
     redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --protected-mode yes --save '' --appendonly no \
@@ -147,19 +148,27 @@ run_redis() {
   "$PY" "$HERE/compare_lib.py" redis-fill "$MB" "$REDIS_KEYS" | redis-cli -p "$REDIS_PORT" --pipe > "$TMP/redis-fill.log"
   [[ "$(redis-cli -p "$REDIS_PORT" dbsize)" == "$REDIS_KEYS" ]] || die "redis fill failed"
   redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
-  for cfg in "${REDIS_CONFIGS[@]}"; do
-    n=2000
-    for rep in $(seq 0 $((REPS - 1))); do
-      # shellcheck disable=SC2086
-      out="$(redis-benchmark -p "$REDIS_PORT" -t get -d "$MB" -r "$REDIS_KEYS" -n "$n" $cfg --csv)" \
-        || die "redis-benchmark get $cfg failed"
-      tags="{\"system\":\"redis\",\"value_size\":$MB,\"config\":\"${cfg}\",\"rep\":$rep}"
-      printf '%s\n' "$out" | "$PY" "$HERE/compare_lib.py" redis-csv "$tags" | tee -a "$RESULTS" > "$TMP/last.json"
-      rps="$("$PY" "$HERE/compare_lib.py" json-get ops_per_s < "$TMP/last.json")"
-      log "redis get 1MiB $cfg rep $rep: $(printf '%.0f' "$rps") req/s ($("$PY" "$HERE/compare_lib.py" json-get gbps < "$TMP/last.json") GB/s)"
-      n="$("$PY" "$HERE/compare_lib.py" redis-next-n "$rps" 1 200)"
-    done
+  local i
+  for i in "${!REDIS_CONFIGS[@]}"; do REDIS_N[$i]=2000; done
+}
+
+redis_rep() {  # redis_rep REP: each configuration for about 1 s
+  local rep="$1" i cfg out rps tags
+  for i in "${!REDIS_CONFIGS[@]}"; do
+    cfg="${REDIS_CONFIGS[$i]}"
+    # shellcheck disable=SC2086
+    out="$(redis-benchmark -p "$REDIS_PORT" -t get -d "$MB" -r "$REDIS_KEYS" -n "${REDIS_N[$i]}" $cfg --csv)" \
+      || die "redis-benchmark get $cfg failed"
+    tags="{\"system\":\"redis\",\"value_size\":$MB,\"config\":\"${cfg}\",\"rep\":$rep}"
+    printf '%s\n' "$out" | "$PY" "$HERE/compare_lib.py" redis-csv "$tags" | tee -a "$RESULTS" > "$TMP/last.json"
+    rps="$("$PY" "$HERE/compare_lib.py" json-get ops_per_s < "$TMP/last.json")"
+    log "redis get 1MiB $cfg rep $rep: $(printf '%.0f' "$rps") req/s ($("$PY" "$HERE/compare_lib.py" json-get gbps < "$TMP/last.json") GB/s)"
+    REDIS_N[$i]="$("$PY" "$HERE/compare_lib.py" redis-next-n "$rps" 1 200)"
   done
+}
+
+redis_stop() {
+  local misses
   misses="$(redis-cli -p "$REDIS_PORT" info stats | tr -d '\r' | awk -F: '/^keyspace_misses:/ {print $2}')"
   [[ "$misses" == 0 ]] || die "redis: $misses GETs missed"
   stop_pid "$REDIS_PID" redis-server
@@ -247,11 +256,22 @@ run_kvpool() {
   DIR_ENTRIES=0
 
   populate_a get1m "$GET_KEYS" 1MiB
-  log "remote get: B reads 1 MiB values held on A, batch 16, $GET_THREADS client threads, $REPS x ${DURATION}s"
+  redis_start
+  # Each repetition measures the wire, Redis and kvpool back to back, so a
+  # ratio compares figures taken within seconds of each other on this
+  # shared machine.
+  log "paired repetitions: iperf3 (${IPERF_SECONDS}s), redis GET (each config), kvpool remote get" \
+    "(B reads 1 MiB values held on A, batch 16, $GET_THREADS client threads, ${DURATION}s) and" \
+    "zero-copy get (acquire into B's segment, read in place); $REPS x"
   for rep in $(seq 0 $((REPS - 1))); do
+    iperf_rep "$rep"
+    redis_rep "$rep"
     B_THREADS=$GET_THREADS b_run get "$rep" b --op get --namespace get1m --keys "$GET_KEYS" \
       --value-size 1MiB --batch 16 --duration "${DURATION}s" --warmup 0ms --buffer-size 256MiB
+    b_run zc-get "$rep" b --op zc-get --zc-read touch --namespace get1m --keys "$GET_KEYS" \
+      --value-size 1MiB --batch 16 --duration "${DURATION}s" --warmup 0ms
   done
+  redis_stop
   log "reference: local get of the same keys on A"
   for rep in $(seq 0 $((REPS - 1))); do
     b_run local-get "$rep" a --op get --namespace get1m --keys "$GET_KEYS" --value-size 1MiB --batch 16 \
@@ -299,8 +319,6 @@ run_kvpool() {
 }
 
 started=$SECONDS
-run_iperf
-run_redis
 run_kvpool
 log "done in $((SECONDS - started)) s"
 "$PY" "$HERE/compare_lib.py" remote-summarize "$RESULTS"
