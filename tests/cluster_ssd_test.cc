@@ -3,8 +3,8 @@
 // so most of what it writes is held only on SSD. Those entries must reach
 // their homes' directories like DRAM ones: when a joining node takes over
 // shards (A replays the moved shards' SSD-only entries), and when A restarts
-// (it publishes what its SSD tier recovered). Every read is compared byte
-// for byte with what was put.
+// (it publishes what its SSD tier recovered); and keys the SSD tier drops
+// must leave them. Every read is compared byte for byte with what was put.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -38,7 +38,7 @@ class ClusterSsdTest : public EtcdClusterTest {
 
   std::vector<std::string> SsdNodeArgs(const std::string& id) const {
     auto args = Args(id);
-    auto ssd = SsdArgs(ssd_dir_, "32MiB", "256MiB", "1MiB", {"--ssd-buffers", "8"});
+    auto ssd = SsdArgs(ssd_dir_, "32MiB", ssd_capacity_, "1MiB", {"--ssd-buffers", "8"});
     args.insert(args.end(), ssd.begin(), ssd.end());
     return args;
   }
@@ -67,9 +67,10 @@ class ClusterSsdTest : public EtcdClusterTest {
     }
     return true;
   }
-  // Starts A (SSD tier) and B; A writes every key (flushed: demotions
-  // never find the buffers busy), most of them end up only on SSD, and B's
-  // directory lookups find all. *ca, *cb: clients of A and B.
+  // Starts A (SSD tier of ssd_capacity_) and B; A writes every key
+  // (flushed: demotions never find the buffers busy), most of them end up
+  // on SSD. Nothing is read, so nothing is promoted: DRAM and SSD hold
+  // disjoint sets of keys. *ca, *cb: clients of A and B.
   void StartAAndBThenWrite(kvpool_client** ca_out, kvpool_client** cb_out) {
     a_ = StartNodeWith(SsdNodeArgs("a"));
     b_ = StartNodeWith(Args("b"));
@@ -80,17 +81,21 @@ class ClusterSsdTest : public EtcdClusterTest {
     ASSERT_TRUE(ca && cb);
     ASSERT_EQ(PutRange(ca, w_, 0, kN, 8, 8 * kMiB), 0u);
     ASSERT_TRUE(Flush(ca));
-    const uint64_t in_dram = DramEntries(*a_);
-    const uint64_t on_ssd = SsdStatus(*a_)["entries"].get<uint64_t>();
-    EXPECT_LT(in_dram, kN / 2);
-    EXPECT_GE(in_dram + on_ssd, kN);
+    EXPECT_LT(DramEntries(*a_), kN / 2);
     EXPECT_EQ(MetricOr0(*a_, "kvpool_tier_demotions_dropped_total"), 0);
+  }
+  // Keys A holds: in DRAM or on SSD (disjoint, see above).
+  uint64_t HeldByA() { return DramEntries(*a_) + SsdStatus(*a_)["entries"].get<uint64_t>(); }
+  // A holds every key, and B's directory lookups find all.
+  void ExpectAllFound(kvpool_client* cb) {
+    EXPECT_EQ(HeldByA(), kN);
     ASSERT_TRUE(WaitFor(milliseconds(5000), [&] { return Found(cb) == kN; }))
         << "B finds " << Found(cb) << " of " << kN;
   }
 
   TempDir tmp_;
   std::string ssd_dir_ = tmp_.path() + "/ssd";
+  std::string ssd_capacity_ = "256MiB";
   Workload w_{"cluster-ssd", 192 << 10, 192 << 10, 5};
   std::unique_ptr<NodeProcess> a_, b_, c_;
   std::vector<kvpool_client*> clients_;
@@ -102,6 +107,7 @@ class ClusterSsdTest : public EtcdClusterTest {
 TEST_F(ClusterSsdTest, JoiningNodeLearnsSsdOnlyEntriesOfMovedShards) {
   kvpool_client *ca = nullptr, *cb = nullptr;
   ASSERT_NO_FATAL_FAILURE(StartAAndBThenWrite(&ca, &cb));
+  ASSERT_NO_FATAL_FAILURE(ExpectAllFound(cb));
 
   c_ = StartNodeWith(Args("c"));
   ASSERT_NE(c_, nullptr);
@@ -129,6 +135,7 @@ TEST_F(ClusterSsdTest, JoiningNodeLearnsSsdOnlyEntriesOfMovedShards) {
 TEST_F(ClusterSsdTest, RestartedNodePublishesWhatItsSsdRecovered) {
   kvpool_client *ca = nullptr, *cb = nullptr;
   ASSERT_NO_FATAL_FAILURE(StartAAndBThenWrite(&ca, &cb));
+  ASSERT_NO_FATAL_FAILURE(ExpectAllFound(cb));
 
   kvpool_close(ca);
   clients_.erase(clients_.begin());
@@ -150,6 +157,22 @@ TEST_F(ClusterSsdTest, RestartedNodePublishesWhatItsSsdRecovered) {
   EXPECT_EQ(r.wrong, 0u);
   EXPECT_EQ(r.errors, 0u);
   EXPECT_GE(MetricOr0(*a_, "kvpool_publish_ssd_replayed_total"), static_cast<double>(kN));
+}
+
+// A's SSD tier is too small for what DRAM evicts to it: reclaimed regions
+// drop keys, and A unpublishes them (unless DRAM holds them), so B's
+// lookups find exactly the keys A still holds -- not ones a fetch would
+// then miss.
+TEST_F(ClusterSsdTest, KeysTheSsdTierDroppedAreUnpublished) {
+  ssd_capacity_ = "16MiB";  // 15 regions of 1 MiB: about 75 values
+  kvpool_client *ca = nullptr, *cb = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartAAndBThenWrite(&ca, &cb));
+  const uint64_t held = HeldByA();
+  EXPECT_LT(held, kN - 100);
+  EXPECT_GT(MetricOr0(*a_, "kvpool_ssd_region_evictions_total"), 0);
+  EXPECT_TRUE(WaitFor(milliseconds(5000), [&] { return Found(cb) == held; }))
+      << "B finds " << Found(cb) << " of the " << held << " keys A holds";
+  EXPECT_EQ(MetricOr0(*a_, "kvpool_publish_ssd_dropped_total"), static_cast<double>(kN - held));
 }
 
 }  // namespace

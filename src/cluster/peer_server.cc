@@ -46,6 +46,10 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publis
                         ->GetCounter("kvpool_publish_ssd_replayed_total",
                                      "Entries held only on SSD published again to their homes "
                                      "(at start, for moved shards, after re-registration)")),
+      ssd_unpublished_((metrics != nullptr ? metrics : owned_metrics_.get())
+                           ->GetCounter("kvpool_publish_ssd_dropped_total",
+                                        "Entries unpublished because the SSD tier dropped them "
+                                        "(region reclaimed or lost) and DRAM does not hold them")),
       last_map_(cluster->shard_map()),
       last_incarnation_(cluster->incarnation()) {
   // The directory learns each member's newest incarnation from the views,
@@ -148,27 +152,52 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publis
   // What the SSD tier recovered (checkpoint or scan) is held from the start
   // but no home has heard of it yet.
   ReplaySsd(std::vector<bool>(kNumShards, true), {});
+  // What the SSD tier drops by itself (a reclaimed region) is no longer
+  // held here unless DRAM has it: unpublish the rest. The DRAM check runs
+  // on the list executor, not on the SSD flush path.
+  if (SsdStore* ssd = store_->ssd()) {
+    ssd->SetDropListener([this](const std::vector<SsdEntry>& gone) {
+      RunGated([this, gone] {
+        uint64_t n = 0;
+        for (const SsdEntry& e : gone) {
+          if (store_->dram()->Contains(e.key)) continue;
+          publisher_->Remove(e.key);
+          ++n;
+        }
+        ssd_unpublished_->Inc(n);
+      });
+    });
+  }
 }
 
 // The membership (and its subscription) is gone by now: see the header.
 PeerServer::~PeerServer() {
+  if (SsdStore* ssd = store_->ssd()) ssd->SetDropListener(nullptr);
   std::unique_lock lock(gate_->mu);
   gate_->stopped = true;
   gate_->stop.store(true);
   gate_->cv.wait(lock, [&] { return gate_->running == 0; });
 }
 
+void PeerServer::RunGated(std::function<void()> fn) {
+  list_executor_->Submit([gate = gate_, fn = std::move(fn)] {
+    {
+      std::lock_guard lock(gate->mu);
+      if (gate->stopped) return;  // the server is gone: `this` in fn is too
+      ++gate->running;
+    }
+    fn();
+    std::lock_guard lock(gate->mu);
+    --gate->running;
+    gate->cv.notify_all();
+  });
+}
+
 void PeerServer::ReplaySsd(std::vector<bool> shards, std::vector<KeyId> skip) {
   SsdStore* ssd = store_->ssd();
   if (ssd == nullptr) return;
   std::sort(skip.begin(), skip.end());
-  list_executor_->Submit([this, ssd, gate = gate_, shards = std::move(shards),
-                          skip = std::move(skip)] {
-    {
-      std::lock_guard lock(gate->mu);
-      if (gate->stopped) return;  // the server is gone: `this` is too
-      ++gate->running;
-    }
+  RunGated([this, ssd, shards = std::move(shards), skip = std::move(skip)] {
     uint64_t n = 0;
     ssd->ListEntries([&](uint64_t key_hi) { return shards[ShardOf(KeyId{key_hi, 0})]; },
                      [&](const std::vector<SsdEntry>& batch) {
@@ -180,12 +209,9 @@ void PeerServer::ReplaySsd(std::vector<bool> shards, std::vector<KeyId> skip) {
                        }
                        n += added;
                        ssd_replayed_->Inc(added);
-                       return !gate->stop.load();
+                       return !gate_->stop.load();
                      });
     LogDebug("republished {} entries from the SSD tier", n);
-    std::lock_guard lock(gate->mu);
-    --gate->running;
-    gate->cv.notify_all();
   });
 }
 

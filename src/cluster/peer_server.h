@@ -13,18 +13,22 @@
 // entries that the DRAM replay did not just publish, listed from their
 // record headers on the list executor (device reads; seconds for a large
 // tier); at start the whole SSD tier is listed that way, so what a
-// restarted node recovered is published.
+// restarted node recovered is published. Entries the SSD tier drops by
+// itself (a reclaimed region, a lost write) and DRAM does not hold are
+// unpublished.
 //
 // Thread-safe. Handlers run on the transport's handler executor; view work
 // runs on the executor, SSD listings on the list executor. Destroy only
 // after the cluster itself (its transport runs the handlers, its membership
-// the view callback) and after the executor has drained; destruction stops
-// a running SSD listing after its current region and waits for it, and
-// listings still queued on the list executor then do nothing.
+// the view callback) and after the executor has drained; destruction clears
+// the SSD drop listener, stops a running SSD listing after its current
+// region and waits for it, and work still queued on the list executor then
+// does nothing.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -55,6 +59,9 @@ class PeerServer {
   void OnView(std::shared_ptr<const ShardMap> before, std::shared_ptr<const ShardMap> after,
               std::shared_ptr<const MembershipView> view, bool replay_all);
 
+  // Runs fn on the list executor unless the server is gone by then; the
+  // destructor waits for a running fn.
+  void RunGated(std::function<void()> fn);
   // Queues a listing of the SSD tier's entries of the shards marked in
   // `shards` (kNumShards flags) and publishes them, but for the keys in
   // `skip` (published from DRAM just before). No-op without SSD.
@@ -77,6 +84,7 @@ class PeerServer {
   Executor* const list_executor_;
   std::unique_ptr<MetricsRegistry> owned_metrics_;  // when none was given
   Counter* ssd_replayed_;
+  Counter* ssd_unpublished_;
   std::shared_ptr<ListGate> gate_ = std::make_shared<ListGate>();
   uint64_t sub_ = 0;
   // Only touched by the membership's callback thread.

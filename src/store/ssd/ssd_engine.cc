@@ -259,11 +259,15 @@ void SsdEngine::FlushOne(uint32_t di, std::unique_lock<std::mutex>& lock) {
   ++d.flushing;
   Region& r = d.regions[ri];
   cv_.wait(lock, [&] { return r.writers == 0; });
+  // The records this region held before it was reclaimed are still on
+  // disk: their headers are read (for the drop listener) before the write.
+  std::vector<RecordRef> reclaimed;
+  reclaimed.swap(r.reclaimed);
   if (!d.online) {
     // Nothing more is written to an offline directory; what was buffered
     // goes with it.
+    ReportDropped(DropRegion(di, ri), lock);
     --d.flushing;
-    DropRegion(di, ri);
     cv_.notify_all();
     return;
   }
@@ -271,7 +275,12 @@ void SsdEngine::FlushOne(uint32_t di, std::unique_lock<std::mutex>& lock) {
   std::memset(r.buf + r.used, 0, len - r.used);  // no stale bytes after the last record
   uint8_t* buf = r.buf;
   Device* dev = d.dev.get();
+  const uint64_t reclaimed_seq = r.reclaimed_seq;
   lock.unlock();
+  std::vector<RecordRef> dropped;
+  if (!reclaimed.empty()) {
+    ReadHeaders(d, ri, reclaimed_seq, reclaimed, BounceBuffer(kHeaderReadBytes), &dropped);
+  }
   Status st;
   for (int attempt = 0; attempt < kWriteAttempts; ++attempt) {
     const auto t0 = Clock::now();
@@ -280,7 +289,6 @@ void SsdEngine::FlushOne(uint32_t di, std::unique_lock<std::mutex>& lock) {
     if (st.ok() || st.code() == StatusCode::kResourceExhausted) break;
   }
   lock.lock();
-  --d.flushing;
   if (st.ok()) {
     r.state = RegionState::kOnDisk;
     r.buf = nullptr;
@@ -297,7 +305,8 @@ void SsdEngine::FlushOne(uint32_t di, std::unique_lock<std::mutex>& lock) {
     m_.write_errors->Inc();
     inserts_dropped_.fetch_add(r.keys.size(), std::memory_order_relaxed);
     m_.inserts_dropped->Inc(r.keys.size());
-    DropRegion(di, ri);
+    std::vector<RecordRef> lost = DropRegion(di, ri);
+    dropped.insert(dropped.end(), lost.begin(), lost.end());
     if (st.code() == StatusCode::kResourceExhausted) {
       if (!d.paused) LogWarn("ssd: {} is full ({}); pausing its writes", d.dir, st.ToString());
       d.paused = true;
@@ -308,6 +317,9 @@ void SsdEngine::FlushOne(uint32_t di, std::unique_lock<std::mutex>& lock) {
       LogWarn("ssd: region write to {} failed ({}); region dropped", d.dir, st.ToString());
     }
   }
+  // Reported before the flush counts as done, so Flush() returns after it.
+  ReportDropped(dropped, lock);
+  --d.flushing;
   cv_.notify_all();
 }
 
@@ -322,10 +334,25 @@ void SsdEngine::TakeOffline(Dir& d, std::string reason) {
   }
 }
 
-void SsdEngine::DropRegion(uint32_t di, uint32_t ri) {
+std::vector<RecordRef> SsdEngine::DropRegion(uint32_t di, uint32_t ri) {
   Dir& d = *dirs_[di];
   Region& r = d.regions[ri];
-  for (uint64_t h : r.keys) index_.EraseIfIn(h, d.first_region + ri);
+  const uint32_t global = d.first_region + ri;
+  std::vector<RecordRef> lost;
+  for (uint64_t h : r.keys) {
+    IndexLoc loc;
+    if (report_drops_ && r.buf != nullptr && index_.Find(h, &loc) && loc.region == global) {
+      RecordRef t{loc.offset, h, loc.length};
+      RecordHeader rh;
+      std::memcpy(&rh, r.buf + loc.offset, sizeof(rh));
+      const RecordExpect at{RegionOffset(ri) + loc.offset, r.seq, d.incarnation()};
+      if (t.Matches(rh, opts_.region_bytes, at)) {
+        t.key_lo = rh.key_lo;
+        lost.push_back(t);
+      }
+    }
+    index_.EraseIfIn(h, global);
+  }
   std::vector<uint64_t>().swap(r.keys);
   if (r.buf != nullptr) d.free_bufs.push_back(r.buf);
   r.buf = nullptr;
@@ -335,6 +362,7 @@ void SsdEngine::DropRegion(uint32_t di, uint32_t ri) {
   auto it = std::find(d.fifo.begin(), d.fifo.end(), ri);
   if (it != d.fifo.end()) d.fifo.erase(it);
   d.free_regions.push_back(ri);
+  return lost;
 }
 
 bool SsdEngine::ReclaimOldest(uint32_t di) {
@@ -346,15 +374,24 @@ bool SsdEngine::ReclaimOldest(uint32_t di) {
   d.fifo.pop_front();
   const uint32_t global = d.first_region + ri;
   std::vector<Reinsert> hot;
+  std::vector<RecordRef> gone;
   for (uint64_t h : r.keys) {
     IndexLoc loc;
-    if (opts_.reinsert_min_reads > 0 && index_.Find(h, &loc) && loc.region == global &&
-        loc.reads >= opts_.reinsert_min_reads) {
+    const bool live = index_.Find(h, &loc) && loc.region == global;
+    if (live && opts_.reinsert_min_reads > 0 && loc.reads >= opts_.reinsert_min_reads) {
       hot.push_back({di, RegionOffset(ri) + loc.offset, r.seq, loc.length});
+    } else if (live && report_drops_) {
+      gone.push_back({loc.offset, h, loc.length});
     }
     index_.EraseIfIn(h, global);
   }
   std::vector<uint64_t>().swap(r.keys);
+  // The region is written again only by its next flush, which reads these
+  // headers first (FlushOne).
+  std::sort(gone.begin(), gone.end(),
+            [](const RecordRef& a, const RecordRef& b) { return a.offset < b.offset; });
+  r.reclaimed = std::move(gone);
+  r.reclaimed_seq = r.seq;
   r.state = RegionState::kFree;
   r.used = 0;
   d.free_regions.push_back(ri);

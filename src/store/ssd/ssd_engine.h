@@ -42,6 +42,26 @@ enum class RegionState : uint8_t {
   kOnDisk,   // written; buffer released
 };
 
+// A record the index points at: where it is and whose it is (key_hi from
+// memory; key_lo once its header has been read and checked).
+struct RecordRef {
+  uint64_t offset = 0;  // of the record header inside its region
+  uint64_t key_hi = 0;
+  uint32_t length = 0;  // value bytes
+  uint64_t key_lo = 0;
+
+  // True when h is this record, intact where the index says.
+  bool Matches(const RecordHeader& h, uint64_t region_bytes, const RecordExpect& at) const {
+    return RecordValidAt(h, offset, region_bytes, at) && h.key_hi == key_hi &&
+           h.value_len == length;
+  }
+};
+
+// Headers are read in chunks of at most this many bytes; headers closer
+// than kHeaderMergeGap share a read (the gap costs less than a request).
+inline constexpr uint64_t kHeaderReadBytes = 1ull << 20;
+inline constexpr uint64_t kHeaderMergeGap = 64ull << 10;
+
 struct Region {
   RegionState state = RegionState::kFree;
   uint64_t seq = 0;
@@ -50,6 +70,11 @@ struct Region {
   uint8_t* buf = nullptr; // region_bytes, 4 KiB-aligned (kFilling, kSealed)
   // KeyId::hi of every record in the region, for reclamation (8 B/record).
   std::vector<uint64_t> keys;
+  // With a drop listener: the live records of the contents this region had
+  // when it was reclaimed (sequence reclaimed_seq), whose headers are read
+  // before the region is written again (FlushOne), then reported.
+  std::vector<RecordRef> reclaimed;
+  uint64_t reclaimed_seq = 0;
 };
 
 struct DirMetrics {
@@ -112,11 +137,13 @@ class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
   SsdStats GetStats() const;
   // SsdStore::ListEntries (ssd_list.cc).
   uint64_t ListEntries(const SsdKeyFilter& want, const SsdEntrySink& sink);
+  void SetDropListener(SsdDropListener listener);
 
  private:
   struct Metrics {
     Counter *reads, *read_bytes, *writes, *write_bytes, *crc_failures, *region_evictions,
-        *inserts_dropped, *read_errors, *write_errors, *list_entries, *list_read_bytes;
+        *inserts_dropped, *read_errors, *write_errors, *list_entries, *list_read_bytes,
+        *dropped_reported;
     Histogram *read_latency, *write_latency, *list_seconds;
   };
   struct Reinsert {
@@ -137,8 +164,12 @@ class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
   void FlushOne(uint32_t di, std::unique_lock<std::mutex>& lock);
   void ScheduleFlush(uint32_t di);
   bool ReclaimOldest(uint32_t di);
-  // Drops a region and its index entries (a failed write).
-  void DropRegion(uint32_t di, uint32_t ri);
+  // Drops a region and its index entries (a failed write); returns its live
+  // records, from its buffer, when a drop listener is set.
+  std::vector<RecordRef> DropRegion(uint32_t di, uint32_t ri);
+  // Tells the drop listener of those refs whose keys the index no longer
+  // has, with mu_ released for the call. REQUIRES: lock holds mu_.
+  void ReportDropped(const std::vector<RecordRef>& refs, std::unique_lock<std::mutex>& lock);
   void TakeOffline(Dir& d, std::string reason);
   // Appends a tombstone for key to dir di's filling region (never waits;
   // false when there is no room now: the removal is then not logged).
@@ -149,11 +180,14 @@ class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
   uint8_t* AllocBuffer();
 
   // --- listing (ssd_list.cc) ---
-  struct ListTarget;
-  // The live records of global region `global` that pass want, by offset;
-  // fills *seq, *dev and *incarnation for reading them. REQUIRES: mu_ held.
-  std::vector<ListTarget> ListTargets(uint32_t global, const SsdKeyFilter& want, uint64_t* seq,
-                                      Device** dev, uint32_t* incarnation);
+  // The live records of global region `global` that pass want, by offset.
+  // REQUIRES: mu_ held.
+  std::vector<RecordRef> ListTargets(uint32_t global, const SsdKeyFilter& want);
+  // Reads the headers of refs (sorted by offset) in region ri of dir di as
+  // written in sequence seq, without mu_, into buf (kHeaderReadBytes); adds
+  // those that check out, key_lo filled in, to *found. Returns bytes read.
+  uint64_t ReadHeaders(const Dir& d, uint32_t ri, uint64_t seq, const std::vector<RecordRef>& refs,
+                       uint8_t* buf, std::vector<RecordRef>* found);
 
   // --- recovery (ssd_recovery.cc) ---
   // Sets *cold_reason when the dir starts empty, *method to how it recovered.
@@ -200,6 +234,10 @@ class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
   // newest tombstone.
   std::unordered_map<uint64_t, std::pair<uint64_t, uint64_t>> tombstones_;
   std::vector<uint8_t*> all_bufs_;
+  bool report_drops_ = false;      // protected by mu_: a drop listener is set
+
+  std::mutex listener_mu_;         // held while the drop listener runs
+  SsdDropListener drop_listener_;  // protected by listener_mu_
 
   // Plain counters for SsdStats (the registry's may be shared by stores).
   std::atomic<uint64_t> reads_{0}, read_bytes_{0}, writes_{0}, write_bytes_{0}, crc_failures_{0},

@@ -1,6 +1,6 @@
-// Listing the SSD tier's entries with their full key ids
-// (SsdStore::ListEntries), for a cluster node to tell the keys' homes what
-// it holds.
+// The SSD tier's entries with their full key ids, for a cluster node to
+// tell the keys' homes what it holds: listing them (SsdStore::ListEntries)
+// and reporting the ones the tier drops by itself (SetDropListener).
 //
 // Memory knows which records are live and wanted: each region lists the
 // KeyId::hi of its records, and the index says whether it points at that
@@ -8,12 +8,17 @@
 // the regions one at a time: under mu_ it picks the region's live, wanted
 // records (and reads their headers right there while the region is still in
 // a buffer); for a region on disk it reads the blocks holding those headers
-// outside mu_, nearby headers sharing one read of at most kListReadBytes,
+// outside mu_, nearby headers sharing one read of at most kHeaderReadBytes,
 // checks each as the recovery scan does (RecordValidAt: intact, at its
 // offset, of this region's sequence and file incarnation), and keeps, under
 // mu_ again, those the index still points at in the same region incarnation.
 // Only in-memory region lists are walked, so the index stays at its 28
 // bytes per entry.
+//
+// Dropped entries: reclaiming a region (under mu_, on the insert path)
+// notes its live records with the region (Region::reclaimed); their
+// headers are still on disk until the region's next write, so FlushOne
+// reads them (ReadHeaders) just before that write and reports them.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -26,30 +31,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr uint64_t kListReadBytes = 1ull << 20;
-// Headers this close share a read: reading the gap costs less than another
-// request (a 64 KiB value's record is just over it apart).
-constexpr uint64_t kListMergeGap = 64ull << 10;
-
 }  // namespace
 
-struct SsdEngine::ListTarget {
-  uint64_t offset = 0;  // of the record header inside its region
-  uint64_t key_hi = 0;
-  uint32_t length = 0;
-  uint64_t key_lo = 0;  // from the header, once it checked out
-
-  // True when h is this target's record, found where the index says.
-  bool Matches(const RecordHeader& h, uint64_t region_bytes, const RecordExpect& at) const {
-    return RecordValidAt(h, offset, region_bytes, at) && h.key_hi == key_hi &&
-           h.value_len == length;
-  }
-};
-
-std::vector<SsdEngine::ListTarget> SsdEngine::ListTargets(uint32_t global, const SsdKeyFilter& want,
-                                                          uint64_t* seq, Device** dev,
-                                                          uint32_t* incarnation) {
-  std::vector<ListTarget> t;
+std::vector<RecordRef> SsdEngine::ListTargets(uint32_t global, const SsdKeyFilter& want) {
+  std::vector<RecordRef> t;
   uint32_t di = 0;
   const Region& r = RegionOf(global, &di);
   if (r.state == RegionState::kFree) return t;
@@ -62,15 +47,47 @@ std::vector<SsdEngine::ListTarget> SsdEngine::ListTargets(uint32_t global, const
   // A key inserted twice into one region is listed twice; two keys sharing
   // an index tag both name the record the index points at, and its header
   // tells which of them it is.
-  auto key = [](const ListTarget& x) { return std::make_pair(x.offset, x.key_hi); };
+  auto key = [](const RecordRef& x) { return std::make_pair(x.offset, x.key_hi); };
   std::sort(t.begin(), t.end(), [&](const auto& a, const auto& b) { return key(a) < key(b); });
   t.erase(std::unique(t.begin(), t.end(),
                       [&](const auto& a, const auto& b) { return key(a) == key(b); }),
           t.end());
-  *seq = r.seq;
-  *dev = dirs_[di]->dev.get();
-  *incarnation = dirs_[di]->incarnation();
   return t;
+}
+
+uint64_t SsdEngine::ReadHeaders(const Dir& d, uint32_t ri, uint64_t seq,
+                                const std::vector<RecordRef>& refs, uint8_t* buf,
+                                std::vector<RecordRef>* found) {
+  const uint64_t base = RegionOffset(ri);
+  uint64_t read_bytes = 0;
+  for (size_t i = 0; i < refs.size();) {
+    const uint64_t start = AlignDown(base + refs[i].offset, kDeviceBlock);
+    uint64_t end = AlignUp(base + refs[i].offset + kRecordHeaderBytes, kDeviceBlock);
+    size_t j = i + 1;
+    for (; j < refs.size(); ++j) {
+      const uint64_t at = base + refs[j].offset;
+      const uint64_t e = AlignUp(at + kRecordHeaderBytes, kDeviceBlock);
+      if (AlignDown(at, kDeviceBlock) > end + kHeaderMergeGap || e - start > kHeaderReadBytes) {
+        break;
+      }
+      end = std::max(end, e);
+    }
+    // A failed read finds none of its records.
+    if (d.dev->Read(start, buf, end - start).ok()) {
+      read_bytes += end - start;
+      for (size_t k = i; k < j; ++k) {
+        RecordRef t = refs[k];
+        RecordHeader h;
+        std::memcpy(&h, buf + (base + t.offset - start), sizeof(h));
+        if (t.Matches(h, opts_.region_bytes, {base + t.offset, seq, d.incarnation()})) {
+          t.key_lo = h.key_lo;
+          found->push_back(t);
+        }
+      }
+    }
+    i = j;
+  }
+  return read_bytes;
 }
 
 uint64_t SsdEngine::ListEntries(const SsdKeyFilter& want, const SsdEntrySink& sink) {
@@ -78,36 +95,37 @@ uint64_t SsdEngine::ListEntries(const SsdKeyFilter& want, const SsdEntrySink& si
   uint64_t listed = 0, read_bytes = 0;
   std::unique_ptr<uint8_t, decltype(&std::free)> buf(nullptr, &std::free);
   std::vector<SsdEntry> out;
-  std::vector<ListTarget> found;
+  std::vector<RecordRef> found;
   // dirs_ and the region count are fixed once Start has run.
   const uint32_t regions = regions_per_dir_ * static_cast<uint32_t>(dirs_.size());
   for (uint32_t g = 0; g < regions; ++g) {
     out.clear();
     found.clear();
-    std::vector<ListTarget> targets;
+    std::vector<RecordRef> targets;
+    uint32_t di = 0;
+    const Region& r = RegionOf(g, &di);
+    const Dir& d = *dirs_[di];
+    const uint32_t ri = g % regions_per_dir_;
     uint64_t seq = 0;
-    Device* dev = nullptr;
-    uint32_t inc = 0;
-    const uint64_t base = RegionOffset(g % regions_per_dir_);
     {
       std::lock_guard lock(mu_);
       if (closing_) break;
-      targets = ListTargets(g, want, &seq, &dev, &inc);
+      targets = ListTargets(g, want);
+      seq = r.seq;
       if (targets.empty()) continue;
-      uint32_t di = 0;
-      const Region& r = RegionOf(g, &di);
       if (r.buf != nullptr) {
         // Still in its buffer (filling or being written): the index entries
         // were published after their records were filled in.
-        for (const ListTarget& t : targets) {
+        for (const RecordRef& t : targets) {
           RecordHeader h;
           std::memcpy(&h, r.buf + t.offset, sizeof(h));
-          if (t.Matches(h, opts_.region_bytes, {base + t.offset, seq, inc})) {
+          if (t.Matches(h, opts_.region_bytes,
+                        {RegionOffset(ri) + t.offset, seq, d.incarnation()})) {
             out.push_back({KeyId{t.key_hi, h.key_lo}, t.length});
           }
         }
         targets.clear();
-      } else if (dev == nullptr) {
+      } else if (d.dev == nullptr) {
         targets.clear();
       } else {
         ++running_;  // Close and Abandon wait for the reads below
@@ -115,42 +133,16 @@ uint64_t SsdEngine::ListEntries(const SsdKeyFilter& want, const SsdEntrySink& si
     }
     if (!targets.empty()) {
       if (buf == nullptr) {
-        buf.reset(AllocIoBuffer(kListReadBytes));
+        buf.reset(AllocIoBuffer(kHeaderReadBytes));
         KVPOOL_CHECK(buf != nullptr);
       }
-      for (size_t i = 0; i < targets.size();) {
-        const uint64_t start = AlignDown(base + targets[i].offset, kDeviceBlock);
-        uint64_t end = AlignUp(base + targets[i].offset + kRecordHeaderBytes, kDeviceBlock);
-        size_t j = i + 1;
-        for (; j < targets.size(); ++j) {
-          const uint64_t at = base + targets[j].offset;
-          const uint64_t e = AlignUp(at + kRecordHeaderBytes, kDeviceBlock);
-          if (AlignDown(at, kDeviceBlock) > end + kListMergeGap || e - start > kListReadBytes)
-            break;
-          end = std::max(end, e);
-        }
-        // A failed read lists none of its records (they stay held; a later
-        // listing or a read finds out more).
-        if (dev->Read(start, buf.get(), end - start).ok()) {
-          read_bytes += end - start;
-          for (size_t k = i; k < j; ++k) {
-            ListTarget& t = targets[k];
-            RecordHeader h;
-            std::memcpy(&h, buf.get() + (base + t.offset - start), sizeof(h));
-            if (t.Matches(h, opts_.region_bytes, {base + t.offset, seq, inc})) {
-              t.key_lo = h.key_lo;
-              found.push_back(t);
-            }
-          }
-        }
-        i = j;
-      }
+      read_bytes += ReadHeaders(d, ri, seq, targets, buf.get(), &found);
       std::lock_guard lock(mu_);
       --running_;
       cv_.notify_all();
-      uint32_t di = 0;
-      const bool same_region = RegionOf(g, &di).seq == seq;
-      for (const ListTarget& t : found) {
+      // Still the index's records, in the region as it was read?
+      const bool same_region = r.seq == seq;
+      for (const RecordRef& t : found) {
         IndexLoc loc;
         if (same_region && index_.Find(t.key_hi, &loc) && loc.region == g &&
             loc.offset == t.offset) {
@@ -166,6 +158,34 @@ uint64_t SsdEngine::ListEntries(const SsdKeyFilter& want, const SsdEntrySink& si
   m_.list_read_bytes->Inc(read_bytes);
   m_.list_seconds->Observe(std::chrono::duration<double>(Clock::now() - t0).count());
   return listed;
+}
+
+void SsdEngine::SetDropListener(SsdDropListener listener) {
+  const bool set = static_cast<bool>(listener);
+  {
+    std::lock_guard lock(listener_mu_);  // waits for a running call
+    drop_listener_ = std::move(listener);
+  }
+  std::lock_guard lock(mu_);
+  report_drops_ = set;
+}
+
+void SsdEngine::ReportDropped(const std::vector<RecordRef>& refs,
+                              std::unique_lock<std::mutex>& lock) {
+  std::vector<SsdEntry> gone;
+  for (const RecordRef& t : refs) {
+    IndexLoc loc;
+    // Not if it was stored again since (a later demotion of the key).
+    if (!index_.Find(t.key_hi, &loc)) gone.push_back({KeyId{t.key_hi, t.key_lo}, t.length});
+  }
+  if (gone.empty()) return;
+  m_.dropped_reported->Inc(gone.size());
+  lock.unlock();
+  {
+    std::lock_guard l(listener_mu_);
+    if (drop_listener_) drop_listener_(gone);
+  }
+  lock.lock();
 }
 
 }  // namespace kvpool::ssd

@@ -1,9 +1,11 @@
 // SsdStore::ListEntries: the live entries with their full key ids and sizes,
 // from buffers and from disk, after restarts; outdated copies, removed and
-// reclaimed entries never listed; the filter and the early stop.
+// reclaimed entries never listed; the filter and the early stop. The drop
+// listener: exactly the live entries of reclaimed and lost regions.
 #include <gtest/gtest.h>
 
 #include <map>
+#include <mutex>
 
 #include "store/ssd/ssd_test_util.h"
 
@@ -156,6 +158,69 @@ TEST_F(SsdListTest, ReadErrorsListNothingWrong) {
   EXPECT_EQ(n, 0u);
   faults_->SetReadErrorProbability(0);
   EXPECT_EQ(List(*s, All()).size(), 20u);
+}
+
+// Collects what the drop listener is told (on the flush path).
+struct Drops {
+  std::mutex mu;
+  Listing got;
+  int calls = 0;
+  SsdDropListener Listener() {
+    return [this](const std::vector<SsdEntry>& gone) {
+      std::lock_guard lock(mu);
+      ++calls;
+      for (const SsdEntry& e : gone) EXPECT_TRUE(got.emplace(e.key, e.size).second);
+    };
+  }
+};
+
+// Without an executor nothing is written until Flush(): the order of
+// reclaims and region writes below is exact.
+TEST_F(SsdListTest, ReclaimedRegionsReportTheirLiveEntries) {
+  constexpr size_t kThird = 300 << 10;
+  auto opened = SsdStore::Open(Options(1, kSuperblockBytes + (4 << 20)), &metrics_, nullptr);
+  ASSERT_TRUE(opened.ok());
+  SsdStore& s = **opened;
+  Drops drops;
+  s.SetDropListener(drops.Listener());
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(Insert(s, i, kThird));  // regions A, B
+  s.Remove(Key(1));  // explicit: the caller knows, never reported
+  ASSERT_TRUE(s.Flush().ok());
+  // C and D fill up, then A and B are reclaimed for 12..17.
+  for (int i = 6; i < 18; ++i) ASSERT_TRUE(Insert(s, i, kThird)) << i;
+  // Key 0, reclaimed with A, is stored again before A's space is written:
+  // held again, so not reported.
+  ASSERT_TRUE(Insert(s, 0, 1000));
+  EXPECT_EQ(drops.calls, 0);  // nothing reported before the writes
+  ASSERT_TRUE(s.Flush().ok());
+  EXPECT_EQ(s.GetStats().region_evictions, 2u);
+  Listing want = {{Key(2), kThird}, {Key(3), kThird}, {Key(4), kThird}, {Key(5), kThird}};
+  EXPECT_EQ(drops.got, want);
+  for (const auto& [k, n] : want) EXPECT_FALSE(s.Lookup(k).ok());
+  EXPECT_EQ(metrics_.ValueOf("kvpool_ssd_drops_reported_total"), 4);
+
+  // Cleared: reclaims report nothing.
+  s.SetDropListener(nullptr);
+  for (int i = 20; i < 26; ++i) ASSERT_TRUE(Insert(s, i, kThird)) << i;
+  ASSERT_TRUE(s.Flush().ok());
+  EXPECT_EQ(drops.got, want);
+}
+
+TEST_F(SsdListTest, ARegionLostToAFailedWriteReportsItsEntries) {
+  auto opened = SsdStore::Open(Options(1, kSuperblockBytes + (4 << 20)), &metrics_, nullptr);
+  ASSERT_TRUE(opened.ok());
+  SsdStore& s = **opened;
+  Drops drops;
+  s.SetDropListener(drops.Listener());
+  Listing want;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(Insert(s, i, SizeOf(i)));
+    want[Key(i)] = SizeOf(i);
+  }
+  faults_->SetWriteErrorProbability(1.0);
+  (void)s.Flush();
+  EXPECT_EQ(drops.got, want);
+  for (const auto& [k, n] : want) EXPECT_FALSE(s.Lookup(k).ok());
 }
 
 }  // namespace

@@ -50,6 +50,9 @@ class SsdStoreImpl final : public SsdStore {
   uint64_t ListEntries(const SsdKeyFilter& want, const SsdEntrySink& sink) override {
     return e_->ListEntries(want, sink);
   }
+  void SetDropListener(SsdDropListener listener) override {
+    e_->SetDropListener(std::move(listener));
+  }
   SsdStats GetStats() const override { return e_->GetStats(); }
 
  private:
@@ -88,6 +91,9 @@ void SsdEngine::RegisterMetrics() {
                                   "Entries listed with their key ids (cluster inventory replay).");
   m_.list_read_bytes = r->GetCounter("kvpool_ssd_list_read_bytes_total",
                                      "Bytes read from SSD to list entries (record headers).");
+  m_.dropped_reported = r->GetCounter(
+      "kvpool_ssd_drops_reported_total",
+      "Entries the tier dropped by itself (region reclaimed or lost) told to its listener.");
   m_.list_seconds = r->GetHistogram("kvpool_ssd_list_seconds",
                                     "Time of one entry listing (ListEntries), all regions.");
   m_.read_latency = r->GetHistogram("kvpool_ssd_read_latency_seconds", "Device read latency.");

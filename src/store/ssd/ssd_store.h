@@ -91,6 +91,8 @@ using SsdKeyFilter = std::function<bool(uint64_t key_hi)>;
 // Receives the listed entries one region at a time, outside the store's
 // lock; returning false stops the listing.
 using SsdEntrySink = std::function<bool(const std::vector<SsdEntry>&)>;
+// Told of entries the tier dropped by itself; see SetDropListener.
+using SsdDropListener = std::function<void(const std::vector<SsdEntry>&)>;
 
 class SsdStore {
  public:
@@ -141,6 +143,18 @@ class SsdStore {
   // Blocks on the device: call it from a background thread. Returns the
   // number of entries listed.
   virtual uint64_t ListEntries(const SsdKeyFilter& want, const SsdEntrySink& sink) = 0;
+
+  // Sets (null: clears) what is told of the entries the tier drops by
+  // itself: the live records of a reclaimed region (but those re-inserted
+  // as hot), and of a region lost to a failed write or an offline
+  // directory -- not Remove, which the caller knows of. Full key ids come
+  // from the records' headers, read (reclaimed regions) just before the
+  // region's space is written again; a header that cannot be read then is
+  // not reported, nor a key stored again since. Called from the flush path
+  // (an executor thread, or Flush's caller), never under the store's lock,
+  // one call at a time; it must not call SetDropListener. Returns only when
+  // no call of the previous listener is running.
+  virtual void SetDropListener(SsdDropListener listener) = 0;
 
   virtual SsdStats GetStats() const = 0;
 };
