@@ -225,9 +225,10 @@ void PeerServer::OnView(std::shared_ptr<const ShardMap> before,
   if (moved.empty() && !replay_all) return;
   std::vector<bool> is_moved(kNumShards, replay_all);
   for (uint32_t s : moved) is_moved[s] = true;
-  // Collected under the store's lock, queued after it.
+  // Listed a few thousand slots per hold of the store's lock, so local puts
+  // and gets never wait for the whole scan of a large DRAM tier.
   std::vector<std::pair<KeyId, uint64_t>> held;
-  store_->dram()->ForEachEntry([&](const KeyId& key, const uint8_t*, uint64_t size) {
+  store_->dram()->ListEntries([&](const KeyId& key, uint64_t size) {
     if (is_moved[ShardOf(key)]) held.emplace_back(key, size);
   });
   for (const auto& [key, size] : held) publisher_->Add(key, size);

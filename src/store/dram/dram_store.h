@@ -107,6 +107,12 @@ class DramStore {
   // lock (the same rules as the eviction listener). For writing DRAM out to
   // a lower tier at shutdown.
   virtual void ForEachEntry(const EvictionListener& fn) const = 0;
+  // Calls fn(key, size) for the committed entries, taking the store's lock
+  // for a few thousand slots at a time and calling fn without it, so puts
+  // and gets wait at most that long and fn may call into the store. An entry
+  // present throughout is listed once; one committed or removed meanwhile
+  // may or may not be. For republishing what this node holds.
+  virtual void ListEntries(const std::function<void(const KeyId&, uint64_t)>& fn) const = 0;
 
   virtual DramStats GetStats() const = 0;
 

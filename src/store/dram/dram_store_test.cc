@@ -434,6 +434,40 @@ TEST(DramStoreTest, EvictionListenerSeesIntactBytes) {
   EXPECT_EQ(s.entries, 31u);
 }
 
+// ListEntries lists exactly the committed entries with their sizes, over
+// many holds of the lock (16 MiB of 1 KiB and 64 KiB values and a run of
+// slabs), and calls fn without the lock: fn calls back into the store.
+TEST(DramStoreTest, ListEntriesListsEachCommittedEntryOnceWithoutTheLock) {
+  auto store = OpenStore(SmallOptions(16 * MiB));
+  std::map<KeyId, uint64_t> want;
+  for (int i = 0; i < 6000; ++i) {
+    ASSERT_TRUE(Put(*store, Key(i), 1 * KiB).ok());
+    want[Key(i)] = 1 * KiB;
+  }
+  for (int i = 6000; i < 6040; ++i) {
+    ASSERT_TRUE(Put(*store, Key(i), 64 * KiB).ok());
+    want[Key(i)] = 64 * KiB;
+  }
+  ASSERT_TRUE(Put(*store, Key(7000), 3 * MiB).ok());
+  want[Key(7000)] = 3 * MiB;
+  for (int i = 0; i < 6000; i += 7) {
+    ASSERT_TRUE(store->Remove(Key(i)).ok());
+    want.erase(Key(i));
+  }
+  auto reservation = store->Reserve(Key(8000), 1 * KiB);  // reserved, not committed
+  ASSERT_TRUE(reservation.ok());
+  ASSERT_EQ(store->GetStats().entries, want.size());
+  std::map<KeyId, uint64_t> got;
+  size_t duplicates = 0, not_contained = 0;
+  store->ListEntries([&](const KeyId& key, uint64_t size) {
+    if (!got.emplace(key, size).second) ++duplicates;
+    if (!store->Contains(key)) ++not_contained;  // would deadlock under the lock
+  });
+  EXPECT_EQ(duplicates, 0u);
+  EXPECT_EQ(not_contained, 0u);
+  EXPECT_EQ(got, want);
+}
+
 // Random puts/gets/removes/pins of mixed sizes (incl. runs) against a model:
 // every hit returns exactly the bytes put, and the accounting adds up.
 TEST(DramStoreTest, ChurnMatchesReferenceModel) {
