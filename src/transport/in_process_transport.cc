@@ -2,6 +2,7 @@
 
 #include <condition_variable>
 #include <cstring>
+#include <future>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -209,6 +210,17 @@ LocalTransport::~LocalTransport() {
         core->Finish(id, Reply{Unavailable("peer shut down"), {}, 0, {}});
       });
     }
+  }
+  // Then wait for the network thread to run everything queued so far: a
+  // handler of this node running there returns, and replies this node's
+  // handlers gave release what they hold (DRAM pins) before the node's
+  // store can go. (Not from the network thread itself: a callback that
+  // destroys a node cannot wait for itself.)
+  if (std::this_thread::get_id() != core_->thread.get_id()) {
+    std::promise<void> drained;
+    auto f = drained.get_future();
+    core_->Post(Clock::now(), [&drained] { drained.set_value(); });
+    f.wait();
   }
 }
 

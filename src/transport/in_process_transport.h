@@ -28,7 +28,8 @@ class InProcessNetwork {
 
   // A node reachable at `address` until it is destroyed. Calls to an address
   // with no live node fail Unavailable; destroying a node fails the calls in
-  // flight to it (Unavailable) and its own calls (Unavailable).
+  // flight to it (Unavailable) and its own calls (Unavailable), and waits
+  // until its replies in flight have released what they hold.
   // REQUIRES: no live node has this address.
   std::unique_ptr<LocalTransport> AddNode(const std::string& address);
 
