@@ -386,6 +386,14 @@ bool SsdEngine::ReclaimOldest(uint32_t di) {
     index_.EraseIfIn(h, global);
   }
   std::vector<uint64_t>().swap(r.keys);
+  // Reading the headers of many small records before the region is
+  // rewritten would cost about a region's read per reclaim and slow the
+  // flushes: past one record per kHeaderMergeGap they are not reported (their
+  // directory entries stay until a reader's fetch of them fails).
+  if (gone.size() > opts_.region_bytes / kHeaderMergeGap) {
+    m_.dropped_unreported->Inc(gone.size());
+    gone.clear();
+  }
   // The region is written again only by its next flush, which reads these
   // headers first (FlushOne).
   std::sort(gone.begin(), gone.end(),

@@ -143,7 +143,7 @@ class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
   struct Metrics {
     Counter *reads, *read_bytes, *writes, *write_bytes, *crc_failures, *region_evictions,
         *inserts_dropped, *read_errors, *write_errors, *list_entries, *list_read_bytes,
-        *dropped_reported;
+        *dropped_reported, *dropped_unreported;
     Histogram *read_latency, *write_latency, *list_seconds;
   };
   struct Reinsert {

@@ -94,6 +94,10 @@ void SsdEngine::RegisterMetrics() {
   m_.dropped_reported = r->GetCounter(
       "kvpool_ssd_drops_reported_total",
       "Entries the tier dropped by itself (region reclaimed or lost) told to its listener.");
+  m_.dropped_unreported = r->GetCounter(
+      "kvpool_ssd_drops_unreported_total",
+      "Entries of reclaimed regions not told to the drop listener: too many small records to "
+      "read their headers before the region is rewritten.");
   m_.list_seconds = r->GetHistogram("kvpool_ssd_list_seconds",
                                     "Time of one entry listing (ListEntries), all regions.");
   m_.read_latency = r->GetHistogram("kvpool_ssd_read_latency_seconds", "Device read latency.");
