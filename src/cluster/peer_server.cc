@@ -1,7 +1,9 @@
 #include "cluster/peer_server.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "cluster/peer_messages_format.h"
@@ -207,6 +209,7 @@ void PeerServer::ReplaySsd(std::vector<bool> shards, std::vector<KeyId> skip) {
                          publisher_->Add(e.key, e.size);
                          ++added;
                        }
+                       WaitForPublisher();
                        n += added;
                        ssd_replayed_->Inc(added);
                        return !gate_->stop.load();
@@ -225,23 +228,33 @@ void PeerServer::OnView(std::shared_ptr<const ShardMap> before,
   if (moved.empty() && !replay_all) return;
   std::vector<bool> is_moved(kNumShards, replay_all);
   for (uint32_t s : moved) is_moved[s] = true;
-  // Listed a few thousand slots per hold of the store's lock, so local puts
-  // and gets never wait for the whole scan of a large DRAM tier.
-  std::vector<std::pair<KeyId, uint64_t>> held;
-  store_->dram()->ListEntries([&](const KeyId& key, uint64_t size) {
-    if (is_moved[ShardOf(key)]) held.emplace_back(key, size);
+  // The replay runs on the list executor, where a large inventory may wait
+  // for the publisher's queue to drain, never on the peer handlers' threads.
+  RunGated([this, is_moved = std::move(is_moved), epoch = view->epoch, n = moved.size()]() mutable {
+    // Listed a few thousand slots per hold of the store's lock, so local
+    // puts and gets never wait for the whole scan of a large DRAM tier.
+    std::vector<KeyId> published;
+    store_->dram()->ListEntries([&](const KeyId& key, uint64_t size) {
+      if (!is_moved[ShardOf(key)]) return;
+      publisher_->Add(key, size);
+      published.push_back(key);
+      if (published.size() % 1024 == 0) WaitForPublisher();
+    });
+    LogDebug("view {}: {} shards moved, {} DRAM entries republished", epoch, n, published.size());
+    // Then the SSD tier's entries of those shards, but for the ones just
+    // published: skipping exactly those (not whatever DRAM holds when the
+    // listing gets there) also covers a key promoted or demoted meanwhile.
+    if (store_->ssd() == nullptr) return;
+    ReplaySsd(std::move(is_moved), std::move(published));
   });
-  for (const auto& [key, size] : held) publisher_->Add(key, size);
-  LogDebug("view {}: {} shards moved, {} DRAM entries republished", view->epoch, moved.size(),
-           held.size());
-  // Then the SSD tier's entries of those shards, but for the ones just
-  // published: skipping exactly those (not whatever DRAM holds when the
-  // listing gets there) also covers a key promoted or demoted meanwhile.
-  if (store_->ssd() == nullptr) return;
-  std::vector<KeyId> published;
-  published.reserve(held.size());
-  for (const auto& kv : held) published.push_back(kv.first);
-  ReplaySsd(std::move(is_moved), std::move(published));
+}
+
+void PeerServer::WaitForPublisher() {
+  // Well under the publisher's bound (PublisherOptions::max_queue).
+  constexpr size_t kMaxBacklog = 64 * 1024;
+  while (publisher_->queued() >= kMaxBacklog && !gate_->stop.load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 }  // namespace kvpool::cluster

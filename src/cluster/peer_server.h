@@ -66,6 +66,10 @@ class PeerServer {
   // `shards` (kNumShards flags) and publishes them, but for the keys in
   // `skip` (published from DRAM just before). No-op without SSD.
   void ReplaySsd(std::vector<bool> shards, std::vector<KeyId> skip);
+  // On the list executor: waits while the publisher's queue holds a large
+  // replay's backlog (so a replay of millions of entries is not dropped at
+  // the queue's bound), until the server stops.
+  void WaitForPublisher();
 
   // Shared with queued listings, which may run after the server is gone.
   struct ListGate {

@@ -38,6 +38,11 @@ void Publisher::Enqueue(const PublishItem& item) {
   if (schedule) executor_->Submit([this] { Flush(); });
 }
 
+size_t Publisher::queued() {
+  std::lock_guard lock(mu_);
+  return queue_.size();
+}
+
 void Publisher::Flush() {
   std::lock_guard flush_lock(flush_mu_);
   std::vector<PublishItem> fresh;

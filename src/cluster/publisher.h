@@ -47,6 +47,8 @@ class Publisher {
   void Add(const KeyId& key, uint64_t size);
   void Remove(const KeyId& key);
   void Flush();
+  // Items waiting for the next Flush.
+  size_t queued();
 
  private:
   void Enqueue(const PublishItem& item);
