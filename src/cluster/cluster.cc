@@ -70,6 +70,7 @@ class ClusterImpl final : public Cluster {
       to.advertise_host = HostNameOr("127.0.0.1");
     }
     to.handler_executor = handler_executor;
+    to.progress_spin = std::chrono::microseconds(opts_.peer_spin_us);
     to.registered_region = opts_.registered_region;
     to.metrics = metrics;
     std::unique_ptr<transport::UcxTransport> ucx;

@@ -41,6 +41,9 @@ struct ClusterOptions {
   std::chrono::milliseconds lease_ttl{10000};
   // Relative share of shards this node takes.
   double weight = 1.0;
+  // Microseconds the peer transport's progress thread polls after work
+  // before it sleeps (UcxTransportOptions::progress_spin).
+  int64_t peer_spin_us = 50;
   // The DRAM segment, registered with UCX for zero-copy transfers.
   std::span<uint8_t> registered_region;
 

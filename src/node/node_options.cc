@@ -139,6 +139,8 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
                "Peer transport (UCX) bind address (loopback unless --insecure)");
   t->AddInt("peer-port", &o->peer_port, 0, 65535,
             "Peer transport port (0: any free port; needed with --peers)");
+  t->AddInt("peer-spin-us", &o->cluster.peer_spin_us, 0, 10000,
+            "Microseconds the peer transport polls after work before it sleeps (0: never)");
   t->AddString("etcd", &o->etcd_urls,
                "etcd endpoints for membership, comma-separated (http://host:port)");
   t->AddString("peers", &o->cluster.peers,

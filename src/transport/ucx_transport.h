@@ -52,6 +52,10 @@ struct UcxTransportOptions {
   // (a batch of fetches), but a handler that waits delays the others of its
   // task. 1: one task per request.
   size_t max_handler_batch = 16;
+  // How long the progress thread keeps polling after its last work before
+  // it sleeps (0: sleep at once). Saves a sleep and wake-up per segment of
+  // a transfer stream; an idle transport does not poll.
+  std::chrono::microseconds progress_spin{50};
   // Optional region (the DRAM segment) registered with ucp_mem_map up front,
   // so RDMA-capable transports move it without per-call registration.
   std::span<uint8_t> registered_region;
