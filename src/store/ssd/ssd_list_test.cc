@@ -174,15 +174,22 @@ struct Drops {
   }
 };
 
-// Without an executor nothing is written until Flush(): the order of
-// reclaims and region writes below is exact.
+// A store without an executor (nothing is written until Flush(), so the
+// order of reclaims and region writes is exact), telling its drops to *drops.
+std::unique_ptr<SsdStore> OpenUnflushed(const SsdOptions& o, MetricsRegistry* metrics,
+                                        Drops* drops) {
+  auto opened = SsdStore::Open(o, metrics, nullptr);
+  if (!opened.ok()) return nullptr;
+  (*opened)->SetDropListener(drops->Listener());
+  return std::move(opened).value();
+}
+
 TEST_F(SsdListTest, ReclaimedRegionsReportTheirLiveEntries) {
   constexpr size_t kThird = 300 << 10;
-  auto opened = SsdStore::Open(Options(1, kSuperblockBytes + (4 << 20)), &metrics_, nullptr);
-  ASSERT_TRUE(opened.ok());
-  SsdStore& s = **opened;
   Drops drops;
-  s.SetDropListener(drops.Listener());
+  auto store = OpenUnflushed(Options(1, kSuperblockBytes + (4 << 20)), &metrics_, &drops);
+  ASSERT_NE(store, nullptr);
+  SsdStore& s = *store;
   for (int i = 0; i < 6; ++i) ASSERT_TRUE(Insert(s, i, kThird));  // regions A, B
   s.Remove(Key(1));  // explicit: the caller knows, never reported
   ASSERT_TRUE(s.Flush().ok());
@@ -211,11 +218,10 @@ TEST_F(SsdListTest, ReclaimedRegionsReportTheirLiveEntries) {
 // count says so.
 TEST_F(SsdListTest, ReclaimedRegionsOfManySmallRecordsAreCountedNotReported) {
   constexpr size_t kSmall = 25 << 10;
-  auto opened = SsdStore::Open(Options(1, kSuperblockBytes + (4 << 20)), &metrics_, nullptr);
-  ASSERT_TRUE(opened.ok());
-  SsdStore& s = **opened;
   Drops drops;
-  s.SetDropListener(drops.Listener());
+  auto store = OpenUnflushed(Options(1, kSuperblockBytes + (4 << 20)), &metrics_, &drops);
+  ASSERT_NE(store, nullptr);
+  SsdStore& s = *store;
   int n = 0;
   while (s.GetStats().region_evictions == 0) {
     // Without an executor regions are written by Flush(): when every
@@ -238,11 +244,10 @@ TEST_F(SsdListTest, ReclaimedRegionsOfManySmallRecordsAreCountedNotReported) {
 }
 
 TEST_F(SsdListTest, ARegionLostToAFailedWriteReportsItsEntries) {
-  auto opened = SsdStore::Open(Options(1, kSuperblockBytes + (4 << 20)), &metrics_, nullptr);
-  ASSERT_TRUE(opened.ok());
-  SsdStore& s = **opened;
   Drops drops;
-  s.SetDropListener(drops.Listener());
+  auto store = OpenUnflushed(Options(1, kSuperblockBytes + (4 << 20)), &metrics_, &drops);
+  ASSERT_NE(store, nullptr);
+  SsdStore& s = *store;
   Listing want;
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(Insert(s, i, SizeOf(i)));
