@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <future>
 #include <thread>
@@ -14,6 +15,7 @@
 #include "cluster/home_placer.h"
 #include "cluster/peer_server.h"
 #include "cluster/static_membership.h"
+#include "transport/fault_transport.h"
 #include "transport/in_process_transport.h"
 
 namespace kvpool::cluster {
@@ -77,6 +79,26 @@ class GatedTransport final : public transport::Transport {
   std::vector<std::pair<transport::CallArgs, transport::ReplyCallback>> held_;  // protected by mu_
 };
 
+// Owns the node's transport and a FaultTransport over it (the node's own
+// calls get the faults; its handlers pass through).
+class FaultyTransport final : public transport::Transport {
+ public:
+  explicit FaultyTransport(std::unique_ptr<transport::Transport> inner)
+      : inner_(std::move(inner)), fault_(inner_.get(), /*seed=*/7) {}
+  transport::FaultTransport& fault() { return fault_; }
+  std::string address() const override { return fault_.address(); }
+  void RegisterHandler(transport::MessageType type, transport::Handler h) override {
+    fault_.RegisterHandler(type, std::move(h));
+  }
+  void Call(const transport::CallArgs& args, transport::ReplyCallback done) override {
+    fault_.Call(args, std::move(done));
+  }
+
+ private:
+  std::unique_ptr<transport::Transport> inner_;
+  transport::FaultTransport fault_;  // destroyed before inner_
+};
+
 struct TestNode {
   MetricsRegistry metrics;  // outlives everything below
   std::unique_ptr<DramStore> dram;
@@ -88,11 +110,14 @@ struct TestNode {
   std::unique_ptr<PeerServer> server;
   std::unique_ptr<RemoteReader> reader;
   GatedTransport* gate = nullptr;  // owned by cluster; null unless gated
+  FaultyTransport* faulty = nullptr;  // owned by cluster; null unless asked for
 
   // gate_lookups_to: an address whose lookups from this node are held
   // (see GatedTransport; reachable through `gate`).
+  // faults: the node's calls go through a FaultTransport (`faulty`).
   TestNode(transport::InProcessNetwork* net, const std::string& id,
-           const std::vector<Member>& members, const std::string& gate_lookups_to = "") {
+           const std::vector<Member>& members, const std::string& gate_lookups_to = "",
+           bool faults = false) {
     DramOptions d;
     d.capacity_bytes = 64u << 20;  // room for every size class the test uses
     d.slab_bytes = 1u << 20;
@@ -107,6 +132,11 @@ struct TestNode {
     auto membership = StaticMembership::Open(so, &metrics);
     EXPECT_TRUE(membership.ok());
     std::unique_ptr<transport::Transport> t = net->AddNode(id + ":1");
+    if (faults) {
+      auto f = std::make_unique<FaultyTransport>(std::move(t));
+      faulty = f.get();
+      t = std::move(f);
+    }
     if (!gate_lookups_to.empty()) {
       auto gated = std::make_unique<GatedTransport>(std::move(t), gate_lookups_to);
       gate = gated.get();
@@ -175,9 +205,11 @@ class RemoteReaderTest : public ::testing::Test {
     std::vector<Member> members;
     for (const char* id : {"a", "b", "c"}) members.push_back({id, std::string(id) + ":1", 0, 1.0});
     for (const char* id : {"a", "b", "c"}) {
-      // B's lookups at C are held until the test opens the gate.
-      nodes_.push_back(
-          std::make_unique<TestNode>(&net_, id, members, std::string(id) == "b" ? "c:1" : ""));
+      // B's lookups at C are held until the test opens the gate; C's calls
+      // go through a FaultTransport (no faults unless a test sets them).
+      nodes_.push_back(std::make_unique<TestNode>(&net_, id, members,
+                                                  std::string(id) == "b" ? "c:1" : "",
+                                                  /*faults=*/std::string(id) == "c"));
     }
   }
   void FlushAll() {
@@ -390,6 +422,106 @@ TEST_F(RemoteReaderTest, FetchesStartWhileOtherHomesAreStillAnswering) {
     std::this_thread::sleep_for(milliseconds(10));
   }
   EXPECT_EQ(a.dram->GetStats().pinned, 0u);
+}
+
+// A degraded network on C's calls (RELIABILITY B5, scaled down): a delay of
+// 75 +- 50 ms on every call, then half of them dropped, then 200 ms more to
+// A only, then none. Every Fetch finishes within its lookup and fetch
+// deadlines (300 ms each) plus 300 ms, every value it returns is
+// byte-exact, and once the faults end the reads hit again.
+TEST_F(RemoteReaderTest, DegradedNetworkCostsMissesNeverHangsOrWrongBytes) {
+  nodes_[1]->gate->Open();
+  TestNode& a = *nodes_[0];
+  TestNode& c = *nodes_[2];
+  constexpr int kN = 48, kBatch = 8;
+  std::vector<KeyId> keys;
+  std::vector<std::vector<uint8_t>> vals;
+  for (int i = 0; i < kN; ++i) {
+    keys.push_back(Key(5000 + i));
+    vals.push_back(Bytes(5000 + i, 1 + (i * 7919) % 65536));
+    a.Put(keys.back(), vals.back());
+  }
+  FlushAll();
+  ASSERT_TRUE(WaitDirectoryEntries(kN));
+  transport::FaultTransport& fault = c.faulty->fault();
+
+  struct Outcome {
+    int hits = 0, wrong = 0;
+    int64_t max_ms = 0;
+  };
+  // Every key read through C in batches; C's replicas are removed after
+  // each batch, so every phase reads from A again.
+  auto read_all = [&] {
+    Outcome o;
+    for (int off = 0; off < kN; off += kBatch) {
+      std::vector<KeyId> batch(keys.begin() + off, keys.begin() + off + kBatch);
+      auto t0 = std::chrono::steady_clock::now();
+      auto pins = c.Fetch(batch);
+      o.max_ms = std::max<int64_t>(
+          o.max_ms, std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t0)
+                        .count());
+      for (const auto& p : pins) {
+        auto got = c.Read(p);
+        bool matched = false;
+        for (int i = off; i < off + kBatch; ++i) matched |= got == vals[i];
+        o.wrong += matched ? 0 : 1;
+      }
+      o.hits += static_cast<int>(pins.size());
+      pins.clear();
+      for (const auto& k : batch) c.dram->Remove(k).IgnoreError();
+    }
+    return o;
+  };
+  constexpr int64_t kBoundMs = 300 + 300 + 300;
+
+  transport::FaultRule slow;
+  slow.delay = milliseconds(25);
+  slow.jitter = milliseconds(100);  // 25..125 ms: well inside each deadline
+  fault.SetDefaultRule(slow);
+  Outcome delayed = read_all();
+  EXPECT_EQ(delayed.wrong, 0);
+  EXPECT_LE(delayed.max_ms, kBoundMs);
+  // Delays under the deadlines cost nothing (a little slack for a loaded
+  // machine: a call starved past its 175 ms margin is a miss, not an error).
+  EXPECT_GE(delayed.hits, kN * 9 / 10);
+
+  transport::FaultRule lossy;
+  lossy.drop_probability = 0.5;
+  fault.SetDefaultRule(lossy);
+  Outcome dropped = read_all();
+  EXPECT_EQ(dropped.wrong, 0);
+  EXPECT_LE(dropped.max_ms, kBoundMs);
+  EXPECT_LT(dropped.hits, kN);  // lost calls are misses (and their peers cool down)
+  EXPECT_GT(c.metrics.GetCounter("kvpool_peer_cooldowns_total", "")->Value(), 0u);
+
+  // 200 ms more one way to A only, once the cool-downs (2 s) are over.
+  fault.ClearRules();
+  std::this_thread::sleep_for(milliseconds(2100));
+  transport::FaultRule far;
+  far.delay = milliseconds(200);
+  fault.SetRule(a.cluster->transport()->address(), far);
+  Outcome one_slow = read_all();
+  EXPECT_EQ(one_slow.wrong, 0);
+  EXPECT_LE(one_slow.max_ms, kBoundMs);
+  EXPECT_GE(one_slow.hits, kN * 9 / 10);
+
+  // Healed: every key hits again within 5 s.
+  fault.ClearRules();
+  Outcome healed;
+  for (int i = 0; i < 10 && healed.hits < kN; ++i) {
+    if (i > 0) std::this_thread::sleep_for(milliseconds(500));
+    healed = read_all();
+    EXPECT_EQ(healed.wrong, 0);
+  }
+  EXPECT_EQ(healed.hits, kN);
+  std::printf(
+      "SUMMARY {\"test\":\"degraded_network\",\"keys\":%d,\"bound_ms\":%lld,"
+      "\"delay_hits\":%d,\"delay_max_ms\":%lld,\"drop_hits\":%d,\"drop_max_ms\":%lld,"
+      "\"one_slow_hits\":%d,\"one_slow_max_ms\":%lld,\"healed_hits\":%d,\"wrong\":%d}\n",
+      kN, static_cast<long long>(kBoundMs), delayed.hits, static_cast<long long>(delayed.max_ms),
+      dropped.hits, static_cast<long long>(dropped.max_ms), one_slow.hits,
+      static_cast<long long>(one_slow.max_ms), healed.hits,
+      delayed.wrong + dropped.wrong + one_slow.wrong + healed.wrong);
 }
 
 }  // namespace
