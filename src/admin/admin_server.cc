@@ -1,23 +1,36 @@
-// AdminServer on cpp-httplib. This file is the one boundary where httplib's
-// bool/int error returns and any exception thrown while serving a request
-// become Status values, logs, or HTTP 500s; nothing httplib leaks out.
+// AdminServer: a small HTTP/1.1 server of kvpool's own on epoll. One admin
+// thread owns every socket (accept, read, write, deadlines) and answers the
+// health endpoints inline; the request threads only build response bodies
+// from the hooks and the registry. This file is the one boundary where errno
+// values and exceptions thrown by hooks become Status values, logs or HTTP
+// 500s.
 
 #include "admin/admin_server.h"
 
-#include <httplib.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
-#include <chrono>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "admin/dashboard_page.h"
+#include "admin/http_request.h"
 #include "common/check.h"
 #include "common/log.h"
 
@@ -31,10 +44,23 @@ Status AdminOptions::Validate() const {
   if (threads < 1 || threads > 16) {
     return InvalidArgument("admin: threads must be in 1..16, got " + std::to_string(threads));
   }
+  if (max_connections < 1 || max_connections > 1000000) {
+    return InvalidArgument("admin: max_connections must be in 1..1000000, got " +
+                           std::to_string(max_connections));
+  }
+  if (request_timeout.count() < 1) return InvalidArgument("admin: request_timeout must be > 0");
+  if (max_queued_requests < 1 || max_queued_requests > 100000) {
+    return InvalidArgument("admin: max_queued_requests must be in 1..100000, got " +
+                           std::to_string(max_queued_requests));
+  }
   return Status::Ok();
 }
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+using admin::HeadParse;
+using admin::HttpRequestHead;
 
 constexpr char kMetricsContentType[] = "text/plain; version=0.0.4; charset=utf-8";
 constexpr char kJsonContentType[] = "application/json";
@@ -54,16 +80,19 @@ constexpr std::array<std::string_view, 7> kKnownPaths = {
     "/api/v1/members"};
 constexpr std::string_view kOtherPath = "other";
 
-// Keep-alive would let one open dashboard (polling every 2 s) pin request
-// threads between polls and starve a scraper, so each connection serves one
-// request; a new loopback connection per request is cheap at this rate. The
-// short wait still bounds how long a connection that never sends a request
-// (a browser's speculative preconnect) can hold a thread.
-constexpr size_t kKeepAliveMaxCount = 1;
-constexpr time_t kFirstRequestWaitSec = 1;
-constexpr time_t kIoTimeoutSec = 5;
-// Only GETs are served; a large body is refused before it is buffered.
-constexpr size_t kMaxPayloadBytes = 4096;
+// Only GETs of short URLs are served: a head beyond this is refused (431).
+constexpr size_t kMaxHeadBytes = 8192;
+// After its response a connection is shut for writing and drained briefly,
+// so a client still sending (a body we refused) reads the response instead
+// of a reset. Bounded in time and bytes.
+constexpr auto kMaxLinger = std::chrono::milliseconds(1000);
+constexpr size_t kMaxLingerBytes = 64 * 1024;
+// How often deadlines are checked: the resolution of every timeout here.
+constexpr auto kTick = std::chrono::milliseconds(50);
+
+constexpr uint64_t kListenTag = 0;
+constexpr uint64_t kWakeTag = 1;
+constexpr uint64_t kFirstConnId = 2;  // connection ids follow the two tags
 
 std::string ErrorJson(std::string_view error, std::string_view path) {
   nlohmann::json j = {{"error", error}, {"path", path}};
@@ -71,67 +100,177 @@ std::string ErrorJson(std::string_view error, std::string_view path) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+std::string_view Reason(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    case 505: return "HTTP Version Not Supported";
+    default: return "Unknown";
+  }
+}
+
+struct Response {
+  int status = 200;
+  std::string content_type = kTextContentType;
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;  // beyond the fixed ones
+};
+
+// Every response closes its connection: keep-alive would let one open
+// dashboard (polling every 2 s) or an idle client hold a connection between
+// requests, and a new loopback connection per request is cheap at this rate.
+std::string Serialize(const Response& r, bool head_only) {
+  std::string out;
+  out.reserve(256 + (head_only ? 0 : r.body.size()));
+  out += "HTTP/1.1 ";
+  out += std::to_string(r.status);
+  out += ' ';
+  out += Reason(r.status);
+  out += "\r\nContent-Type: ";
+  out += r.content_type;
+  out += "\r\nContent-Length: ";
+  out += std::to_string(r.body.size());
+  out += "\r\nCache-Control: no-store\r\nConnection: close\r\n";
+  for (const auto& [name, value] : r.headers) {
+    out += name;
+    out += ": ";
+    out += value;
+    out += "\r\n";
+  }
+  out += "\r\n";
+  if (!head_only) out += r.body;
+  return out;
+}
+
+Response Error(int status, std::string_view what, std::string_view path) {
+  Response r;
+  r.status = status;
+  r.content_type = kJsonContentType;
+  r.body = ErrorJson(what, path);
+  return r;
+}
+
+enum class ConnState {
+  kReading,    // waiting for the request head
+  kQueued,     // a request thread is building the response
+  kWriting,    // sending the response
+  kLingering,  // response sent, write side shut; draining until EOF
+};
+
+struct Conn {
+  int fd = -1;
+  ConnState state = ConnState::kReading;
+  Clock::time_point deadline;
+  std::string in;   // request head bytes so far (<= kMaxHeadBytes)
+  std::string out;  // response bytes
+  size_t out_offset = 0;
+  size_t drained = 0;  // bytes discarded while lingering
+  uint32_t events = EPOLLIN | EPOLLRDHUP;  // registered with epoll
+};
+
+struct Job {
+  uint64_t conn_id = 0;
+  std::string path;
+  bool head_only = false;
+};
+
 class HttpAdminServer final : public AdminServer {
  public:
-  HttpAdminServer(MetricsRegistry* metrics, AdminHooks hooks)
-      : metrics_(metrics), hooks_(std::move(hooks)) {
+  HttpAdminServer(const AdminOptions& options, MetricsRegistry* metrics, AdminHooks hooks)
+      : options_(options), metrics_(metrics), hooks_(std::move(hooks)) {
     // Registered up front so every series is exported (as 0) from the start.
     for (size_t i = 0; i < kKnownPaths.size(); ++i) {
       path_counters_[i] = RegisterCounter(kKnownPaths[i]);
     }
     other_counter_ = RegisterCounter(kOtherPath);
+    open_gauge_ = metrics->GetGauge("kvpool_admin_connections", "Open admin HTTP connections");
+    refused_ = metrics->GetCounter(
+        "kvpool_admin_connections_refused_total",
+        "Admin connections refused (503) at max connections with every connection in service, "
+        "or when the node is out of file descriptors");
+    evicted_ = metrics->GetCounter(
+        "kvpool_admin_connections_evicted_total",
+        "Admin connections still waiting for their request closed to make room for a new one");
+    timed_out_ = metrics->GetCounter(
+        "kvpool_admin_connections_timed_out_total",
+        "Admin connections closed because the request or response took longer than the timeout");
+    bad_requests_ = metrics->GetCounter("kvpool_admin_bad_requests_total",
+                                        "Admin requests refused as malformed (400, 431, 505)");
+    queue_full_ = metrics->GetCounter(
+        "kvpool_admin_queue_full_total",
+        "Admin requests answered 503 because the request threads' queue was full");
   }
 
-  ~HttpAdminServer() override { Stop(); }
+  ~HttpAdminServer() override {
+    Stop();
+    for (auto& [id, c] : conns_) ::close(c.fd);
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+    if (epoll_fd_ >= 0) ::close(epoll_fd_);
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+    if (spare_fd_ >= 0) ::close(spare_fd_);
+  }
 
-  // Configures routes and binds the listening socket; does not serve yet.
-  Status Bind(const AdminOptions& options) {
-    const size_t threads = static_cast<size_t>(options.threads);
-    server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-    // httplib's default also sets SO_REUSEPORT, which would let a second node
-    // bind the same admin port and silently take half its requests.
-    server_.set_socket_options([](socket_t sock) {
-      int yes = 1;
-      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    });
-    server_.set_keep_alive_max_count(kKeepAliveMaxCount);
-    server_.set_keep_alive_timeout(kFirstRequestWaitSec);
-    server_.set_read_timeout(kIoTimeoutSec, 0);
-    server_.set_write_timeout(kIoTimeoutSec, 0);
-    server_.set_payload_max_length(kMaxPayloadBytes);
-    server_.set_default_headers({{"Cache-Control", "no-store"}});
-    InstallRoutes();
+  Status Bind() {
+    epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+    if (epoll_fd_ < 0) return ErrnoStatus("admin: epoll_create1", errno);
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) return ErrnoStatus("admin: eventfd", errno);
+    // Kept open so that, out of descriptors, the loop can still accept a
+    // connection to close it instead of spinning on a readable listener.
+    spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
 
-    const std::string where = options.bind_address + ":" + std::to_string(options.port);
-    if (options.port == 0) {
-      port_ = server_.bind_to_any_port(options.bind_address);
-      if (port_ < 0) return IOError("admin: cannot bind " + where);
-    } else {
-      if (!server_.bind_to_port(options.bind_address, options.port)) {
-        return IOError("admin: cannot bind " + where);
+    const std::string where = options_.bind_address + ":" + std::to_string(options_.port);
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    addrinfo* res = nullptr;
+    int gai = getaddrinfo(options_.bind_address.c_str(), std::to_string(options_.port).c_str(),
+                          &hints, &res);
+    if (gai != 0) return IOError("admin: cannot resolve " + where + ": " + gai_strerror(gai));
+    int err = 0;
+    for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+      int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                        ai->ai_protocol);
+      if (fd < 0) {
+        err = errno;
+        continue;
       }
-      port_ = options.port;
+      // SO_REUSEADDR only: SO_REUSEPORT would let a second node bind the same
+      // admin port and silently take half its requests.
+      int yes = 1;
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+      if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, 4096) == 0) {
+        listen_fd_ = fd;
+        break;
+      }
+      err = errno;
+      ::close(fd);
     }
+    freeaddrinfo(res);
+    if (listen_fd_ < 0) return IOError("admin: cannot bind " + where + ": " + std::strerror(err));
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len);
+    port_ = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                           : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kListenTag;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
+    ev.data.u64 = kWakeTag;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
     return Status::Ok();
   }
 
-  // Starts the admin thread and returns once it is accepting connections.
-  Status Serve() {
-    thread_ = std::thread([this] {
-      if (!server_.listen_after_bind()) LogError("admin: listener failed on port {}", port_);
-      listener_exited_.store(true);
-    });
-    // httplib's stop() is a no-op until the listener marks itself running, so
-    // a Stop() racing ahead of the thread would leave it listening forever.
-    // The wait is the few microseconds it takes the new thread to start.
-    while (!server_.is_running() && !listener_exited_.load()) {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    if (listener_exited_.load()) {
-      Stop();
-      return IOError("admin: listener exited on start, port " + std::to_string(port_));
-    }
-    return Status::Ok();
+  void Serve() {
+    for (int i = 0; i < options_.threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+    thread_ = std::thread([this] { EventLoop(); });
   }
 
   int port() const override { return port_; }
@@ -140,9 +279,16 @@ class HttpAdminServer final : public AdminServer {
     std::lock_guard lock(stop_mu_);
     if (stopped_) return;
     stopped_ = true;
-    // Closes the listening socket; the listener then drains and joins the
-    // request threads (in-flight requests finish) before it returns.
-    server_.stop();
+    // Request threads finish what is queued (its responses are written on a
+    // last pass of the loop), then the loop closes everything.
+    {
+      std::lock_guard q(queue_mu_);
+      workers_stop_ = true;
+    }
+    queue_cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    loop_stop_.store(true);
+    Wake();
     if (thread_.joinable()) thread_.join();
   }
 
@@ -160,77 +306,426 @@ class HttpAdminServer final : public AdminServer {
     return other_counter_;
   }
 
-  void InstallRoutes() {
-    // Runs before routing for every request: counts it, and refuses anything
-    // but GET/HEAD before a body is read.
-    server_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      CounterFor(req.path)->Inc();
-      if (req.method == "GET" || req.method == "HEAD") {
-        return httplib::Server::HandlerResponse::Unhandled;
-      }
-      res.status = 405;
-      res.set_header("Allow", "GET, HEAD");
-      res.set_content(ErrorJson("method not allowed", req.path), kJsonContentType);
-      return httplib::Server::HandlerResponse::Handled;
-    });
-
-    server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(metrics_->RenderPrometheus(), kMetricsContentType);
-    });
-    server_.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content("ok", kTextContentType);
-    });
-    server_.Get("/readyz", [this](const httplib::Request&, httplib::Response& res) {
-      const bool ready = !hooks_.ready || hooks_.ready();
-      res.status = ready ? 200 : 503;
-      res.set_content(ready ? "ready" : "not ready", kTextContentType);
-    });
-    server_.Get("/api/v1/status", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(hooks_.status_json ? hooks_.status_json() : "{}", kJsonContentType);
-    });
-    server_.Get("/api/v1/members", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(hooks_.members_json ? hooks_.members_json() : "{}", kJsonContentType);
-    });
-    server_.Get("/api/v1/config", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(hooks_.config_json ? hooks_.config_json() : "{}", kJsonContentType);
-    });
-    server_.Get("/", [](const httplib::Request&, httplib::Response& res) {
-      res.set_header("Content-Security-Policy", kDashboardCsp);
-      res.set_header("X-Content-Type-Options", "nosniff");
-      const std::string_view html = DashboardHtml();
-      res.set_content(html.data(), html.size(), kHtmlContentType);
-    });
-    // Last, so it only catches what no route above matched.
-    server_.Get(".*", [](const httplib::Request& req, httplib::Response& res) {
-      res.status = 404;
-      res.set_content(ErrorJson("not found", req.path), kJsonContentType);
-    });
-
-    // A throwing hook (or std::bad_alloc) becomes a 500 for that request only.
-    server_.set_exception_handler(
-        [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-          std::string what = "unknown exception";
-          try {
-            if (ep) std::rethrow_exception(ep);
-          } catch (const std::exception& e) {
-            what = e.what();
-          } catch (...) {
-          }
-          LogError("admin: {} {} failed: {}", req.method, req.path, what);
-          res.status = 500;
-          res.set_content(ErrorJson("internal error", req.path), kJsonContentType);
-        });
+  void Wake() {
+    uint64_t one = 1;
+    ssize_t r = ::write(wake_fd_, &one, sizeof(one));
+    (void)r;
   }
 
+  // ---- the admin thread ---------------------------------------------------
+
+  void EventLoop() {
+    std::vector<epoll_event> events(256);
+    auto next_tick = Clock::now() + kTick;
+    while (!loop_stop_.load()) {
+      int n = epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()),
+                         static_cast<int>(kTick.count()));
+      if (n < 0 && errno != EINTR) {
+        LogError("admin: epoll_wait: {}", std::strerror(errno));
+        break;
+      }
+      for (int i = 0; i < n; ++i) {
+        const uint64_t tag = events[i].data.u64;
+        if (tag == kListenTag) {
+          AcceptAll();
+        } else if (tag == kWakeTag) {
+          uint64_t v;
+          ssize_t r = ::read(wake_fd_, &v, sizeof(v));
+          (void)r;
+          TakeDone();
+        } else {
+          OnEvent(tag, events[i].events);
+        }
+      }
+      if (Clock::now() >= next_tick) {
+        ExpireDeadlines();
+        next_tick = Clock::now() + kTick;
+      }
+    }
+    TakeDone();  // responses the request threads finished while stopping
+    ::close(listen_fd_);
+    listen_fd_ = -1;
+    for (auto& [id, c] : conns_) {
+      if (c.state == ConnState::kWriting) WriteSome(c);
+      ::close(c.fd);
+    }
+    conns_.clear();
+    open_gauge_->Set(0);
+  }
+
+  void AcceptAll() {
+    while (true) {
+      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno == EMFILE || errno == ENFILE) {
+          // Out of descriptors: take one connection off the backlog with the
+          // spare descriptor and close it, so the listener does not stay
+          // readable and spin the loop.
+          refused_->Inc();
+          if (spare_fd_ >= 0) {
+            ::close(spare_fd_);
+            int dropped = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+            if (dropped >= 0) ::close(dropped);
+            spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+          }
+          LogWarn("admin: out of file descriptors; connections refused");
+          return;
+        }
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+          LogWarn("admin: accept: {}", std::strerror(errno));
+        }
+        return;
+      }
+      if (conns_.size() >= static_cast<size_t>(options_.max_connections) && !EvictOldestWaiting()) {
+        // Everything open is being served: tell this one to come back. A
+        // fresh socket's send buffer takes the short reply without blocking.
+        refused_->Inc();
+        Response r = Error(503, "too many connections", "");
+        r.headers.emplace_back("Retry-After", "1");
+        std::string bytes = Serialize(r, false);
+        ssize_t w = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+        (void)w;
+        ::close(fd);
+        continue;
+      }
+      const uint64_t id = next_id_++;
+      Conn& c = conns_[id];
+      c.fd = fd;
+      c.deadline = Clock::now() + options_.request_timeout;
+      epoll_event ev{};
+      ev.events = EPOLLIN | EPOLLRDHUP;
+      ev.data.u64 = id;
+      epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+      open_gauge_->Set(static_cast<int64_t>(conns_.size()));
+    }
+  }
+
+  // Closes the oldest connection that holds no request in service (still
+  // sending its head, or lingering after its response). Connection ids grow
+  // with accept order, so the map's first match is the oldest.
+  bool EvictOldestWaiting() {
+    for (auto it = conns_.begin(); it != conns_.end(); ++it) {
+      if (it->second.state == ConnState::kReading || it->second.state == ConnState::kLingering) {
+        if (it->second.state == ConnState::kReading) evicted_->Inc();
+        Close(it->first);
+        return true;
+      }
+    }
+    return false;
+  }
+
+  void Close(uint64_t id) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.fd, nullptr);
+    ::close(it->second.fd);
+    conns_.erase(it);
+    open_gauge_->Set(static_cast<int64_t>(conns_.size()));
+  }
+
+  // What the loop waits for follows the state: nothing is read while a
+  // request is served (bytes after the head would keep a level-triggered
+  // epoll busy), and hang-ups and errors are always reported.
+  void UpdateInterest(uint64_t id, Conn& c) {
+    uint32_t events = 0;
+    switch (c.state) {
+      case ConnState::kReading:
+      case ConnState::kLingering: events = EPOLLIN | EPOLLRDHUP; break;
+      case ConnState::kQueued: events = 0; break;
+      case ConnState::kWriting: events = EPOLLOUT; break;
+    }
+    if (events == c.events) return;
+    c.events = events;
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = id;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
+  }
+
+  void OnEvent(uint64_t id, uint32_t events) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    Conn& c = it->second;
+    // Each branch may close the connection: none touches c afterwards.
+    if ((events & EPOLLOUT) && c.state == ConnState::kWriting) {
+      if (!WriteSome(c)) return Close(id);
+      if (c.out_offset == c.out.size()) StartLinger(id, c);
+      return;
+    }
+    if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+      switch (c.state) {
+        case ConnState::kReading:
+          if (!ReadHead(id, c)) Close(id);
+          break;
+        case ConnState::kLingering:
+          if (!Drain(c)) Close(id);
+          break;
+        case ConnState::kQueued:
+        case ConnState::kWriting:
+          // Bytes after the head are not read until the response is out;
+          // a hang-up means nobody waits for it.
+          if (events & (EPOLLHUP | EPOLLERR)) Close(id);
+          break;
+      }
+    }
+  }
+
+  // Returns false when the connection is to be closed now. Once a request
+  // is dispatched the connection may be gone: c is not touched after.
+  bool ReadHead(uint64_t id, Conn& c) {
+    char buf[kMaxHeadBytes];
+    while (true) {
+      const size_t room = kMaxHeadBytes - c.in.size();
+      ssize_t r = ::recv(c.fd, buf, room == 0 ? 1 : room, 0);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        return errno == EAGAIN || errno == EWOULDBLOCK;
+      }
+      if (r == 0) return false;  // closed before a full request: nobody to answer
+      c.in.append(buf, static_cast<size_t>(r));
+      HttpRequestHead head;
+      size_t head_bytes = 0;
+      switch (admin::ParseRequestHead(c.in, kMaxHeadBytes, &head, &head_bytes)) {
+        case HeadParse::kIncomplete:
+          continue;
+        case HeadParse::kComplete:
+          Dispatch(id, c, head);
+          return true;
+        case HeadParse::kBad:
+          bad_requests_->Inc();
+          Respond(id, c, Error(400, "bad request", ""), false);
+          return true;
+        case HeadParse::kTooLarge:
+          bad_requests_->Inc();
+          Respond(id, c, Error(431, "request head too large", ""), false);
+          return true;
+        case HeadParse::kBadVersion:
+          bad_requests_->Inc();
+          Respond(id, c, Error(505, "HTTP/1.0 and HTTP/1.1 only", ""), false);
+          return true;
+      }
+    }
+    return true;
+  }
+
+  // Health and readiness are answered here on the admin thread, so a
+  // liveness probe never waits behind a slow scrape or a busy hook.
+  void Dispatch(uint64_t id, Conn& c, const HttpRequestHead& head) {
+    CounterFor(head.path)->Inc();
+    c.in.clear();
+    c.in.shrink_to_fit();
+    const bool head_only = head.method == "HEAD";
+    if (head.method != "GET" && !head_only) {
+      Response r = Error(405, "method not allowed", head.path);
+      r.headers.emplace_back("Allow", "GET, HEAD");
+      return Respond(id, c, r, false);
+    }
+    if (head.path == "/healthz") {
+      Response r;
+      r.body = "ok";
+      return Respond(id, c, r, head_only);
+    }
+    if (head.path == "/readyz") {
+      Response r;
+      const bool ready = !hooks_.ready || hooks_.ready();
+      r.status = ready ? 200 : 503;
+      r.body = ready ? "ready" : "not ready";
+      return Respond(id, c, r, head_only);
+    }
+    {
+      std::lock_guard lock(queue_mu_);
+      if (queue_.size() < static_cast<size_t>(options_.max_queued_requests) && !workers_stop_) {
+        queue_.push_back(Job{id, head.path, head_only});
+        c.state = ConnState::kQueued;
+        c.deadline = Clock::time_point::max();  // the request threads' turn
+        UpdateInterest(id, c);
+        queue_cv_.notify_one();
+        return;
+      }
+    }
+    queue_full_->Inc();
+    Response r = Error(503, "busy", head.path);
+    r.headers.emplace_back("Retry-After", "1");
+    Respond(id, c, r, head_only);
+  }
+
+  void Respond(uint64_t id, Conn& c, const Response& r, bool head_only) {
+    c.out = Serialize(r, head_only);
+    c.out_offset = 0;
+    c.state = ConnState::kWriting;
+    c.deadline = Clock::now() + options_.request_timeout;
+    if (!WriteSome(c)) return Close(id);
+    if (c.out_offset == c.out.size()) return StartLinger(id, c);
+    UpdateInterest(id, c);
+  }
+
+  // Returns false on a write error.
+  bool WriteSome(Conn& c) {
+    while (c.out_offset < c.out.size()) {
+      ssize_t w = ::send(c.fd, c.out.data() + c.out_offset, c.out.size() - c.out_offset,
+                         MSG_NOSIGNAL);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return errno == EAGAIN || errno == EWOULDBLOCK;
+      }
+      c.out_offset += static_cast<size_t>(w);
+    }
+    return true;
+  }
+
+  void StartLinger(uint64_t id, Conn& c) {
+    c.out.clear();
+    c.out.shrink_to_fit();
+    c.state = ConnState::kLingering;
+    c.deadline = Clock::now() + std::min<Clock::duration>(kMaxLinger, options_.request_timeout);
+    UpdateInterest(id, c);
+    ::shutdown(c.fd, SHUT_WR);
+    if (!Drain(c)) Close(id);
+  }
+
+  // Reads and drops what the client still sends. Returns false at EOF, on
+  // an error, or past the byte bound: the connection is done.
+  bool Drain(Conn& c) {
+    char buf[4096];
+    while (true) {
+      ssize_t r = ::recv(c.fd, buf, sizeof(buf), 0);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        return errno == EAGAIN || errno == EWOULDBLOCK;
+      }
+      if (r == 0) return false;
+      c.drained += static_cast<size_t>(r);
+      if (c.drained > kMaxLingerBytes) return false;
+    }
+  }
+
+  void ExpireDeadlines() {
+    const auto now = Clock::now();
+    std::vector<uint64_t> expired;
+    for (const auto& [id, c] : conns_) {
+      if (now >= c.deadline) expired.push_back(id);
+    }
+    for (uint64_t id : expired) {
+      // A lingering connection has its answer; only the others timed out.
+      if (conns_[id].state != ConnState::kLingering) timed_out_->Inc();
+      Close(id);
+    }
+  }
+
+  // Hands finished responses from the request threads to their connections.
+  void TakeDone() {
+    std::deque<std::pair<uint64_t, std::string>> done;
+    {
+      std::lock_guard lock(queue_mu_);
+      done.swap(done_);
+    }
+    for (auto& [id, bytes] : done) {
+      auto it = conns_.find(id);
+      if (it == conns_.end()) continue;  // the client left meanwhile
+      Conn& c = it->second;
+      c.out = std::move(bytes);
+      c.out_offset = 0;
+      c.state = ConnState::kWriting;
+      c.deadline = Clock::now() + options_.request_timeout;
+      if (!WriteSome(c)) {
+        Close(id);
+      } else if (c.out_offset == c.out.size()) {
+        StartLinger(id, c);
+      } else {
+        UpdateInterest(id, c);
+      }
+    }
+  }
+
+  // ---- request threads -----------------------------------------------------
+
+  void WorkerLoop() {
+    while (true) {
+      Job job;
+      {
+        std::unique_lock lock(queue_mu_);
+        queue_cv_.wait(lock, [this] { return workers_stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping and nothing left
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::string bytes = Serialize(Build(job.path), job.head_only);
+      {
+        std::lock_guard lock(queue_mu_);
+        done_.emplace_back(job.conn_id, std::move(bytes));
+      }
+      Wake();
+    }
+  }
+
+  // A throwing hook (or std::bad_alloc) becomes a 500 for that request only.
+  Response Build(const std::string& path) {
+    try {
+      return Route(path);
+    } catch (const std::exception& e) {
+      LogError("admin: GET {} failed: {}", path, e.what());
+    } catch (...) {
+      LogError("admin: GET {} failed: unknown exception", path);
+    }
+    return Error(500, "internal error", path);
+  }
+
+  Response Route(const std::string& path) {
+    Response r;
+    if (path == "/metrics") {
+      r.content_type = kMetricsContentType;
+      r.body = metrics_->RenderPrometheus();
+    } else if (path == "/api/v1/status") {
+      r.content_type = kJsonContentType;
+      r.body = hooks_.status_json ? hooks_.status_json() : "{}";
+    } else if (path == "/api/v1/members") {
+      r.content_type = kJsonContentType;
+      r.body = hooks_.members_json ? hooks_.members_json() : "{}";
+    } else if (path == "/api/v1/config") {
+      r.content_type = kJsonContentType;
+      r.body = hooks_.config_json ? hooks_.config_json() : "{}";
+    } else if (path == "/") {
+      r.content_type = kHtmlContentType;
+      r.body = DashboardHtml();
+      r.headers.emplace_back("Content-Security-Policy", kDashboardCsp);
+      r.headers.emplace_back("X-Content-Type-Options", "nosniff");
+    } else {
+      r = Error(404, "not found", path);
+    }
+    return r;
+  }
+
+  const AdminOptions options_;
   MetricsRegistry* const metrics_;  // not owned; outlives this server
   const AdminHooks hooks_;
   std::array<Counter*, kKnownPaths.size()> path_counters_{};
   Counter* other_counter_ = nullptr;
+  Gauge* open_gauge_ = nullptr;
+  Counter* refused_ = nullptr;
+  Counter* evicted_ = nullptr;
+  Counter* timed_out_ = nullptr;
+  Counter* bad_requests_ = nullptr;
+  Counter* queue_full_ = nullptr;
 
-  httplib::Server server_;
   int port_ = -1;
-  std::thread thread_;  // the node's admin thread: runs the accept loop
-  std::atomic<bool> listener_exited_{false};
+  int listen_fd_ = -1;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  int spare_fd_ = -1;
+  std::thread thread_;  // the node's admin thread: the event loop
+  std::vector<std::thread> workers_;
+  std::atomic<bool> loop_stop_{false};
+
+  // Owned by the admin thread.
+  std::map<uint64_t, Conn> conns_;
+  uint64_t next_id_ = kFirstConnId;
+
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<Job> queue_;                               // protected by queue_mu_
+  std::deque<std::pair<uint64_t, std::string>> done_;  // protected by queue_mu_
+  bool workers_stop_ = false;                          // protected by queue_mu_
 
   std::mutex stop_mu_;
   bool stopped_ = false;  // protected by stop_mu_
@@ -243,9 +738,9 @@ Result<std::unique_ptr<AdminServer>> AdminServer::Start(const AdminOptions& opti
                                                         AdminHooks hooks) {
   KVPOOL_CHECK(metrics != nullptr);
   KVPOOL_RETURN_IF_ERROR(options.Validate());
-  auto server = std::make_unique<HttpAdminServer>(metrics, std::move(hooks));
-  KVPOOL_RETURN_IF_ERROR(server->Bind(options));
-  KVPOOL_RETURN_IF_ERROR(server->Serve());
+  auto server = std::make_unique<HttpAdminServer>(options, metrics, std::move(hooks));
+  KVPOOL_RETURN_IF_ERROR(server->Bind());
+  server->Serve();
   LogInfo("admin: serving on http://{}:{}/", options.bind_address, server->port());
   return std::unique_ptr<AdminServer>(std::move(server));
 }

@@ -5,13 +5,25 @@
 // a self-contained dashboard page at / (no network fetches). It renders what
 // it is given and holds no node logic.
 //
-// Thread-safe. Owns the node's admin thread (it accepts connections) and a
-// fixed pool of options.threads request threads; the hooks are called on
-// those threads and must be thread-safe. Each request is counted in
-// kvpool_admin_requests_total{path=...}, with unknown paths folded into
-// path="other" so a scanner cannot grow the label set.
+// Thread-safe. Owns the node's admin thread (one epoll loop that accepts,
+// reads and writes every connection) and a fixed pool of options.threads
+// request threads fed by a bounded queue. /healthz and /readyz are answered
+// on the admin thread itself, so they stay fast while the request threads
+// are busy; the ready hook therefore runs there and must not block. The
+// other hooks run on the request threads and must be thread-safe. Each
+// request is counted in kvpool_admin_requests_total{path=...}, with unknown
+// paths folded into path="other" so a scanner cannot grow the label set.
+//
+// Slow and idle clients cannot starve it: a connection has
+// options.request_timeout to deliver its request head (at most 8 KiB) and
+// the same again to take its response; each connection serves one request.
+// At options.max_connections open connections, a new one takes the place of
+// the oldest connection still waiting for its request (counted in
+// kvpool_admin_connections_evicted_total); when every connection is being
+// served, the new one gets a 503 (kvpool_admin_connections_refused_total).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -29,6 +41,16 @@ struct AdminOptions {
   int port = 0;
   // Request threads. Two keep a slow scrape from blocking the dashboard.
   int threads = 2;
+  // Open connections at once. Each costs a file descriptor and at most 8 KiB
+  // of request buffer; the node raises its descriptor limit at start.
+  int max_connections = 1024;
+  // A connection must send its request head within this time, and take its
+  // response within this time again; longer and it is closed. Short keeps
+  // idle and trickling connections from holding slots.
+  std::chrono::milliseconds request_timeout{5000};
+  // Requests for the request threads (all paths but /healthz and /readyz)
+  // waiting at once; beyond it a request is answered 503 at once.
+  int max_queued_requests = 64;
 
   Status Validate() const;
 };
@@ -39,7 +61,8 @@ struct AdminHooks {
   std::function<std::string()> status_json;  // /api/v1/status
   std::function<std::string()> config_json;  // /api/v1/config
   std::function<std::string()> members_json;  // /api/v1/members
-  std::function<bool()> ready;               // /readyz: 200 when true, else 503
+  // /readyz: 200 when true, else 503. Runs on the admin thread: must be quick.
+  std::function<bool()> ready;
 };
 
 class AdminServer {

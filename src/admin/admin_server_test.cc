@@ -1,17 +1,28 @@
 #include "admin/admin_server.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -250,6 +261,219 @@ TEST(AdminOptionsTest, Validate) {
   auto server = AdminServer::Start(o, &registry, {});
   ASSERT_FALSE(server.ok());
   EXPECT_EQ(server.status().code(), StatusCode::kInvalidArgument);
+}
+
+// ---- slow, idle and busy clients ------------------------------------------
+
+// A raw TCP connection to the server (blocking). -1 on failure.
+int Dial(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Everything the server sends until it closes (or `wait` passes).
+std::string ReadAll(int fd, std::chrono::milliseconds wait = std::chrono::milliseconds(5000)) {
+  std::string out;
+  auto until = std::chrono::steady_clock::now() + wait;
+  char buf[4096];
+  while (std::chrono::steady_clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    ssize_t r = ::recv(fd, buf, sizeof(buf), 0);
+    if (r <= 0) break;
+    out.append(buf, static_cast<size_t>(r));
+  }
+  return out;
+}
+
+// Sends a raw request and returns the raw response.
+std::string RawRequest(int port, const std::string& bytes) {
+  int fd = Dial(port);
+  if (fd < 0) return "";
+  ssize_t w = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  (void)w;
+  std::string r = ReadAll(fd);
+  ::close(fd);
+  return r;
+}
+
+// True when the peer has closed fd (EOF or reset) within `wait`.
+bool ClosedByPeer(int fd, std::chrono::milliseconds wait) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(wait.count())) <= 0) return false;
+  char b;
+  return ::recv(fd, &b, 1, MSG_DONTWAIT) <= 0;
+}
+
+// Polls a metric until it has the value or a second passes; returns the last
+// value seen. Connections close asynchronously on the server's thread.
+double WaitForMetric(MetricsRegistry& r, const std::string& name, double want) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  double v = r.ValueOf(name);
+  while (v != want && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    v = r.ValueOf(name);
+  }
+  return v;
+}
+
+// Both ends of each test connection live in this process.
+void RaiseFdLimit() {
+  rlimit rl{};
+  getrlimit(RLIMIT_NOFILE, &rl);
+  rl.rlim_cur = rl.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &rl);
+}
+
+double HealthzMs(int port) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::string r = RawRequest(port, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return r.rfind("HTTP/1.1 200 OK\r\n", 0) == 0 && r.ends_with("\r\n\r\nok") ? ms : 1e9;
+}
+
+TEST(AdminServerSlowClientsTest, MalformedAndOversizedHeadsGetExplicitErrors) {
+  MetricsRegistry registry;
+  auto server = AdminServer::Start(AdminOptions{}, &registry, {});
+  ASSERT_TRUE(server.ok());
+  const int port = (*server)->port();
+  EXPECT_EQ(RawRequest(port, "BLAH\r\n\r\n").substr(0, 24), "HTTP/1.1 400 Bad Request");
+  std::string big = "GET / HTTP/1.1\r\nX: " + std::string(9000, 'a') + "\r\n\r\n";
+  EXPECT_EQ(RawRequest(port, big).substr(0, 12), "HTTP/1.1 431");
+  EXPECT_EQ(RawRequest(port, "GET / HTTP/2.0\r\n\r\n").substr(0, 12), "HTTP/1.1 505");
+  EXPECT_EQ(registry.ValueOf("kvpool_admin_bad_requests_total"), 3);
+  // HEAD: the headers of the GET, no body.
+  std::string head = RawRequest(port, "HEAD /healthz HTTP/1.0\r\n\r\n");
+  EXPECT_NE(head.find("Content-Length: 2\r\n"), std::string::npos) << head;
+  EXPECT_TRUE(head.ends_with("\r\n\r\n")) << head;
+}
+
+TEST(AdminServerSlowClientsTest, IdleAndTricklingConnectionsAreClosedAtTheirDeadline) {
+  MetricsRegistry registry;
+  AdminOptions o;
+  o.request_timeout = std::chrono::milliseconds(300);
+  auto server = AdminServer::Start(o, &registry, {});
+  ASSERT_TRUE(server.ok());
+  const int port = (*server)->port();
+  int idle = Dial(port);
+  int trickle = Dial(port);
+  ASSERT_GE(idle, 0);
+  ASSERT_GE(trickle, 0);
+  auto t0 = std::chrono::steady_clock::now();
+  // One byte every 100 ms never completes a head within 300 ms.
+  bool closed = false;
+  for (char ch : std::string("GET /healthz HTTP/1.1\r\n")) {
+    if (::send(trickle, &ch, 1, MSG_NOSIGNAL) != 1 || ClosedByPeer(trickle, std::chrono::milliseconds(100))) {
+      closed = true;
+      break;
+    }
+  }
+  EXPECT_TRUE(closed);
+  EXPECT_TRUE(ClosedByPeer(idle, std::chrono::milliseconds(1000)));
+  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(waited, 0.29);
+  EXPECT_LT(waited, 0.6);
+  EXPECT_EQ(registry.ValueOf("kvpool_admin_connections_timed_out_total"), 2);
+  ::close(idle);
+  ::close(trickle);
+  EXPECT_EQ(WaitForMetric(registry, "kvpool_admin_connections", 0), 0);
+}
+
+TEST(AdminServerSlowClientsTest, AtTheCapNewConnectionsEvictTheOldestWaiting) {
+  MetricsRegistry registry;
+  AdminOptions o;
+  o.max_connections = 50;
+  auto server = AdminServer::Start(o, &registry, {});
+  ASSERT_TRUE(server.ok());
+  const int port = (*server)->port();
+  std::vector<int> idle;
+  for (int i = 0; i < 60; ++i) idle.push_back(Dial(port));
+  // Health still answers: its connection takes an idle one's place.
+  EXPECT_LT(HealthzMs(port), 100);
+  // 60 idle + 1 health probe through 50 slots: the 11 oldest idle ones went.
+  for (int i = 0; i < 11; ++i) EXPECT_TRUE(ClosedByPeer(idle[i], std::chrono::milliseconds(1000))) << i;
+  EXPECT_FALSE(ClosedByPeer(idle[11], std::chrono::milliseconds(50)));
+  EXPECT_EQ(registry.ValueOf("kvpool_admin_connections_evicted_total"), 11);
+  EXPECT_EQ(WaitForMetric(registry, "kvpool_admin_connections", 49), 49);
+  for (int fd : idle) ::close(fd);
+}
+
+TEST(AdminServerSlowClientsTest, HealthIsServedWhileRequestThreadsAreBusyAndTheQueueIsBounded) {
+  MetricsRegistry registry;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  AdminHooks hooks;
+  hooks.status_json = [&] {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return release; });
+    return std::string("{}");
+  };
+  AdminOptions o;
+  o.threads = 1;
+  o.max_queued_requests = 2;
+  auto server = AdminServer::Start(o, &registry, std::move(hooks));
+  ASSERT_TRUE(server.ok());
+  const int port = (*server)->port();
+  const std::string status_req = "GET /api/v1/status HTTP/1.1\r\n\r\n";
+  // One request blocks the only thread, two wait in the queue.
+  std::vector<int> held;
+  for (int i = 0; i < 3; ++i) {
+    held.push_back(Dial(port));
+    ASSERT_EQ(::send(held.back(), status_req.data(), status_req.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(status_req.size()));
+    // Let the thread take the first before the next two queue behind it.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // The fourth finds the queue full and is told so at once.
+  std::string busy = RawRequest(port, status_req);
+  EXPECT_EQ(busy.substr(0, 12), "HTTP/1.1 503") << busy;
+  EXPECT_NE(busy.find("Retry-After: 1\r\n"), std::string::npos);
+  EXPECT_EQ(registry.ValueOf("kvpool_admin_queue_full_total"), 1);
+  EXPECT_LT(HealthzMs(port), 100);
+  EXPECT_EQ(RawRequest(port, "GET /readyz HTTP/1.1\r\n\r\n").substr(0, 15), "HTTP/1.1 200 OK");
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  for (int fd : held) {
+    std::string r = ReadAll(fd);
+    EXPECT_EQ(r.substr(0, 15), "HTTP/1.1 200 OK") << r;
+    EXPECT_TRUE(r.ends_with("\r\n\r\n{}")) << r;
+    ::close(fd);
+  }
+}
+
+TEST(AdminServerSlowClientsTest, HealthStaysFastUnderHundredsOfIdleAndTricklingConnections) {
+  RaiseFdLimit();
+  MetricsRegistry registry;
+  AdminOptions o;
+  o.request_timeout = std::chrono::milliseconds(10000);
+  auto server = AdminServer::Start(o, &registry, {});
+  ASSERT_TRUE(server.ok());
+  const int port = (*server)->port();
+  std::vector<int> idle, trickle;
+  for (int i = 0; i < 300; ++i) idle.push_back(Dial(port));
+  for (int i = 0; i < 300; ++i) trickle.push_back(Dial(port));
+  std::vector<double> ms;
+  for (int round = 0; round < 5; ++round) {
+    for (int fd : trickle) ::send(fd, "G", 1, MSG_NOSIGNAL);
+    for (int i = 0; i < 10; ++i) ms.push_back(HealthzMs(port));
+  }
+  std::sort(ms.begin(), ms.end());
+  EXPECT_LT(ms.back(), 100) << "slowest /healthz";
+  EXPECT_EQ(WaitForMetric(registry, "kvpool_admin_connections", 600), 600);
+  for (int fd : idle) ::close(fd);
+  for (int fd : trickle) ::close(fd);
 }
 
 // ---- external tools ------------------------------------------------------
