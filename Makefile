@@ -21,7 +21,7 @@ build: configure
 
 # A standalone node with embedded defaults (Ctrl-C stops it).
 run: build
-	@echo "kvpool-node: socket /tmp/kvpool.sock, dashboard http://127.0.0.1:9710/"
+	@echo "kvpool-node: socket /run/kvpool/kvpool.sock (else \$$XDG_RUNTIME_DIR/kvpool/ or /tmp/kvpool-$$(id -u)/; the node logs which), dashboard http://127.0.0.1:9710/"
 	@echo "  try: $(BUILD_DIR)/tools/kvpoolctl put demo greeting --value hello"
 	@echo "       $(BUILD_DIR)/tools/kvpoolctl get demo greeting"
 	@echo "       $(BUILD_DIR)/tools/kvpoolctl stat"

@@ -154,7 +154,7 @@ class Region {
 };
 
 struct Config {
-  std::string socket = "/tmp/kvpool.sock";
+  std::string socket;  // empty: libkvpool's default, where the node puts it
   std::vector<Op> ops;
   uint64_t value_size = 1ull << 20;
   size_t batch = 16;
@@ -603,7 +603,7 @@ int main(int argc, char** argv) {
   std::string warmup_text = "200ms";
   std::string buffer_text = "1GiB";
   std::string zc_read_text = "copy";
-  app.add_option("--socket", cfg.socket, "Unix socket of the node")->capture_default_str();
+  app.add_option("--socket", cfg.socket, "Unix socket of the node (default: the node's default)");
   app.add_option("--op", ops_text,
                  "put|get|exists|zc-get|zc-put; a comma-separated list runs each in turn, "
                  "--repeat times before the next (an op may appear more than once)")
@@ -684,12 +684,13 @@ int main(int argc, char** argv) {
   for (int t = 0; t < cfg.threads; ++t) {
     kvpool_options opts;
     kvpool_options_init(&opts);
-    opts.socket_path = cfg.socket.c_str();
+    opts.socket_path = cfg.socket.empty() ? nullptr : cfg.socket.c_str();
     opts.timeout_ms = cfg.timeout_ms;
     kvpool_status st = KVPOOL_OK;
     kvpool_client* cl = kvpool_open(&opts, &st);
     if (cl == nullptr) {
-      std::fprintf(stderr, "kvpool-bench: cannot connect to %s: %s: %s\n", cfg.socket.c_str(),
+      std::fprintf(stderr, "kvpool-bench: cannot connect to %s: %s: %s\n",
+                   cfg.socket.empty() ? "the default socket" : cfg.socket.c_str(),
                    kvpool_status_name(st), kvpool_last_error());
       for (auto* c : clients) kvpool_close(c);
       return 1;

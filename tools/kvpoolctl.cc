@@ -135,7 +135,7 @@ int Members(const std::string& admin, bool shards) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string socket_path = "/tmp/kvpool.sock";
+  std::string socket_path;  // empty: libkvpool's default, where the node puts it
   uint32_t timeout_ms = 5000;
   std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) {
@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
   }
   kvpool_options opts;
   kvpool_options_init(&opts);
-  opts.socket_path = socket_path.c_str();
+  opts.socket_path = socket_path.empty() ? nullptr : socket_path.c_str();
   opts.timeout_ms = timeout_ms;
   opts.max_connections = 1;
   kvpool_status st;

@@ -64,7 +64,9 @@ typedef struct kvpool_key_id {
  * caller knows. Always start from kvpool_options_init. */
 typedef struct kvpool_options {
   uint32_t struct_size;
-  /* Unix socket of the local node. NULL: "/tmp/kvpool.sock". */
+  /* Unix socket of the local node. NULL: the node's default, the first of
+   * /run/kvpool/kvpool.sock, $XDG_RUNTIME_DIR/kvpool/kvpool.sock and
+   * /tmp/kvpool-<uid>/kvpool.sock where a socket exists. */
   const char* socket_path;
   /* Deadline of each call, in milliseconds (> 0). Default 5000. */
   uint32_t timeout_ms;
@@ -97,6 +99,11 @@ typedef struct kvpool_options {
   /* Remote mode: how often the membership is refreshed (ms); it is also
    * refreshed whenever a node does not answer. Default 2000. */
   uint32_t remote_refresh_ms;
+  /* The uid the node must run as, checked (SO_PEERCRED) before anything is
+   * sent to it or mapped from it; a node of another uid is refused with
+   * FAILED_PRECONDITION. -1: the owner of the socket's directory (or root).
+   * Default -1. */
+  int64_t expected_server_uid;
 } kvpool_options;
 
 KVPOOL_API void kvpool_options_init(kvpool_options* options);

@@ -35,6 +35,7 @@ class Options(ctypes.Structure):
         ("spin_us", ctypes.c_uint32),
         ("remote_peers", ctypes.c_char_p),
         ("remote_refresh_ms", ctypes.c_uint32),
+        ("expected_server_uid", ctypes.c_int64),
     ]
 
 

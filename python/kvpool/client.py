@@ -133,7 +133,8 @@ class Client:
     """A connection to the local kvpool-node (or, with `remote`, to a cluster).
 
     socket: the node's Unix socket; default env KVPOOL_SOCKET, else the C
-      ABI's default (/tmp/kvpool.sock).
+      ABI's default, the node's own: /run/kvpool/kvpool.sock, else
+      $XDG_RUNTIME_DIR/kvpool/kvpool.sock, else /tmp/kvpool-<uid>/kvpool.sock.
     namespace: prefix of every key's identity (str or bytes); clients with
       different namespaces never see each other's keys.
     timeout_ms: deadline of each call.

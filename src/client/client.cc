@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "common/key_id.h"
 #include "kvpool/kvpool.h"
 #include "protocol/codec.h"
+#include "protocol/socket_path.h"
 
 namespace kvpool {
 namespace {
@@ -118,7 +120,8 @@ void RetireLocked(kvpool_client* c, int slot) {
 
 // Connects slot `slot` (owned by the caller through its lease).
 Status ConnectSlot(kvpool_client* c, int slot, Clock::time_point deadline) {
-  KVPOOL_ASSIGN_OR_RETURN(auto link, LocalConnection::Connect(c->socket_path, "libkvpool", deadline));
+  KVPOOL_ASSIGN_OR_RETURN(auto link, LocalConnection::Connect(c->socket_path, "libkvpool", deadline,
+                                                              c->options.expected_server_uid));
   link->set_spin(std::chrono::microseconds(c->options.spin_us));
   int fd = link->TakeSegmentFd();
   std::shared_ptr<Mapping> mapping;
@@ -386,6 +389,7 @@ void kvpool_options_init(kvpool_options* o) {
   o->spin_us = 50;
   o->remote_peers = nullptr;
   o->remote_refresh_ms = 2000;
+  o->expected_server_uid = LocalConnection::kSocketDirOwner;
 }
 
 kvpool_client* kvpool_open(const kvpool_options* options, kvpool_status* status) {
@@ -410,7 +414,11 @@ kvpool_client* kvpool_open(const kvpool_options* options, kvpool_status* status)
   if (o.remote_peers != nullptr) return OpenRemote(o, status);
   auto c = std::make_unique<kvpool_client>();
   c->options = o;
-  c->socket_path = o.socket_path != nullptr ? o.socket_path : "/tmp/kvpool.sock";
+  // The C ABI has no main to read the environment: the default location's
+  // $XDG_RUNTIME_DIR candidate is read here.
+  c->socket_path = o.socket_path != nullptr
+                       ? std::string(o.socket_path)
+                       : protocol::FindDefaultSocket(std::getenv("XDG_RUNTIME_DIR"), ::geteuid());
   c->options.socket_path = nullptr;  // the caller's string is not kept
   c->slots.resize(o.max_connections);
   {

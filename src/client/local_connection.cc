@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -10,6 +11,8 @@
 #include <cstring>
 
 #include <fmt/format.h>
+
+#include "protocol/socket_path.h"
 
 namespace kvpool {
 namespace {
@@ -35,6 +38,53 @@ Status WaitFd(int fd, short events, Clock::time_point deadline) {
   }
 }
 
+
+// A reply with request id 0 that is an error is about the connection
+// itself (too many connections, idle, a frame timed out), sent just before
+// the node closes it.
+constexpr uint32_t kMaxConnectionErrorBytes = 4096;
+
+bool IsConnectionError(const FrameHeader& h) {
+  return h.request_id == 0 &&
+         h.type == (static_cast<uint16_t>(MessageType::kError) | protocol::kReplyBit);
+}
+
+Status ConnectionErrorStatus(const FrameHeader& h, std::span<const uint8_t> body) {
+  std::string msg;
+  if (!protocol::DecodeString(body, &msg).ok()) msg = "connection closed by the node";
+  StatusCode code = h.status > 0 && h.status <= static_cast<int32_t>(StatusCode::kInternal)
+                        ? static_cast<StatusCode>(h.status)
+                        : StatusCode::kUnavailable;
+  return Status(code, "node: " + msg);
+}
+
+// Refuses a server that does not run as the expected uid: another user
+// could have bound the path (a squatted socket) and would otherwise be
+// handed requests and hand back a segment to map.
+Status CheckServerCredentials(int fd, const std::string& socket_path, int64_t expected_uid) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return ErrnoStatus(fmt::format("SO_PEERCRED on {}", socket_path), errno);
+  }
+  if (expected_uid == LocalConnection::kSocketDirOwner) {
+    const std::string dir = protocol::SocketDirOf(socket_path);
+    struct stat st;
+    if (::stat(dir.c_str(), &st) != 0) {
+      return ErrnoStatus(fmt::format("socket directory {}", dir), errno);
+    }
+    if (cred.uid == st.st_uid || cred.uid == 0) return Status::Ok();
+    return FailedPrecondition(fmt::format(
+        "refusing the server at {}: it runs as uid {} (pid {}), but {} belongs to uid {}; "
+        "another user may have taken the socket's name",
+        socket_path, cred.uid, cred.pid, dir, st.st_uid));
+  }
+  if (static_cast<int64_t>(cred.uid) == expected_uid) return Status::Ok();
+  return FailedPrecondition(fmt::format(
+      "refusing the server at {}: it runs as uid {} (pid {}), not the expected uid {}",
+      socket_path, cred.uid, cred.pid, expected_uid));
+}
+
 }  // namespace
 
 LocalConnection::~LocalConnection() {
@@ -48,15 +98,32 @@ int LocalConnection::TakeSegmentFd() {
   return fd;
 }
 
+Status LocalConnection::TakeRefusal(Status fallback) {
+  if (fd_ < 0) return fallback;
+  uint8_t buf[protocol::kHeaderBytes + kMaxConnectionErrorBytes];
+  // What the node sent before it closed is still queued on our side.
+  ssize_t r = ::recv(fd_, buf, sizeof(buf), MSG_DONTWAIT);
+  if (r < static_cast<ssize_t>(protocol::kHeaderBytes)) return fallback;
+  FrameHeader h;
+  if (!protocol::DecodeHeader(std::span(buf, protocol::kHeaderBytes), kMaxConnectionErrorBytes, &h)
+           .ok() ||
+      !IsConnectionError(h) || h.body_len > static_cast<size_t>(r) - protocol::kHeaderBytes) {
+    return fallback;
+  }
+  return ConnectionErrorStatus(h, std::span(buf + protocol::kHeaderBytes, h.body_len));
+}
+
 Status LocalConnection::Break(Status s) {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   return s;
 }
 
+
 Result<std::unique_ptr<LocalConnection>> LocalConnection::Connect(const std::string& socket_path,
                                                                   const std::string& client_name,
-                                                                  Clock::time_point deadline) {
+                                                                  Clock::time_point deadline,
+                                                                  int64_t expected_server_uid) {
   sockaddr_un addr{};
   if (socket_path.size() >= sizeof(addr.sun_path)) return InvalidArgument("socket path too long");
   addr.sun_family = AF_UNIX;
@@ -77,6 +144,7 @@ Result<std::unique_ptr<LocalConnection>> LocalConnection::Connect(const std::str
       return Unavailable(fmt::format("no kvpool node at {}: {}", socket_path, std::strerror(errno)));
     }
   }
+  KVPOOL_RETURN_IF_ERROR(CheckServerCredentials(fd, socket_path, expected_server_uid));
   int buf = 4 << 20;
   setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
@@ -134,7 +202,7 @@ Status LocalConnection::WriteFrame(MessageType type, uint64_t request_id,
         if (!s.ok()) return Break(s);
         continue;
       }
-      return Break(Unavailable(fmt::format("send to node: {}", std::strerror(errno))));
+      return Break(TakeRefusal(Unavailable(fmt::format("send to node: {}", std::strerror(errno)))));
     }
     size_t n = static_cast<size_t>(w);
     while (n > 0 && idx < iovs.size()) {
@@ -213,6 +281,18 @@ Status LocalConnection::ReadReply(uint64_t request_id, Clock::time_point deadlin
   uint32_t max_body = std::max<uint32_t>(hello_.max_frame_bytes, 1u << 20) + (1u << 20);
   Status s = protocol::DecodeHeader(std::span(header, sizeof(header)), max_body, h);
   if (!s.ok()) return Break(Internal("bad reply from node: " + s.ToString()));
+  if (IsConnectionError(*h)) {
+    // The node refused or closed this connection, and said why.
+    std::vector<uint8_t> why(std::min<uint32_t>(h->body_len, kMaxConnectionErrorBytes));
+    got = 0;
+    while (got < why.size()) {
+      auto n = read_some(why.data() + got, why.size() - got, false);
+      if (!n.ok()) break;
+      got += *n;
+    }
+    why.resize(got);
+    return Break(ConnectionErrorStatus(*h, why));
+  }
   if (h->request_id != request_id) {
     return Break(Internal(fmt::format("reply for request {} while waiting for {}", h->request_id,
                                       request_id)));

@@ -22,11 +22,19 @@ using Clock = std::chrono::steady_clock;
 
 class LocalConnection {
  public:
-  // Connects and completes the handshake. Unavailable when no node listens,
-  // DeadlineExceeded when it does not answer in time.
-  static Result<std::unique_ptr<LocalConnection>> Connect(const std::string& socket_path,
-                                                          const std::string& client_name,
-                                                          Clock::time_point deadline);
+  // The uid the server must run as: kSocketDirOwner is the owner of the
+  // socket's directory (root is accepted too: it could act as anyone).
+  static constexpr int64_t kSocketDirOwner = -1;
+
+  // Connects, checks the server's credentials (SO_PEERCRED) before sending
+  // or taking anything, and completes the handshake. Unavailable when no
+  // node listens, FailedPrecondition when the process behind the socket is
+  // not the expected uid, DeadlineExceeded when it does not answer in time,
+  // and the node's own status when it refuses the connection
+  // (ResourceExhausted: too many connections).
+  static Result<std::unique_ptr<LocalConnection>> Connect(
+      const std::string& socket_path, const std::string& client_name, Clock::time_point deadline,
+      int64_t expected_server_uid = kSocketDirOwner);
   ~LocalConnection();
   LocalConnection(const LocalConnection&) = delete;
   LocalConnection& operator=(const LocalConnection&) = delete;
@@ -54,6 +62,10 @@ class LocalConnection {
   Status ReadReply(uint64_t request_id, Clock::time_point deadline, protocol::FrameHeader* h,
                    std::vector<uint8_t>* body, int* passed_fd);
   Status Break(Status s);
+  // After a failed send: the node may have refused the connection (a
+  // connection-level error reply, request id 0) before closing it. Returns
+  // that status, or `fallback` when there is none.
+  Status TakeRefusal(Status fallback);
 
   int fd_;
   int segment_fd_ = -1;

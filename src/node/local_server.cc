@@ -21,6 +21,7 @@
 
 #include "common/log.h"
 #include "node/parked_reads.h"
+#include "node/socket_dir.h"
 #include "protocol/codec.h"
 
 namespace kvpool {
@@ -29,7 +30,6 @@ using protocol::FrameHeader;
 using protocol::MessageType;
 
 Status LocalServerOptions::Validate() const {
-  if (socket_path.empty()) return InvalidArgument("socket path is empty");
   if (socket_path.size() >= sizeof(sockaddr_un::sun_path)) {
     return InvalidArgument(fmt::format("socket path longer than {} bytes", sizeof(sockaddr_un::sun_path) - 1));
   }
@@ -38,12 +38,57 @@ Status LocalServerOptions::Validate() const {
     return InvalidArgument(fmt::format("max_batch must be in 1..{}", protocol::kMaxBatch));
   }
   if (max_frame_bytes < 64 * 1024) return InvalidArgument("max_frame_bytes must be >= 64KiB");
+  if (max_buffered_bytes < uint64_t{max_frame_bytes} + protocol::kHeaderBytes) {
+    return InvalidArgument(fmt::format(
+        "max_buffered_bytes ({}) must hold at least one largest frame (max_frame_bytes {} + {})",
+        max_buffered_bytes, max_frame_bytes, protocol::kHeaderBytes));
+  }
+  if (idle_timeout.count() < 1 || frame_timeout.count() < 1 || handshake_timeout.count() < 1) {
+    return InvalidArgument("idle, frame and handshake timeouts must be > 0");
+  }
   return Status::Ok();
 }
 
 namespace {
 
 constexpr size_t kReadChunk = 256 * 1024;
+// Each connection may buffer this much request input without charge to the
+// node-wide budget (max_buffered_bytes), so small requests never wait
+// behind large frames; beyond it, buffer capacity is charged.
+constexpr size_t kFreeBufferBytes = 64 * 1024;
+// First allocation of a connection's input buffer, and the least room a
+// read is given before the buffer grows.
+constexpr size_t kInitialBuffer = 16 * 1024;
+constexpr size_t kMinRoom = 4096;
+
+size_t Charged(size_t capacity) {
+  return capacity > kFreeBufferBytes ? capacity - kFreeBufferBytes : 0;
+}
+
+// A connection's unparsed input. It grows only as bytes arrive (doubling,
+// and never past the current frame's length), not to what a header
+// announces, and it is freed once empty if larger than kFreeBufferBytes.
+struct InBuffer {
+  std::unique_ptr<uint8_t[]> data;
+  size_t size = 0;
+  size_t capacity = 0;
+
+  void Consume(size_t n) {
+    std::memmove(data.get(), data.get() + n, size - n);
+    size -= n;
+  }
+  void Grow(size_t new_capacity) {
+    auto bigger = std::make_unique_for_overwrite<uint8_t[]>(new_capacity);
+    if (size > 0) std::memcpy(bigger.get(), data.get(), size);
+    data = std::move(bigger);
+    capacity = new_capacity;
+  }
+  void Free() {
+    data.reset();
+    size = 0;
+    capacity = 0;
+  }
+};
 
 struct Conn {
   int fd = -1;
@@ -52,8 +97,13 @@ struct Conn {
   bool closing = false;  // close once the output is flushed
   bool epollout = false;
   bool reading_paused = false;
+  bool starved = false;  // waits for the node-wide buffer budget
   std::chrono::steady_clock::time_point accepted;
-  std::vector<uint8_t> in;  // unparsed input; grows only as bytes arrive
+  // Last byte received or reply fully sent: the idle clock.
+  std::chrono::steady_clock::time_point last_active;
+  // When the partial frame at the start of `in` began arriving.
+  std::chrono::steady_clock::time_point frame_start;
+  InBuffer in;
   std::deque<std::vector<uint8_t>> out;
   size_t out_offset = 0;  // into out.front()
   uint64_t out_bytes = 0;
@@ -90,7 +140,19 @@ class LocalServerImpl final : public LocalServer {
     conns_gauge_ = m->GetGauge("kvpool_local_connections", "Open local client connections");
     accepted_ = m->GetCounter("kvpool_accepted_connections_total", "Local connections accepted");
     rejected_ = m->GetCounter("kvpool_rejected_connections_total",
-                              "Local connections refused at the max-connections limit");
+                              "Local connections refused at the max-connections limit (told "
+                              "RESOURCE_EXHAUSTED: too many connections) or out of descriptors");
+    for (int r = 0; r < kNumReapReasons; ++r) {
+      reaped_[r] = m->GetCounter("kvpool_local_connections_reaped_total",
+                                 "Local connections closed by the node, by deadline missed",
+                                 {{"reason", kReapReasonNames[r]}});
+    }
+    buffered_gauge_ = m->GetGauge(
+        "kvpool_local_request_buffer_bytes",
+        "Request buffer bytes charged to --max-buffered (beyond each connection's first 64 KiB)");
+    starved_ = m->GetCounter(
+        "kvpool_local_reads_deferred_total",
+        "Times a connection's read waited because the node-wide request buffer budget was spent");
     put_failures_ = m->GetCounter("kvpool_put_failures_total",
                                   "Put or reserve items refused (no space, too large)");
     metrics_ = m;
@@ -98,6 +160,7 @@ class LocalServerImpl final : public LocalServer {
 
   ~LocalServerImpl() override {
     for (auto& [fd, c] : conns_) ::close(fd);
+    if (spare_fd_ >= 0) ::close(spare_fd_);
     if (listen_fd_ >= 0) ::close(listen_fd_);
     if (epoll_fd_ >= 0) ::close(epoll_fd_);
     if (wake_fd_ >= 0) ::close(wake_fd_);
@@ -109,6 +172,9 @@ class LocalServerImpl final : public LocalServer {
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) return ErrnoStatus("eventfd", errno);
     parked_ = std::make_unique<ParkedReads>(tiered_, remote_, wake_fd_, metrics_);
+    // Kept open so that, out of descriptors, the loop can still take a
+    // connection off the backlog to refuse it instead of spinning.
+    spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     KVPOOL_RETURN_IF_ERROR(Bind());
     epoll_event ev{};
     ev.events = EPOLLIN;
@@ -159,8 +225,9 @@ class LocalServerImpl final : public LocalServer {
               continue;
             }
             // Frames left unparsed while output was backed up.
-            if (!c.closing && !c.in.empty() && c.out_bytes <= opts_.max_output_bytes) {
+            if (!c.closing && c.in.size > 0 && c.out_bytes <= opts_.max_output_bytes) {
               ProcessFrames(c);
+              ReleaseIfEmpty(c);
               if (!Flush(c)) {
                 CloseConn(c.fd);
                 continue;
@@ -181,7 +248,7 @@ class LocalServerImpl final : public LocalServer {
         }
       }
       if (now - last_expiry > std::chrono::milliseconds(50)) {
-        ExpireHandshakes();
+        ExpireDeadlines(now);
         last_expiry = now;
       }
     }
@@ -190,7 +257,7 @@ class LocalServerImpl final : public LocalServer {
     for (int fd : fds) CloseConn(fd);
     ::close(listen_fd_);
     listen_fd_ = -1;
-    ::unlink(opts_.socket_path.c_str());
+    ::unlink(socket_path_.c_str());
   }
 
   void Stop() override {
@@ -201,50 +268,77 @@ class LocalServerImpl final : public LocalServer {
   }
 
   int connections() const override { return num_conns_.load(); }
+  const std::string& socket_path() const override { return socket_path_; }
 
  private:
   static constexpr uint64_t kListenTag = 1ull << 40;
   static constexpr uint64_t kWakeTag = (1ull << 40) + 1;
 
   Status Bind() {
+    SocketPlacement placement;
+    placement.socket_path = opts_.socket_path;
+    placement.xdg_runtime_dir = opts_.xdg_runtime_dir;
+    placement.group = opts_.socket_group;
+    placement.allow_world_writable_dir = opts_.allow_world_writable_dir;
+    KVPOOL_ASSIGN_OR_RETURN(socket_path_, PrepareSocketPath(placement));
+    if (socket_path_.size() >= sizeof(sockaddr_un::sun_path)) {
+      return InvalidArgument(fmt::format("socket path {} is longer than {} bytes", socket_path_,
+                                         sizeof(sockaddr_un::sun_path) - 1));
+    }
+    KVPOOL_RETURN_IF_ERROR(ClaimSocketPath(socket_path_));
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, opts_.socket_path.data(), opts_.socket_path.size());
-    // A socket file that accepts connections belongs to a live node: refuse.
-    // One that refuses is a leftover of a crash: replace it.
-    struct stat st;
-    if (::stat(opts_.socket_path.c_str(), &st) == 0) {
-      if (!S_ISSOCK(st.st_mode)) {
-        return FailedPrecondition(fmt::format("{} exists and is not a socket", opts_.socket_path));
-      }
-      int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      bool live = ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-      ::close(probe);
-      if (live) {
-        return FailedPrecondition(
-            fmt::format("another kvpool-node is serving {}", opts_.socket_path));
-      }
-      ::unlink(opts_.socket_path.c_str());
-    }
+    std::memcpy(addr.sun_path, socket_path_.data(), socket_path_.size());
     listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (listen_fd_ < 0) return ErrnoStatus("socket", errno);
+    // bind() creates the file and fails if anything (even a link) took the
+    // name since the claim: it never follows or replaces it.
     if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      return ErrnoStatus(fmt::format("bind {}", opts_.socket_path), errno);
+      return ErrnoStatus(fmt::format("bind {}", socket_path_), errno);
     }
-    ::chmod(opts_.socket_path.c_str(), opts_.socket_mode);
+    KVPOOL_RETURN_IF_ERROR(SetSocketAccess(socket_path_, opts_.socket_mode, opts_.socket_group));
     if (::listen(listen_fd_, 512) != 0) return ErrnoStatus("listen", errno);
     return Status::Ok();
+  }
+
+  // Tells a connection why the node closes it, in the protocol's error
+  // reply with request id 0 (a connection-level error), then closes it. The
+  // reply is small and the socket's buffer empty or nearly, so a
+  // non-blocking send takes it; if not, the close alone tells.
+  void SendConnectionError(int fd, const Status& s) {
+    std::vector<uint8_t> body;
+    protocol::EncodeString(s.message(), &body);
+    auto frame = protocol::EncodeFrame(MessageType::kError, 0, static_cast<int32_t>(s.code()),
+                                       body, /*reply=*/true);
+    ssize_t w = ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)w;
   }
 
   void AcceptAll() {
     while (true) {
       int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
-        if (errno == EINTR) continue;
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if ((errno == EMFILE || errno == ENFILE) && spare_fd_ >= 0) {
+          // Out of descriptors: refuse one waiting connection through the
+          // spare descriptor, so the listener does not stay readable.
+          ::close(spare_fd_);
+          int dropped = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+          if (dropped >= 0) {
+            SendConnectionError(dropped, ResourceExhausted("the node is out of file descriptors"));
+            ::close(dropped);
+            rejected_->Inc();
+          }
+          spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+          LogWarn("accept: out of file descriptors; a local connection was refused");
+          return;
+        }
         if (errno != EAGAIN && errno != EWOULDBLOCK) LogWarn("accept: {}", std::strerror(errno));
         return;
       }
       if (conns_.size() >= opts_.max_connections) {
+        SendConnectionError(fd, ResourceExhausted(fmt::format(
+                                    "too many connections (limit {})", opts_.max_connections)));
         rejected_->Inc();
         ::close(fd);
         continue;
@@ -256,6 +350,7 @@ class LocalServerImpl final : public LocalServer {
       c.fd = fd;
       c.id = ++conn_ids_;
       c.accepted = std::chrono::steady_clock::now();
+      c.last_active = c.accepted;
       epoll_event ev{};
       ev.events = EPOLLIN | EPOLLRDHUP;
       ev.data.u64 = static_cast<uint64_t>(fd);
@@ -271,27 +366,119 @@ class LocalServerImpl final : public LocalServer {
     if (it == conns_.end()) return;
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
     ::close(fd);
+    const bool was_charged = Charged(it->second.in.capacity) > 0;
+    Uncharge(it->second);
     // Destroying the handles releases the pins and aborts the reservations.
     conns_.erase(it);
+    if (was_charged) ResumeStarved();
     num_conns_.store(static_cast<int>(conns_.size()));
     conns_gauge_->Set(static_cast<int64_t>(conns_.size()));
   }
 
-  void ExpireHandshakes() {
-    auto now = std::chrono::steady_clock::now();
-    std::vector<int> expired;
+  // Closes connections past a deadline: the handshake, a frame begun but
+  // not finished, and idleness (nothing sent, nothing held, nothing owed).
+  void ExpireDeadlines(std::chrono::steady_clock::time_point now) {
+    std::vector<std::pair<int, ReapReason>> expired;
     for (auto& [fd, c] : conns_) {
-      if (!c.handshaked && now - c.accepted > opts_.handshake_timeout) expired.push_back(fd);
+      if (!c.handshaked) {
+        if (now - c.accepted > opts_.handshake_timeout) {
+          expired.emplace_back(fd, ReapReason::kHandshake);
+        }
+      } else if (c.in.size > 0) {
+        // Only the client's slowness counts: not frames that wait for the
+        // node (a parked read, replies the client has not taken yet).
+        if (!c.pending && c.out_bytes <= opts_.max_output_bytes &&
+            now - c.frame_start > opts_.frame_timeout) {
+          expired.emplace_back(fd, ReapReason::kFrame);
+        }
+      } else if (c.out.empty() && !c.pending && c.pins.empty() && c.reservations.empty() &&
+                 now - c.last_active > opts_.idle_timeout) {
+        expired.emplace_back(fd, ReapReason::kIdle);
+      }
     }
-    for (int fd : expired) {
-      ProtocolError("handshake_timeout");
+    for (auto [fd, reason] : expired) {
+      reaped_[static_cast<int>(reason)]->Inc();
+      switch (reason) {
+        case ReapReason::kHandshake:
+          ProtocolError("handshake_timeout");
+          break;
+        case ReapReason::kFrame:
+          ProtocolError("frame_timeout");
+          SendConnectionError(fd, DeadlineExceeded(fmt::format(
+                                      "a frame was not completed within {} ms; connection closed",
+                                      opts_.frame_timeout.count())));
+          break;
+        case ReapReason::kIdle:
+          // Unavailable: libkvpool reconnects and retries on it.
+          SendConnectionError(fd, Unavailable(fmt::format(
+                                      "connection idle for {} ms; closed by the node",
+                                      opts_.idle_timeout.count())));
+          break;
+      }
       CloseConn(fd);
     }
   }
 
+  // ---- request buffers ----------------------------------------------------
+
+  void Uncharge(Conn& c) {
+    buffered_ -= Charged(c.in.capacity);
+    buffered_gauge_->Set(static_cast<int64_t>(buffered_));
+  }
+
+  // Frees an emptied buffer that grew past the free allowance, returning
+  // its charge to the budget and waking connections that waited for it.
+  void ReleaseIfEmpty(Conn& c) {
+    if (c.in.size != 0 || c.in.capacity <= kFreeBufferBytes) return;
+    Uncharge(c);
+    c.in.Free();
+    ResumeStarved();
+  }
+
+  // Room to read into c.in, growing it within the connection's limit (one
+  // frame) and the node-wide budget. 0: the budget is spent; c waits.
+  size_t MakeRoom(Conn& c) {
+    size_t room = c.in.capacity - c.in.size;
+    if (room >= kMinRoom) return room;
+    const size_t limit = protocol::kHeaderBytes +
+                         (c.handshaked ? opts_.max_frame_bytes : protocol::kMaxPreHandshakeFrame);
+    size_t want = std::max(c.in.capacity * 2, kInitialBuffer);
+    if (c.in.size >= protocol::kHeaderBytes) {
+      // The frame's announced length caps growth; the header is checked
+      // against the limits when frames are parsed, before any read.
+      FrameHeader h;
+      if (protocol::DecodeHeader(std::span(c.in.data.get(), protocol::kHeaderBytes),
+                                 static_cast<uint32_t>(limit - protocol::kHeaderBytes), &h)
+              .ok()) {
+        want = std::min(want, std::max<size_t>(protocol::kHeaderBytes + h.body_len,
+                                               c.in.size + kMinRoom));
+      }
+    }
+    want = std::min(want, std::max(limit, c.in.size + kMinRoom));
+    if (want <= c.in.capacity) return room;
+    const uint64_t extra = Charged(want) - Charged(c.in.capacity);
+    if (buffered_ + extra > opts_.max_buffered_bytes) return room;
+    buffered_ += extra;
+    buffered_gauge_->Set(static_cast<int64_t>(buffered_));
+    c.in.Grow(want);
+    return c.in.capacity - c.in.size;
+  }
+
+  // Lets connections that waited for buffer budget read again (each
+  // re-checks; level-triggered epoll reports their pending input).
+  void ResumeStarved() {
+    if (starved_conns_ == 0) return;
+    for (auto& [fd, c] : conns_) {
+      if (!c.starved) continue;
+      c.starved = false;
+      UpdateInterest(c);
+    }
+    starved_conns_ = 0;
+  }
+
   void UpdateInterest(Conn& c) {
     bool want_out = !c.out.empty();
-    bool pause = c.closing || c.pending || c.out_bytes > opts_.max_output_bytes;
+    bool pause = c.closing || c.pending || c.starved || c.out_bytes > opts_.max_output_bytes;
     if (want_out == c.epollout && pause == c.reading_paused) return;
     c.epollout = want_out;
     c.reading_paused = pause;
@@ -318,26 +505,35 @@ class LocalServerImpl final : public LocalServer {
   // Reads and handles what the client sent. Returns false when the
   // connection must be closed now.
   bool OnReadable(Conn& c) {
-    while (!c.closing) {
-      size_t old = c.in.size();
-      c.in.resize(old + kReadChunk);
-      ssize_t r = ::read(c.fd, c.in.data() + old, kReadChunk);
+    // Reading stops while a request waits (parked) or replies back up, so
+    // the buffer holds at most the frame being received.
+    while (!c.closing && !c.pending && c.out_bytes <= opts_.max_output_bytes) {
+      const size_t room = std::min(MakeRoom(c), kReadChunk);
+      if (room == 0) {
+        c.starved = true;
+        ++starved_conns_;
+        starved_->Inc();
+        break;
+      }
+      ssize_t r = ::read(c.fd, c.in.data.get() + c.in.size, room);
       if (r < 0) {
-        c.in.resize(old);
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) break;
         return false;
       }
-      c.in.resize(old + static_cast<size_t>(r));
       if (r == 0) {  // the client closed: answer what it sent, then close
         ProcessFrames(c);
         c.closing = true;
         break;
       }
+      const auto now = std::chrono::steady_clock::now();
+      if (c.in.size == 0) c.frame_start = now;
+      c.in.size += static_cast<size_t>(r);
+      c.last_active = now;
       ProcessFrames(c);
-      if (c.out_bytes > opts_.max_output_bytes) break;
-      if (static_cast<size_t>(r) < kReadChunk) break;
+      if (static_cast<size_t>(r) < room) break;
     }
+    ReleaseIfEmpty(c);
     return Flush(c);
   }
 
@@ -346,10 +542,10 @@ class LocalServerImpl final : public LocalServer {
   bool ProcessFrames(Conn& c) {
     size_t pos = 0;
     bool ok = true;
-    while (!c.pending && c.in.size() - pos >= protocol::kHeaderBytes) {
+    while (!c.pending && c.in.size - pos >= protocol::kHeaderBytes) {
       FrameHeader h;
       uint32_t max_body = c.handshaked ? opts_.max_frame_bytes : protocol::kMaxPreHandshakeFrame;
-      Status s = protocol::DecodeHeader(std::span(c.in.data() + pos, protocol::kHeaderBytes),
+      Status s = protocol::DecodeHeader(std::span(c.in.data.get() + pos, protocol::kHeaderBytes),
                                         max_body, &h);
       if (!s.ok()) {
         // The stream cannot be trusted past a bad header: answer and close.
@@ -361,14 +557,18 @@ class LocalServerImpl final : public LocalServer {
         ok = false;
         break;
       }
-      if (c.in.size() - pos - protocol::kHeaderBytes < h.body_len) break;  // wait for the body
-      std::span<const uint8_t> body(c.in.data() + pos + protocol::kHeaderBytes, h.body_len);
+      if (c.in.size - pos - protocol::kHeaderBytes < h.body_len) break;  // wait for the body
+      std::span<const uint8_t> body(c.in.data.get() + pos + protocol::kHeaderBytes, h.body_len);
       pos += protocol::kHeaderBytes + h.body_len;
       Handle(c, h, body);
       if (c.closing) break;
       if (c.out_bytes > opts_.max_output_bytes) break;
     }
-    if (pos > 0) c.in.erase(c.in.begin(), c.in.begin() + static_cast<ptrdiff_t>(pos));
+    if (pos > 0) {
+      c.in.Consume(pos);
+      // What is left began arriving with the last read: a new frame's clock.
+      c.frame_start = std::chrono::steady_clock::now();
+    }
     return ok;
   }
 
@@ -419,6 +619,7 @@ class LocalServerImpl final : public LocalServer {
       if (c.out_offset == f.size()) {
         c.out.pop_front();
         c.out_offset = 0;
+        if (c.out.empty()) c.last_active = std::chrono::steady_clock::now();
       }
     }
     return true;
@@ -463,6 +664,7 @@ class LocalServerImpl final : public LocalServer {
       Handle(c, p.header, p.body, /*allow_park=*/false);
       remote_hits_ = nullptr;
       ProcessFrames(c);
+      ReleaseIfEmpty(c);
       if (!Flush(c)) {
         CloseConn(c.fd);
         continue;
@@ -760,9 +962,13 @@ class LocalServerImpl final : public LocalServer {
   const std::set<KeyId>* remote_hits_ = nullptr;
   MetricsRegistry* metrics_ = nullptr;
   const std::function<std::string()> stats_json_;
+  std::string socket_path_;  // resolved at Bind()
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
+  int spare_fd_ = -1;
+  uint64_t buffered_ = 0;      // charged request buffer bytes, all connections
+  size_t starved_conns_ = 0;   // connections with starved set
   std::atomic<bool> stop_{false};
   std::atomic<int> num_conns_{0};
   uint64_t conn_ids_ = 0;
@@ -793,6 +999,13 @@ class LocalServerImpl final : public LocalServer {
   Counter* accepted_;
   Counter* rejected_;
   Counter* put_failures_;
+  enum class ReapReason { kHandshake, kFrame, kIdle };
+  static constexpr int kNumReapReasons = 3;
+  static constexpr const char* kReapReasonNames[kNumReapReasons] = {"handshake_timeout",
+                                                                    "frame_timeout", "idle"};
+  Counter* reaped_[kNumReapReasons] = {};
+  Gauge* buffered_gauge_;
+  Counter* starved_;
 };
 
 }  // namespace

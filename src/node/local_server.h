@@ -27,10 +27,21 @@
 namespace kvpool {
 
 struct LocalServerOptions {
-  std::string socket_path = "/tmp/kvpool.sock";
+  // Empty: the default location, /run/kvpool/kvpool.sock or a per-user
+  // fallback (protocol/socket_path.h); Open() resolves it.
+  std::string socket_path;
+  // $XDG_RUNTIME_DIR as main read it: the second default location.
+  std::string xdg_runtime_dir;
   // Socket file permissions: who on this host may use the cache.
   uint32_t socket_mode = 0660;
-  // More connections are refused (closed at once) and counted.
+  // Group given the socket and the directory the node creates for it
+  // (empty: the node's own group). Members may use the cache.
+  std::string socket_group;
+  // A world-writable socket directory (such as /tmp) lets another user take
+  // the socket's name first; refused unless this is set.
+  bool allow_world_writable_dir = false;
+  // More connections are answered "RESOURCE_EXHAUSTED: too many
+  // connections", counted, and closed.
   uint32_t max_connections = 256;
   // Items per request; larger batches are refused with InvalidArgument.
   uint32_t max_batch = 4096;
@@ -38,6 +49,19 @@ struct LocalServerOptions {
   uint32_t max_frame_bytes = 80u << 20;
   // A connection that has not completed the handshake by then is closed.
   std::chrono::milliseconds handshake_timeout{5000};
+  // A connection past its handshake that sends nothing this long, holding no
+  // pins or reservations and waiting for no reply, is closed (libkvpool
+  // reconnects on its next call). Frees slots held by forgotten clients.
+  std::chrono::milliseconds idle_timeout{300000};
+  // A frame begun but not complete within this long closes the connection:
+  // a client trickling a frame holds buffer memory.
+  std::chrono::milliseconds frame_timeout{30000};
+  // Request bytes buffered across all connections beyond the first 64 KiB
+  // of each (which small requests use); a connection that would need more
+  // waits until others' frames complete. A frame's body is buffered as it
+  // arrives, never allocated up front from its header. Each connection
+  // buffers at most one frame (max_frame_bytes plus the header).
+  uint64_t max_buffered_bytes = 512ull << 20;
   // Reading from a connection pauses while this many reply bytes are queued.
   uint64_t max_output_bytes = 256ull << 20;
   // After serving a request the loop polls without sleeping this long
@@ -52,8 +76,10 @@ struct LocalServerOptions {
 
 class LocalServer {
  public:
-  // Binds the socket. FailedPrecondition when a live node already serves the
-  // path; a stale socket file left by a crash is replaced.
+  // Prepares the socket's directory and binds (node/socket_dir.h).
+  // FailedPrecondition naming the path when something serves it already, it
+  // is a symbolic link, or its directory is unsafe; a stale socket file left
+  // by a crash (connecting is refused) is replaced.
   // Gets of entries that are only on SSD wait (without blocking the loop)
   // for their promotion into DRAM, then are answered from DRAM. With a
   // remote source (null: standalone), gets and exists of keys held nowhere
@@ -71,6 +97,8 @@ class LocalServer {
   virtual void Run() = 0;
   virtual void Stop() = 0;
   virtual int connections() const = 0;
+  // The socket's path (the resolved default when none was configured).
+  virtual const std::string& socket_path() const = 0;
 };
 
 }  // namespace kvpool

@@ -76,6 +76,7 @@ class NodeImpl final : public Node {
     lo.instance_id = instance_id_;
     KVPOOL_ASSIGN_OR_RETURN(local_, LocalServer::Open(lo, tiered_.get(), reader_.get(), &metrics_,
                                                       [this] { return StatusJson(); }));
+    opts_.local.socket_path = local_->socket_path();  // the default resolved
     metrics_.AddCallbackGauge("kvpool_uptime_seconds", "Seconds since the node started", {},
                               [this] { return UptimeSeconds(); }, this);
     metrics_.AddCallbackGauge("kvpool_build_info", "Build information (always 1)",

@@ -1,7 +1,9 @@
 // kvpool-node: the cache daemon. Runs standalone with no flags.
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "common/log.h"
 #include "common/settings.h"
@@ -27,6 +29,16 @@ int main(int argc, char** argv) {
   }
   LogLevel level;
   if (ParseLogLevel(options.log_level, &level)) SetLogLevel(level);
+  // The default socket's second location.
+  if (const char* xdg = std::getenv("XDG_RUNTIME_DIR")) options.local.xdg_runtime_dir = xdg;
+  // Every client, admin and peer connection is a descriptor: take all the
+  // system allows, so connection caps and timeouts, not a soft limit of
+  // 1024, decide who is served.
+  rlimit nofile{};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &nofile) != 0) LogWarn("cannot raise the descriptor limit");
+  }
 
   // Signals are taken synchronously by this thread; every other thread
   // inherits the blocked mask.

@@ -80,7 +80,15 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddEnum("log-level", &o->log_level, {"debug", "info", "warn", "error"}, "Log verbosity");
 
   t->AddString("socket", &o->local.socket_path,
-               "Unix socket that local engines connect to");
+               "Unix socket that local engines connect to (empty: /run/kvpool/kvpool.sock, else "
+               "$XDG_RUNTIME_DIR/kvpool/kvpool.sock, else /tmp/kvpool-$UID/kvpool.sock: the "
+               "first directory this user may create or use)");
+  t->AddString("socket-group", &o->local.socket_group,
+               "Group given the socket and its directory when the node creates it (empty: the "
+               "node's own group); its members may use the cache");
+  t->AddBool("socket-allow-world-writable-dir", &o->local.allow_world_writable_dir,
+             "Allow the socket in a world-writable directory such as /tmp, where another user "
+             "can take its name first");
   t->AddBytes("dram-capacity", &o->dram.capacity_bytes, 16ull << 20, 1ull << 42,
               "Size of the shared DRAM segment (pre-faulted at start)");
   t->AddBytes("slab-size", &o->dram.slab_bytes, 1ull << 20, 1ull << 30,
@@ -124,6 +132,16 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddDuration("handshake-timeout", &o->local.handshake_timeout, std::chrono::milliseconds(100),
                  std::chrono::milliseconds(600000),
                  "Connections that do not complete the handshake in time are closed");
+  t->AddDuration("idle-timeout", &o->local.idle_timeout, std::chrono::milliseconds(100),
+                 std::chrono::milliseconds(86400000),
+                 "Local connections that send nothing this long and hold no pins or reservations "
+                 "are closed (clients reconnect); frees slots of forgotten clients");
+  t->AddDuration("frame-timeout", &o->local.frame_timeout, std::chrono::milliseconds(100),
+                 std::chrono::milliseconds(600000),
+                 "A request frame begun but not completed within this long closes its connection");
+  t->AddBytes("max-buffered", &o->local.max_buffered_bytes, 1ull << 20, 1ull << 40,
+              "Request bytes buffered across all local connections beyond 64KiB each (at least "
+              "one --max-frame); a connection needing more waits");
 
   t->AddInt("poll-spin-us", &o->local.poll_spin_us, 0, 10000,
             "Microseconds the socket loop polls without sleeping after a request (0: never)");
@@ -134,6 +152,16 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddBool("insecure", &o->insecure,
              "Allow unauthenticated endpoints on non-loopback addresses");
   t->AddInt("admin-threads", &o->admin.threads, 1, 16, "Admin HTTP request threads");
+  t->AddInt("admin-max-connections", &o->admin.max_connections, 1, 1000000,
+            "Admin HTTP connections open at once; a new one replaces the oldest still waiting "
+            "for its request");
+  t->AddDuration("admin-request-timeout", &o->admin.request_timeout, std::chrono::milliseconds(100),
+                 std::chrono::milliseconds(600000),
+                 "Time an admin HTTP connection has to send its request, and again to take the "
+                 "response; slower ones are closed");
+  t->AddInt("admin-max-queued", &o->admin.max_queued_requests, 1, 100000,
+            "Admin requests (all but /healthz and /readyz) waiting for a request thread; "
+            "more are answered 503");
 
   t->AddString("peer-address", &o->cluster.peer_address,
                "Peer transport (UCX) bind address (loopback unless --insecure)");

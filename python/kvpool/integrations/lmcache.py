@@ -6,7 +6,7 @@ Enable it with LMCache's remote storage plugins (config YAML):
     extra_config:
       remote_storage_plugin.kvpool.module_path: kvpool.integrations.lmcache
       remote_storage_plugin.kvpool.class_name: KvpoolConnectorAdapter
-      remote_storage_plugin.kvpool.socket: /tmp/kvpool.sock    # optional
+      remote_storage_plugin.kvpool.socket: /run/kvpool/kvpool.sock    # optional
 
 or, with older LMCache, the same plugin entries plus `remote_url: kvpool://`.
 `KvpoolConnectorAdapter` accepts `kvpool://...` and `plugin://kvpool[.name]`

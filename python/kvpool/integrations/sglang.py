@@ -9,7 +9,7 @@ Enable with
 
 Our own extra-config keys (all optional):
     socket               the node's Unix socket (default: env KVPOOL_SOCKET,
-                         else /tmp/kvpool.sock)
+                         else the node's default socket)
     remote               "host:port,..." peers: remote mode (no local node;
                          generic copy path only)
     namespace            a tag separating deployments that share a node

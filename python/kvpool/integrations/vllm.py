@@ -4,7 +4,7 @@ Enable with
   --kv-transfer-config '{"kv_connector": "KvpoolConnector",
                          "kv_connector_module_path": "kvpool.integrations.vllm",
                          "kv_role": "kv_both",
-                         "kv_connector_extra_config": {"kvpool_socket": "/tmp/kvpool.sock"}}'
+                         "kv_connector_extra_config": {"kvpool_socket": "/run/kvpool/kvpool.sock"}}'
 (and --disable-hybrid-kv-cache-manager where vLLM asks for it). Settings in
 kv_connector_extra_config: kvpool_socket (default env KVPOOL_SOCKET, else
 the library's default), kvpool_remote (peer list: remote mode),
