@@ -300,6 +300,17 @@ Status EtcdClient::LeaseRevoke(int64_t id) {
   return impl_->Call("/v3/lease/revoke", body).status();
 }
 
+Result<int64_t> EtcdClient::LeaseTimeToLive(int64_t id) {
+  json body = {{"ID", std::to_string(id)}};
+  KVPOOL_ASSIGN_OR_RETURN(json reply, impl_->Call("/v3/lease/timetolive", body));
+  KVPOOL_ASSIGN_OR_RETURN(int64_t ttl, impl_->Parse<int64_t>("lease timetolive", [&] {
+    return I64(reply, "TTL");
+  }));
+  // An unknown (expired or revoked) lease answers TTL -1.
+  if (ttl <= 0) return NotFound("etcd lease " + std::to_string(id) + " expired");
+  return ttl;
+}
+
 Status EtcdClient::WatchPrefix(const std::string& prefix, int64_t start_revision,
                                Clock::time_point deadline,
                                const std::function<void(const std::vector<EtcdEvent>&)>& on_events) {

@@ -95,6 +95,8 @@ class EtcdClient {
   Result<int64_t> LeaseKeepAlive(int64_t id);
   // NotFound when the lease is already gone (its keys are gone too).
   Status LeaseRevoke(int64_t id);
+  // Seconds the lease has left; NotFound when it has expired or was revoked.
+  Result<int64_t> LeaseTimeToLive(int64_t id);
 
   // Watches keys with prefix from start_revision, calling on_events for each
   // batch (all events of a revision come in one batch), until the deadline

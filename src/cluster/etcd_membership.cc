@@ -99,6 +99,7 @@ Status EtcdMembershipOptions::Validate() const {
   }
   if (retry_interval.count() <= 0) return InvalidArgument("etcd membership: retry_interval <= 0");
   if (open_timeout.count() < 0) return InvalidArgument("etcd membership: open_timeout < 0");
+  if (live_id_margin.count() < 0) return InvalidArgument("etcd membership: live_id_margin < 0");
   return Status::Ok();
 }
 
@@ -203,6 +204,48 @@ struct EtcdMembership::Impl {
     next_keepalive = granted_at + keepalive_interval;
     registrations->Inc();
     return Status::Ok();
+  }
+
+  // Register(), but while the node id is held by another lease that may
+  // still expire by itself (this node's previous life, killed inside its
+  // TTL), wait for it: at most its remaining TTL, as first seen, plus
+  // live_id_margin. Logged once. A lease renewed past that is a live
+  // process: FailedPrecondition.
+  Status RegisterWhenFree() {
+    Clock::time_point wait_until{};
+    for (;;) {
+      KVPOOL_ASSIGN_OR_RETURN(EtcdRange existing, client.Get(member_key));
+      int64_t holder = existing.kvs.empty() ? 0 : existing.kvs[0].lease;
+      if (holder != 0 && std::find(abandoned_leases.begin(), abandoned_leases.end(), holder) ==
+                             abandoned_leases.end()) {
+        Result<int64_t> left = client.LeaseTimeToLive(holder);
+        if (!left.ok() && left.status().code() != StatusCode::kNotFound) return left.status();
+        if (left.ok()) {
+          Clock::time_point now = Clock::now();
+          if (wait_until == Clock::time_point{}) {
+            wait_until = now + std::chrono::seconds(*left) + options.live_id_margin;
+            LogWarn("membership: node id {} is still registered (lease {:x}, {} s left); "
+                    "waiting up to {} ms for it to expire",
+                    options.node_id, holder, *left,
+                    std::chrono::duration_cast<milliseconds>(wait_until - now).count());
+          }
+          if (now >= wait_until) {
+            return FailedPrecondition(fmt::format(
+                "node id already live: {} (its lease {:x} is still renewed after waiting for it "
+                "to expire)", options.node_id, holder));
+          }
+          WaitUntil(std::min(wait_until, now + options.retry_interval));
+          if (Stopping()) return Aborted("membership: stopped while waiting for the node id");
+          continue;
+        }
+      }
+      Status st = Register();
+      // Taken again between our look and our txn: look again (bounded by
+      // the same wait).
+      if (st.code() != StatusCode::kFailedPrecondition) return st;
+      if (wait_until != Clock::time_point{} && Clock::now() >= wait_until) return st;
+      WaitUntil(Clock::now() + options.retry_interval);
+    }
   }
 
   Status RegisterWithLease(const EtcdLease& granted) {
@@ -455,7 +498,7 @@ Result<std::unique_ptr<EtcdMembership>> EtcdMembership::Open(const EtcdMembershi
       m->impl_->WaitUntil(Clock::now() + options.retry_interval);
     }
   };
-  KVPOOL_RETURN_IF_ERROR(patiently("registering", [&] { return m->impl_->Register(); }));
+  KVPOOL_RETURN_IF_ERROR(patiently("registering", [&] { return m->impl_->RegisterWhenFree(); }));
   // The destructor revokes the lease if this fails.
   KVPOOL_RETURN_IF_ERROR(patiently("reading the members", [&] { return m->impl_->Resync(); }));
   return m;

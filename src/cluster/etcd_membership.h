@@ -2,8 +2,9 @@
 //
 // Open() registers this node under /kvpool/v1/<cluster>/members/<node-id>
 // with a lease, in one txn that also takes a new incarnation from the
-// counter /kvpool/v1/<cluster>/incarnation; a node id that is already live
-// is refused (FailedPrecondition). Run() is the membership loop, on a
+// counter /kvpool/v1/<cluster>/incarnation. A node id that is already
+// registered is waited for while its lease may still expire by itself (a
+// restart inside the old lease's TTL), then refused (FailedPrecondition). Run() is the membership loop, on a
 // thread the node owns: it renews the lease every TTL/3, watches the
 // members prefix and publishes a view whenever the member set changes
 // (epoch = the etcd revision the view reflects).
@@ -87,6 +88,13 @@ struct EtcdMembershipOptions {
   // How long Open() keeps trying while etcd answers too slowly (a refused
   // connection fails at once).
   std::chrono::milliseconds open_timeout{10000};
+  // A node id still registered under another lease (this node restarted
+  // inside its previous life's TTL) is waited for: Open() waits until that
+  // lease expires, at most its remaining TTL (as first seen) plus this
+  // margin, then registers. A lease still renewed after that belongs to a
+  // live process and Open() fails with FailedPrecondition. Longer tolerates
+  // a slow etcd expiry; shorter refuses a duplicate id sooner.
+  std::chrono::milliseconds live_id_margin{2000};
   // Asked before fencing (see the top of this file); empty: fence at once.
   // Called on the membership loop's thread.
   PeerLeaseProbe probe_peers;
@@ -102,8 +110,10 @@ class EtcdMembership final : public Membership {
     kAbandonLease,  // leave the lease to expire, as a crash would
   };
 
-  // Registers and reads the current members. FailedPrecondition when the
-  // node id is live already; Unavailable when etcd cannot be reached.
+  // Registers and reads the current members; waits (live_id_margin) for
+  // the lease of a previous registration of this node id to expire.
+  // FailedPrecondition when the id stays live; Unavailable when etcd
+  // cannot be reached.
   // metrics may be null; otherwise it must outlive the membership.
   static Result<std::unique_ptr<EtcdMembership>> Open(const EtcdMembershipOptions& options,
                                                       MetricsRegistry* metrics);

@@ -153,12 +153,40 @@ TEST_F(EtcdMembershipTest, ThreeMembersSeeEachOther) {
 TEST_F(EtcdMembershipTest, DuplicateNodeIdIsRefused) {
   auto a = StartNode("a");
   ASSERT_NE(a, nullptr);
-  auto dup = EtcdMembership::Open(Options("a"), nullptr);
+  EtcdMembershipOptions o = Options("a");
+  o.live_id_margin = milliseconds(500);
+  auto t0 = Clock::now();
+  auto dup = EtcdMembership::Open(o, nullptr);
   EXPECT_EQ(dup.status().code(), StatusCode::kFailedPrecondition) << dup.status().ToString();
+  EXPECT_NE(dup.status().ToString().find("node id already live: a"), std::string::npos);
+  // It waited for the live lease (renewed all along) for its TTL plus the
+  // margin at most, then refused.
+  EXPECT_GE(Clock::now() - t0, o.live_id_margin);
+  EXPECT_LT(Clock::now() - t0, kTtl + o.live_id_margin + milliseconds(1000));
   // The refused attempt left the live member alone.
   std::this_thread::sleep_for(milliseconds(300));
   EXPECT_TRUE(a->Sees("a"));
   EXPECT_FALSE(a->m->fenced());
+}
+
+// A node killed and started again inside its old lease's TTL waits for that
+// lease to expire (bounded), then registers under a new incarnation, so a
+// supervisor's restart-on-failure needs no delay of its own.
+TEST_F(EtcdMembershipTest, RestartInsideTheTtlWaitsForTheOldLease) {
+  auto a = StartNode("a");
+  ASSERT_NE(a, nullptr);
+  uint64_t old_incarnation = a->m->incarnation();
+  a->Stop(EtcdMembership::LeaveMode::kAbandonLease);  // a crash: the lease stays
+  auto t0 = Clock::now();
+  EtcdMembershipOptions o = Options("a");
+  auto again = EtcdMembership::Open(o, &metrics_);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  auto waited = Clock::now() - t0;
+  EXPECT_LT(waited, kTtl + o.live_id_margin);
+  EXPECT_GT(waited, milliseconds(500));  // the old lease had most of its TTL left
+  EXPECT_GT((*again)->incarnation(), old_incarnation);
+  ASSERT_NE((*again)->view()->Find("a"), nullptr);
+  EXPECT_EQ((*again)->view()->Find("a")->incarnation, (*again)->incarnation());
 }
 
 TEST_F(EtcdMembershipTest, IncarnationsIncreaseAcrossRestarts) {
