@@ -43,6 +43,7 @@ class ClusterImpl final : public Cluster {
   void Adopt(std::unique_ptr<transport::Transport> t, std::unique_ptr<Membership> m) {
     transport_ = std::move(t);
     membership_ = std::move(m);
+    static_ = dynamic_cast<StaticMembership*>(membership_.get());
     sub_ = membership_->SubscribeViews(
         [this](const std::shared_ptr<const MembershipView>& v) { OnView(*v); });
     OnView(*membership_->view());
@@ -99,11 +100,14 @@ class ClusterImpl final : public Cluster {
     } else {
       StaticMembershipOptions so;
       so.node_id = opts_.node_id;
+      // Each start is a new instance; later starts get larger numbers (on
+      // one host's clock), which is all peers compare.
       so.incarnation = static_cast<uint64_t>(
-          std::chrono::system_clock::now().time_since_epoch() / std::chrono::milliseconds(1));
+          std::chrono::system_clock::now().time_since_epoch() / std::chrono::microseconds(1));
       KVPOOL_ASSIGN_OR_RETURN(so.peers, ParseStaticPeers(opts_.peers));
       std::unique_ptr<StaticMembership> sm;
       KVPOOL_ASSIGN_OR_RETURN(sm, StaticMembership::Open(so, metrics));
+      static_ = sm.get();
       membership_ = std::move(sm);
     }
     sub_ = membership_->SubscribeViews(
@@ -148,6 +152,9 @@ class ClusterImpl final : public Cluster {
   std::string address() const override { return transport_->address(); }
   transport::Transport* transport() const override { return transport_.get(); }
   Membership* membership() const override { return membership_.get(); }
+  void ObservePeer(const std::string& node_id, uint64_t incarnation) override {
+    if (static_ != nullptr) static_->ObservePeer(node_id, incarnation);
+  }
   std::shared_ptr<const MembershipView> view() const override { return membership_->view(); }
   std::shared_ptr<const ShardMap> shard_map() const override {
     std::lock_guard lock(map_mu_);
@@ -226,6 +233,7 @@ class ClusterImpl final : public Cluster {
   std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<Membership> membership_;
   EtcdMembership* etcd_ = nullptr;  // membership_ when it is etcd's
+  StaticMembership* static_ = nullptr;  // membership_ when it is a static list
   mutable std::mutex lease_mu_;
   EtcdMembership* lease_source_ = nullptr;  // etcd_ until destruction; protected by lease_mu_
   uint64_t sub_ = 0;

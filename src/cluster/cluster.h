@@ -82,6 +82,10 @@ class Cluster {
   virtual std::string address() const = 0;
   virtual transport::Transport* transport() const = 0;
   virtual Membership* membership() const = 0;
+  // A peer reports running as `incarnation` (peer messages carry it). With
+  // static membership a newer one than the view lists is a restarted peer
+  // (StaticMembership::ObservePeer); with etcd the view already says so.
+  virtual void ObservePeer(const std::string& node_id, uint64_t incarnation) = 0;
   // Immutable snapshots; never null.
   virtual std::shared_ptr<const MembershipView> view() const = 0;
   virtual std::shared_ptr<const ShardMap> shard_map() const = 0;

@@ -1,6 +1,8 @@
 #include "cluster/directory.h"
 
 #include <algorithm>
+#include <bit>
+#include <unordered_map>
 #include <map>
 #include <mutex>
 #include <string>
@@ -28,7 +30,13 @@ constexpr size_t kInitialSlots = 1024;
 constexpr double kMaxLoad = 0.8;
 constexpr size_t kMaxHolderRefs = 65535;
 
-size_t HashOf(const KeyId& k) { return static_cast<size_t>(k.lo ^ (k.hi * 0x9E3779B97F4A7C15ull)); }
+// Holder-shard pairs of the digest table: ref << kShardBits | shard.
+uint32_t DigestKey(uint16_t ref, uint32_t shard) { return (uint32_t{ref} << kShardBits) | shard; }
+
+struct Digest {
+  uint32_t keys = 0;
+  uint64_t sum = 0;
+};
 
 }  // namespace
 
@@ -44,6 +52,11 @@ struct Directory::Impl {
   // The newest incarnation of each node seen in a view (Prune). Older ones
   // are dead; newer ones are alive but not in this node's view yet.
   std::map<std::string, uint64_t> last_seen;
+  // Holders beyond a slot's kDirectoryHoldersPerKey, oldest first.
+  std::unordered_map<KeyId, std::vector<uint16_t>, KeyIdHash> spares;
+  size_t spare_count = 0;
+  // Per (holder, shard): the keys it claims here (DigestKey).
+  std::unordered_map<uint32_t, Digest> digests;
 
   Counter* dropped = nullptr;
   Counter* applied = nullptr;
@@ -53,10 +66,27 @@ struct Directory::Impl {
   MetricsRegistry* metrics = nullptr;
 
   size_t mask() const { return slots.size() - 1; }
+  // log2(slots.size())
+  uint32_t bits() const { return static_cast<uint32_t>(std::countr_zero(slots.size())); }
+  // The key's first slot: the top bits of its id (already a uniform hash),
+  // so the table is ordered by shard.
+  size_t IndexOf(const KeyId& k) const { return static_cast<size_t>(k.hi >> (64 - bits())); }
+
+  void Account(uint16_t ref, const KeyId& key) {
+    Digest& d = digests[DigestKey(ref, ShardOf(key))];
+    ++d.keys;
+    d.sum += ShardDigestOf(key);
+  }
+  void Unaccount(uint16_t ref, const KeyId& key) {
+    auto it = digests.find(DigestKey(ref, ShardOf(key)));
+    if (it == digests.end()) return;
+    it->second.sum -= ShardDigestOf(key);
+    if (--it->second.keys == 0) digests.erase(it);
+  }
 
   // The slot holding key, or nullptr.
   Slot* Find(const KeyId& key) {
-    for (size_t i = HashOf(key) & mask();; i = (i + 1) & mask()) {
+    for (size_t i = IndexOf(key);; i = (i + 1) & mask()) {
       Slot& s = slots[i];
       if (s.state == kEmpty) return nullptr;
       if (s.state == kFull && s.key == key) return &s;
@@ -73,7 +103,7 @@ struct Directory::Impl {
                  ? slots.size() * 2
                  : slots.size());
     }
-    for (size_t i = HashOf(key) & mask();; i = (i + 1) & mask()) {
+    for (size_t i = IndexOf(key);; i = (i + 1) & mask()) {
       Slot& s = slots[i];
       if (s.state != kFull) {
         if (s.state == kTombstone) --tombstones;
@@ -98,7 +128,7 @@ struct Directory::Impl {
     tombstones = 0;
     for (const Slot& s : old) {
       if (s.state != kFull) continue;
-      size_t i = HashOf(s.key) & mask();
+      size_t i = IndexOf(s.key);
       while (slots[i].state == kFull) i = (i + 1) & mask();
       slots[i] = s;
     }
@@ -130,6 +160,22 @@ struct Directory::Impl {
         s.holders[i] = static_cast<uint16_t>(r);
       }
     }
+    for (auto& [key, list] : spares) {
+      for (uint16_t& h : list) {
+        int32_t& r = remap[h];
+        if (r < 0) {
+          r = static_cast<int32_t>(kept.size());
+          kept.push_back(refs[h]);
+        }
+        h = static_cast<uint16_t>(r);
+      }
+    }
+    std::unordered_map<uint32_t, Digest> moved;
+    for (const auto& [k, d] : digests) {
+      int32_t r = remap[k >> kShardBits];
+      if (r >= 0) moved[DigestKey(static_cast<uint16_t>(r), k & (kNumShards - 1))] = d;
+    }
+    digests = std::move(moved);
     refs = std::move(kept);
     ref_index.clear();
     for (size_t i = 0; i < refs.size(); ++i) {
@@ -143,9 +189,41 @@ struct Directory::Impl {
     --s.count;
   }
 
+  // Removes listed holder i of s (it no longer counts for the key) and
+  // lists the newest spare in its place.
+  void DropListed(Slot& s, uint8_t i) {
+    Unaccount(s.holders[i], s.key);
+    RemoveHolder(s, i);
+    Promote(s);
+  }
+  void Promote(Slot& s) {
+    auto sp = spares.find(s.key);
+    if (sp == spares.end()) return;
+    while (s.count < kDirectoryHoldersPerKey && !sp->second.empty()) {
+      s.holders[s.count++] = sp->second.back();
+      sp->second.pop_back();
+      --spare_count;
+    }
+    if (sp->second.empty()) spares.erase(sp);
+  }
+  // Drops the key with every holder, listed or spare.
+  void EraseKey(Slot* s) {
+    for (uint8_t i = 0; i < s->count; ++i) Unaccount(s->holders[i], s->key);
+    s->count = 0;
+    auto sp = spares.find(s->key);
+    if (sp != spares.end()) {
+      for (uint16_t h : sp->second) Unaccount(h, s->key);
+      spare_count -= sp->second.size();
+      spares.erase(sp);
+    }
+    Erase(s);
+  }
+
   uint64_t bytes() const {
     uint64_t b = slots.size() * sizeof(Slot) + refs.size() * (sizeof(HolderRef) + 64);
     for (const auto& r : refs) b += r.node_id.size();
+    // Node-based hash tables: about 64 bytes a node plus the payload.
+    b += spares.size() * 64 + spare_count * sizeof(uint16_t) + digests.size() * 48;
     return b;
   }
 };
@@ -200,18 +278,64 @@ void Directory::Apply(const PublishBatch& batch) {
       // The same node under another incarnation is replaced, not added.
       uint8_t i = 0;
       while (i < s->count && impl_->refs[s->holders[i]].node_id != batch.node_id) ++i;
-      if (i == s->count) {
-        if (s->count == kDirectoryHoldersPerKey) Impl::RemoveHolder(*s, 0);  // the oldest goes
-        i = s->count++;
+      if (i < s->count) {
+        if (s->holders[i] != ref) {
+          impl_->Unaccount(s->holders[i], it.key);
+          s->holders[i] = ref;
+          impl_->Account(ref, it.key);
+        }
+      } else {
+        // A spare of this node (under any incarnation) is listed again as
+        // the newest.
+        auto sp = impl_->spares.find(it.key);
+        if (sp != impl_->spares.end()) {
+          auto& list = sp->second;
+          for (size_t j = 0; j < list.size(); ++j) {
+            if (impl_->refs[list[j]].node_id != batch.node_id) continue;
+            impl_->Unaccount(list[j], it.key);
+            list.erase(list.begin() + static_cast<ptrdiff_t>(j));
+            --impl_->spare_count;
+            break;
+          }
+          if (list.empty()) impl_->spares.erase(sp);
+        }
+        if (s->count == kDirectoryHoldersPerKey) {
+          // The oldest listed holder becomes a spare (dropped when the
+          // spares are at their bound).
+          uint16_t oldest = s->holders[0];
+          Impl::RemoveHolder(*s, 0);
+          if (impl_->spare_count < impl_->opts.max_entries) {
+            impl_->spares[it.key].push_back(oldest);
+            ++impl_->spare_count;
+          } else {
+            impl_->Unaccount(oldest, it.key);
+            impl_->dropped->Inc();
+          }
+        }
+        s->holders[s->count++] = ref;
+        impl_->Account(ref, it.key);
       }
-      s->holders[i] = ref;
     } else {
       Slot* s = impl_->Find(it.key);
       if (s == nullptr) continue;
+      bool listed = false;
       for (uint8_t i = 0; i < s->count; ++i) {
         if (s->holders[i] == ref) {
-          Impl::RemoveHolder(*s, i);
+          impl_->DropListed(*s, i);
+          listed = true;
           break;
+        }
+      }
+      if (!listed) {
+        auto sp = impl_->spares.find(it.key);
+        if (sp != impl_->spares.end()) {
+          auto pos = std::find(sp->second.begin(), sp->second.end(), ref);
+          if (pos != sp->second.end()) {
+            impl_->Unaccount(ref, it.key);
+            sp->second.erase(pos);
+            --impl_->spare_count;
+            if (sp->second.empty()) impl_->spares.erase(sp);
+          }
         }
       }
       if (s->count == 0) impl_->Erase(s);
@@ -266,6 +390,14 @@ void Directory::Prune(const MembershipView& view) {
                               : newest != 0 && ref.incarnation > newest;
     }
   }
+  // Spares first, so a dead listed holder's place goes to a live spare.
+  for (auto it = impl_->spares.begin(); it != impl_->spares.end();) {
+    auto& list = it->second;
+    size_t before = list.size();
+    std::erase_if(list, [&](uint16_t h) { return !alive[h]; });
+    impl_->spare_count -= before - list.size();
+    it = list.empty() ? impl_->spares.erase(it) : std::next(it);
+  }
   for (Slot& s : impl_->slots) {
     if (s.state != kFull) continue;
     for (uint8_t i = 0; i < s.count;) {
@@ -275,8 +407,90 @@ void Directory::Prune(const MembershipView& view) {
         Impl::RemoveHolder(s, i);
       }
     }
+    impl_->Promote(s);
     if (s.count == 0) impl_->Erase(&s);
   }
+  // Dead holders claim nothing any more.
+  std::erase_if(impl_->digests, [&](const auto& kv) { return !alive[kv.first >> kShardBits]; });
+}
+
+std::vector<uint32_t> Directory::MismatchedShards(const std::string& node, uint64_t incarnation,
+                                                  std::span<const ShardDigest> shards,
+                                                  const std::vector<bool>& owned) const {
+  std::vector<uint32_t> out;
+  std::lock_guard lock(impl_->mu);
+  auto r = impl_->ref_index.find({node, incarnation});
+  auto mine = [&](uint32_t shard) -> Digest {
+    if (r == impl_->ref_index.end()) return {};
+    auto d = impl_->digests.find(DigestKey(r->second, shard));
+    return d == impl_->digests.end() ? Digest{} : d->second;
+  };
+  size_t j = 0;
+  for (uint32_t shard = 0; shard < kNumShards; ++shard) {
+    while (j < shards.size() && shards[j].shard < shard) ++j;
+    if (!owned[shard]) continue;
+    Digest theirs;
+    if (j < shards.size() && shards[j].shard == shard) theirs = {shards[j].keys, shards[j].sum};
+    Digest here = mine(shard);
+    if (here.keys != theirs.keys || here.sum != theirs.sum) out.push_back(shard);
+  }
+  return out;
+}
+
+std::vector<KeyId> Directory::KeysOf(const std::string& node, uint64_t incarnation,
+                                     std::span<const uint32_t> shards, uint32_t first,
+                                     uint32_t* next) const {
+  std::vector<KeyId> out;
+  std::lock_guard lock(impl_->mu);
+  *next = static_cast<uint32_t>(shards.size());
+  auto r = impl_->ref_index.find({node, incarnation});
+  if (r == impl_->ref_index.end()) return out;
+  const uint16_t ref = r->second;
+  const auto& slots = impl_->slots;
+  const uint32_t bits = impl_->bits();
+  for (uint32_t k = first; k < shards.size(); ++k) {
+    if (out.size() >= kMaxShardKeys) {
+      *next = k;
+      break;
+    }
+    const uint32_t shard = shards[k];
+    // The shard's keys start in its run of the table and may spill past
+    // its end into the following run (linear probing): scan the run, then
+    // on while the slots stay occupied.
+    size_t begin = bits >= kShardBits ? size_t{shard} << (bits - kShardBits)
+                                      : size_t{shard} >> (kShardBits - bits);
+    size_t end = bits >= kShardBits ? size_t{shard + 1} << (bits - kShardBits) : begin + 1;
+    for (size_t n = 0, i = begin; n < slots.size(); ++n, i = (i + 1) & impl_->mask()) {
+      const Slot& s = slots[i];
+      if (n >= end - begin && s.state == kEmpty) break;
+      if (s.state != kFull || ShardOf(s.key) != shard) continue;
+      bool held = std::find(s.holders, s.holders + s.count, ref) != s.holders + s.count;
+      if (!held) {
+        auto sp = impl_->spares.find(s.key);
+        held = sp != impl_->spares.end() &&
+               std::find(sp->second.begin(), sp->second.end(), ref) != sp->second.end();
+      }
+      if (held) out.push_back(s.key);
+    }
+  }
+  return out;
+}
+
+void Directory::RetainShards(const std::vector<bool>& owned) {
+  std::lock_guard lock(impl_->mu);
+  for (Slot& s : impl_->slots) {
+    if (s.state == kFull && !owned[ShardOf(s.key)]) impl_->EraseKey(&s);
+  }
+}
+
+void Directory::Clear() {
+  std::lock_guard lock(impl_->mu);
+  impl_->slots.assign(kInitialSlots, Slot{});
+  impl_->full = 0;
+  impl_->tombstones = 0;
+  impl_->spares.clear();
+  impl_->spare_count = 0;
+  impl_->digests.clear();
 }
 
 }  // namespace kvpool::cluster

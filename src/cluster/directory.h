@@ -2,13 +2,22 @@
 // incarnation) that hold the key, fed by holders' Publish batches.
 //
 // Bounded: at most max_entries keys (new keys beyond it are not recorded:
-// a lookup of them misses, which is safe) and kDirectoryHoldersPerKey
-// holders per key (the newest replace the oldest). Entries of dead
-// incarnations are dropped by Prune() when the membership view changes.
+// a lookup of them misses, which is safe). A key lists at most
+// kDirectoryHoldersPerKey holders (the newest; lookups return these); the
+// older ones are kept as spares (promoted when a listed holder leaves), up
+// to max_entries spares in all, so the directory knows exactly which keys
+// each holder claims. Entries of dead incarnations are dropped by Prune()
+// when the membership view changes.
 // Stored as a flat open-addressing table of 32-byte slots (holders are
 // 16-bit indexes into an interned (node, incarnation) table), at most 80%
-// full: 40-80 bytes per key. Memory is reported (kvpool_directory_entries,
+// full: 40-80 bytes per key. The slot of a key is found from the top bits
+// of its id, so a shard's keys sit in one run of the table and are listed
+// without a full scan. Memory is reported (kvpool_directory_entries,
 // kvpool_directory_bytes).
+//
+// Anti-entropy: per (holder, shard) the directory keeps the count and the
+// sum of ShardDigestOf() of the keys the holder claims, updated with every
+// change, so comparing a holder's digest costs nothing per key.
 //
 // Thread-safe (one mutex; no call leaves the process).
 #pragma once
@@ -20,6 +29,7 @@
 
 #include "cluster/membership.h"
 #include "cluster/peer_messages_format.h"
+#include "cluster/shard_map.h"
 #include "common/metrics.h"
 
 namespace kvpool::cluster {
@@ -48,6 +58,28 @@ class Directory {
   // re-registered and its publishes arrived before the view saying so.
   // Apply() ignores batches from an incarnation older than the newest seen.
   void Prune(const MembershipView& view);
+
+  // Anti-entropy (anti_entropy.h). The shards among `shards` (ascending)
+  // where the holder's digest differs from the entries of (node,
+  // incarnation) here; `owned` (kNumShards flags) limits the comparison to
+  // this home's shards (a shard owned here and missing from `shards` holds
+  // no key of the holder).
+  std::vector<uint32_t> MismatchedShards(const std::string& node, uint64_t incarnation,
+                                         std::span<const ShardDigest> shards,
+                                         const std::vector<bool>& owned) const;
+  // The keys (node, incarnation) holds here in shards[first..], whole shards,
+  // until the reply reaches kMaxShardKeys keys; *next is the index to ask
+  // from next (shards.size() when done).
+  std::vector<KeyId> KeysOf(const std::string& node, uint64_t incarnation,
+                            std::span<const uint32_t> shards, uint32_t first,
+                            uint32_t* next) const;
+  // Drops every entry of the shards not flagged in `owned` (kNumShards
+  // flags): a home that lost a shard holds no authority over it, and its
+  // entries would be stale if the shard came back.
+  void RetainShards(const std::vector<bool>& owned);
+  // Drops every entry (a fenced node missed updates while it was away). What
+  // it learned of incarnations stays.
+  void Clear();
 
   uint64_t entries() const;
   // Memory held: the slot table and the interned holders.

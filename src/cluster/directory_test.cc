@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "cluster/peer_messages_format.h"
 
 namespace kvpool::cluster {
@@ -143,6 +145,159 @@ TEST(Directory, ManyKeysAddRemoveAndMemoryPerKey) {
     dir.Apply({"n" + std::to_string(n), 1, {{K(7), PublishOp::kAdd, 8}}});
   }
   EXPECT_EQ(dir.Lookup(std::vector<KeyId>{K(7)})[0].holders.size(), kDirectoryHoldersPerKey);
+}
+
+// The holder's digest of a shard, as anti_entropy.cc sums it.
+ShardDigest DigestOf(uint32_t shard, const std::vector<KeyId>& keys) {
+  ShardDigest d{shard, 0, 0};
+  for (const KeyId& k : keys) {
+    if (ShardOf(k) != shard) continue;
+    ++d.keys;
+    d.sum += ShardDigestOf(k);
+  }
+  return d;
+}
+
+// A key of shard s (the top 12 bits of the id).
+KeyId InShard(uint32_t s, uint64_t i) {
+  return KeyId{(uint64_t{s} << 52) | ((i * 0x9E3779B97F4A7C15ull) >> 12), i};
+}
+
+// Per (holder, shard) digests follow every change, the spares included, so a
+// holder's digest matches exactly when the home lists what it holds; the
+// home lists a holder's keys of a shard without scanning the others.
+TEST(Directory, DigestsAndShardKeysFollowEveryChange) {
+  MetricsRegistry metrics;
+  Directory dir({}, &metrics);
+  std::vector<bool> owned(kNumShards, true);
+  std::vector<KeyId> held;
+  // Enough keys to grow the table several times; shards 5 and 6 only.
+  for (uint64_t i = 0; i < 5000; ++i) held.push_back(InShard(5 + i % 2, i));
+  PublishBatch add{"h", 3, {}};
+  for (const KeyId& k : held) add.items.push_back({k, PublishOp::kAdd, 10});
+  dir.Apply(add);
+  std::vector<ShardDigest> mine = {DigestOf(5, held), DigestOf(6, held)};
+  EXPECT_TRUE(dir.MismatchedShards("h", 3, mine, owned).empty());
+  // Another incarnation of h has nothing here: both shards differ.
+  EXPECT_EQ(dir.MismatchedShards("h", 4, mine, owned), (std::vector<uint32_t>{5, 6}));
+  // A shard not owned here is not compared.
+  std::vector<bool> only6(kNumShards, false);
+  only6[6] = true;
+  EXPECT_EQ(dir.MismatchedShards("h", 4, mine, only6), (std::vector<uint32_t>{6}));
+
+  // A lost remove: the home still lists key 0; the holder dropped it.
+  std::vector<KeyId> now(held.begin() + 1, held.end());
+  std::vector<ShardDigest> after = {DigestOf(5, now), DigestOf(6, now)};
+  EXPECT_EQ(dir.MismatchedShards("h", 3, after, owned), (std::vector<uint32_t>{5}));
+  uint32_t next = 0;
+  std::vector<uint32_t> shard5 = {5};
+  auto keys = dir.KeysOf("h", 3, shard5, 0, &next);
+  EXPECT_EQ(next, 1u);
+  ASSERT_EQ(keys.size(), 2500u);
+  std::sort(keys.begin(), keys.end());
+  std::vector<KeyId> want;
+  for (const KeyId& k : held) {
+    if (ShardOf(k) == 5) want.push_back(k);
+  }
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(keys, want);
+
+  // More holders than a slot lists: the older become spares, still
+  // counted, and a remove of a spare or a listed one keeps digests exact.
+  for (int n = 0; n < 8; ++n) {
+    dir.Apply({"r" + std::to_string(n), 1, {{held[2], PublishOp::kAdd, 10}}});
+  }
+  std::vector<ShardDigest> one = {DigestOf(ShardOf(held[2]), {held[2]})};
+  for (int n = 0; n < 8; ++n) {
+    EXPECT_TRUE(dir.MismatchedShards("r" + std::to_string(n), 1, one, owned).empty()) << n;
+  }
+  EXPECT_EQ(dir.Lookup(std::vector<KeyId>{held[2]})[0].holders.size(), kDirectoryHoldersPerKey);
+  dir.Apply({"r7", 1, {{held[2], PublishOp::kRemove, 0}}});  // listed: a spare takes its place
+  dir.Apply({"r0", 1, {{held[2], PublishOp::kRemove, 0}}});  // a spare
+  EXPECT_EQ(dir.MismatchedShards("r7", 1, one, owned), (std::vector<uint32_t>{ShardOf(held[2])}));
+  EXPECT_TRUE(dir.MismatchedShards("r7", 1, {}, owned).empty());
+  EXPECT_TRUE(dir.MismatchedShards("r0", 1, {}, owned).empty());
+  EXPECT_TRUE(dir.MismatchedShards("r3", 1, one, owned).empty());
+  EXPECT_EQ(dir.Lookup(std::vector<KeyId>{held[2]})[0].holders.size(), kDirectoryHoldersPerKey);
+  // A dead incarnation's spares and digests go with Prune.
+  MembershipView v{1, {{"h", "x:1", 3}, {"r1", "x:2", 1}}};
+  dir.Prune(v);
+  EXPECT_TRUE(dir.MismatchedShards("r3", 1, {}, owned).empty());
+  auto holders = dir.Lookup(std::vector<KeyId>{held[2]})[0].holders;
+  EXPECT_EQ(holders.size(), 2u);  // h and r1
+
+  // Shards no longer owned here are dropped with their digests.
+  std::vector<bool> only5(kNumShards, false);
+  only5[5] = true;
+  dir.RetainShards(only5);
+  EXPECT_TRUE(dir.MismatchedShards("h", 3, {}, only6).empty());
+  EXPECT_EQ(dir.entries(), 2500u);  // shard 5's keys only
+}
+
+// A fenced home drops everything; what it knows of incarnations stays.
+TEST(Directory, ClearDropsEntriesButNotTheNewestIncarnations) {
+  MetricsRegistry metrics;
+  Directory dir({}, &metrics);
+  dir.Prune(MembershipView{1, {{"h", "x:1", 5}}});
+  dir.Apply({"h", 5, {{K(1), PublishOp::kAdd, 10}}});
+  dir.Clear();
+  EXPECT_EQ(dir.entries(), 0u);
+  EXPECT_TRUE(dir.Lookup(std::vector<KeyId>{K(1)})[0].holders.empty());
+  dir.Apply({"h", 4, {{K(2), PublishOp::kAdd, 10}}});  // a late batch of an older life
+  EXPECT_TRUE(dir.Lookup(std::vector<KeyId>{K(2)})[0].holders.empty());
+  dir.Apply({"h", 5, {{K(2), PublishOp::kAdd, 10}}});
+  EXPECT_EQ(dir.entries(), 1u);
+}
+
+TEST(PeerMessagesFormat, DigestAndShardKeysRoundTripAndRefuseBadInput) {
+  DigestRequest req{"h", 9, 77, {{1, 2, 3}, {4000, 1, 99}}};
+  std::vector<uint8_t> buf;
+  EncodeDigest(req, &buf);
+  DigestRequest back;
+  ASSERT_TRUE(DecodeDigest(buf, &back).ok());
+  EXPECT_EQ(back.shards, req.shards);
+  EXPECT_EQ(back.fingerprint, 77u);
+  req.shards = {{5, 1, 1}, {5, 1, 1}};
+  buf.clear();
+  EncodeDigest(req, &buf);
+  EXPECT_EQ(DecodeDigest(buf, &back).code(), StatusCode::kInvalidArgument);  // not ascending
+  req.shards = {{4096, 1, 1}};
+  buf.clear();
+  EncodeDigest(req, &buf);
+  EXPECT_EQ(DecodeDigest(buf, &back).code(), StatusCode::kInvalidArgument);  // out of range
+  buf.pop_back();
+  EXPECT_FALSE(DecodeDigest(buf, &back).ok());
+
+  DigestReply rep{12, false, {3, 8}};
+  buf.clear();
+  EncodeDigestReply(rep, &buf);
+  DigestReply rb;
+  ASSERT_TRUE(DecodeDigestReply(buf, &rb).ok());
+  EXPECT_EQ(rb.mismatched, rep.mismatched);
+  EXPECT_EQ(rb.incarnation, 12u);
+
+  ShardKeysRequest kr{"h", 9, 1, {2, 7}};
+  buf.clear();
+  EncodeShardKeys(kr, &buf);
+  ShardKeysRequest kb;
+  ASSERT_TRUE(DecodeShardKeys(buf, &kb).ok());
+  EXPECT_EQ(kb.shards, kr.shards);
+  EXPECT_EQ(kb.first, 1u);
+  kr.first = 3;  // past the list
+  buf.clear();
+  EncodeShardKeys(kr, &buf);
+  EXPECT_EQ(DecodeShardKeys(buf, &kb).code(), StatusCode::kInvalidArgument);
+
+  ShardKeysReply sr{2, {K(1), K(2)}};
+  buf.clear();
+  EncodeShardKeysReply(sr, &buf);
+  ShardKeysReply sb;
+  ASSERT_TRUE(DecodeShardKeysReply(buf, &sb).ok());
+  EXPECT_EQ(sb.keys, sr.keys);
+  // A count larger than the body is refused before allocating.
+  buf[4] = 0xff;
+  buf[5] = 0xff;
+  EXPECT_FALSE(DecodeShardKeysReply(buf, &sb).ok());
 }
 
 }  // namespace

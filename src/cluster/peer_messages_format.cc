@@ -199,4 +199,117 @@ Status DecodeLeaseStatusReply(std::span<const uint8_t> body, LeaseStatusReply* m
   return r.Finish("lease status reply");
 }
 
+namespace {
+
+// Shards in a message: below kDigestShards and strictly ascending (so a
+// list holds each at most once).
+bool ReadShards(BodyReader& r, uint32_t n, std::vector<uint32_t>* shards, const char** bad) {
+  shards->resize(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    if (!r.U32(&(*shards)[i])) return false;
+    if ((*shards)[i] >= kDigestShards || (i > 0 && (*shards)[i] <= (*shards)[i - 1])) {
+      *bad = "shards out of range or not ascending";
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+void EncodeDigest(const DigestRequest& m, std::vector<uint8_t>* out) {
+  BodyWriter w(out);
+  w.Str(m.node_id);
+  w.U64(m.incarnation);
+  w.U64(m.fingerprint);
+  w.U32(static_cast<uint32_t>(m.shards.size()));
+  for (const ShardDigest& d : m.shards) {
+    w.U32(d.shard);
+    w.U32(d.keys);
+    w.U64(d.sum);
+  }
+}
+
+Status DecodeDigest(std::span<const uint8_t> body, DigestRequest* m) {
+  BodyReader r(body);
+  uint32_t n = 0;
+  if (r.Str(kMaxNodeIdBytes, &m->node_id) && r.U64(&m->incarnation) && r.U64(&m->fingerprint) &&
+      r.Count(kDigestShards, 16, &n)) {
+    m->shards.resize(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      ShardDigest& d = m->shards[i];
+      if (!(r.U32(&d.shard) && r.U32(&d.keys) && r.U64(&d.sum))) break;
+      if (d.shard >= kDigestShards || (i > 0 && d.shard <= m->shards[i - 1].shard)) {
+        return InvalidArgument("malformed digest: shards out of range or not ascending");
+      }
+    }
+  }
+  return r.Finish("digest");
+}
+
+void EncodeDigestReply(const DigestReply& m, std::vector<uint8_t>* out) {
+  BodyWriter w(out);
+  w.U64(m.incarnation);
+  w.U8(m.maps_differ ? 1 : 0);
+  w.U32(static_cast<uint32_t>(m.mismatched.size()));
+  for (uint32_t s : m.mismatched) w.U32(s);
+}
+
+Status DecodeDigestReply(std::span<const uint8_t> body, DigestReply* m) {
+  BodyReader r(body);
+  uint8_t flags = 0;
+  uint32_t n = 0;
+  const char* bad = nullptr;
+  if (r.U64(&m->incarnation) && r.U8(&flags) && r.Count(kDigestShards, 4, &n)) {
+    if (flags > 1) return InvalidArgument("malformed digest reply: unknown flags");
+    m->maps_differ = flags == 1;
+    if (!ReadShards(r, n, &m->mismatched, &bad) && bad != nullptr) {
+      return InvalidArgument(std::string("malformed digest reply: ") + bad);
+    }
+  }
+  return r.Finish("digest reply");
+}
+
+void EncodeShardKeys(const ShardKeysRequest& m, std::vector<uint8_t>* out) {
+  BodyWriter w(out);
+  w.Str(m.node_id);
+  w.U64(m.incarnation);
+  w.U32(m.first);
+  w.U32(static_cast<uint32_t>(m.shards.size()));
+  for (uint32_t s : m.shards) w.U32(s);
+}
+
+Status DecodeShardKeys(std::span<const uint8_t> body, ShardKeysRequest* m) {
+  BodyReader r(body);
+  uint32_t n = 0;
+  const char* bad = nullptr;
+  if (r.Str(kMaxNodeIdBytes, &m->node_id) && r.U64(&m->incarnation) && r.U32(&m->first) &&
+      r.Count(kDigestShards, 4, &n)) {
+    if (!ReadShards(r, n, &m->shards, &bad) && bad != nullptr) {
+      return InvalidArgument(std::string("malformed shard keys: ") + bad);
+    }
+    if (r.ok() && m->first > n) return InvalidArgument("malformed shard keys: first > count");
+  }
+  return r.Finish("shard keys");
+}
+
+void EncodeShardKeysReply(const ShardKeysReply& m, std::vector<uint8_t>* out) {
+  BodyWriter w(out);
+  w.U32(m.next);
+  w.U32(static_cast<uint32_t>(m.keys.size()));
+  for (const KeyId& k : m.keys) w.Key(k);
+}
+
+Status DecodeShardKeysReply(std::span<const uint8_t> body, ShardKeysReply* m) {
+  BodyReader r(body);
+  uint32_t n = 0;
+  if (r.U32(&m->next) && r.Count(kMaxShardKeys, 16, &n)) {
+    m->keys.resize(n);
+    for (KeyId& k : m->keys) {
+      if (!r.Key(&k)) break;
+    }
+  }
+  return r.Finish("shard keys reply");
+}
+
 }  // namespace kvpool::cluster

@@ -56,6 +56,35 @@
 // | flags            | u8   | bit 0 fenced, bit 1 holds an etcd lease, bit 2     |
 // |                  |      | etcd outage (serving with its last view); others 0 |
 // | since_renewal_ms | u64  | since its last successful renewal was sent         |
+//
+// kPeerDigest (anti-entropy, holder -> home; anti_entropy.h). Request payload:
+// | field        | type         | meaning                                         |
+// |--------------|--------------|-------------------------------------------------|
+// | node_id      | str (<=128)  | the holder                                      |
+// | incarnation  | u64          | the holder's incarnation                        |
+// | fingerprint  | u64          | the holder's ShardMap::fingerprint()            |
+// | count        | u32 (<=4096) | shards that follow, ascending; every shard the  |
+// |              |              | holder maps to this home and holds keys of      |
+// |  shard       | u32 (<4096)  |                                                 |
+// |  keys        | u32          | keys the holder holds in the shard              |
+// |  sum         | u64          | sum (mod 2^64) of ShardDigestOf(key) over them  |
+// Shards of this home missing from the list hold no key of the holder.
+// Reply payload:
+// | field        | type         | meaning                                         |
+// |--------------|--------------|-------------------------------------------------|
+// | incarnation  | u64          | the home's own incarnation (static membership   |
+// |              |              | learns restarted peers from it)                 |
+// | flags        | u8           | bit 0: maps differ, nothing compared; others 0  |
+// | count        | u32 (<=4096) | shards whose entries of this holder differ      |
+// |  shard       | u32 (<4096)  | ascending                                       |
+// A home that does not know the type (an older node) answers an error; the
+// holder counts it and relies on replays for that home.
+//
+// kPeerShardKeys (anti-entropy: the home's entries of one holder in some
+// shards). Request payload: str node_id (<=128), u64 incarnation, u32 first
+// (index into the list to start at), u32 count (<=4096), count × u32 shard.
+// Reply payload: u32 next (index to ask from next; == count when done),
+// u32 keys (<= kMaxShardKeys), keys × key id. Whole shards per reply.
 #pragma once
 
 #include <cstdint>
@@ -76,6 +105,8 @@ inline constexpr transport::MessageType kPeerFetch = 0x0103;
 inline constexpr transport::MessageType kPeerStore = 0x0104;
 inline constexpr transport::MessageType kPeerMembers = 0x0105;
 inline constexpr transport::MessageType kPeerLeaseStatus = 0x0106;
+inline constexpr transport::MessageType kPeerDigest = 0x0107;
+inline constexpr transport::MessageType kPeerShardKeys = 0x0108;
 
 inline constexpr uint32_t kMaxPeerBatch = 4096;
 inline constexpr uint32_t kMaxNodeIdBytes = 128;
@@ -83,6 +114,10 @@ inline constexpr uint32_t kMaxLookupNodes = 256;
 inline constexpr uint32_t kMaxHoldersPerKey = 8;
 inline constexpr uint32_t kMaxMembers = 4096;
 inline constexpr uint32_t kMaxAddressBytes = 256;
+// Keys in one kPeerShardKeys reply at most (4 MiB); a reply stops after the
+// shard that reaches it.
+inline constexpr uint32_t kMaxShardKeys = 1u << 18;
+inline constexpr uint32_t kDigestShards = 4096;  // == kNumShards
 
 enum class PublishOp : uint8_t { kAdd = 1, kRemove = 2 };
 
@@ -134,6 +169,53 @@ inline Status DecodeStore(std::span<const uint8_t> body, KeyId* key, uint64_t* s
 // kPeerMembers reply (MembershipView from cluster/membership.h).
 void EncodeMembersReply(const MembershipView& view, std::vector<uint8_t>* out);
 Status DecodeMembersReply(std::span<const uint8_t> body, MembershipView* view);
+
+// Anti-entropy digests. A key's digest term: a 64-bit mix of its id, summed
+// per (holder, shard) by holder and home alike.
+inline uint64_t ShardDigestOf(const KeyId& k) {
+  uint64_t x = k.hi ^ (k.lo * 0x9e3779b97f4a7c15ull);
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+struct ShardDigest {
+  uint32_t shard = 0;
+  uint32_t keys = 0;
+  uint64_t sum = 0;
+  friend bool operator==(const ShardDigest&, const ShardDigest&) = default;
+};
+
+struct DigestRequest {
+  std::string node_id;
+  uint64_t incarnation = 0;
+  uint64_t fingerprint = 0;
+  std::vector<ShardDigest> shards;  // ascending shard
+};
+struct DigestReply {
+  uint64_t incarnation = 0;
+  bool maps_differ = false;
+  std::vector<uint32_t> mismatched;  // ascending
+};
+void EncodeDigest(const DigestRequest& m, std::vector<uint8_t>* out);
+Status DecodeDigest(std::span<const uint8_t> body, DigestRequest* m);
+void EncodeDigestReply(const DigestReply& m, std::vector<uint8_t>* out);
+Status DecodeDigestReply(std::span<const uint8_t> body, DigestReply* m);
+
+struct ShardKeysRequest {
+  std::string node_id;
+  uint64_t incarnation = 0;
+  uint32_t first = 0;
+  std::vector<uint32_t> shards;
+};
+struct ShardKeysReply {
+  uint32_t next = 0;
+  std::vector<KeyId> keys;
+};
+void EncodeShardKeys(const ShardKeysRequest& m, std::vector<uint8_t>* out);
+Status DecodeShardKeys(std::span<const uint8_t> body, ShardKeysRequest* m);
+void EncodeShardKeysReply(const ShardKeysReply& m, std::vector<uint8_t>* out);
+Status DecodeShardKeysReply(std::span<const uint8_t> body, ShardKeysReply* m);
 
 // kPeerLeaseStatus reply.
 struct LeaseStatusReply {

@@ -62,7 +62,10 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publis
     if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
     PublishBatch batch;
     Status s = DecodePublish(in.payload, &batch);
-    if (s.ok()) directory_->Apply(batch);
+    if (s.ok()) {
+      cluster_->ObservePeer(batch.node_id, batch.incarnation);
+      directory_->Apply(batch);
+    }
     r.Respond(s);
   });
   t->RegisterHandler(kPeerLookup, [this](Incoming in, Responder r) {
@@ -138,6 +141,13 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publis
     reply.payload = *body;
     reply.release = [body] {};
     r.Respond(std::move(reply));
+  });
+  // A fenced node missed whatever was published or unpublished meanwhile
+  // (its handlers refuse while fenced, and a paused process hears nothing):
+  // its entries may list keys their holders dropped. It starts empty; the
+  // holders replay to it when it is back under a new incarnation.
+  fence_sub_ = cluster_->membership()->SubscribeFence([this](bool fenced) {
+    if (fenced) directory_->Clear();
   });
   sub_ = cluster_->membership()->SubscribeViews(
       [this](const std::shared_ptr<const MembershipView>& view) {
@@ -222,6 +232,15 @@ void PeerServer::OnView(std::shared_ptr<const ShardMap> before,
                         std::shared_ptr<const ShardMap> after,
                         std::shared_ptr<const MembershipView> view, bool replay_all) {
   directory_->Prune(*view);
+  // Entries of shards this node is no longer the home of: nobody asks here
+  // for them, and kept they would be stale when a later view brings the
+  // shard back (removes went to the other home meanwhile).
+  std::vector<bool> owned(kNumShards, false);
+  for (uint32_t s = 0; s < kNumShards; ++s) {
+    const Member* h = after->Home(s);
+    owned[s] = h != nullptr && h->node_id == cluster_->node_id();
+  }
+  directory_->RetainShards(owned);
   // Shards whose home changed: their new homes know nothing of what this
   // node holds, so tell them again.
   std::vector<uint32_t> moved = ShardMap::Moved(*before, *after);

@@ -17,6 +17,10 @@
 // itself (a reclaimed region, a lost write) and DRAM does not hold are
 // unpublished.
 //
+// A view also drops the entries of shards this node no longer owns, and a
+// fence drops every entry (the node missed updates; holders replay to its new
+// incarnation). Anti-entropy (anti_entropy.h) repairs what replays miss.
+//
 // Thread-safe. Handlers run on the transport's handler executor; view work
 // runs on the executor, SSD listings on the list executor. Destroy only
 // after the cluster itself (its transport runs the handlers, its membership
@@ -91,6 +95,7 @@ class PeerServer {
   Counter* ssd_unpublished_;
   std::shared_ptr<ListGate> gate_ = std::make_shared<ListGate>();
   uint64_t sub_ = 0;
+  uint64_t fence_sub_ = 0;
   // Only touched by the membership's callback thread.
   std::shared_ptr<const ShardMap> last_map_;
   uint64_t last_incarnation_ = 0;

@@ -45,12 +45,19 @@ struct RemoteReader::State {
   int active = 0;
   std::condition_variable idle;
 
-  bool CacheGet(const KeyId& key, LookupResult* out) {
+  // A cached answer counts only with holders the current view still has
+  // under the same incarnation (0 in the view: not known yet, any): a holder
+  // that restarted or re-registered dropped what it held.
+  bool CacheGet(const KeyId& key, const MembershipView& view, LookupResult* out) {
     if (opts.lookup_cache_ttl.count() == 0) return false;
     std::lock_guard lock(mu);
     auto it = cache.find(key);
     if (it == cache.end()) return false;
-    if (Clock::now() >= it->second.expiry) {
+    std::erase_if(it->second.result.holders, [&](const HolderRef& h) {
+      const Member* m = view.Find(h.node_id);
+      return m == nullptr || (m->incarnation != 0 && m->incarnation != h.incarnation);
+    });
+    if (Clock::now() >= it->second.expiry || it->second.result.holders.empty()) {
       cache.erase(it);
       return false;
     }
@@ -159,6 +166,7 @@ void StartLookup(const std::shared_ptr<RemoteReader::State>& st,
   op->results.assign(op->keys.size(), {});
   st->lookups->Inc(op->keys.size());
   auto map = st->cluster->shard_map();
+  auto view = st->cluster->view();
   std::map<std::string, std::vector<size_t>> groups;  // home address -> key indexes
   std::vector<KeyId> local_keys;
   std::vector<size_t> local_idx, now;
@@ -169,7 +177,7 @@ void StartLookup(const std::shared_ptr<RemoteReader::State>& st,
     } else if (home->node_id == st->cluster->node_id()) {
       local_keys.push_back(op->keys[i]);
       local_idx.push_back(i);
-    } else if (st->CacheGet(op->keys[i], &op->results[i])) {
+    } else if (st->CacheGet(op->keys[i], *view, &op->results[i])) {
       st->cache_hits->Inc();
       now.push_back(i);
     } else if (!st->Cooling(home->address)) {

@@ -1,6 +1,7 @@
 #include "cluster/shard_map.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "common/check.h"
@@ -54,6 +55,13 @@ ShardMap ShardMap::Compute(const MembershipView& view) {
   std::vector<uint64_t> id_hash;
   id_hash.reserve(map.owners_.size());
   for (const Member& m : map.owners_) id_hash.push_back(HashId(m.node_id));
+  map.fingerprint_ = 0x6b767073686172ull;  // "kvpshar"
+  for (size_t i = 0; i < map.owners_.size(); ++i) {
+    uint64_t w = 0;
+    static_assert(sizeof(w) == sizeof(double));
+    std::memcpy(&w, &map.owners_[i].weight, sizeof(w));
+    map.fingerprint_ = Mix(map.fingerprint_ ^ id_hash[i]) ^ Mix(w);
+  }
   map.home_.resize(kNumShards);
   for (uint32_t s = 0; s < kNumShards; ++s) {
     size_t best = 0;

@@ -35,6 +35,9 @@ class ShardMap {
   static ShardMap Compute(const MembershipView& view);
 
   uint64_t epoch() const { return epoch_; }
+  // A hash of what decides the map (the eligible members' ids and weights):
+  // two nodes with equal fingerprints agree on every shard's home node.
+  uint64_t fingerprint() const { return fingerprint_; }
   bool empty() const { return owners_.empty(); }
   // The home of a shard, or nullptr when there is no eligible member.
   // REQUIRES: shard < kNumShards. The pointer lives as long as the map.
@@ -52,6 +55,7 @@ class ShardMap {
 
  private:
   uint64_t epoch_ = 0;
+  uint64_t fingerprint_ = 0;
   std::vector<Member> owners_;   // the eligible members
   std::vector<uint16_t> home_;   // shard -> index into owners_; empty when no owners
 };

@@ -91,4 +91,17 @@ Result<std::unique_ptr<StaticMembership>> StaticMembership::Open(
   return m;
 }
 
+bool StaticMembership::ObservePeer(const std::string& id, uint64_t incarnation) {
+  if (id == node_id() || incarnation == 0) return false;
+  std::lock_guard lock(observe_mu_);
+  auto current = view();
+  const Member* m = current->Find(id);
+  if (m == nullptr || incarnation <= m->incarnation) return false;
+  std::vector<Member> members = current->members;
+  for (Member& p : members) {
+    if (p.node_id == id) p.incarnation = incarnation;
+  }
+  return Publish(std::move(members), current->epoch + 1);
+}
+
 }  // namespace kvpool

@@ -1,10 +1,16 @@
 // StaticMembership: a fixed member list (the --peers setting), for clusters
-// without etcd. The one view is published at Open() and never changes; a
-// static node is never fenced. Peers' incarnations are unknown (0), so a
-// restarted peer cannot be told from its previous life. Thread-safe.
+// without etcd. The member set never changes and a static node is never
+// fenced, but every start of a node is a new instance: its incarnation (the
+// start time in microseconds) travels in its peer messages, and a peer that
+// reports an incarnation newer than the view lists (ObservePeer) makes a new
+// view with it. So a restarted peer is told from its previous life, as with
+// etcd: homes drop the old instance's directory entries and holders replay
+// to the new one. A peer not heard from yet is listed with incarnation 0
+// (matches any). Thread-safe.
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,8 +40,16 @@ class StaticMembership final : public Membership {
   static Result<std::unique_ptr<StaticMembership>> Open(const StaticMembershipOptions& options,
                                                         MetricsRegistry* metrics);
 
+  // A peer says it runs as `incarnation`. Newer than the view's: publishes a
+  // view listing it (view callbacks run on this thread). An older one (a
+  // late message of a previous instance), this node's own id, or an id not
+  // in the list change nothing. Returns whether a view was published.
+  bool ObservePeer(const std::string& node_id, uint64_t incarnation);
+
  private:
   StaticMembership(std::string node_id, MetricsRegistry* metrics);
+
+  std::mutex observe_mu_;  // one publisher at a time (Membership::Publish)
 };
 
 }  // namespace kvpool

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "admin/admin_server.h"
+#include "cluster/anti_entropy.h"
 #include "cluster/cluster.h"
 #include "cluster/directory.h"
 #include "cluster/home_placer.h"
@@ -120,6 +121,7 @@ class NodeImpl final : public Node {
       publish_thread_.join();
     }
     if (reader_) reader_->Shutdown();
+    if (anti_entropy_) anti_entropy_->Stop();
     if (cluster_) {
       cluster_->Stop();
       if (cluster_thread_.joinable()) cluster_thread_.join();
@@ -127,6 +129,7 @@ class NodeImpl final : public Node {
     if (peer_pool_) peer_pool_->Stop();
     if (cluster_ && !ssd_) store_->SetEvictionListener(nullptr);
     cluster_.reset();
+    anti_entropy_.reset();
     peer_server_.reset();
     if (list_pool_) list_pool_->Stop();  // queued listings return at once now
     reader_.reset();
@@ -169,6 +172,10 @@ class NodeImpl final : public Node {
     peer_server_ = std::make_unique<cluster::PeerServer>(
         cluster_.get(), directory_.get(), publisher_.get(), tiered_.get(), peer_pool_.get(),
         list_pool_.get(), &metrics_);
+    anti_entropy_ = std::make_unique<cluster::AntiEntropy>(
+        opts_.anti_entropy, cluster_.get(), directory_.get(), publisher_.get(), tiered_.get(),
+        &metrics_);
+    anti_entropy_->Start();
     if (opts_.placement == "home") {
       cluster::HomePlacerOptions po;
       po.timeout = opts_.remote.fetch_timeout;
@@ -321,6 +328,7 @@ class NodeImpl final : public Node {
   std::unique_ptr<cluster::Directory> directory_;
   std::unique_ptr<cluster::Publisher> publisher_;
   std::unique_ptr<cluster::PeerServer> peer_server_;
+  std::unique_ptr<cluster::AntiEntropy> anti_entropy_;
   std::unique_ptr<cluster::HomePlacer> placer_;  // placement home only
   std::unique_ptr<cluster::RemoteReader> reader_;
   std::thread publish_thread_;  // flushes the publisher every few ms

@@ -35,6 +35,7 @@ ClusterOptions NodeOptions::ClusterWithEndpoints(const std::string& id) const {
 Status NodeOptions::Validate() const {
   KVPOOL_RETURN_IF_ERROR(dram.Validate());
   KVPOOL_RETURN_IF_ERROR(tiering.Validate());
+  KVPOOL_RETURN_IF_ERROR(anti_entropy.Validate());
   if (!ssd_dirs.empty()) {
     if (ssd.capacity_bytes == 0) return InvalidArgument("--ssd needs --ssd-capacity");
     KVPOOL_RETURN_IF_ERROR(SsdWithDirs().Validate());
@@ -189,6 +190,11 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddDuration("peer-lookup-cache-ttl", &o->remote.lookup_cache_ttl,
                  std::chrono::milliseconds(0), std::chrono::milliseconds(60000),
                  "How long a positive directory answer is reused (0: ask the home every time)");
+  t->AddDuration("anti-entropy-interval", &o->anti_entropy.interval, std::chrono::milliseconds(0),
+                 std::chrono::milliseconds(3600000),
+                 "How often each node compares digests of what it holds with the keys' homes "
+                 "and repairs the difference (0: never); bounds how long a lost publish hides "
+                 "a key");
   t->AddEnum("placement", &o->placement, {"local", "home"},
              "Where a put is stored: the writer's node (local) or the key's home node (home)");
   t->AddBytes("placement-max-inflight", &o->placement_max_inflight, 1ull << 20, 1ull << 40,

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "admin/admin_server.h"
+#include "cluster/anti_entropy.h"
 #include "cluster/cluster.h"
 #include "cluster/remote_reader.h"
 #include "common/settings.h"
@@ -49,6 +50,8 @@ struct NodeOptions {
   uint64_t placement_max_inflight = 64ull << 20;
   // Deadlines and cool-down of remote reads.
   cluster::RemoteReaderOptions remote;
+  // How often holders and homes compare directory digests.
+  cluster::AntiEntropyOptions anti_entropy;
 
   NodeOptions() { admin.port = 9710; }
   Status Validate() const;
