@@ -630,8 +630,8 @@ TEST_F(SocketPlacementTest, ForeignListenerAtThePathIsRefusedByName) {
   ASSERT_EQ(::listen(squatter, 4), 0);
   auto node = Node::Start(dir_, {"--socket", path});
   EXPECT_FALSE(node->serving());
-  EXPECT_NE(node->Log().find("cannot start: FailedPrecondition: socket path " + path +
-                             " is served by another process"),
+  EXPECT_NE(node->Log().find("cannot start: FailedPrecondition: another kvpool-node is serving " +
+                             path + " (or some other process listens there)"),
             std::string::npos)
       << node->Log();
   ::close(squatter);

@@ -137,8 +137,8 @@ Status ClaimSocketPath(const std::string& path) {
   ::close(probe);
   if (rc == 0) {
     return FailedPrecondition(fmt::format(
-        "socket path {} is served by another process (a running kvpool-node, or some other "
-        "listener); refusing to replace it",
+        "another kvpool-node is serving {} (or some other process listens there); refusing to "
+        "replace it",
         path));
   }
   // Only a refused connection proves nobody listens: anything else (a full
