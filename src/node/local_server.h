@@ -6,6 +6,11 @@
 // bytes for copy-mode clients that do not map the segment. Reservations and
 // pins belong to the connection: when a client goes away they are released.
 //
+// No client can hold the node's resources for long: connections are capped
+// (a refused one is told "too many connections"), and closed when they miss
+// the handshake, frame or idle deadline; request bytes are buffered as they
+// arrive, one frame per connection, within a node-wide budget.
+//
 // Threading: Run() is the event loop (one epoll thread, given by the node);
 // Stop() may be called from any thread. Everything else is owned by the loop.
 // Promotions complete on the store's executor (remote reads on the
