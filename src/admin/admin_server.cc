@@ -89,6 +89,10 @@ constexpr auto kMaxLinger = std::chrono::milliseconds(1000);
 constexpr size_t kMaxLingerBytes = 64 * 1024;
 // How often deadlines are checked: the resolution of every timeout here.
 constexpr auto kTick = std::chrono::milliseconds(50);
+// Connections closed per deadline pass. Thousands expiring together (a
+// flood of idle connections) are closed in slices with events served in
+// between, so a health probe never waits behind the whole batch.
+constexpr size_t kMaxClosesPerPass = 256;
 
 constexpr uint64_t kListenTag = 0;
 constexpr uint64_t kWakeTag = 1;
@@ -317,9 +321,10 @@ class HttpAdminServer final : public AdminServer {
   void EventLoop() {
     std::vector<epoll_event> events(256);
     auto next_tick = Clock::now() + kTick;
+    bool more_expired = false;
     while (!loop_stop_.load()) {
       int n = epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()),
-                         static_cast<int>(kTick.count()));
+                         more_expired ? 0 : static_cast<int>(kTick.count()));
       if (n < 0 && errno != EINTR) {
         LogError("admin: epoll_wait: {}", std::strerror(errno));
         break;
@@ -337,8 +342,8 @@ class HttpAdminServer final : public AdminServer {
           OnEvent(tag, events[i].events);
         }
       }
-      if (Clock::now() >= next_tick) {
-        ExpireDeadlines();
+      if (more_expired || Clock::now() >= next_tick) {
+        more_expired = ExpireDeadlines();
         next_tick = Clock::now() + kTick;
       }
     }
@@ -600,17 +605,26 @@ class HttpAdminServer final : public AdminServer {
     }
   }
 
-  void ExpireDeadlines() {
+  // Closes connections past their deadline, at most kMaxClosesPerPass.
+  // Returns true when more are past it.
+  bool ExpireDeadlines() {
     const auto now = Clock::now();
     std::vector<uint64_t> expired;
+    bool more = false;
     for (const auto& [id, c] : conns_) {
-      if (now >= c.deadline) expired.push_back(id);
+      if (now < c.deadline) continue;
+      if (expired.size() == kMaxClosesPerPass) {
+        more = true;
+        break;
+      }
+      expired.push_back(id);
     }
     for (uint64_t id : expired) {
       // A lingering connection has its answer; only the others timed out.
       if (conns_[id].state != ConnState::kLingering) timed_out_->Inc();
       Close(id);
     }
+    return more;
   }
 
   // Hands finished responses from the request threads to their connections.
