@@ -33,6 +33,7 @@
 #include "admin/http_request.h"
 #include "common/check.h"
 #include "common/log.h"
+#include "common/thread_annotations.h"
 
 namespace kvpool {
 
@@ -737,12 +738,14 @@ class HttpAdminServer final : public AdminServer {
 
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
-  std::deque<Job> queue_;                               // protected by queue_mu_
-  std::deque<std::pair<uint64_t, std::string>> done_;  // protected by queue_mu_
-  bool workers_stop_ = false;                          // protected by queue_mu_
+  // Protected by queue_mu_: requests for the request threads, responses
+  // for the admin thread, and the request threads' stop flag.
+  std::deque<Job> queue_ GUARDED_BY(queue_mu_);
+  std::deque<std::pair<uint64_t, std::string>> done_ GUARDED_BY(queue_mu_);
+  bool workers_stop_ GUARDED_BY(queue_mu_) = false;
 
   std::mutex stop_mu_;
-  bool stopped_ = false;  // protected by stop_mu_
+  bool stopped_ GUARDED_BY(stop_mu_) = false;
 };
 
 }  // namespace
