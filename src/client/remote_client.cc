@@ -293,10 +293,9 @@ Result<std::unique_ptr<RemoteClient>> RemoteClient::Open(const RemoteClientOptio
   auto impl = std::make_unique<Impl>();
   impl->opts = options;
   transport::UcxTransportOptions topts;
-  // The listener is never used (nodes answer over the requesting endpoint)
-  // but the transport always has one; loopback keeps it private.
-  topts.listen_host = "127.0.0.1";
-  topts.listen_port = 0;
+  // Client only: nodes answer over the connection this client opens, so it
+  // has no peer port for anyone to call.
+  topts.listen = false;
   topts.max_endpoints = 64;
   KVPOOL_ASSIGN_OR_RETURN(impl->transport, transport::UcxTransport::Open(topts));
   KVPOOL_RETURN_IF_ERROR(impl->Refresh(Clock::now() + options.timeout, /*wait=*/true));

@@ -72,6 +72,7 @@ class ClusterImpl final : public Cluster {
     }
     to.handler_executor = handler_executor;
     to.progress_spin = std::chrono::microseconds(opts_.peer_spin_us);
+    to.net_devices = opts_.peer_net_devices;
     to.registered_region = opts_.registered_region;
     to.metrics = metrics;
     std::unique_ptr<transport::UcxTransport> ucx;

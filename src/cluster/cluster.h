@@ -44,6 +44,9 @@ struct ClusterOptions {
   // Microseconds the peer transport's progress thread polls after work
   // before it sleeps (UcxTransportOptions::progress_spin).
   int64_t peer_spin_us = 50;
+  // UCX network devices for peer traffic (UcxTransportOptions::net_devices);
+  // empty: the interface that holds peer_address.
+  std::string peer_net_devices;
   // The DRAM segment, registered with UCX for zero-copy transfers.
   std::span<uint8_t> registered_region;
 

@@ -170,6 +170,9 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
             "Peer transport port (0: any free port; needed with --peers)");
   t->AddInt("peer-spin-us", &o->cluster.peer_spin_us, 0, 10000,
             "Microseconds the peer transport polls after work before it sleeps (0: never)");
+  t->AddString("peer-net-devices", &o->cluster.peer_net_devices,
+               "UCX devices for peer traffic, e.g. mlx5_0:1 (empty: the interface of "
+               "--peer-address; all when it is a wildcard)");
   t->AddString("etcd", &o->etcd_urls,
                "etcd endpoints for membership, comma-separated (http://host:port)");
   t->AddString("peers", &o->cluster.peers,

@@ -1,5 +1,6 @@
 #include "transport/peer_format.h"
 
+#include "common/check.h"
 #include "protocol/codec.h"
 
 namespace kvpool::transport {
@@ -18,9 +19,14 @@ std::vector<uint8_t> EncodeFrame(const Frame& f, std::span<const uint8_t> header
   w.U32(static_cast<uint32_t>(header.size()));
   w.U64(f.payload_len);
   w.U32(f.budget_ms);
-  w.U32(0);
+  w.U32(f.conn);
   w.Raw(header.data(), header.size());
   return out;
+}
+
+void SetFrameConn(std::vector<uint8_t>* am_header, uint32_t conn) {
+  KVPOOL_CHECK(am_header->size() >= kFrameBytes);
+  for (int i = 0; i < 4; ++i) (*am_header)[36 + i] = static_cast<uint8_t>(conn >> (8 * i));
 }
 
 Status DecodeFrame(std::span<const uint8_t> am_header, size_t am_data_len, size_t max_header,
@@ -32,7 +38,7 @@ Status DecodeFrame(std::span<const uint8_t> am_header, size_t am_data_len, size_
   };
   if (am_header.size() < kFrameBytes) return fail("short_frame");
   protocol::BodyReader r(am_header);
-  uint32_t magic = 0, reserved = 0;
+  uint32_t magic = 0;
   uint8_t version = 0, kind = 0, type_lo = 0, type_hi = 0;
   r.U32(&magic);
   r.U8(&version);
@@ -44,7 +50,7 @@ Status DecodeFrame(std::span<const uint8_t> am_header, size_t am_data_len, size_
   r.U32(&f->header_len);
   r.U64(&f->payload_len);
   r.U32(&f->budget_ms);
-  r.U32(&reserved);
+  r.U32(&f->conn);
   if (!r.ok()) return fail("short_frame");
   if (magic != kPeerMagic) return fail("bad_magic");
   if (version != kPeerVersion) return fail("bad_version");

@@ -15,7 +15,8 @@
 // | 20     | 4    | header_len  | bytes after the frame; == AM header length - 40      |
 // | 24     | 8    | payload_len | == AM data length; <= max payload bytes              |
 // | 32     | 4    | budget_ms   | request: time left to the caller's deadline          |
-// | 36     | 4    | reserved    | 0                                                    |
+// | 36     | 4    | conn        | request: the connection token of the bootstrap's     |
+// |        |      |             | welcome (bootstrap_format.h); reply: 0               |
 //
 // A reply whose status is not OK carries the error message as its header
 // bytes and no payload. Request AMs use id kAmRequest, replies kAmReply.
@@ -30,7 +31,7 @@
 namespace kvpool::transport {
 
 inline constexpr uint32_t kPeerMagic = 0x5450564B;
-inline constexpr uint8_t kPeerVersion = 1;
+inline constexpr uint8_t kPeerVersion = 2;
 inline constexpr size_t kFrameBytes = 40;
 inline constexpr uint16_t kAmRequest = 0x4B50;
 inline constexpr uint16_t kAmReply = 0x4B51;
@@ -45,10 +46,15 @@ struct Frame {
   uint32_t header_len = 0;
   uint64_t payload_len = 0;
   uint32_t budget_ms = 0;
+  uint32_t conn = 0;
 };
 
 // Appends the frame and then the header bytes: the whole AM header.
 std::vector<uint8_t> EncodeFrame(const Frame& f, std::span<const uint8_t> header);
+
+// Sets the conn field of an encoded frame (a request's token is known only
+// once its connection's bootstrap is done). REQUIRES: am_header holds a frame.
+void SetFrameConn(std::vector<uint8_t>* am_header, uint32_t conn);
 
 // Parses an AM header; checks magic, version, kind, that header_len matches
 // the bytes present and is <= max_header, and that payload_len equals the AM

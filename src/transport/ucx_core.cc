@@ -89,12 +89,17 @@ std::string FormatAddr(const sockaddr_storage& ss) {
 Status UcxTransport::Core::Init() {
   ucp_config_t* config = nullptr;
   KVPOOL_RETURN_IF_ERROR(FromUcs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read"));
-  if (!opts.tls.empty()) {
-    Status st = FromUcs(ucp_config_modify(config, "TLS", opts.tls.c_str()), "UCX TLS setting");
-    if (!st.ok()) {
-      ucp_config_release(config);
-      return st;
-    }
+  auto modify = [&](const char* name, const std::string& value, std::string_view what) {
+    if (value.empty()) return Status::Ok();
+    Status st = FromUcs(ucp_config_modify(config, name, value.c_str()), what);
+    return st.ok() ? st : InvalidArgument(fmt::format("{} \"{}\": {}", what, value, st.message()));
+  };
+  Result<std::string> devices = NetDevices(opts);
+  Status st = devices.ok() ? modify("TLS", opts.tls, "UCX TLS setting") : devices.status();
+  if (st.ok()) st = modify("NET_DEVICES", *devices, "UCX network devices");
+  if (!st.ok()) {
+    ucp_config_release(config);
+    return st;
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
@@ -120,7 +125,9 @@ Status UcxTransport::Core::Init() {
   KVPOOL_RETURN_IF_ERROR(FromUcs(ucp_worker_get_efd(worker, &worker_fd), "ucp_worker_get_efd"));
   epoll_fd = epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd < 0) return ErrnoStatus("epoll_create1", errno);
-  for (int fd : {worker_fd, wake_fd}) {
+  sock_epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  if (sock_epoll_fd < 0) return ErrnoStatus("epoll_create1", errno);
+  for (int fd : {worker_fd, wake_fd, sock_epoll_fd}) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
@@ -147,20 +154,21 @@ Status UcxTransport::Core::Init() {
     KVPOOL_RETURN_IF_ERROR(FromUcs(ucp_mem_map(context, &mp, &mem), "ucp_mem_map"));
   }
 
-  KVPOOL_ASSIGN_OR_RETURN(sockaddr_storage listen_addr, Resolve(opts.listen_host, opts.listen_port));
-  ucp_listener_params_t lp{};
-  lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-  lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&listen_addr);
-  lp.sockaddr.addrlen = AddrLen(listen_addr);
-  lp.conn_handler.cb = &OnConnRequest;
-  lp.conn_handler.arg = this;
-  KVPOOL_RETURN_IF_ERROR(FromUcs(ucp_listener_create(worker, &lp, &listener), "listen"));
-  ucp_listener_attr_t la{};
-  la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-  KVPOOL_RETURN_IF_ERROR(FromUcs(ucp_listener_query(listener, &la), "ucp_listener_query"));
-  port = la.sockaddr.ss_family == AF_INET6
-             ? ntohs(reinterpret_cast<const sockaddr_in6*>(&la.sockaddr)->sin6_port)
-             : ntohs(reinterpret_cast<const sockaddr_in*>(&la.sockaddr)->sin_port);
+  // Only network devices go in the address a peer connects to: a peer on
+  // the same host must still come over the configured interface (shared
+  // memory would bypass it, and any firewall rule on it).
+  ucp_worker_attr_t wa{};
+  wa.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS | UCP_WORKER_ATTR_FIELD_ADDRESS_FLAGS;
+  wa.address_flags = UCP_WORKER_ADDRESS_FLAG_NET_ONLY;
+  KVPOOL_RETURN_IF_ERROR(FromUcs(ucp_worker_query(worker, &wa), "worker address"));
+  const auto* a = reinterpret_cast<const uint8_t*>(wa.address);
+  worker_address.assign(a, a + wa.address_length);
+  ucp_worker_release_address(worker, wa.address);
+  if (worker_address.empty() || worker_address.size() > kMaxBootstrapBody) {
+    return FailedPrecondition(fmt::format("UCX worker address of {} bytes (at most {})",
+                                          worker_address.size(), kMaxBootstrapBody));
+  }
+  if (opts.listen) KVPOOL_RETURN_IF_ERROR(Listen());
   std::string host = opts.advertise_host.empty() ? opts.listen_host : opts.advertise_host;
   address = host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port)
                                                   : fmt::format("{}:{}", host, port);
@@ -178,7 +186,10 @@ void UcxTransport::Core::Loop() {
     }
     if (progressed > 0) last_work = Clock::now();
     SubmitHandlers();
-    AcceptPending();
+    // Sockets are looked at once a millisecond while the thread is busy, and
+    // at once when their epoll set wakes a sleeping thread: accepts and
+    // bootstraps are rare, and a syscall per pass would slow a busy stream.
+    if (Clock::now() - last_sock_poll >= std::chrono::milliseconds(1)) PollSockets();
     CloseFailedEndpoints();
     ReapClosing();
     FireTimers();
@@ -188,7 +199,7 @@ void UcxTransport::Core::Loop() {
       std::lock_guard<std::mutex> lock(sub_mu);
       if (!submissions.empty()) continue;
     }
-    if (!closing.empty()) {
+    if (!closing.empty() || !lingering.empty()) {
       // Closing endpoints need progress but raise no event; poll briefly.
       epoll_event ev;
       epoll_wait(epoll_fd, &ev, 1, 1);
@@ -204,9 +215,10 @@ void UcxTransport::Core::Loop() {
     }
     ucs_status_t s = ucp_worker_arm(worker);
     if (s == UCS_ERR_BUSY) continue;
-    epoll_event evs[2];
-    int n = epoll_wait(epoll_fd, evs, 2, NextTimeoutMs());
+    epoll_event evs[3];
+    int n = epoll_wait(epoll_fd, evs, 3, NextTimeoutMs());
     for (int i = 0; i < n; ++i) {
+      if (evs[i].data.fd == sock_epoll_fd) last_sock_poll = {};
       if (evs[i].data.fd != wake_fd) continue;
       uint64_t drained;  // one read resets the eventfd counter
       ssize_t r = read(wake_fd, &drained, sizeof(drained));
@@ -216,12 +228,14 @@ void UcxTransport::Core::Loop() {
 }
 
 int UcxTransport::Core::NextTimeoutMs() const {
-  if (timers.empty()) return 1000;
+  // Bootstraps in flight have deadlines of their own, checked by PollSockets.
+  const int cap = pending.empty() && bootstrapping.empty() ? 1000 : 100;
+  if (timers.empty()) return cap;
   auto left = timers.begin()->first - Clock::now();
   if (left <= Clock::duration::zero()) return 0;
   // Round up so the thread does not wake just before the deadline and spin.
   auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
-  return static_cast<int>(std::min<int64_t>(ms, 1000));
+  return static_cast<int>(std::min<int64_t>(ms, cap));
 }
 
 void UcxTransport::Core::RunSubmissions() {
@@ -283,62 +297,6 @@ UcxTransport::Core::Endpoint* UcxTransport::Core::NewEndpoint(std::string peer, 
   return raw;
 }
 
-Result<uint64_t> UcxTransport::Core::ClientEndpoint(const std::string& peer,
-                                                    const sockaddr_storage& addr) {
-  auto found = client_eps.find(peer);
-  if (found != client_eps.end()) return found->second;
-  Endpoint* e = NewEndpoint(peer, /*client=*/true);
-  ucp_ep_params_t ep{};
-  ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                  UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-  ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-  ep.sockaddr.addrlen = AddrLen(addr);
-  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  ep.err_handler.cb = &OnEpError;
-  ep.err_handler.arg = e;
-  ucs_status_t s = ucp_ep_create(worker, &ep, &e->ep);
-  if (s != UCS_OK) {
-    endpoints.erase(e->id);
-    return FromUcs(s, "connect to " + peer);
-  }
-  ep_by_handle[e->ep] = e->id;
-  client_eps[peer] = e->id;
-  endpoints_gauge->Add(1);
-  return e->id;
-}
-
-void UcxTransport::Core::AcceptPending() {
-  for (ucp_conn_request_h req : pending_conns) {
-    if (stopping || endpoints.size() >= opts.max_endpoints) {
-      CountError("too_many_endpoints");
-      ucp_listener_reject(listener, req);
-      continue;
-    }
-    std::string peer = "unknown";
-    ucp_conn_request_attr_t ca{};
-    ca.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-    if (ucp_conn_request_query(req, &ca) == UCS_OK) peer = FormatAddr(ca.client_address);
-    Endpoint* e = NewEndpoint(peer, /*client=*/false);
-    ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.conn_request = req;
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep.err_handler.cb = &OnEpError;
-    ep.err_handler.arg = e;
-    ucs_status_t s = ucp_ep_create(worker, &ep, &e->ep);
-    if (s != UCS_OK) {
-      LogWarn("transport: accepting {} failed: {}", peer, ucs_status_string(s));
-      endpoints.erase(e->id);
-      continue;
-    }
-    ep_by_handle[e->ep] = e->id;
-    endpoints_gauge->Add(1);
-  }
-  pending_conns.clear();
-}
-
 void UcxTransport::Core::FailEndpoint(uint64_t ep_id, const Status& why) {
   auto it = endpoints.find(ep_id);
   if (it == endpoints.end() || it->second->failed) return;
@@ -346,6 +304,16 @@ void UcxTransport::Core::FailEndpoint(uint64_t ep_id, const Status& why) {
   e->failed = true;
   auto c = client_eps.find(e->peer);
   if (c != client_eps.end() && c->second == ep_id) client_eps.erase(c);
+  // Closing the bootstrap socket tells the other side at once.
+  if (e->fd >= 0) {
+    epoll_ctl(sock_epoll_fd, EPOLL_CTL_DEL, e->fd, nullptr);
+    ep_by_fd.erase(e->fd);
+    close(e->fd);
+    e->fd = -1;
+  }
+  if (e->token != 0 && !e->client) ep_by_token.erase(e->token);
+  bootstrapping.erase(ep_id);
+  e->waiting.clear();
   std::vector<uint64_t> ids(e->calls.begin(), e->calls.end());
   for (uint64_t id : ids) Settle(id, Reply{Unavailable(why.message()), {}, 0, {}});
   to_close.push_back(ep_id);
@@ -358,14 +326,40 @@ void UcxTransport::Core::CloseFailedEndpoints() {
     std::unique_ptr<Endpoint> e = std::move(it->second);
     endpoints.erase(it);
     endpoints_gauge->Add(-1);
-    ep_by_handle.erase(e->ep);
+    // A server endpoint owns no UCX endpoint; a client one may have none yet.
+    if (e->ep == nullptr) continue;
+    // The listener must see the bootstrap socket close (done in FailEndpoint)
+    // before UCX tears down its reply endpoint, so the UCX endpoint closes a
+    // little later; at once when a transfer still holds a caller's memory
+    // (its call waits for the close) or the transport stops.
+    auto due = stopping || !e->calls.empty() ? Clock::now() : Clock::now() + kCloseLinger;
+    lingering.emplace_back(due, std::move(e));
+  }
+  to_close.clear();
+  CloseLingering(/*all=*/stopping);
+}
+
+void UcxTransport::Core::CloseLingering(bool all) {
+  auto now = Clock::now();
+  for (size_t i = 0; i < lingering.size();) {
+    if (!all && lingering[i].first > now) {
+      ++i;
+      continue;
+    }
+    std::unique_ptr<Endpoint> e = std::move(lingering[i].second);
+    lingering[i] = std::move(lingering.back());
+    lingering.pop_back();
+    // UCX may have matched this endpoint with the one a peer's connection
+    // arrived on; that connection's replies stop here too.
+    for (auto& [id, other] : endpoints) {
+      if (other->reply_ep == e->ep) other->reply_ep = nullptr;
+    }
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_EP_CLOSE_FLAG_FORCE;  // the peer is gone or misbehaving: no flush
     ucs_status_ptr_t req = ucp_ep_close_nbx(e->ep, &p);
     if (UCS_PTR_IS_PTR(req)) closing.emplace_back(req, std::move(e));
   }
-  to_close.clear();
 }
 
 void UcxTransport::Core::ReapClosing() {
@@ -399,14 +393,28 @@ void UcxTransport::Core::StartCall(uint64_t id, std::string peer, Result<sockadd
   c.ep_id = *ep_id;
   Endpoint* e = endpoints[*ep_id].get();
   e->calls.insert(id);
+  if (e->ready) return SendRequest(id, *ep_id, std::move(am_header), payload);
+  // Held until the bootstrap is done; dropped with the endpoint if it fails
+  // (which settles the call), and a call settled meanwhile sends nothing.
+  e->waiting.push_back([this, id, ep = *ep_id, am_header = std::move(am_header), payload]() mutable {
+    auto it = calls.find(id);
+    if (it == calls.end() || it->second.verdict) return;
+    SendRequest(id, ep, std::move(am_header), payload);
+  });
+}
 
+void UcxTransport::Core::SendRequest(uint64_t id, uint64_t ep_id, std::vector<uint8_t> am_header,
+                                     std::span<const uint8_t> payload) {
+  CallState& c = calls[id];
+  Endpoint* e = endpoints[ep_id].get();
+  SetFrameConn(&am_header, e->token);
   auto* op = new SendOp{this, std::move(am_header), id, !payload.empty(), nullptr, 0};
   op->bytes = op->am_header.size() + payload.size();
   if (op->holds_ref) ++c.refs;
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                    UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = UCP_AM_SEND_FLAG_REPLY;
+  p.flags = UCP_AM_SEND_FLAG_REPLY;  // the listener answers on its reply endpoint
   p.cb.send = &OnSend;
   p.user_data = op;
   ucs_status_ptr_t sp = ucp_am_send_nbx(e->ep, kAmRequest, op->am_header.data(),
@@ -436,9 +444,24 @@ void UcxTransport::Core::SendDone(SendOp* op, ucs_status_t status) {
 }
 
 void UcxTransport::Core::SendReply(uint64_t ep_id, uint64_t request_id, MessageType type,
-                                   ServerReply r) {
+                                   Deadline deadline, ServerReply r) {
   auto it = endpoints.find(ep_id);
-  if (stopping || it == endpoints.end() || it->second->failed) {
+  Endpoint* e = it != endpoints.end() ? it->second.get() : nullptr;
+  // The reply endpoint is UCX's: it is destroyed once its connection fails,
+  // which the connector announces by closing the bootstrap socket first (a
+  // connector closes its UCX endpoint only after that socket, see
+  // CloseFailedEndpoints). So it is used only while that socket is open, and
+  // not for an answer past the caller's deadline, which nobody waits for.
+  bool usable = !stopping && e != nullptr && !e->failed && e->reply_ep != nullptr;
+  if (usable && !SocketOpen(e->fd)) {
+    FailEndpoint(ep_id, Unavailable("peer connection closed"));
+    usable = false;
+  }
+  if (usable && Clock::now() > deadline) {
+    CountError("reply_after_deadline");
+    usable = false;
+  }
+  if (!usable) {
     if (r.release) deferred.push_back(std::move(r.release));
     return;
   }
@@ -462,12 +485,10 @@ void UcxTransport::Core::SendReply(uint64_t ep_id, uint64_t request_id, MessageT
                         std::move(r.release), 0};
   op->bytes = op->am_header.size() + payload.size();
   ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                   UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = UCP_AM_SEND_FLAG_REPLY;
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.cb.send = &OnSend;
   p.user_data = op;
-  ucs_status_ptr_t sp = ucp_am_send_nbx(it->second->ep, kAmReply, op->am_header.data(),
+  ucs_status_ptr_t sp = ucp_am_send_nbx(e->reply_ep, kAmReply, op->am_header.data(),
                                         op->am_header.size(), payload.data(), payload.size(), &p);
   if (UCS_PTR_IS_PTR(sp)) {
     live_sends.insert(op);
@@ -509,30 +530,40 @@ void UcxTransport::Core::MaybeFinish(uint64_t id) {
   });
 }
 
-std::optional<uint64_t> UcxTransport::Core::EndpointOf(const ucp_am_recv_param_t* param) {
-  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return std::nullopt;
-  auto it = ep_by_handle.find(param->reply_ep);
-  if (it == ep_by_handle.end()) return std::nullopt;
-  return it->second;
-}
-
 ucs_status_t UcxTransport::Core::OnRequest(const void* header, size_t header_len, void* data,
                                            size_t len, const ucp_am_recv_param_t* param) {
-  std::optional<uint64_t> ep_id = EndpointOf(param);
-  if (!ep_id) {
-    CountError("unknown_endpoint");
-    return UCS_OK;
-  }
   Frame f;
   std::span<const uint8_t> hdr;
   const char* reason = "";
   Status st = DecodeIncoming(header, header_len, len, FrameKind::kRequest, &f, &hdr, &reason);
-  if (!st.ok()) {
-    // A peer that sends garbage is cut off; UCX drops a rendezvous we decline.
-    CountError(reason);
-    FailEndpoint(*ep_id, st);
+  // A request belongs to the connection whose token it carries; one with no
+  // live token came from no bootstrap this node finished (or one it has
+  // closed) and has nowhere to be answered.
+  auto tok = st.ok() ? ep_by_token.find(f.conn) : ep_by_token.end();
+  if (st.ok() && tok == ep_by_token.end()) {
+    CountError("unknown_connection");
     return UCS_OK;
   }
+  if (!st.ok()) {
+    // A peer that sends garbage is cut off: the connection its frame names,
+    // when the header is long enough to name one. UCX drops a rendezvous we
+    // decline.
+    CountError(reason);
+    if (header_len >= kFrameBytes) {
+      const auto* h = static_cast<const uint8_t*>(header) + 36;
+      uint32_t conn = h[0] | (h[1] << 8) | (h[2] << 16) | (uint32_t{h[3]} << 24);
+      auto it = ep_by_token.find(conn);
+      if (it != ep_by_token.end()) FailEndpoint(it->second, st);
+    }
+    return UCS_OK;
+  }
+  std::optional<uint64_t> ep_id = tok->second;
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+    CountError("no_reply_endpoint");
+    FailEndpoint(*ep_id, InvalidArgument("request without a reply endpoint"));
+    return UCS_OK;
+  }
+  endpoints[*ep_id]->reply_ep = param->reply_ep;
   bytes_received->Inc(header_len + len);
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
     auto* op = new RecvOp{this, true, 0, *ep_id, f, {hdr.begin(), hdr.end()}, {}};
@@ -556,6 +587,7 @@ ucs_status_t UcxTransport::Core::OnRequest(const void* header, size_t header_len
 
 void UcxTransport::Core::Dispatch(uint64_t ep_id, Frame frame, std::vector<uint8_t> header,
                                   std::vector<uint8_t> payload) {
+  Deadline deadline = Clock::now() + std::chrono::milliseconds(frame.budget_ms);
   Handler handler;
   {
     std::lock_guard<std::mutex> lock(handlers_mu);
@@ -563,7 +595,7 @@ void UcxTransport::Core::Dispatch(uint64_t ep_id, Frame frame, std::vector<uint8
     if (h != handlers.end()) handler = h->second;
   }
   if (!handler) {
-    SendReply(ep_id, frame.request_id, frame.type,
+    SendReply(ep_id, frame.request_id, frame.type, deadline,
               ServerReply{InvalidArgument("no handler for message type"), {}, {}, nullptr});
     return;
   }
@@ -571,18 +603,17 @@ void UcxTransport::Core::Dispatch(uint64_t ep_id, Frame frame, std::vector<uint8
   std::string peer = it != endpoints.end() ? it->second->peer : "unknown";
   std::weak_ptr<Core> weak = weak_from_this();
   auto responder = std::make_shared<Responder>(
-      [weak, ep_id, id = frame.request_id, type = frame.type](ServerReply r) {
+      [weak, ep_id, id = frame.request_id, type = frame.type, deadline](ServerReply r) {
         auto core = weak.lock();
         auto release = r.release;
         auto shared = std::make_shared<ServerReply>(std::move(r));
         if (core == nullptr ||
-            !core->Submit([c = core.get(), ep_id, id, type, shared] {
-              c->SendReply(ep_id, id, type, std::move(*shared));
+            !core->Submit([c = core.get(), ep_id, id, type, deadline, shared] {
+              c->SendReply(ep_id, id, type, deadline, std::move(*shared));
             })) {
           if (release) release();
         }
       });
-  Deadline deadline = Clock::now() + std::chrono::milliseconds(frame.budget_ms);
   auto run = [handler = std::move(handler), peer = std::move(peer), type = frame.type,
               header = std::move(header), payload = std::move(payload), deadline,
               responder]() mutable {
@@ -607,14 +638,12 @@ Status UcxTransport::Core::DecodeIncoming(const void* header, size_t header_len,
 
 ucs_status_t UcxTransport::Core::OnReply(const void* header, size_t header_len, void* data,
                                          size_t len, const ucp_am_recv_param_t* param) {
-  std::optional<uint64_t> ep_id = EndpointOf(param);
   Frame f;
   std::span<const uint8_t> hdr;
   const char* reason = "";
   Status st = DecodeIncoming(header, header_len, len, FrameKind::kReply, &f, &hdr, &reason);
   if (!st.ok()) {
     CountError(reason);
-    if (ep_id) FailEndpoint(*ep_id, st);
     return UCS_OK;
   }
   bytes_received->Inc(header_len + len);
@@ -691,9 +720,9 @@ void UcxTransport::Core::RecvDone(RecvOp* op, ucs_status_t status) {
 void UcxTransport::Core::Shutdown() {
   RunSubmissions();  // calls submitted before the stop fail; replies are dropped
   to_handle.clear();  // their responders answer Internal, which is dropped
-  if (listener != nullptr) ucp_listener_destroy(listener);
-  listener = nullptr;
-  AcceptPending();  // rejects
+  if (listen_fd >= 0) close(listen_fd);
+  listen_fd = -1;
+  while (!pending.empty()) ClosePending(pending.begin()->first);
   std::vector<uint64_t> ids;
   for (auto& [id, c] : calls) ids.push_back(id);
   for (uint64_t id : ids) Settle(id, Reply{Unavailable("transport shut down"), {}, 0, {}});
@@ -701,6 +730,7 @@ void UcxTransport::Core::Shutdown() {
   for (auto& [id, e] : endpoints) eps.push_back(id);
   for (uint64_t id : eps) FailEndpoint(id, Unavailable("transport shut down"));
   CloseFailedEndpoints();
+  CloseLingering(/*all=*/true);
   auto until = Clock::now() + opts.close_timeout;
   while ((!closing.empty() || !calls.empty()) && Clock::now() < until) {
     ucp_worker_progress(worker);
@@ -733,6 +763,7 @@ void UcxTransport::Core::Shutdown() {
   RunDeferred();
   endpoints.clear();
   if (epoll_fd >= 0) close(epoll_fd);
+  if (sock_epoll_fd >= 0) close(sock_epoll_fd);
 }
 
 }  // namespace kvpool::transport

@@ -19,6 +19,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "transport/bootstrap_format.h"
 #include "transport/peer_format.h"
 #include "transport/ucx_transport.h"
 
@@ -30,18 +31,43 @@ Result<sockaddr_storage> Resolve(const std::string& host, uint16_t port);
 socklen_t AddrLen(const sockaddr_storage& ss);
 bool SplitAddress(const std::string& a, std::string* host, uint16_t* port);
 std::string FormatAddr(const sockaddr_storage& ss);
+// The UCX_NET_DEVICES value for these options (see net_devices); empty keeps
+// UCX's choice.
+Result<std::string> NetDevices(const UcxTransportOptions& o);
 
 // Everything below marked "progress thread" is touched by that thread only,
 // which is why it needs no lock.
 struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
+  // One peer connection and its bootstrap TCP socket (kept open, silent, for
+  // the connection's life). A client endpoint owns the UCX endpoint it
+  // created to the listener's worker (from the welcome) and sends requests
+  // on it. A server endpoint creates nothing from what a connector sent: it
+  // answers on the reply endpoint UCX hands over with the connection's
+  // requests (reply_ep), which UCX owns and may destroy once that
+  // connection fails, so it is used only while the bootstrap socket is open
+  // (see SendReply).
   struct Endpoint {
     Core* core;
     uint64_t id;
-    ucp_ep_h ep = nullptr;
+    ucp_ep_h ep = nullptr;        // client: owned
+    ucp_ep_h reply_ep = nullptr;  // server: UCX's, not owned
     std::string peer;
     bool client = false;
     bool failed = false;
     std::unordered_set<uint64_t> calls;
+    int fd = -1;
+    uint32_t token = 0;
+    bool ready = false;                // client: welcome received, ep created
+    Deadline bootstrap_deadline{};     // client: until ready
+    std::vector<uint8_t> in;           // client: the welcome as it arrives
+    std::vector<uint8_t> out;          // bytes still to write on fd
+    std::vector<std::function<void()>> waiting;  // client: sends held until ready
+  };
+  // An accepted connection that has not finished its hello.
+  struct Pending {
+    Deadline deadline;
+    std::string peer;
+    std::vector<uint8_t> in;
   };
   struct CallState {
     ReplyCallback done;
@@ -88,6 +114,8 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
                                          "Peer message bytes received (headers and payloads)");
     endpoints_gauge = metrics->GetGauge("kvpool_transport_endpoints", "Open UCX endpoints");
     latency = metrics->GetHistogram("kvpool_transport_call_seconds", "Peer call latency");
+    bootstrapping_gauge = metrics->GetGauge("kvpool_transport_bootstrapping",
+                                            "Accepted peer-port connections in their bootstrap");
   }
 
   // ---- Any thread --------------------------------------------------------
@@ -104,6 +132,12 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
     ssize_t n = write(wake_fd, &one, sizeof(one));
     (void)n;  // a full eventfd counter already means "wake up"
     return true;
+  }
+  void CountRefused(const char* reason) {
+    metrics->GetCounter("kvpool_transport_bootstrap_refused_total",
+                        "Connections to the peer port closed before or during their bootstrap",
+                        {{"reason", reason}})
+        ->Inc();
   }
   void CountError(const char* reason) {
     metrics->GetCounter("kvpool_transport_errors_total", "Malformed or rejected peer messages",
@@ -137,16 +171,35 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   void SubmitHandlers();
   void FireTimers();
   void CloseFailedEndpoints();
+  void CloseLingering(bool all);
   void ReapClosing();
-  void AcceptPending();
   int NextTimeoutMs() const;
+
+  // ---- Progress thread: the peer port and bootstrap sockets (ucx_bootstrap.cc)
+  Status Listen();
+  void PollSockets();
+  void Accept();
+  void OnPendingReadable(int fd);
+  void Welcome(int fd, Pending p);
+  bool SocketOpen(int fd) const;
+  void Refuse(int fd, const char* reason, std::string_view message);
+  void ClosePending(int fd);
+  void OnEndpointSocket(uint64_t ep_id, uint32_t events);
+  bool FlushOut(Endpoint* e);
+  void ExpireBootstraps();
+  Result<ucp_ep_h> CreateUcpEndpoint(Endpoint* e, std::span<const uint8_t> worker_address);
+  Status WatchFd(int fd, uint32_t events);
+  uint32_t NewToken();
 
   void StartCall(uint64_t id, std::string peer, Result<sockaddr_storage> addr,
                  std::vector<uint8_t> am_header, std::span<const uint8_t> payload,
                  std::span<uint8_t> sink, Deadline deadline, ReplyCallback done);
   Result<uint64_t> ClientEndpoint(const std::string& peer, const sockaddr_storage& addr);
+  void SendRequest(uint64_t id, uint64_t ep_id, std::vector<uint8_t> am_header,
+                   std::span<const uint8_t> payload);
   Endpoint* NewEndpoint(std::string peer, bool client);
-  void SendReply(uint64_t ep_id, uint64_t request_id, MessageType type, ServerReply r);
+  void SendReply(uint64_t ep_id, uint64_t request_id, MessageType type, Deadline deadline,
+                 ServerReply r);
   void Settle(uint64_t id, Reply verdict);
   void MaybeFinish(uint64_t id);
   void FailEndpoint(uint64_t ep_id, const Status& why);
@@ -162,14 +215,10 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
                         Frame* f, std::span<const uint8_t>* hdr, const char** reason) const;
   ucs_status_t OnReply(const void* header, size_t header_len, void* data, size_t len,
                        const ucp_am_recv_param_t* param);
-  std::optional<uint64_t> EndpointOf(const ucp_am_recv_param_t* param);
 
   static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
     auto* e = static_cast<Endpoint*>(arg);
     e->core->FailEndpoint(e->id, FromUcs(status, "peer connection failed"));
-  }
-  static void OnConnRequest(ucp_conn_request_h req, void* arg) {
-    static_cast<Core*>(arg)->pending_conns.push_back(req);
   }
   static ucs_status_t OnRequestAm(void* arg, const void* h, size_t hl, void* d, size_t l,
                                   const ucp_am_recv_param_t* p) {
@@ -199,6 +248,7 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   Counter *calls_ok, *calls_timeout, *calls_unavailable, *calls_error;
   Counter *bytes_sent, *bytes_received;
   Gauge* endpoints_gauge;
+  Gauge* bootstrapping_gauge;
   Histogram* latency;
 
   std::mutex handlers_mu;
@@ -221,16 +271,26 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   int epoll_fd = -1;
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
-  ucp_listener_h listener = nullptr;
   ucp_mem_h mem = nullptr;
+  int listen_fd = -1;
+  int sock_epoll_fd = -1;  // the bootstrap sockets; itself watched by epoll_fd
+  Clock::time_point last_sock_poll{};
+  std::vector<uint8_t> worker_address;  // what a welcome carries
+  std::unordered_map<int, Pending> pending;        // accepted fd -> its bootstrap
+  std::unordered_map<int, uint64_t> ep_by_fd;      // endpoint sockets
+  std::unordered_map<uint32_t, uint64_t> ep_by_token;  // server endpoints
+  std::unordered_set<uint64_t> bootstrapping;      // client endpoints not ready yet
+  uint64_t rng_state = 0;
   bool stopping = false;
   uint64_t next_ep_id = 1;
   std::unordered_map<uint64_t, std::unique_ptr<Endpoint>> endpoints;
   std::unordered_map<std::string, uint64_t> client_eps;
-  std::unordered_map<ucp_ep_h, uint64_t> ep_by_handle;
   std::vector<uint64_t> to_close;
   std::vector<std::pair<void*, std::unique_ptr<Endpoint>>> closing;
-  std::vector<ucp_conn_request_h> pending_conns;
+  // Client endpoints whose UCX endpoint closes at the time given (see
+  // CloseFailedEndpoints).
+  std::vector<std::pair<Clock::time_point, std::unique_ptr<Endpoint>>> lingering;
+  static constexpr std::chrono::milliseconds kCloseLinger{20};
   std::unordered_map<uint64_t, CallState> calls;
   std::set<std::pair<Deadline, uint64_t>> timers;
   std::vector<std::function<void()>> deferred;  // user code, run outside ucp_worker_progress

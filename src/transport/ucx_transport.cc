@@ -13,6 +13,10 @@ Status UcxTransportOptions::Validate() const {
   if (limits.max_header_bytes == 0) return InvalidArgument("max_header_bytes is 0");
   if (limits.max_payload_bytes == 0) return InvalidArgument("max_payload_bytes is 0");
   if (max_endpoints == 0) return InvalidArgument("max_endpoints is 0");
+  if (max_bootstrapping == 0) return InvalidArgument("max_bootstrapping is 0");
+  if (bootstrap_timeout <= std::chrono::milliseconds(0)) {
+    return InvalidArgument("bootstrap_timeout must be positive");
+  }
   if (max_handler_batch == 0) return InvalidArgument("max_handler_batch is 0");
   if (progress_spin < std::chrono::microseconds(0) || progress_spin > std::chrono::milliseconds(10)) {
     return InvalidArgument("progress_spin must be within 0..10 ms");

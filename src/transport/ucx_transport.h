@@ -6,6 +6,14 @@
 // through a submission queue and an eventfd, and it sleeps in epoll on the
 // worker's event fd when idle. It also enforces call deadlines.
 //
+// Connections start on kvpool's own TCP listener, the peer port: a short,
+// bounded bootstrap (bootstrap_format.h) gives the connector the listener's
+// UCX worker address and a connection token, and its TCP connection then
+// stays open beside the UCX endpoint as the connection's liveness signal.
+// Nothing a connector sends is handed to UCX: the listener answers on the
+// reply endpoint UCX gives it with each request. UCX's own TCP listener is
+// confined to the interface of listen_host (net_devices).
+//
 // Requests and replies are active messages (peer_format.h); payloads above
 // UCX's rendezvous threshold go by rendezvous and land directly in the
 // receiver's buffer (the caller's sink for replies), zero-copy where the
@@ -33,16 +41,33 @@
 namespace kvpool::transport {
 
 struct UcxTransportOptions {
-  // Address the listener binds ("0.0.0.0" for all) and its port (0: any free).
+  // Address the peer port binds ("0.0.0.0" for all) and its port (0: any
+  // free). The peer port is kvpool's own TCP listener: it reads nothing but
+  // the bootstrap (bootstrap_format.h) and is bound with SO_REUSEADDR, so a
+  // restarted node takes its port back at once.
   std::string listen_host = "127.0.0.1";
   uint16_t listen_port = 0;
+  // False: a client-only transport (the remote-mode client) with no peer
+  // port; it can call nodes but nobody can call it.
+  bool listen = true;
+  // UCX network devices (the UCX_NET_DEVICES value, e.g. "eth0" or
+  // "mlx5_0:1"). Empty: the interface that holds listen_host, so UCX's own
+  // TCP listener sits on the configured address only; UCX's choice (every
+  // device) when listen_host is a wildcard or the transport does not listen.
+  std::string net_devices;
+  // A connection to the peer port must finish its bootstrap within this, and
+  // at most max_bootstrapping connections may be in their bootstrap at once
+  // (more are refused at accept): a flood of idle or slow connections costs a
+  // bounded number of sockets for a bounded time.
+  std::chrono::milliseconds bootstrap_timeout{3000};
+  uint32_t max_bootstrapping = 128;
   // Host put in address(); empty means listen_host.
   std::string advertise_host;
   // UCX transports (the UCX_TLS value, e.g. "tcp" or "rc,sm"), applied with
   // ucp_config_modify; empty keeps UCX's choice (and the environment's).
   std::string tls;
   TransportLimits limits;
-  // Open connections accepted at most; more are rejected (a pre-auth cap).
+  // Open peer connections (both directions) at most; more are refused.
   uint32_t max_endpoints = 4096;
   // Where handlers run; null runs them on the progress thread (they must then
   // be quick and non-blocking). Not owned; must outlive the transport.

@@ -1,0 +1,311 @@
+// The peer port as an attacker and an operator see it, against real nodes:
+// no byte sequence sent to any TCP port a node listens on kills it, the node
+// listens on its configured address only, and a killed node takes its peer
+// port back at once.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "harness/cluster_harness.h"
+#include "transport/bootstrap_format.h"
+
+namespace kvpool::testing {
+namespace {
+
+struct Listener {
+  std::string host;  // dotted quad, or "v6" for any IPv6 listener
+  int port = 0;
+};
+
+// The TCP sockets in LISTEN state that process pid holds, from /proc.
+std::vector<Listener> ListeningSockets(pid_t pid) {
+  std::set<std::string> inodes;
+  std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
+  if (DIR* d = opendir(fd_dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      char target[256] = {};
+      std::string link = fd_dir + "/" + e->d_name;
+      ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
+      if (n > 0 && std::strncmp(target, "socket:[", 8) == 0) {
+        inodes.insert(std::string(target + 8, target + n - 1));
+      }
+    }
+    closedir(d);
+  }
+  std::vector<Listener> out;
+  for (const char* table : {"tcp", "tcp6"}) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/net/" + table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream row(line);
+      std::string sl, local, remote, state, queues, tr, retr, uid, timeout, inode;
+      row >> sl >> local >> remote >> state >> queues >> tr >> retr >> uid >> timeout >> inode;
+      if (state != "0A" || !inodes.contains(inode)) continue;
+      size_t colon = local.find(':');
+      Listener l;
+      l.port = static_cast<int>(std::stoul(local.substr(colon + 1), nullptr, 16));
+      if (std::string(table) == "tcp") {
+        in_addr a;
+        a.s_addr = static_cast<uint32_t>(std::stoul(local.substr(0, colon), nullptr, 16));
+        l.host = inet_ntoa(a);
+      } else {
+        l.host = "v6";
+      }
+      out.push_back(l);
+    }
+  }
+  return out;
+}
+
+bool Alive(pid_t pid) {
+  int status = 0;
+  return waitpid(pid, &status, WNOHANG) == 0 && kill(pid, 0) == 0;
+}
+
+// Connects, sends bytes (possibly in pieces), then closes: with a reset
+// half of the time so the test leaves few TIME_WAIT sockets behind.
+void SendAndClose(int port, const std::vector<uint8_t>& bytes, std::mt19937_64& rng) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    size_t off = 0;
+    while (off < bytes.size()) {
+      size_t piece = std::min<size_t>(bytes.size() - off, 1 + rng() % (bytes.size() + 1));
+      ssize_t n = send(fd, bytes.data() + off, piece, MSG_NOSIGNAL);
+      if (n <= 0) break;
+      off += static_cast<size_t>(n);
+    }
+    if (rng() % 2 == 0) {
+      linger lg{1, 0};
+      setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    }
+  }
+  close(fd);
+}
+
+// A real UCX worker address (network devices only), as a peer's hello
+// would carry it.
+std::vector<uint8_t> RealWorkerAddress() {
+  ucp_params_t p{};
+  p.field_mask = UCP_PARAM_FIELD_FEATURES;
+  p.features = UCP_FEATURE_AM;
+  ucp_context_h ctx = nullptr;
+  ucp_config_t* cfg = nullptr;
+  if (ucp_config_read(nullptr, nullptr, &cfg) != UCS_OK) return {};
+  ucp_config_modify(cfg, "NET_DEVICES", "lo");
+  ucs_status_t s = ucp_init(&p, cfg, &ctx);
+  ucp_config_release(cfg);
+  if (s != UCS_OK) return {};
+  ucp_worker_params_t wp{};
+  ucp_worker_h w = nullptr;
+  std::vector<uint8_t> out;
+  if (ucp_worker_create(ctx, &wp, &w) == UCS_OK) {
+    ucp_worker_attr_t wa{};
+    wa.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS | UCP_WORKER_ATTR_FIELD_ADDRESS_FLAGS;
+    wa.address_flags = UCP_WORKER_ADDRESS_FLAG_NET_ONLY;
+    if (ucp_worker_query(w, &wa) == UCS_OK) {
+      const auto* b = reinterpret_cast<const uint8_t*>(wa.address);
+      out.assign(b, b + wa.address_length);
+      ucp_worker_release_address(w, wa.address);
+    }
+    ucp_worker_destroy(w);
+  }
+  ucp_cleanup(ctx);
+  return out;
+}
+
+// 73 bytes: a little-endian u64 length, a status byte, 64 bytes of anything.
+std::vector<uint8_t> LengthProbe(uint64_t length, std::mt19937_64& rng) {
+  std::vector<uint8_t> m(73);
+  std::memcpy(m.data(), &length, 8);
+  for (size_t i = 8; i < m.size(); ++i) m[i] = static_cast<uint8_t>(rng());
+  return m;
+}
+
+std::vector<uint8_t> Mutate(std::vector<uint8_t> m, std::mt19937_64& rng) {
+  switch (rng() % 6) {
+    case 0:  // flip bits
+      for (int i = 0, n = 1 + static_cast<int>(rng() % 8); i < n && !m.empty(); ++i) {
+        m[rng() % m.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
+      }
+      break;
+    case 1:  // overwrite bytes
+      for (int i = 0, n = 1 + static_cast<int>(rng() % 16); i < n && !m.empty(); ++i) {
+        m[rng() % m.size()] = static_cast<uint8_t>(rng());
+      }
+      break;
+    case 2:  // truncate
+      m.resize(rng() % (m.size() + 1));
+      break;
+    case 3:  // extend with garbage
+      for (int i = 0, n = 1 + static_cast<int>(rng() % 256); i < n; ++i) {
+        m.push_back(static_cast<uint8_t>(rng()));
+      }
+      break;
+    case 4: {  // a boundary value in a length-sized field
+      static const uint32_t kEdges[] = {0, 1, 15, 16, 4095, 4096, 4097, 0x7FFFFFFF, 0xFFFFFFFF};
+      uint32_t v = kEdges[rng() % std::size(kEdges)];
+      if (m.size() >= 4) std::memcpy(m.data() + (rng() % (m.size() - 3)), &v, 4);
+      break;
+    }
+    default:  // the address body replaced by random bytes of the same length
+      for (size_t i = transport::kBootstrapHeaderBytes; i < m.size(); ++i) {
+        m[i] = static_cast<uint8_t>(rng());
+      }
+  }
+  return m;
+}
+
+TEST(PeerPort, GarbageOnEveryListeningPortNeverKillsANode) {
+  StaticCluster c;
+  ASSERT_TRUE(c.PickPorts({"a", "b"}));
+  ASSERT_TRUE(c.StartNodes({"a", "b"}));
+  NodeProcess& a = *c.nodes[0];
+
+  // Values on b, read through a: peer traffic runs before and after.
+  kvpool_client* cb = OpenLocal(*c.nodes[1], /*copy_mode=*/true);
+  kvpool_client* ca = OpenLocal(a, /*copy_mode=*/true);
+  ASSERT_NE(cb, nullptr);
+  ASSERT_NE(ca, nullptr);
+  auto ids = NumberedKeys("fuzz", "k", 32);
+  ByteValues vals;
+  for (size_t i = 0; i < ids.size(); ++i) vals.push_back(Pattern(i, 4096 + i));
+  std::vector<kvpool_status> st(ids.size(), KVPOOL_OK);
+  ASSERT_EQ(PutValues(cb, ids, vals, &st), KVPOOL_OK);
+  ASSERT_TRUE(WaitFor(std::chrono::seconds(10), [&] { return AllHit(GetValues(ca, ids, 8192)); }));
+
+  // The node listens on the configured loopback address only: its admin
+  // port, its peer port and UCX's own TCP listener, nothing on IPv6 or on
+  // another interface.
+  std::vector<Listener> ls = ListeningSockets(a.pid());
+  std::set<int> ports;
+  for (const Listener& l : ls) {
+    EXPECT_EQ(l.host, "127.0.0.1") << "port " << l.port;
+    ports.insert(l.port);
+  }
+  EXPECT_TRUE(ports.contains(a.admin_port()));
+  EXPECT_TRUE(ports.contains(c.ports[0]));
+  std::string listed;
+  for (int p : ports) listed += std::to_string(p) + " ";
+  std::printf("LISTENERS %s(admin %d, peer %d)\n", listed.c_str(), a.admin_port(), c.ports[0]);
+
+  std::mt19937_64 rng(0xC0FFEE);
+  const std::vector<uint8_t> valid_hello = transport::EncodeBootstrap({});
+  // A welcome-shaped message with a real UCX worker address: the listener
+  // takes nothing but a hello, and never hands a sender's bytes to UCX.
+  transport::BootstrapMessage welcome;
+  welcome.kind = transport::BootstrapKind::kWelcome;
+  welcome.token = 1;
+  welcome.body = RealWorkerAddress();
+  ASSERT_FALSE(welcome.body.empty());
+  const std::vector<uint8_t> valid_welcome = transport::EncodeBootstrap(welcome);
+  const uint64_t kBadLengths[] = {0, 1, 56, ~uint64_t{0} - 15, ~uint64_t{0}};
+  constexpr int kMessages = 10000;
+  int sent = 0;
+  for (int port : ports) {
+    for (uint64_t len : kBadLengths) SendAndClose(port, LengthProbe(len, rng), rng);
+    for (int i = 0; i < kMessages; ++i) {
+      std::vector<uint8_t> m;
+      switch (i % 4) {
+        case 0:  // random bytes of a random length
+          m.resize(rng() % 512);
+          for (auto& b : m) b = static_cast<uint8_t>(rng());
+          break;
+        case 1:
+          m = Mutate(LengthProbe(rng() % 128, rng), rng);
+          break;
+        case 2:
+          m = Mutate(valid_hello, rng);
+          break;
+        default:
+          m = Mutate(valid_welcome, rng);
+      }
+      SendAndClose(port, m, rng);
+      ++sent;
+      if (i % 1000 == 999) {
+        ASSERT_TRUE(Alive(a.pid())) << "died on port " << port << "\n" << a.Log();
+      }
+    }
+  }
+  ASSERT_TRUE(Alive(a.pid())) << a.Log();
+  // A whole valid hello from a stranger is welcomed and then closed by it:
+  // harmless.
+  for (int i = 0; i < 20; ++i) SendAndClose(c.ports[0], valid_hello, rng);
+
+  int http = 0;
+  a.HttpGet("/healthz", &http);
+  EXPECT_EQ(http, 200);
+  EXPECT_GT(a.Metric("kvpool_transport_bootstrap_refused_total{reason=\"bad_magic\"}"), 0);
+  // Peers still talk: b's values read through a, byte-exact, and new ones too.
+  auto more = NumberedKeys("fuzz", "after", 16);
+  ByteValues more_vals;
+  for (size_t i = 0; i < more.size(); ++i) more_vals.push_back(Pattern(1000 + i, 2048));
+  std::vector<kvpool_status> st2(more.size(), KVPOOL_OK);
+  ASSERT_EQ(PutValues(cb, more, more_vals, &st2), KVPOOL_OK);
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(GetValues(ca, ids, 8192), vals));
+  ASSERT_TRUE(WaitFor(std::chrono::seconds(10), [&] { return AllHit(GetValues(ca, more, 4096)); }));
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(GetValues(ca, more, 4096), more_vals));
+  std::printf("SUMMARY {\"ports\":%zu,\"messages\":%d,\"alive\":true}\n", ports.size(), sent);
+  kvpool_close(ca);
+  kvpool_close(cb);
+}
+
+TEST(PeerPort, KilledNodeRestartsOnItsPeerPortAtOnce) {
+  StaticCluster c;
+  ASSERT_TRUE(c.PickPorts({"a", "b"}));
+  ASSERT_TRUE(c.StartNodes({"a", "b"}));
+  kvpool_client* ca = OpenLocal(*c.nodes[0], /*copy_mode=*/true);
+  ASSERT_NE(ca, nullptr);
+  for (int round = 0; round < 3; ++round) {
+    // Connections to b's peer port are open (a read through a) when it dies.
+    auto ids = NumberedKeys("restart", "r" + std::to_string(round) + "-", 8);
+    ByteValues vals;
+    for (size_t i = 0; i < ids.size(); ++i) vals.push_back(Pattern(round * 100 + i, 1024));
+    {
+      kvpool_client* cb = OpenLocal(*c.nodes[1], /*copy_mode=*/true);
+      ASSERT_NE(cb, nullptr);
+      std::vector<kvpool_status> st(ids.size(), KVPOOL_OK);
+      ASSERT_EQ(PutValues(cb, ids, vals, &st), KVPOOL_OK);
+      ASSERT_TRUE(
+          WaitFor(std::chrono::seconds(10), [&] { return AllHit(GetValues(ca, ids, 2048)); }));
+      kvpool_close(cb);
+    }
+    c.nodes[1]->Stop(round == 0 ? SIGTERM : SIGKILL);
+    auto t0 = std::chrono::steady_clock::now();
+    std::string log;
+    c.nodes[1] = NodeProcess::Start({"--node-id", "b", "--peers", c.members, "--peer-port",
+                                     std::to_string(c.ports[1])},
+                                    "", &log);
+    ASSERT_NE(c.nodes[1], nullptr) << log;
+    std::printf("RESTART round %d serving after %lld ms\n", round,
+                static_cast<long long>(MsSince(t0)));
+    // The new b serves its peers: a value put on it reads through a.
+    kvpool_client* cb = OpenLocal(*c.nodes[1], /*copy_mode=*/true);
+    ASSERT_NE(cb, nullptr);
+    std::vector<kvpool_status> st(ids.size(), KVPOOL_OK);
+    ASSERT_EQ(PutValues(cb, ids, vals, &st), KVPOOL_OK);
+    ASSERT_TRUE(WaitFor(std::chrono::seconds(10), [&] { return AllHit(GetValues(ca, ids, 2048)); }));
+    ASSERT_NO_FATAL_FAILURE(ExpectValues(GetValues(ca, ids, 2048), vals));
+    kvpool_close(cb);
+  }
+  kvpool_close(ca);
+}
+
+}  // namespace
+}  // namespace kvpool::testing
