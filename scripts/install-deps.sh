@@ -13,7 +13,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # integration tests and benchmarks
   etcd-server etcd-client redis-server redis-tools prometheus fio iperf3
-  chromium curl procps iproute2 util-linux
+  chromium curl procps iproute2 iptables util-linux
   # python package and connectors (pip/setuptools/wheel/venv: offline pip install ./python)
   python3 python3-numpy python3-pytest python3-torch
   python3-pip python3-setuptools python3-wheel python3-venv
