@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <ucp/api/ucp.h>
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <random>
 #include <set>
+#include <thread>
 #include <sstream>
 
 #include "harness/cluster_harness.h"
@@ -305,6 +307,174 @@ TEST(PeerPort, KilledNodeRestartsOnItsPeerPortAtOnce) {
     kvpool_close(cb);
   }
   kvpool_close(ca);
+}
+
+
+long RssKiB(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
+
+double P99(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(0.99 * static_cast<double>(v.size())))];
+}
+
+int DialLoopback(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A value put on b and read through a: the read is a remote fetch over the
+// peer connection a holds to b. Returns the read's milliseconds (-1: miss).
+double RemoteReadMs(kvpool_client* on_b, kvpool_client* on_a, const std::string& name) {
+  auto id = NumberedKeys("slowpeer", name, 1);
+  ByteValues v = {Pattern(std::hash<std::string>()(name), 16384)};
+  std::vector<kvpool_status> st(1, KVPOOL_OK);
+  if (PutValues(on_b, id, v, &st) != KVPOOL_OK || st[0] != KVPOOL_OK) return -1;
+  // The directory publish is asynchronous: wait until the home knows.
+  for (int tries = 0; tries < 200; ++tries) {
+    auto t0 = std::chrono::steady_clock::now();
+    MaybeByteValues got = GetValues(on_a, id, 16384);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (got[0]) return *got[0] == v[0] ? ms : -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return -1;
+}
+
+// 2,000 idle and 2,000 one-byte-every-2-s connections on b's peer port: the
+// established peer connection a -> b keeps its latency, b's /healthz answers,
+// a new peer gets in once the bootstrap slots free, the flood is reaped by the
+// bootstrap deadline, and b's memory barely moves.
+TEST(PeerPort, IdleAndTricklingConnectionsCostBoundedSlotsForABoundedTime) {
+  rlimit rl{65536, 65536};
+  setrlimit(RLIMIT_NOFILE, &rl);
+  StaticCluster c;
+  ASSERT_TRUE(c.PickPorts({"a", "b"}));
+  ASSERT_TRUE(c.StartNodes({"a", "b"}));
+  NodeProcess& b = *c.nodes[1];
+  kvpool_client* ca = OpenLocal(*c.nodes[0], /*copy_mode=*/true);
+  kvpool_client* cb = OpenLocal(b, /*copy_mode=*/true);
+  ASSERT_NE(ca, nullptr);
+  ASSERT_NE(cb, nullptr);
+  std::vector<double> base, during;
+  for (int i = 0; i < 400; ++i) {
+    double ms = RemoteReadMs(cb, ca, "base-" + std::to_string(i));
+    ASSERT_GE(ms, 0) << i;
+    base.push_back(ms);
+  }
+  long rss0 = RssKiB(b.pid());
+
+  constexpr int kEach = 2000;
+  std::vector<int> idle, trickle;
+  for (int i = 0; i < kEach; ++i) {
+    int fd = DialLoopback(c.ports[1]);
+    if (fd >= 0) idle.push_back(fd);
+    fd = DialLoopback(c.ports[1]);
+    if (fd >= 0) trickle.push_back(fd);
+  }
+  const std::vector<uint8_t> hello = transport::EncodeBootstrap({});
+  std::atomic<bool> stop{false};
+  // One byte of a hello every 2 s on each trickling connection (a valid
+  // prefix, so the node can only wait for the rest or give up on it).
+  std::thread trickler([&] {
+    for (size_t byte = 0; byte < hello.size() && !stop; ++byte) {
+      for (int fd : trickle) send(fd, &hello[byte], 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      for (int i = 0; i < 20 && !stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  auto flood_t0 = std::chrono::steady_clock::now();
+  std::vector<double> healthz;
+  for (int i = 0; i < 400; ++i) {
+    double ms = RemoteReadMs(cb, ca, "flood-" + std::to_string(i));
+    EXPECT_GE(ms, 0) << i;
+    during.push_back(ms);
+    auto t0 = std::chrono::steady_clock::now();
+    int http = 0;
+    b.HttpGet("/healthz", &http);
+    EXPECT_EQ(http, 200);
+    healthz.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  // A peer that connects now (a, killed and started again) reaches b once
+  // the bootstrap slots free.
+  kvpool_close(ca);
+  c.nodes[0]->Stop(SIGKILL);
+  std::string log;
+  c.nodes[0] = NodeProcess::Start(
+      {"--node-id", "a", "--peers", c.members, "--peer-port", std::to_string(c.ports[0])}, "", &log);
+  ASSERT_NE(c.nodes[0], nullptr) << log;
+  kvpool_client* cc = OpenLocal(*c.nodes[0], /*copy_mode=*/true);
+  ASSERT_NE(cc, nullptr);
+  double c_ms = -1;
+  auto c_t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 100 && c_ms < 0; ++i) c_ms = RemoteReadMs(cb, cc, "newpeer-" + std::to_string(i));
+  double c_in_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c_t0).count();
+  EXPECT_GE(c_ms, 0) << "a new peer never read through b";
+  // Every flood connection is closed by b within its bootstrap deadline
+  // (3 s) of its accept, plus the slack of one sweep.
+  bool reaped = WaitFor(std::chrono::seconds(10), [&] {
+    return b.Metric("kvpool_transport_bootstrapping") == 0;
+  });
+  double reaped_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - flood_t0).count();
+  // Closed by b: a refusal's bytes (if any), then end of stream or a reset.
+  size_t closed_by_b = 0;
+  for (int fd : idle) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0) {
+    }
+    closed_by_b += n == 0 || (n < 0 && errno == ECONNRESET);
+  }
+  long rss1 = RssKiB(b.pid());
+  stop = true;
+  trickler.join();
+  for (int fd : idle) close(fd);
+  for (int fd : trickle) close(fd);
+
+  double refused = b.Metric("kvpool_transport_bootstrap_refused_total{reason=\"too_many_bootstrapping\"}");
+  double timed_out = b.Metric("kvpool_transport_bootstrap_refused_total{reason=\"bootstrap_timeout\"}");
+  std::sort(base.begin(), base.end());
+  std::sort(during.begin(), during.end());
+  std::printf("GETS base p50 %.3f p90 %.3f max %.3f; flood p50 %.3f p90 %.3f max %.3f\n",
+              base[base.size() / 2], base[base.size() * 9 / 10], base.back(),
+              during[during.size() / 2], during[during.size() * 9 / 10], during.back());
+  std::printf("SUMMARY {\"flood\":%zu,\"remote_get_p99_ms\":{\"base\":%.3f,\"flood\":%.3f},"
+              "\"healthz_p99_ms\":%.2f,\"new_peer_in_ms\":%.0f,\"reaped_all_ms\":%.0f,"
+              "\"idle_closed_by_node\":%zu,\"refused_at_accept\":%.0f,\"bootstrap_timeouts\":%.0f,"
+              "\"rss_growth_kib\":%ld}\n",
+              idle.size() + trickle.size(), P99(base), P99(during), P99(healthz), c_in_ms, reaped_ms,
+              closed_by_b, refused, timed_out, rss1 - rss0);
+  EXPECT_EQ(idle.size() + trickle.size(), 2u * kEach);
+  EXPECT_TRUE(reaped);
+  EXPECT_EQ(closed_by_b, idle.size());
+  // Every flood connection was refused at accept or timed out in its
+  // bootstrap (and the restarted a may have been refused a few times too).
+  EXPECT_GE(refused + timed_out, 2.0 * kEach);
+  EXPECT_LE(P99(healthz), 100.0);
+  // Within 2x of the baseline, with a 2 ms floor as in the local socket's
+  // test: on a shared 2-core machine the flood's own kernel work (4,000
+  // connects, resets) lands on the same cores, and the p99 of sub-ms
+  // baselines moves by that much with no flood at all (p50 and p90 are
+  // printed above).
+  EXPECT_LE(P99(during), std::max(2 * P99(base), 2.0));
+  EXPECT_LE(rss1 - rss0, 64 * 1024);
+  kvpool_close(cc);
+  kvpool_close(cb);
 }
 
 }  // namespace

@@ -123,13 +123,15 @@ Status UcxTransport::Core::Listen() {
 
 void UcxTransport::Core::PollSockets() {
   last_sock_poll = Clock::now();
+  bool accepted = false;  // once per pass (the listener stays ready while more wait)
   epoll_event evs[64];
   for (int round = 0; round < 16; ++round) {
     int n = epoll_wait(sock_epoll_fd, evs, 64, 0);
     for (int i = 0; i < n; ++i) {
       int fd = evs[i].data.fd;
       if (fd == listen_fd) {
-        Accept();
+        if (!accepted) Accept();
+        accepted = true;
       } else if (pending.contains(fd)) {
         OnPendingReadable(fd);
       } else if (auto it = ep_by_fd.find(fd); it != ep_by_fd.end()) {
@@ -142,7 +144,9 @@ void UcxTransport::Core::PollSockets() {
 }
 
 void UcxTransport::Core::Accept() {
-  for (int i = 0; i < 256; ++i) {
+  // A few per pass: a flood of connections is taken in slices between UCX
+  // progress passes, so established connections keep their latency.
+  for (int i = 0; i < 16; ++i) {
     sockaddr_storage ss{};
     socklen_t len = sizeof(ss);
     int fd = accept4(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len,
