@@ -1,5 +1,5 @@
 // FaultDevice: wraps a Device and injects faults, set at runtime from any
-// thread (RELIABILITY.md's FaultIO): EIO on reads or writes with a
+// thread (docs/reliability.md, "Fault-injection seams"): EIO on reads or writes with a
 // probability, bit flips in data read, torn writes (only a prefix of each
 // write reaches the device), added latency, a full disk (writes fail with
 // ENOSPC once a byte budget is spent), and a power cut (undo every write not
