@@ -97,6 +97,14 @@ Status UcxTransport::Core::Init() {
   Result<std::string> devices = NetDevices(opts);
   Status st = devices.ok() ? modify("TLS", opts.tls, "UCX TLS setting") : devices.status();
   if (st.ok()) st = modify("NET_DEVICES", *devices, "UCX network devices");
+  // Without an RMA lane (UCX gives none to TCP endpoints made from worker
+  // addresses), a rendezvous payload moves as active-message segments of
+  // this size (UCX's default 8 KiB).
+  if (st.ok() && opts.tcp_segment_bytes > 0) {
+    std::string seg = std::to_string(opts.tcp_segment_bytes);
+    st = modify("TX_SEG_SIZE", seg, "UCX TCP segment size");
+    if (st.ok()) st = modify("RX_SEG_SIZE", seg, "UCX TCP segment size");
+  }
   if (!st.ok()) {
     ucp_config_release(config);
     return st;

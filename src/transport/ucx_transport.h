@@ -55,6 +55,10 @@ struct UcxTransportOptions {
   // TCP listener sits on the configured address only; UCX's choice (every
   // device) when listen_host is a wildcard or the transport does not listen.
   std::string net_devices;
+  // UCX TCP send and receive segment size (0: UCX's default, 8 KiB). A
+  // large payload moves in segments of this size; larger segments cost
+  // memory per receiving connection and carry bulk transfers faster.
+  size_t tcp_segment_bytes = 256 * 1024;
   // A connection to the peer port must finish its bootstrap within this, and
   // at most max_bootstrapping connections may be in their bootstrap at once
   // (more are refused at accept): a flood of idle or slow connections costs a
