@@ -15,6 +15,8 @@ Pure functions; thread-safe.
 import hashlib
 from array import array
 
+from ._dtypes import dtype_name
+
 HASH_BYTES = 32
 _ROOT = hashlib.sha256(b"kvpool/vllm/block-hash/v1").digest()
 
@@ -75,10 +77,6 @@ class BlockHasher:
         return self.hashes[:num_blocks]
 
 
-def _dtype_name(dtype):
-    return str(dtype).replace("torch.", "")
-
-
 def _call(obj, name, *args):
     fn = getattr(obj, name, None)
     if not callable(fn):
@@ -98,7 +96,7 @@ def namespace(vllm_config, override=None):
     pc = vllm_config.parallel_config
     use_mla = bool(getattr(mc, "use_mla", False))
     cache_dtype = getattr(cc, "cache_dtype", "auto") or "auto"
-    dtype = cache_dtype if cache_dtype != "auto" else _dtype_name(getattr(mc, "dtype", "auto"))
+    dtype = cache_dtype if cache_dtype != "auto" else dtype_name(getattr(mc, "dtype", "auto"))
     parts = ["kvpool-vllm/1",
              "model=" + str(override or mc.model),
              "rev=" + str(getattr(mc, "revision", None) or ""),

@@ -13,17 +13,20 @@ or, with older LMCache, the same plugin entries plus `remote_url: kvpool://`.
 URLs; `class_name: KvpoolRemoteConnector` also works (LMCache then builds
 the connector itself, without the engine metadata, so stored headers are
 only checked for self-consistency). Settings, URL query over plugin
-settings over defaults: `socket` (else env KVPOOL_SOCKET, else the
-library's default), `remote` (peer list: remote mode), `namespace`
-(default `lmcache`), `timeout_ms` (5000), `io_threads` (4),
-`retry_interval_s` (1.0). `kvpool://host:port[,host:port]` selects remote
-mode, `kvpool:///path/to.sock` a socket.
+settings over defaults, the connectors' shared names
+(kvpool.integrations._session) plus `io_threads`: `socket` (else env
+KVPOOL_SOCKET, else the library's default), `remote` (peer list: remote
+mode), `namespace` (default `lmcache`), `timeout_ms` (5000), `io_threads`
+(4), `retry_interval_ms` (1000; alias `retry_interval_s`, in seconds).
+`kvpool://host:port[,host:port]` selects remote mode, `kvpool:///path/to.sock`
+a socket.
 
 Each chunk is stored under `key.to_string()` as a small header (shape,
 dtype, format) plus the raw bytes (see `_lmcache_format`). Every native call
 runs on the connector's own thread pool, never on LMCache's event loop. A
 node that is down, goes away or times out makes gets and lookups misses and
-puts no-ops (retried after `retry_interval_s`); no exception reaches LMCache.
+puts no-ops, as in every connector (the Session: while no node was reached,
+a connect is tried every `retry_interval_ms`); no exception reaches LMCache.
 A header whose layout does not match the engine's (`metadata.kv_shape`,
 `kv_dtype`, MLA or not) is a miss. Thread-safe.
 """
@@ -32,8 +35,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import List, Optional, Sequence
 from urllib.parse import parse_qs, unquote, urlparse
 
@@ -44,6 +46,8 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 import kvpool
 from kvpool.integrations import _lmcache_format as fmt
+from kvpool.integrations._dtypes import dtype_name, element_size
+from kvpool.integrations._session import Session, SessionSettings
 
 logger = logging.getLogger(__name__)
 
@@ -52,19 +56,17 @@ PLUGIN_TYPE = "kvpool"
 
 
 @dataclass
-class KvpoolSettings:
-    socket: Optional[str] = None
-    remote: Optional[str] = None
-    namespace: str = "lmcache"
-    timeout_ms: int = 5000
-    io_threads: int = 4
-    retry_interval_s: float = 1.0
+class KvpoolSettings(SessionSettings):
+    """The shared settings, LMCache's defaults, and io_threads."""
 
-    def update(self, values: dict) -> None:
-        convert = {"timeout_ms": int, "io_threads": int, "retry_interval_s": float}
-        for f in fields(self):
-            if values.get(f.name) is not None:
-                setattr(self, f.name, convert.get(f.name, str)(values[f.name]))
+    namespace: Optional[str] = "lmcache"
+    # Calls run on the connector's threads, not LMCache's event loop, and a
+    # batched call moves many chunks: a longer deadline than the others'.
+    timeout_ms: int = 5000
+    # The connector's own threads for kvpool calls.
+    io_threads: int = 4
+
+    PARSERS = {**SessionSettings.PARSERS, "io_threads": int}
 
 
 def plugin_name_of(url: Optional[str]) -> Optional[str]:
@@ -130,14 +132,6 @@ class KvpoolConnectorAdapter(ConnectorAdapter):
                                      plugin_name=getattr(context, "plugin_name", None))
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).rsplit(".", 1)[-1]
-
-
-def _element_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()  # torch 1.13: no dtype.itemsize
-
-
 def _object_buffer(obj: MemoryObj):
     """(address, nbytes, keepalive) of a memory object's raw bytes: its flat
     uint8 `raw_data` tensor when it has one (LMCache's TensorMemoryObj; the
@@ -175,51 +169,37 @@ class KvpoolRemoteConnector(RemoteConnector):
         self.settings = settings or resolve_settings(url, plugin_name, config)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=max(1, self.settings.io_threads), thread_name_prefix="kvpool-lmcache")
-        self._lock = threading.Lock()
-        self._client: Optional[kvpool.Client] = None
+        self._lock = threading.Lock()  # guards _counts and _closed
         self._part_limit = 0
         self._full_layout = None  # (part limit, header of a full chunk or None)
-        self._retry_at = 0.0  # no native call before this (monotonic seconds)
         self._closed = False
-        self.stats = {"hits": 0, "misses": 0, "rejected_headers": 0, "stored": 0,
-                      "store_failures": 0, "errors": 0}
-        self._connect()
+        self._counts = {"hits": 0, "misses": 0, "rejected_headers": 0, "stored": 0,
+                        "store_failures": 0}
+        self._session = Session(self.settings, on_open=self._opened, log=logger)
+        self._session.client()  # connect now: the log says at once whether a node answers
 
     # ---- connection ----------------------------------------------------------
-    def _connect(self) -> Optional[kvpool.Client]:
-        with self._lock:
-            if self._client is not None or self._closed or time.monotonic() < self._retry_at:
-                return self._client
-            s = self.settings
-            try:
-                client = kvpool.Client(s.socket, namespace=s.namespace, timeout_ms=s.timeout_ms,
-                                       remote=s.remote)
-                # Remote mode cannot ask a node; 64 MiB is the node's default limit.
-                limit = client.max_value_size if s.remote is None else 64 << 20
-            except kvpool.KvpoolError as e:
-                self._retry_at = time.monotonic() + s.retry_interval_s
-                logger.warning("kvpool: node not reachable (%s); lookups miss until it is", e)
-                return None
-            self._client, self._part_limit = client, limit
-            return client
+    def _opened(self, client: kvpool.Client) -> None:
+        # Remote mode cannot ask a node; 64 MiB is the node's default limit.
+        self._part_limit = client.max_value_size if self.settings.remote is None else 64 << 20
 
-    def _usable_client(self) -> Optional[kvpool.Client]:
-        if time.monotonic() < self._retry_at:
-            return None
-        return self._client or self._connect()
+    @property
+    def _client(self) -> Optional[kvpool.Client]:
+        """The session's client, opened if due; None while no node answers."""
+        return self._session.client()
 
-    def _failed(self, e: Exception) -> None:
-        """A call failed as a whole: misses and no-ops for retry_interval_s. The
-        client is kept (the library reconnects when the node is back)."""
+    @property
+    def stats(self) -> dict:
+        """Totals since construction: hits, misses, rejected_headers, stored,
+        store_failures, and errors (calls that failed as a whole)."""
         with self._lock:
-            self.stats["errors"] += 1
-            self._retry_at = time.monotonic() + self.settings.retry_interval_s
-        logger.warning("kvpool: call failed (%s); misses for %.1fs", e,
-                       self.settings.retry_interval_s)
+            out = dict(self._counts)
+        out["errors"] = self._session.errors
+        return out
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
-            self.stats[name] += n
+            self._counts[name] += n
 
     # ---- off the event loop --------------------------------------------------
     async def _offload(self, fn, *args, on_cancel=None):
@@ -275,7 +255,7 @@ class KvpoolRemoteConnector(RemoteConnector):
         numel = 1
         for d in h.shape:
             numel *= d
-        if numel == 0 or numel * _element_size(dtype) != h.payload_bytes:
+        if numel == 0 or numel * element_size(dtype) != h.payload_bytes:
             return False
         if h.part_bytes and h.part_bytes >= h.payload_bytes:
             return False
@@ -299,21 +279,17 @@ class KvpoolRemoteConnector(RemoteConnector):
         misses) by their header's layout."""
         n = len(keys)
         out: List[Optional[MemoryObj]] = [None] * n
-        client = self._usable_client()
-        if client is not None and n:
+        if n and self._client is not None:
             strs = [k.to_string() for k in keys]
             full = self._full_chunk_layout()
             todo = list(range(n))
-            if full is not None and self._load(client, strs, [(i, full) for i in todo], out):
+            if full is not None and self._load(strs, [(i, full) for i in todo], out):
                 todo = [i for i in todo if out[i] is None]
             elif full is not None:
                 todo = []  # the node failed: misses
             if todo:
-                try:
-                    raws = client.get([fmt.meta_key(strs[i]) for i in todo])
-                except kvpool.KvpoolError as e:
-                    self._failed(e)
-                    raws = [None] * len(todo)
+                metas = [fmt.meta_key(strs[i]) for i in todo]
+                raws = self._session.call(lambda c: c.get(metas), [None] * len(todo), "get")
                 plan = []
                 for i, raw in zip(todo, raws):
                     h = fmt.decode(raw)
@@ -322,13 +298,13 @@ class KvpoolRemoteConnector(RemoteConnector):
                             self._count("rejected_headers")
                     elif h != full:  # a full chunk's layout was tried above
                         plan.append((i, h))
-                self._load(client, strs, plan, out)
+                self._load(strs, plan, out)
         hits = sum(o is not None for o in out)
         self._count("hits", hits)
         self._count("misses", n - hits)
         return out
 
-    def _load(self, client, strs: Sequence[str], plan, out: List[Optional[MemoryObj]]) -> bool:
+    def _load(self, strs: Sequence[str], plan, out: List[Optional[MemoryObj]]) -> bool:
         """For each (index, header) of plan, allocates the object and reads its
         payload into it; out[index] is the object, or stays None on any
         failure. False when the call failed as a whole."""
@@ -360,12 +336,11 @@ class KvpoolRemoteConnector(RemoteConnector):
                 ptrs.append(base + off)
                 sizes.append(size)
                 owner.append(i)
-        ok = True
-        try:
-            statuses = client.get_ptrs(part_keys, ptrs, sizes) if part_keys else []
-        except kvpool.KvpoolError as e:
-            self._failed(e)
-            statuses, ok = [kvpool.StatusCode.UNAVAILABLE] * len(part_keys), False
+        statuses = self._session.call(lambda c: c.get_ptrs(part_keys, ptrs, sizes), None,
+                                      "get") if part_keys else []
+        ok = statuses is not None
+        if not ok:
+            statuses = [kvpool.StatusCode.UNAVAILABLE] * len(part_keys)
         for i, st in zip(owner, statuses):
             if st != kvpool.StatusCode.OK and out[i] is not None:
                 out[i].ref_count_down()
@@ -375,8 +350,7 @@ class KvpoolRemoteConnector(RemoteConnector):
     def _put_many(self, keys: Sequence, objs: Sequence[MemoryObj]) -> int:
         """Headers and payload parts in one call. A header stored without its
         payload is harmless: readers and lookups check the payload parts."""
-        client = self._usable_client()
-        if client is None or not keys:
+        if not keys or self._client is None:
             return 0
         put_keys, ptrs, sizes, owner, keep = [], [], [], [], []
         layouts = {}  # (shape, dtype, format, bytes) -> (header, its bytes, address), per call
@@ -391,7 +365,7 @@ class KvpoolRemoteConnector(RemoteConnector):
                     raise ValueError("object is %d bytes, its buffer %d" % (obj.get_size(), nbytes))
                 what = (tuple(obj.get_shape()), dtype, obj.get_memory_format(), nbytes)
                 if what not in layouts:
-                    h = fmt.layout(what[0], _dtype_name(dtype), what[2].name, nbytes,
+                    h = fmt.layout(what[0], dtype_name(dtype), what[2].name, nbytes,
                                    self._part_limit)
                     header = fmt.encode(h)
                     layouts[what] = (h, header, kvpool.buffer_address(header)[0])
@@ -412,10 +386,8 @@ class KvpoolRemoteConnector(RemoteConnector):
             count += 1
         if not count:
             return 0
-        try:
-            statuses = client.put_ptrs(put_keys, ptrs, sizes)
-        except kvpool.KvpoolError as e:
-            self._failed(e)
+        statuses = self._session.call(lambda c: c.put_ptrs(put_keys, ptrs, sizes), None, "put")
+        if statuses is None:
             self._count("store_failures", count)
             return 0
         complete = [True] * count
@@ -442,8 +414,8 @@ class KvpoolRemoteConnector(RemoteConnector):
             return None
         layers, kv, tokens, heads, head_size = kv_shape
         shape = (kv, layers, tokens, heads * head_size)
-        nbytes = kv * layers * tokens * heads * head_size * _element_size(dtype)
-        return fmt.layout(shape, _dtype_name(dtype), self._expected_fmt().name, nbytes,
+        nbytes = kv * layers * tokens * heads * head_size * element_size(dtype)
+        return fmt.layout(shape, dtype_name(dtype), self._expected_fmt().name, nbytes,
                           self._part_limit)
 
     def _present(self, keys: Sequence, prefix_only: bool) -> List[bool]:
@@ -452,10 +424,14 @@ class KvpoolRemoteConnector(RemoteConnector):
         chunks (the short last one, or a foreign layout) are read and their
         payloads checked in two more calls."""
         n = len(keys)
+        if n == 0:
+            return []
+        return self._session.call(lambda c: self._present_on(c, keys, prefix_only), [False] * n,
+                                  "exists")
+
+    def _present_on(self, client: kvpool.Client, keys: Sequence, prefix_only: bool) -> List[bool]:
+        n = len(keys)
         out = [False] * n
-        client = self._usable_client()
-        if client is None or n == 0:
-            return out
         strs = [k.to_string() for k in keys]
         full = self._full_chunk_layout()
         probe = [fmt.meta_key(s) for s in strs]
@@ -465,34 +441,30 @@ class KvpoolRemoteConnector(RemoteConnector):
                 parts = fmt.payload_keys(s, full)
                 spans.append((len(probe), len(probe) + len(parts)))
                 probe.extend(parts)
-        try:
-            hits = client.exists(probe)
-            unsure = []
-            for i in range(n):
-                if not hits[i]:
-                    if prefix_only:
-                        break
-                    continue
-                if full is not None and all(hits[spans[i][0]:spans[i][1]]):
-                    out[i] = True
-                else:
-                    unsure.append(i)
-            if unsure:
-                check, owner = [], []
-                for i, raw in zip(unsure, client.get([probe[i] for i in unsure])):
-                    h = fmt.decode(raw)
-                    if h is not None and self._usable(h):
-                        parts = fmt.payload_keys(strs[i], h)
-                        check.extend(parts)
-                        owner.extend([i] * len(parts))
-                complete = dict.fromkeys(owner, True)
-                for i, hit in zip(owner, client.exists(check) if check else []):
-                    complete[i] = complete[i] and hit
-                for i, ok in complete.items():
-                    out[i] = ok
-        except kvpool.KvpoolError as e:
-            self._failed(e)
-            return [False] * n
+        hits = client.exists(probe)
+        unsure = []
+        for i in range(n):
+            if not hits[i]:
+                if prefix_only:
+                    break
+                continue
+            if full is not None and all(hits[spans[i][0]:spans[i][1]]):
+                out[i] = True
+            else:
+                unsure.append(i)
+        if unsure:
+            check, owner = [], []
+            for i, raw in zip(unsure, client.get([probe[i] for i in unsure])):
+                h = fmt.decode(raw)
+                if h is not None and self._usable(h):
+                    parts = fmt.payload_keys(strs[i], h)
+                    check.extend(parts)
+                    owner.extend([i] * len(parts))
+            complete = dict.fromkeys(owner, True)
+            for i, hit in zip(owner, client.exists(check) if check else []):
+                complete[i] = complete[i] and hit
+            for i, ok in complete.items():
+                out[i] = ok
         return out
 
     def _prefix(self, keys: Sequence) -> int:
@@ -503,30 +475,25 @@ class KvpoolRemoteConnector(RemoteConnector):
         return self._present(keys, prefix_only=False)
 
     def _remove(self, key) -> bool:
-        client = self._usable_client()
-        if client is None:
-            return False
-        s = key.to_string()
-        try:
-            h = fmt.decode(client.get([fmt.meta_key(s)])[0])
-            st = client.remove([fmt.meta_key(s)])[0]
-            if h is not None:
-                client.remove(fmt.payload_keys(s, h))
-        except kvpool.KvpoolError as e:
-            self._failed(e)
-            return False
+        return self._session.call(lambda c: self._remove_on(c, key.to_string()), False, "remove")
+
+    @staticmethod
+    def _remove_on(client: kvpool.Client, s: str) -> bool:
+        h = fmt.decode(client.get([fmt.meta_key(s)])[0])
+        st = client.remove([fmt.meta_key(s)])[0]
+        if h is not None:
+            client.remove(fmt.payload_keys(s, h))
         return st == kvpool.StatusCode.OK
 
     def _ping(self) -> int:
-        client = self._usable_client()
-        if client is None:
-            return int(kvpool.StatusCode.UNAVAILABLE)
-        try:
+        """0 while the node answers, else the failed call's status code."""
+        def ping(client):
             client.exists(["#ping"])
-        except kvpool.KvpoolError as e:
-            self._failed(e)
-            return int(e.code) or int(kvpool.StatusCode.UNAVAILABLE)
-        return 0
+            return 0
+
+        unavailable = int(kvpool.StatusCode.UNAVAILABLE)
+        return self._session.call(ping, unavailable, "ping",
+                                  on_error=lambda e: int(getattr(e, "code", 0)) or unavailable)
 
     # ---- RemoteConnector -----------------------------------------------------
     async def exists(self, key) -> bool:
@@ -559,10 +526,7 @@ class KvpoolRemoteConnector(RemoteConnector):
                 return
             self._closed = True
         self._executor.shutdown(wait=True)
-        with self._lock:
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
+        self._session.close()
 
     def support_ping(self) -> bool:
         return True

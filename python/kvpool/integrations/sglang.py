@@ -7,14 +7,16 @@ Enable with
         "module_path": "kvpool.integrations.sglang",
         "class_name": "KvpoolHiCacheStorage", "interface_v1": 1}'
 
-Our own extra-config keys (all optional):
-    socket               the node's Unix socket (default: env KVPOOL_SOCKET,
-                         else the node's default socket)
-    remote               "host:port,..." peers: remote mode (no local node;
-                         generic copy path only)
-    namespace            a tag separating deployments that share a node
-    timeout_ms           deadline of each kvpool call (default 2000)
-    reconnect_interval_ms  how often a backend without a node retries (1000)
+Our own extra-config keys (all optional; the connectors' shared settings,
+kvpool.integrations._session):
+    socket             the node's Unix socket (default: env KVPOOL_SOCKET,
+                       else the node's default socket)
+    remote             "host:port,..." peers: remote mode (no local node;
+                       generic copy path only)
+    namespace          a tag separating deployments that share a node
+    timeout_ms         deadline of each kvpool call (default 2000)
+    retry_interval_ms  how often a backend without a node retries (1000;
+                       alias reconnect_interval_ms)
 
 Objects. Each page is stored as the pieces get_page_buffer_meta gives for it:
 MHA pages as two objects, K ("<key>_k") and V ("<key>_v"); MLA pages as one
@@ -30,14 +32,14 @@ attn_cp_size > 1. dp_rank is never part of a key.
 
 Faults. No exception leaves this class: a node that is down, gone or late
 turns into misses (batch_exists 0, batch_get_v1 False, get None) and failed
-stores (False); the client reconnects when the node comes back.
+stores (False), as in every connector (the Session); the client reconnects
+when the node comes back.
 Thread-safe: the controller's prefetch, IO and backup threads call it
 concurrently; the kvpool client is thread-safe and releases the GIL.
 """
 
 import functools
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -47,15 +49,14 @@ import torch
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageExtraInfo
 
-from kvpool.client import Client, KvpoolError, StatusCode
+from kvpool.client import Client, StatusCode
+
+from ._dtypes import dtype_name
+from ._session import Session, SessionSettings
 
 logger = logging.getLogger(__name__)
 
 _ZERO_COPY_LAYOUTS = ("page_first", "page_first_direct", "page_head")
-
-
-def _element_size(dtype):
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def _never_raises(default):
@@ -69,9 +70,7 @@ def _never_raises(default):
             try:
                 return fn(self, keys, *args, **kwargs)
             except Exception as e:  # noqa: BLE001 - the engine must not see it
-                with self._lock:
-                    self._stats.errors += 1
-                logger.warning("kvpool: %s failed: %r", fn.__name__, e)
+                self._session.failed(fn.__name__, e)
                 return default(keys)
 
         return guarded
@@ -103,7 +102,7 @@ class KvpoolStorageStats:
     set_pages: int = 0
     set_ok_pages: int = 0
     set_skipped_pages: int = 0  # MLA on TP rank != 0: acknowledged, not written
-    errors: int = 0  # calls that failed as a whole (node down, timeout)
+    errors: int = 0  # calls that failed as a whole (node down, timeout, malformed)
     connected: bool = False
     namespace: str = ""
 
@@ -127,11 +126,8 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         # Same rule as the controller's backup_skip; kept here too so a rank
         # that is asked to store anyway still writes nothing.
         self.backup_skip = self.is_mla and self.tp_rank != 0
-        self._socket = extra.get("socket") or os.environ.get("KVPOOL_SOCKET") or None
-        self._remote = extra.get("remote") or None
-        self._tag = str(extra.get("namespace", ""))
-        self._timeout_ms = int(extra.get("timeout_ms", 2000))
-        self._reconnect_s = int(extra.get("reconnect_interval_ms", 1000)) / 1000.0
+        self.settings = SessionSettings(namespace="").update(extra)
+        self._tag = self.settings.namespace
         if getattr(storage_config, "should_split_heads", False):
             logger.warning("kvpool: page_head head splitting (tp_lcm_size) is not supported; "
                            "pages are keyed by this rank's TP rank and size")
@@ -144,13 +140,11 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         self._key_suffix = self._rank_suffix()
         self.namespace = self._make_namespace()
 
-        self._lock = threading.Lock()  # guards the client handle and the stats
-        self._client = None
-        self._closed = False
-        self._next_connect = 0.0
+        self._lock = threading.Lock()  # guards the stats
         self._stats = KvpoolStorageStats(namespace=self.namespace)
         # No connection yet: the namespace depends on the host pool, which
         # register_mem_pool_host brings (it connects; so does a first call).
+        self._session = Session(self.settings, self.namespace, log=logger)
 
     # ---- naming ----------------------------------------------------------------
     def _rank_suffix(self):
@@ -169,7 +163,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
                                              False) else "unknown"
             return "sglang|%s|%s|%s|%s" % (self._tag, self.model_name,
                                            "mla" if self.is_mla else "mha", layout)
-        dtype = str(pool.dtype).replace("torch.", "")
+        dtype = dtype_name(pool.dtype)
         if self.is_mla:
             geometry = "l%dc%d" % (getattr(pool, "layer_num", 0), getattr(pool, "kv_cache_dim", 0))
         else:
@@ -189,40 +183,6 @@ class KvpoolHiCacheStorage(HiCacheStorage):
             out.extend(base + p for p in self._suffixes)
         return out
 
-    # ---- connection ----------------------------------------------------------
-    def _connect(self):
-        """Opens the client if none is open and the retry interval passed.
-        Returns the client or None. Never raises."""
-        with self._lock:
-            if self._client is not None or self._closed:
-                return self._client
-            now = time.monotonic()
-            if now < self._next_connect:
-                return None
-            self._next_connect = now + self._reconnect_s
-            try:
-                self._client = Client(self._socket, namespace=self.namespace,
-                                      timeout_ms=self._timeout_ms, remote=self._remote)
-                self._stats.connected = True
-                logger.info("kvpool: connected (namespace %s)", self.namespace)
-            except (KvpoolError, OSError) as e:
-                self._stats.connected = False
-                logger.warning("kvpool: no node (%s); storage misses until it is reachable", e)
-            return self._client
-
-    def _call(self, fn, default):
-        """fn(client) with any failure turned into `default`."""
-        client = self._client or self._connect()
-        if client is None:
-            return default
-        try:
-            return fn(client)
-        except (KvpoolError, OSError, ValueError, TypeError) as e:
-            with self._lock:
-                self._stats.errors += 1
-            logger.debug("kvpool: call failed: %s", e)
-            return default
-
     # ---- registration --------------------------------------------------------
     def register_mem_pool_host(self, mem_pool_host):
         super().register_mem_pool_host(mem_pool_host)
@@ -236,11 +196,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         with self._lock:
             self.namespace = namespace
             self._stats.namespace = namespace
-            old, self._client = self._client, None  # opened under the provisional namespace
-            self._next_connect = 0.0
-        if old is not None:
-            old.close()
-        self._connect()
+        self._session.reopen(namespace)  # a client opened under the provisional one is closed
 
     def _page_meta(self, host_indices, n_pages):
         """(ptrs, sizes) of n_pages pages at host_indices, or None when they do
@@ -259,7 +215,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         if not keys:
             return 0
         objects = self._object_keys(keys)
-        hit = self._call(lambda c: c.hit_prefix(objects), 0) // self._pieces
+        hit = self._session.call(lambda c: c.hit_prefix(objects), 0, "exists") // self._pieces
         with self._lock:
             self._stats.exists_calls += 1
             self._stats.exists_hit_pages += hit
@@ -284,7 +240,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
             return [False] * n, 0
         ptrs, sizes = meta
         objects = self._object_keys(keys)
-        st = self._call(lambda c: call(c, objects, ptrs, sizes), None)
+        st = self._session.call(lambda c: call(c, objects, ptrs, sizes), None, call.__name__)
         if st is None:
             return [False] * n, 0
         return self._per_page(st, n), sum(sizes)
@@ -357,7 +313,8 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         for k, ok in zip(keys, usable):
             if ok:
                 objects += self._object_keys([k])
-        st = self._call(lambda c: c.get_ptrs(objects, ptrs, sizes), None) if objects else []
+        st = self._session.call(lambda c: c.get_ptrs(objects, ptrs, sizes), None,
+                                "get") if objects else []
         if st is None:
             return [None] * n
         out, j, p = [], 0, self._pieces
@@ -398,7 +355,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
             ptrs += pieces[0]
             sizes += pieces[1]
         objects = self._object_keys(keys)
-        st = self._call(lambda c: c.put_ptrs(objects, ptrs, sizes), None)
+        st = self._session.call(lambda c: c.put_ptrs(objects, ptrs, sizes), None, "set")
         if st is None:
             return False
         out = self._per_page(st, n)
@@ -446,7 +403,8 @@ class KvpoolHiCacheStorage(HiCacheStorage):
             snapshot = KvpoolStorageStats(**{k: getattr(s, k) for k in s.__dataclass_fields__})
             s.prefetch_pgs, s.backup_pgs = [], []
             s.prefetch_bandwidth, s.backup_bandwidth = [], []
-            snapshot.connected = self._client is not None
+        snapshot.connected = self._session.connected
+        snapshot.errors = self._session.errors
         return snapshot
 
     def clear(self) -> bool:
@@ -457,9 +415,4 @@ class KvpoolHiCacheStorage(HiCacheStorage):
 
     def close(self):
         """Disconnects; later calls miss. Idempotent."""
-        with self._lock:
-            self._closed = True
-            client, self._client = self._client, None
-            self._stats.connected = False
-        if client is not None:
-            client.close()
+        self._session.close()

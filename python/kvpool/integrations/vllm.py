@@ -4,13 +4,16 @@ Enable with
   --kv-transfer-config '{"kv_connector": "KvpoolConnector",
                          "kv_connector_module_path": "kvpool.integrations.vllm",
                          "kv_role": "kv_both",
-                         "kv_connector_extra_config": {"kvpool_socket": "/run/kvpool/kvpool.sock"}}'
+                         "kv_connector_extra_config": {"socket": "/run/kvpool/kvpool.sock"}}'
 (and --disable-hybrid-kv-cache-manager where vLLM asks for it). Settings in
-kv_connector_extra_config: kvpool_socket (default env KVPOOL_SOCKET, else
-the library's default), kvpool_remote (peer list: remote mode),
-kvpool_namespace (replaces the model name in the namespace),
-kvpool_timeout_ms (default 2000), kvpool_retry_interval_s (how long to wait
-before reconnecting after the node could not be reached; default 10).
+kv_connector_extra_config, the connectors' shared names
+(kvpool.integrations._session): socket (default env KVPOOL_SOCKET, else the
+library's default), remote (peer list: remote mode), namespace (replaces the
+model name in the namespace), timeout_ms (default 2000), retry_interval_ms
+(how long to wait before reconnecting after the node could not be reached;
+default 10000: the scheduler thread makes the attempt). The kvpool_-prefixed
+names of older releases (kvpool_socket, ..., kvpool_retry_interval_s) are
+aliases.
 
 One class, two roles (ENGINES.md §2.2). The scheduler-side instance finds
 the longest prefix of a request's full blocks present in kvpool for every
@@ -24,14 +27,14 @@ never held after a request finishes.
 
 Faults: a node that is down or goes away, a timeout, a page of another
 geometry or a missing page are misses (scheduler) or load errors reported
-block by block through get_block_ids_with_load_errors (worker); no exception
-reaches vLLM and no foreign bytes reach the KV cache.
+block by block through get_block_ids_with_load_errors (worker), as in every
+connector (the Session); no exception reaches vLLM and no foreign bytes
+reach the KV cache.
 
 Not thread-safe: vLLM calls each instance from one thread.
 """
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -42,12 +45,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
                                                                KVConnectorRole)
 
 from . import _vllm_keys as keys_mod
+from ._session import Session, SessionSettings
 from ._vllm_layout import HEADER_BYTES, PageFormat, detect, infer_num_blocks
 
 logger = logging.getLogger(__name__)
 
-_DEFAULT_TIMEOUT_MS = 2000
-_DEFAULT_RETRY_S = 10.0
+# A connect attempt runs on the scheduler thread and, in remote mode, can take
+# up to timeout_ms: without a node, try at most every 10 s.
+_DEFAULT_RETRY_MS = 10000
 
 
 @dataclass
@@ -71,74 +76,15 @@ class _Settings:
     def __init__(self, vllm_config):
         ktc = vllm_config.kv_transfer_config
         extra = dict(getattr(ktc, "kv_connector_extra_config", None) or {})
-        self.socket = extra.get("kvpool_socket") or None
-        self.remote = extra.get("kvpool_remote") or None
-        self.timeout_ms = int(extra.get("kvpool_timeout_ms", _DEFAULT_TIMEOUT_MS))
-        self.retry_s = float(extra.get("kvpool_retry_interval_s", _DEFAULT_RETRY_S))
+        self.session = SessionSettings(retry_interval_ms=_DEFAULT_RETRY_MS).update(extra)
         role = getattr(ktc, "kv_role", None) or "kv_both"
         self.load = role in ("kv_consumer", "kv_both")
         self.save = role in ("kv_producer", "kv_both")
         self.block_size = int(vllm_config.cache_config.block_size)
-        self.namespace, self.use_mla = keys_mod.namespace(vllm_config, extra.get("kvpool_namespace"))
+        self.namespace, self.use_mla = keys_mod.namespace(vllm_config, self.session.namespace)
         pc = vllm_config.parallel_config
         self.tp_size = int(getattr(pc, "tensor_parallel_size", 1))
         self.pp_size = int(getattr(pc, "pipeline_parallel_size", 1))
-
-
-class _Pool:
-    """The kvpool client, opened lazily and reopened at most every retry_s
-    after a failed attempt. call() returns None when kvpool cannot answer."""
-
-    def __init__(self, settings):
-        self._s = settings
-        self._client = None
-        self._next_try = 0.0
-        self._healthy = True
-
-    def _get(self):
-        if self._client is not None:
-            return self._client
-        now = time.monotonic()
-        if now < self._next_try:
-            return None
-        self._next_try = now + self._s.retry_s
-        try:
-            import kvpool
-
-            self._client = kvpool.Client(self._s.socket, namespace=self._s.namespace,
-                                         timeout_ms=self._s.timeout_ms, remote=self._s.remote)
-        except Exception as e:  # no node, or no libkvpool: run without the cache
-            self._failed("cannot connect: %s" % e)
-            return None
-        self._recovered()
-        return self._client
-
-    def _failed(self, why):
-        if self._healthy:
-            logger.warning("kvpool unavailable (%s); treating blocks as misses", why)
-        self._healthy = False
-
-    def _recovered(self):
-        if not self._healthy:
-            logger.info("kvpool reachable again")
-        self._healthy = True
-
-    def call(self, method, *args):
-        client = self._get()
-        if client is None:
-            return None
-        try:
-            result = getattr(client, method)(*args)
-        except Exception as e:  # KvpoolError: node gone, deadline; the library reconnects
-            self._failed("%s failed: %s" % (method, e))
-            return None
-        self._recovered()
-        return result
-
-    def close(self):
-        client, self._client = self._client, None
-        if client is not None:
-            client.close()
 
 
 class _Tracker:
@@ -155,7 +101,7 @@ class _Tracker:
 class _SchedulerSide:
     def __init__(self, settings):
         self._s = settings
-        self._pool = _Pool(settings)
+        self._session = Session(settings.session, settings.namespace, log=logger)
         self._suffixes = keys_mod.all_rank_suffixes(settings.use_mla, settings.tp_size,
                                                     settings.pp_size)
         self._reqs = {}
@@ -172,7 +118,7 @@ class _SchedulerSide:
             return 0, False
         hashes = keys_mod.BlockHasher(request, bs).upto(max_blocks)[first:]
         batch = [h + sfx for sfx in self._suffixes for h in hashes]
-        hits = self._pool.call("exists", batch)
+        hits = self._session.call(lambda c: c.exists(batch), None, "exists")
         if hits is None:
             return 0, False
         n = len(hashes)
@@ -255,7 +201,7 @@ class _SchedulerSide:
         return False, None
 
     def close(self):
-        self._pool.close()
+        self._session.close()
 
 
 def _worker_ranks(settings, parallel_config):
@@ -271,7 +217,7 @@ def _worker_ranks(settings, parallel_config):
 class _WorkerSide:
     def __init__(self, settings, vllm_config, kv_cache_config):
         self._s = settings
-        self._pool = _Pool(settings)
+        self._session = Session(settings.session, settings.namespace, log=logger)
         self.tp_rank, self.pp_rank = _worker_ranks(settings, vllm_config.parallel_config)
         self._suffix = keys_mod.rank_suffix(settings.use_mla, self.tp_rank, self.pp_rank)
         # MLA latents are identical on every TP rank: rank 0 writes them.
@@ -331,8 +277,9 @@ class _WorkerSide:
         fmt = self._format
         staging = self._staging("load", len(keys))
         base, row = staging.data_ptr(), fmt.page_bytes
-        statuses = self._pool.call("get_ptrs", keys, [base + i * row for i in range(len(keys))],
-                                   [row] * len(keys))
+        ptrs = [base + i * row for i in range(len(keys))]
+        statuses = self._session.call(lambda c: c.get_ptrs(keys, ptrs, [row] * len(keys)), None,
+                                      "load")
         if statuses is None:
             self._fail_loads(block_ids)
             return
@@ -372,7 +319,7 @@ class _WorkerSide:
     def _begin_save(self, meta):
         block_ids = [b for tr in meta.saves for b in tr.block_ids]
         keys = self._keys([h for tr in meta.saves for h in tr.hashes])
-        present = self._pool.call("exists", keys)
+        present = self._session.call(lambda c: c.exists(keys), None, "exists")
         if present is None:  # kvpool down: nothing to save into
             self.stats["failed_saves"] += len(keys)
             return [], [], None, set()
@@ -400,8 +347,9 @@ class _WorkerSide:
             return
         row = self._format.page_bytes
         base = staging.data_ptr()
-        statuses = self._pool.call("put_ptrs", keys, [base + i * row for i in range(len(keys))],
-                                   [row] * len(keys))
+        ptrs = [base + i * row for i in range(len(keys))]
+        statuses = self._session.call(lambda c: c.put_ptrs(keys, ptrs, [row] * len(keys)), None,
+                                      "save")
         ok = sum(1 for st in statuses or () if st == 0)
         self.stats["saved_blocks"] += ok
         self.stats["failed_saves"] += len(keys) - ok
@@ -413,7 +361,7 @@ class _WorkerSide:
     def close(self):
         self._save = None
         self._buffers = {}
-        self._pool.close()
+        self._session.close()
 
 
 def _init_base(connector, vllm_config, role, kv_cache_config):
