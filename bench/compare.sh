@@ -12,10 +12,10 @@
 # (default 3) and the median reported. Ends with `metric NAME VALUE` lines;
 # see bench/README.md for what each means.
 #
-# Usage: bench/compare.sh local [--reps N] [--duration SECONDS] [--only PARTS] [--keep]
-#        bench/compare.sh ssd [--reps N] [--duration SECONDS] [--gib N] [--keep]
+# Usage: bench/compare.sh local [--reps N] [--duration DURATION] [--only PARTS] [--keep]
+#        bench/compare.sh ssd [--reps N] [--duration DURATION] [--gib N] [--keep]
 #          (the SSD tier vs fio; bench/compare_ssd.sh, see bench/README.md)
-#        bench/compare.sh remote [--reps N] [--duration SECONDS] [--keep]
+#        bench/compare.sh remote [--reps N] [--duration DURATION] [--keep]
 #          (two nodes over UCX vs iperf3 and Redis; bench/compare_remote.sh)
 #        bench/compare.sh connectors [--reps N] [--keep] [-- BENCH_ARGS]
 #          (SGLang/LMCache connectors vs the raw Python client;
@@ -48,8 +48,8 @@ fi
 [[ "${1:-}" == "local" ]] || usage
 shift
 REPS=3
-DURATION=2          # seconds per kvpool-bench run
-MEMCPY_DURATION=1   # seconds per memcpy run
+DURATION=2s         # per kvpool-bench run (as kvpool-bench reads it: 2s, 500ms; a bare number is ms)
+MEMCPY_DURATION=1s  # per memcpy run
 REDIS_SECONDS=1     # target seconds per redis-benchmark run
 ONLY="memcpy,redis,kvpool"
 KEEP=0
@@ -169,8 +169,8 @@ start_redis() {
 
 # ---- measurements --------------------------------------------------------------
 run_memcpy() {
-  log "memcpy baseline: blocks 64KiB,1MiB,4MiB, $REPS x ${MEMCPY_DURATION}s each"
-  "$MEMCPY_BENCH" --block-size 64KiB,1MiB,4MiB --working-set 1GiB --duration "${MEMCPY_DURATION}s" \
+  log "memcpy baseline: blocks 64KiB,1MiB,4MiB, $REPS x ${MEMCPY_DURATION} each"
+  "$MEMCPY_BENCH" --block-size 64KiB,1MiB,4MiB --working-set 1GiB --duration "$MEMCPY_DURATION" \
     --repeat "$REPS" --json | "$PY" -c '
 import json, sys
 for l in sys.stdin:
@@ -240,20 +240,20 @@ run_kvpool() {
   local size ops
   for size in "${SIZES[@]}"; do
     start_node
-    log "kvpool: get, zc-get, put of ${size}-byte values, batch $BATCH, $REPS x ${DURATION}s each"
+    log "kvpool: get, zc-get, put of ${size}-byte values, batch $BATCH, $REPS x ${DURATION} each"
     # Reads first, get and zc-get alternating so drift hits both alike; then
     # the puts, which write fresh keys and evict the working set.
     ops=""
     for _ in $(seq "$REPS"); do ops+="get,zc-get,"; done
     for _ in $(seq "$REPS"); do ops+="put,"; done
     kvpool_bench --op "${ops%,}" --value-size "$size" --batch "$BATCH" --threads 1 \
-      --duration "${DURATION}s" --populate --namespace "compare-$$-$size"
+      --duration "$DURATION" --populate --namespace "compare-$$-$size"
     stop_node
   done
   start_node
   log "kvpool: exists, batch $EXISTS_BATCH over $EXISTS_KEYS keys of $EXISTS_VALUE bytes"
   kvpool_bench --op exists --value-size "$EXISTS_VALUE" --keys "$EXISTS_KEYS" --batch "$EXISTS_BATCH" \
-    --threads 1 --duration "${DURATION}s" --repeat "$REPS" --populate --namespace "compare-$$-exists"
+    --threads 1 --duration "$DURATION" --repeat "$REPS" --populate --namespace "compare-$$-exists"
   local status ibpe
   status="$(curl -fsS -m 5 "$ADMIN_URL/api/v1/status")" || die "GET $ADMIN_URL/api/v1/status failed"
   printf '%s\n' "$status" > "$TMP/node-status.json"

@@ -25,7 +25,7 @@
 # and a ratio is the median of the per-repetition ratios. Ends with
 # `metric NAME VALUE` lines.
 #
-# Usage: bench/compare.sh remote [--reps N] [--duration SECONDS] [--keep]
+# Usage: bench/compare.sh remote [--reps N] [--duration DURATION] [--keep]
 # Environment: BUILD_DIR (default build), UCX_TLS (default tcp),
 #   UCX_NET_DEVICES (default lo), A_DRAM (default 5GiB), B_DRAM (default 128MiB),
 #   GET_KEYS (default 3072 1 MiB keys on A), IPERF_SECONDS (default 3),
@@ -44,7 +44,7 @@ usage() {
 }
 
 REPS=3
-DURATION=2
+DURATION=2s  # per kvpool-bench run (2s, 500ms; a bare number is milliseconds)
 KEEP=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -261,15 +261,15 @@ run_kvpool() {
   # ratio compares figures taken within seconds of each other on this
   # shared machine.
   log "paired repetitions: iperf3 (${IPERF_SECONDS}s), redis GET (each config), kvpool remote get" \
-    "(B reads 1 MiB values held on A, batch 16, $GET_THREADS client threads, ${DURATION}s) and" \
+    "(B reads 1 MiB values held on A, batch 16, $GET_THREADS client threads, ${DURATION}) and" \
     "zero-copy get (acquire into B's segment, read in place); $REPS x"
   for rep in $(seq 0 $((REPS - 1))); do
     iperf_rep "$rep"
     redis_rep "$rep"
     B_THREADS=$GET_THREADS b_run get "$rep" b --op get --namespace get1m --keys "$GET_KEYS" \
-      --value-size 1MiB --batch 16 --duration "${DURATION}s" --warmup 0ms --buffer-size 256MiB
+      --value-size 1MiB --batch 16 --duration "$DURATION" --warmup 0ms --buffer-size 256MiB
     b_run zc-get "$rep" b --op zc-get --zc-read touch --namespace get1m --keys "$GET_KEYS" \
-      --value-size 1MiB --batch 16 --duration "${DURATION}s" --warmup 0ms
+      --value-size 1MiB --batch 16 --duration "$DURATION" --warmup 0ms
   done
   redis_stop
   log "reference: local get of the same keys on A"
@@ -279,10 +279,10 @@ run_kvpool() {
   done
 
   populate_a exists "$EXISTS_KEYS" 4KiB
-  log "remote exists: batch 128 through B, keys only on A, $REPS x ${DURATION}s"
+  log "remote exists: batch 128 through B, keys only on A, $REPS x ${DURATION}"
   for rep in $(seq 0 $((REPS - 1))); do
     b_run exists "$rep" b --op exists --namespace exists --keys "$EXISTS_KEYS" --value-size 4KiB --batch 128 \
-      --duration "${DURATION}s"
+      --duration "$DURATION"
   done
 
   populate_a ls64k "$LS_KEYS" 64KiB
@@ -291,11 +291,11 @@ run_kvpool() {
     b_run ls-exists "$rep" b --op exists --namespace ls64k --keys "$LS_KEYS" --value-size 64KiB --batch 64 \
       --duration 1s
     b_run ls-get "$rep" b --op get --namespace ls64k --keys "$LS_KEYS" --value-size 64KiB --batch 64 \
-      --duration "${DURATION}s" --warmup 0ms --buffer-size 256MiB
+      --duration "$DURATION" --warmup 0ms --buffer-size 256MiB
     b_run ls-exists "$rep" b --op exists --namespace get1m --keys "$GET_KEYS" --value-size 1MiB --batch 64 \
       --duration 1s
     b_run ls-get "$rep" b --op get --namespace get1m --keys "$GET_KEYS" --value-size 1MiB --batch 64 \
-      --duration "${DURATION}s" --warmup 0ms
+      --duration "$DURATION" --warmup 0ms
   done
 
   local dbytes=$(( $(metric_of "$A_URL" kvpool_directory_bytes) + $(metric_of "$B_URL" kvpool_directory_bytes) ))
@@ -306,10 +306,10 @@ run_kvpool() {
   log "directories: $dbytes bytes for $dent entries"
 
   if [[ $PLACEMENT_HOME -eq 1 ]]; then
-    log "remote put: B with --placement home, 1 MiB, batch 16, $REPS x ${DURATION}s"
+    log "remote put: B with --placement home, 1 MiB, batch 16, $REPS x ${DURATION}"
     for rep in $(seq 0 $((REPS - 1))); do
       b_run put "$rep" b --op put --namespace "put-$rep" --keys 16 --value-size 1MiB --batch 16 \
-        --duration "${DURATION}s" --buffer-size 256MiB
+        --duration "$DURATION" --buffer-size 256MiB
     done
   else
     log "remote put: skipped: ${PUT_NOTE}"

@@ -33,7 +33,7 @@
 # Each measurement is repeated (default 3) and the median reported. Ends with
 # `metric NAME VALUE` lines. About 2-3 minutes on a 1-2 GB/s disk.
 #
-# Usage: bench/compare.sh ssd [--reps N] [--duration SECONDS] [--gib N] [--keep]
+# Usage: bench/compare.sh ssd [--reps N] [--duration DURATION] [--gib N] [--keep]
 #   --gib     GiB of 1 MiB values kvpool puts (default 3; the SSD tier gets N+2)
 #   --keep    keep the temporary directory (logs, raw results)
 # Environment: BUILD_DIR (default build), KVPOOL_BENCH_DIR (default /var/tmp),
@@ -51,7 +51,7 @@ usage() {
 }
 
 REPS=3
-DURATION=3   # seconds per kvpool-bench get run
+DURATION=3s  # per kvpool-bench get run (3s, 500ms; a bare number is milliseconds)
 GIB=3
 KEEP=0
 while [[ $# -gt 0 ]]; do
@@ -308,7 +308,7 @@ run_kvpool() {
       p0="$("$PY" "$HERE/compare_lib.py" metric "$ADMIN_URL/metrics" kvpool_tier_promotions_total)"
       i0="$("$PY" "$HERE/compare_lib.py" metric "$ADMIN_URL/metrics" kvpool_hits_total)"
       "$KVPOOL_BENCH" --socket "$SOCK" --op get --keys "$read_keys" --value-size "$VALUE" --batch "$BATCH" \
-        --threads "$threads" --duration "${DURATION}s" --buffer-size 512MiB --seed $((rep * 2 + threads)) \
+        --threads "$threads" --duration "$DURATION" --buffer-size 512MiB --seed $((rep * 2 + threads)) \
         --namespace ssd-bench --json > "$TMP/get.out" 2> "$TMP/get.err" || {
         rc=$?; cat "$TMP/get.err" >&2; die "kvpool-bench get failed (exit $rc)"; }
       p1="$("$PY" "$HERE/compare_lib.py" metric "$ADMIN_URL/metrics" kvpool_tier_promotions_total)"

@@ -41,13 +41,14 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "common/settings.h"
 #include "kvpool/kvpool.h"
-#include "tool_util.h"
 
 namespace {
 
@@ -85,9 +86,24 @@ bool ParseOp(std::string_view s, Op* op) {
 
 bool IsWrite(Op op) { return op == Op::kPut || op == Op::kZcPut; }
 
-using kvpool::tools::FormatBytes;
-using kvpool::tools::ParseBytes;
-using kvpool::tools::ParseDurationMs;
+using kvpool::Result;
+using kvpool::SettingsTable;
+
+std::string FormatBytes(uint64_t v) { return SettingsTable::FormatBytes(v); }
+
+// Stores a flag's parsed value, or prints the parser's message (which names
+// the flag) and returns false.
+template <typename T, typename Out>
+bool TakeFlag(const Result<T>& parsed, Out* out) {
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "kvpool-bench: %.*s\n", static_cast<int>(parsed.status().message().size()),
+                 parsed.status().message().data());
+    return false;
+  }
+  if constexpr (std::is_same_v<T, std::chrono::milliseconds>) *out = parsed->count();
+  else *out = *parsed;
+  return true;
+}
 
 std::string FormatUs(double us) {
   char buf[32];
@@ -614,8 +630,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", cfg.threads, "Threads, each with its own kvpool_client")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  app.add_option("--duration", duration_text, "Timed length of each run (5s, 500ms, ...)")->capture_default_str();
-  app.add_option("--warmup", warmup_text, "Untimed calls before each run")->capture_default_str();
+  app.add_option("--duration", duration_text, "Timed length of each run (5s, 500ms, ...; a bare number is milliseconds, as in kvpool-node)")->capture_default_str();
+  app.add_option("--warmup", warmup_text, "Untimed calls before each run (200ms, 1s, ...; a bare number is milliseconds)")->capture_default_str();
   app.add_option("--keys", cfg.keys,
                  "Working set in keys for get/exists/zc-get (default: 1GiB of values, at most 1Mi keys)");
   app.add_option("--namespace", cfg.ns, "Key namespace")->capture_default_str();
@@ -652,12 +668,14 @@ int main(int argc, char** argv) {
     }
     if (cfg.ops.empty()) return usage("--op: empty");
   }
-  if (!ParseBytes(value_size_text, &cfg.value_size)) return usage("--value-size: not a size: '" + value_size_text + "'");
+  // Sizes and durations are read by the node's own parsers, so a value means
+  // the same here as in kvpool-node's flags (a bare duration is milliseconds).
+  if (!TakeFlag(SettingsTable::ParseSize("value-size", value_size_text), &cfg.value_size)) return 2;
   if (cfg.value_size < 16) return usage("--value-size must be >= 16 (values carry 8-byte stamps at both ends)");
-  if (!ParseDurationMs(duration_text, &cfg.duration_ms) || cfg.duration_ms <= 0)
-    return usage("--duration: not a duration: '" + duration_text + "'");
-  if (!ParseDurationMs(warmup_text, &cfg.warmup_ms)) return usage("--warmup: not a duration: '" + warmup_text + "'");
-  if (!ParseBytes(buffer_text, &cfg.buffer_bytes)) return usage("--buffer-size: not a size: '" + buffer_text + "'");
+  if (!TakeFlag(SettingsTable::ParseDuration("duration", duration_text), &cfg.duration_ms)) return 2;
+  if (cfg.duration_ms <= 0) return usage("--duration must be > 0");
+  if (!TakeFlag(SettingsTable::ParseDuration("warmup", warmup_text), &cfg.warmup_ms)) return 2;
+  if (!TakeFlag(SettingsTable::ParseSize("buffer-size", buffer_text), &cfg.buffer_bytes)) return 2;
   cfg.zc_read = zc_read_text == "touch" ? ZcRead::kTouch : ZcRead::kCopy;
 
   // Working set: >= 1 GiB of values for values >= 1 KiB, so reads come from

@@ -1,5 +1,5 @@
 // kvpoolctl: admin CLI for one kvpool node.
-//   kvpoolctl [--socket PATH] [--timeout MS] COMMAND ...
+//   kvpoolctl [--socket PATH] [--timeout DURATION] COMMAND ...
 //   put NS KEY (--value TEXT | --file PATH | -)   store a value (- reads stdin)
 //   get NS KEY [--out FILE]                        print the value (raw bytes)
 //   exists NS KEY...                               per-key 1/0 and the hit prefix
@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -25,13 +27,15 @@
 #include <string>
 #include <vector>
 
+#include "common/settings.h"
 #include "kvpool/kvpool.h"
 
 namespace {
 
 int Usage() {
   std::fputs(
-      "usage: kvpoolctl [--socket PATH] [--timeout MS] COMMAND ...\n"
+      "usage: kvpoolctl [--socket PATH] [--timeout DURATION] COMMAND ...\n"
+      "  --timeout: deadline of each call (5s, 500ms; a bare number is milliseconds; default 5s)\n"
       "  put NS KEY (--value TEXT | --file PATH | -)   store a value (- reads stdin)\n"
       "  get NS KEY [--out FILE]                        print the value (raw bytes)\n"
       "  exists NS KEY...                               per-key 1/0 and the hit prefix\n"
@@ -142,7 +146,21 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--socket" && i + 1 < argc) socket_path = argv[++i];
     else if (a.rfind("--socket=", 0) == 0) socket_path = a.substr(9);
-    else if (a == "--timeout" && i + 1 < argc) timeout_ms = static_cast<uint32_t>(std::stoul(argv[++i]));
+    else if ((a == "--timeout" && i + 1 < argc) || a.rfind("--timeout=", 0) == 0) {
+      // The node's duration parser: a bare number is milliseconds.
+      const std::string text = a == "--timeout" ? std::string(argv[++i]) : a.substr(10);
+      kvpool::Result<std::chrono::milliseconds> t = kvpool::SettingsTable::ParseDuration("timeout", text);
+      if (!t.ok()) {
+        std::fprintf(stderr, "kvpoolctl: %s\n", std::string(t.status().message()).c_str());
+        return 2;
+      }
+      if (t->count() <= 0 || t->count() > static_cast<int64_t>(UINT32_MAX)) {
+        std::fprintf(stderr, "kvpoolctl: --timeout: %lldms is outside 1ms..%ums\n",
+                     static_cast<long long>(t->count()), UINT32_MAX);
+        return 2;
+      }
+      timeout_ms = static_cast<uint32_t>(t->count());
+    }
     else if (a == "-h" || a == "--help") return Usage(), 0;
     else args.push_back(a);
   }

@@ -23,15 +23,22 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "tool_util.h"
+#include "common/settings.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-using kvpool::tools::FormatBytes;
-using kvpool::tools::ParseBytes;
-using kvpool::tools::ParseDurationMs;
+using kvpool::SettingsTable;
+
+std::string FormatBytes(uint64_t v) { return SettingsTable::FormatBytes(v); }
+
+// Prints a parser's message (it names the flag) and returns the usage exit.
+int FlagError(const kvpool::Status& st) {
+  std::fprintf(stderr, "kvpool-memcpy-bench: %.*s\n", static_cast<int>(st.message().size()),
+               st.message().data());
+  return 2;
+}
 
 // splitmix64: fast, good enough to pick blocks uniformly.
 struct Rng {
@@ -94,7 +101,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--working-set", working_set_text, "Size of each of the two regions (>= 1GiB)")
       ->capture_default_str();
-  app.add_option("--duration", duration_text, "Timed length of each run (e.g. 3s, 500ms)")
+  app.add_option("--duration", duration_text, "Timed length of each run (e.g. 3s, 500ms; a bare number is milliseconds)")
       ->capture_default_str();
   app.add_option("--repeat", repeat, "Runs per block size")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_flag("--json", json, "One JSON object per result line");
@@ -109,24 +116,26 @@ int main(int argc, char** argv) {
     while (!rest.empty()) {
       size_t comma = rest.find(',');
       std::string_view item = rest.substr(0, comma);
-      uint64_t b;
-      if (!ParseBytes(item, &b)) {
-        std::fprintf(stderr, "kvpool-memcpy-bench: --block-size: not a size: '%.*s'\n",
-                     static_cast<int>(item.size()), item.data());
+      kvpool::Result<uint64_t> b = SettingsTable::ParseSize("block-size", item);
+      if (!b.ok()) return FlagError(b.status());
+      if (*b == 0) {
+        std::fprintf(stderr, "kvpool-memcpy-bench: --block-size must be > 0\n");
         return 2;
       }
-      blocks.push_back(b);
+      blocks.push_back(*b);
       rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
     }
   }
-  uint64_t working_set;
-  int64_t duration_ms;
-  if (!ParseBytes(working_set_text, &working_set)) {
-    std::fprintf(stderr, "kvpool-memcpy-bench: --working-set: not a size: '%s'\n", working_set_text.c_str());
-    return 2;
-  }
-  if (!ParseDurationMs(duration_text, &duration_ms) || duration_ms <= 0) {
-    std::fprintf(stderr, "kvpool-memcpy-bench: --duration: not a duration: '%s'\n", duration_text.c_str());
+  // The node's parsers: a value means the same as in kvpool-node's flags (a
+  // bare duration is milliseconds).
+  kvpool::Result<uint64_t> working_set_parsed = SettingsTable::ParseSize("working-set", working_set_text);
+  if (!working_set_parsed.ok()) return FlagError(working_set_parsed.status());
+  const uint64_t working_set = *working_set_parsed;
+  kvpool::Result<std::chrono::milliseconds> duration = SettingsTable::ParseDuration("duration", duration_text);
+  if (!duration.ok()) return FlagError(duration.status());
+  const int64_t duration_ms = duration->count();
+  if (duration_ms <= 0) {
+    std::fprintf(stderr, "kvpool-memcpy-bench: --duration must be > 0\n");
     return 2;
   }
   if (blocks.empty()) {

@@ -88,6 +88,21 @@ bool SettingsTable::ParseDurationMs(std::string_view text, int64_t* out) {
   return true;
 }
 
+Result<uint64_t> SettingsTable::ParseSize(std::string_view flag, std::string_view text) {
+  uint64_t v;
+  if (!ParseBytes(text, &v))
+    return InvalidArgument(fmt::format("--{}: not a size (e.g. 64MiB, 1G, 4096): '{}'", flag, text));
+  return v;
+}
+
+Result<std::chrono::milliseconds> SettingsTable::ParseDuration(std::string_view flag,
+                                                               std::string_view text) {
+  int64_t v;
+  if (!ParseDurationMs(text, &v))
+    return InvalidArgument(fmt::format("--{}: not a duration (e.g. 10s, 500ms): '{}'", flag, text));
+  return std::chrono::milliseconds(v);
+}
+
 std::string SettingsTable::FormatBytes(uint64_t v) {
   static const char* kUnits[] = {"TiB", "GiB", "MiB", "KiB"};
   static const int kShifts[] = {40, 30, 20, 10};
@@ -133,9 +148,9 @@ void SettingsTable::AddBytesRow(std::string name, uint64_t initial, uint64_t min
   Row r{name, SettingType::kBytes, FormatBytes(initial), std::move(help),
         fmt::format("{}..{}", FormatBytes(min), FormatBytes(max)), nullptr, nullptr};
   r.set = [=](std::string_view t) {
-    uint64_t v;
-    if (!ParseBytes(t, &v))
-      return InvalidArgument(fmt::format("--{}: not a size (e.g. 64MiB, 1G, 4096): '{}'", name, t));
+    Result<uint64_t> parsed = ParseSize(name, t);
+    if (!parsed.ok()) return parsed.status();
+    const uint64_t v = *parsed;
     if (v < min || v > max)
       return InvalidArgument(fmt::format("--{}: {} is outside {}..{}", name, FormatBytes(v),
                                          FormatBytes(min), FormatBytes(max)));
@@ -152,9 +167,9 @@ void SettingsTable::AddDuration(std::string name, std::chrono::milliseconds* fie
   Row r{name, SettingType::kDuration, fmt::format("{}ms", field->count()), std::move(help),
         fmt::format("{}ms..{}ms", min.count(), max.count()), nullptr, nullptr};
   r.set = [=](std::string_view t) {
-    int64_t v;
-    if (!ParseDurationMs(t, &v))
-      return InvalidArgument(fmt::format("--{}: not a duration (e.g. 10s, 500ms): '{}'", name, t));
+    Result<std::chrono::milliseconds> parsed = ParseDuration(name, t);
+    if (!parsed.ok()) return parsed.status();
+    const int64_t v = parsed->count();
     if (v < min.count() || v > max.count())
       return InvalidArgument(fmt::format("--{}: {}ms is outside {}ms..{}ms", name, v, min.count(),
                                          max.count()));

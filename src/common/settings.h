@@ -55,9 +55,19 @@ class SettingsTable {
   // {"name": {"value": ..., "default": ..., "type": ..., "help": ...}, ...}
   std::string ToJson() const;
 
-  // Parsers shared with tools: "64MiB", "1G", "4096" / "10s", "500ms", "250".
+  // The parsers behind bytes and duration rows, also used by the tools so
+  // that a value means the same on every command line. Sizes: "64MiB", "1G",
+  // "4096" (binary units; a bare number is bytes). Durations: "10s",
+  // "500ms", "2m", "1h", "250" (a bare number is milliseconds). On bad input
+  // the InvalidArgument names `flag` ("--flag: not a size ...: 'text'"),
+  // exactly as a bytes or duration row reports it; no bounds are applied.
+  static Result<uint64_t> ParseSize(std::string_view flag, std::string_view text);
+  static Result<std::chrono::milliseconds> ParseDuration(std::string_view flag,
+                                                         std::string_view text);
+  // The same, as bare predicates.
   static bool ParseBytes(std::string_view text, uint64_t* out);
   static bool ParseDurationMs(std::string_view text, int64_t* out);
+  // Largest exact binary unit: 3MiB, 1GiB, 1000 (no unit: bytes).
   static std::string FormatBytes(uint64_t v);
 
  private:
