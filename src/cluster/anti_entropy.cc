@@ -11,7 +11,6 @@
 #include "cluster/peer_messages_format.h"
 #include "cluster/shard_map.h"
 #include "common/log.h"
-#include "store/ssd/ssd_store.h"
 
 namespace kvpool::cluster {
 namespace {
@@ -88,18 +87,18 @@ struct AntiEntropy::Impl {
   // DRAM does not hold. want: kNumShards flags (null: every shard).
   uint64_t ListInventory(const std::vector<bool>* want,
                          const std::function<void(const KeyId&, uint64_t)>& fn) {
-    SsdStore* ssd = store->ssd();
+    const bool ssd = store->has_ssd_tier();
     std::vector<KeyId> dram_keys;
     uint64_t n = 0;
-    store->dram()->ListEntries([&](const KeyId& k, uint64_t size) {
+    store->ListDram([&](const KeyId& k, uint64_t size) {
       if (want != nullptr && !(*want)[ShardOf(k)]) return;
       fn(k, size);
       ++n;
-      if (ssd != nullptr) dram_keys.push_back(k);
+      if (ssd) dram_keys.push_back(k);
     });
-    if (ssd == nullptr) return n;
+    if (!ssd) return n;
     std::sort(dram_keys.begin(), dram_keys.end());
-    ssd->ListEntries(
+    store->ListSsd(
         [&](uint64_t hi) { return want == nullptr || (*want)[ShardOf(KeyId{hi, 0})]; },
         [&](const std::vector<SsdEntry>& batch) {
           for (const SsdEntry& e : batch) {
@@ -282,7 +281,7 @@ struct AntiEntropy::Impl {
       if (!want[ShardOf(k)] || mine.count(k) != 0) continue;
       publisher->Remove(k);
       if (store->Contains(k)) {  // stored since the listing
-        auto pin = store->dram()->Acquire(k);
+        auto pin = store->Hold(k);
         if (pin.ok()) publisher->Add(k, pin->size());
       }
       ++removed;

@@ -80,14 +80,14 @@ bool HomePlacer::TryStart(const KeyId& key, uint64_t size, bool published) {
     inflight_bytes_.fetch_sub(size);
     return true;
   }
-  auto held = std::make_shared<DramStore::Pin>(std::move(pin).value());
+  auto held = std::make_shared<TieredStore::Pin>(std::move(pin).value());
   std::vector<uint8_t> request;
   EncodeStore(key, size, &request);
   transport::CallArgs args;
   args.peer = home->address;
   args.type = kPeerStore;
   args.request = request;
-  args.payload = {store_->dram()->segment_base() + held->offset(), held->size()};
+  args.payload = held->bytes();
   args.deadline = transport::Clock::now() + opts_.timeout;
   std::string peer = home->address;
   cluster_->transport()->Call(args, [this, held, key, size, peer, published](transport::Reply r) {

@@ -8,7 +8,6 @@
 
 #include "cluster/peer_messages_format.h"
 #include "common/log.h"
-#include "store/ssd/ssd_store.h"
 
 namespace kvpool::cluster {
 
@@ -20,14 +19,14 @@ namespace {
 
 // Answers a fetch from a pinned DRAM entry without copying: the pin lives
 // until the transport releases the payload.
-void ReplyWithPin(Responder& responder, DramStore* dram, DramStore::Pin pin) {
-  auto held = std::make_shared<DramStore::Pin>(std::move(pin));
+void ReplyWithPin(Responder& responder, TieredStore::Pin pin) {
+  auto held = std::make_shared<TieredStore::Pin>(std::move(pin));
   std::vector<uint8_t> header;
   EncodeFetchReply(held->size(), &header);
   ServerReply reply;
   reply.status = Status::Ok();
   reply.header = std::move(header);
-  reply.payload = {dram->segment_base() + held->offset(), held->size()};
+  reply.payload = held->bytes();
   reply.release = [held] {};
   responder.Respond(std::move(reply));
 }
@@ -88,19 +87,13 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publis
     uint64_t max_size = 0;
     Status s = DecodeFetch(in.request, &key, &max_size);
     if (!s.ok()) return r.Respond(s);
-    DramStore* dram = store_->dram();
-    auto pin = store_->Acquire(key);
-    if (pin.ok()) {
-      if (pin->size() > max_size) return r.Respond(ResourceExhausted("value larger than asked"));
-      return ReplyWithPin(r, dram, std::move(pin).value());
-    }
-    if (!store_->NeedsPromotion(key)) return r.Respond(NotFound("not held here"));
-    auto shared = std::make_shared<Responder>(std::move(r));
-    store_->Promote(key, [shared, dram, max_size](Status ps, DramStore::Pin p) {
-      if (!ps.ok() || !p.valid()) return shared->Respond(NotFound("not held here"));
-      if (p.size() > max_size) return shared->Respond(ResourceExhausted("value larger than asked"));
-      ReplyWithPin(*shared, dram, std::move(p));
-    });
+    // Called from DRAM at once, or (only on SSD) after its promotion.
+    auto answer = [r = std::move(r), max_size](Status ps, TieredStore::Pin p) mutable {
+      if (!ps.ok() || !p.valid()) return r.Respond(NotFound("not held here"));
+      if (p.size() > max_size) return r.Respond(ResourceExhausted("value larger than asked"));
+      ReplyWithPin(r, std::move(p));
+    };
+    store_->AcquireOrPromote(key, std::move(answer));
   });
   t->RegisterHandler(kPeerStore, [this](Incoming in, Responder r) {
     if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
@@ -116,7 +109,7 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publis
                                                                            : slot.status());
     }
     // The one copy of a home placement: the request buffer into the slot.
-    std::memcpy(store_->dram()->segment_base() + slot->offset(), in.payload.data(), size);
+    std::memcpy(slot->data(), in.payload.data(), size);
     s = store_->Commit(std::move(slot).value());
     if (s.ok() || s.code() == StatusCode::kAlreadyExists) {
       if (s.ok()) {
@@ -167,12 +160,12 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publis
   // What the SSD tier drops by itself (a reclaimed region) is no longer
   // held here unless DRAM has it: unpublish the rest. The DRAM check runs
   // on the list executor, not on the SSD flush path.
-  if (SsdStore* ssd = store_->ssd()) {
-    ssd->SetDropListener([this](const std::vector<SsdEntry>& gone) {
+  if (store_->has_ssd_tier()) {
+    store_->SetSsdDropListener([this](const std::vector<SsdEntry>& gone) {
       RunGated([this, gone] {
         uint64_t n = 0;
         for (const SsdEntry& e : gone) {
-          if (store_->dram()->Contains(e.key)) continue;
+          if (store_->InDram(e.key)) continue;
           publisher_->Remove(e.key);
           ++n;
         }
@@ -184,7 +177,7 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publis
 
 // The membership (and its subscription) is gone by now: see the header.
 PeerServer::~PeerServer() {
-  if (SsdStore* ssd = store_->ssd()) ssd->SetDropListener(nullptr);
+  store_->SetSsdDropListener(nullptr);
   std::unique_lock lock(gate_->mu);
   gate_->stopped = true;
   gate_->stop.store(true);
@@ -206,24 +199,23 @@ void PeerServer::RunGated(std::function<void()> fn) {
 }
 
 void PeerServer::ReplaySsd(std::vector<bool> shards, std::vector<KeyId> skip) {
-  SsdStore* ssd = store_->ssd();
-  if (ssd == nullptr) return;
+  if (!store_->has_ssd_tier()) return;
   std::sort(skip.begin(), skip.end());
-  RunGated([this, ssd, shards = std::move(shards), skip = std::move(skip)] {
+  RunGated([this, shards = std::move(shards), skip = std::move(skip)] {
     uint64_t n = 0;
-    ssd->ListEntries([&](uint64_t key_hi) { return shards[ShardOf(KeyId{key_hi, 0})]; },
-                     [&](const std::vector<SsdEntry>& batch) {
-                       uint64_t added = 0;
-                       for (const SsdEntry& e : batch) {
-                         if (std::binary_search(skip.begin(), skip.end(), e.key)) continue;
-                         publisher_->Add(e.key, e.size);
-                         ++added;
-                       }
-                       WaitForPublisher();
-                       n += added;
-                       ssd_replayed_->Inc(added);
-                       return !gate_->stop.load();
-                     });
+    store_->ListSsd([&](uint64_t key_hi) { return shards[ShardOf(KeyId{key_hi, 0})]; },
+                    [&](const std::vector<SsdEntry>& batch) {
+                      uint64_t added = 0;
+                      for (const SsdEntry& e : batch) {
+                        if (std::binary_search(skip.begin(), skip.end(), e.key)) continue;
+                        publisher_->Add(e.key, e.size);
+                        ++added;
+                      }
+                      WaitForPublisher();
+                      n += added;
+                      ssd_replayed_->Inc(added);
+                      return !gate_->stop.load();
+                    });
     LogDebug("republished {} entries from the SSD tier", n);
   });
 }
@@ -253,7 +245,7 @@ void PeerServer::OnView(std::shared_ptr<const ShardMap> before,
     // Listed a few thousand slots per hold of the store's lock, so local
     // puts and gets never wait for the whole scan of a large DRAM tier.
     std::vector<KeyId> published;
-    store_->dram()->ListEntries([&](const KeyId& key, uint64_t size) {
+    store_->ListDram([&](const KeyId& key, uint64_t size) {
       if (!is_moved[ShardOf(key)]) return;
       publisher_->Add(key, size);
       published.push_back(key);
@@ -263,7 +255,7 @@ void PeerServer::OnView(std::shared_ptr<const ShardMap> before,
     // Then the SSD tier's entries of those shards, but for the ones just
     // published: skipping exactly those (not whatever DRAM holds when the
     // listing gets there) also covers a key promoted or demoted meanwhile.
-    if (store_->ssd() == nullptr) return;
+    if (!store_->has_ssd_tier()) return;
     ReplaySsd(std::move(is_moved), std::move(published));
   });
 }

@@ -238,22 +238,22 @@ struct ExistsOp : LookupState {
 // A fetch: each key is fetched from its next candidate holder into a
 // reserved local DRAM slot as soon as its home answered.
 struct FetchOp : LookupState {
-  std::vector<DramStore::Reservation> slots;
+  std::vector<TieredStore::Reservation> slots;
   std::vector<std::vector<std::string>> peers;  // candidate holders per key
   std::mutex mu;
-  std::vector<DramStore::Pin> pins;  // protected by mu
+  std::vector<TieredStore::Pin> pins;  // protected by mu
   // Keys not finished yet, plus one held until the lookups are all out, so
   // `done` never runs inside Fetch().
   std::atomic<size_t> pending{0};
   RemoteSource::FetchDone done;
 
-  void AddPin(DramStore::Pin pin) {
+  void AddPin(TieredStore::Pin pin) {
     std::lock_guard lock(mu);
     pins.push_back(std::move(pin));
   }
   void Finished(size_t n) {
     if (n == 0 || pending.fetch_sub(n, std::memory_order_acq_rel) != n) return;
-    std::vector<DramStore::Pin> out;
+    std::vector<TieredStore::Pin> out;
     {
       std::lock_guard lock(mu);
       out.swap(pins);
@@ -268,7 +268,6 @@ struct FetchOp : LookupState {
 void IssueFetch(const std::shared_ptr<RemoteReader::State>& st, const std::shared_ptr<FetchOp>& op,
                 size_t i, size_t attempt) {
   const std::string& peer = op->peers[i][attempt];
-  DramStore* dram = st->store->dram();
   uint64_t size = op->slots[i].size();
   std::vector<uint8_t> request;
   EncodeFetch(op->keys[i], size, &request);
@@ -276,10 +275,10 @@ void IssueFetch(const std::shared_ptr<RemoteReader::State>& st, const std::share
   args.peer = peer;
   args.type = kPeerFetch;
   args.request = request;
-  args.sink = {dram->segment_base() + op->slots[i].offset(), size};
+  args.sink = op->slots[i].bytes();
   args.deadline = Clock::now() + st->opts.fetch_timeout;
   st->fetches->Inc();
-  st->cluster->transport()->Call(args, [st, op, i, attempt, dram](transport::Reply rep) {
+  st->cluster->transport()->Call(args, [st, op, i, attempt](transport::Reply rep) {
     const std::string& peer = op->peers[i][attempt];
     uint64_t got = 0;
     Status s = rep.status;
@@ -288,7 +287,7 @@ void IssueFetch(const std::shared_ptr<RemoteReader::State>& st, const std::share
       s = Corruption("fetch reply size does not match the directory's");
     }
     if (s.ok()) {
-      auto pin = dram->CommitAndAcquire(std::move(op->slots[i]));
+      auto pin = st->store->CommitAndAcquire(std::move(op->slots[i]));
       if (pin.ok()) {
         st->hits->Inc();
         st->fetch_bytes->Inc(got);
@@ -342,7 +341,7 @@ void StartFetches(const std::shared_ptr<RemoteReader::State>& st,
       // Stored here meanwhile (by a writer or another fetch): serve that.
       auto pin = slot.status().code() == StatusCode::kAlreadyExists
                      ? st->store->Acquire(key)
-                     : Result<DramStore::Pin>(slot.status());
+                     : Result<TieredStore::Pin>(slot.status());
       if (pin.ok()) {
         op->AddPin(std::move(pin).value());
         ++finished;
@@ -410,7 +409,7 @@ void RemoteReader::Fetch(std::vector<KeyId> keys, FetchDone done) {
   op->pending.store(op->keys.size() + 1, std::memory_order_relaxed);
   StartLookup(st, op, [st, op](std::vector<size_t> idx, ResolvedOn on) {
     if (on == ResolvedOn::kCaller) return StartFetches(st, op, idx);  // inside the gate
-    if (st->store->ssd() == nullptr && st->Enter()) {
+    if (!st->store->has_ssd_tier() && st->Enter()) {
       // Without an SSD tier a Reserve never waits: start on this transport
       // thread and save a hand-off per read.
       StartFetches(st, op, idx);

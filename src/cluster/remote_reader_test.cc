@@ -101,7 +101,6 @@ class FaultyTransport final : public transport::Transport {
 
 struct TestNode {
   MetricsRegistry metrics;  // outlives everything below
-  std::unique_ptr<DramStore> dram;
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<TieredStore> tiered;
   std::unique_ptr<Cluster> cluster;
@@ -124,10 +123,9 @@ struct TestNode {
     d.max_value_bytes = 1u << 20;
     d.huge_pages = false;
     d.prefault = false;
-    dram = DramStore::Open(d, &metrics).value();
     pool = std::make_unique<ThreadPool>(2, "test-peer");
-    tiered = std::make_unique<TieredStore>(dram.get(), nullptr, pool.get(), TieringOptions{},
-                                           &metrics);
+    tiered = TieredStore::Open(d, nullptr, pool.get(), pool.get(), TieringOptions{}, &metrics)
+                 .value();
     StaticMembershipOptions so{id, 1, members};
     auto membership = StaticMembership::Open(so, &metrics);
     EXPECT_TRUE(membership.ok());
@@ -170,15 +168,15 @@ struct TestNode {
   void Put(const KeyId& key, const std::vector<uint8_t>& v) {
     auto r = tiered->Reserve(key, v.size());
     ASSERT_TRUE(r.ok());
-    std::memcpy(dram->segment_base() + r->offset(), v.data(), v.size());
+    std::memcpy(r->data(), v.data(), v.size());
     ASSERT_TRUE(tiered->Commit(std::move(r).value()).ok());
     reader->NoteStored(key, v.size());
   }
 
-  std::vector<DramStore::Pin> Fetch(std::vector<KeyId> keys) {
-    std::promise<std::vector<DramStore::Pin>> done;
+  std::vector<TieredStore::Pin> Fetch(std::vector<KeyId> keys) {
+    std::promise<std::vector<TieredStore::Pin>> done;
     auto f = done.get_future();
-    reader->Fetch(std::move(keys), [&](std::vector<DramStore::Pin> pins) {
+    reader->Fetch(std::move(keys), [&](std::vector<TieredStore::Pin> pins) {
       done.set_value(std::move(pins));
     });
     EXPECT_EQ(f.wait_for(std::chrono::seconds(5)), std::future_status::ready);
@@ -193,9 +191,8 @@ struct TestNode {
     return f.get();
   }
 
-  std::vector<uint8_t> Read(const DramStore::Pin& p) const {
-    const uint8_t* b = dram->segment_base() + p.offset();
-    return {b, b + p.size()};
+  std::vector<uint8_t> Read(const TieredStore::Pin& p) const {
+    return {p.data(), p.data() + p.size()};
   }
 };
 
@@ -255,7 +252,7 @@ TEST_F(RemoteReaderTest, FetchesByteExactIntoLocalSlotsAndPublishesReplicas) {
             static_cast<uint64_t>(kN));
   pins.clear();
   for (int i = 0; i < kN; ++i) {
-    auto p = b.dram->Acquire(keys[i]);  // a local replica now
+    auto p = b.tiered->Hold(keys[i]);  // a local replica now
     ASSERT_TRUE(p.ok()) << i;
     EXPECT_EQ(b.Read(*p), vals[i]) << i;
   }
@@ -317,7 +314,7 @@ TEST_F(RemoteReaderTest, PlacementHomeMovesValuesToTheirHomeOrKeepsThemWhenItIsD
     auto v = Bytes(seed, 4096);
     auto r = a.tiered->Reserve(k, v.size());
     ASSERT_TRUE(r.ok());
-    std::memcpy(a.dram->segment_base() + r->offset(), v.data(), v.size());
+    std::memcpy(r->data(), v.data(), v.size());
     ASSERT_TRUE(a.tiered->Commit(std::move(r).value()).ok());
     placer.Place(k, v.size());
   };
@@ -331,12 +328,12 @@ TEST_F(RemoteReaderTest, PlacementHomeMovesValuesToTheirHomeOrKeepsThemWhenItIsD
   EXPECT_EQ(moved->Value(), 8u);
   EXPECT_EQ(kept->Value(), 8u);
   for (size_t i = 0; i < to_b.size(); ++i) {
-    EXPECT_FALSE(a.dram->Contains(to_b[i])) << i;  // handed over
-    auto p = b.dram->Acquire(to_b[i]);
+    EXPECT_FALSE(a.tiered->InDram(to_b[i])) << i;  // handed over
+    auto p = b.tiered->Hold(to_b[i]);
     ASSERT_TRUE(p.ok()) << i;
     EXPECT_EQ(b.Read(*p), Bytes(i, 4096)) << i;
   }
-  for (const auto& k : to_c) EXPECT_TRUE(a.dram->Contains(k));  // kept: the home is down
+  for (const auto& k : to_c) EXPECT_TRUE(a.tiered->InDram(k));  // kept: the home is down
 }
 
 // A publish batch the home did not take (b is down) is sent again after the
@@ -395,9 +392,9 @@ TEST_F(RemoteReaderTest, FetchesStartWhileOtherHomesAreStillAnswering) {
   a.publisher->Flush();
   ASSERT_TRUE(WaitDirectoryEntries(keys.size()));
 
-  std::promise<std::vector<DramStore::Pin>> done;
+  std::promise<std::vector<TieredStore::Pin>> done;
   auto f = done.get_future();
-  b.reader->Fetch(keys, [&](std::vector<DramStore::Pin> pins) { done.set_value(std::move(pins)); });
+  b.reader->Fetch(keys, [&](std::vector<TieredStore::Pin> pins) { done.set_value(std::move(pins)); });
   Counter* hits = b.metrics.GetCounter("kvpool_remote_hits_total", "");
   for (int i = 0; i < 500 && hits->Value() < homed_b; ++i) {
     std::this_thread::sleep_for(milliseconds(10));
@@ -412,16 +409,16 @@ TEST_F(RemoteReaderTest, FetchesStartWhileOtherHomesAreStillAnswering) {
   ASSERT_EQ(pins.size(), keys.size());
   EXPECT_EQ(hits->Value(), keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    auto p = b.dram->Acquire(keys[i]);
+    auto p = b.tiered->Hold(keys[i]);
     ASSERT_TRUE(p.ok()) << i;
     EXPECT_EQ(b.Read(*p), vals[i]) << i;
   }
   // A lets go of the entries it answered from once the replies are sent (on
   // the network thread, possibly just after B got them).
-  for (int i = 0; i < 500 && a.dram->GetStats().pinned > 0; ++i) {
+  for (int i = 0; i < 500 && a.tiered->GetDramStats().pinned > 0; ++i) {
     std::this_thread::sleep_for(milliseconds(10));
   }
-  EXPECT_EQ(a.dram->GetStats().pinned, 0u);
+  EXPECT_EQ(a.tiered->GetDramStats().pinned, 0u);
 }
 
 // A degraded network on C's calls (RELIABILITY B5, scaled down): a delay of
@@ -468,7 +465,7 @@ TEST_F(RemoteReaderTest, DegradedNetworkCostsMissesNeverHangsOrWrongBytes) {
       }
       o.hits += static_cast<int>(pins.size());
       pins.clear();
-      for (const auto& k : batch) c.dram->Remove(k).IgnoreError();
+      for (const auto& k : batch) c.tiered->Remove(k).IgnoreError();
     }
     return o;
   };

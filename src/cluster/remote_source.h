@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/key_id.h"
-#include "store/dram/dram_store.h"
+#include "store/tiered_store.h"
 
 namespace kvpool {
 
@@ -21,7 +21,7 @@ class RemoteSource {
 
   // Fetches keys this node does not hold into local DRAM (kept as local
   // replicas); done gets a pin per key found (any order; misses are absent).
-  using FetchDone = std::function<void(std::vector<DramStore::Pin>)>;
+  using FetchDone = std::function<void(std::vector<TieredStore::Pin>)>;
   virtual void Fetch(std::vector<KeyId> keys, FetchDone done) = 0;
   // Which of the keys some live peer holds.
   using ExistsDone = std::function<void(std::vector<KeyId>)>;

@@ -114,8 +114,8 @@ struct Conn {
   int pass_fd = -1;  // passed with the first byte of out.front()
   bool pending = false;  // a request waits for promotions; later frames wait
   uint64_t next_handle = 1;
-  std::unordered_map<uint64_t, DramStore::Reservation> reservations;
-  std::unordered_map<uint64_t, DramStore::Pin> pins;
+  std::unordered_map<uint64_t, TieredStore::Reservation> reservations;
+  std::unordered_map<uint64_t, TieredStore::Pin> pins;
 };
 
 class LocalServerImpl final : public LocalServer {
@@ -124,7 +124,6 @@ class LocalServerImpl final : public LocalServer {
                   MetricsRegistry* m, std::function<std::string()> stats_json)
       : opts_(o),
         tiered_(tiered),
-        store_(tiered->dram()),
         remote_(remote),
         stats_json_(std::move(stats_json)) {
     for (int t = 1; t < kNumOps; ++t) {
@@ -634,7 +633,7 @@ class LocalServerImpl final : public LocalServer {
   // of keys not held here, wait in parked_ without blocking the loop; the
   // connection's later frames wait behind them. Returns true when parked.
   bool Park(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
-    if ((tiered_->ssd() == nullptr && remote_ == nullptr) || !c.handshaked) return false;
+    if ((!tiered_->has_ssd_tier() && remote_ == nullptr) || !c.handshaked) return false;
     auto type = static_cast<MessageType>(h.type);
     keys_.clear();
     if (type == MessageType::kAcquire || (type == MessageType::kExists && remote_ != nullptr)) {
@@ -738,13 +737,13 @@ class LocalServerImpl final : public LocalServer {
     c.handshaked = true;
     protocol::HelloReply rep;
     rep.instance_id = opts_.instance_id;
-    rep.segment_bytes = store_->segment_bytes();
-    rep.max_value_bytes = store_->max_value_bytes();
+    rep.segment_bytes = tiered_->segment_bytes();
+    rep.max_value_bytes = tiered_->max_value_bytes();
     rep.max_batch = opts_.max_batch;
     rep.max_frame_bytes = opts_.max_frame_bytes;
     std::vector<uint8_t> out;
     protocol::EncodeHelloReply(rep, &out);
-    c.pass_fd = store_->segment_fd();
+    c.pass_fd = tiered_->segment_fd();
     Queue(c, MessageType::kHello, h.request_id, Status::Ok(), out);
     return Status::Ok();
   }
@@ -869,7 +868,6 @@ class LocalServerImpl final : public LocalServer {
     items_->Inc(sized_.size());
     statuses_.assign(sized_.size(), 0);
     uint64_t off = 0;
-    uint8_t* base = store_->segment_base();
     for (size_t i = 0; i < sized_.size(); ++i) {
       const uint8_t* src = data.data() + off;
       off += sized_[i].size;
@@ -879,7 +877,7 @@ class LocalServerImpl final : public LocalServer {
         if (r.status().code() != StatusCode::kAlreadyExists) put_failures_->Inc();
         continue;
       }
-      std::memcpy(base + r->offset(), src, sized_[i].size);
+      std::memcpy(r->data(), src, sized_[i].size);
       Status s = tiered_->Commit(std::move(r).value());
       statuses_[i] = static_cast<int32_t>(s.code());
       if (s.ok()) {
@@ -897,7 +895,7 @@ class LocalServerImpl final : public LocalServer {
     KVPOOL_RETURN_IF_ERROR(protocol::DecodeSizedKeys(body, opts_.max_batch, &sized_, nullptr));
     items_->Inc(sized_.size());
     std::vector<protocol::GetItem> items(sized_.size());
-    std::vector<DramStore::Pin> pins;
+    std::vector<TieredStore::Pin> pins;
     pins.reserve(sized_.size());
     uint64_t total = 0, hits = 0;
     for (size_t i = 0; i < sized_.size(); ++i) {
@@ -920,8 +918,7 @@ class LocalServerImpl final : public LocalServer {
     std::vector<uint8_t> out;
     out.reserve(4 + 12 * items.size() + total);
     protocol::EncodeGetItems(items, &out);
-    const uint8_t* base = store_->segment_base();
-    for (const auto& p : pins) out.insert(out.end(), base + p.offset(), base + p.offset() + p.size());
+    for (const auto& p : pins) out.insert(out.end(), p.data(), p.data() + p.size());
     bytes_read_->Inc(total);
     Queue(c, MessageType::kGet, h.request_id, Status::Ok(), out);
     return Status::Ok();
@@ -960,7 +957,6 @@ class LocalServerImpl final : public LocalServer {
 
   const LocalServerOptions opts_;
   TieredStore* const tiered_;  // outlives the server
-  DramStore* const store_;     // tiered_'s DRAM tier: the shared segment
   RemoteSource* const remote_;  // null when standalone
   std::unique_ptr<ParkedReads> parked_;  // created with the wake fd
   // While a parked exists is answered: the keys the cluster has.

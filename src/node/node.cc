@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -24,8 +25,6 @@
 #include "common/metrics.h"
 #include "node/local_server.h"
 #include "common/executor.h"
-#include "store/dram/dram_store.h"
-#include "store/ssd/ssd_store.h"
 #include "store/tiered_store.h"
 
 namespace kvpool {
@@ -53,21 +52,18 @@ class NodeImpl final : public Node {
   ~NodeImpl() override { Stop(); }
 
   Status Open() {
-    KVPOOL_ASSIGN_OR_RETURN(store_, DramStore::Open(opts_.dram, &metrics_));
     io_pool_ = std::make_unique<ThreadPool>(opts_.io_threads, "kvpool-io");
     // Region flushes get their own threads: a promotion waiting for DRAM
     // room may wait for a demotion, which waits for a flush.
     flush_pool_ = std::make_unique<ThreadPool>(opts_.flush_threads, "kvpool-flush");
-    if (!opts_.ssd_dirs.empty()) {
-      SsdOptions so = opts_.SsdWithDirs();
-      so.max_value_bytes = store_->max_value_bytes();
-      KVPOOL_ASSIGN_OR_RETURN(ssd_, SsdStore::Open(so, &metrics_, flush_pool_.get()));
-    }
-    tiered_ = std::make_unique<TieredStore>(store_.get(), ssd_.get(), io_pool_.get(),
-                                            opts_.tiering, &metrics_);
+    std::optional<SsdOptions> so;
+    if (!opts_.ssd_dirs.empty()) so = opts_.SsdWithDirs();
+    KVPOOL_ASSIGN_OR_RETURN(tiered_, TieredStore::Open(opts_.dram, so ? &*so : nullptr,
+                                                       io_pool_.get(), flush_pool_.get(),
+                                                       opts_.tiering, &metrics_));
     ClusterOptions co = opts_.ClusterWithEndpoints(opts_.node_id);
     if (co.enabled()) {
-      co.registered_region = {store_->segment_base(), store_->segment_bytes()};
+      co.registered_region = tiered_->segment();
       peer_pool_ = std::make_unique<ThreadPool>(2, "kvpool-peer");
       KVPOOL_ASSIGN_OR_RETURN(cluster_, Cluster::Open(co, peer_pool_.get(), &metrics_));
       cluster_thread_ = std::thread([this] { cluster_->Run(); });
@@ -91,7 +87,7 @@ class NodeImpl final : public Node {
       hooks.ready = [this] { return !stopping_.load(); };
       KVPOOL_ASSIGN_OR_RETURN(admin_, AdminServer::Start(opts_.admin, &metrics_, std::move(hooks)));
     }
-    DramStats st = store_->GetStats();
+    DramStats st = tiered_->GetDramStats();
     LogInfo("node {} serving: socket {} dram {} ({} pages){}", opts_.node_id,
             opts_.local.socket_path, SettingsTable::FormatBytes(st.capacity_bytes),
             st.huge_pages ? "huge" : "4KiB",
@@ -127,7 +123,7 @@ class NodeImpl final : public Node {
       if (cluster_thread_.joinable()) cluster_thread_.join();
     }
     if (peer_pool_) peer_pool_->Stop();
-    if (cluster_ && !ssd_) store_->SetEvictionListener(nullptr);
+    if (cluster_ && !tiered_->has_ssd_tier()) tiered_->SetEvictionListener(nullptr);
     cluster_.reset();
     anti_entropy_.reset();
     peer_server_.reset();
@@ -140,20 +136,18 @@ class NodeImpl final : public Node {
     if (io_pool_) io_pool_->Stop();
     admin_.reset();
     local_.reset();
-    if (ssd_ && opts_.ssd_persist_on_stop) {
-      // A clean stop keeps the whole cache: DRAM goes to SSD first.
-      uint64_t n = tiered_->DemoteAll();
-      LogInfo("wrote {} DRAM entries to the SSD tier before stopping", n);
-    }
-    tiered_.reset();
-    if (ssd_) {
-      Status s = ssd_->Close();  // flush and checkpoint: a warm restart
+    if (tiered_ && tiered_->has_ssd_tier()) {
+      if (opts_.ssd_persist_on_stop) {
+        // A clean stop keeps the whole cache: DRAM goes to SSD first.
+        uint64_t n = tiered_->DemoteAll();
+        LogInfo("wrote {} DRAM entries to the SSD tier before stopping", n);
+      }
+      Status s = tiered_->Close();  // flush and checkpoint: a warm restart
       if (!s.ok()) LogWarn("ssd tier close: {}", s.ToString());
     }
     if (flush_pool_) flush_pool_->Stop();
     metrics_.RemoveCallbacks(this);
-    ssd_.reset();
-    store_.reset();
+    tiered_.reset();
     io_pool_.reset();
     flush_pool_.reset();
   }
@@ -168,7 +162,7 @@ class NodeImpl final : public Node {
                                                       directory_.get(), peer_pool_.get(),
                                                       &metrics_);
     // SSD inventory listings read the device for seconds: their own thread.
-    if (ssd_) list_pool_ = std::make_unique<ThreadPool>(1, "kvpool-list");
+    if (tiered_->has_ssd_tier()) list_pool_ = std::make_unique<ThreadPool>(1, "kvpool-list");
     peer_server_ = std::make_unique<cluster::PeerServer>(
         cluster_.get(), directory_.get(), publisher_.get(), tiered_.get(), peer_pool_.get(),
         list_pool_.get(), &metrics_);
@@ -190,9 +184,9 @@ class NodeImpl final : public Node {
                                                       peer_pool_.get(), &metrics_);
     // Without an SSD tier an evicted entry is gone: unpublish it. (With one,
     // it stays held on SSD.)
-    if (!ssd_) {
+    if (!tiered_->has_ssd_tier()) {
       cluster::Publisher* pub = publisher_.get();
-      store_->SetEvictionListener(
+      tiered_->SetEvictionListener(
           [pub](const KeyId& key, const uint8_t*, uint64_t) { pub->Remove(key); });
     }
     publish_thread_ = std::thread([this] {
@@ -212,7 +206,7 @@ class NodeImpl final : public Node {
   }
 
   std::string StatusJson() const {
-    DramStats st = store_->GetStats();
+    DramStats st = tiered_->GetDramStats();
     nlohmann::ordered_json classes = nlohmann::ordered_json::array();
     for (const auto& c : st.classes) {
       if (c.slabs == 0) continue;
@@ -282,8 +276,8 @@ class NodeImpl final : public Node {
   }
 
   nlohmann::ordered_json SsdJson() const {
-    if (!ssd_) return nullptr;
-    SsdStats st = ssd_->GetStats();
+    if (!tiered_->has_ssd_tier()) return nullptr;
+    SsdStats st = tiered_->GetSsdStats();
     nlohmann::ordered_json dirs = nlohmann::ordered_json::array();
     for (const auto& d : st.dirs) {
       dirs.push_back({{"dir", d.dir},
@@ -317,11 +311,9 @@ class NodeImpl final : public Node {
   const std::chrono::steady_clock::time_point started_;
   uint64_t instance_id_ = 0;
   MetricsRegistry metrics_;  // outlives every component below
-  std::unique_ptr<DramStore> store_;
   std::unique_ptr<ThreadPool> io_pool_;     // promotions (SSD reads into DRAM)
   std::unique_ptr<ThreadPool> flush_pool_;  // SSD region writes
-  std::unique_ptr<SsdStore> ssd_;        // null without --ssd
-  std::unique_ptr<TieredStore> tiered_;
+  std::unique_ptr<TieredStore> tiered_;     // DRAM, and SSD with --ssd
   std::unique_ptr<ThreadPool> peer_pool_;  // peer request handlers
   std::unique_ptr<ThreadPool> list_pool_;  // SSD inventory listings (cluster + SSD only)
   std::unique_ptr<Cluster> cluster_;       // null when standalone

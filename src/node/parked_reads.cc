@@ -6,7 +6,7 @@ namespace kvpool {
 
 ParkedReads::ParkedReads(TieredStore* store, RemoteSource* remote, int wake_fd,
                          MetricsRegistry* m)
-    : tiered_(store), dram_(store->dram()), remote_(remote), wake_fd_(wake_fd) {
+    : tiered_(store), remote_(remote), wake_fd_(wake_fd) {
   waits_ = m->GetCounter("kvpool_promotion_waits_total",
                          "Requests that waited for entries to be promoted from SSD");
   remote_waits_ = m->GetCounter("kvpool_remote_waits_total",
@@ -15,12 +15,15 @@ ParkedReads::ParkedReads(TieredStore* store, RemoteSource* remote, int wake_fd,
 
 bool ParkedReads::Park(Kind kind, std::span<const KeyId> keys, Request request) {
   std::vector<KeyId> cold, absent;
-  for (const auto& k : keys) {
+  std::vector<bool> is_cold(kind == Kind::kRead ? keys.size() : 0);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const KeyId& k = keys[i];
     if (kind == Kind::kExists) {
       if (remote_ != nullptr && !tiered_->Contains(k)) absent.push_back(k);
     } else if (tiered_->NeedsPromotion(k)) {
       cold.push_back(k);
-    } else if (remote_ != nullptr && !dram_->Contains(k)) {
+      is_cold[i] = true;
+    } else if (remote_ != nullptr && !tiered_->InDram(k)) {
       absent.push_back(k);
     }
   }
@@ -28,18 +31,20 @@ bool ParkedReads::Park(Kind kind, std::span<const KeyId> keys, Request request) 
   uint64_t id = next_id_++;
   Pending& p = pending_[id];
   p.request = std::move(request);
-  // The keys already in DRAM are pinned while the request waits, so the
-  // promotions and fetches of the others cannot evict them.
+  // The keys already in DRAM are pinned while the request waits, before
+  // any promotion starts, so the promotions and fetches of the others
+  // cannot evict them.
   if (kind == Kind::kRead) {
-    for (const auto& k : keys) {
-      auto pin = dram_->Acquire(k);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (is_cold[i]) continue;  // pinned by its promotion below
+      auto pin = tiered_->Hold(keys[i]);
       if (pin.ok()) p.request.pins.push_back(std::move(pin).value());
     }
   }
   p.remaining = cold.size() + (absent.empty() ? 0 : 1);
   if (!cold.empty()) waits_->Inc();
   for (const auto& k : cold) {
-    tiered_->Promote(k, [this, id](Status, DramStore::Pin pin) {
+    tiered_->AcquireOrPromote(k, [this, id](Status, TieredStore::Pin pin) {
       Done d{id, {}, {}};
       if (pin.valid()) d.pins.push_back(std::move(pin));
       Post(std::move(d));
@@ -52,7 +57,7 @@ bool ParkedReads::Park(Kind kind, std::span<const KeyId> keys, Request request) 
         Post(Done{id, {}, std::move(hits)});
       });
     } else {
-      remote_->Fetch(std::move(absent), [this, id](std::vector<DramStore::Pin> pins) {
+      remote_->Fetch(std::move(absent), [this, id](std::vector<TieredStore::Pin> pins) {
         Post(Done{id, std::move(pins), {}});
       });
     }

@@ -34,7 +34,7 @@ class ParkedReads {
     uint64_t conn_id = 0;
     protocol::FrameHeader header;
     std::vector<uint8_t> body;
-    std::vector<DramStore::Pin> pins;  // entries pinned until it is answered
+    std::vector<TieredStore::Pin> pins;  // entries pinned until it is answered
     std::set<KeyId> remote_hits;       // exists: keys the cluster has
   };
   enum class Kind { kRead, kExists };
@@ -52,7 +52,7 @@ class ParkedReads {
  private:
   struct Done {
     uint64_t id = 0;
-    std::vector<DramStore::Pin> pins;
+    std::vector<TieredStore::Pin> pins;
     std::vector<KeyId> remote_hits;
   };
   struct Pending {
@@ -62,7 +62,6 @@ class ParkedReads {
   void Post(Done d);
 
   TieredStore* const tiered_;
-  DramStore* const dram_;
   RemoteSource* const remote_;
   const int wake_fd_;
   Counter* waits_;

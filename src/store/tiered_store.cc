@@ -4,8 +4,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/check.h"
 #include "common/log.h"
-#include "store/ssd/ssd_store.h"
 
 namespace kvpool {
 
@@ -113,12 +113,30 @@ struct TieredStore::Impl {
       if (r.status().code() == StatusCode::kAlreadyExists) return self->dram_->Acquire(key);
       return std::move(r).TakeStatus();
     }
-    uint8_t* dst = self->dram_->segment_base() + r->offset();
-    KVPOOL_RETURN_IF_ERROR(ssd->Read(key, dst, size));  // the reservation aborts on failure
+    KVPOOL_RETURN_IF_ERROR(ssd->Read(key, r->data(), size));  // the reservation aborts on failure
     *read = true;
     return self->dram_->CommitAndAcquire(std::move(r).value());
   }
 };
+
+Result<std::unique_ptr<TieredStore>> TieredStore::Open(const DramOptions& dram,
+                                                       const SsdOptions* ssd,
+                                                       Executor* promote_executor,
+                                                       Executor* flush_executor,
+                                                       const TieringOptions& options,
+                                                       MetricsRegistry* metrics) {
+  KVPOOL_ASSIGN_OR_RETURN(std::unique_ptr<DramStore> d, DramStore::Open(dram, metrics));
+  std::unique_ptr<SsdStore> s;
+  if (ssd != nullptr) {
+    SsdOptions so = *ssd;
+    so.max_value_bytes = d->max_value_bytes();
+    KVPOOL_ASSIGN_OR_RETURN(s, SsdStore::Open(so, metrics, flush_executor));
+  }
+  auto store = std::make_unique<TieredStore>(d.get(), s.get(), promote_executor, options, metrics);
+  store->owned_dram_ = std::move(d);
+  store->owned_ssd_ = std::move(s);
+  return store;
+}
 
 TieredStore::TieredStore(DramStore* dram, SsdStore* ssd, Executor* executor,
                          const TieringOptions& options, MetricsRegistry* metrics)
@@ -161,7 +179,7 @@ TieredStore::~TieredStore() {
   if (ssd_ != nullptr) dram_->SetEvictionListener(nullptr);
 }
 
-Result<DramStore::Reservation> TieredStore::Reserve(const KeyId& key, uint64_t size) {
+Result<TieredStore::Reservation> TieredStore::Reserve(const KeyId& key, uint64_t size) {
   if (ssd_ != nullptr) {
     if (ssd_->Contains(key)) return AlreadyExists("key is stored (on SSD)");
     // The Reserve may evict, and evictions are demoted under the DRAM lock
@@ -174,7 +192,7 @@ Result<DramStore::Reservation> TieredStore::Reserve(const KeyId& key, uint64_t s
   return dram_->Reserve(key, size);
 }
 
-Result<DramStore::Pin> TieredStore::Acquire(const KeyId& key) {
+Result<TieredStore::Pin> TieredStore::Acquire(const KeyId& key) {
   auto p = dram_->Acquire(key);
   if (p.ok() && ssd_ != nullptr && impl_->options.admit_min_reads > 0) impl_->sketch.Increment(key);
   return p;
@@ -196,6 +214,34 @@ Status TieredStore::Remove(const KeyId& key) {
 }
 
 Status TieredStore::Flush() { return ssd_ != nullptr ? ssd_->Flush() : Status::Ok(); }
+
+Status TieredStore::Close() {
+  if (ssd_ == nullptr) return Status::Ok();
+  dram_->SetEvictionListener(nullptr);  // no demotions into a closing tier
+  return ssd_->Close();
+}
+
+uint64_t TieredStore::ListSsd(const SsdKeyFilter& want, const SsdEntrySink& sink) {
+  return ssd_ != nullptr ? ssd_->ListEntries(want, sink) : 0;
+}
+
+void TieredStore::SetEvictionListener(DramStore::EvictionListener listener) {
+  KVPOOL_CHECK(ssd_ == nullptr);  // the SSD tier's demotions own the listener
+  dram_->SetEvictionListener(std::move(listener));
+}
+
+void TieredStore::SetSsdDropListener(SsdDropListener listener) {
+  if (ssd_ != nullptr) ssd_->SetDropListener(std::move(listener));
+}
+
+std::span<uint8_t> TieredStore::segment() const {
+  return {dram_->segment_base(), dram_->segment_bytes()};
+}
+
+SsdStats TieredStore::GetSsdStats() const {
+  KVPOOL_CHECK(ssd_ != nullptr);
+  return ssd_->GetStats();
+}
 
 uint64_t TieredStore::DemoteAll() {
   if (ssd_ == nullptr) return 0;

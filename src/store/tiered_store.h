@@ -1,25 +1,33 @@
-// TieredStore: the DRAM tier over the optional SSD tier.
+// TieredStore: the store's one face -- the DRAM tier over the optional SSD
+// tier. Code above src/store/ reaches the tiers only through it.
 //
 // DRAM eviction demotes entries to SSD (write-back, filtered by an
 // admission policy); a get that misses DRAM and hits SSD promotes the entry
-// into a DRAM slot (Promote) and is then served from DRAM through the same
-// zero-copy path. Concurrent promotions of one key share one SSD read.
-// Values are immutable across tiers: a key present in either tier is
+// into a DRAM slot (AcquireOrPromote) and is then served from DRAM through
+// the same zero-copy path. Concurrent promotions of one key share one SSD
+// read. Values are immutable across tiers: a key present in either tier is
 // AlreadyExists for a new put.
 //
-// Thread-safe. Promotions run on the executor given at construction.
+// Thread-safe. Promotions run on the executor given at construction. A store
+// made by Open owns its tiers; one constructed over tiers does not.
+// Reservation and Pin are RAII handles on DRAM slots (data() gives their
+// bytes); they must not outlive the store.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "common/executor.h"
 #include "common/key_id.h"
 #include "common/metrics.h"
 #include "common/status.h"
 #include "store/dram/dram_store.h"
+#include "store/ssd/ssd_store.h"
 
 namespace kvpool {
 
@@ -36,52 +44,130 @@ struct TieringOptions {
 
 class TieredStore {
  public:
-  // dram must outlive the store; ssd may be null (DRAM only).
+  using Reservation = DramStore::Reservation;
+  using Pin = DramStore::Pin;
+  using PromoteDone = std::function<void(Status, Pin)>;
+
+  // Opens the DRAM tier and, when ssd is non-null, the SSD tier under it
+  // (its max_value_bytes set to DRAM's; region writes on flush_executor).
+  // Promotions run on promote_executor. The executors and metrics must
+  // outlive the store.
+  static Result<std::unique_ptr<TieredStore>> Open(const DramOptions& dram,
+                                                   const SsdOptions* ssd,
+                                                   Executor* promote_executor,
+                                                   Executor* flush_executor,
+                                                   const TieringOptions& options,
+                                                   MetricsRegistry* metrics);
+  // Over tiers owned elsewhere: dram (and ssd, which may be null: DRAM only)
+  // must outlive the store.
   TieredStore(DramStore* dram, SsdStore* ssd, Executor* executor, const TieringOptions& options,
               MetricsRegistry* metrics);
   ~TieredStore();
   TieredStore(const TieredStore&) = delete;
   TieredStore& operator=(const TieredStore&) = delete;
 
-  DramStore* dram() const { return dram_; }
-  SsdStore* ssd() const { return ssd_; }
-
+  // --- Writing.
   // As DramStore::Reserve, but AlreadyExists also when the key is on SSD.
   // With an SSD tier, first waits (bounded) until it has room for a
   // demotion, so the evictions under the DRAM lock never wait for I/O.
-  Result<DramStore::Reservation> Reserve(const KeyId& key, uint64_t size);
-  Status Commit(DramStore::Reservation reservation) { return dram_->Commit(std::move(reservation)); }
-  // DRAM only: NotFound when the entry is not in DRAM (see NeedsPromotion).
-  Result<DramStore::Pin> Acquire(const KeyId& key);
+  Result<Reservation> Reserve(const KeyId& key, uint64_t size);
+  Status Commit(Reservation reservation) { return dram_->Commit(std::move(reservation)); }
+  // Commit, then pin the entry in the same step (DramStore::CommitAndAcquire).
+  Result<Pin> CommitAndAcquire(Reservation reservation) {
+    return dram_->CommitAndAcquire(std::move(reservation));
+  }
+
+  // --- Reading.
+  // Pins the entry if it is in DRAM, counting a read (for SSD admission):
+  // NotFound when it is not in DRAM (it may be on SSD: AcquireOrPromote).
+  Result<Pin> Acquire(const KeyId& key);
+  // As Acquire, but not counted as a read: keeps an entry in place while a
+  // request waits for others (the request's own Acquire counts it).
+  Result<Pin> Hold(const KeyId& key) { return dram_->Acquire(key); }
+  // Pins the entry wherever it is held and calls done(status, pin): inline
+  // when it is in DRAM (OK) or in neither tier (NotFound, empty pin); when
+  // it is only on SSD, after reading it into a DRAM slot, on an executor
+  // thread: OK with a pin (so it cannot be evicted before the waiting
+  // request reads it), or NotFound, Corruption, IOError with an empty pin.
+  // A DRAM hit costs what Acquire costs: done is called, never copied or
+  // stored. Done: callable as void(Status, Pin); a move-only one is moved
+  // to the heap when it has to wait for a promotion.
+  template <typename Done>
+  void AcquireOrPromote(const KeyId& key, Done&& done);
   // In either tier.
   bool Contains(const KeyId& key) const;
-  // True when the key is on SSD but not in DRAM: Promote before Acquire.
+  // In DRAM (not counted as an access).
+  bool InDram(const KeyId& key) const { return dram_->Contains(key); }
+  // True when the key is on SSD but not in DRAM: a read of it waits for a
+  // promotion.
   bool NeedsPromotion(const KeyId& key) const;
+
   // Removes from both tiers; OK when it was in either.
   Status Remove(const KeyId& key);
 
+  // --- Durability.
   // Copies every DRAM entry that is not on SSD yet into the SSD tier (for a
   // clean shutdown: the restarted node keeps its whole cache). Returns how
   // many were written; call Flush after. Holds the DRAM tier's lock.
   uint64_t DemoteAll();
-
   // Writes the SSD tier's partly filled region buffers and waits for them:
   // what was demoted so far survives a crash. OK without an SSD tier.
   Status Flush();
+  // Stops demoting, then flushes, checkpoints and closes the SSD tier (a
+  // warm restart finds it). OK without an SSD tier. Idempotent; reads and
+  // writes of DRAM go on working.
+  Status Close();
 
-  // Reads the key from SSD into a DRAM slot, then calls done (on an executor
-  // thread, or inline when there is no SSD tier) with a pin on the entry, so
-  // it cannot be evicted before the waiting request reads it: OK when the key
-  // is in DRAM now; NotFound, Corruption or IOError when it could not be
-  // brought in (the pin is empty then).
-  using PromoteDone = std::function<void(Status, DramStore::Pin)>;
-  void Promote(const KeyId& key, PromoteDone done);
+  // --- Inventory (what this store holds, for the cluster's directory).
+  bool has_ssd_tier() const { return ssd_ != nullptr; }
+  // DramStore::ListEntries: fn(key, size) for DRAM's committed entries, a
+  // few thousand slots per hold of the DRAM lock.
+  void ListDram(const std::function<void(const KeyId&, uint64_t)>& fn) const {
+    dram_->ListEntries(fn);
+  }
+  // SsdStore::ListEntries: blocks on the device. 0 without an SSD tier.
+  uint64_t ListSsd(const SsdKeyFilter& want, const SsdEntrySink& sink);
+  // DRAM only (REQUIRES: !has_ssd_tier(); with an SSD tier evictions are
+  // demotions): told of each entry DRAM evicts, under the DRAM lock (see
+  // DramStore::SetEvictionListener). Null clears it.
+  void SetEvictionListener(DramStore::EvictionListener listener);
+  // Told of the entries the SSD tier drops by itself (see
+  // SsdStore::SetDropListener). Null clears it; no-op without an SSD tier.
+  void SetSsdDropListener(SsdDropListener listener);
+
+  // --- The shared segment clients map, and figures.
+  int segment_fd() const { return dram_->segment_fd(); }
+  uint64_t segment_bytes() const { return dram_->segment_bytes(); }
+  // All of the segment (for registering it with a transport).
+  std::span<uint8_t> segment() const;
+  uint64_t max_value_bytes() const { return dram_->max_value_bytes(); }
+  DramStats GetDramStats() const { return dram_->GetStats(); }
+  // REQUIRES: has_ssd_tier().
+  SsdStats GetSsdStats() const;
 
  private:
   struct Impl;
+  void Promote(const KeyId& key, PromoteDone done);
+
+  std::unique_ptr<DramStore> owned_dram_;  // set by Open
+  std::unique_ptr<SsdStore> owned_ssd_;    // set by Open with an SSD tier
   std::unique_ptr<Impl> impl_;
   DramStore* const dram_;
   SsdStore* const ssd_;
 };
+
+template <typename Done>
+void TieredStore::AcquireOrPromote(const KeyId& key, Done&& done) {
+  auto pin = Acquire(key);
+  if (pin.ok()) return done(Status::Ok(), std::move(pin).value());
+  if (!NeedsPromotion(key)) return done(std::move(pin).TakeStatus(), Pin());
+  using D = std::decay_t<Done>;
+  if constexpr (std::is_copy_constructible_v<D>) {
+    Promote(key, PromoteDone(std::forward<Done>(done)));
+  } else {
+    auto held = std::make_shared<D>(std::forward<Done>(done));
+    Promote(key, [held](Status s, Pin p) { (*held)(std::move(s), std::move(p)); });
+  }
+}
 
 }  // namespace kvpool

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include "common/executor.h"
@@ -78,14 +80,14 @@ class TieredStoreTest : public ::testing::Test {
     Fill(dram_->segment_base() + r->offset(), i, n);
     return tiered_->Commit(std::move(r).value());
   }
-  // Promotes (waiting) and checks the bytes through a pin.
+  // Acquires, promoting when needed (waiting), and checks the bytes through a pin.
   Status PromoteAndCheck(int i, uint64_t n) {
     std::mutex mu;
     std::condition_variable cv;
     bool done = false;
     Status result;
     DramStore::Pin held;
-    tiered_->Promote(K(i), [&](Status s, DramStore::Pin pin) {
+    tiered_->AcquireOrPromote(K(i), [&](Status s, TieredStore::Pin pin) {
       std::lock_guard lock(mu);
       result = s;
       held = std::move(pin);
@@ -244,6 +246,103 @@ TEST_F(TieredStoreTest, PutWaitingForSsdRoomDoesNotBlockDram) {
   faults_->SetLatencyMicros(0);
   ASSERT_TRUE(tiered_->Flush().ok());
   for (int i = 0; i < kN; ++i) ASSERT_TRUE(PromoteAndCheck(i, kMiB).ok()) << i;
+}
+
+// A DRAM hit and a miss in both tiers are answered inside the call, with a
+// move-only callback that is never copied; the bytes come through the pin.
+TEST_F(TieredStoreTest, AcquireOrPromoteAnswersDramHitsAndMissesInline) {
+  ASSERT_TRUE(Put(1, kMiB).ok());
+  ASSERT_TRUE(tiered_->InDram(K(1)));
+  const double promotions = metrics_.ValueOf("kvpool_tier_promotions_total");
+  int calls = 0;
+  Status got;
+  TieredStore::Pin held;
+  auto token = std::make_unique<int>(7);  // makes the callback move-only
+  tiered_->AcquireOrPromote(K(1), [&, token = std::move(token)](Status s, TieredStore::Pin p) {
+    ++calls;
+    got = s;
+    held = std::move(p);
+  });
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(got.ok());
+  ASSERT_TRUE(held.valid());
+  EXPECT_EQ(held.size(), kMiB);
+  EXPECT_EQ(held.bytes().size(), kMiB);
+  EXPECT_TRUE(Check(held.data(), 1, kMiB));
+
+  calls = 0;
+  tiered_->AcquireOrPromote(K(999), [&](Status s, TieredStore::Pin p) {
+    ++calls;
+    got = s;
+    held = std::move(p);
+  });
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(got.code(), StatusCode::kNotFound);
+  EXPECT_FALSE(held.valid());
+  EXPECT_EQ(metrics_.ValueOf("kvpool_tier_promotions_total"), promotions);
+}
+
+// An entry only on SSD is promoted for a move-only callback too.
+TEST_F(TieredStoreTest, AcquireOrPromoteKeepsMoveOnlyCallbackForPromotion) {
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(Put(i, kMiB).ok());
+  ASSERT_TRUE(tiered_->NeedsPromotion(K(0)));
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  bool bytes_ok = false;
+  auto token = std::make_unique<int>(7);
+  tiered_->AcquireOrPromote(K(0), [&, token = std::move(token)](Status s, TieredStore::Pin p) {
+    std::lock_guard lock(mu);
+    bytes_ok = s.ok() && p.valid() && *token == 7 && Check(p.data(), 0, kMiB);
+    done = true;
+    cv.notify_all();
+  });
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return done; });
+  EXPECT_TRUE(bytes_ok);
+  EXPECT_EQ(metrics_.ValueOf("kvpool_tier_promotions_total"), 1);
+}
+
+// A store made by Open owns its tiers; a reservation's bytes are written
+// through data() and read back through a pin.
+TEST(TieredStoreOpenTest, OwnsDramOnlyTier) {
+  MetricsRegistry metrics;
+  ThreadPool pool{1, "test-open"};
+  DramOptions d;
+  d.capacity_bytes = 16 * kMiB;
+  d.slab_bytes = kMiB;
+  d.max_value_bytes = 4 * kMiB;
+  d.huge_pages = false;
+  auto opened = TieredStore::Open(d, nullptr, &pool, &pool, TieringOptions{}, &metrics);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  std::unique_ptr<TieredStore> store = std::move(opened).value();
+  EXPECT_FALSE(store->has_ssd_tier());
+  EXPECT_EQ(store->segment().size(), store->segment_bytes());
+  EXPECT_EQ(store->max_value_bytes(), 4 * kMiB);
+  auto r = store->Reserve(K(3), 1000);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->data(), store->segment().data() + r->offset());
+  EXPECT_EQ(r->bytes().size(), 1000u);
+  Fill(r->data(), 3, 1000);
+  ASSERT_TRUE(store->Commit(std::move(r).value()).ok());
+  {
+    auto pin = store->Acquire(K(3));
+    ASSERT_TRUE(pin.ok());
+    EXPECT_TRUE(Check(pin->data(), 3, 1000));
+  }
+  std::vector<KeyId> listed;
+  store->ListDram([&](const KeyId& k, uint64_t size) {
+    EXPECT_EQ(size, 1000u);
+    listed.push_back(k);
+  });
+  EXPECT_EQ(listed, std::vector<KeyId>{K(3)});
+  EXPECT_EQ(store->ListSsd([](uint64_t) { return true; },
+                           [](const std::vector<SsdEntry>&) { return true; }),
+            0u);
+  EXPECT_EQ(store->GetDramStats().entries, 1u);
+  EXPECT_TRUE(store->Close().ok());
+  EXPECT_TRUE(store->Flush().ok());
+  pool.Stop();
 }
 
 }  // namespace

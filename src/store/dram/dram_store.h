@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -157,6 +158,9 @@ class DramStore::Reservation {
   const KeyId& key() const { return key_; }
   uint64_t offset() const { return offset_; }  // from the segment's base
   uint64_t size() const { return size_; }
+  // The reserved bytes, written before Commit. REQUIRES: valid().
+  uint8_t* data() const { return store_->segment_base() + offset_; }
+  std::span<uint8_t> bytes() const { return {data(), size_}; }
 
  private:
   DramStore* store_ = nullptr;
@@ -191,8 +195,11 @@ class DramStore::Pin {
   }
 
   bool valid() const { return store_ != nullptr; }
-  uint64_t offset() const { return offset_; }
+  uint64_t offset() const { return offset_; }  // from the segment's base
   uint64_t size() const { return size_; }
+  // The entry's bytes, immutable while pinned. REQUIRES: valid().
+  const uint8_t* data() const { return store_->segment_base() + offset_; }
+  std::span<const uint8_t> bytes() const { return {data(), size_}; }
 
  private:
   DramStore* store_ = nullptr;
