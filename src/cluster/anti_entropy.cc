@@ -58,7 +58,7 @@ struct AntiEntropy::Impl {
   AntiEntropyOptions opts;
   Cluster* cluster;
   Directory* directory;
-  Publisher* publisher;
+  HoldingsAnnouncer* announcer;
   TieredStore* store;
 
   Counter* rounds;
@@ -273,16 +273,16 @@ struct AntiEntropy::Impl {
     uint64_t added = 0, removed = 0;
     for (const auto& [k, size] : mine) {
       if (theirs.count(k) != 0) continue;
-      publisher->Add(k, size);
-      if (!store->Contains(k)) publisher->Remove(k);  // dropped since the listing
+      announcer->Relist(k, size);
+      if (!store->Contains(k)) announcer->Unlist(k);  // dropped since the listing
       ++added;
     }
     for (const KeyId& k : theirs) {
       if (!want[ShardOf(k)] || mine.count(k) != 0) continue;
-      publisher->Remove(k);
+      announcer->Unlist(k);
       if (store->Contains(k)) {  // stored since the listing
         auto pin = store->Hold(k);
-        if (pin.ok()) publisher->Add(k, pin->size());
+        if (pin.ok()) announcer->Relist(k, pin->size());
       }
       ++removed;
     }
@@ -340,13 +340,13 @@ struct AntiEntropy::Impl {
 };
 
 AntiEntropy::AntiEntropy(const AntiEntropyOptions& options, Cluster* cluster, Directory* directory,
-                         Publisher* publisher, TieredStore* store, MetricsRegistry* m)
+                         HoldingsAnnouncer* announcer, TieredStore* store, MetricsRegistry* m)
     : impl_(std::make_unique<Impl>()) {
   Impl& i = *impl_;
   i.opts = options;
   i.cluster = cluster;
   i.directory = directory;
-  i.publisher = publisher;
+  i.announcer = announcer;
   i.store = store;
   i.rounds = m->GetCounter("kvpool_anti_entropy_rounds_total", "Anti-entropy rounds run");
   i.cpu_us = m->GetCounter("kvpool_anti_entropy_cpu_microseconds_total",

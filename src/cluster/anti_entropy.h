@@ -9,8 +9,8 @@
 // keeps the same sums per (holder, shard) as entries come and go (Directory)
 // and answers the shards that differ. For those the holder asks the home's
 // keys of it (kPeerShardKeys), lists its own keys of those shards again and
-// fixes the difference through the Publisher, in queue order with its other
-// publishes:
+// fixes the difference through the HoldingsAnnouncer (Relist / Unlist), in
+// queue order with its other publishes:
 //   - a key it holds that the home lacks: Add, then, if the key is no longer
 //     held by now, Remove -- so a remove that raced the listing still wins;
 //   - a key the home lists that it does not hold: Remove, then, if the key
@@ -36,7 +36,7 @@
 
 #include "cluster/cluster.h"
 #include "cluster/directory.h"
-#include "cluster/publisher.h"
+#include "cluster/holdings_announcer.h"
 #include "common/metrics.h"
 #include "store/tiered_store.h"
 
@@ -58,7 +58,7 @@ class AntiEntropy {
   // Registers the Digest and ShardKeys handlers. All pointers must outlive
   // this object; metrics must not be null.
   AntiEntropy(const AntiEntropyOptions& options, Cluster* cluster, Directory* directory,
-              Publisher* publisher, TieredStore* store, MetricsRegistry* metrics);
+              HoldingsAnnouncer* announcer, TieredStore* store, MetricsRegistry* metrics);
   ~AntiEntropy();
   AntiEntropy(const AntiEntropy&) = delete;
   AntiEntropy& operator=(const AntiEntropy&) = delete;

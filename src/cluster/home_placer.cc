@@ -7,9 +7,9 @@
 
 namespace kvpool::cluster {
 
-HomePlacer::HomePlacer(const HomePlacerOptions& options, Cluster* cluster, Publisher* publisher,
-                       TieredStore* store, MetricsRegistry* m)
-    : cluster_(cluster), publisher_(publisher), store_(store), opts_(options), metrics_(m) {
+HomePlacer::HomePlacer(const HomePlacerOptions& options, Cluster* cluster, TieredStore* store,
+                       KeptFn kept, MetricsRegistry* m)
+    : cluster_(cluster), kept_fn_(std::move(kept)), store_(store), opts_(options), metrics_(m) {
   moved_ = m->GetCounter("kvpool_placement_moved_total",
                          "Values handed to their home node (placement home)");
   kept_ = m->GetCounter("kvpool_placement_kept_total",
@@ -30,20 +30,24 @@ HomePlacer::HomePlacer(const HomePlacerOptions& options, Cluster* cluster, Publi
 
 HomePlacer::~HomePlacer() { metrics_->RemoveCallbacks(this); }
 
-void HomePlacer::Place(const KeyId& key, uint64_t size) {
-  if (TryStart(key, size, /*published=*/false)) return;
+HomePlacer::Placement HomePlacer::Place(const KeyId& key, uint64_t size) {
+  switch (TryStart(key, size, /*announced=*/false)) {
+    case Start::kStarted: return Placement::kHandingOff;
+    case Start::kHere: return Placement::kHere;
+    case Start::kBusy: break;
+  }
   // Over budget: readable from here at once, moved later.
-  publisher_->Add(key, size);
   {
     std::lock_guard lock(mu_);
     if (queue_.size() >= opts_.max_queued) {
       queue_full_->Inc();
-      return;
+      return Placement::kHere;
     }
     queue_.push_back({key, size});
   }
   busy_->Inc();
   Drain();  // the hand-offs in flight may all have finished meanwhile
+  return Placement::kQueued;
 }
 
 void HomePlacer::Drain() {
@@ -55,30 +59,31 @@ void HomePlacer::Drain() {
       q = queue_.front();
       queue_.pop_front();
     }
-    if (!TryStart(q.key, q.size, /*published=*/true)) {
+    const Start started = TryStart(q.key, q.size, /*announced=*/true);
+    if (started == Start::kBusy) {
       std::lock_guard lock(mu_);
       queue_.push_front(q);
       return;
     }
+    if (started == Start::kHere) kept_fn_(q.key, q.size, /*announced=*/true);
   }
 }
 
-bool HomePlacer::TryStart(const KeyId& key, uint64_t size, bool published) {
+HomePlacer::Start HomePlacer::TryStart(const KeyId& key, uint64_t size, bool announced) {
   const Member* home = cluster_->shard_map()->HomeOf(key);
   if (home == nullptr || home->node_id == cluster_->node_id() || cluster_->fenced()) {
-    if (!published) publisher_->Add(key, size);
-    return true;
+    return Start::kHere;
   }
   // Reserve the bytes first; over budget (unless nothing is in flight): no.
   uint64_t before = inflight_bytes_.fetch_add(size);
   if (before != 0 && before + size > opts_.max_inflight_bytes) {
     inflight_bytes_.fetch_sub(size);
-    return false;
+    return Start::kBusy;
   }
   auto pin = store_->Acquire(key);
   if (!pin.ok()) {  // already gone (evicted or removed)
     inflight_bytes_.fetch_sub(size);
-    return true;
+    return Start::kStarted;
   }
   auto held = std::make_shared<TieredStore::Pin>(std::move(pin).value());
   std::vector<uint8_t> request;
@@ -90,23 +95,22 @@ bool HomePlacer::TryStart(const KeyId& key, uint64_t size, bool published) {
   args.payload = held->bytes();
   args.deadline = transport::Clock::now() + opts_.timeout;
   std::string peer = home->address;
-  cluster_->transport()->Call(args, [this, held, key, size, peer, published](transport::Reply r) {
+  cluster_->transport()->Call(args, [this, held, key, size, peer, announced](transport::Reply r) {
     held->Reset();
     inflight_bytes_.fetch_sub(size);
     if (r.status.ok()) {
       moved_->Inc();
       // The home holds it (and publishes it); this node no longer does.
-      if (published) publisher_->Remove(key);
-      Status s = store_->Remove(key);
+      Status s = store_->Remove(key, HoldingsEvent::Why::kHandedOff);
       (void)s;
     } else {
       kept_->Inc();
       LogDebug("store {} at home {}: {}", key.ToHex(), peer, r.status.ToString());
-      if (!published) publisher_->Add(key, size);
+      kept_fn_(key, size, announced);
     }
     Drain();
   });
-  return true;
+  return Start::kStarted;
 }
 
 }  // namespace kvpool::cluster

@@ -33,12 +33,12 @@ void ReplyWithPin(Responder& responder, TieredStore::Pin pin) {
 
 }  // namespace
 
-PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publisher,
+PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer* announcer,
                        TieredStore* store, Executor* executor, Executor* list_executor,
                        MetricsRegistry* metrics)
     : cluster_(cluster),
       directory_(directory),
-      publisher_(publisher),
+      announcer_(announcer),
       store_(store),
       executor_(executor),
       list_executor_(list_executor != nullptr ? list_executor : executor),
@@ -47,10 +47,6 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publis
                         ->GetCounter("kvpool_publish_ssd_replayed_total",
                                      "Entries held only on SSD published again to their homes "
                                      "(at start, for moved shards, after re-registration)")),
-      ssd_unpublished_((metrics != nullptr ? metrics : owned_metrics_.get())
-                           ->GetCounter("kvpool_publish_ssd_dropped_total",
-                                        "Entries unpublished because the SSD tier dropped them "
-                                        "(region reclaimed or lost) and DRAM does not hold them")),
       last_map_(cluster->shard_map()),
       last_incarnation_(cluster->incarnation()) {
   // The directory learns each member's newest incarnation from the views,
@@ -110,18 +106,12 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publis
     }
     // The one copy of a home placement: the request buffer into the slot.
     std::memcpy(slot->data(), in.payload.data(), size);
-    s = store_->Commit(std::move(slot).value());
-    if (s.ok() || s.code() == StatusCode::kAlreadyExists) {
-      if (s.ok()) {
-        // The writer drops its copy on this OK: the key must be in this home's
-        // directory first, or a read through the writer misses until the next
-        // publish tick. Flush applies this node's own items synchronously, in
-        // queue order.
-        publisher_->Add(key, size);
-        publisher_->Flush();
-      }
-      return r.Respond(Status::Ok());
-    }
+    // The writer drops its copy on this OK: the key must be in this home's
+    // directory first, or a read through the writer misses until the next
+    // publish tick. A placed commit is published before Commit returns
+    // (HoldingsAnnouncer).
+    s = store_->Commit(std::move(slot).value(), WriteOrigin::kPlaced);
+    if (s.ok() || s.code() == StatusCode::kAlreadyExists) return r.Respond(Status::Ok());
     r.Respond(s);
   });
   // Remote-mode clients learn the membership from any node.
@@ -157,27 +147,10 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, Publisher* publis
   // What the SSD tier recovered (checkpoint or scan) is held from the start
   // but no home has heard of it yet.
   ReplaySsd(std::vector<bool>(kNumShards, true), {});
-  // What the SSD tier drops by itself (a reclaimed region) is no longer
-  // held here unless DRAM has it: unpublish the rest. The DRAM check runs
-  // on the list executor, not on the SSD flush path.
-  if (store_->has_ssd_tier()) {
-    store_->SetSsdDropListener([this](const std::vector<SsdEntry>& gone) {
-      RunGated([this, gone] {
-        uint64_t n = 0;
-        for (const SsdEntry& e : gone) {
-          if (store_->InDram(e.key)) continue;
-          publisher_->Remove(e.key);
-          ++n;
-        }
-        ssd_unpublished_->Inc(n);
-      });
-    });
-  }
 }
 
 // The membership (and its subscription) is gone by now: see the header.
 PeerServer::~PeerServer() {
-  store_->SetSsdDropListener(nullptr);
   std::unique_lock lock(gate_->mu);
   gate_->stopped = true;
   gate_->stop.store(true);
@@ -208,7 +181,7 @@ void PeerServer::ReplaySsd(std::vector<bool> shards, std::vector<KeyId> skip) {
                       uint64_t added = 0;
                       for (const SsdEntry& e : batch) {
                         if (std::binary_search(skip.begin(), skip.end(), e.key)) continue;
-                        publisher_->Add(e.key, e.size);
+                        announcer_->Relist(e.key, e.size);
                         ++added;
                       }
                       WaitForPublisher();
@@ -247,7 +220,7 @@ void PeerServer::OnView(std::shared_ptr<const ShardMap> before,
     std::vector<KeyId> published;
     store_->ListDram([&](const KeyId& key, uint64_t size) {
       if (!is_moved[ShardOf(key)]) return;
-      publisher_->Add(key, size);
+      announcer_->Relist(key, size);
       published.push_back(key);
       if (published.size() % 1024 == 0) WaitForPublisher();
     });
@@ -263,7 +236,7 @@ void PeerServer::OnView(std::shared_ptr<const ShardMap> before,
 void PeerServer::WaitForPublisher() {
   // Well under the publisher's bound (PublisherOptions::max_queue).
   constexpr size_t kMaxBacklog = 64 * 1024;
-  while (publisher_->queued() >= kMaxBacklog && !gate_->stop.load()) {
+  while (announcer_->queued() >= kMaxBacklog && !gate_->stop.load()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }

@@ -7,15 +7,14 @@
 // keeps a value handed over by its writer. A fenced node answers
 // Unavailable. On every membership view it prunes the directory of dead
 // incarnations and replays this node's inventory of the shards whose home
-// moved to their new homes (through the Publisher) -- all of it when this
+// moved to their new homes (HoldingsAnnouncer::Relist) -- all of it when this
 // node itself came back under a new incarnation. The inventory is the DRAM
 // entries, listed under the DRAM lock, and with an SSD tier the SSD's
 // entries that the DRAM replay did not just publish, listed from their
 // record headers on the list executor (device reads; seconds for a large
 // tier); at start the whole SSD tier is listed that way, so what a
-// restarted node recovered is published. Entries the SSD tier drops by
-// itself (a reclaimed region, a lost write) and DRAM does not hold are
-// unpublished.
+// restarted node recovered is published. (What the store gains and drops
+// from then on reaches the homes through the holdings stream.)
 //
 // A view also drops the entries of shards this node no longer owns, and a
 // fence drops every entry (the node missed updates; holders replay to its new
@@ -24,8 +23,8 @@
 // Thread-safe. Handlers run on the transport's handler executor; view work
 // runs on the executor, SSD listings on the list executor. Destroy only
 // after the cluster itself (its transport runs the handlers, its membership
-// the view callback) and after the executor has drained; destruction clears
-// the SSD drop listener, stops a running SSD listing after its current
+// the view callback) and after the executor has drained; destruction stops a
+// running SSD listing after its current
 // region and waits for it, and work still queued on the list executor then
 // does nothing.
 #pragma once
@@ -39,7 +38,7 @@
 
 #include "cluster/cluster.h"
 #include "cluster/directory.h"
-#include "cluster/publisher.h"
+#include "cluster/holdings_announcer.h"
 #include "common/executor.h"
 #include "common/metrics.h"
 #include "store/tiered_store.h"
@@ -52,7 +51,7 @@ class PeerServer {
   // outlive the server. list_executor runs the SSD listings (one thread is
   // enough: they run one after another); null: the executor. metrics null:
   // the counters are kept but not exported.
-  PeerServer(Cluster* cluster, Directory* directory, Publisher* publisher, TieredStore* store,
+  PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer* announcer, TieredStore* store,
              Executor* executor, Executor* list_executor = nullptr,
              MetricsRegistry* metrics = nullptr);
   ~PeerServer();
@@ -86,13 +85,12 @@ class PeerServer {
 
   Cluster* const cluster_;
   Directory* const directory_;
-  Publisher* const publisher_;
+  HoldingsAnnouncer* const announcer_;
   TieredStore* const store_;
   Executor* const executor_;
   Executor* const list_executor_;
   std::unique_ptr<MetricsRegistry> owned_metrics_;  // when none was given
   Counter* ssd_replayed_;
-  Counter* ssd_unpublished_;
   std::shared_ptr<ListGate> gate_ = std::make_shared<ListGate>();
   uint64_t sub_ = 0;
   uint64_t fence_sub_ = 0;

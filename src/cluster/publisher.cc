@@ -14,6 +14,12 @@ Publisher::Publisher(const PublisherOptions& options, Cluster* cluster, Director
                            "Directory items dropped (queue full, no home, or out of retries)");
   errors_ = m->GetCounter("kvpool_peer_errors_total", "Failed peer calls, by operation",
                           {{"op", "publish"}});
+  queued_adds_ = m->GetCounter("kvpool_publish_queued_total",
+                               "Directory items queued for publishing, by operation",
+                               {{"op", "add"}});
+  queued_removes_ = m->GetCounter("kvpool_publish_queued_total",
+                                  "Directory items queued for publishing, by operation",
+                                  {{"op", "remove"}});
   retried_ = m->GetCounter("kvpool_publish_retried_total",
                            "Directory items sent again after a home did not take their batch");
 }
@@ -30,6 +36,7 @@ void Publisher::Enqueue(const PublishItem& item) {
       return;
     }
     queue_.push_back(item);
+    (item.op == PublishOp::kAdd ? queued_adds_ : queued_removes_)->Inc();
     if (queue_.size() >= opts_.max_batch && !flush_scheduled_) {
       flush_scheduled_ = true;
       schedule = true;

@@ -78,6 +78,8 @@ class Publisher {
   Counter* dropped_;
   Counter* errors_;
   Counter* retried_;
+  Counter* queued_adds_;
+  Counter* queued_removes_;
 };
 
 }  // namespace kvpool::cluster

@@ -19,7 +19,6 @@ struct RemoteReader::State {
   Directory* directory = nullptr;
   TieredStore* store = nullptr;
   Executor* executor = nullptr;
-  Publisher* publisher = nullptr;
 
   Counter* lookups = nullptr;
   Counter* fetches = nullptr;
@@ -287,11 +286,10 @@ void IssueFetch(const std::shared_ptr<RemoteReader::State>& st, const std::share
       s = Corruption("fetch reply size does not match the directory's");
     }
     if (s.ok()) {
-      auto pin = st->store->CommitAndAcquire(std::move(op->slots[i]));
+      auto pin = st->store->CommitAndAcquire(std::move(op->slots[i]), WriteOrigin::kCopy);
       if (pin.ok()) {
         st->hits->Inc();
         st->fetch_bytes->Inc(got);
-        st->publisher->Add(op->keys[i], got);  // a new local replica
         op->AddPin(std::move(pin).value());
       } else {
         st->misses->Inc();
@@ -361,16 +359,14 @@ void StartFetches(const std::shared_ptr<RemoteReader::State>& st,
 }  // namespace
 
 RemoteReader::RemoteReader(const RemoteReaderOptions& options, Cluster* cluster,
-                           Directory* directory, Publisher* publisher, HomePlacer* placer,
-                           TieredStore* store, Executor* executor, MetricsRegistry* m)
-    : state_(std::make_shared<State>()), publisher_(publisher), placer_(placer) {
+                           Directory* directory, TieredStore* store, Executor* executor, MetricsRegistry* m)
+    : state_(std::make_shared<State>()) {
   State& s = *state_;
   s.opts = options;
   s.cluster = cluster;
   s.directory = directory;
   s.store = store;
   s.executor = executor;
-  s.publisher = publisher;
   s.lookups = m->GetCounter("kvpool_remote_lookups_total", "Keys looked up at their home nodes");
   s.fetches = m->GetCounter("kvpool_remote_fetches_total", "Values fetched from peers");
   s.fetch_bytes = m->GetCounter("kvpool_remote_fetch_bytes_total", "Value bytes fetched from peers");

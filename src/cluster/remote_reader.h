@@ -3,8 +3,8 @@
 // directory when the home is this node; positive answers are reused for a
 // short TTL), then fetches each found key from a
 // live holder straight into a reserved local DRAM slot (the transport's
-// sink), commits and pins it, and publishes the new local replica.
-// Publishing what this node stores goes through the Publisher.
+// sink), commits and pins it (a kCopy write: the holdings stream publishes
+// the new local replica).
 //
 // Failure: a lookup or fetch that fails or misses its deadline is a miss;
 // after Unavailable or DeadlineExceeded the peer is avoided for a cool-down.
@@ -21,8 +21,6 @@
 
 #include "cluster/cluster.h"
 #include "cluster/directory.h"
-#include "cluster/home_placer.h"
-#include "cluster/publisher.h"
 #include "cluster/remote_source.h"
 #include "common/executor.h"
 #include "common/metrics.h"
@@ -50,20 +48,12 @@ class RemoteReader final : public RemoteSource {
   // All pointers must outlive the reader. placer null: placement local
   // (what this node stores is published as held here).
   RemoteReader(const RemoteReaderOptions& options, Cluster* cluster, Directory* directory,
-               Publisher* publisher, HomePlacer* placer, TieredStore* store, Executor* executor,
+               TieredStore* store, Executor* executor,
                MetricsRegistry* metrics);
   ~RemoteReader() override;
 
   void Fetch(std::vector<KeyId> keys, FetchDone done) override;
   void Exists(std::vector<KeyId> keys, ExistsDone done) override;
-  void NoteStored(const KeyId& key, uint64_t size) override {
-    if (placer_ != nullptr) {
-      placer_->Place(key, size);
-    } else {
-      publisher_->Add(key, size);
-    }
-  }
-  void NoteDropped(const KeyId& key) override { publisher_->Remove(key); }
 
   // New reads miss at once; waits for running stages to leave the transport.
   void Shutdown();
@@ -72,8 +62,6 @@ class RemoteReader final : public RemoteSource {
 
  private:
   std::shared_ptr<State> state_;
-  Publisher* const publisher_;
-  HomePlacer* const placer_;
 };
 
 }  // namespace kvpool::cluster

@@ -10,9 +10,11 @@
 #include <cstdio>
 #include <cstring>
 #include <future>
+#include <map>
+#include <mutex>
 #include <thread>
 
-#include "cluster/home_placer.h"
+#include "cluster/holdings_announcer.h"
 #include "cluster/peer_server.h"
 #include "cluster/static_membership.h"
 #include "transport/fault_transport.h"
@@ -99,13 +101,36 @@ class FaultyTransport final : public transport::Transport {
   transport::FaultTransport fault_;  // destroyed before inner_
 };
 
+// Counts a store's holdings events by (why, origin) and passes them on to
+// the node's announcer.
+class Tee final : public HoldingsObserver {
+ public:
+  explicit Tee(HoldingsObserver* next) : next_(next) {}
+  void OnHoldings(const HoldingsEvent& e) override {
+    {
+      std::lock_guard lock(mu_);
+      ++counts_[{e.why, e.origin}];
+    }
+    next_->OnHoldings(e);
+  }
+  uint64_t Count(HoldingsEvent::Why why, WriteOrigin origin = WriteOrigin::kPut) {
+    std::lock_guard lock(mu_);
+    return counts_[{why, origin}];
+  }
+
+ private:
+  HoldingsObserver* const next_;
+  std::mutex mu_;
+  std::map<std::pair<HoldingsEvent::Why, WriteOrigin>, uint64_t> counts_;
+};
+
 struct TestNode {
   MetricsRegistry metrics;  // outlives everything below
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<TieredStore> tiered;
   std::unique_ptr<Cluster> cluster;
   std::unique_ptr<Directory> directory;
-  std::unique_ptr<Publisher> publisher;
+  std::unique_ptr<HoldingsAnnouncer> announcer;
   std::unique_ptr<PeerServer> server;
   std::unique_ptr<RemoteReader> reader;
   GatedTransport* gate = nullptr;  // owned by cluster; null unless gated
@@ -116,7 +141,7 @@ struct TestNode {
   // faults: the node's calls go through a FaultTransport (`faulty`).
   TestNode(transport::InProcessNetwork* net, const std::string& id,
            const std::vector<Member>& members, const std::string& gate_lookups_to = "",
-           bool faults = false) {
+           bool faults = false, bool placement_home = false) {
     DramOptions d;
     d.capacity_bytes = 64u << 20;  // room for every size class the test uses
     d.slab_bytes = 1u << 20;
@@ -142,26 +167,31 @@ struct TestNode {
     }
     cluster = Cluster::Assemble(id, std::move(t), std::move(membership).value());
     directory = std::make_unique<Directory>(DirectoryOptions{}, &metrics);
-    publisher = std::make_unique<Publisher>(PublisherOptions{}, cluster.get(), directory.get(),
-                                            pool.get(), &metrics);
-    server = std::make_unique<PeerServer>(cluster.get(), directory.get(), publisher.get(),
+    HoldingsAnnouncerOptions ao;
+    ao.publish_interval = milliseconds(0);  // the tests flush
+    if (placement_home) ao.placement = HomePlacerOptions{.timeout = milliseconds(300)};
+    announcer = std::make_unique<HoldingsAnnouncer>(ao, cluster.get(), directory.get(),
+                                                    tiered.get(), pool.get(), &metrics);
+    server = std::make_unique<PeerServer>(cluster.get(), directory.get(), announcer.get(),
                                           tiered.get(), pool.get());
     RemoteReaderOptions ro;
     ro.lookup_timeout = milliseconds(300);
     ro.fetch_timeout = milliseconds(300);
     if (gate != nullptr) ro.lookup_timeout = milliseconds(10000);  // held, not lost
-    reader = std::make_unique<RemoteReader>(ro, cluster.get(), directory.get(), publisher.get(),
-                                            nullptr, tiered.get(), pool.get(), &metrics);
+    reader = std::make_unique<RemoteReader>(ro, cluster.get(), directory.get(), tiered.get(),
+                                            pool.get(), &metrics);
+    announcer->Start();
   }
 
   // The node's shutdown order (node.cc).
   ~TestNode() {
+    announcer->Stop();
     reader->Shutdown();
     pool->Stop();
     cluster.reset();
     server.reset();
     reader.reset();
-    publisher.reset();
+    announcer.reset();
     directory.reset();
   }
 
@@ -169,8 +199,7 @@ struct TestNode {
     auto r = tiered->Reserve(key, v.size());
     ASSERT_TRUE(r.ok());
     std::memcpy(r->data(), v.data(), v.size());
-    ASSERT_TRUE(tiered->Commit(std::move(r).value()).ok());
-    reader->NoteStored(key, v.size());
+    ASSERT_TRUE(tiered->Commit(std::move(r).value()).ok());  // published by the announcer
   }
 
   std::vector<TieredStore::Pin> Fetch(std::vector<KeyId> keys) {
@@ -211,7 +240,7 @@ class RemoteReaderTest : public ::testing::Test {
   }
   void FlushAll() {
     for (auto& n : nodes_) {
-      if (n) n->publisher->Flush();
+      if (n) n->announcer->Flush();
     }
   }
   // Publishing crosses the network thread: wait (bounded) for the homes.
@@ -297,10 +326,15 @@ TEST_F(RemoteReaderTest, FetchesByteExactIntoLocalSlotsAndPublishesReplicas) {
 
 TEST_F(RemoteReaderTest, PlacementHomeMovesValuesToTheirHomeOrKeepsThemWhenItIsDown) {
   nodes_[1]->gate->Open();
+  std::vector<Member> members;
+  for (const char* id : {"a", "b", "c"}) members.push_back({id, std::string(id) + ":1", 0, 1.0});
+  nodes_[0].reset();  // A again, with placement home
+  nodes_[0] = std::make_unique<TestNode>(&net_, "a", members, "", false, /*placement_home=*/true);
   TestNode& a = *nodes_[0];
   TestNode& b = *nodes_[1];
-  HomePlacer placer(HomePlacerOptions{.timeout = milliseconds(300)}, a.cluster.get(),
-                    a.publisher.get(), a.tiered.get(), &a.metrics);
+  Tee a_events(a.announcer.get()), b_events(b.announcer.get());
+  a.tiered->SetHoldingsObserver(&a_events);
+  b.tiered->SetHoldingsObserver(&b_events);
   auto map = a.cluster->shard_map();
   std::vector<KeyId> to_b, to_c;
   for (int i = 0; to_b.size() < 8 || to_c.size() < 8; ++i) {
@@ -315,8 +349,7 @@ TEST_F(RemoteReaderTest, PlacementHomeMovesValuesToTheirHomeOrKeepsThemWhenItIsD
     auto r = a.tiered->Reserve(k, v.size());
     ASSERT_TRUE(r.ok());
     std::memcpy(r->data(), v.data(), v.size());
-    ASSERT_TRUE(a.tiered->Commit(std::move(r).value()).ok());
-    placer.Place(k, v.size());
+    ASSERT_TRUE(a.tiered->Commit(std::move(r).value()).ok());  // placed by the announcer
   };
   for (size_t i = 0; i < to_b.size(); ++i) put(to_b[i], i);
   for (size_t i = 0; i < to_c.size(); ++i) put(to_c[i], 100 + i);
@@ -334,6 +367,30 @@ TEST_F(RemoteReaderTest, PlacementHomeMovesValuesToTheirHomeOrKeepsThemWhenItIsD
     EXPECT_EQ(b.Read(*p), Bytes(i, 4096)) << i;
   }
   for (const auto& k : to_c) EXPECT_TRUE(a.tiered->InDram(k));  // kept: the home is down
+
+  // The holdings stream: A wrote 16 and handed 8 off; B took 8 placed. Only
+  // the 8 kept are published by A (its hand-offs never were); B publishes
+  // the 8 it holds, into its own directory before answering.
+  using W = HoldingsEvent::Why;
+  EXPECT_EQ(a_events.Count(W::kWritten), 16u);
+  EXPECT_EQ(a_events.Count(W::kHandedOff), 8u);
+  EXPECT_EQ(b_events.Count(W::kWritten, WriteOrigin::kPlaced), 8u);
+  EXPECT_EQ(b_events.Count(W::kWritten), 0u);
+  EXPECT_EQ(a.metrics.ValueOf("kvpool_publish_queued_total", {{"op", "add"}}), 8);
+  EXPECT_EQ(a.metrics.ValueOf("kvpool_publish_queued_total", {{"op", "remove"}}), 0);
+  EXPECT_EQ(b.metrics.ValueOf("kvpool_publish_queued_total", {{"op", "add"}}), 8);
+  EXPECT_EQ(b.directory->entries(), 8u);
+  for (const LookupResult& r : b.directory->Lookup(to_b)) {
+    ASSERT_EQ(r.holders.size(), 1u);  // B itself
+  }
+
+  // Removing a kept value at A unpublishes it; one handed off is not here.
+  ASSERT_TRUE(a.tiered->Remove(to_c[0]).ok());
+  EXPECT_EQ(a.tiered->Remove(to_b[0]).code(), StatusCode::kNotFound);
+  EXPECT_EQ(a_events.Count(W::kRemoved), 1u);
+  EXPECT_EQ(a.metrics.ValueOf("kvpool_publish_queued_total", {{"op", "remove"}}), 1);
+  a.tiered->SetHoldingsObserver(a.announcer.get());
+  b.tiered->SetHoldingsObserver(b.announcer.get());
 }
 
 // A publish batch the home did not take (b is down) is sent again after the
@@ -348,7 +405,7 @@ TEST_F(RemoteReaderTest, APublishTheHomeDidNotTakeIsSentAgain) {
   ASSERT_EQ(keys.size(), 8u);
   nodes_[1].reset();  // b goes away; its address stops answering
   for (size_t i = 0; i < keys.size(); ++i) a.Put(keys[i], Bytes(static_cast<int>(i), 4096));
-  a.publisher->Flush();
+  a.announcer->Flush();
   for (int i = 0; i < 200 && a.metrics.ValueOf("kvpool_peer_errors_total", {{"op", "publish"}}) < 1;
        ++i) {
     std::this_thread::sleep_for(milliseconds(10));
@@ -357,10 +414,10 @@ TEST_F(RemoteReaderTest, APublishTheHomeDidNotTakeIsSentAgain) {
   std::vector<Member> members;
   for (const char* id : {"a", "b", "c"}) members.push_back({id, std::string(id) + ":1", 0, 1.0});
   nodes_[1] = std::make_unique<TestNode>(&net_, "b", members, "c:1");
-  a.publisher->Flush();  // before the retry delay: nothing is due yet
+  a.announcer->Flush();  // before the retry delay: nothing is due yet
   EXPECT_EQ(a.metrics.ValueOf("kvpool_publish_retried_total"), 0);
   std::this_thread::sleep_for(milliseconds(250));  // past the retry delay (200 ms)
-  a.publisher->Flush();
+  a.announcer->Flush();
   ASSERT_TRUE(WaitDirectoryEntries(keys.size()));
   EXPECT_EQ(nodes_[1]->directory->entries(), keys.size());
   EXPECT_EQ(a.metrics.ValueOf("kvpool_publish_retried_total"), 8);
@@ -389,7 +446,7 @@ TEST_F(RemoteReaderTest, FetchesStartWhileOtherHomesAreStillAnswering) {
   }
   ASSERT_EQ(homed_b, 12u);
   ASSERT_EQ(homed_c, 12u);
-  a.publisher->Flush();
+  a.announcer->Flush();
   ASSERT_TRUE(WaitDirectoryEntries(keys.size()));
 
   std::promise<std::vector<TieredStore::Pin>> done;

@@ -1,6 +1,7 @@
 // RemoteSource: what the local server asks of the cluster. Reads of keys
-// missing here go to their holders (via the keys' home nodes); what this
-// node stores and drops is published to the homes.
+// missing here go to their holders (via the keys' home nodes). (What this
+// node stores and drops reaches the homes through the store's holdings
+// stream, not through this interface.)
 //
 // Thread-safe. The done callbacks run exactly once, on some cluster thread
 // (never inside the call), no later than the source's call deadlines.
@@ -26,11 +27,6 @@ class RemoteSource {
   // Which of the keys some live peer holds.
   using ExistsDone = std::function<void(std::vector<KeyId>)>;
   virtual void Exists(std::vector<KeyId> keys, ExistsDone done) = 0;
-
-  // This node committed / dropped a key (queued, published asynchronously).
-  // Quick; may be called under the DRAM store's lock.
-  virtual void NoteStored(const KeyId& key, uint64_t size) = 0;
-  virtual void NoteDropped(const KeyId& key) = 0;
 };
 
 }  // namespace kvpool

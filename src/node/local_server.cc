@@ -780,14 +780,10 @@ class LocalServerImpl final : public LocalServer {
         continue;
       }
       uint64_t size = it->second.size();
-      KeyId key = it->second.key();
       Status s = tiered_->Commit(std::move(it->second));
       c.reservations.erase(it);
       statuses_[i] = static_cast<int32_t>(s.code());
-      if (s.ok()) {
-        bytes_written_->Inc(size);
-        if (remote_ != nullptr) remote_->NoteStored(key, size);
-      }
+      if (s.ok()) bytes_written_->Inc(size);
     }
     out_.clear();
     protocol::EncodeStatuses(statuses_, &out_);
@@ -880,10 +876,7 @@ class LocalServerImpl final : public LocalServer {
       std::memcpy(r->data(), src, sized_[i].size);
       Status s = tiered_->Commit(std::move(r).value());
       statuses_[i] = static_cast<int32_t>(s.code());
-      if (s.ok()) {
-        bytes_written_->Inc(sized_[i].size);
-        if (remote_ != nullptr) remote_->NoteStored(sized_[i].key, sized_[i].size);
-      }
+      if (s.ok()) bytes_written_->Inc(sized_[i].size);
     }
     out_.clear();
     protocol::EncodeStatuses(statuses_, &out_);
@@ -930,7 +923,6 @@ class LocalServerImpl final : public LocalServer {
     statuses_.assign(keys_.size(), 0);
     for (size_t i = 0; i < keys_.size(); ++i) {
       statuses_[i] = static_cast<int32_t>(tiered_->Remove(keys_[i]).code());
-      if (statuses_[i] == 0 && remote_ != nullptr) remote_->NoteDropped(keys_[i]);
     }
     out_.clear();
     protocol::EncodeStatuses(statuses_, &out_);

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <chrono>
 #include <mutex>
 #include <optional>
@@ -17,9 +16,8 @@
 #include "cluster/anti_entropy.h"
 #include "cluster/cluster.h"
 #include "cluster/directory.h"
-#include "cluster/home_placer.h"
+#include "cluster/holdings_announcer.h"
 #include "cluster/peer_server.h"
-#include "cluster/publisher.h"
 #include "cluster/remote_reader.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -51,42 +49,13 @@ class NodeImpl final : public Node {
   }
   ~NodeImpl() override { Stop(); }
 
+  // Start-up, in order; Stop undoes it in reverse.
   Status Open() {
-    io_pool_ = std::make_unique<ThreadPool>(opts_.io_threads, "kvpool-io");
-    // Region flushes get their own threads: a promotion waiting for DRAM
-    // room may wait for a demotion, which waits for a flush.
-    flush_pool_ = std::make_unique<ThreadPool>(opts_.flush_threads, "kvpool-flush");
-    std::optional<SsdOptions> so;
-    if (!opts_.ssd_dirs.empty()) so = opts_.SsdWithDirs();
-    KVPOOL_ASSIGN_OR_RETURN(tiered_, TieredStore::Open(opts_.dram, so ? &*so : nullptr,
-                                                       io_pool_.get(), flush_pool_.get(),
-                                                       opts_.tiering, &metrics_));
-    ClusterOptions co = opts_.ClusterWithEndpoints(opts_.node_id);
-    if (co.enabled()) {
-      co.registered_region = tiered_->segment();
-      peer_pool_ = std::make_unique<ThreadPool>(2, "kvpool-peer");
-      KVPOOL_ASSIGN_OR_RETURN(cluster_, Cluster::Open(co, peer_pool_.get(), &metrics_));
-      cluster_thread_ = std::thread([this] { cluster_->Run(); });
-      OpenClusterServices();
-    }
-    LocalServerOptions lo = opts_.local;
-    lo.instance_id = instance_id_;
-    KVPOOL_ASSIGN_OR_RETURN(local_, LocalServer::Open(lo, tiered_.get(), reader_.get(), &metrics_,
-                                                      [this] { return StatusJson(); }));
-    opts_.local.socket_path = local_->socket_path();  // the default resolved
-    metrics_.AddCallbackGauge("kvpool_uptime_seconds", "Seconds since the node started", {},
-                              [this] { return UptimeSeconds(); }, this);
-    metrics_.AddCallbackGauge("kvpool_build_info", "Build information (always 1)",
-                              {{"version", KVPOOL_VERSION}}, [] { return 1.0; }, this);
-    local_thread_ = std::thread([this] { local_->Run(); });
-    if (opts_.admin_enabled) {
-      AdminHooks hooks;
-      hooks.status_json = [this] { return StatusJson(); };
-      hooks.config_json = [this] { return config_json_; };
-      hooks.members_json = [this] { return MembersJson().dump(); };
-      hooks.ready = [this] { return !stopping_.load(); };
-      KVPOOL_ASSIGN_OR_RETURN(admin_, AdminServer::Start(opts_.admin, &metrics_, std::move(hooks)));
-    }
+    OpenPools();
+    KVPOOL_RETURN_IF_ERROR(OpenStore());
+    KVPOOL_RETURN_IF_ERROR(OpenCluster());
+    KVPOOL_RETURN_IF_ERROR(OpenLocal());
+    KVPOOL_RETURN_IF_ERROR(OpenAdmin());
     DramStats st = tiered_->GetDramStats();
     LogInfo("node {} serving: socket {} dram {} ({} pages){}", opts_.node_id,
             opts_.local.socket_path, SettingsTable::FormatBytes(st.capacity_bytes),
@@ -101,41 +70,39 @@ class NodeImpl final : public Node {
     if (stopped_) return;
     stopped_ = true;
     stopping_.store(true);
-    if (admin_) admin_->Stop();
-    if (local_) {
-      local_->Stop();
-      if (local_thread_.joinable()) local_thread_.join();
-    }
-    // Leave the cluster. Destroying it fails the peer calls in flight, whose
-    // callbacks may still reach the local server, so that goes later.
-    if (publish_thread_.joinable()) {
-      {
-        std::lock_guard lock(publish_mu_);
-        publish_stop_ = true;
-      }
-      publish_cv_.notify_all();
-      publish_thread_.join();
-    }
-    if (reader_) reader_->Shutdown();
-    if (anti_entropy_) anti_entropy_->Stop();
-    if (cluster_) {
-      cluster_->Stop();
-      if (cluster_thread_.joinable()) cluster_thread_.join();
-    }
-    if (peer_pool_) peer_pool_->Stop();
-    if (cluster_ && !tiered_->has_ssd_tier()) tiered_->SetEvictionListener(nullptr);
-    cluster_.reset();
-    anti_entropy_.reset();
-    peer_server_.reset();
-    if (list_pool_) list_pool_->Stop();  // queued listings return at once now
-    reader_.reset();
-    placer_.reset();
-    publisher_.reset();
-    directory_.reset();
-    // Promotions in flight call back into the server: drain them first.
-    if (io_pool_) io_pool_->Stop();
-    admin_.reset();
-    local_.reset();
+    StopAdmin();
+    StopLocal();  // no new requests; the server goes after the cluster
+    StopCluster();
+    DestroyLocal();
+    CloseStore();
+    StopPools();
+  }
+
+  int admin_port() const override { return admin_ ? admin_->port() : 0; }
+
+ private:
+  void OpenPools() {
+    io_pool_ = std::make_unique<ThreadPool>(opts_.io_threads, "kvpool-io");
+    // Region flushes get their own threads: a promotion waiting for DRAM
+    // room may wait for a demotion, which waits for a flush.
+    flush_pool_ = std::make_unique<ThreadPool>(opts_.flush_threads, "kvpool-flush");
+  }
+  void StopPools() {
+    // The io pool stopped in DestroyLocal (its promotions reach the server).
+    if (flush_pool_) flush_pool_->Stop();
+    io_pool_.reset();
+    flush_pool_.reset();
+  }
+
+  Status OpenStore() {
+    std::optional<SsdOptions> so;
+    if (!opts_.ssd_dirs.empty()) so = opts_.SsdWithDirs();
+    KVPOOL_ASSIGN_OR_RETURN(tiered_, TieredStore::Open(opts_.dram, so ? &*so : nullptr,
+                                                       io_pool_.get(), flush_pool_.get(),
+                                                       opts_.tiering, &metrics_));
+    return Status::Ok();
+  }
+  void CloseStore() {
     if (tiered_ && tiered_->has_ssd_tier()) {
       if (opts_.ssd_persist_on_stop) {
         // A clean stop keeps the whole cache: DRAM goes to SSD first.
@@ -145,59 +112,104 @@ class NodeImpl final : public Node {
       Status s = tiered_->Close();  // flush and checkpoint: a warm restart
       if (!s.ok()) LogWarn("ssd tier close: {}", s.ToString());
     }
-    if (flush_pool_) flush_pool_->Stop();
     metrics_.RemoveCallbacks(this);
     tiered_.reset();
-    io_pool_.reset();
-    flush_pool_.reset();
   }
 
-  int admin_port() const override { return admin_ ? admin_->port() : 0; }
-
- private:
-  // The directory, publishing and remote reads over the cluster.
-  void OpenClusterServices() {
+  // Membership, the peer transport and the services over them: the
+  // directory, the holdings announcer (publishing and placement), the peer
+  // server, anti-entropy and remote reads. Nothing when standalone.
+  Status OpenCluster() {
+    ClusterOptions co = opts_.ClusterWithEndpoints(opts_.node_id);
+    if (!co.enabled()) return Status::Ok();
+    co.registered_region = tiered_->segment();
+    peer_pool_ = std::make_unique<ThreadPool>(2, "kvpool-peer");
+    KVPOOL_ASSIGN_OR_RETURN(cluster_, Cluster::Open(co, peer_pool_.get(), &metrics_));
+    cluster_thread_ = std::thread([this] { cluster_->Run(); });
     directory_ = std::make_unique<cluster::Directory>(cluster::DirectoryOptions{}, &metrics_);
-    publisher_ = std::make_unique<cluster::Publisher>(cluster::PublisherOptions{}, cluster_.get(),
-                                                      directory_.get(), peer_pool_.get(),
-                                                      &metrics_);
-    // SSD inventory listings read the device for seconds: their own thread.
-    if (tiered_->has_ssd_tier()) list_pool_ = std::make_unique<ThreadPool>(1, "kvpool-list");
-    peer_server_ = std::make_unique<cluster::PeerServer>(
-        cluster_.get(), directory_.get(), publisher_.get(), tiered_.get(), peer_pool_.get(),
-        list_pool_.get(), &metrics_);
-    anti_entropy_ = std::make_unique<cluster::AntiEntropy>(
-        opts_.anti_entropy, cluster_.get(), directory_.get(), publisher_.get(), tiered_.get(),
-        &metrics_);
-    anti_entropy_->Start();
+    cluster::HoldingsAnnouncerOptions ao;
     if (opts_.placement == "home") {
       cluster::HomePlacerOptions po;
       po.timeout = opts_.remote.fetch_timeout;
       // At most a quarter of DRAM pinned for hand-offs: the rest stays evictable.
       po.max_inflight_bytes = std::min(opts_.placement_max_inflight, opts_.dram.capacity_bytes / 4);
-      placer_ = std::make_unique<cluster::HomePlacer>(po, cluster_.get(), publisher_.get(),
-                                                      tiered_.get(), &metrics_);
+      ao.placement = po;
     }
-    reader_ = std::make_unique<cluster::RemoteReader>(opts_.remote,
-                                                      cluster_.get(), directory_.get(),
-                                                      publisher_.get(), placer_.get(), tiered_.get(),
+    announcer_ = std::make_unique<cluster::HoldingsAnnouncer>(
+        ao, cluster_.get(), directory_.get(), tiered_.get(), peer_pool_.get(), &metrics_);
+    // SSD inventory listings read the device for seconds: their own thread.
+    if (tiered_->has_ssd_tier()) list_pool_ = std::make_unique<ThreadPool>(1, "kvpool-list");
+    peer_server_ = std::make_unique<cluster::PeerServer>(
+        cluster_.get(), directory_.get(), announcer_.get(), tiered_.get(), peer_pool_.get(),
+        list_pool_.get(), &metrics_);
+    anti_entropy_ = std::make_unique<cluster::AntiEntropy>(
+        opts_.anti_entropy, cluster_.get(), directory_.get(), announcer_.get(), tiered_.get(),
+        &metrics_);
+    anti_entropy_->Start();
+    reader_ = std::make_unique<cluster::RemoteReader>(opts_.remote, cluster_.get(),
+                                                      directory_.get(), tiered_.get(),
                                                       peer_pool_.get(), &metrics_);
-    // Without an SSD tier an evicted entry is gone: unpublish it. (With one,
-    // it stays held on SSD.)
-    if (!tiered_->has_ssd_tier()) {
-      cluster::Publisher* pub = publisher_.get();
-      tiered_->SetEvictionListener(
-          [pub](const KeyId& key, const uint8_t*, uint64_t) { pub->Remove(key); });
-    }
-    publish_thread_ = std::thread([this] {
-      std::unique_lock lock(publish_mu_);
-      while (!publish_stop_) {
-        publish_cv_.wait_for(lock, std::chrono::milliseconds(5));
-        lock.unlock();
-        publisher_->Flush();
-        lock.lock();
-      }
-    });
+    announcer_->Start();
+    return Status::Ok();
+  }
+  void StopCluster() {
+    if (!cluster_) return;
+    // Leave the cluster. Destroying it fails the peer calls in flight, whose
+    // callbacks may still reach the local server, so that goes later.
+    announcer_->Stop();
+    reader_->Shutdown();
+    anti_entropy_->Stop();
+    cluster_->Stop();
+    if (cluster_thread_.joinable()) cluster_thread_.join();
+    peer_pool_->Stop();
+    cluster_.reset();
+    anti_entropy_.reset();
+    peer_server_.reset();
+    if (list_pool_) list_pool_->Stop();  // queued listings return at once now
+    reader_.reset();
+    announcer_.reset();  // after the transport: the placer's callbacks use it
+    directory_.reset();
+  }
+
+  Status OpenLocal() {
+    LocalServerOptions lo = opts_.local;
+    lo.instance_id = instance_id_;
+    KVPOOL_ASSIGN_OR_RETURN(local_, LocalServer::Open(lo, tiered_.get(), reader_.get(), &metrics_,
+                                                      [this] { return StatusJson(); }));
+    opts_.local.socket_path = local_->socket_path();  // the default resolved
+    metrics_.AddCallbackGauge("kvpool_uptime_seconds", "Seconds since the node started", {},
+                              [this] { return UptimeSeconds(); }, this);
+    metrics_.AddCallbackGauge("kvpool_build_info", "Build information (always 1)",
+                              {{"version", KVPOOL_VERSION}}, [] { return 1.0; }, this);
+    local_thread_ = std::thread([this] { local_->Run(); });
+    return Status::Ok();
+  }
+  // Stops serving clients. The server itself lives until the cluster is
+  // gone (peer callbacks in flight reach it): DestroyLocal, after the
+  // promotions that call back into it.
+  void StopLocal() {
+    if (!local_) return;
+    local_->Stop();
+    if (local_thread_.joinable()) local_thread_.join();
+  }
+  void DestroyLocal() {
+    if (io_pool_) io_pool_->Stop();  // promotions in flight call back into the server
+    local_.reset();
+  }
+
+  Status OpenAdmin() {
+    if (!opts_.admin_enabled) return Status::Ok();
+    AdminHooks hooks;
+    hooks.status_json = [this] { return StatusJson(); };
+    hooks.config_json = [this] { return config_json_; };
+    hooks.members_json = [this] { return MembersJson().dump(); };
+    hooks.ready = [this] { return !stopping_.load(); };
+    KVPOOL_ASSIGN_OR_RETURN(admin_, AdminServer::Start(opts_.admin, &metrics_, std::move(hooks)));
+    return Status::Ok();
+  }
+  void StopAdmin() {
+    if (admin_) admin_->Stop();
+    admin_.reset();
   }
 
  private:
@@ -318,15 +330,10 @@ class NodeImpl final : public Node {
   std::unique_ptr<ThreadPool> list_pool_;  // SSD inventory listings (cluster + SSD only)
   std::unique_ptr<Cluster> cluster_;       // null when standalone
   std::unique_ptr<cluster::Directory> directory_;
-  std::unique_ptr<cluster::Publisher> publisher_;
+  std::unique_ptr<cluster::HoldingsAnnouncer> announcer_;
   std::unique_ptr<cluster::PeerServer> peer_server_;
   std::unique_ptr<cluster::AntiEntropy> anti_entropy_;
-  std::unique_ptr<cluster::HomePlacer> placer_;  // placement home only
   std::unique_ptr<cluster::RemoteReader> reader_;
-  std::thread publish_thread_;  // flushes the publisher every few ms
-  std::mutex publish_mu_;
-  std::condition_variable publish_cv_;
-  bool publish_stop_ = false;  // protected by publish_mu_
   std::unique_ptr<LocalServer> local_;
   std::unique_ptr<AdminServer> admin_;
   std::thread cluster_thread_;  // the membership loop

@@ -1,6 +1,8 @@
 #include "store/tiered_store.h"
 
+#include <atomic>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -12,6 +14,20 @@ namespace kvpool {
 Status TieringOptions::Validate() const {
   if (admit_min_reads > 15) return InvalidArgument("admit_min_reads must be in 0..15");
   return Status::Ok();
+}
+
+const char* HoldingsWhyName(HoldingsEvent::Why why) {
+  using W = HoldingsEvent::Why;
+  switch (why) {
+    case W::kWritten: return "written";
+    case W::kPromoted: return "promoted";
+    case W::kMovedToSsd: return "moved_to_ssd";
+    case W::kEvicted: return "evicted";
+    case W::kRemoved: return "removed";
+    case W::kHandedOff: return "handed_off";
+    case W::kLost: return "lost";
+  }
+  return "unknown";
 }
 
 namespace {
@@ -72,6 +88,67 @@ struct TieredStore::Impl {
   Counter* demotions_skipped;
   Counter* demotions_dropped;
 
+  // The holdings stream's one observer (see Emit), and the calls of it
+  // running now (an observer may cause events itself: no lock is held).
+  std::atomic<HoldingsObserver*> observer{nullptr};
+  std::atomic<uint64_t> observer_calls{0};
+  std::atomic<bool> ssd_open{false};  // demotions go to the SSD tier
+
+  bool observed() const { return observer.load(std::memory_order_relaxed) != nullptr; }
+
+  // Every holdings event passes through here.
+  void Emit(const HoldingsEvent& e) {
+    if (!observed()) return;
+    observer_calls.fetch_add(1);  // before the load: see SetHoldingsObserver
+    if (HoldingsObserver* o = observer.load()) o->OnHoldings(e);
+    observer_calls.fetch_sub(1);
+  }
+  void EmitStored(HoldingsEvent::Why why, WriteOrigin origin, const KeyId& key, uint64_t size) {
+    Emit({HoldingsEvent::Kind::kStored, why, HoldingTier::kDram, origin, false, key, size});
+  }
+  void EmitDropped(HoldingsEvent::Why why, HoldingTier tier, bool still_held, const KeyId& key,
+                   uint64_t size) {
+    Emit({HoldingsEvent::Kind::kDropped, why, tier, WriteOrigin::kPut, still_held, key, size});
+  }
+
+  // The DRAM tier's eviction listener, under its lock: the entry is written
+  // back to SSD when the SSD tier admits it.
+  void OnDramEviction(const KeyId& key, const uint8_t* data, uint64_t size) {
+    using W = HoldingsEvent::Why;
+    SsdStore* ssd = ssd_open.load(std::memory_order_acquire) ? self->ssd_ : nullptr;
+    if (ssd == nullptr) {
+      EmitDropped(W::kEvicted, HoldingTier::kDram, false, key, size);
+      return;
+    }
+    if (options.admit_min_reads > 0 && sketch.Estimate(key) < options.admit_min_reads) {
+      demotions_skipped->Inc();
+      // Still held when an earlier demotion (before a promotion) wrote it.
+      if (observed()) {
+        const bool held = ssd->Contains(key);
+        EmitDropped(held ? W::kMovedToSsd : W::kEvicted, HoldingTier::kDram, held, key, size);
+      }
+      return;
+    }
+    bool held = ssd->Contains(key);  // already written back earlier
+    // Under the DRAM lock: never wait for a region write here (Reserve
+    // waited for room before taking the lock).
+    if (!held) {
+      held = ssd->TryInsert(key, data, size);
+      if (held) demotions->Inc();
+      else demotions_dropped->Inc();
+    }
+    EmitDropped(held ? W::kMovedToSsd : W::kEvicted, HoldingTier::kDram, held, key, size);
+  }
+
+  // Entries the SSD tier dropped by itself (region reclaimed): still held
+  // when DRAM has them.
+  void OnSsdDrops(const std::vector<SsdEntry>& gone) {
+    for (const SsdEntry& e : gone) {
+      EmitDropped(HoldingsEvent::Why::kEvicted, HoldingTier::kSsd, self->dram_->Contains(e.key),
+                  e.key, e.size);
+    }
+  }
+
   void RunPromotion(const KeyId& key) {
     bool read = false;
     auto pinned = ReadIntoDram(key, &read);
@@ -86,10 +163,17 @@ struct TieredStore::Impl {
     }
     if (!pinned.ok()) {
       promotion_failures->Inc();
+      // A record that did not verify is dropped from the SSD tier.
+      if (pinned.status().code() == StatusCode::kCorruption && !self->Contains(key)) {
+        EmitDropped(HoldingsEvent::Why::kLost, HoldingTier::kSsd, false, key, 0);
+      }
       for (auto& w : waiters) w(pinned.status(), DramStore::Pin());
       return;
     }
-    if (read) promotions->Inc();
+    if (read) {
+      promotions->Inc();
+      EmitStored(HoldingsEvent::Why::kPromoted, WriteOrigin::kPut, key, pinned->size());
+    }
     // The first pin keeps the entry in place while the other waiters pin it.
     for (size_t i = 1; i < waiters.size(); ++i) {
       auto pin = self->dram_->Acquire(key);
@@ -158,25 +242,50 @@ TieredStore::TieredStore(DramStore* dram, SsdStore* ssd, Executor* executor,
   impl_->demotions_dropped = metrics->GetCounter(
       "kvpool_tier_demotions_dropped_total",
       "DRAM evictions the SSD tier refused (buffers full, offline, disk full)");
-  if (ssd_ != nullptr) {
-    Impl* impl = impl_.get();
-    dram_->SetEvictionListener([impl, ssd](const KeyId& key, const uint8_t* data, uint64_t size) {
-      if (impl->options.admit_min_reads > 0 &&
-          impl->sketch.Estimate(key) < impl->options.admit_min_reads) {
-        impl->demotions_skipped->Inc();
-        return;
-      }
-      if (ssd->Contains(key)) return;  // already written back earlier
-      // Under the DRAM lock: never wait for a region write here (Reserve
-      // waited for room before taking the lock).
-      if (ssd->TryInsert(key, data, size)) impl->demotions->Inc();
-      else impl->demotions_dropped->Inc();
-    });
-  }
+  impl_->ssd_open.store(ssd_ != nullptr);
+  Impl* impl = impl_.get();
+  dram_->SetEvictionListener([impl](const KeyId& key, const uint8_t* data, uint64_t size) {
+    impl->OnDramEviction(key, data, size);
+  });
 }
 
 TieredStore::~TieredStore() {
-  if (ssd_ != nullptr) dram_->SetEvictionListener(nullptr);
+  SetHoldingsObserver(nullptr);
+  dram_->SetEvictionListener(nullptr);
+}
+
+Status TieredStore::Commit(Reservation reservation, WriteOrigin origin) {
+  const KeyId key = reservation.key();
+  const uint64_t size = reservation.size();
+  Status s = dram_->Commit(std::move(reservation));
+  if (s.ok()) impl_->EmitStored(HoldingsEvent::Why::kWritten, origin, key, size);
+  return s;
+}
+
+Result<TieredStore::Pin> TieredStore::CommitAndAcquire(Reservation reservation,
+                                                       WriteOrigin origin) {
+  const KeyId key = reservation.key();
+  const uint64_t size = reservation.size();
+  const uint64_t offset = reservation.offset();
+  auto pin = dram_->CommitAndAcquire(std::move(reservation));
+  // When another writer committed the key first, its entry is pinned
+  // instead: in another slot, as the reserved one was taken until now.
+  if (pin.ok() && pin->offset() == offset) {
+    impl_->EmitStored(HoldingsEvent::Why::kWritten, origin, key, size);
+  }
+  return pin;
+}
+
+void TieredStore::SetHoldingsObserver(HoldingsObserver* observer) {
+  if (ssd_ != nullptr && observer == nullptr) ssd_->SetDropListener(nullptr);
+  impl_->observer.store(observer);
+  // A call that loaded the previous observer counted itself first (both
+  // sequentially consistent): wait for those calls to end.
+  while (impl_->observer_calls.load() != 0) std::this_thread::yield();
+  if (ssd_ != nullptr && observer != nullptr) {
+    Impl* impl = impl_.get();
+    ssd_->SetDropListener([impl](const std::vector<SsdEntry>& gone) { impl->OnSsdDrops(gone); });
+  }
 }
 
 Result<TieredStore::Reservation> TieredStore::Reserve(const KeyId& key, uint64_t size) {
@@ -206,10 +315,21 @@ bool TieredStore::NeedsPromotion(const KeyId& key) const {
   return ssd_ != nullptr && !dram_->Contains(key) && ssd_->Contains(key);
 }
 
-Status TieredStore::Remove(const KeyId& key) {
-  Status d = dram_->Remove(key);
-  bool on_ssd = ssd_ != nullptr && ssd_->Contains(key);
-  if (on_ssd) ssd_->Remove(key);
+Status TieredStore::Remove(const KeyId& key, HoldingsEvent::Why why) {
+  uint64_t dram_size = 0;
+  Status d = dram_->Remove(key, &dram_size);
+  uint64_t ssd_size = 0;
+  bool on_ssd = false;
+  if (ssd_ != nullptr) {
+    auto found = ssd_->Lookup(key);
+    on_ssd = found.ok();
+    if (on_ssd) {
+      ssd_size = *found;
+      ssd_->Remove(key);
+    }
+  }
+  if (d.ok()) impl_->EmitDropped(why, HoldingTier::kDram, on_ssd, key, dram_size);
+  if (on_ssd) impl_->EmitDropped(why, HoldingTier::kSsd, false, key, ssd_size);
   return d.ok() || on_ssd ? Status::Ok() : d;
 }
 
@@ -217,21 +337,18 @@ Status TieredStore::Flush() { return ssd_ != nullptr ? ssd_->Flush() : Status::O
 
 Status TieredStore::Close() {
   if (ssd_ == nullptr) return Status::Ok();
-  dram_->SetEvictionListener(nullptr);  // no demotions into a closing tier
+  // No demotions into a closing tier: an eviction from now on drops the entry.
+  impl_->ssd_open.store(false, std::memory_order_release);
+  // Set again under the DRAM tier's lock: a demotion running now has ended.
+  Impl* impl = impl_.get();
+  dram_->SetEvictionListener([impl](const KeyId& key, const uint8_t* data, uint64_t size) {
+    impl->OnDramEviction(key, data, size);
+  });
   return ssd_->Close();
 }
 
 uint64_t TieredStore::ListSsd(const SsdKeyFilter& want, const SsdEntrySink& sink) {
   return ssd_ != nullptr ? ssd_->ListEntries(want, sink) : 0;
-}
-
-void TieredStore::SetEvictionListener(DramStore::EvictionListener listener) {
-  KVPOOL_CHECK(ssd_ == nullptr);  // the SSD tier's demotions own the listener
-  dram_->SetEvictionListener(std::move(listener));
-}
-
-void TieredStore::SetSsdDropListener(SsdDropListener listener) {
-  if (ssd_ != nullptr) ssd_->SetDropListener(std::move(listener));
 }
 
 std::span<uint8_t> TieredStore::segment() const {

@@ -8,6 +8,9 @@
 // read. Values are immutable across tiers: a key present in either tier is
 // AlreadyExists for a new put.
 //
+// Every change of what it holds is told to its HoldingsObserver, from one
+// place (store/holdings.h: the holdings stream).
+//
 // Thread-safe. Promotions run on the executor given at construction. A store
 // made by Open owns its tiers; one constructed over tiers does not.
 // Reservation and Pin are RAII handles on DRAM slots (data() gives their
@@ -26,6 +29,7 @@
 #include "common/key_id.h"
 #include "common/metrics.h"
 #include "common/status.h"
+#include "store/holdings.h"
 #include "store/dram/dram_store.h"
 #include "store/ssd/ssd_store.h"
 
@@ -71,11 +75,11 @@ class TieredStore {
   // With an SSD tier, first waits (bounded) until it has room for a
   // demotion, so the evictions under the DRAM lock never wait for I/O.
   Result<Reservation> Reserve(const KeyId& key, uint64_t size);
-  Status Commit(Reservation reservation) { return dram_->Commit(std::move(reservation)); }
+  // Publishes the reserved bytes (DramStore::Commit); told to the observer
+  // as written by `origin`.
+  Status Commit(Reservation reservation, WriteOrigin origin = WriteOrigin::kPut);
   // Commit, then pin the entry in the same step (DramStore::CommitAndAcquire).
-  Result<Pin> CommitAndAcquire(Reservation reservation) {
-    return dram_->CommitAndAcquire(std::move(reservation));
-  }
+  Result<Pin> CommitAndAcquire(Reservation reservation, WriteOrigin origin = WriteOrigin::kPut);
 
   // --- Reading.
   // Pins the entry if it is in DRAM, counting a read (for SSD admission):
@@ -102,8 +106,16 @@ class TieredStore {
   // promotion.
   bool NeedsPromotion(const KeyId& key) const;
 
-  // Removes from both tiers; OK when it was in either.
-  Status Remove(const KeyId& key);
+  // Removes from both tiers; OK when it was in either. `why` is what the
+  // observer is told: kRemoved, or kHandedOff when another node took the
+  // value over.
+  Status Remove(const KeyId& key, HoldingsEvent::Why why = HoldingsEvent::Why::kRemoved);
+
+  // --- The holdings stream (store/holdings.h).
+  // Sets the one observer (null: none). Returns only when no call of the
+  // previous observer is running (so not from within one). The observer
+  // must outlive its setting.
+  void SetHoldingsObserver(HoldingsObserver* observer);
 
   // --- Durability.
   // Copies every DRAM entry that is not on SSD yet into the SSD tier (for a
@@ -127,13 +139,6 @@ class TieredStore {
   }
   // SsdStore::ListEntries: blocks on the device. 0 without an SSD tier.
   uint64_t ListSsd(const SsdKeyFilter& want, const SsdEntrySink& sink);
-  // DRAM only (REQUIRES: !has_ssd_tier(); with an SSD tier evictions are
-  // demotions): told of each entry DRAM evicts, under the DRAM lock (see
-  // DramStore::SetEvictionListener). Null clears it.
-  void SetEvictionListener(DramStore::EvictionListener listener);
-  // Told of the entries the SSD tier drops by itself (see
-  // SsdStore::SetDropListener). Null clears it; no-op without an SSD tier.
-  void SetSsdDropListener(SsdDropListener listener);
 
   // --- The shared segment clients map, and figures.
   int segment_fd() const { return dram_->segment_fd(); }

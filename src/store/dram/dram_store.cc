@@ -216,11 +216,12 @@ class DramStoreImpl final : public DramStore {
     return Find(key) != kNoSlot;
   }
 
-  Status Remove(const KeyId& key) override {
+  Status Remove(const KeyId& key, uint64_t* removed_size = nullptr) override {
     std::lock_guard lock(mu_);
     const uint32_t slot = Find(key);
     if (slot == kNoSlot) return NotFound("dram: miss");
     SlotMeta& m = alloc_.meta(slot);
+    if (removed_size != nullptr) *removed_size = m.size;
     const uint16_t cls = alloc_.class_of(slot);
     KVPOOL_CHECK(index_.Erase(key, slot));
     policy_->Erase(slot, cls);

@@ -96,8 +96,9 @@ class DramStore {
   virtual Result<Pin> Acquire(const KeyId& key) = 0;
   // True when committed. Does not count as an access for eviction.
   virtual bool Contains(const KeyId& key) const = 0;
-  // Drops the entry from the index; its slot is reused once unpinned.
-  virtual Status Remove(const KeyId& key) = 0;
+  // Drops the entry from the index; its slot is reused once unpinned. Sets
+  // *removed_size (when given) to the entry's size.
+  virtual Status Remove(const KeyId& key, uint64_t* removed_size = nullptr) = 0;
 
   // Called for each entry evicted (not removed), with its bytes still intact,
   // while the store's lock is held: it must be quick and must not call back

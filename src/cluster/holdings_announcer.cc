@@ -1,0 +1,112 @@
+#include "cluster/holdings_announcer.h"
+
+namespace kvpool::cluster {
+
+HoldingsAnnouncer::HoldingsAnnouncer(const HoldingsAnnouncerOptions& options, Cluster* cluster,
+                                     Directory* local_directory, TieredStore* store,
+                                     Executor* executor, MetricsRegistry* metrics)
+    : opts_(options),
+      store_(store),
+      publisher_(options.publish, cluster, local_directory, executor, metrics) {
+  if (opts_.placement) {
+    placer_ = std::make_unique<HomePlacer>(
+        *opts_.placement, cluster, store,
+        [this](const KeyId& key, uint64_t size, bool announced) { OnKept(key, size, announced); },
+        metrics);
+  }
+  ssd_unpublished_ = metrics->GetCounter(
+      "kvpool_publish_ssd_dropped_total",
+      "Entries unpublished because the SSD tier dropped them (region reclaimed or lost) and DRAM "
+      "does not hold them");
+}
+
+HoldingsAnnouncer::~HoldingsAnnouncer() { Stop(); }
+
+void HoldingsAnnouncer::Start() {
+  {
+    std::lock_guard lock(run_mu_);
+    if (running_) return;
+    running_ = true;
+  }
+  store_->SetHoldingsObserver(this);
+  if (opts_.publish_interval.count() <= 0) return;
+  flusher_ = std::thread([this] {
+    std::unique_lock lock(run_mu_);
+    while (running_) {
+      run_cv_.wait_for(lock, opts_.publish_interval);
+      lock.unlock();
+      publisher_.Flush();
+      lock.lock();
+    }
+  });
+}
+
+void HoldingsAnnouncer::Stop() {
+  {
+    std::lock_guard lock(run_mu_);
+    if (!running_) return;
+    running_ = false;
+  }
+  run_cv_.notify_all();
+  if (flusher_.joinable()) flusher_.join();
+  store_->SetHoldingsObserver(nullptr);  // waits for a running OnHoldings
+}
+
+void HoldingsAnnouncer::OnHoldings(const HoldingsEvent& e) {
+  using W = HoldingsEvent::Why;
+  if (e.kind == HoldingsEvent::Kind::kStored) {
+    if (e.why != W::kWritten) return;  // a promotion: held already
+    switch (e.origin) {
+      case WriteOrigin::kCopy:
+        publisher_.Add(e.key, e.size);
+        return;
+      case WriteOrigin::kPlaced:
+        // Flush applies this node's own items synchronously, in queue order.
+        publisher_.Add(e.key, e.size);
+        publisher_.Flush();
+        return;
+      case WriteOrigin::kPut:
+        break;
+    }
+    if (placer_ == nullptr) {
+      publisher_.Add(e.key, e.size);
+      return;
+    }
+    switch (placer_->Place(e.key, e.size)) {
+      case HomePlacer::Placement::kHandingOff:
+        return;
+      case HomePlacer::Placement::kQueued: {
+        std::lock_guard lock(pending_mu_);
+        announced_pending_.insert(e.key);
+        break;
+      }
+      case HomePlacer::Placement::kHere:
+        break;
+    }
+    publisher_.Add(e.key, e.size);
+    return;
+  }
+  if (!e.leaves_node()) return;
+  if (placer_ != nullptr) {
+    bool was_pending;
+    {
+      std::lock_guard lock(pending_mu_);
+      was_pending = announced_pending_.erase(e.key) > 0;
+    }
+    // Handed off before it was announced: the home publishes it, nothing here.
+    if (e.why == W::kHandedOff && !was_pending) return;
+  }
+  if (e.tier == HoldingTier::kSsd && e.why != W::kRemoved) ssd_unpublished_->Inc();
+  publisher_.Remove(e.key);
+}
+
+void HoldingsAnnouncer::OnKept(const KeyId& key, uint64_t size, bool announced) {
+  if (announced) {
+    std::lock_guard lock(pending_mu_);
+    announced_pending_.erase(key);
+    return;
+  }
+  publisher_.Add(key, size);
+}
+
+}  // namespace kvpool::cluster
