@@ -631,42 +631,54 @@ class LocalServerImpl final : public LocalServer {
 
   // Gets of entries only on SSD, and (with a remote source) gets and exists
   // of keys not held here, wait in parked_ without blocking the loop; the
-  // connection's later frames wait behind them. Returns true when parked.
-  bool Park(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
+  // connection's later frames wait behind them. The request is parked with
+  // its decoded keys (moved out of keys_ / sized_), and the pins its wait
+  // took are the ones it is answered with: a resumed request neither decodes
+  // nor pins again. Returns true when parked.
+  bool Park(Conn& c, const FrameHeader& h, ParkedReads::Kind kind) {
     if ((!tiered_->has_ssd_tier() && remote_ == nullptr) || !c.handshaked) return false;
-    auto type = static_cast<MessageType>(h.type);
-    keys_.clear();
-    if (type == MessageType::kAcquire || (type == MessageType::kExists && remote_ != nullptr)) {
-      if (!protocol::DecodeKeys(body, opts_.max_batch, &keys_).ok()) return false;
-    } else if (type == MessageType::kGet) {
-      if (!protocol::DecodeSizedKeys(body, opts_.max_batch, &sized_, nullptr).ok()) return false;
-      for (const auto& s : sized_) keys_.push_back(s.key);
-    } else {
-      return false;
-    }
+    if (kind == ParkedReads::Kind::kExists && remote_ == nullptr) return false;
     ParkedReads::Request r;
     r.fd = c.fd;
     r.conn_id = c.id;
     r.header = h;
-    r.body.assign(body.begin(), body.end());
-    auto kind = type == MessageType::kExists ? ParkedReads::Kind::kExists : ParkedReads::Kind::kRead;
-    if (!parked_->Park(kind, keys_, std::move(r))) return false;
+    if (static_cast<MessageType>(h.type) == MessageType::kGet) {
+      r.sized = std::move(sized_);
+      r.keys.reserve(r.sized.size());
+      for (const auto& s : r.sized) r.keys.push_back(s.key);
+    } else {
+      r.keys = std::move(keys_);
+    }
+    if (!parked_->Park(kind, &r)) {  // not moved from: take the keys back
+      if (static_cast<MessageType>(h.type) == MessageType::kGet) {
+        sized_ = std::move(r.sized);
+      } else {
+        keys_ = std::move(r.keys);
+      }
+      return false;
+    }
     c.pending = true;
+    parked_now_ = true;
     return true;
   }
 
-  // On the loop: answers parked requests whose waits all finished (from
-  // DRAM now; a failed promotion or fetch is a miss), then resumes their
-  // connections.
+  // On the loop: answers parked requests whose waits all finished (from the
+  // pins they carry; a failed promotion or fetch is a miss), then resumes
+  // their connections.
   void FinishParked() {
     for (auto& p : parked_->TakeReady()) {
       auto cit = conns_.find(p.fd);
       if (cit == conns_.end() || cit->second.id != p.conn_id) continue;  // client left
       Conn& c = cit->second;
       c.pending = false;
-      remote_hits_ = &p.remote_hits;
-      Handle(c, p.header, p.body, /*allow_park=*/false);
-      remote_hits_ = nullptr;
+      auto start = std::chrono::steady_clock::now();
+      CarriedPins carried(std::move(p.pins));
+      switch (static_cast<MessageType>(p.header.type)) {
+        case MessageType::kAcquire: AnswerAcquire(c, p.header, p.keys, &carried); break;
+        case MessageType::kGet: AnswerGet(c, p.header, p.sized, &carried); break;
+        default: AnswerExists(c, p.header, p.keys, &p.remote_hits); break;
+      }
+      CountOp(p.header.type, start);
       ProcessFrames(c);
       ReleaseIfEmpty(c);
       if (!Flush(c)) {
@@ -681,9 +693,39 @@ class LocalServerImpl final : public LocalServer {
     }
   }
 
-  void Handle(Conn& c, const FrameHeader& h, std::span<const uint8_t> body,
-              bool allow_park = true) {
-    if (allow_park && Park(c, h, body)) return;
+  // The pins a parked request took, by key.
+  class CarriedPins {
+   public:
+    explicit CarriedPins(std::vector<TieredStore::Pin> pins) {
+      for (auto& p : pins) by_key_.emplace(p.key(), std::move(p));
+    }
+    // The request's pin of key: carried (counted as a read now), else a
+    // first Acquire.
+    Result<TieredStore::Pin> Take(TieredStore* store, const KeyId& key) {
+      auto it = by_key_.find(key);
+      if (it == by_key_.end()) return store->Acquire(key);
+      TieredStore::Pin pin = std::move(it->second);
+      by_key_.erase(it);
+      store->CountRead(key);
+      return pin;
+    }
+
+   private:
+    std::unordered_multimap<KeyId, TieredStore::Pin, KeyIdHash> by_key_;
+  };
+
+  static Result<TieredStore::Pin> PinOf(TieredStore* store, CarriedPins* carried,
+                                        const KeyId& key) {
+    return carried != nullptr ? carried->Take(store, key) : store->Acquire(key);
+  }
+
+  void CountOp(uint16_t type, std::chrono::steady_clock::time_point start) {
+    ops_[type]->Inc();
+    latency_[type]->Observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+
+  void Handle(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
     auto start = std::chrono::steady_clock::now();
     auto type = static_cast<MessageType>(h.type);
     if (h.type == 0 || h.type >= kNumOps) {
@@ -720,9 +762,11 @@ class LocalServerImpl final : public LocalServer {
       ProtocolError(s.code() == StatusCode::kInvalidArgument ? "malformed_body" : "refused");
       QueueError(c, h.request_id, s);
     }
-    ops_[h.type]->Inc();
-    latency_[h.type]->Observe(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (parked_now_) {  // counted when it is answered
+      parked_now_ = false;
+      return;
+    }
+    CountOp(h.type, start);
   }
 
   Status OnHello(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
@@ -800,10 +844,18 @@ class LocalServerImpl final : public LocalServer {
   Status OnAcquire(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
     KVPOOL_RETURN_IF_ERROR(protocol::DecodeKeys(body, opts_.max_batch, &keys_));
     items_->Inc(keys_.size());
-    regions_.assign(keys_.size(), {});
+    if (Park(c, h, ParkedReads::Kind::kRead)) return Status::Ok();
+    AnswerAcquire(c, h, keys_, nullptr);
+    return Status::Ok();
+  }
+
+  // carried: the pins of a resumed request (null: pin now).
+  void AnswerAcquire(Conn& c, const FrameHeader& h, const std::vector<KeyId>& keys,
+                     CarriedPins* carried) {
+    regions_.assign(keys.size(), {});
     uint64_t hits = 0, bytes = 0;
-    for (size_t i = 0; i < keys_.size(); ++i) {
-      auto p = tiered_->Acquire(keys_[i]);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto p = PinOf(tiered_, carried, keys[i]);
       if (!p.ok()) {
         regions_[i].status = static_cast<int32_t>(p.status().code());
         continue;
@@ -815,12 +867,11 @@ class LocalServerImpl final : public LocalServer {
       c.pins.emplace(handle, std::move(p).value());
     }
     hits_->Inc(hits);
-    misses_->Inc(keys_.size() - hits);
+    misses_->Inc(keys.size() - hits);
     bytes_read_->Inc(bytes);
     out_.clear();
     protocol::EncodeRegionItems(regions_, &out_);
     Queue(c, MessageType::kAcquire, h.request_id, Status::Ok(), out_);
-    return Status::Ok();
   }
 
   Status OnRelease(Conn& c, std::span<const uint8_t> body) {
@@ -832,24 +883,31 @@ class LocalServerImpl final : public LocalServer {
   Status OnExists(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
     KVPOOL_RETURN_IF_ERROR(protocol::DecodeKeys(body, opts_.max_batch, &keys_));
     items_->Inc(keys_.size());
+    if (Park(c, h, ParkedReads::Kind::kExists)) return Status::Ok();
+    AnswerExists(c, h, keys_, nullptr);
+    return Status::Ok();
+  }
+
+  // remote_hits: what the cluster holds, for a resumed request.
+  void AnswerExists(Conn& c, const FrameHeader& h, const std::vector<KeyId>& keys,
+                    const std::set<KeyId>* remote_hits) {
     protocol::ExistsReply rep;
-    rep.hits.resize(keys_.size());
+    rep.hits.resize(keys.size());
     bool prefix = true;
     uint64_t hits = 0;
-    for (size_t i = 0; i < keys_.size(); ++i) {
-      bool hit = tiered_->Contains(keys_[i]) ||
-                 (remote_hits_ != nullptr && remote_hits_->count(keys_[i]) > 0);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      bool hit = tiered_->Contains(keys[i]) ||
+                 (remote_hits != nullptr && remote_hits->count(keys[i]) > 0);
       rep.hits[i] = hit ? 1 : 0;
       hits += hit;
       if (!hit) prefix = false;
       if (prefix) ++rep.prefix_len;
     }
     exists_hits_->Inc(hits);
-    exists_misses_->Inc(keys_.size() - hits);
+    exists_misses_->Inc(keys.size() - hits);
     out_.clear();
     protocol::EncodeExistsReply(rep, &out_);
     Queue(c, MessageType::kExists, h.request_id, Status::Ok(), out_);
-    return Status::Ok();
   }
 
   Status OnPut(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
@@ -887,19 +945,26 @@ class LocalServerImpl final : public LocalServer {
   Status OnGet(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
     KVPOOL_RETURN_IF_ERROR(protocol::DecodeSizedKeys(body, opts_.max_batch, &sized_, nullptr));
     items_->Inc(sized_.size());
-    std::vector<protocol::GetItem> items(sized_.size());
+    if (Park(c, h, ParkedReads::Kind::kRead)) return Status::Ok();
+    AnswerGet(c, h, sized_, nullptr);
+    return Status::Ok();
+  }
+
+  void AnswerGet(Conn& c, const FrameHeader& h, const std::vector<protocol::SizedKey>& sized,
+                 CarriedPins* carried) {
+    std::vector<protocol::GetItem> items(sized.size());
     std::vector<TieredStore::Pin> pins;
-    pins.reserve(sized_.size());
+    pins.reserve(sized.size());
     uint64_t total = 0, hits = 0;
-    for (size_t i = 0; i < sized_.size(); ++i) {
-      auto p = tiered_->Acquire(sized_[i].key);
+    for (size_t i = 0; i < sized.size(); ++i) {
+      auto p = PinOf(tiered_, carried, sized[i].key);
       if (!p.ok()) {
         items[i].status = static_cast<int32_t>(p.status().code());
         continue;
       }
       ++hits;
       items[i].size = p->size();
-      if (p->size() > sized_[i].size || total + p->size() > opts_.max_frame_bytes) {
+      if (p->size() > sized[i].size || total + p->size() > opts_.max_frame_bytes) {
         items[i].status = static_cast<int32_t>(StatusCode::kResourceExhausted);
         continue;
       }
@@ -907,14 +972,13 @@ class LocalServerImpl final : public LocalServer {
       pins.push_back(std::move(p).value());
     }
     hits_->Inc(hits);
-    misses_->Inc(sized_.size() - hits);
+    misses_->Inc(sized.size() - hits);
     std::vector<uint8_t> out;
     out.reserve(4 + 12 * items.size() + total);
     protocol::EncodeGetItems(items, &out);
     for (const auto& p : pins) out.insert(out.end(), p.data(), p.data() + p.size());
     bytes_read_->Inc(total);
     Queue(c, MessageType::kGet, h.request_id, Status::Ok(), out);
-    return Status::Ok();
   }
 
   Status OnRemove(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
@@ -951,8 +1015,7 @@ class LocalServerImpl final : public LocalServer {
   TieredStore* const tiered_;  // outlives the server
   RemoteSource* const remote_;  // null when standalone
   std::unique_ptr<ParkedReads> parked_;  // created with the wake fd
-  // While a parked exists is answered: the keys the cluster has.
-  const std::set<KeyId>* remote_hits_ = nullptr;
+  bool parked_now_ = false;  // the request being handled was parked
   MetricsRegistry* metrics_ = nullptr;
   const std::function<std::string()> stats_json_;
   std::string socket_path_;  // resolved at Bind()

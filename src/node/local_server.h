@@ -88,9 +88,9 @@ class LocalServer {
   // Gets of entries that are only on SSD wait (without blocking the loop)
   // for their promotion into DRAM, then are answered from DRAM. With a
   // remote source (null: standalone), gets and exists of keys held nowhere
-  // here wait likewise for the cluster (fetched into DRAM, or asked), and
-  // commits and removes are published through it. remote must outlive the
-  // server's Run().
+  // here wait likewise for the cluster (fetched into DRAM, or asked). A
+  // waiting request keeps its decoded keys and the pins its wait took, and
+  // is answered from those. remote must outlive the server's Run().
   static Result<std::unique_ptr<LocalServer>> Open(const LocalServerOptions& options,
                                                    TieredStore* store, RemoteSource* remote,
                                                    MetricsRegistry* metrics,

@@ -13,7 +13,8 @@ ParkedReads::ParkedReads(TieredStore* store, RemoteSource* remote, int wake_fd,
                                 "Requests that waited for the cluster (local misses)");
 }
 
-bool ParkedReads::Park(Kind kind, std::span<const KeyId> keys, Request request) {
+bool ParkedReads::Park(Kind kind, Request* request) {
+  const std::vector<KeyId>& keys = request->keys;
   std::vector<KeyId> cold, absent;
   std::vector<bool> is_cold(kind == Kind::kRead ? keys.size() : 0);
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -30,14 +31,15 @@ bool ParkedReads::Park(Kind kind, std::span<const KeyId> keys, Request request) 
   if (cold.empty() && absent.empty()) return false;
   uint64_t id = next_id_++;
   Pending& p = pending_[id];
-  p.request = std::move(request);
+  p.request = std::move(*request);
   // The keys already in DRAM are pinned while the request waits, before
   // any promotion starts, so the promotions and fetches of the others
-  // cannot evict them.
+  // cannot evict them. These pins answer the request.
   if (kind == Kind::kRead) {
-    for (size_t i = 0; i < keys.size(); ++i) {
+    const std::vector<KeyId>& held = p.request.keys;
+    for (size_t i = 0; i < held.size(); ++i) {
       if (is_cold[i]) continue;  // pinned by its promotion below
-      auto pin = tiered_->Hold(keys[i]);
+      auto pin = tiered_->Hold(held[i]);
       if (pin.ok()) p.request.pins.push_back(std::move(pin).value());
     }
   }

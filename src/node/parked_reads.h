@@ -3,9 +3,10 @@
 // remote source, gets and exists of keys not held here (fetched from the
 // cluster, or asked of it). Park() starts that work; each piece finishes on
 // some other thread, is posted back, and the loop is woken through its
-// eventfd; TakeReady() then hands over the requests whose work all finished,
-// holding pins on the promoted/fetched entries so they cannot be evicted
-// before the request is answered.
+// eventfd; TakeReady() then hands over the requests whose work all finished.
+// A request is parked with its decoded keys, and comes back with one pin
+// per key it found (held in DRAM, promoted or fetched; Pin::key() says
+// which): it is answered from those, so it is decoded and pinned once.
 //
 // Thread-safety: Park() and TakeReady() on the loop thread only; the
 // completions post from any thread. The executors and the remote source
@@ -21,6 +22,7 @@
 
 #include "cluster/remote_source.h"
 #include "common/metrics.h"
+#include "protocol/codec.h"
 #include "protocol/message_format.h"
 #include "store/tiered_store.h"
 
@@ -33,9 +35,10 @@ class ParkedReads {
     int fd = -1;
     uint64_t conn_id = 0;
     protocol::FrameHeader header;
-    std::vector<uint8_t> body;
-    std::vector<TieredStore::Pin> pins;  // entries pinned until it is answered
-    std::set<KeyId> remote_hits;       // exists: keys the cluster has
+    std::vector<KeyId> keys;                // decoded: the keys, in request order
+    std::vector<protocol::SizedKey> sized;  // decoded, for a get: keys with buffer sizes
+    std::vector<TieredStore::Pin> pins;     // read: one per key found, held until answered
+    std::set<KeyId> remote_hits;            // exists: keys the cluster has
   };
   enum class Kind { kRead, kExists };
 
@@ -43,9 +46,10 @@ class ParkedReads {
   // be null. All pointers must outlive this object.
   ParkedReads(TieredStore* store, RemoteSource* remote, int wake_fd, MetricsRegistry* metrics);
 
-  // True when some key waits (then the request is parked); false when the
-  // request can be answered now.
-  bool Park(Kind kind, std::span<const KeyId> keys, Request request);
+  // True when some key of request->keys waits: then the request is moved
+  // into this object. False (nothing moved or pinned) when the request can
+  // be answered now.
+  bool Park(Kind kind, Request* request);
   // Requests whose waits all finished, in completion order.
   std::vector<Request> TakeReady();
 

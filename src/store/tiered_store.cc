@@ -307,6 +307,10 @@ Result<TieredStore::Pin> TieredStore::Acquire(const KeyId& key) {
   return p;
 }
 
+void TieredStore::CountRead(const KeyId& key) {
+  if (ssd_ != nullptr && impl_->options.admit_min_reads > 0) impl_->sketch.Increment(key);
+}
+
 bool TieredStore::Contains(const KeyId& key) const {
   return dram_->Contains(key) || (ssd_ != nullptr && ssd_->Contains(key));
 }

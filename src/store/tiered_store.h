@@ -86,8 +86,12 @@ class TieredStore {
   // NotFound when it is not in DRAM (it may be on SSD: AcquireOrPromote).
   Result<Pin> Acquire(const KeyId& key);
   // As Acquire, but not counted as a read: keeps an entry in place while a
-  // request waits for others (the request's own Acquire counts it).
+  // request waits for others (the request counts it with CountRead when it
+  // is served).
   Result<Pin> Hold(const KeyId& key) { return dram_->Acquire(key); }
+  // Counts a read of an entry pinned without Acquire (Hold, a promotion, a
+  // fetched copy), for SSD admission.
+  void CountRead(const KeyId& key);
   // Pins the entry wherever it is held and calls done(status, pin): inline
   // when it is in DRAM (OK) or in neither tier (NotFound, empty pin); when
   // it is only on SSD, after reading it into a DRAM slot, on an executor

@@ -334,7 +334,7 @@ class DramStoreImpl final : public DramStore {
     policy_->Touch(slot, cls);
     NoteUse(slot, cls, m.size, /*hit=*/true);
     hits_->Inc();
-    return Pin(this, slot, alloc_.offset(slot), m.size);
+    return Pin(this, slot, m.key, alloc_.offset(slot), m.size);
   }
 
   void FreeSlot(uint32_t slot) {

@@ -175,14 +175,15 @@ class DramStore::Reservation {
 class DramStore::Pin {
  public:
   Pin() = default;
-  Pin(DramStore* store, uint32_t slot, uint64_t offset, uint64_t size)
-      : store_(store), slot_(slot), offset_(offset), size_(size) {}
+  Pin(DramStore* store, uint32_t slot, const KeyId& key, uint64_t offset, uint64_t size)
+      : store_(store), slot_(slot), key_(key), offset_(offset), size_(size) {}
   Pin(Pin&& o) noexcept { *this = std::move(o); }
   Pin& operator=(Pin&& o) noexcept {
     if (this != &o) {
       Reset();
       store_ = o.store_;
       slot_ = o.slot_;
+      key_ = o.key_;
       offset_ = o.offset_;
       size_ = o.size_;
       o.store_ = nullptr;
@@ -196,6 +197,7 @@ class DramStore::Pin {
   }
 
   bool valid() const { return store_ != nullptr; }
+  const KeyId& key() const { return key_; }
   uint64_t offset() const { return offset_; }  // from the segment's base
   uint64_t size() const { return size_; }
   // The entry's bytes, immutable while pinned. REQUIRES: valid().
@@ -205,6 +207,7 @@ class DramStore::Pin {
  private:
   DramStore* store_ = nullptr;
   uint32_t slot_ = 0;
+  KeyId key_;
   uint64_t offset_ = 0;
   uint64_t size_ = 0;
 };

@@ -1,0 +1,174 @@
+// A get that parks (its keys wait for the cluster or a promotion) is
+// decoded once and pins each key once: the request carries its decoded keys
+// and the pins its wait took, and is answered from them.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/executor.h"
+#include "kvpool/kvpool.h"
+#include "node/local_server.h"
+#include "node/parked_reads.h"
+#include "store/tiered_store.h"
+
+namespace kvpool {
+namespace {
+
+// A parked request cannot carry its frame body: only decoded keys.
+template <typename R>
+concept CarriesBody = requires(R r) { r.body; };
+static_assert(!CarriesBody<ParkedReads::Request>);
+
+// The cluster as the local server sees it: values "held elsewhere", copied
+// into the local store on Fetch (as RemoteReader does), on another thread.
+class FakeCluster final : public RemoteSource {
+ public:
+  FakeCluster(TieredStore* store, Executor* executor) : store_(store), executor_(executor) {}
+  void Hold(const KeyId& key, std::vector<uint8_t> value) { values_[key] = std::move(value); }
+
+  void Fetch(std::vector<KeyId> keys, FetchDone done) override {
+    executor_->Submit([this, keys = std::move(keys), done = std::move(done)] {
+      std::vector<TieredStore::Pin> pins;
+      for (const KeyId& k : keys) {
+        auto it = values_.find(k);
+        if (it == values_.end()) continue;
+        auto r = store_->Reserve(k, it->second.size());
+        if (!r.ok()) continue;
+        std::memcpy(r->data(), it->second.data(), it->second.size());
+        auto pin = store_->CommitAndAcquire(std::move(r).value(), WriteOrigin::kCopy);
+        if (pin.ok()) pins.push_back(std::move(pin).value());
+      }
+      done(std::move(pins));
+    });
+  }
+  void Exists(std::vector<KeyId> keys, ExistsDone done) override {
+    executor_->Submit([this, keys = std::move(keys), done = std::move(done)] {
+      std::vector<KeyId> hits;
+      for (const KeyId& k : keys) {
+        if (values_.count(k) > 0) hits.push_back(k);
+      }
+      done(std::move(hits));
+    });
+  }
+
+ private:
+  TieredStore* const store_;
+  Executor* const executor_;
+  std::map<KeyId, std::vector<uint8_t>> values_;  // set before the test's reads
+};
+
+std::vector<uint8_t> Value(int seed, size_t n) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed * 13 + i * 7);
+  return v;
+}
+
+class ParkedGetTest : public ::testing::TestWithParam<bool> {};
+
+// Two keys held here and two held only elsewhere, read in one request
+// (zero-copy acquire or copy-mode get): every key is pinned exactly once
+// on the node and the reply is byte-exact.
+TEST_P(ParkedGetTest, DecodedOnceAndEachKeyPinnedOnce) {
+  const bool copy_mode = GetParam();
+  MetricsRegistry metrics;
+  ThreadPool pool(2, "test-cluster");
+  DramOptions d;
+  d.capacity_bytes = 16 << 20;
+  d.slab_bytes = 1 << 20;
+  d.max_value_bytes = 1 << 20;
+  d.huge_pages = false;
+  d.prefault = false;
+  auto store = TieredStore::Open(d, nullptr, &pool, &pool, TieringOptions{}, &metrics);
+  ASSERT_TRUE(store.ok());
+  TieredStore* s = store->get();
+  FakeCluster cluster(s, &pool);
+
+  std::vector<kvpool_key_id> ids(4);
+  std::vector<std::vector<uint8_t>> values;
+  for (int i = 0; i < 4; ++i) {
+    std::string name = "k" + std::to_string(i);
+    const void* key = name.data();
+    size_t len = name.size();
+    kvpool_key_ids("parked", 6, &key, &len, 1, &ids[i]);
+    values.push_back(Value(i, 4096 + i));
+    KeyId k{ids[i].hi, ids[i].lo};
+    if (i % 2 == 0) {  // held here
+      auto r = s->Reserve(k, values[i].size());
+      ASSERT_TRUE(r.ok());
+      std::memcpy(r->data(), values[i].data(), values[i].size());
+      ASSERT_TRUE(s->Commit(std::move(r).value()).ok());
+    } else {
+      cluster.Hold(k, values[i]);
+    }
+  }
+
+  std::string dir = std::filesystem::temp_directory_path() /
+                    ("kvpool-parked-" + std::to_string(::getpid()) + (copy_mode ? "-c" : "-z"));
+  std::filesystem::create_directories(dir);
+  LocalServerOptions lo;
+  lo.socket_path = dir + "/kvpool.sock";
+  auto server = LocalServer::Open(lo, s, &cluster, &metrics, [] { return std::string("{}"); });
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  std::thread loop([&] { (*server)->Run(); });
+
+  kvpool_options o;
+  kvpool_options_init(&o);
+  o.socket_path = lo.socket_path.c_str();
+  o.copy_mode = copy_mode ? 1 : 0;
+  kvpool_status st;
+  kvpool_client* client = kvpool_open(&o, &st);
+  ASSERT_NE(client, nullptr);
+
+  const double pins_before = metrics.ValueOf("kvpool_dram_hits_total");
+  const double items_before = metrics.ValueOf("kvpool_items_total");
+  std::vector<kvpool_status> statuses(4);
+  std::vector<std::vector<uint8_t>> got(4, std::vector<uint8_t>(8192));
+  if (copy_mode) {
+    std::vector<void*> bufs;
+    std::vector<uint64_t> caps(4, 8192), sizes(4, 0);
+    for (auto& g : got) bufs.push_back(g.data());
+    ASSERT_EQ(kvpool_get(client, ids.data(), bufs.data(), caps.data(), 4, sizes.data(),
+                         statuses.data()),
+              KVPOOL_OK);
+    for (int i = 0; i < 4; ++i) got[i].resize(sizes[i]);
+  } else {
+    std::vector<kvpool_region> regions(4);
+    ASSERT_EQ(kvpool_acquire(client, ids.data(), 4, regions.data(), statuses.data()), KVPOOL_OK);
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_EQ(statuses[i], KVPOOL_OK) << i;
+      const uint8_t* p = static_cast<const uint8_t*>(regions[i].data);
+      got[i].assign(p, p + regions[i].size);
+    }
+    std::vector<uint64_t> handles;
+    for (const auto& r : regions) handles.push_back(r.handle);
+    ASSERT_EQ(kvpool_release(client, handles.data(), handles.size()), KVPOOL_OK);
+  }
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(statuses[i], KVPOOL_OK) << i;
+    EXPECT_EQ(got[i], values[i]) << i;
+  }
+  // One pin per key: the two held here when the request parked, the two
+  // fetched copies when they were committed. Nothing pinned again.
+  EXPECT_EQ(metrics.ValueOf("kvpool_dram_hits_total") - pins_before, 4);
+  // Its keys were decoded once (counted as they are decoded).
+  EXPECT_EQ(metrics.ValueOf("kvpool_items_total") - items_before, 4);
+  EXPECT_EQ(metrics.ValueOf("kvpool_remote_waits_total"), 1);
+
+  kvpool_close(client);
+  (*server)->Stop();
+  loop.join();
+  pool.Stop();
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(ZeroCopyAndCopyMode, ParkedGetTest, ::testing::Bool());
+
+}  // namespace
+}  // namespace kvpool
