@@ -150,25 +150,11 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
 }
 
 // The membership (and its subscription) is gone by now: see the header.
-PeerServer::~PeerServer() {
-  std::unique_lock lock(gate_->mu);
-  gate_->stopped = true;
-  gate_->stop.store(true);
-  gate_->cv.wait(lock, [&] { return gate_->running == 0; });
-}
+PeerServer::~PeerServer() { gate_->Close(); }
 
 void PeerServer::RunGated(std::function<void()> fn) {
-  list_executor_->Submit([gate = gate_, fn = std::move(fn)] {
-    {
-      std::lock_guard lock(gate->mu);
-      if (gate->stopped) return;  // the server is gone: `this` in fn is too
-      ++gate->running;
-    }
-    fn();
-    std::lock_guard lock(gate->mu);
-    --gate->running;
-    gate->cv.notify_all();
-  });
+  // Closed: the server is gone, and `this` in fn with it.
+  list_executor_->Submit([gate = gate_, fn = std::move(fn)] { gate->Run(fn); });
 }
 
 void PeerServer::ReplaySsd(std::vector<bool> shards, std::vector<KeyId> skip) {
@@ -187,7 +173,7 @@ void PeerServer::ReplaySsd(std::vector<bool> shards, std::vector<KeyId> skip) {
                       WaitForPublisher();
                       n += added;
                       ssd_replayed_->Inc(added);
-                      return !gate_->stop.load();
+                      return !gate_->closed();
                     });
     LogDebug("republished {} entries from the SSD tier", n);
   });
@@ -236,7 +222,7 @@ void PeerServer::OnView(std::shared_ptr<const ShardMap> before,
 void PeerServer::WaitForPublisher() {
   // Well under the publisher's bound (PublisherOptions::max_queue).
   constexpr size_t kMaxBacklog = 64 * 1024;
-  while (announcer_->queued() >= kMaxBacklog && !gate_->stop.load()) {
+  while (announcer_->queued() >= kMaxBacklog && !gate_->closed()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }

@@ -40,6 +40,7 @@
 #include "cluster/directory.h"
 #include "cluster/holdings_announcer.h"
 #include "common/executor.h"
+#include "common/gate.h"
 #include "common/metrics.h"
 #include "store/tiered_store.h"
 
@@ -74,14 +75,6 @@ class PeerServer {
   // the queue's bound), until the server stops.
   void WaitForPublisher();
 
-  // Shared with queued listings, which may run after the server is gone.
-  struct ListGate {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool stopped = false;           // protected by mu
-    int running = 0;                // protected by mu
-    std::atomic<bool> stop{false};  // read by a running listing between regions
-  };
 
   Cluster* const cluster_;
   Directory* const directory_;
@@ -91,7 +84,8 @@ class PeerServer {
   Executor* const list_executor_;
   std::unique_ptr<MetricsRegistry> owned_metrics_;  // when none was given
   Counter* ssd_replayed_;
-  std::shared_ptr<ListGate> gate_ = std::make_shared<ListGate>();
+  // Shared with queued listings, which may run after the server is gone.
+  std::shared_ptr<Gate> gate_ = Gate::Shared();
   uint64_t sub_ = 0;
   uint64_t fence_sub_ = 0;
   // Only touched by the membership's callback thread.

@@ -1,6 +1,7 @@
 #include "node/local_server.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -12,15 +13,13 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
-#include <set>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
-#include <fmt/format.h>
-
 #include "common/log.h"
-#include "node/parked_reads.h"
+#include "node/local_ops.h"
 #include "node/socket_dir.h"
 #include "protocol/codec.h"
 
@@ -31,7 +30,8 @@ using protocol::MessageType;
 
 Status LocalServerOptions::Validate() const {
   if (socket_path.size() >= sizeof(sockaddr_un::sun_path)) {
-    return InvalidArgument(fmt::format("socket path longer than {} bytes", sizeof(sockaddr_un::sun_path) - 1));
+    return InvalidArgument(
+        fmt::format("socket path longer than {} bytes", sizeof(sockaddr_un::sun_path) - 1));
   }
   if (max_connections < 1) return InvalidArgument("max_connections must be >= 1");
   if (max_batch < 1 || max_batch > protocol::kMaxBatch) {
@@ -94,11 +94,8 @@ struct InBuffer {
   }
 };
 
-struct Conn {
-  int fd = -1;
-  uint64_t id = 0;
-  bool handshaked = false;
-  bool closing = false;  // close once the output is flushed
+// A connection: its operation state (LocalSession) and the loop's.
+struct Conn : LocalSession {
   bool epollout = false;
   bool reading_paused = false;
   bool starved = false;  // waits for the node-wide buffer budget
@@ -108,38 +105,13 @@ struct Conn {
   // When the partial frame at the start of `in` began arriving.
   std::chrono::steady_clock::time_point frame_start;
   InBuffer in;
-  std::deque<std::vector<uint8_t>> out;
-  size_t out_offset = 0;  // into out.front()
-  uint64_t out_bytes = 0;
-  int pass_fd = -1;  // passed with the first byte of out.front()
-  bool pending = false;  // a request waits for promotions; later frames wait
-  uint64_t next_handle = 1;
-  std::unordered_map<uint64_t, TieredStore::Reservation> reservations;
-  std::unordered_map<uint64_t, TieredStore::Pin> pins;
 };
 
 class LocalServerImpl final : public LocalServer {
  public:
   LocalServerImpl(const LocalServerOptions& o, TieredStore* tiered, RemoteSource* remote,
                   MetricsRegistry* m, std::function<std::string()> stats_json)
-      : opts_(o),
-        tiered_(tiered),
-        remote_(remote),
-        stats_json_(std::move(stats_json)) {
-    for (int t = 1; t < kNumOps; ++t) {
-      ops_[t] = m->GetCounter("kvpool_ops_total", "Requests handled, by operation",
-                              {{"op", kOpNames[t]}});
-      latency_[t] = m->GetHistogram("kvpool_op_latency_seconds",
-                                    "Time the node spent handling a request, by operation",
-                                    {{"op", kOpNames[t]}});
-    }
-    items_ = m->GetCounter("kvpool_items_total", "Keys carried by requests (batch items)");
-    hits_ = m->GetCounter("kvpool_hits_total", "Acquire and get items that found the key");
-    misses_ = m->GetCounter("kvpool_misses_total", "Acquire and get items that missed");
-    exists_hits_ = m->GetCounter("kvpool_exists_hits_total", "Exists items that found the key");
-    exists_misses_ = m->GetCounter("kvpool_exists_misses_total", "Exists items that missed");
-    bytes_read_ = m->GetCounter("kvpool_bytes_read_total", "Value bytes handed to readers");
-    bytes_written_ = m->GetCounter("kvpool_bytes_written_total", "Value bytes committed");
+      : opts_(o), tiered_(tiered), remote_(remote), stats_json_(std::move(stats_json)) {
     conns_gauge_ = m->GetGauge("kvpool_local_connections", "Open local client connections");
     accepted_ = m->GetCounter("kvpool_accepted_connections_total", "Local connections accepted");
     rejected_ = m->GetCounter("kvpool_rejected_connections_total",
@@ -156,8 +128,6 @@ class LocalServerImpl final : public LocalServer {
     starved_ = m->GetCounter(
         "kvpool_local_reads_deferred_total",
         "Times a connection's read waited because the node-wide request buffer budget was spent");
-    put_failures_ = m->GetCounter("kvpool_put_failures_total",
-                                  "Put or reserve items refused (no space, too large)");
     metrics_ = m;
   }
 
@@ -174,7 +144,8 @@ class LocalServerImpl final : public LocalServer {
     if (epoll_fd_ < 0) return ErrnoStatus("epoll_create1", errno);
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) return ErrnoStatus("eventfd", errno);
-    parked_ = std::make_unique<ParkedReads>(tiered_, remote_, wake_fd_, metrics_);
+    handlers_ =
+        std::make_unique<LocalOps>(opts_, tiered_, remote_, wake_fd_, metrics_, stats_json_);
     // Kept open so that, out of descriptors, the loop can still take a
     // connection off the backlog to refuse it instead of spinning.
     spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -195,8 +166,8 @@ class LocalServerImpl final : public LocalServer {
     while (!stop_.load(std::memory_order_relaxed)) {
       auto now = std::chrono::steady_clock::now();
       bool spinning = now - last_activity < std::chrono::microseconds(opts_.poll_spin_us);
-      int n = epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()),
-                         spinning ? 0 : 500);
+      int n =
+          epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), spinning ? 0 : 500);
       if (n < 0 && errno != EINTR) {
         LogError("epoll_wait: {}", std::strerror(errno));
         break;
@@ -311,8 +282,8 @@ class LocalServerImpl final : public LocalServer {
   void SendConnectionError(int fd, const Status& s) {
     std::vector<uint8_t> body;
     protocol::EncodeString(s.message(), &body);
-    auto frame = protocol::EncodeFrame(MessageType::kError, 0, static_cast<int32_t>(s.code()),
-                                       body, /*reply=*/true);
+    auto frame = protocol::EncodeFrame(MessageType::kError, 0, static_cast<int32_t>(s.code()), body,
+                                       /*reply=*/true);
     ssize_t w = ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     (void)w;
   }
@@ -340,8 +311,8 @@ class LocalServerImpl final : public LocalServer {
         return;
       }
       if (conns_.size() >= opts_.max_connections) {
-        SendConnectionError(fd, ResourceExhausted(fmt::format(
-                                    "too many connections (limit {})", opts_.max_connections)));
+        SendConnectionError(fd, ResourceExhausted(fmt::format("too many connections (limit {})",
+                                                              opts_.max_connections)));
         rejected_->Inc();
         ::close(fd);
         continue;
@@ -403,19 +374,19 @@ class LocalServerImpl final : public LocalServer {
       reaped_[static_cast<int>(reason)]->Inc();
       switch (reason) {
         case ReapReason::kHandshake:
-          ProtocolError("handshake_timeout");
+          handlers_->ProtocolError("handshake_timeout");
           break;
         case ReapReason::kFrame:
-          ProtocolError("frame_timeout");
+          handlers_->ProtocolError("frame_timeout");
           SendConnectionError(fd, DeadlineExceeded(fmt::format(
                                       "a frame was not completed within {} ms; connection closed",
                                       opts_.frame_timeout.count())));
           break;
         case ReapReason::kIdle:
           // Unavailable: libkvpool reconnects and retries on it.
-          SendConnectionError(fd, Unavailable(fmt::format(
-                                      "connection idle for {} ms; closed by the node",
-                                      opts_.idle_timeout.count())));
+          SendConnectionError(
+              fd, Unavailable(fmt::format("connection idle for {} ms; closed by the node",
+                                          opts_.idle_timeout.count())));
           break;
       }
       CloseConn(fd);
@@ -493,19 +464,6 @@ class LocalServerImpl final : public LocalServer {
     epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
   }
 
-  void ProtocolError(const char* reason) {
-    auto it = protocol_errors_.find(reason);
-    Counter* ctr;
-    if (it == protocol_errors_.end()) {
-      ctr = metrics_->GetCounter("kvpool_protocol_errors_total",
-                                 "Malformed or refused requests, by reason", {{"reason", reason}});
-      protocol_errors_[reason] = ctr;
-    } else {
-      ctr = it->second;
-    }
-    ctr->Inc();
-  }
-
   // Reads and handles what the client sent. Returns false when the
   // connection must be closed now.
   bool OnReadable(Conn& c) {
@@ -553,10 +511,10 @@ class LocalServerImpl final : public LocalServer {
                                         max_body, &h);
       if (!s.ok()) {
         // The stream cannot be trusted past a bad header: answer and close.
-        ProtocolError(h.magic != protocol::kMagic ? "bad_magic"
-                      : h.version != protocol::kProtocolVersion ? "bad_version"
-                                                                : "frame_too_large");
-        QueueError(c, h.request_id, s);
+        handlers_->ProtocolError(h.magic != protocol::kMagic               ? "bad_magic"
+                                 : h.version != protocol::kProtocolVersion ? "bad_version"
+                                                                           : "frame_too_large");
+        handlers_->QueueError(c, h.request_id, s);
         c.closing = true;
         ok = false;
         break;
@@ -564,7 +522,7 @@ class LocalServerImpl final : public LocalServer {
       if (c.in.size - pos - protocol::kHeaderBytes < h.body_len) break;  // wait for the body
       std::span<const uint8_t> body(c.in.data.get() + pos + protocol::kHeaderBytes, h.body_len);
       pos += protocol::kHeaderBytes + h.body_len;
-      Handle(c, h, body);
+      handlers_->Handle(c, h, body);
       if (c.closing) break;
       if (c.out_bytes > opts_.max_output_bytes) break;
     }
@@ -576,18 +534,26 @@ class LocalServerImpl final : public LocalServer {
     return ok;
   }
 
-  void Queue(Conn& c, MessageType type, uint64_t request_id, Status status,
-             const std::vector<uint8_t>& body) {
-    auto frame = protocol::EncodeFrame(type, request_id, static_cast<int32_t>(status.code()),
-                                       body, /*reply=*/true);
-    c.out_bytes += frame.size();
-    c.out.push_back(std::move(frame));
-  }
-
-  void QueueError(Conn& c, uint64_t request_id, const Status& s) {
-    std::vector<uint8_t> body;
-    protocol::EncodeString(s.message(), &body);
-    Queue(c, MessageType::kError, request_id, s, body);
+  // On the loop: answers parked requests whose waits all finished, then
+  // resumes their connections.
+  void FinishParked() {
+    for (auto& p : handlers_->TakeReady()) {
+      auto cit = conns_.find(p.fd);
+      if (cit == conns_.end() || cit->second.id != p.conn_id) continue;  // client left
+      Conn& c = cit->second;
+      handlers_->Resume(c, p);
+      ProcessFrames(c);
+      ReleaseIfEmpty(c);
+      if (!Flush(c)) {
+        CloseConn(c.fd);
+        continue;
+      }
+      if (c.closing && c.out.empty()) {
+        CloseConn(c.fd);
+        continue;
+      }
+      UpdateInterest(c);
+    }
   }
 
   // Writes queued output. Returns false on a write error.
@@ -629,393 +595,10 @@ class LocalServerImpl final : public LocalServer {
     return true;
   }
 
-  // Gets of entries only on SSD, and (with a remote source) gets and exists
-  // of keys not held here, wait in parked_ without blocking the loop; the
-  // connection's later frames wait behind them. The request is parked with
-  // its decoded keys (moved out of keys_ / sized_), and the pins its wait
-  // took are the ones it is answered with: a resumed request neither decodes
-  // nor pins again. Returns true when parked.
-  bool Park(Conn& c, const FrameHeader& h, ParkedReads::Kind kind) {
-    if ((!tiered_->has_ssd_tier() && remote_ == nullptr) || !c.handshaked) return false;
-    if (kind == ParkedReads::Kind::kExists && remote_ == nullptr) return false;
-    ParkedReads::Request r;
-    r.fd = c.fd;
-    r.conn_id = c.id;
-    r.header = h;
-    if (static_cast<MessageType>(h.type) == MessageType::kGet) {
-      r.sized = std::move(sized_);
-      r.keys.reserve(r.sized.size());
-      for (const auto& s : r.sized) r.keys.push_back(s.key);
-    } else {
-      r.keys = std::move(keys_);
-    }
-    if (!parked_->Park(kind, &r)) {  // not moved from: take the keys back
-      if (static_cast<MessageType>(h.type) == MessageType::kGet) {
-        sized_ = std::move(r.sized);
-      } else {
-        keys_ = std::move(r.keys);
-      }
-      return false;
-    }
-    c.pending = true;
-    parked_now_ = true;
-    return true;
-  }
-
-  // On the loop: answers parked requests whose waits all finished (from the
-  // pins they carry; a failed promotion or fetch is a miss), then resumes
-  // their connections.
-  void FinishParked() {
-    for (auto& p : parked_->TakeReady()) {
-      auto cit = conns_.find(p.fd);
-      if (cit == conns_.end() || cit->second.id != p.conn_id) continue;  // client left
-      Conn& c = cit->second;
-      c.pending = false;
-      auto start = std::chrono::steady_clock::now();
-      CarriedPins carried(std::move(p.pins));
-      switch (static_cast<MessageType>(p.header.type)) {
-        case MessageType::kAcquire: AnswerAcquire(c, p.header, p.keys, &carried); break;
-        case MessageType::kGet: AnswerGet(c, p.header, p.sized, &carried); break;
-        default: AnswerExists(c, p.header, p.keys, &p.remote_hits); break;
-      }
-      CountOp(p.header.type, start);
-      ProcessFrames(c);
-      ReleaseIfEmpty(c);
-      if (!Flush(c)) {
-        CloseConn(c.fd);
-        continue;
-      }
-      if (c.closing && c.out.empty()) {
-        CloseConn(c.fd);
-        continue;
-      }
-      UpdateInterest(c);
-    }
-  }
-
-  // The pins a parked request took, by key.
-  class CarriedPins {
-   public:
-    explicit CarriedPins(std::vector<TieredStore::Pin> pins) {
-      for (auto& p : pins) by_key_.emplace(p.key(), std::move(p));
-    }
-    // The request's pin of key: carried (counted as a read now), else a
-    // first Acquire.
-    Result<TieredStore::Pin> Take(TieredStore* store, const KeyId& key) {
-      auto it = by_key_.find(key);
-      if (it == by_key_.end()) return store->Acquire(key);
-      TieredStore::Pin pin = std::move(it->second);
-      by_key_.erase(it);
-      store->CountRead(key);
-      return pin;
-    }
-
-   private:
-    std::unordered_multimap<KeyId, TieredStore::Pin, KeyIdHash> by_key_;
-  };
-
-  static Result<TieredStore::Pin> PinOf(TieredStore* store, CarriedPins* carried,
-                                        const KeyId& key) {
-    return carried != nullptr ? carried->Take(store, key) : store->Acquire(key);
-  }
-
-  void CountOp(uint16_t type, std::chrono::steady_clock::time_point start) {
-    ops_[type]->Inc();
-    latency_[type]->Observe(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-
-  void Handle(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
-    auto start = std::chrono::steady_clock::now();
-    auto type = static_cast<MessageType>(h.type);
-    if (h.type == 0 || h.type >= kNumOps) {
-      ProtocolError("unknown_type");
-      QueueError(c, h.request_id, InvalidArgument(fmt::format("unknown message type {}", h.type)));
-      return;
-    }
-    if (!c.handshaked && type != MessageType::kHello) {
-      ProtocolError("no_handshake");
-      QueueError(c, h.request_id, FailedPrecondition("the first message must be a hello"));
-      c.closing = true;
-      return;
-    }
-    Status s;
-    switch (type) {
-      case MessageType::kHello: s = OnHello(c, h, body); break;
-      case MessageType::kReserve: s = OnReserve(c, h, body); break;
-      case MessageType::kCommit: s = OnCommit(c, h, body); break;
-      case MessageType::kAbort: s = OnAbort(c, body); break;
-      case MessageType::kAcquire: s = OnAcquire(c, h, body); break;
-      case MessageType::kRelease: s = OnRelease(c, body); break;
-      case MessageType::kExists: s = OnExists(c, h, body); break;
-      case MessageType::kPut: s = OnPut(c, h, body); break;
-      case MessageType::kGet: s = OnGet(c, h, body); break;
-      case MessageType::kRemove: s = OnRemove(c, h, body); break;
-      case MessageType::kStats: s = OnStats(c, h, body); break;
-      case MessageType::kFlush: s = OnFlush(c, h, body); break;
-      default:
-        ProtocolError("unknown_type");
-        QueueError(c, h.request_id, InvalidArgument(fmt::format("unknown message type {}", h.type)));
-        return;
-    }
-    if (!s.ok()) {
-      ProtocolError(s.code() == StatusCode::kInvalidArgument ? "malformed_body" : "refused");
-      QueueError(c, h.request_id, s);
-    }
-    if (parked_now_) {  // counted when it is answered
-      parked_now_ = false;
-      return;
-    }
-    CountOp(h.type, start);
-  }
-
-  Status OnHello(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
-    if (c.handshaked) return FailedPrecondition("hello sent twice");
-    protocol::HelloRequest req;
-    KVPOOL_RETURN_IF_ERROR(protocol::DecodeHello(body, &req));
-    if (req.client_version != protocol::kProtocolVersion) {
-      c.closing = true;
-      return FailedPrecondition(fmt::format("client protocol version {} is not supported (node speaks {})",
-                                            req.client_version, protocol::kProtocolVersion));
-    }
-    c.handshaked = true;
-    protocol::HelloReply rep;
-    rep.instance_id = opts_.instance_id;
-    rep.segment_bytes = tiered_->segment_bytes();
-    rep.max_value_bytes = tiered_->max_value_bytes();
-    rep.max_batch = opts_.max_batch;
-    rep.max_frame_bytes = opts_.max_frame_bytes;
-    std::vector<uint8_t> out;
-    protocol::EncodeHelloReply(rep, &out);
-    c.pass_fd = tiered_->segment_fd();
-    Queue(c, MessageType::kHello, h.request_id, Status::Ok(), out);
-    return Status::Ok();
-  }
-
-  Status OnReserve(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
-    KVPOOL_RETURN_IF_ERROR(protocol::DecodeSizedKeys(body, opts_.max_batch, &sized_, nullptr));
-    items_->Inc(sized_.size());
-    regions_.assign(sized_.size(), {});
-    for (size_t i = 0; i < sized_.size(); ++i) {
-      auto r = tiered_->Reserve(sized_[i].key, sized_[i].size);
-      if (!r.ok()) {
-        regions_[i].status = static_cast<int32_t>(r.status().code());
-        if (r.status().code() != StatusCode::kAlreadyExists) put_failures_->Inc();
-        continue;
-      }
-      uint64_t handle = c.next_handle++;
-      regions_[i] = {0, handle, r->offset(), r->size()};
-      c.reservations.emplace(handle, std::move(r).value());
-    }
-    out_.clear();
-    protocol::EncodeRegionItems(regions_, &out_);
-    Queue(c, MessageType::kReserve, h.request_id, Status::Ok(), out_);
-    return Status::Ok();
-  }
-
-  Status OnCommit(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
-    KVPOOL_RETURN_IF_ERROR(protocol::DecodeHandles(body, opts_.max_batch, &handles_));
-    items_->Inc(handles_.size());
-    statuses_.assign(handles_.size(), 0);
-    for (size_t i = 0; i < handles_.size(); ++i) {
-      auto it = c.reservations.find(handles_[i]);
-      if (it == c.reservations.end()) {
-        statuses_[i] = static_cast<int32_t>(StatusCode::kInvalidArgument);
-        continue;
-      }
-      uint64_t size = it->second.size();
-      Status s = tiered_->Commit(std::move(it->second));
-      c.reservations.erase(it);
-      statuses_[i] = static_cast<int32_t>(s.code());
-      if (s.ok()) bytes_written_->Inc(size);
-    }
-    out_.clear();
-    protocol::EncodeStatuses(statuses_, &out_);
-    Queue(c, MessageType::kCommit, h.request_id, Status::Ok(), out_);
-    return Status::Ok();
-  }
-
-  Status OnAbort(Conn& c, std::span<const uint8_t> body) {
-    KVPOOL_RETURN_IF_ERROR(protocol::DecodeHandles(body, opts_.max_batch, &handles_));
-    for (uint64_t hd : handles_) c.reservations.erase(hd);
-    return Status::Ok();
-  }
-
-  Status OnAcquire(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
-    KVPOOL_RETURN_IF_ERROR(protocol::DecodeKeys(body, opts_.max_batch, &keys_));
-    items_->Inc(keys_.size());
-    if (Park(c, h, ParkedReads::Kind::kRead)) return Status::Ok();
-    AnswerAcquire(c, h, keys_, nullptr);
-    return Status::Ok();
-  }
-
-  // carried: the pins of a resumed request (null: pin now).
-  void AnswerAcquire(Conn& c, const FrameHeader& h, const std::vector<KeyId>& keys,
-                     CarriedPins* carried) {
-    regions_.assign(keys.size(), {});
-    uint64_t hits = 0, bytes = 0;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      auto p = PinOf(tiered_, carried, keys[i]);
-      if (!p.ok()) {
-        regions_[i].status = static_cast<int32_t>(p.status().code());
-        continue;
-      }
-      uint64_t handle = c.next_handle++;
-      regions_[i] = {0, handle, p->offset(), p->size()};
-      ++hits;
-      bytes += p->size();
-      c.pins.emplace(handle, std::move(p).value());
-    }
-    hits_->Inc(hits);
-    misses_->Inc(keys.size() - hits);
-    bytes_read_->Inc(bytes);
-    out_.clear();
-    protocol::EncodeRegionItems(regions_, &out_);
-    Queue(c, MessageType::kAcquire, h.request_id, Status::Ok(), out_);
-  }
-
-  Status OnRelease(Conn& c, std::span<const uint8_t> body) {
-    KVPOOL_RETURN_IF_ERROR(protocol::DecodeHandles(body, opts_.max_batch, &handles_));
-    for (uint64_t hd : handles_) c.pins.erase(hd);
-    return Status::Ok();
-  }
-
-  Status OnExists(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
-    KVPOOL_RETURN_IF_ERROR(protocol::DecodeKeys(body, opts_.max_batch, &keys_));
-    items_->Inc(keys_.size());
-    if (Park(c, h, ParkedReads::Kind::kExists)) return Status::Ok();
-    AnswerExists(c, h, keys_, nullptr);
-    return Status::Ok();
-  }
-
-  // remote_hits: what the cluster holds, for a resumed request.
-  void AnswerExists(Conn& c, const FrameHeader& h, const std::vector<KeyId>& keys,
-                    const std::set<KeyId>* remote_hits) {
-    protocol::ExistsReply rep;
-    rep.hits.resize(keys.size());
-    bool prefix = true;
-    uint64_t hits = 0;
-    for (size_t i = 0; i < keys.size(); ++i) {
-      bool hit = tiered_->Contains(keys[i]) ||
-                 (remote_hits != nullptr && remote_hits->count(keys[i]) > 0);
-      rep.hits[i] = hit ? 1 : 0;
-      hits += hit;
-      if (!hit) prefix = false;
-      if (prefix) ++rep.prefix_len;
-    }
-    exists_hits_->Inc(hits);
-    exists_misses_->Inc(keys.size() - hits);
-    out_.clear();
-    protocol::EncodeExistsReply(rep, &out_);
-    Queue(c, MessageType::kExists, h.request_id, Status::Ok(), out_);
-  }
-
-  Status OnPut(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
-    std::span<const uint8_t> data;
-    KVPOOL_RETURN_IF_ERROR(protocol::DecodeSizedKeys(body, opts_.max_batch, &sized_, &data));
-    uint64_t total = 0;
-    for (const auto& it : sized_) {
-      if (it.size > data.size()) return InvalidArgument("malformed put: value sizes exceed the body");
-      total += it.size;
-    }
-    if (total != data.size()) return InvalidArgument("malformed put: value sizes do not add up to the body");
-    items_->Inc(sized_.size());
-    statuses_.assign(sized_.size(), 0);
-    uint64_t off = 0;
-    for (size_t i = 0; i < sized_.size(); ++i) {
-      const uint8_t* src = data.data() + off;
-      off += sized_[i].size;
-      auto r = tiered_->Reserve(sized_[i].key, sized_[i].size);
-      if (!r.ok()) {
-        statuses_[i] = static_cast<int32_t>(r.status().code());
-        if (r.status().code() != StatusCode::kAlreadyExists) put_failures_->Inc();
-        continue;
-      }
-      std::memcpy(r->data(), src, sized_[i].size);
-      Status s = tiered_->Commit(std::move(r).value());
-      statuses_[i] = static_cast<int32_t>(s.code());
-      if (s.ok()) bytes_written_->Inc(sized_[i].size);
-    }
-    out_.clear();
-    protocol::EncodeStatuses(statuses_, &out_);
-    Queue(c, MessageType::kPut, h.request_id, Status::Ok(), out_);
-    return Status::Ok();
-  }
-
-  Status OnGet(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
-    KVPOOL_RETURN_IF_ERROR(protocol::DecodeSizedKeys(body, opts_.max_batch, &sized_, nullptr));
-    items_->Inc(sized_.size());
-    if (Park(c, h, ParkedReads::Kind::kRead)) return Status::Ok();
-    AnswerGet(c, h, sized_, nullptr);
-    return Status::Ok();
-  }
-
-  void AnswerGet(Conn& c, const FrameHeader& h, const std::vector<protocol::SizedKey>& sized,
-                 CarriedPins* carried) {
-    std::vector<protocol::GetItem> items(sized.size());
-    std::vector<TieredStore::Pin> pins;
-    pins.reserve(sized.size());
-    uint64_t total = 0, hits = 0;
-    for (size_t i = 0; i < sized.size(); ++i) {
-      auto p = PinOf(tiered_, carried, sized[i].key);
-      if (!p.ok()) {
-        items[i].status = static_cast<int32_t>(p.status().code());
-        continue;
-      }
-      ++hits;
-      items[i].size = p->size();
-      if (p->size() > sized[i].size || total + p->size() > opts_.max_frame_bytes) {
-        items[i].status = static_cast<int32_t>(StatusCode::kResourceExhausted);
-        continue;
-      }
-      total += p->size();
-      pins.push_back(std::move(p).value());
-    }
-    hits_->Inc(hits);
-    misses_->Inc(sized.size() - hits);
-    std::vector<uint8_t> out;
-    out.reserve(4 + 12 * items.size() + total);
-    protocol::EncodeGetItems(items, &out);
-    for (const auto& p : pins) out.insert(out.end(), p.data(), p.data() + p.size());
-    bytes_read_->Inc(total);
-    Queue(c, MessageType::kGet, h.request_id, Status::Ok(), out);
-  }
-
-  Status OnRemove(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
-    KVPOOL_RETURN_IF_ERROR(protocol::DecodeKeys(body, opts_.max_batch, &keys_));
-    items_->Inc(keys_.size());
-    statuses_.assign(keys_.size(), 0);
-    for (size_t i = 0; i < keys_.size(); ++i) {
-      statuses_[i] = static_cast<int32_t>(tiered_->Remove(keys_[i]).code());
-    }
-    out_.clear();
-    protocol::EncodeStatuses(statuses_, &out_);
-    Queue(c, MessageType::kRemove, h.request_id, Status::Ok(), out_);
-    return Status::Ok();
-  }
-
-  Status OnStats(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
-    if (!body.empty()) return InvalidArgument("malformed stats request: body must be empty");
-    out_.clear();
-    protocol::EncodeString(stats_json_ ? stats_json_() : "{}", &out_);
-    Queue(c, MessageType::kStats, h.request_id, Status::Ok(), out_);
-    return Status::Ok();
-  }
-
-  // A durability barrier: the SSD tier writes its partly filled regions.
-  // Blocks the loop for the flush (an operator action, not a data path).
-  Status OnFlush(Conn& c, const FrameHeader& h, std::span<const uint8_t> body) {
-    if (!body.empty()) return InvalidArgument("malformed flush request: body must be empty");
-    Status s = tiered_->Flush();
-    Queue(c, MessageType::kFlush, h.request_id, s, {});
-    return Status::Ok();
-  }
-
   const LocalServerOptions opts_;
-  TieredStore* const tiered_;  // outlives the server
-  RemoteSource* const remote_;  // null when standalone
-  std::unique_ptr<ParkedReads> parked_;  // created with the wake fd
-  bool parked_now_ = false;  // the request being handled was parked
+  TieredStore* const tiered_;           // outlives the server
+  RemoteSource* const remote_;          // null when standalone
+  std::unique_ptr<LocalOps> handlers_;  // created with the wake fd
   MetricsRegistry* metrics_ = nullptr;
   const std::function<std::string()> stats_json_;
   std::string socket_path_;  // resolved at Bind()
@@ -1023,38 +606,15 @@ class LocalServerImpl final : public LocalServer {
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   int spare_fd_ = -1;
-  uint64_t buffered_ = 0;      // charged request buffer bytes, all connections
-  size_t starved_conns_ = 0;   // connections with starved set
+  uint64_t buffered_ = 0;     // charged request buffer bytes, all connections
+  size_t starved_conns_ = 0;  // connections with starved set
   std::atomic<bool> stop_{false};
   std::atomic<int> num_conns_{0};
   uint64_t conn_ids_ = 0;
   std::unordered_map<int, Conn> conns_;  // owned by the loop thread
-  // Scratch vectors reused by the loop thread to avoid allocating per request.
-  std::vector<protocol::SizedKey> sized_;
-  std::vector<KeyId> keys_;
-  std::vector<uint64_t> handles_;
-  std::vector<int32_t> statuses_;
-  std::vector<protocol::RegionItem> regions_;
-  std::vector<uint8_t> out_;
-
-  static constexpr int kNumOps = 13;  // MessageType values 1..12
-  static constexpr const char* kOpNames[kNumOps] = {
-      "",    "hello", "reserve", "commit", "abort", "acquire", "release",
-      "exists", "put", "get",     "remove", "stats", "flush"};
-  Counter* ops_[kNumOps] = {};
-  Histogram* latency_[kNumOps] = {};
-  std::unordered_map<std::string, Counter*> protocol_errors_;
-  Counter* items_;
-  Counter* hits_;
-  Counter* misses_;
-  Counter* exists_hits_;
-  Counter* exists_misses_;
-  Counter* bytes_read_;
-  Counter* bytes_written_;
   Gauge* conns_gauge_;
   Counter* accepted_;
   Counter* rejected_;
-  Counter* put_failures_;
   enum class ReapReason { kHandshake, kFrame, kIdle };
   static constexpr int kNumReapReasons = 3;
   static constexpr const char* kReapReasonNames[kNumReapReasons] = {"handshake_timeout",
@@ -1071,8 +631,8 @@ Result<std::unique_ptr<LocalServer>> LocalServer::Open(const LocalServerOptions&
                                                        MetricsRegistry* metrics,
                                                        std::function<std::string()> stats_json) {
   KVPOOL_RETURN_IF_ERROR(options.Validate());
-  auto s = std::make_unique<LocalServerImpl>(options, store, remote, metrics,
-                                             std::move(stats_json));
+  auto s =
+      std::make_unique<LocalServerImpl>(options, store, remote, metrics, std::move(stats_json));
   KVPOOL_RETURN_IF_ERROR(s->Init());
   return std::unique_ptr<LocalServer>(std::move(s));
 }

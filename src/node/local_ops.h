@@ -1,0 +1,125 @@
+// LocalOps: the local protocol's operations (hello, reserve, commit, abort,
+// acquire, release, exists, put, get, remove, stats, flush) over the store,
+// apart from the event loop that reads and writes the frames
+// (local_server.cc). A connection's operation state is a LocalSession;
+// replies are queued on it for the loop to write. Reads whose keys must
+// wait (an SSD promotion, the cluster) are parked with their decoded keys
+// (ParkedReads) and answered by Resume from the pins their wait took.
+//
+// Not thread-safe; owned by the local server's loop thread (parked work
+// completes on other threads and wakes the loop through wake_fd).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cluster/remote_source.h"
+#include "common/metrics.h"
+#include "common/status.h"
+#include "node/local_server.h"
+#include "node/parked_reads.h"
+#include "protocol/codec.h"
+#include "protocol/message_format.h"
+#include "store/tiered_store.h"
+
+namespace kvpool {
+
+// What the operations keep per connection. The loop's connection extends it.
+struct LocalSession {
+  int fd = -1;
+  uint64_t id = 0;  // unique per connection (fds are reused)
+  bool handshaked = false;
+  bool closing = false;                  // close once the output is flushed
+  bool pending = false;                  // a request is parked; later frames wait
+  std::deque<std::vector<uint8_t>> out;  // reply frames not yet written
+  size_t out_offset = 0;                 // into out.front()
+  uint64_t out_bytes = 0;
+  int pass_fd = -1;  // passed with the first byte of out.front()
+  uint64_t next_handle = 1;
+  std::unordered_map<uint64_t, TieredStore::Reservation> reservations;
+  std::unordered_map<uint64_t, TieredStore::Pin> pins;
+};
+
+class LocalOps {
+ public:
+  // All pointers must outlive the object; remote may be null (standalone).
+  LocalOps(const LocalServerOptions& options, TieredStore* store, RemoteSource* remote, int wake_fd,
+           MetricsRegistry* metrics, std::function<std::string()> stats_json);
+  LocalOps(const LocalOps&) = delete;
+  LocalOps& operator=(const LocalOps&) = delete;
+
+  // Handles one request frame: its reply is queued on s, or it is parked
+  // (s.pending) and answered later by Resume.
+  void Handle(LocalSession& s, const protocol::FrameHeader& h, std::span<const uint8_t> body);
+  // Parked requests whose waits all finished (their connection may be gone).
+  std::vector<ParkedReads::Request> TakeReady() { return parked_.TakeReady(); }
+  // Answers a ready parked request of s.
+  void Resume(LocalSession& s, ParkedReads::Request& request);
+
+  void QueueError(LocalSession& s, uint64_t request_id, const Status& status);
+  // Counts a malformed or refused request, by reason.
+  void ProtocolError(const char* reason);
+
+ private:
+  class CarriedPins;
+  bool Park(LocalSession& c, const protocol::FrameHeader& h, ParkedReads::Kind kind);
+  static Result<TieredStore::Pin> PinOf(TieredStore* store, CarriedPins* carried, const KeyId& key);
+  void CountOp(uint16_t type, std::chrono::steady_clock::time_point start);
+  void Queue(LocalSession& c, protocol::MessageType type, uint64_t request_id, Status status,
+             const std::vector<uint8_t>& body);
+
+  Status OnHello(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
+  Status OnReserve(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
+  Status OnCommit(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
+  Status OnAbort(LocalSession& c, std::span<const uint8_t> body);
+  Status OnAcquire(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
+  void AnswerAcquire(LocalSession& c, const protocol::FrameHeader& h,
+                     const std::vector<KeyId>& keys, CarriedPins* carried);
+  Status OnRelease(LocalSession& c, std::span<const uint8_t> body);
+  Status OnExists(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
+  void AnswerExists(LocalSession& c, const protocol::FrameHeader& h, const std::vector<KeyId>& keys,
+                    const std::set<KeyId>* remote_hits);
+  Status OnPut(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
+  Status OnGet(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
+  void AnswerGet(LocalSession& c, const protocol::FrameHeader& h,
+                 const std::vector<protocol::SizedKey>& sized, CarriedPins* carried);
+  Status OnRemove(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
+  Status OnStats(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
+  Status OnFlush(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
+
+  const LocalServerOptions opts_;
+  TieredStore* const tiered_;
+  RemoteSource* const remote_;  // null when standalone
+  ParkedReads parked_;
+  bool parked_now_ = false;  // the request being handled was parked
+  MetricsRegistry* const metrics_;
+  const std::function<std::string()> stats_json_;
+  // Scratch vectors reused to avoid allocating per request.
+  std::vector<protocol::SizedKey> sized_;
+  std::vector<KeyId> keys_;
+  std::vector<uint64_t> handles_;
+  std::vector<int32_t> statuses_;
+  std::vector<protocol::RegionItem> regions_;
+  std::vector<uint8_t> out_;
+
+  static constexpr int kNumOps = 13;  // MessageType values 1..12
+  Counter* ops_[kNumOps] = {};
+  Histogram* latency_[kNumOps] = {};
+  std::unordered_map<std::string, Counter*> protocol_errors_;
+  Counter* items_;
+  Counter* hits_;
+  Counter* misses_;
+  Counter* exists_hits_;
+  Counter* exists_misses_;
+  Counter* bytes_read_;
+  Counter* bytes_written_;
+  Counter* put_failures_;
+};
+
+}  // namespace kvpool
