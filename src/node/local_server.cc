@@ -214,11 +214,7 @@ class LocalServerImpl final : public LocalServer {
               continue;
             }
           }
-          if (c.closing && c.out.empty()) {
-            CloseConn(c.fd);
-            continue;
-          }
-          UpdateInterest(c);
+          Settle(c);
         }
       }
       if (now - last_expiry > std::chrono::milliseconds(50)) {
@@ -548,10 +544,16 @@ class LocalServerImpl final : public LocalServer {
         CloseConn(c.fd);
         continue;
       }
-      if (c.closing && c.out.empty()) {
-        CloseConn(c.fd);
-        continue;
-      }
+      Settle(c);
+    }
+  }
+
+  // After a connection was served: closed once a closing one has written
+  // everything, else polled for what it waits for now.
+  void Settle(Conn& c) {
+    if (c.closing && c.out.empty()) {
+      CloseConn(c.fd);
+    } else {
       UpdateInterest(c);
     }
   }
