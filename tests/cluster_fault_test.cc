@@ -24,12 +24,12 @@
 #include <thread>
 #include <vector>
 
-#include "cluster/etcd_test_util.h"
 #include "harness/cluster_harness.h"
 #include "harness/load.h"
 #include "harness/node_process.h"
 #include "kvpool/client.h"
 #include "kvpool/kvpool.h"
+#include "membership/etcd_test_util.h"
 
 namespace kvpool::testing {
 namespace {

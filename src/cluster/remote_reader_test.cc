@@ -14,7 +14,7 @@
 
 #include "cluster/home_placer.h"
 #include "cluster/peer_server.h"
-#include "cluster/static_membership.h"
+#include "membership/static_membership.h"
 #include "transport/fault_transport.h"
 #include "transport/in_process_transport.h"
 

@@ -17,10 +17,10 @@
 #include <thread>
 #include <vector>
 
-#include "cluster/etcd_test_util.h"
 #include "harness/node_process.h"
 #include "kvpool/client.h"
 #include "kvpool/kvpool.h"
+#include "membership/etcd_test_util.h"
 
 namespace kvpool::testing {
 

@@ -1,4 +1,4 @@
-#include "cluster/etcd_test_util.h"
+#include "membership/etcd_test_util.h"
 
 #include <fcntl.h>
 #include <httplib.h>
