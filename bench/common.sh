@@ -1,6 +1,39 @@
-# Shared set-up of the bench/compare*.sh scripts; sourced, not run.
-# Expects REPO and LOG_TAG; sets BUILD_DIR, PY, missing=() (with python3 and
-# curl checked), and defines log, die, find_bin, check_missing and stop_pid.
+# Shared set-up of the bench/compare*.sh scripts; sourced, not run, right
+# after `set -euo pipefail`. Expects LOG_TAG (read when logging); sets REPO,
+# HERE (bench/), BUILD_DIR, PY, missing=() (with python3 and curl checked),
+# and defines usage, parse_flags, log, die, find_bin, check_missing,
+# stop_pid, wait_node_ready and keep_or_remove_tmp.
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+HERE="$REPO/bench"
+
+usage() {  # prints the running script's header comment (up to set -euo), exits 2
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+  exit 2
+}
+
+# parse_flags "FLAG..." "$@": reads the command line, taking only the FLAGs
+# named in the first argument (anything else prints the usage). --keep sets
+# KEEP=1; "--" ends the flags, what follows going to EXTRA; every other flag
+# takes a value, stored in the variable of its name in upper case
+# (--reps 5: REPS=5, --gib 2: GIB=2).
+parse_flags() {
+  local known=" $1 "
+  shift
+  while [[ $# -gt 0 ]]; do
+    [[ "$known" == *" $1 "* ]] || usage
+    case "$1" in
+      --keep) KEEP=1; shift ;;
+      --) shift; EXTRA=("$@"); break ;;
+      *)
+        [[ $# -ge 2 ]] || usage
+        local name="${1#--}"
+        printf -v "${name^^}" '%s' "$2"
+        shift 2
+        ;;
+    esac
+  done
+}
 
 BUILD_DIR="${BUILD_DIR:-build}"
 [[ "$BUILD_DIR" = /* ]] || BUILD_DIR="$REPO/$BUILD_DIR"
@@ -47,4 +80,33 @@ stop_pid() {
     kill -KILL "$pid" 2>/dev/null || true
   fi
   wait "$pid" 2>/dev/null || true
+}
+
+# keep_or_remove_tmp RC: from a script's EXIT trap; keeps $TMP (logs, raw
+# results) with --keep or after a failure (RC non-zero), else removes it.
+keep_or_remove_tmp() {
+  if [[ $KEEP -eq 1 || $1 -ne 0 ]]; then
+    log "logs and raw results kept in $TMP"
+  else
+    rm -rf "$TMP"
+  fi
+}
+
+# wait_node_ready PID LOG SOCK: waits until the kvpool-node PID (started with
+# --admin-port 0, logging to LOG) has its socket SOCK and answers /readyz on
+# the admin URL it logged; sets READY_URL. Up to 120 s: the node pre-faults
+# its segment at start, seconds per GiB on some VMs. Returns 1 (after showing
+# LOG's tail) if the node exited, 2 if it is not ready in time.
+wait_node_ready() {
+  local pid="$1" logf="$2" sock="$3" _
+  READY_URL=""
+  for _ in $(seq 1200); do
+    kill -0 "$pid" 2>/dev/null || { tail -n 20 "$logf" >&2; return 1; }
+    READY_URL="$(grep -o 'admin http://[0-9.]*:[0-9]*' "$logf" | head -n 1 | awk '{print $2}' || true)"
+    if [[ -S "$sock" && -n "$READY_URL" ]] && curl -fsS -m 2 "$READY_URL/readyz" >/dev/null 2>&1; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  return 2
 }

@@ -25,13 +25,9 @@
 # Environment: BUILD_DIR (default build, relative to the repository root).
 set -euo pipefail
 
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-HERE="$REPO/bench"
-
-usage() {
-  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
-  exit 2
-}
+LOG_TAG=compare
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 if [[ "${1:-}" == "remote" ]]; then
   shift
@@ -53,15 +49,7 @@ MEMCPY_DURATION=1s  # per memcpy run
 REDIS_SECONDS=1     # target seconds per redis-benchmark run
 ONLY="memcpy,redis,kvpool"
 KEEP=0
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --reps) REPS="$2"; shift 2 ;;
-    --duration) DURATION="$2"; shift 2 ;;
-    --only) ONLY="$2"; shift 2 ;;
-    --keep) KEEP=1; shift ;;
-    *) usage ;;
-  esac
-done
+parse_flags "--reps --duration --only --keep" "$@"
 want() { [[ ",$ONLY," == *",$1,"* ]]; }
 
 SIZES=(65536 1048576 4194304)
@@ -73,9 +61,6 @@ NODE_DRAM=3GiB
 REDIS_CONFIGS=("-c 1" "-c 4" "-c 4 -P 4")
 WORKING_SET=$((1 << 30))
 
-LOG_TAG=compare
-# shellcheck source=bench/common.sh
-source "$HERE/common.sh"
 # ---- prerequisites ---------------------------------------------------------
 if want redis; then
   for t in redis-server redis-benchmark redis-cli; do
@@ -108,36 +93,28 @@ cleanup() {
   local rc=$?
   [[ -n "$NODE_PID" ]] && stop_pid "$NODE_PID" kvpool-node
   [[ -n "$REDIS_PID" ]] && stop_pid "$REDIS_PID" redis-server
-  if [[ $KEEP -eq 1 || $rc -ne 0 ]]; then
-    log "logs and raw results kept in $TMP"
-  else
-    rm -rf "$TMP"
-  fi
+  keep_or_remove_tmp "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 NODE_RUN=0
 start_node() {
-  local sock="$TMP/kvpool.sock" _
+  local sock="$TMP/kvpool.sock" rc=0
   NODE_RUN=$((NODE_RUN + 1))
   NODE_LOG="$TMP/node-$NODE_RUN.log"
   log "starting kvpool-node ($NODE) with $NODE_DRAM of DRAM"
   "$NODE" --socket "$sock" --dram-capacity "$NODE_DRAM" --admin-port 0 > "$NODE_LOG" 2>&1 &
   NODE_PID=$!
-  # The node pre-faults its segment at start: seconds per GiB on some VMs.
-  for _ in $(seq 1200); do
-    kill -0 "$NODE_PID" 2>/dev/null || { tail -n 20 "$NODE_LOG" >&2; NODE_PID=""; die "kvpool-node exited during startup"; }
-    ADMIN_URL="$(grep -o 'admin http://[0-9.]*:[0-9]*' "$NODE_LOG" | head -n 1 | awk '{print $2}' || true)"
-    if [[ -S "$sock" && -n "$ADMIN_URL" ]] && curl -fsS -m 2 "$ADMIN_URL/readyz" >/dev/null 2>&1; then
-      SOCK="$sock"
-      log "kvpool-node ready: socket $SOCK, admin $ADMIN_URL ($(grep -o 'pre-faulted.*' "$NODE_LOG" || echo 'no pre-fault line'))"
-      return 0
-    fi
-    sleep 0.1
-  done
-  tail -n 20 "$NODE_LOG" >&2
-  die "kvpool-node not ready after 120 s (want socket $sock and an 'admin http://...' log line)"
+  wait_node_ready "$NODE_PID" "$NODE_LOG" "$sock" || rc=$?
+  if [[ $rc -eq 1 ]]; then NODE_PID=""; die "kvpool-node exited during startup"; fi
+  if [[ $rc -ne 0 ]]; then
+    tail -n 20 "$NODE_LOG" >&2
+    die "kvpool-node not ready after 120 s (want socket $sock and an 'admin http://...' log line)"
+  fi
+  ADMIN_URL="$READY_URL"
+  SOCK="$sock"
+  log "kvpool-node ready: socket $SOCK, admin $ADMIN_URL ($(grep -o 'pre-faulted.*' "$NODE_LOG" || echo 'no pre-fault line'))"
 }
 stop_node() {
   stop_pid "$NODE_PID" kvpool-node

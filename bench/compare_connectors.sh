@@ -18,30 +18,16 @@
 # Environment: BUILD_DIR (default build), NODE_DRAM (default 2GiB).
 set -euo pipefail
 
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-HERE="$REPO/bench"
-
-usage() {
-  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
-  exit 2
-}
+LOG_TAG=connectors
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 REPS=5
 KEEP=0
 EXTRA=()
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --reps) REPS="$2"; shift 2 ;;
-    --keep) KEEP=1; shift ;;
-    --) shift; EXTRA=("$@"); break ;;
-    *) usage ;;
-  esac
-done
+parse_flags "--reps --keep --" "$@"
 NODE_DRAM="${NODE_DRAM:-2GiB}"
 
-LOG_TAG=connectors
-# shellcheck source=bench/common.sh
-source "$HERE/common.sh"
 NODE="$(find_bin kvpool-node || true)"
 LIB="$BUILD_DIR/src/client/libkvpool.so"
 [[ -n "$NODE" ]] || missing+=("kvpool-node under $BUILD_DIR (ninja -C $BUILD_DIR kvpool-node)")

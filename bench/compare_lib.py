@@ -117,6 +117,16 @@ def _fmt_us(us):
     return "%.2fms" % (us / 1000) if us >= 1000 else "%.1fus" % us
 
 
+def _load_results(path):
+    """The rows of a results.jsonl, and the "node" rows merged into one dict."""
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    node = {}
+    for r in rows:
+        if r.get("system") == "node":
+            node.update(r)
+    return rows, node
+
+
 def summarize(path):
     rows = [json.loads(l) for l in open(path) if l.strip()]
     extra = {}
@@ -199,7 +209,8 @@ def summarize(path):
 
 # ---- SSD mode ------------------------------------------------------------------
 
-def _scrape(url, names):
+def _scrape_all(url):
+    """Every sample of a Prometheus text page: {name with labels: value}."""
     import urllib.request
     with urllib.request.urlopen(url, timeout=5) as r:
         text = r.read().decode()
@@ -207,10 +218,16 @@ def _scrape(url, names):
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
-        name, _, value = line.partition(" ")
-        if name in names:
+        name, _, value = line.rpartition(" ")
+        try:
             out[name] = float(value)
+        except ValueError:
+            pass
     return out
+
+
+def _scrape(url, names):
+    return {k: v for k, v in _scrape_all(url).items() if k in names}
 
 
 def sample(url, interval, out_path, names):
@@ -338,11 +355,7 @@ def show_get():
 
 
 def ssd_summarize(path):
-    rows = [json.loads(l) for l in open(path) if l.strip()]
-    node = {}
-    for r in rows:
-        if r.get("system") == "node":
-            node.update(r)
+    rows, node = _load_results(path)
     nan = float("nan")
 
     def med(op, field="gbps", **match):
@@ -448,22 +461,6 @@ def ssd_summarize(path):
 
 # ---- remote mode ---------------------------------------------------------------
 
-def _scrape_all(url):
-    import urllib.request
-    with urllib.request.urlopen(url, timeout=5) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name, _, value = line.rpartition(" ")
-        try:
-            out[name] = float(value)
-        except ValueError:
-            pass
-    return out
-
-
 def _proc_cpu_s(pid):
     import os
     with open("/proc/%d/stat" % int(pid)) as f:
@@ -540,11 +537,7 @@ def remote_run(phase, rep, a_url, b_url, a_pid, b_pid, cmd):
 
 
 def remote_summarize(path):
-    rows = [json.loads(l) for l in open(path) if l.strip()]
-    node = {}
-    for r in rows:
-        if r.get("system") == "node":
-            node.update(r)
+    rows, node = _load_results(path)
     nan = float("nan")
 
     def med(vals):

@@ -35,25 +35,14 @@
 #   fetches; the other runs always use one).
 set -euo pipefail
 
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-HERE="$REPO/bench"
-
-usage() {
-  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
-  exit 2
-}
+LOG_TAG=remote
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 REPS=3
 DURATION=2s  # per kvpool-bench run (2s, 500ms; a bare number is milliseconds)
 KEEP=0
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --reps) REPS="$2"; shift 2 ;;
-    --duration) DURATION="$2"; shift 2 ;;
-    --keep) KEEP=1; shift ;;
-    *) usage ;;
-  esac
-done
+parse_flags "--reps --duration --keep" "$@"
 
 export UCX_TLS="${UCX_TLS:-tcp}"
 export UCX_NET_DEVICES="${UCX_NET_DEVICES:-lo}"
@@ -71,9 +60,6 @@ REDIS_KEYS=1024                       # 1 GiB of 1 MiB values
 REDIS_N=()                            # requests per redis-benchmark run, by config
 MB=1048576
 
-LOG_TAG=remote
-# shellcheck source=bench/common.sh
-source "$HERE/common.sh"
 command -v iperf3 >/dev/null || missing+=("iperf3 (apt-get install iperf3)")
 for t in redis-server redis-benchmark redis-cli; do
   command -v "$t" >/dev/null || missing+=("$t (apt-get install redis-server redis-tools)")
@@ -97,11 +83,7 @@ cleanup() {
   stop_pid "$A_PID" kvpool-node-a
   stop_pid "$REDIS_PID" redis-server
   stop_pid "$IPERF_PID" iperf3-server
-  if [[ $KEEP -eq 1 || $rc -ne 0 ]]; then
-    log "logs and raw results kept in $TMP"
-  else
-    rm -rf "$TMP"
-  fi
+  keep_or_remove_tmp "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -192,22 +174,16 @@ probe_placement() {
 }
 
 start_node() {  # start_node ID DRAM EXTRA...: sets NODE_STARTED_PID, NODE_URL
-  local id="$1" dram="$2" logf="$TMP/node-$1.log" sock="$TMP/$1.sock" url _
+  local id="$1" dram="$2" logf="$TMP/node-$1.log" sock="$TMP/$1.sock" rc=0
   shift 2
   "$NODE" --node-id "$id" --peers "$PEERS" --peer-address 127.0.0.1 --socket "$sock" \
     --dram-capacity "$dram" --slab-size 1MiB --admin-port 0 "$@" > "$logf" 2>&1 &
   NODE_STARTED_PID=$!
-  for _ in $(seq 1200); do
-    kill -0 "$NODE_STARTED_PID" 2>/dev/null || { tail -n 20 "$logf" >&2; die "kvpool-node $id exited during startup"; }
-    url="$(grep -o 'admin http://[0-9.]*:[0-9]*' "$logf" | head -n 1 | awk '{print $2}' || true)"
-    if [[ -S "$sock" && -n "$url" ]] && curl -fsS -m 2 "$url/readyz" >/dev/null 2>&1; then
-      NODE_URL="$url"
-      log "node $id ready (pid $NODE_STARTED_PID, $dram, admin $url; $(grep -o 'pre-faulted.*' "$logf" || true))"
-      return 0
-    fi
-    sleep 0.1
-  done
-  die "kvpool-node $id not ready after 120 s"
+  wait_node_ready "$NODE_STARTED_PID" "$logf" "$sock" || rc=$?
+  [[ $rc -ne 1 ]] || die "kvpool-node $id exited during startup"
+  [[ $rc -eq 0 ]] || die "kvpool-node $id not ready after 120 s"
+  NODE_URL="$READY_URL"
+  log "node $id ready (pid $NODE_STARTED_PID, $dram, admin $NODE_URL; $(grep -o 'pre-faulted.*' "$logf" || true))"
 }
 
 metric_of() {  # metric_of URL NAME

@@ -42,27 +42,15 @@
 #   NODE_ARGS (more kvpool-node flags, e.g. "--ssd-buffers 8").
 set -euo pipefail
 
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-HERE="$REPO/bench"
-
-usage() {
-  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
-  exit 2
-}
+LOG_TAG=compare-ssd
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 REPS=3
 DURATION=3s  # per kvpool-bench get run (3s, 500ms; a bare number is milliseconds)
 GIB=3
 KEEP=0
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --reps) REPS="$2"; shift 2 ;;
-    --duration) DURATION="$2"; shift 2 ;;
-    --gib) GIB="$2"; shift 2 ;;
-    --keep) KEEP=1; shift ;;
-    *) usage ;;
-  esac
-done
+parse_flags "--reps --duration --gib --keep" "$@"
 
 NODE_DRAM="${NODE_DRAM:-128MiB}"
 SSD_REGION="${SSD_REGION:-16MiB}"
@@ -82,9 +70,6 @@ WRITE_QD=$((region_mib * FLUSH_THREADS))
 # Each promotion thread reads one value (1 MiB, one request) at a time.
 READ_QD=$IO_THREADS
 
-LOG_TAG=compare-ssd
-# shellcheck source=bench/common.sh
-source "$HERE/common.sh"
 command -v fio >/dev/null || missing+=("fio (apt-get install fio)")
 KVPOOL_BENCH="$(find_bin kvpool-bench || true)"
 NODE="$(find_bin kvpool-node || true)"

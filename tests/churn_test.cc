@@ -43,12 +43,7 @@ ChurnResult Churn(std::vector<std::unique_ptr<NodeProcess>>& nodes,
   Registry reg;
   LoadStats s;
   std::atomic<bool> stop{false};
-  std::vector<std::thread> threads;
-  for (int node : {0, 1}) {
-    for (int t = 0; t < 2; ++t) {
-      threads.emplace_back(LoadThread, std::cref(*nodes[node]), node, t, &reg, &s, &stop, 600);
-    }
-  }
+  std::vector<std::thread> threads = StartLoad(nodes, {0, 1}, 2, &reg, &s, &stop, 600);
   Conn a(*nodes[0]);
   EXPECT_TRUE(a.ok());
   auto of_a = MakeKeys("churn-a-", 0, 16, 77000, 2048, 4096);

@@ -24,12 +24,12 @@
 #include <thread>
 #include <vector>
 
-#include "cluster/etcd_test_util.h"
 #include "harness/cluster_harness.h"
 #include "harness/load.h"
 #include "harness/node_process.h"
 #include "kvpool/client.h"
 #include "kvpool/kvpool.h"
+#include "membership/etcd_test_util.h"
 
 namespace kvpool::testing {
 namespace {
@@ -177,12 +177,7 @@ TEST_F(ClusterFaultTest, KillNineUnderLoadLosesOnlyTheVictimsKeys) {
   Registry reg;
   LoadStats s;
   std::atomic<bool> stop{false};
-  std::vector<std::thread> threads;
-  for (int node : {0, 1}) {
-    for (int t = 0; t < 2; ++t) {
-      threads.emplace_back(LoadThread, std::cref(*nodes[node]), node, t, &reg, &s, &stop, 400);
-    }
-  }
+  std::vector<std::thread> threads = StartLoad(nodes, {0, 1}, 2, &reg, &s, &stop, 400);
   // Victim keys read from the survivors while the victim lives and after.
   std::atomic<uint64_t> victim_hits{0}, victim_misses{0}, victim_wrong{0};
   std::thread victim_reader([&] {
@@ -336,10 +331,7 @@ void RunEtcdOutage(ClusterFaultTest* t, EtcdTestServer* etcd, bool hang, millise
 
   Registry reg;
   std::atomic<bool> stop{false};
-  std::vector<std::thread> threads;
-  for (int node = 0; node < 3; ++node) {
-    threads.emplace_back(LoadThread, std::cref(*nodes[node]), node, 0, &reg, &r->s, &stop, 300);
-  }
+  std::vector<std::thread> threads = StartLoad(nodes, {0, 1, 2}, 1, &reg, &r->s, &stop, 300);
   // phase: 0 before the outage, 1 during it, 2 after etcd is back.
   std::atomic<int> phase{0};
   std::atomic<uint64_t> hits[3] = {0, 0, 0}, misses[3] = {0, 0, 0}, wrong{0};

@@ -11,11 +11,11 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "cluster/etcd_test_util.h"
 #include "harness/cluster_harness.h"
 #include "harness/node_process.h"
 #include "kvpool/client.h"
 #include "kvpool/kvpool.h"
+#include "membership/etcd_test_util.h"
 
 namespace kvpool::testing {
 namespace {

@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/loopback_test_util.h"
 #include "common/status.h"
 #include "gtest/gtest.h"
 #include "kvpool/kvpool.h"
@@ -157,18 +158,6 @@ class Node {
   bool serving_ = false;
 };
 
-int DialTcp(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 int DialUnix(const std::string& path) {
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -236,7 +225,7 @@ int HelloConnection(const std::string& socket, Reply* reply) {
 
 double HealthzMs(int port) {
   auto t0 = Clock::now();
-  int fd = DialTcp(port);
+  int fd = testing::DialLoopback(port);
   if (fd < 0) return 1e9;
   const std::string req = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
   ssize_t w = ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
@@ -258,7 +247,7 @@ double HealthzMs(int port) {
 
 // One series line's value from /metrics, or -1.
 double Metric(int port, const std::string& series) {
-  int fd = DialTcp(port);
+  int fd = testing::DialLoopback(port);
   if (fd < 0) return -1;
   const std::string req = "GET /metrics HTTP/1.1\r\n\r\n";
   ssize_t w = ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
@@ -360,7 +349,7 @@ TEST_F(SlowClientsTest, HealthAndClientsHoldUnderIdleAndTricklingConnections) {
   int refused = 0, refused_explicit = 0;
   const auto flood_start = Clock::now();
   for (int i = 0; i < kEach; ++i) {
-    int a = DialTcp(port), b = DialTcp(port);
+    int a = testing::DialLoopback(port), b = testing::DialLoopback(port);
     ASSERT_GE(a, 0);
     ASSERT_GE(b, 0);
     ASSERT_EQ(::send(b, "G", 1, MSG_NOSIGNAL), 1);

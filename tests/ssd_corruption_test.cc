@@ -31,6 +31,12 @@ namespace {
 constexpr uint64_t kMiB = 1 << 20;
 constexpr uint64_t kBlock = 4096;
 
+std::vector<uint64_t> Keys(const std::map<uint64_t, RecordLoc>& recs) {
+  std::vector<uint64_t> v;
+  for (const auto& [i, r] : recs) v.push_back(i);
+  return v;
+}
+
 class SsdCorruptionTest : public ::testing::Test {
  protected:
   void TearDown() override {
@@ -93,17 +99,41 @@ class SsdCorruptionTest : public ::testing::Test {
     return flipped;
   }
 
+  // What reading every record back after the damage found.
+  struct ReadBack {
+    uint64_t damaged_hits = 0;   // hits among the damaged records
+    uint64_t intact_misses = 0;  // misses among the others
+    uint64_t misses = 0;         // all misses
+  };
+
+  // Restarts the node, checks that it recovered by `recovery` with every
+  // record of recs indexed, and reads each back: never wrong bytes or errors.
+  ReadBack RestartAndReadBack(const std::vector<std::string>& args, const std::string& recovery,
+                              const Workload& w, const std::map<uint64_t, RecordLoc>& recs,
+                              const std::set<uint64_t>& damaged) {
+    ReadBack out;
+    Restart(args);
+    if (HasFatalFailure()) return out;
+    nlohmann::json s = SsdStatus(*node_);
+    EXPECT_EQ(s["recovery"], recovery);
+    EXPECT_EQ(s["entries"].get<uint64_t>(), recs.size());
+    std::vector<uint64_t> idx = Keys(recs);
+    GetResult r = GetIndices(client_, w, idx);
+    EXPECT_EQ(r.wrong, 0u);
+    EXPECT_EQ(r.errors, 0u);
+    for (size_t k = 0; k < idx.size(); ++k) {
+      if (damaged.count(idx[k])) out.damaged_hits += r.hit[k];
+      else out.intact_misses += r.hit[k] ? 0 : 1;
+    }
+    out.misses = r.misses;
+    return out;
+  }
+
   TempDir tmp_;
   std::string dir_ = tmp_.path() + "/ssd";
   std::unique_ptr<NodeProcess> node_;
   kvpool_client* client_ = nullptr;
 };
-
-std::vector<uint64_t> Keys(const std::map<uint64_t, RecordLoc>& recs) {
-  std::vector<uint64_t> v;
-  for (const auto& [i, r] : recs) v.push_back(i);
-  return v;
-}
 
 // (d, stopped) 1,000 records get one flipped payload bit while the node is
 // down after a crash; the restarted node (region scan: headers intact, so
@@ -122,22 +152,11 @@ TEST_F(SsdCorruptionTest, BitFlipsWhileStoppedAreCountedMisses) {
   std::set<uint64_t> flipped = FlipPayloadBits(recs, 1000);
   ASSERT_EQ(flipped.size(), 1000u);
 
-  ASSERT_NO_FATAL_FAILURE(Restart(args));
-  nlohmann::json s = SsdStatus(*node_);
-  EXPECT_EQ(s["recovery"], "scan");
-  EXPECT_EQ(s["entries"].get<uint64_t>(), recs.size());
-  std::vector<uint64_t> idx = Keys(recs);
-  GetResult r = GetIndices(client_, w, idx);
-  EXPECT_EQ(r.wrong, 0u);
-  EXPECT_EQ(r.errors, 0u);
-  uint64_t flipped_hits = 0, untouched_misses = 0;
-  for (size_t k = 0; k < idx.size(); ++k) {
-    if (flipped.count(idx[k])) flipped_hits += r.hit[k];
-    else untouched_misses += r.hit[k] ? 0 : 1;
-  }
-  EXPECT_EQ(flipped_hits, 0u);
+  ReadBack rb;
+  ASSERT_NO_FATAL_FAILURE(rb = RestartAndReadBack(args, "scan", w, recs, flipped));
+  EXPECT_EQ(rb.damaged_hits, 0u);
   const uint64_t untouched = recs.size() - flipped.size();
-  EXPECT_LE(untouched_misses, untouched / 1000) << untouched_misses << " of " << untouched;
+  EXPECT_LE(rb.intact_misses, untouched / 1000) << rb.intact_misses << " of " << untouched;
   EXPECT_EQ(Crc(), 1000u);
   EXPECT_EQ(M("kvpool_ssd_crc_failures_total"), 1000);
   // The dropped entries are gone for good: a second read is a plain miss.
@@ -286,22 +305,11 @@ TEST_F(SsdCorruptionTest, TornAndMisplacedRecordsAreCountedMisses) {
   ASSERT_EQ(torn_header, 30u);
   ASSERT_GE(misplaced, 20u);
 
-  ASSERT_NO_FATAL_FAILURE(Restart(args));
-  nlohmann::json s = SsdStatus(*node_);
-  EXPECT_EQ(s["recovery"], "checkpoint");
-  EXPECT_EQ(s["entries"].get<uint64_t>(), recs.size());
-  std::vector<uint64_t> idx = Keys(recs);
-  GetResult r = GetIndices(client_, w, idx);
-  EXPECT_EQ(r.wrong, 0u);
-  EXPECT_EQ(r.errors, 0u);
-  uint64_t damaged_hits = 0, intact_misses = 0;
-  for (size_t k = 0; k < idx.size(); ++k) {
-    if (damaged.count(idx[k])) damaged_hits += r.hit[k];
-    else intact_misses += r.hit[k] ? 0 : 1;
-  }
-  EXPECT_EQ(damaged_hits, 0u);
-  EXPECT_EQ(intact_misses, 0u);
-  EXPECT_EQ(r.misses, damaged.size());
+  ReadBack rb;
+  ASSERT_NO_FATAL_FAILURE(rb = RestartAndReadBack(args, "checkpoint", w, recs, damaged));
+  EXPECT_EQ(rb.damaged_hits, 0u);
+  EXPECT_EQ(rb.intact_misses, 0u);
+  EXPECT_EQ(rb.misses, damaged.size());
   EXPECT_EQ(Crc(), damaged.size()) << torn_payload << " torn payloads, " << torn_header
                                    << " torn headers, " << misplaced << " misplaced";
 }

@@ -7,10 +7,8 @@
 
 #include "admin/admin_server.h"
 
-#include <fcntl.h>
 #include <netdb.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -32,6 +30,7 @@
 #include "admin/dashboard_page.h"
 #include "admin/http_request.h"
 #include "common/check.h"
+#include "common/event_loop_fds.h"
 #include "common/log.h"
 #include "common/thread_annotations.h"
 
@@ -214,20 +213,11 @@ class HttpAdminServer final : public AdminServer {
   ~HttpAdminServer() override {
     Stop();
     for (auto& [id, c] : conns_) ::close(c.fd);
-    if (listen_fd_ >= 0) ::close(listen_fd_);
-    if (epoll_fd_ >= 0) ::close(epoll_fd_);
-    if (wake_fd_ >= 0) ::close(wake_fd_);
-    if (spare_fd_ >= 0) ::close(spare_fd_);
+    CloseFds({listen_fd_, epoll_fd_, wake_fd_, spare_fd_});
   }
 
   Status Bind() {
-    epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-    if (epoll_fd_ < 0) return ErrnoStatus("admin: epoll_create1", errno);
-    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (wake_fd_ < 0) return ErrnoStatus("admin: eventfd", errno);
-    // Kept open so that, out of descriptors, the loop can still accept a
-    // connection to close it instead of spinning on a readable listener.
-    spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    KVPOOL_RETURN_IF_ERROR(OpenEventLoopFds("admin", &epoll_fd_, &wake_fd_, &spare_fd_));
 
     const std::string where = options_.bind_address + ":" + std::to_string(options_.port);
     addrinfo hints{};
@@ -264,12 +254,7 @@ class HttpAdminServer final : public AdminServer {
     getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len);
     port_ = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
                                            : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = kListenTag;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
-    ev.data.u64 = kWakeTag;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+    WatchListenerAndWake(epoll_fd_, listen_fd_, kListenTag, wake_fd_, kWakeTag);
     return Status::Ok();
   }
 
@@ -311,11 +296,7 @@ class HttpAdminServer final : public AdminServer {
     return other_counter_;
   }
 
-  void Wake() {
-    uint64_t one = 1;
-    ssize_t r = ::write(wake_fd_, &one, sizeof(one));
-    (void)r;
-  }
+  void Wake() { SignalEventFd(wake_fd_); }
 
   // ---- the admin thread ---------------------------------------------------
 
@@ -335,9 +316,7 @@ class HttpAdminServer final : public AdminServer {
         if (tag == kListenTag) {
           AcceptAll();
         } else if (tag == kWakeTag) {
-          uint64_t v;
-          ssize_t r = ::read(wake_fd_, &v, sizeof(v));
-          (void)r;
+          DrainEventFd(wake_fd_);
           TakeDone();
         } else {
           OnEvent(tag, events[i].events);
@@ -369,12 +348,7 @@ class HttpAdminServer final : public AdminServer {
           // spare descriptor and close it, so the listener does not stay
           // readable and spin the loop.
           refused_->Inc();
-          if (spare_fd_ >= 0) {
-            ::close(spare_fd_);
-            int dropped = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-            if (dropped >= 0) ::close(dropped);
-            spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-          }
+          RefuseWithSpareFd(listen_fd_, &spare_fd_, nullptr);
           LogWarn("admin: out of file descriptors; connections refused");
           return;
         }

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/loopback_test_util.h"
 #include "gtest/gtest.h"
 
 namespace kvpool {
@@ -265,19 +266,6 @@ TEST(AdminOptionsTest, Validate) {
 
 // ---- slow, idle and busy clients ------------------------------------------
 
-// A raw TCP connection to the server (blocking). -1 on failure.
-int Dial(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 // Everything the server sends until it closes (or `wait` passes).
 std::string ReadAll(int fd, std::chrono::milliseconds wait = std::chrono::milliseconds(5000)) {
@@ -296,7 +284,7 @@ std::string ReadAll(int fd, std::chrono::milliseconds wait = std::chrono::millis
 
 // Sends a raw request and returns the raw response.
 std::string RawRequest(int port, const std::string& bytes) {
-  int fd = Dial(port);
+  int fd = testing::DialLoopback(port);
   if (fd < 0) return "";
   ssize_t w = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
   (void)w;
@@ -363,8 +351,8 @@ TEST(AdminServerSlowClientsTest, IdleAndTricklingConnectionsAreClosedAtTheirDead
   auto server = AdminServer::Start(o, &registry, {});
   ASSERT_TRUE(server.ok());
   const int port = (*server)->port();
-  int idle = Dial(port);
-  int trickle = Dial(port);
+  int idle = testing::DialLoopback(port);
+  int trickle = testing::DialLoopback(port);
   ASSERT_GE(idle, 0);
   ASSERT_GE(trickle, 0);
   auto t0 = std::chrono::steady_clock::now();
@@ -395,7 +383,7 @@ TEST(AdminServerSlowClientsTest, AtTheCapNewConnectionsEvictTheOldestWaiting) {
   ASSERT_TRUE(server.ok());
   const int port = (*server)->port();
   std::vector<int> idle;
-  for (int i = 0; i < 60; ++i) idle.push_back(Dial(port));
+  for (int i = 0; i < 60; ++i) idle.push_back(testing::DialLoopback(port));
   // Health still answers: its connection takes an idle one's place.
   EXPECT_LT(HealthzMs(port), 100);
   // 60 idle + 1 health probe through 50 slots: the 11 oldest idle ones went.
@@ -427,7 +415,7 @@ TEST(AdminServerSlowClientsTest, HealthIsServedWhileRequestThreadsAreBusyAndTheQ
   // One request blocks the only thread, two wait in the queue.
   std::vector<int> held;
   for (int i = 0; i < 3; ++i) {
-    held.push_back(Dial(port));
+    held.push_back(testing::DialLoopback(port));
     ASSERT_EQ(::send(held.back(), status_req.data(), status_req.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(status_req.size()));
     // Let the thread take the first before the next two queue behind it.
@@ -462,8 +450,8 @@ TEST(AdminServerSlowClientsTest, HealthStaysFastUnderHundredsOfIdleAndTricklingC
   ASSERT_TRUE(server.ok());
   const int port = (*server)->port();
   std::vector<int> idle, trickle;
-  for (int i = 0; i < 300; ++i) idle.push_back(Dial(port));
-  for (int i = 0; i < 300; ++i) trickle.push_back(Dial(port));
+  for (int i = 0; i < 300; ++i) idle.push_back(testing::DialLoopback(port));
+  for (int i = 0; i < 300; ++i) trickle.push_back(testing::DialLoopback(port));
   std::vector<double> ms;
   for (int round = 0; round < 5; ++round) {
     for (int fd : trickle) ::send(fd, "G", 1, MSG_NOSIGNAL);

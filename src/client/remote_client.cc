@@ -10,9 +10,9 @@
 
 #include <fmt/format.h>
 
-#include "cluster/membership.h"
+#include "membership/membership.h"
 #include "cluster/peer_messages_format.h"
-#include "cluster/shard_map.h"
+#include "membership/shard_map.h"
 #include "common/thread_annotations.h"
 #include "transport/ucx_transport.h"
 

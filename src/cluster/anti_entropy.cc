@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "cluster/peer_messages_format.h"
-#include "cluster/shard_map.h"
 #include "common/log.h"
+#include "membership/shard_map.h"
 
 namespace kvpool::cluster {
 namespace {

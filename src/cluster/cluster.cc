@@ -8,10 +8,10 @@
 
 #include <fmt/format.h>
 
-#include "cluster/etcd_membership.h"
 #include "cluster/peer_messages_format.h"
-#include "cluster/static_membership.h"
 #include "common/log.h"
+#include "membership/etcd_membership.h"
+#include "membership/static_membership.h"
 #include "transport/ucx_transport.h"
 
 namespace kvpool {

@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "cluster/membership.h"
-#include "cluster/shard_map.h"
 #include "common/executor.h"
 #include "common/metrics.h"
 #include "common/status.h"
+#include "membership/membership.h"
+#include "membership/shard_map.h"
 #include "transport/transport.h"
 
 namespace kvpool {
@@ -79,7 +79,7 @@ class Cluster {
   virtual uint64_t incarnation() const = 0;
   virtual bool fenced() const = 0;
   // True while etcd is down for this node and its peers alike and the node
-  // serves with its last view instead of fencing (etcd_membership.h).
+  // serves with its last view instead of fencing (membership/etcd_membership.h).
   virtual bool etcd_outage() const = 0;
   // "host:port" peers reach this node at.
   virtual std::string address() const = 0;

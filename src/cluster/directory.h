@@ -27,10 +27,10 @@
 #include <span>
 #include <vector>
 
-#include "cluster/membership.h"
 #include "cluster/peer_messages_format.h"
-#include "cluster/shard_map.h"
 #include "common/metrics.h"
+#include "membership/membership.h"
+#include "membership/shard_map.h"
 
 namespace kvpool::cluster {
 

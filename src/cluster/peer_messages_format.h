@@ -49,7 +49,7 @@
 // Clients compute the ShardMap from it exactly as nodes do.
 //
 // kPeerLeaseStatus (a node whose lease renewals fail asks its peers how
-// theirs fare before it fences; etcd_membership.h). Request: empty.
+// theirs fare before it fences; membership/etcd_membership.h). Request: empty.
 // Reply header:
 // | field            | type | meaning                                            |
 // |------------------|------|----------------------------------------------------|
@@ -92,9 +92,9 @@
 #include <string>
 #include <vector>
 
-#include "cluster/membership.h"
 #include "common/key_id.h"
 #include "common/status.h"
+#include "membership/membership.h"
 #include "transport/transport.h"
 
 namespace kvpool::cluster {
@@ -166,7 +166,7 @@ inline Status DecodeStore(std::span<const uint8_t> body, KeyId* key, uint64_t* s
   return DecodeFetch(body, key, size);
 }
 
-// kPeerMembers reply (MembershipView from cluster/membership.h).
+// kPeerMembers reply (MembershipView from membership/membership.h).
 void EncodeMembersReply(const MembershipView& view, std::vector<uint8_t>* out);
 Status DecodeMembersReply(std::span<const uint8_t> body, MembershipView* view);
 

@@ -16,7 +16,7 @@
 
 #include "cluster/holdings_announcer.h"
 #include "cluster/peer_server.h"
-#include "cluster/static_membership.h"
+#include "membership/static_membership.h"
 #include "transport/fault_transport.h"
 #include "transport/in_process_transport.h"
 

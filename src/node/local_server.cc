@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/event_loop_fds.h"
 #include "common/log.h"
 #include "node/local_ops.h"
 #include "node/socket_dir.h"
@@ -133,29 +134,15 @@ class LocalServerImpl final : public LocalServer {
 
   ~LocalServerImpl() override {
     for (auto& [fd, c] : conns_) ::close(fd);
-    if (spare_fd_ >= 0) ::close(spare_fd_);
-    if (listen_fd_ >= 0) ::close(listen_fd_);
-    if (epoll_fd_ >= 0) ::close(epoll_fd_);
-    if (wake_fd_ >= 0) ::close(wake_fd_);
+    CloseFds({spare_fd_, listen_fd_, epoll_fd_, wake_fd_});
   }
 
   Status Init() {
-    epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-    if (epoll_fd_ < 0) return ErrnoStatus("epoll_create1", errno);
-    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (wake_fd_ < 0) return ErrnoStatus("eventfd", errno);
+    KVPOOL_RETURN_IF_ERROR(OpenEventLoopFds("", &epoll_fd_, &wake_fd_, &spare_fd_));
     handlers_ =
         std::make_unique<LocalOps>(opts_, tiered_, remote_, wake_fd_, metrics_, stats_json_);
-    // Kept open so that, out of descriptors, the loop can still take a
-    // connection off the backlog to refuse it instead of spinning.
-    spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     KVPOOL_RETURN_IF_ERROR(Bind());
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = kListenTag;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
-    ev.data.u64 = kWakeTag;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+    WatchListenerAndWake(epoll_fd_, listen_fd_, kListenTag, wake_fd_, kWakeTag);
     return Status::Ok();
   }
 
@@ -178,9 +165,7 @@ class LocalServerImpl final : public LocalServer {
         if (tag == kListenTag) {
           AcceptAll();
         } else if (tag == kWakeTag) {
-          uint64_t v;
-          ssize_t r = ::read(wake_fd_, &v, sizeof(v));
-          (void)r;
+          DrainEventFd(wake_fd_);
           FinishParked();
         } else {
           auto it = conns_.find(static_cast<int>(tag));
@@ -232,9 +217,7 @@ class LocalServerImpl final : public LocalServer {
 
   void Stop() override {
     stop_.store(true);
-    uint64_t one = 1;
-    ssize_t r = ::write(wake_fd_, &one, sizeof(one));
-    (void)r;
+    SignalEventFd(wake_fd_);
   }
 
   int connections() const override { return num_conns_.load(); }
@@ -292,14 +275,12 @@ class LocalServerImpl final : public LocalServer {
         if ((errno == EMFILE || errno == ENFILE) && spare_fd_ >= 0) {
           // Out of descriptors: refuse one waiting connection through the
           // spare descriptor, so the listener does not stay readable.
-          ::close(spare_fd_);
-          int dropped = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-          if (dropped >= 0) {
-            SendConnectionError(dropped, ResourceExhausted("the node is out of file descriptors"));
-            ::close(dropped);
+          if (RefuseWithSpareFd(listen_fd_, &spare_fd_, [this](int dropped) {
+                SendConnectionError(dropped,
+                                    ResourceExhausted("the node is out of file descriptors"));
+              })) {
             rejected_->Inc();
           }
-          spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
           LogWarn("accept: out of file descriptors; a local connection was refused");
           return;
         }

@@ -4,6 +4,8 @@
 
 #include <random>
 
+#include "protocol/codec_test_util.h"
+
 namespace kvpool::protocol {
 namespace {
 
@@ -133,27 +135,7 @@ TEST(CodecTest, RandomBytesNeverCrashDecoders) {
   for (int i = 0; i < 20000; ++i) {
     std::vector<uint8_t> b(rng() % 64);
     for (auto& x : b) x = static_cast<uint8_t>(rng());
-    std::vector<KeyId> k;
-    std::vector<SizedKey> s;
-    std::vector<uint64_t> h;
-    std::vector<RegionItem> r;
-    std::vector<int32_t> st;
-    std::vector<GetItem> g;
-    std::span<const uint8_t> rest;
-    ExistsReply e;
-    HelloRequest hr;
-    HelloReply hp;
-    std::string str;
-    (void)DecodeKeys(b, 4096, &k);
-    (void)DecodeSizedKeys(b, 4096, &s, &rest);
-    (void)DecodeHandles(b, 4096, &h);
-    (void)DecodeRegionItems(b, 4096, &r);
-    (void)DecodeStatuses(b, 4096, &st);
-    (void)DecodeExistsReply(b, 4096, &e);
-    (void)DecodeGetReply(b, 4096, &g, &rest);
-    (void)DecodeHello(b, &hr);
-    (void)DecodeHelloReply(b, &hp);
-    (void)DecodeString(b, &str);
+    for (int d = 0; d < kNumDecoders; ++d) RunDecoder(d, b, 4096);
   }
 }
 

@@ -17,16 +17,13 @@
 #include <thread>
 #include <vector>
 
-#include "cluster/etcd_test_util.h"
+#include "common/loopback_test_util.h"
 #include "harness/node_process.h"
 #include "kvpool/client.h"
 #include "kvpool/kvpool.h"
+#include "membership/etcd_test_util.h"
 
 namespace kvpool::testing {
-
-// A free loopback TCP port (bound and released: a small race, fine here);
-// 0 when none could be had.
-int FreePort();
 
 // "127.0.0.1:PORT"
 std::string LoopbackAddr(int port);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <thread>
 
 #include "harness/cluster_harness.h"
@@ -205,6 +206,19 @@ void LoadThread(const NodeProcess& n, int node, int tid, Registry* reg, LoadStat
   }
   std::lock_guard<std::mutex> l(s->mu);
   s->lat_ms.insert(s->lat_ms.end(), lat.begin(), lat.end());
+}
+
+std::vector<std::thread> StartLoad(const std::vector<std::unique_ptr<NodeProcess>>& nodes,
+                                   std::initializer_list<int> which, int threads_per_node,
+                                   Registry* reg, LoadStats* s, const std::atomic<bool>* stop,
+                                   size_t max_keys) {
+  std::vector<std::thread> threads;
+  for (int node : which) {
+    for (int t = 0; t < threads_per_node; ++t) {
+      threads.emplace_back(LoadThread, std::cref(*nodes[node]), node, t, reg, s, stop, max_keys);
+    }
+  }
+  return threads;
 }
 
 }  // namespace kvpool::testing

@@ -7,9 +7,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <initializer_list>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "harness/node_process.h"
@@ -88,5 +91,12 @@ class Registry {
 // asks 8 per exists. Runs until stop.
 void LoadThread(const NodeProcess& n, int node, int tid, Registry* reg, LoadStats* s,
                 const std::atomic<bool>* stop, size_t max_keys);
+
+// Starts threads_per_node LoadThreads on each node of `which` (indexes into
+// nodes); they run until *stop, and the caller joins them.
+std::vector<std::thread> StartLoad(const std::vector<std::unique_ptr<NodeProcess>>& nodes,
+                                   std::initializer_list<int> which, int threads_per_node,
+                                   Registry* reg, LoadStats* s, const std::atomic<bool>* stop,
+                                   size_t max_keys);
 
 }  // namespace kvpool::testing

@@ -15,8 +15,8 @@
 #include <string_view>
 #include <vector>
 
-#include "cluster/membership.h"
 #include "common/status.h"
+#include "membership/membership.h"
 
 namespace kvpool {
 

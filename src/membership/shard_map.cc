@@ -1,4 +1,4 @@
-#include "cluster/shard_map.h"
+#include "membership/shard_map.h"
 
 #include <cmath>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "cluster/static_membership.h"
+#include "membership/static_membership.h"
 
 #include <charconv>
 #include <cmath>

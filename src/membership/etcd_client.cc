@@ -1,4 +1,4 @@
-#include "cluster/etcd_client.h"
+#include "membership/etcd_client.h"
 
 #include <httplib.h>
 

@@ -1,4 +1,4 @@
-#include "cluster/etcd_membership.h"
+#include "membership/etcd_membership.h"
 
 #include <algorithm>
 #include <atomic>
@@ -9,8 +9,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "cluster/etcd_client.h"
 #include "common/log.h"
+#include "membership/etcd_client.h"
 
 namespace kvpool {
 namespace {

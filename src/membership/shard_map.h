@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "cluster/membership.h"
 #include "common/key_id.h"
+#include "membership/membership.h"
 
 namespace kvpool {
 

@@ -1,4 +1,4 @@
-#include "cluster/etcd_test_util.h"
+#include "membership/etcd_test_util.h"
 
 #include <fcntl.h>
 #include <httplib.h>
@@ -13,28 +13,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/loopback_test_util.h"
+
 namespace kvpool {
-namespace {
-
-// A port the kernel just handed out; etcd binds it a moment later (a race
-// with other processes that Start() covers by retrying).
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
-}  // namespace
 
 Result<std::unique_ptr<EtcdTestServer>> EtcdTestServer::Start() {
   Status last;
@@ -43,8 +24,8 @@ Result<std::unique_ptr<EtcdTestServer>> EtcdTestServer::Start() {
     char tmpl[] = "/tmp/kvpool-etcd-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) return ErrnoStatus("mkdtemp", errno);
     s->dir_ = tmpl;
-    s->client_port_ = FreePort();
-    s->peer_port_ = FreePort();
+    s->client_port_ = testing::FreePort();
+    s->peer_port_ = testing::FreePort();
     s->endpoint_ = "http://127.0.0.1:" + std::to_string(s->client_port_);
     last = s->Spawn();
     if (last.ok()) last = s->WaitHealthy(std::chrono::seconds(10));

@@ -39,8 +39,8 @@
 #include <string>
 #include <vector>
 
-#include "cluster/membership.h"
 #include "common/status.h"
+#include "membership/membership.h"
 
 namespace kvpool {
 

@@ -1,5 +1,5 @@
 // Integration tests of EtcdMembership against a real etcd (TTL 2 s).
-#include "cluster/etcd_membership.h"
+#include "membership/etcd_membership.h"
 
 #include <gtest/gtest.h>
 
@@ -7,8 +7,8 @@
 #include <functional>
 #include <thread>
 
-#include "cluster/etcd_client.h"
-#include "cluster/etcd_test_util.h"
+#include "membership/etcd_client.h"
+#include "membership/etcd_test_util.h"
 
 namespace kvpool {
 namespace {

@@ -1,4 +1,4 @@
-#include "cluster/membership.h"
+#include "membership/membership.h"
 
 #include <algorithm>
 #include <utility>
