@@ -3,7 +3,9 @@
 // directory when the home is this node; positive answers are reused for a
 // short TTL), then fetches each found key from a
 // live holder straight into a reserved local DRAM slot (the transport's
-// sink), commits and pins it, and publishes the new local replica.
+// sink), commits and pins it, and publishes the new local replica. The
+// lookups, the choice of holders, the fetches and the cool-downs are
+// RouteFetcher's (route_fetch.h); the slots and replicas are the reader's.
 // Publishing what this node stores goes through the Publisher.
 //
 // Failure: a lookup or fetch that fails or misses its deadline is a miss;
@@ -24,6 +26,7 @@
 #include "cluster/home_placer.h"
 #include "cluster/publisher.h"
 #include "cluster/remote_source.h"
+#include "common/clock.h"
 #include "common/executor.h"
 #include "common/metrics.h"
 #include "store/tiered_store.h"
@@ -48,10 +51,11 @@ struct RemoteReaderOptions {
 class RemoteReader final : public RemoteSource {
  public:
   // All pointers must outlive the reader. placer null: placement local
-  // (what this node stores is published as held here).
+  // (what this node stores is published as held here). clock: reads the
+  // peers' cool-downs and the lookup cache's TTL.
   RemoteReader(const RemoteReaderOptions& options, Cluster* cluster, Directory* directory,
                Publisher* publisher, HomePlacer* placer, TieredStore* store, Executor* executor,
-               MetricsRegistry* metrics);
+               MetricsRegistry* metrics, const Clock* clock = SystemClock::Get());
   ~RemoteReader() override;
 
   void Fetch(std::vector<KeyId> keys, FetchDone done) override;

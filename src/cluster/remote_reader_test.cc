@@ -15,6 +15,7 @@
 #include "cluster/home_placer.h"
 #include "cluster/peer_server.h"
 #include "cluster/static_membership.h"
+#include "common/clock.h"
 #include "transport/fault_transport.h"
 #include "transport/in_process_transport.h"
 
@@ -114,9 +115,10 @@ struct TestNode {
   // gate_lookups_to: an address whose lookups from this node are held
   // (see GatedTransport; reachable through `gate`).
   // faults: the node's calls go through a FaultTransport (`faulty`).
+  // clock: the reader's (cool-downs, lookup cache TTL).
   TestNode(transport::InProcessNetwork* net, const std::string& id,
-           const std::vector<Member>& members, const std::string& gate_lookups_to = "",
-           bool faults = false) {
+           const std::vector<Member>& members, const Clock* clock,
+           const std::string& gate_lookups_to = "", bool faults = false) {
     DramOptions d;
     d.capacity_bytes = 64u << 20;  // room for every size class the test uses
     d.slab_bytes = 1u << 20;
@@ -151,7 +153,7 @@ struct TestNode {
     ro.fetch_timeout = milliseconds(300);
     if (gate != nullptr) ro.lookup_timeout = milliseconds(10000);  // held, not lost
     reader = std::make_unique<RemoteReader>(ro, cluster.get(), directory.get(), publisher.get(),
-                                            nullptr, tiered.get(), pool.get(), &metrics);
+                                            nullptr, tiered.get(), pool.get(), &metrics, clock);
   }
 
   // The node's shutdown order (node.cc).
@@ -204,7 +206,7 @@ class RemoteReaderTest : public ::testing::Test {
     for (const char* id : {"a", "b", "c"}) {
       // B's lookups at C are held until the test opens the gate; C's calls
       // go through a FaultTransport (no faults unless a test sets them).
-      nodes_.push_back(std::make_unique<TestNode>(&net_, id, members,
+      nodes_.push_back(std::make_unique<TestNode>(&net_, id, members, &clock_,
                                                   std::string(id) == "b" ? "c:1" : "",
                                                   /*faults=*/std::string(id) == "c"));
     }
@@ -225,6 +227,9 @@ class RemoteReaderTest : public ::testing::Test {
     return false;
   }
 
+  // The readers' clock: cool-downs and cached lookups end only when a test
+  // advances it.
+  ManualClock clock_;
   transport::InProcessNetwork net_;  // outlives the nodes
   std::vector<std::unique_ptr<TestNode>> nodes_;
 };
@@ -356,7 +361,7 @@ TEST_F(RemoteReaderTest, APublishTheHomeDidNotTakeIsSentAgain) {
   ASSERT_GE(a.metrics.ValueOf("kvpool_peer_errors_total", {{"op", "publish"}}), 1);
   std::vector<Member> members;
   for (const char* id : {"a", "b", "c"}) members.push_back({id, std::string(id) + ":1", 0, 1.0});
-  nodes_[1] = std::make_unique<TestNode>(&net_, "b", members, "c:1");
+  nodes_[1] = std::make_unique<TestNode>(&net_, "b", members, &clock_, "c:1");
   a.publisher->Flush();  // before the retry delay: nothing is due yet
   EXPECT_EQ(a.metrics.ValueOf("kvpool_publish_retried_total"), 0);
   std::this_thread::sleep_for(milliseconds(250));  // past the retry delay (200 ms)
@@ -493,7 +498,7 @@ TEST_F(RemoteReaderTest, DegradedNetworkCostsMissesNeverHangsOrWrongBytes) {
 
   // 200 ms more one way to A only, once the cool-downs (2 s) are over.
   fault.ClearRules();
-  std::this_thread::sleep_for(milliseconds(2100));
+  clock_.Advance(milliseconds(2001));
   transport::FaultRule far;
   far.delay = milliseconds(200);
   fault.SetRule(a.cluster->transport()->address(), far);
@@ -502,11 +507,12 @@ TEST_F(RemoteReaderTest, DegradedNetworkCostsMissesNeverHangsOrWrongBytes) {
   EXPECT_LE(one_slow.max_ms, kBoundMs);
   EXPECT_GE(one_slow.hits, kN * 9 / 10);
 
-  // Healed: every key hits again within 5 s.
+  // Healed: every key hits again once any cool-down from the slow phase is
+  // over.
   fault.ClearRules();
   Outcome healed;
   for (int i = 0; i < 10 && healed.hits < kN; ++i) {
-    if (i > 0) std::this_thread::sleep_for(milliseconds(500));
+    if (i > 0) clock_.Advance(milliseconds(2001));
     healed = read_all();
     EXPECT_EQ(healed.wrong, 0);
   }
