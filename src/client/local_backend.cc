@@ -161,6 +161,9 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
     }
     return Status::Ok();
   }
+  template <typename BodyOf>
+  Status Regions(size_t n, MessageType type, BodyOf&& body_of, kvpool_region* regions,
+                 kvpool_status* statuses);
   Status RegionCall(Lease& lease, Clock::time_point deadline, MessageType type,
                     const std::vector<uint8_t>& body, size_t n, kvpool_region* regions,
                     kvpool_status* statuses);
@@ -371,27 +374,36 @@ Status LocalBackend::RegionCall(Lease& lease, Clock::time_point deadline, Messag
   return Status::Ok();
 }
 
-Status LocalBackend::Reserve(std::span<const KeyId> keys, const uint64_t* sizes,
-                             kvpool_region* regions, kvpool_status* statuses) {
+// Reserve or acquire n items: every chunk on one connection, so the caller
+// can commit them together; body_of(off, m) encodes items [off, off + m).
+template <typename BodyOf>
+Status LocalBackend::Regions(size_t n, MessageType type, BodyOf&& body_of, kvpool_region* regions,
+                             kvpool_status* statuses) {
   KVPOOL_RETURN_IF_ERROR(ZeroCopyAllowed());
-  size_t n = keys.size();
   uint32_t max_batch = MaxBatch();
-  // All items of one call go to one connection so the caller can commit them
-  // together; batches above the node's limit are split on that connection.
+  // Batches above the node's limit are split on that connection.
   Status s = WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
     for (size_t off = 0; off < n; off += max_batch) {
       size_t m = std::min<size_t>(max_batch, n - off);
-      std::vector<protocol::SizedKey> items(m);
-      for (size_t i = 0; i < m; ++i) items[i] = {keys[off + i], sizes[off + i]};
-      std::vector<uint8_t> body;
-      protocol::EncodeSizedKeys(items, &body);
-      KVPOOL_RETURN_IF_ERROR(RegionCall(lease, deadline, MessageType::kReserve, body, m,
-                                        regions + off, statuses + off));
+      KVPOOL_RETURN_IF_ERROR(
+          RegionCall(lease, deadline, type, body_of(off, m), m, regions + off, statuses + off));
     }
     return Status::Ok();
   });
   if (!s.ok()) FillStatuses(statuses, 0, n, s);
   return s;
+}
+
+Status LocalBackend::Reserve(std::span<const KeyId> keys, const uint64_t* sizes,
+                             kvpool_region* regions, kvpool_status* statuses) {
+  auto body_of = [&](size_t off, size_t m) {
+    std::vector<protocol::SizedKey> items(m);
+    for (size_t i = 0; i < m; ++i) items[i] = {keys[off + i], sizes[off + i]};
+    std::vector<uint8_t> body;
+    protocol::EncodeSizedKeys(items, &body);
+    return body;
+  };
+  return Regions(keys.size(), MessageType::kReserve, body_of, regions, statuses);
 }
 
 Status LocalBackend::Commit(std::span<const uint64_t> handles, kvpool_status* statuses) {
@@ -424,20 +436,8 @@ Status LocalBackend::Commit(std::span<const uint64_t> handles, kvpool_status* st
 
 Status LocalBackend::Acquire(std::span<const KeyId> keys, kvpool_region* regions,
                              kvpool_status* statuses) {
-  KVPOOL_RETURN_IF_ERROR(ZeroCopyAllowed());
-  size_t n = keys.size();
-  uint32_t max_batch = MaxBatch();
-  Status s = WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
-    for (size_t off = 0; off < n; off += max_batch) {
-      size_t m = std::min<size_t>(max_batch, n - off);
-      KVPOOL_RETURN_IF_ERROR(RegionCall(lease, deadline, MessageType::kAcquire,
-                                        EncodeIds(keys.subspan(off, m)), m, regions + off,
-                                        statuses + off));
-    }
-    return Status::Ok();
-  });
-  if (!s.ok()) FillStatuses(statuses, 0, n, s);
-  return s;
+  auto body_of = [&](size_t off, size_t m) { return EncodeIds(keys.subspan(off, m)); };
+  return Regions(keys.size(), MessageType::kAcquire, body_of, regions, statuses);
 }
 
 // The first item that failed (AlreadyExists counts as done), or OK.

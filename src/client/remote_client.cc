@@ -61,6 +61,13 @@ struct Routing {
   const ShardMap& map() const { return *routes.map; }
 };
 
+// What the homes answered for the keys of one call.
+struct Found {
+  std::shared_ptr<cluster::LookupBatch> batch;
+  std::vector<uint8_t> answered;      // answered[i]: batch->results[i] is the home's answer
+  std::shared_ptr<const Routing> routing;  // the view the answers came from
+};
+
 }  // namespace
 
 Status RemoteClientOptions::Validate() const {
@@ -223,10 +230,10 @@ struct RemoteClient::Impl {
 
   // Lookup with one retry on a fresh view for the homes that did not answer.
   // Returns the failure when no item was answered.
-  Status Lookups(std::span<const KeyId> keys, Deadline deadline,
-                 std::shared_ptr<cluster::LookupBatch>* batch, std::vector<uint8_t>* answered,
-                 std::shared_ptr<const Routing>* routing_out) {
+  Status Lookups(std::span<const KeyId> keys, Deadline deadline, Found* found) {
     auto r = ForCall(deadline);
+    auto* batch = &found->batch;
+    auto* answered = &found->answered;
     *batch = std::make_shared<cluster::LookupBatch>(
         std::vector<KeyId>(keys.begin(), keys.end()));
     answered->assign(keys.size(), 0);
@@ -243,7 +250,7 @@ struct RemoteClient::Impl {
         s = LookupAll(*r, *batch, idx, deadline, answered);
       }
     }
-    *routing_out = r;
+    found->routing = r;
     if (!s.ok() && !keys.empty() &&
         std::none_of(answered->begin(), answered->end(), [](uint8_t a) { return a != 0; })) {
       return s;
@@ -343,10 +350,8 @@ Status RemoteClient::Get(std::span<const KeyId> keys, void* const* buffers,
                          const uint64_t* capacities, uint64_t* sizes, int32_t* statuses) {
   Impl& im = *impl_;
   Deadline deadline = Clock::now() + im.opts.timeout;
-  std::shared_ptr<cluster::LookupBatch> found;
-  std::vector<uint8_t> answered;
-  std::shared_ptr<const Routing> r;
-  KVPOOL_RETURN_IF_ERROR(im.Lookups(keys, deadline, &found, &answered, &r));
+  Found f;
+  KVPOOL_RETURN_IF_ERROR(im.Lookups(keys, deadline, &f));
   // Candidate holders per key, in the home's order. A key the home has no
   // record of is still tried at the home itself: a value just stored there
   // is published to the home's own directory only on its next flush (5 ms),
@@ -356,16 +361,16 @@ Status RemoteClient::Get(std::span<const KeyId> keys, void* const* buffers,
   for (size_t i = 0; i < keys.size(); ++i) {
     sizes[i] = 0;
     statuses[i] = Code(NotFound(""));
-    if (!answered[i]) continue;
-    const cluster::LookupResult& lr = found->results[i];
+    if (!f.answered[i]) continue;
+    const cluster::LookupResult& lr = f.batch->results[i];
     if (lr.size > 0 && lr.size > capacities[i]) {
       sizes[i] = lr.size;
       statuses[i] = Code(ResourceExhausted(""));
       continue;
     }
-    cands[i] = im.fetcher->Candidates(r->routes, lr);
+    cands[i] = im.fetcher->Candidates(f.routing->routes, lr);
     if (lr.size == 0) {
-      if (const Member* home = r->map().HomeOf(keys[i])) cands[i].push_back(home->address);
+      if (const Member* home = f.routing->map().HomeOf(keys[i])) cands[i].push_back(home->address);
     }
     if (!cands[i].empty() && capacities[i] > 0) pending.push_back(i);
   }
@@ -386,7 +391,7 @@ Status RemoteClient::Get(std::span<const KeyId> keys, void* const* buffers,
           sizes[i] = size;
           statuses[i] = Code(s);
         } else if (s.code() == StatusCode::kResourceExhausted) {
-          sizes[i] = found->results[i].size;
+          sizes[i] = f.batch->results[i].size;
           statuses[i] = Code(s);
         } else if (s.code() == StatusCode::kDeadlineExceeded) {
           statuses[i] = Code(s);
@@ -402,13 +407,11 @@ Status RemoteClient::Get(std::span<const KeyId> keys, void* const* buffers,
 Status RemoteClient::Exists(std::span<const KeyId> keys, uint8_t* hits) {
   Impl& im = *impl_;
   Deadline deadline = Clock::now() + im.opts.timeout;
-  std::shared_ptr<cluster::LookupBatch> found;
-  std::vector<uint8_t> answered;
-  std::shared_ptr<const Routing> r;
-  KVPOOL_RETURN_IF_ERROR(im.Lookups(keys, deadline, &found, &answered, &r));
+  Found f;
+  KVPOOL_RETURN_IF_ERROR(im.Lookups(keys, deadline, &f));
   for (size_t i = 0; i < keys.size(); ++i) {
-    const cluster::LookupResult& lr = found->results[i];
-    hits[i] = answered[i] && lr.size > 0 && !lr.holders.empty() ? 1 : 0;
+    const cluster::LookupResult& lr = f.batch->results[i];
+    hits[i] = f.answered[i] && lr.size > 0 && !lr.holders.empty() ? 1 : 0;
   }
   return Status::Ok();
 }
