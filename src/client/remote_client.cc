@@ -12,6 +12,7 @@
 
 #include "membership/membership.h"
 #include "cluster/peer_messages_format.h"
+#include "cluster/route_fetch.h"
 #include "membership/shard_map.h"
 #include "common/thread_annotations.h"
 #include "transport/ucx_transport.h"
@@ -52,12 +53,19 @@ class Countdown {
   size_t left_;
 };
 
-// The membership as this client last learned it, and the map it implies.
-// Immutable once built.
+// The membership as this client last learned it, and the map it implies
+// (a client is no member: no `self`). Immutable once built.
 struct Routing {
-  MembershipView view;
-  ShardMap map;
-  std::unordered_map<std::string, std::string> address_of;  // node id -> peer address
+  cluster::Routes routes;
+  const MembershipView& view() const { return *routes.view; }
+  const ShardMap& map() const { return *routes.map; }
+};
+
+// What the homes answered for the keys of one call.
+struct Found {
+  std::shared_ptr<cluster::LookupBatch> batch;
+  std::vector<uint8_t> answered;      // answered[i]: batch->results[i] is the home's answer
+  std::shared_ptr<const Routing> routing;  // the view the answers came from
 };
 
 }  // namespace
@@ -97,6 +105,9 @@ struct RemoteClient::Impl {
   std::shared_ptr<const Routing> routing GUARDED_BY(mu);
   Clock::time_point refreshed_at GUARDED_BY(mu){};
   std::atomic<bool> refresh_in_flight{false};
+  // Lookups and fetches, without cool-downs or a lookup cache: each call
+  // asks the homes afresh and tries every holder.
+  std::unique_ptr<cluster::RouteFetcher> fetcher;
   // Declared last: destroyed first, which runs every pending callback while
   // the members above are still alive.
   std::unique_ptr<transport::UcxTransport> transport;
@@ -108,19 +119,18 @@ struct RemoteClient::Impl {
 
   void Install(MembershipView view) {
     auto r = std::make_shared<Routing>();
-    r->map = ShardMap::Compute(view);
-    for (const auto& m : view.members) r->address_of[m.node_id] = m.address;
-    r->view = std::move(view);
+    r->routes.map = std::make_shared<const ShardMap>(ShardMap::Compute(view));
+    r->routes.view = std::make_shared<const MembershipView>(std::move(view));
     std::lock_guard lock(mu);
     refreshed_at = Clock::now();
     // A node that lags behind (older epoch) does not undo a newer view.
-    if (!routing || r->view.epoch >= routing->view.epoch) routing = std::move(r);
+    if (!routing || r->view().epoch >= routing->view().epoch) routing = std::move(r);
   }
 
   std::vector<std::string> Candidates() {
     std::vector<std::string> out = opts.seeds;
     if (auto r = Current()) {
-      for (const auto& m : r->view.members) {
+      for (const auto& m : r->view().members) {
         if (std::find(out.begin(), out.end(), m.address) == out.end()) out.push_back(m.address);
       }
     }
@@ -191,81 +201,45 @@ struct RemoteClient::Impl {
     return Current();
   }
 
-  // Lookup of keys[idx] at their homes, batched per home. Fills results[i]
-  // and sets answered[i] for items whose home answered; returns the last
-  // failure of a home (Ok when all answered).
-  Status LookupAll(const Routing& r, std::span<const KeyId> keys, const std::vector<size_t>& idx,
-                   Deadline deadline, std::vector<cluster::LookupResult>* results,
+  // Lookup of batch->keys[idx] at their homes (batched per home), waiting
+  // for every answer. Sets answered[i] for items whose home answered;
+  // returns the last failure of a home (Ok when all answered).
+  Status LookupAll(const Routing& r, const std::shared_ptr<cluster::LookupBatch>& batch,
+                   const std::vector<size_t>& idx, Deadline deadline,
                    std::vector<uint8_t>* answered) {
-    std::map<std::string, std::vector<size_t>> by_home;
+    std::mutex wait_mu;
+    std::condition_variable cv;
+    size_t left = idx.size();
     Status last = Status::Ok();
-    for (size_t i : idx) {
-      const Member* home = r.map.HomeOf(keys[i]);
-      if (home == nullptr) {
-        last = Unavailable("the cluster has no member that owns shards");
-        continue;
-      }
-      by_home[home->address].push_back(i);
-    }
-    struct Part {
-      std::string addr;
-      std::vector<size_t> items;
-      std::vector<uint8_t> request;
-    };
-    std::vector<Part> parts;
-    for (auto& [addr, items] : by_home) {
-      for (size_t off = 0; off < items.size(); off += cluster::kMaxPeerBatch) {
-        size_t m = std::min<size_t>(cluster::kMaxPeerBatch, items.size() - off);
-        Part p{addr, {items.begin() + off, items.begin() + off + m}, {}};
-        std::vector<KeyId> ks;
-        for (size_t i : p.items) ks.push_back(keys[i]);
-        cluster::EncodeLookup(ks, &p.request);
-        parts.push_back(std::move(p));
-      }
-    }
-    std::mutex err_mu;
-    for (size_t off = 0; off < parts.size(); off += kWindow) {
-      size_t m = std::min(kWindow, parts.size() - off);
-      Countdown cd(m);
-      for (size_t k = off; k < off + m; ++k) {
-        Part& p = parts[k];
-        CallArgs args;
-        args.peer = p.addr;
-        args.type = cluster::kPeerLookup;
-        args.payload = p.request;
-        args.deadline = deadline;
-        transport->Call(args, [&, pp = &p](Reply rep) {
-          std::vector<cluster::LookupResult> res;
-          Status s = rep.status;
-          if (s.ok()) s = cluster::DecodeLookupReply(rep.payload, pp->items.size(), &res);
-          if (s.ok()) {
-            for (size_t j = 0; j < pp->items.size(); ++j) {
-              (*results)[pp->items[j]] = std::move(res[j]);
-              (*answered)[pp->items[j]] = 1;
-            }
-          } else {
-            std::lock_guard lock(err_mu);
-            last = Status(s.code(), fmt::format("lookup at {}: {}", pp->addr, s.message()));
-          }
-          cd.Done();
-        });
-      }
-      cd.Wait();
-    }
+    fetcher->Lookup(r.routes, batch, idx, deadline, nullptr,
+                    [&](std::vector<size_t> part, const Status& s,
+                        cluster::RouteFetcher::ResolvedOn) {
+                      std::lock_guard lock(wait_mu);
+                      if (s.ok()) {
+                        for (size_t i : part) (*answered)[i] = 1;
+                      } else {
+                        last = s;
+                      }
+                      left -= part.size();
+                      if (left == 0) cv.notify_all();
+                    });
+    std::unique_lock lock(wait_mu);
+    cv.wait(lock, [&] { return left == 0; });
     return last;
   }
 
   // Lookup with one retry on a fresh view for the homes that did not answer.
   // Returns the failure when no item was answered.
-  Status Lookups(std::span<const KeyId> keys, Deadline deadline,
-                 std::vector<cluster::LookupResult>* results, std::vector<uint8_t>* answered,
-                 std::shared_ptr<const Routing>* routing_out) {
+  Status Lookups(std::span<const KeyId> keys, Deadline deadline, Found* found) {
     auto r = ForCall(deadline);
-    results->assign(keys.size(), {});
+    auto* batch = &found->batch;
+    auto* answered = &found->answered;
+    *batch = std::make_shared<cluster::LookupBatch>(
+        std::vector<KeyId>(keys.begin(), keys.end()));
     answered->assign(keys.size(), 0);
     std::vector<size_t> idx(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) idx[i] = i;
-    Status s = LookupAll(*r, keys, idx, deadline, results, answered);
+    Status s = LookupAll(*r, *batch, idx, deadline, answered);
     if (!s.ok()) {
       if (auto fresh = RefreshNow(deadline)) {
         r = fresh;
@@ -273,10 +247,10 @@ struct RemoteClient::Impl {
         for (size_t i = 0; i < keys.size(); ++i) {
           if (!(*answered)[i]) idx.push_back(i);
         }
-        s = LookupAll(*r, keys, idx, deadline, results, answered);
+        s = LookupAll(*r, *batch, idx, deadline, answered);
       }
     }
-    *routing_out = r;
+    found->routing = r;
     if (!s.ok() && !keys.empty() &&
         std::none_of(answered->begin(), answered->end(), [](uint8_t a) { return a != 0; })) {
       return s;
@@ -298,6 +272,10 @@ Result<std::unique_ptr<RemoteClient>> RemoteClient::Open(const RemoteClientOptio
   topts.listen = false;
   topts.max_endpoints = 64;
   KVPOOL_ASSIGN_OR_RETURN(impl->transport, transport::UcxTransport::Open(topts));
+  cluster::RouteFetcherOptions fo;
+  fo.cooldown = std::chrono::milliseconds(0);
+  fo.lookup_cache_ttl = std::chrono::milliseconds(0);
+  impl->fetcher = std::make_unique<cluster::RouteFetcher>(fo, impl->transport.get(), nullptr);
   KVPOOL_RETURN_IF_ERROR(impl->Refresh(Clock::now() + options.timeout, /*wait=*/true));
   return std::unique_ptr<RemoteClient>(new RemoteClient(std::move(impl)));
 }
@@ -325,7 +303,7 @@ Status RemoteClient::Put(std::span<const KeyId> keys, const void* const* values,
       Countdown cd(m);
       for (size_t k = 0; k < m; ++k) {
         size_t i = todo[off + k];
-        const Member* home = r->map.HomeOf(keys[i]);
+        const Member* home = r->map().HomeOf(keys[i]);
         if (home == nullptr) {
           statuses[i] = Code(Unavailable(""));
           cd.Done();
@@ -372,10 +350,8 @@ Status RemoteClient::Get(std::span<const KeyId> keys, void* const* buffers,
                          const uint64_t* capacities, uint64_t* sizes, int32_t* statuses) {
   Impl& im = *impl_;
   Deadline deadline = Clock::now() + im.opts.timeout;
-  std::vector<cluster::LookupResult> found;
-  std::vector<uint8_t> answered;
-  std::shared_ptr<const Routing> r;
-  KVPOOL_RETURN_IF_ERROR(im.Lookups(keys, deadline, &found, &answered, &r));
+  Found f;
+  KVPOOL_RETURN_IF_ERROR(im.Lookups(keys, deadline, &f));
   // Candidate holders per key, in the home's order. A key the home has no
   // record of is still tried at the home itself: a value just stored there
   // is published to the home's own directory only on its next flush (5 ms),
@@ -385,65 +361,45 @@ Status RemoteClient::Get(std::span<const KeyId> keys, void* const* buffers,
   for (size_t i = 0; i < keys.size(); ++i) {
     sizes[i] = 0;
     statuses[i] = Code(NotFound(""));
-    if (!answered[i]) continue;
-    const cluster::LookupResult& lr = found[i];
+    if (!f.answered[i]) continue;
+    const cluster::LookupResult& lr = f.batch->results[i];
     if (lr.size > 0 && lr.size > capacities[i]) {
       sizes[i] = lr.size;
       statuses[i] = Code(ResourceExhausted(""));
       continue;
     }
-    for (const auto& h : lr.holders) {
-      auto it = r->address_of.find(h.node_id);
-      if (it != r->address_of.end() &&
-          std::find(cands[i].begin(), cands[i].end(), it->second) == cands[i].end()) {
-        cands[i].push_back(it->second);
-      }
-    }
+    cands[i] = im.fetcher->Candidates(f.routing->routes, lr);
     if (lr.size == 0) {
-      if (const Member* home = r->map.HomeOf(keys[i])) cands[i].push_back(home->address);
+      if (const Member* home = f.routing->map().HomeOf(keys[i])) cands[i].push_back(home->address);
     }
     if (!cands[i].empty() && capacities[i] > 0) pending.push_back(i);
   }
-  // Round k fetches each pending key from its k-th candidate.
-  for (size_t round = 0; !pending.empty() && Clock::now() < deadline; ++round) {
-    std::vector<size_t> next;
-    std::mutex mu;
-    for (size_t off = 0; off < pending.size(); off += kWindow) {
-      size_t m = std::min(kWindow, pending.size() - off);
-      std::vector<std::vector<uint8_t>> headers(m);
-      Countdown cd(m);
-      for (size_t k = 0; k < m; ++k) {
-        size_t i = pending[off + k];
-        cluster::EncodeFetch(keys[i], capacities[i], &headers[k]);
-        CallArgs args;
-        args.peer = cands[i][round];
-        args.type = cluster::kPeerFetch;
-        args.request = headers[k];
-        args.sink = {static_cast<uint8_t*>(buffers[i]), capacities[i]};
-        args.deadline = deadline;
-        im.transport->Call(args, [&, i](Reply rep) {
-          Status s = rep.status;
-          uint64_t size = 0;
-          if (s.ok()) s = cluster::DecodeFetchReply(rep.header, &size);
-          if (s.ok() && size != rep.payload_bytes) s = Internal("fetch: size mismatch");
-          if (s.ok()) {
-            sizes[i] = size;
-            statuses[i] = Code(s);
-          } else if (s.code() == StatusCode::kResourceExhausted) {
-            sizes[i] = found[i].size;
-            statuses[i] = Code(s);
-          } else if (round + 1 < cands[i].size()) {
-            std::lock_guard lock(mu);
-            next.push_back(i);
-          } else if (s.code() == StatusCode::kDeadlineExceeded) {
-            statuses[i] = Code(s);
-          }
-          cd.Done();
-        });
-      }
-      cd.Wait();
+  // Each pending key is fetched from its candidates in turn, kWindow keys
+  // at a time.
+  for (size_t off = 0; off < pending.size(); off += kWindow) {
+    size_t m = std::min(kWindow, pending.size() - off);
+    Countdown cd(m);
+    for (size_t k = 0; k < m; ++k) {
+      size_t i = pending[off + k];
+      cluster::FetchRequest req;
+      req.key = keys[i];
+      req.peers = std::move(cands[i]);
+      req.sink = {static_cast<uint8_t*>(buffers[i]), capacities[i]};
+      req.deadline = deadline;
+      im.fetcher->Fetch(std::move(req), nullptr, [&, i](const Status& s, uint64_t size) {
+        if (s.ok()) {
+          sizes[i] = size;
+          statuses[i] = Code(s);
+        } else if (s.code() == StatusCode::kResourceExhausted) {
+          sizes[i] = f.batch->results[i].size;
+          statuses[i] = Code(s);
+        } else if (s.code() == StatusCode::kDeadlineExceeded) {
+          statuses[i] = Code(s);
+        }
+        cd.Done();
+      });
     }
-    pending = std::move(next);
+    cd.Wait();
   }
   return Status::Ok();
 }
@@ -451,12 +407,11 @@ Status RemoteClient::Get(std::span<const KeyId> keys, void* const* buffers,
 Status RemoteClient::Exists(std::span<const KeyId> keys, uint8_t* hits) {
   Impl& im = *impl_;
   Deadline deadline = Clock::now() + im.opts.timeout;
-  std::vector<cluster::LookupResult> found;
-  std::vector<uint8_t> answered;
-  std::shared_ptr<const Routing> r;
-  KVPOOL_RETURN_IF_ERROR(im.Lookups(keys, deadline, &found, &answered, &r));
+  Found f;
+  KVPOOL_RETURN_IF_ERROR(im.Lookups(keys, deadline, &f));
   for (size_t i = 0; i < keys.size(); ++i) {
-    hits[i] = answered[i] && found[i].size > 0 && !found[i].holders.empty() ? 1 : 0;
+    const cluster::LookupResult& lr = f.batch->results[i];
+    hits[i] = f.answered[i] && lr.size > 0 && !lr.holders.empty() ? 1 : 0;
   }
   return Status::Ok();
 }

@@ -4,7 +4,9 @@
 // short TTL), then fetches each found key from a
 // live holder straight into a reserved local DRAM slot (the transport's
 // sink), commits and pins it (a kCopy write: the holdings stream publishes
-// the new local replica).
+// the new local replica). The lookups, the choice of holders, the fetches
+// and the cool-downs are RouteFetcher's (route_fetch.h); the slots and
+// replicas are the reader's.
 //
 // Failure: a lookup or fetch that fails or misses its deadline is a miss;
 // after Unavailable or DeadlineExceeded the peer is avoided for a cool-down.
@@ -12,7 +14,7 @@
 //
 // Thread-safe. Stages after a reply that may wait (a Reserve with an SSD
 // tier, a retry) run on the executor, never on the transport thread.
-// Shutdown() must be called, and must return, before the cluster's
+// Stop() must be called, and must return, before the cluster's
 // transport is destroyed.
 #pragma once
 
@@ -22,6 +24,7 @@
 #include "cluster/cluster.h"
 #include "cluster/directory.h"
 #include "cluster/remote_source.h"
+#include "common/clock.h"
 #include "common/executor.h"
 #include "common/metrics.h"
 #include "store/tiered_store.h"
@@ -45,18 +48,18 @@ struct RemoteReaderOptions {
 
 class RemoteReader final : public RemoteSource {
  public:
-  // All pointers must outlive the reader. placer null: placement local
-  // (what this node stores is published as held here).
+  // All pointers must outlive the reader. clock: reads the peers'
+  // cool-downs and the lookup cache's TTL.
   RemoteReader(const RemoteReaderOptions& options, Cluster* cluster, Directory* directory,
-               TieredStore* store, Executor* executor,
-               MetricsRegistry* metrics);
+               TieredStore* store, Executor* executor, MetricsRegistry* metrics,
+               const Clock* clock = SystemClock::Get());
   ~RemoteReader() override;
 
   void Fetch(std::vector<KeyId> keys, FetchDone done) override;
   void Exists(std::vector<KeyId> keys, ExistsDone done) override;
 
   // New reads miss at once; waits for running stages to leave the transport.
-  void Shutdown();
+  void Stop();
 
   struct State;
 

@@ -1,6 +1,8 @@
 // Executor: where components run background work. Components never start
-// threads of their own; the node gives them one (ThreadPool), and tests can
-// give them an inline or manual one. Thread-safe.
+// threads of their own; the node gives them one (ThreadPool), and so do the
+// tests (a small ThreadPool; there is no inline or manual executor, as the
+// components hand work on from transport threads and expect it to run
+// later, on another thread). Thread-safe.
 #pragma once
 
 #include <condition_variable>

@@ -157,7 +157,7 @@ class NodeImpl final : public Node {
     // Leave the cluster. Destroying it fails the peer calls in flight, whose
     // callbacks may still reach the local server, so that goes later.
     announcer_->Stop();
-    reader_->Shutdown();
+    reader_->Stop();
     anti_entropy_->Stop();
     cluster_->Stop();
     if (cluster_thread_.joinable()) cluster_thread_.join();

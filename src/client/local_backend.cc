@@ -1,0 +1,657 @@
+// The local backend of the C ABI: a pool of connections to the node's Unix
+// socket and the mapped shared segment (see backend.h).
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "client/backend.h"
+#include "client/local_connection.h"
+#include "common/key_id.h"
+#include "protocol/codec.h"
+#include "protocol/socket_path.h"
+
+namespace kvpool::client {
+namespace {
+
+using protocol::MessageType;
+
+// One mapping of a node's segment. Kept alive while any handle issued from
+// it is outstanding, so pointers handed to the caller stay valid even when
+// the node restarts.
+struct Mapping {
+  uint8_t* base = nullptr;
+  uint64_t size = 0;
+  uint64_t instance_id = 0;
+  ~Mapping() {
+    if (base != nullptr) ::munmap(base, size);
+  }
+};
+
+// Handles handed to the caller: connection slot (8 bits), the slot's
+// generation (8 bits), the node's handle (48 bits). A handle from a dead
+// connection is recognised by its generation and ignored.
+constexpr int kSlotShift = 56;
+constexpr int kGenShift = 48;
+constexpr uint64_t kNodeHandleMask = (1ull << kGenShift) - 1;
+
+struct Slot {
+  std::unique_ptr<LocalConnection> link;
+  std::shared_ptr<Mapping> mapping;
+  uint8_t gen = 0;
+  bool busy = false;
+  int64_t outstanding = 0;  // handles of this generation not yet returned
+};
+
+uint64_t MakeHandle(int slot, uint8_t gen, uint64_t node_handle) {
+  return (static_cast<uint64_t>(slot) << kSlotShift) | (static_cast<uint64_t>(gen) << kGenShift) |
+         (node_handle & kNodeHandleMask);
+}
+
+std::vector<uint8_t> EncodeIds(std::span<const KeyId> keys) {
+  std::vector<uint8_t> body;
+  protocol::EncodeKeys(keys, &body);
+  return body;
+}
+
+void FillStatuses(kvpool_status* statuses, size_t from, size_t to, const Status& s) {
+  for (size_t i = from; i < to; ++i) statuses[i] = static_cast<kvpool_status>(s.code());
+}
+
+class LocalBackend;
+
+// A connection lent to one call. Returned to the pool when destroyed.
+class Lease {
+ public:
+  Lease(LocalBackend* c, int slot) : c_(c), slot_(slot) {}
+  Lease(Lease&& o) noexcept : c_(o.c_), slot_(o.slot_) { o.c_ = nullptr; }
+  ~Lease();
+  int slot() const { return slot_; }
+  Slot& s();  // safe: busy flag gives exclusive use
+  LocalConnection* link() { return s().link.get(); }
+
+ private:
+  LocalBackend* c_;
+  int slot_;
+};
+
+class LocalBackend final : public ClientBackend, public LocalNodeOps {
+ public:
+  explicit LocalBackend(const kvpool_options& o) : options_(o) {
+    // The C ABI has no main to read the environment: the default location's
+    // $XDG_RUNTIME_DIR candidate is read here.
+    socket_path_ = o.socket_path != nullptr
+                       ? std::string(o.socket_path)
+                       : protocol::FindDefaultSocket(std::getenv("XDG_RUNTIME_DIR"), ::geteuid());
+    options_.socket_path = nullptr;  // the caller's strings are not kept
+    options_.remote_peers = nullptr;
+    slots_.resize(o.max_connections);
+  }
+
+  // Connects the first connection.
+  Status Start() { return Borrow(DeadlineOf()).status(); }
+
+  Status Put(std::span<const KeyId> keys, const void* const* values, const uint64_t* sizes,
+             kvpool_status* statuses) override;
+  Status Get(std::span<const KeyId> keys, void* const* buffers, const uint64_t* capacities,
+             uint64_t* sizes, kvpool_status* statuses) override;
+  Status Exists(std::span<const KeyId> keys, uint8_t* hits, size_t* prefix_len) override;
+  uint64_t MaxValueBytes() override {
+    std::lock_guard lock(mu_);
+    return hello_.max_value_bytes;
+  }
+  LocalNodeOps* node_ops() override { return this; }
+
+  Status Reserve(std::span<const KeyId> keys, const uint64_t* sizes, kvpool_region* regions,
+                 kvpool_status* statuses) override;
+  Status Commit(std::span<const uint64_t> handles, kvpool_status* statuses) override;
+  Status Abort(std::span<const uint64_t> handles) override {
+    return ReturnHandles(MessageType::kAbort, handles);
+  }
+  Status Acquire(std::span<const KeyId> keys, kvpool_region* regions,
+                 kvpool_status* statuses) override;
+  Status Release(std::span<const uint64_t> handles) override {
+    return ReturnHandles(MessageType::kRelease, handles);
+  }
+  Status Remove(std::span<const KeyId> keys, kvpool_status* statuses) override;
+  Result<std::string> StatsJson() override;
+  Status Flush() override;
+
+ private:
+  friend class Lease;
+
+  Clock::time_point DeadlineOf() const {
+    return Clock::now() + std::chrono::milliseconds(options_.timeout_ms);
+  }
+  void RetireLocked(int slot);
+  Status ConnectSlot(int slot, Clock::time_point deadline);
+  Result<Lease> Borrow(Clock::time_point deadline, int want = -1);
+  template <typename Fn>
+  Status WithConnection(Fn&& fn);
+  // Runs fn(lease, idx) for the handles of each live connection (idx: their
+  // positions in handles; zero handles skipped). The handles of a dead
+  // connection are forgotten and given to dead(idx). Fails when a
+  // connection cannot be borrowed in time.
+  template <typename Fn, typename Dead>
+  Status ForEachConnection(std::span<const uint64_t> handles, Fn&& fn, Dead&& dead);
+  void AddOutstanding(int slot, int64_t n) {
+    std::lock_guard lock(mu_);
+    slots_[slot].outstanding += n;
+  }
+  void ReturnRetired(uint16_t key, int64_t n);
+  uint32_t MaxBatch() {
+    std::lock_guard lock(mu_);
+    return std::max<uint32_t>(1, hello_.max_batch);
+  }
+  Status ReturnHandles(MessageType type, std::span<const uint64_t> handles);
+  Status ZeroCopyAllowed() const {
+    if (options_.copy_mode) {
+      return FailedPrecondition("zero-copy calls need the mapped segment (copy_mode is on)");
+    }
+    return Status::Ok();
+  }
+  template <typename BodyOf>
+  Status Regions(size_t n, MessageType type, BodyOf&& body_of, kvpool_region* regions,
+                 kvpool_status* statuses);
+  Status RegionCall(Lease& lease, Clock::time_point deadline, MessageType type,
+                    const std::vector<uint8_t>& body, size_t n, kvpool_region* regions,
+                    kvpool_status* statuses);
+
+  kvpool_options options_{};
+  std::string socket_path_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Slot> slots_;                                  // protected by mu_
+  std::shared_ptr<Mapping> mapping_;                         // protected by mu_
+  std::map<uint16_t, std::pair<std::shared_ptr<Mapping>, int64_t>> retired_;  // mu_
+  protocol::HelloReply hello_;                               // protected by mu_
+};
+
+Lease::~Lease() {
+  if (c_ == nullptr) return;
+  std::lock_guard lock(c_->mu_);
+  c_->slots_[slot_].busy = false;
+  c_->cv_.notify_all();
+}
+
+Slot& Lease::s() { return c_->slots_[slot_]; }
+
+// Moves a slot's outstanding handles to the retired table before the slot's
+// connection is replaced. REQUIRES: mu_ held.
+void LocalBackend::RetireLocked(int slot) {
+  Slot& s = slots_[slot];
+  if (s.outstanding > 0 && s.mapping) {
+    retired_[static_cast<uint16_t>(slot << 8 | s.gen)] = {s.mapping, s.outstanding};
+  }
+  s.outstanding = 0;
+  s.link.reset();
+  s.mapping.reset();
+  s.gen = static_cast<uint8_t>(s.gen + 1);
+}
+
+// Connects slot `slot` (owned by the caller through its lease).
+Status LocalBackend::ConnectSlot(int slot, Clock::time_point deadline) {
+  KVPOOL_ASSIGN_OR_RETURN(auto link, LocalConnection::Connect(socket_path_, "libkvpool", deadline,
+                                                              options_.expected_server_uid));
+  link->set_spin(std::chrono::microseconds(options_.spin_us));
+  int fd = link->TakeSegmentFd();
+  std::shared_ptr<Mapping> mapping;
+  {
+    std::lock_guard lock(mu_);
+    if (mapping_ && mapping_->instance_id == link->hello().instance_id) mapping = mapping_;
+  }
+  if (!mapping && !options_.copy_mode) {
+    if (fd < 0) return Internal("the node did not pass its segment");
+    auto m = std::make_shared<Mapping>();
+    m->size = link->hello().segment_bytes;
+    m->instance_id = link->hello().instance_id;
+    // MAP_POPULATE builds the page tables now, so the first get does not
+    // take a minor fault per 4 KiB page.
+    void* p = ::mmap(nullptr, m->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED) {
+      int err = errno;
+      ::close(fd);
+      return ErrnoStatus("mmap of the node's segment", err);
+    }
+    m->base = static_cast<uint8_t*>(p);
+    mapping = m;
+  }
+  if (fd >= 0) ::close(fd);
+  std::lock_guard lock(mu_);
+  if (mapping && (!mapping_ || mapping_->instance_id != mapping->instance_id)) {
+    mapping_ = mapping;
+  }
+  hello_ = link->hello();
+  Slot& s = slots_[slot];
+  RetireLocked(slot);
+  s.link = std::move(link);
+  s.mapping = mapping;
+  return Status::Ok();
+}
+
+// Lends a connected connection: `want` >= 0 asks for that slot (handles are
+// bound to their connection), else any.
+Result<Lease> LocalBackend::Borrow(Clock::time_point deadline, int want) {
+  int chosen = -1;
+  bool need_connect = false;
+  {
+    std::unique_lock lock(mu_);
+    while (true) {
+      if (want >= 0) {
+        if (!slots_[want].busy) chosen = want;
+      } else {
+        for (size_t i = 0; i < slots_.size(); ++i) {
+          if (!slots_[i].busy && slots_[i].link && !slots_[i].link->broken()) {
+            chosen = static_cast<int>(i);
+            break;
+          }
+        }
+        if (chosen < 0) {
+          for (size_t i = 0; i < slots_.size(); ++i) {
+            if (!slots_[i].busy) {
+              chosen = static_cast<int>(i);
+              break;
+            }
+          }
+        }
+      }
+      if (chosen >= 0) break;
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+        return DeadlineExceeded("no free connection to the node in time");
+      }
+    }
+    slots_[chosen].busy = true;
+    need_connect = !slots_[chosen].link || slots_[chosen].link->broken();
+  }
+  Lease lease(this, chosen);
+  if (need_connect && want < 0) KVPOOL_RETURN_IF_ERROR(ConnectSlot(chosen, deadline));
+  return lease;
+}
+
+// Runs fn(lease) on a connection; when the connection breaks and the client
+// reconnects, retries once on a fresh one. fn must be safe to repeat.
+template <typename Fn>
+Status LocalBackend::WithConnection(Fn&& fn) {
+  auto deadline = DeadlineOf();
+  for (int attempt = 0;; ++attempt) {
+    auto lease = Borrow(deadline);
+    if (!lease.ok()) return lease.status();
+    Status s = fn(*lease, deadline);
+    if (s.ok() || !lease->link()->broken() || !options_.reconnect || attempt > 0 ||
+        s.code() == StatusCode::kDeadlineExceeded) {
+      return s;
+    }
+  }
+}
+
+template <typename Fn, typename Dead>
+Status LocalBackend::ForEachConnection(std::span<const uint64_t> handles, Fn&& fn, Dead&& dead) {
+  std::map<uint16_t, std::vector<size_t>> by_conn;
+  for (size_t i = 0; i < handles.size(); ++i) {
+    if (handles[i] != 0) by_conn[static_cast<uint16_t>(handles[i] >> kGenShift)].push_back(i);
+  }
+  auto deadline = DeadlineOf();
+  for (auto& [key, idx] : by_conn) {
+    int slot = key >> 8;
+    uint8_t gen = key & 0xff;
+    if (slot >= static_cast<int>(slots_.size())) continue;
+    auto lease = Borrow(deadline, slot);
+    if (!lease.ok()) return lease.status();
+    if (lease->s().gen != gen || !lease->link() || lease->link()->broken()) {
+      // The connection died: the node dropped its pins and reservations.
+      ReturnRetired(key, static_cast<int64_t>(idx.size()));
+      dead(idx);
+      continue;
+    }
+    AddOutstanding(slot, -static_cast<int64_t>(idx.size()));
+    fn(*lease, deadline, idx);
+  }
+  return Status::Ok();
+}
+
+// Forgets handles of a dead generation; drops its mapping when none are left.
+void LocalBackend::ReturnRetired(uint16_t key, int64_t n) {
+  std::lock_guard lock(mu_);
+  auto it = retired_.find(key);
+  if (it == retired_.end()) return;
+  it->second.second -= n;
+  if (it->second.second <= 0) retired_.erase(it);
+}
+
+// Sends handles (release or abort) grouped by the connection they belong to.
+Status LocalBackend::ReturnHandles(MessageType type, std::span<const uint64_t> handles) {
+  return ForEachConnection(
+      handles,
+      [&](Lease& lease, Clock::time_point deadline, const std::vector<size_t>& idx) {
+        std::vector<uint64_t> list;
+        for (size_t i : idx) list.push_back(handles[i] & kNodeHandleMask);
+        std::vector<uint8_t> body;
+        protocol::EncodeHandles(list, &body);
+        iovec iov{body.data(), body.size()};
+        Status s = lease.link()->Send(type, std::span(&iov, 1), deadline);
+        (void)s;  // a dead connection released everything on the node already
+      },
+      [](const std::vector<size_t>&) {});
+}
+
+// Reserve or acquire a chunk of items on one lease; fills regions with
+// caller-visible handles and pointers.
+Status LocalBackend::RegionCall(Lease& lease, Clock::time_point deadline, MessageType type,
+                                const std::vector<uint8_t>& body, size_t n, kvpool_region* regions,
+                                kvpool_status* statuses) {
+  iovec iov{const_cast<uint8_t*>(body.data()), body.size()};
+  std::vector<uint8_t> reply;
+  KVPOOL_RETURN_IF_ERROR(lease.link()->Call(type, std::span(&iov, 1), deadline, &reply));
+  std::vector<protocol::RegionItem> items;
+  KVPOOL_RETURN_IF_ERROR(protocol::DecodeRegionItems(reply, protocol::kMaxBatch, &items));
+  if (items.size() != n) return Internal("reply item count does not match the request");
+  uint8_t* base = lease.s().mapping ? lease.s().mapping->base : nullptr;
+  uint64_t seg = lease.s().mapping ? lease.s().mapping->size : 0;
+  int64_t handed = 0;
+  for (size_t i = 0; i < n; ++i) {
+    statuses[i] = items[i].status;
+    regions[i] = {nullptr, items[i].size, 0};
+    if (items[i].status != 0) continue;
+    if (items[i].offset + items[i].size > seg || base == nullptr) {
+      return Internal("node returned a region outside the segment");
+    }
+    regions[i].data = base + items[i].offset;
+    regions[i].handle = MakeHandle(lease.slot(), lease.s().gen, items[i].handle);
+    ++handed;
+  }
+  AddOutstanding(lease.slot(), handed);
+  return Status::Ok();
+}
+
+// Reserve or acquire n items: every chunk on one connection, so the caller
+// can commit them together; body_of(off, m) encodes items [off, off + m).
+template <typename BodyOf>
+Status LocalBackend::Regions(size_t n, MessageType type, BodyOf&& body_of, kvpool_region* regions,
+                             kvpool_status* statuses) {
+  KVPOOL_RETURN_IF_ERROR(ZeroCopyAllowed());
+  uint32_t max_batch = MaxBatch();
+  // Batches above the node's limit are split on that connection.
+  Status s = WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+    for (size_t off = 0; off < n; off += max_batch) {
+      size_t m = std::min<size_t>(max_batch, n - off);
+      KVPOOL_RETURN_IF_ERROR(
+          RegionCall(lease, deadline, type, body_of(off, m), m, regions + off, statuses + off));
+    }
+    return Status::Ok();
+  });
+  if (!s.ok()) FillStatuses(statuses, 0, n, s);
+  return s;
+}
+
+Status LocalBackend::Reserve(std::span<const KeyId> keys, const uint64_t* sizes,
+                             kvpool_region* regions, kvpool_status* statuses) {
+  auto body_of = [&](size_t off, size_t m) {
+    std::vector<protocol::SizedKey> items(m);
+    for (size_t i = 0; i < m; ++i) items[i] = {keys[off + i], sizes[off + i]};
+    std::vector<uint8_t> body;
+    protocol::EncodeSizedKeys(items, &body);
+    return body;
+  };
+  return Regions(keys.size(), MessageType::kReserve, body_of, regions, statuses);
+}
+
+Status LocalBackend::Commit(std::span<const uint64_t> handles, kvpool_status* statuses) {
+  for (size_t i = 0; i < handles.size(); ++i) statuses[i] = KVPOOL_INVALID_ARGUMENT;
+  uint32_t max_batch = MaxBatch();
+  return ForEachConnection(
+      handles,
+      [&](Lease& lease, Clock::time_point deadline, const std::vector<size_t>& idx) {
+        for (size_t off = 0; off < idx.size(); off += max_batch) {
+          size_t m = std::min<size_t>(max_batch, idx.size() - off);
+          std::vector<uint64_t> list(m);
+          for (size_t i = 0; i < m; ++i) list[i] = handles[idx[off + i]] & kNodeHandleMask;
+          std::vector<uint8_t> body, reply;
+          protocol::EncodeHandles(list, &body);
+          iovec iov{body.data(), body.size()};
+          Status s =
+              lease.link()->Call(MessageType::kCommit, std::span(&iov, 1), deadline, &reply);
+          std::vector<int32_t> st;
+          if (s.ok()) s = protocol::DecodeStatuses(reply, protocol::kMaxBatch, &st);
+          if (s.ok() && st.size() != m) s = Internal("reply item count does not match the request");
+          for (size_t i = 0; i < m; ++i) {
+            statuses[idx[off + i]] = s.ok() ? st[i] : static_cast<kvpool_status>(s.code());
+          }
+        }
+      },
+      [&](const std::vector<size_t>& idx) {
+        for (size_t i : idx) statuses[i] = KVPOOL_UNAVAILABLE;
+      });
+}
+
+Status LocalBackend::Acquire(std::span<const KeyId> keys, kvpool_region* regions,
+                             kvpool_status* statuses) {
+  auto body_of = [&](size_t off, size_t m) { return EncodeIds(keys.subspan(off, m)); };
+  return Regions(keys.size(), MessageType::kAcquire, body_of, regions, statuses);
+}
+
+// The first item that failed (AlreadyExists counts as done), or OK.
+kvpool_status FirstFailure(const kvpool_status* statuses, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (statuses[i] != KVPOOL_OK && statuses[i] != KVPOOL_ALREADY_EXISTS) return statuses[i];
+  }
+  return KVPOOL_OK;
+}
+
+Status LocalBackend::Put(std::span<const KeyId> keys, const void* const* values,
+                         const uint64_t* sizes, kvpool_status* statuses) {
+  size_t n = keys.size();
+  if (!options_.copy_mode) {
+    // Reserve, copy into the segment, commit: one memcpy per value.
+    std::vector<kvpool_region> regions(n);
+    Status rs = Reserve(keys, sizes, regions.data(), statuses);
+    kvpool_status st = rs.ok() ? FirstFailure(statuses, n) : static_cast<kvpool_status>(rs.code());
+    if (st != KVPOOL_OK && st != KVPOOL_ALREADY_EXISTS && st != KVPOOL_INVALID_ARGUMENT &&
+        st != KVPOOL_RESOURCE_EXHAUSTED) {
+      return rs;  // an item's failure is reported from statuses
+    }
+    std::vector<uint64_t> handles;
+    std::vector<size_t> idx;
+    handles.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (statuses[i] != KVPOOL_OK) continue;
+      std::memcpy(regions[i].data, values[i], sizes[i]);
+      handles.push_back(regions[i].handle);
+      idx.push_back(i);
+    }
+    if (handles.empty()) return Status::Ok();
+    std::vector<kvpool_status> cst(handles.size());
+    Commit(handles, cst.data()).IgnoreError();  // unanswered items are in cst
+    for (size_t k = 0; k < idx.size(); ++k) statuses[idx[k]] = cst[k];
+    return Status::Ok();
+  }
+  // Copy mode: values travel inline, in frames under the node's limit.
+  uint64_t max_frame, max_batch;
+  {
+    std::lock_guard lock(mu_);
+    max_frame = hello_.max_frame_bytes;
+    max_batch = std::max<uint32_t>(1, hello_.max_batch);
+  }
+  size_t off = 0;
+  while (off < n) {
+    size_t m = 0;
+    uint64_t bytes = 4;
+    while (off + m < n && m < max_batch) {
+      uint64_t add = 24 + sizes[off + m];
+      if (m > 0 && bytes + add > max_frame) break;
+      bytes += add;
+      ++m;
+    }
+    Status s = WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+      std::vector<protocol::SizedKey> items(m);
+      for (size_t i = 0; i < m; ++i) items[i] = {keys[off + i], sizes[off + i]};
+      std::vector<uint8_t> head, reply;
+      protocol::EncodeSizedKeys(items, &head);
+      std::vector<iovec> iov;
+      iov.push_back({head.data(), head.size()});
+      for (size_t i = 0; i < m; ++i) iov.push_back({const_cast<void*>(values[off + i]), sizes[off + i]});
+      KVPOOL_RETURN_IF_ERROR(lease.link()->Call(MessageType::kPut, iov, deadline, &reply));
+      std::vector<int32_t> st;
+      KVPOOL_RETURN_IF_ERROR(protocol::DecodeStatuses(reply, protocol::kMaxBatch, &st));
+      if (st.size() != m) return Internal("reply item count does not match the request");
+      for (size_t i = 0; i < m; ++i) statuses[off + i] = st[i];
+      return Status::Ok();
+    });
+    if (!s.ok()) {
+      FillStatuses(statuses, off, off + m, s);
+      return s;
+    }
+    off += m;
+  }
+  return Status::Ok();
+}
+
+Status LocalBackend::Get(std::span<const KeyId> keys, void* const* buffers,
+                         const uint64_t* capacities, uint64_t* sizes, kvpool_status* statuses) {
+  size_t n = keys.size();
+  if (!options_.copy_mode) {
+    // Acquire, copy out of the segment, release: one memcpy per value.
+    std::vector<kvpool_region> regions(n);
+    KVPOOL_RETURN_IF_ERROR(Acquire(keys, regions.data(), statuses));
+    std::vector<uint64_t> handles;
+    handles.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      sizes[i] = regions[i].size;
+      if (statuses[i] != KVPOOL_OK) continue;
+      handles.push_back(regions[i].handle);
+      if (regions[i].size > capacities[i]) {
+        statuses[i] = KVPOOL_RESOURCE_EXHAUSTED;
+        continue;
+      }
+      std::memcpy(buffers[i], regions[i].data, regions[i].size);
+    }
+    if (!handles.empty()) Release(handles).IgnoreError();  // a dead connection released them
+    return Status::Ok();
+  }
+  uint64_t max_frame, max_batch, max_value;
+  {
+    std::lock_guard lock(mu_);
+    max_frame = hello_.max_frame_bytes;
+    max_batch = std::max<uint32_t>(1, hello_.max_batch);
+    max_value = hello_.max_value_bytes;
+  }
+  size_t off = 0;
+  while (off < n) {
+    size_t m = 0;
+    uint64_t bytes = 4;
+    while (off + m < n && m < max_batch) {
+      uint64_t add = 12 + std::min(capacities[off + m], max_value);
+      if (m > 0 && bytes + add > max_frame) break;
+      bytes += add;
+      ++m;
+    }
+    KVPOOL_RETURN_IF_ERROR(WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+      std::vector<protocol::SizedKey> items(m);
+      for (size_t i = 0; i < m; ++i) items[i] = {keys[off + i], capacities[off + i]};
+      std::vector<uint8_t> body, reply;
+      protocol::EncodeSizedKeys(items, &body);
+      iovec iov{body.data(), body.size()};
+      KVPOOL_RETURN_IF_ERROR(lease.link()->Call(MessageType::kGet, std::span(&iov, 1), deadline, &reply));
+      std::vector<protocol::GetItem> got;
+      std::span<const uint8_t> data;
+      KVPOOL_RETURN_IF_ERROR(protocol::DecodeGetReply(reply, protocol::kMaxBatch, &got, &data));
+      if (got.size() != m) return Internal("reply item count does not match the request");
+      uint64_t pos = 0;
+      for (size_t i = 0; i < m; ++i) {
+        statuses[off + i] = got[i].status;
+        sizes[off + i] = got[i].size;
+        if (got[i].status != 0) continue;
+        if (got[i].size > capacities[off + i]) return Internal("node returned more than the buffer holds");
+        std::memcpy(buffers[off + i], data.data() + pos, got[i].size);
+        pos += got[i].size;
+      }
+      return Status::Ok();
+    }));
+    off += m;
+  }
+  return Status::Ok();
+}
+
+Status LocalBackend::Exists(std::span<const KeyId> keys, uint8_t* hits, size_t* prefix_len) {
+  size_t n = keys.size();
+  uint32_t max_batch = MaxBatch();
+  size_t prefix = 0;
+  bool in_prefix = true;
+  for (size_t off = 0; off < n; off += max_batch) {
+    size_t m = std::min<size_t>(max_batch, n - off);
+    std::vector<uint8_t> body = EncodeIds(keys.subspan(off, m));
+    protocol::ExistsReply rep;
+    KVPOOL_RETURN_IF_ERROR(WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+      iovec iov{body.data(), body.size()};
+      std::vector<uint8_t> reply;
+      KVPOOL_RETURN_IF_ERROR(lease.link()->Call(MessageType::kExists, std::span(&iov, 1), deadline, &reply));
+      KVPOOL_RETURN_IF_ERROR(protocol::DecodeExistsReply(reply, protocol::kMaxBatch, &rep));
+      if (rep.hits.size() != m) return Internal("reply item count does not match the request");
+      return Status::Ok();
+    }));
+    if (hits != nullptr) std::memcpy(hits + off, rep.hits.data(), m);
+    if (in_prefix) {
+      prefix += rep.prefix_len;
+      if (rep.prefix_len < m) in_prefix = false;
+    }
+  }
+  if (prefix_len != nullptr) *prefix_len = prefix;
+  return Status::Ok();
+}
+
+Status LocalBackend::Remove(std::span<const KeyId> keys, kvpool_status* statuses) {
+  size_t n = keys.size();
+  uint32_t max_batch = MaxBatch();
+  for (size_t off = 0; off < n; off += max_batch) {
+    size_t m = std::min<size_t>(max_batch, n - off);
+    std::vector<uint8_t> body = EncodeIds(keys.subspan(off, m));
+    KVPOOL_RETURN_IF_ERROR(WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+      iovec iov{body.data(), body.size()};
+      std::vector<uint8_t> reply;
+      KVPOOL_RETURN_IF_ERROR(lease.link()->Call(MessageType::kRemove, std::span(&iov, 1), deadline, &reply));
+      std::vector<int32_t> st;
+      KVPOOL_RETURN_IF_ERROR(protocol::DecodeStatuses(reply, protocol::kMaxBatch, &st));
+      if (st.size() != m) return Internal("reply item count does not match the request");
+      for (size_t i = 0; i < m; ++i) statuses[off + i] = st[i];
+      return Status::Ok();
+    }));
+  }
+  return Status::Ok();
+}
+
+Result<std::string> LocalBackend::StatsJson() {
+  std::string json;
+  KVPOOL_RETURN_IF_ERROR(WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+    std::vector<uint8_t> reply;
+    KVPOOL_RETURN_IF_ERROR(lease.link()->Call(MessageType::kStats, {}, deadline, &reply));
+    return protocol::DecodeString(reply, &json);
+  }));
+  return json;
+}
+
+Status LocalBackend::Flush() {
+  return WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+    std::vector<uint8_t> reply;
+    return lease.link()->Call(MessageType::kFlush, {}, deadline, &reply);
+  });
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ClientBackend>> OpenLocalBackend(const kvpool_options& options) {
+  auto b = std::make_unique<LocalBackend>(options);
+  KVPOOL_RETURN_IF_ERROR(b->Start());
+  return std::unique_ptr<ClientBackend>(std::move(b));
+}
+
+}  // namespace kvpool::client

@@ -1,0 +1,303 @@
+#include "cluster/route_fetch.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "common/log.h"
+#include "common/thread_annotations.h"
+
+namespace kvpool::cluster {
+
+using SteadyClock = std::chrono::steady_clock;
+
+// What the calls in flight share; their callbacks hold it, so it lives as
+// long as the last of them.
+struct RouteFetcher::State {
+  RouteFetcherOptions opts;
+  transport::Transport* transport = nullptr;
+  const Clock* clock = nullptr;
+  std::unique_ptr<MetricsRegistry> own_metrics;  // when none was given
+
+  Counter* lookups = nullptr;
+  Counter* fetches = nullptr;
+  Counter* lookup_errors = nullptr;
+  Counter* fetch_errors = nullptr;
+  Counter* cooldowns = nullptr;
+  Counter* cache_hits = nullptr;
+
+  struct Cached {
+    LookupResult result;
+    Clock::time_point expiry;
+  };
+  std::mutex mu;
+  // Peers avoided until the time point.
+  std::unordered_map<std::string, Clock::time_point> cooling GUARDED_BY(mu);
+  // Positive lookup answers from remote homes, until their expiry: an
+  // exists followed by a get asks the home once.
+  std::unordered_map<KeyId, Cached, KeyIdHash> cache GUARDED_BY(mu);
+
+  // A cached answer counts only with holders the current view still has
+  // under the same incarnation (0 in the view: not known yet, any): a holder
+  // that restarted or re-registered dropped what it held.
+  bool CacheGet(const KeyId& key, const MembershipView& view, LookupResult* out) {
+    if (opts.lookup_cache_ttl.count() == 0) return false;
+    std::lock_guard lock(mu);
+    auto it = cache.find(key);
+    if (it == cache.end()) return false;
+    std::erase_if(it->second.result.holders, [&](const HolderRef& h) {
+      const Member* m = view.Find(h.node_id);
+      return m == nullptr || (m->incarnation != 0 && m->incarnation != h.incarnation);
+    });
+    if (clock->Now() >= it->second.expiry || it->second.result.holders.empty()) {
+      cache.erase(it);
+      return false;
+    }
+    *out = it->second.result;
+    return true;
+  }
+  void CachePut(const KeyId& key, const LookupResult& r) {
+    if (opts.lookup_cache_ttl.count() == 0 || r.holders.empty()) return;
+    std::lock_guard lock(mu);
+    if (cache.size() >= opts.lookup_cache_entries) cache.clear();  // crude but bounded
+    cache[key] = {r, clock->Now() + opts.lookup_cache_ttl};
+  }
+  void CacheDrop(const KeyId& key) {
+    if (opts.lookup_cache_ttl.count() == 0) return;
+    std::lock_guard lock(mu);
+    cache.erase(key);
+  }
+
+  bool Cooling(const std::string& address) {
+    if (opts.cooldown.count() == 0) return false;
+    std::lock_guard lock(mu);
+    auto it = cooling.find(address);
+    if (it == cooling.end()) return false;
+    if (clock->Now() >= it->second) {
+      cooling.erase(it);
+      return false;
+    }
+    return true;
+  }
+
+  void NoteFailure(const std::string& address, const Status& s) {
+    if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kDeadlineExceeded) return;
+    if (opts.cooldown.count() == 0) return;
+    std::lock_guard lock(mu);
+    cooling[address] = clock->Now() + opts.cooldown;
+    cooldowns->Inc();
+  }
+};
+
+// One value's way through its candidate holders.
+struct RouteFetcher::Walk {
+  std::shared_ptr<State> st;
+  FetchRequest req;
+  Retry retry;
+  FetchDone done;
+  size_t attempt = 0;
+};
+
+RouteFetcher::RouteFetcher(const RouteFetcherOptions& options, transport::Transport* transport,
+                           MetricsRegistry* m, const Clock* clock)
+    : state_(std::make_shared<State>()) {
+  State& s = *state_;
+  s.opts = options;
+  s.transport = transport;
+  s.clock = clock;
+  if (m == nullptr) {
+    s.own_metrics = std::make_unique<MetricsRegistry>();
+    m = s.own_metrics.get();
+  }
+  s.lookups = m->GetCounter("kvpool_remote_lookups_total", "Keys looked up at their home nodes");
+  s.fetches = m->GetCounter("kvpool_remote_fetches_total", "Values fetched from peers");
+  s.lookup_errors = m->GetCounter("kvpool_peer_errors_total", "Failed peer calls, by operation",
+                                  {{"op", "lookup"}});
+  s.fetch_errors = m->GetCounter("kvpool_peer_errors_total", "Failed peer calls, by operation",
+                                 {{"op", "fetch"}});
+  s.cache_hits = m->GetCounter("kvpool_remote_lookup_cache_hits_total",
+                               "Keys answered from the short-lived lookup cache");
+  s.cooldowns = m->GetCounter("kvpool_peer_cooldowns_total",
+                              "Times a peer was set aside after Unavailable or a timeout");
+}
+
+RouteFetcher::~RouteFetcher() = default;
+
+bool RouteFetcher::Cooling(const std::string& address) { return state_->Cooling(address); }
+
+void RouteFetcher::Lookup(const Routes& routes, const std::shared_ptr<LookupBatch>& batch,
+                          const std::vector<size_t>& idx, transport::Deadline deadline,
+                          const LocalLookup& local, Resolved resolved) {
+  const std::shared_ptr<State>& st = state_;
+  st->lookups->Inc(idx.size());
+  std::map<std::string, std::vector<size_t>> groups;  // home address -> key indexes
+  std::vector<KeyId> local_keys;
+  std::vector<size_t> local_idx, now, no_home, cooling;
+  std::string cooling_home;
+  for (size_t i : idx) {
+    const KeyId& key = batch->keys[i];
+    const Member* home = routes.map->HomeOf(key);
+    if (home == nullptr) {
+      no_home.push_back(i);
+    } else if (!routes.self.empty() && home->node_id == routes.self) {
+      local_keys.push_back(key);
+      local_idx.push_back(i);
+    } else if (st->CacheGet(key, *routes.view, &batch->results[i])) {
+      st->cache_hits->Inc();
+      now.push_back(i);
+    } else if (!st->Cooling(home->address)) {
+      groups[home->address].push_back(i);
+    } else {
+      cooling.push_back(i);
+      cooling_home = home->address;
+    }
+  }
+  if (!local_keys.empty()) {
+    auto res = local(local_keys);
+    for (size_t j = 0; j < res.size(); ++j) batch->results[local_idx[j]] = std::move(res[j]);
+    now.insert(now.end(), local_idx.begin(), local_idx.end());
+  }
+  // The remote lookups go out first: their round trips overlap the fetches
+  // of the keys resolved here.
+  for (auto& [address, keys_idx] : groups) {
+    for (size_t start = 0; start < keys_idx.size(); start += kMaxPeerBatch) {
+      size_t end = std::min(keys_idx.size(), start + kMaxPeerBatch);
+      std::vector<size_t> part(keys_idx.begin() + static_cast<ptrdiff_t>(start),
+                               keys_idx.begin() + static_cast<ptrdiff_t>(end));
+      std::vector<KeyId> keys;
+      for (size_t i : part) keys.push_back(batch->keys[i]);
+      auto payload = std::make_shared<std::vector<uint8_t>>();
+      EncodeLookup(keys, payload.get());
+      transport::CallArgs args;
+      args.peer = address;
+      args.type = kPeerLookup;
+      args.payload = *payload;
+      args.deadline = deadline;
+      st->transport->Call(args, [st, batch, payload, part = std::move(part), address,
+                                 resolved](transport::Reply r) mutable {
+        std::vector<LookupResult> res;
+        Status s = r.status;
+        if (s.ok()) s = DecodeLookupReply(r.payload, part.size(), &res);
+        if (s.ok()) {
+          for (size_t j = 0; j < part.size(); ++j) {
+            st->CachePut(batch->keys[part[j]], res[j]);
+            batch->results[part[j]] = std::move(res[j]);
+          }
+        } else {
+          st->lookup_errors->Inc();
+          st->NoteFailure(address, s);
+          LogDebug("lookup at {}: {}", address, s.ToString());
+          s = Status(s.code(), fmt::format("lookup at {}: {}", address, s.message()));
+        }
+        resolved(std::move(part), s, ResolvedOn::kTransportThread);
+      });
+    }
+  }
+  if (!no_home.empty()) {
+    resolved(std::move(no_home), Unavailable("the cluster has no member that owns shards"),
+             ResolvedOn::kCaller);
+  }
+  if (!cooling.empty()) {
+    resolved(std::move(cooling), Unavailable(fmt::format("{} is cooling down", cooling_home)),
+             ResolvedOn::kCaller);
+  }
+  if (!now.empty()) resolved(std::move(now), Status::Ok(), ResolvedOn::kCaller);
+}
+
+std::vector<std::string> RouteFetcher::Candidates(const Routes& routes, const LookupResult& r) {
+  std::vector<std::string> out;
+  for (const auto& h : r.holders) {
+    if (!routes.self.empty() && h.node_id == routes.self) continue;
+    const Member* m = routes.view->Find(h.node_id);
+    if (m == nullptr || (m->incarnation != 0 && m->incarnation != h.incarnation)) continue;
+    if (state_->Cooling(m->address)) continue;
+    if (std::find(out.begin(), out.end(), m->address) != out.end()) continue;
+    out.push_back(m->address);
+  }
+  return out;
+}
+
+void RouteFetcher::Fetch(FetchRequest request, Retry retry, FetchDone done) {
+  auto walk = std::make_shared<Walk>();
+  walk->st = state_;
+  walk->req = std::move(request);
+  walk->retry = std::move(retry);
+  walk->done = std::move(done);
+  if (walk->req.peers.empty()) {
+    walk->done(NotFound("no holder to fetch from"), 0);
+    return;
+  }
+  if (SteadyClock::now() >= walk->req.deadline) {
+    walk->done(NotFound("the deadline passed before a holder was tried"), 0);
+    return;
+  }
+  Attempt(walk);
+}
+
+void RouteFetcher::Attempt(const std::shared_ptr<Walk>& walk) {
+  State& st = *walk->st;
+  const FetchRequest& req = walk->req;
+  const std::string& peer = req.peers[walk->attempt];
+  uint64_t max_size = req.expected_size > 0 ? req.expected_size : req.sink.size();
+  std::vector<uint8_t> request;
+  EncodeFetch(req.key, max_size, &request);
+  transport::CallArgs args;
+  args.peer = peer;
+  args.type = kPeerFetch;
+  args.request = request;
+  args.sink = req.sink;
+  args.deadline = req.deadline;
+  if (req.per_attempt.count() > 0) {
+    args.deadline = std::min(req.deadline, SteadyClock::now() + req.per_attempt);
+  }
+  st.fetches->Inc();
+  st.transport->Call(args, [walk](transport::Reply rep) {
+    State& st = *walk->st;
+    const FetchRequest& req = walk->req;
+    const std::string& peer = req.peers[walk->attempt];
+    uint64_t got = 0;
+    Status s = rep.status;
+    if (s.ok()) s = DecodeFetchReply(rep.header, &got);
+    if (s.ok() && rep.payload_bytes != got) {
+      s = Corruption("fetch reply size does not match its payload");
+    } else if (s.ok() && req.expected_size > 0 && got != req.expected_size) {
+      s = Corruption("fetch reply size does not match the directory's");
+    }
+    if (s.ok()) {
+      walk->done(s, got);
+      return;
+    }
+    if (s.code() != StatusCode::kNotFound) st.fetch_errors->Inc();
+    st.NoteFailure(peer, s);
+    LogDebug("fetch {} from {}: {}", req.key.ToHex(), peer, s.ToString());
+    bool too_small = req.expected_size == 0 && s.code() == StatusCode::kResourceExhausted;
+    if (too_small || walk->attempt + 1 >= req.peers.size()) {
+      // Every holder failed: ask the home next time.
+      if (!too_small) st.CacheDrop(req.key);
+      walk->done(s, 0);
+      return;
+    }
+    if (SteadyClock::now() >= req.deadline) {
+      walk->done(NotFound("the deadline passed before the next holder was tried"), 0);
+      return;
+    }
+    ++walk->attempt;
+    Next(walk);
+  });
+}
+
+void RouteFetcher::Next(const std::shared_ptr<Walk>& walk) {
+  if (!walk->retry) return Attempt(walk);
+  walk->retry([walk](bool go) {
+    if (go) {
+      Attempt(walk);
+    } else {
+      walk->done(Aborted("shutting down"), 0);
+    }
+  });
+}
+
+}  // namespace kvpool::cluster
