@@ -4,10 +4,11 @@ namespace kvpool::cluster {
 
 HoldingsAnnouncer::HoldingsAnnouncer(const HoldingsAnnouncerOptions& options, Cluster* cluster,
                                      Directory* local_directory, TieredStore* store,
-                                     Executor* executor, MetricsRegistry* metrics)
+                                     Executor* executor, MetricsRegistry* metrics,
+                                     const Clock* clock)
     : opts_(options),
       store_(store),
-      publisher_(options.publish, cluster, local_directory, executor, metrics) {
+      publisher_(options.publish, cluster, local_directory, executor, metrics, clock) {
   if (opts_.placement) {
     placer_ = std::make_unique<HomePlacer>(
         *opts_.placement, cluster, store,

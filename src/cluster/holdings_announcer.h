@@ -58,9 +58,10 @@ class HoldingsAnnouncer final : public HoldingsObserver {
  public:
   // All pointers must outlive the announcer; the cluster's transport must
   // be stopped before it is destroyed (the placer's callbacks use it).
+  // clock: when publish retries are due (Publisher).
   HoldingsAnnouncer(const HoldingsAnnouncerOptions& options, Cluster* cluster,
                     Directory* local_directory, TieredStore* store, Executor* executor,
-                    MetricsRegistry* metrics);
+                    MetricsRegistry* metrics, const Clock* clock = SystemClock::Get());
   ~HoldingsAnnouncer() override;
   HoldingsAnnouncer(const HoldingsAnnouncer&) = delete;
   HoldingsAnnouncer& operator=(const HoldingsAnnouncer&) = delete;

@@ -7,8 +7,8 @@
 namespace kvpool::cluster {
 
 Publisher::Publisher(const PublisherOptions& options, Cluster* cluster, Directory* directory,
-                     Executor* executor, MetricsRegistry* m)
-    : opts_(options), cluster_(cluster), directory_(directory), executor_(executor) {
+                     Executor* executor, MetricsRegistry* m, const Clock* clock)
+    : opts_(options), cluster_(cluster), directory_(directory), executor_(executor), clock_(clock) {
   sent_ = m->GetCounter("kvpool_publish_items_total", "Directory items published to home nodes");
   dropped_ = m->GetCounter("kvpool_publish_dropped_total",
                            "Directory items dropped (queue full, no home, or out of retries)");
@@ -61,7 +61,7 @@ void Publisher::Flush() {
   // Retries that are due go first (they are older).
   std::vector<Retry> items;
   {
-    auto now = std::chrono::steady_clock::now();
+    auto now = clock_->Now();
     std::lock_guard lock(retry_->mu);
     while (!retry_->items.empty() && retry_->items.front().due <= now) {
       items.push_back(retry_->items.front());
@@ -122,7 +122,8 @@ void Publisher::Flush() {
       Counter* dropped = dropped_;
       auto retry = retry_;
       const PublisherOptions opts = opts_;
-      cluster_->transport()->Call(args, [sent, errors, dropped, payload, part, retry, opts,
+      const Clock* clock = clock_;
+      cluster_->transport()->Call(args, [sent, errors, dropped, payload, part, retry, opts, clock,
                                          address](transport::Reply r) {
         if (r.status.ok()) {
           sent->Inc(part->size());
@@ -130,7 +131,7 @@ void Publisher::Flush() {
         }
         errors->Inc();
         LogDebug("publish to {}: {}", address, r.status.ToString());
-        auto due = std::chrono::steady_clock::now() + opts.retry_delay;
+        auto due = clock->Now() + opts.retry_delay;
         std::lock_guard lock(retry->mu);
         for (Retry& it : *part) {
           if (it.attempt >= opts.max_retries || retry->items.size() >= opts.max_queue) {

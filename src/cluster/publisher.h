@@ -23,6 +23,7 @@
 #include "cluster/cluster.h"
 #include "cluster/directory.h"
 #include "cluster/peer_messages_format.h"
+#include "common/clock.h"
 #include "common/executor.h"
 #include "common/metrics.h"
 
@@ -40,9 +41,11 @@ struct PublisherOptions {
 
 class Publisher {
  public:
-  // All pointers must outlive the publisher.
+  // All pointers must outlive the publisher; clock (when retries are due)
+  // also its transport callbacks.
   Publisher(const PublisherOptions& options, Cluster* cluster, Directory* local_directory,
-            Executor* executor, MetricsRegistry* metrics);
+            Executor* executor, MetricsRegistry* metrics,
+            const Clock* clock = SystemClock::Get());
 
   void Add(const KeyId& key, uint64_t size);
   void Remove(const KeyId& key);
@@ -58,7 +61,7 @@ class Publisher {
   struct Retry {
     PublishItem item;
     uint32_t attempt = 0;  // tries made so far
-    std::chrono::steady_clock::time_point due;
+    Clock::time_point due;
   };
   struct RetryQueue {
     std::mutex mu;
@@ -69,6 +72,7 @@ class Publisher {
   Cluster* const cluster_;
   Directory* const directory_;
   Executor* const executor_;
+  const Clock* const clock_;
   std::mutex mu_;
   std::vector<PublishItem> queue_;  // protected by mu_
   bool flush_scheduled_ = false;    // protected by mu_

@@ -174,7 +174,7 @@ struct TestNode {
     ao.publish_interval = milliseconds(0);  // the tests flush
     if (placement_home) ao.placement = HomePlacerOptions{.timeout = milliseconds(300)};
     announcer = std::make_unique<HoldingsAnnouncer>(ao, cluster.get(), directory.get(),
-                                                    tiered.get(), pool.get(), &metrics);
+                                                    tiered.get(), pool.get(), &metrics, clock);
     server = std::make_unique<PeerServer>(cluster.get(), directory.get(), announcer.get(),
                                           tiered.get(), pool.get());
     RemoteReaderOptions ro;
@@ -423,7 +423,7 @@ TEST_F(RemoteReaderTest, APublishTheHomeDidNotTakeIsSentAgain) {
   nodes_[1] = std::make_unique<TestNode>(&net_, "b", members, &clock_, "c:1");
   a.announcer->Flush();  // before the retry delay: nothing is due yet
   EXPECT_EQ(a.metrics.ValueOf("kvpool_publish_retried_total"), 0);
-  std::this_thread::sleep_for(milliseconds(250));  // past the retry delay (200 ms)
+  clock_.Advance(milliseconds(250));  // past the retry delay (200 ms)
   a.announcer->Flush();
   ASSERT_TRUE(WaitDirectoryEntries(keys.size()));
   EXPECT_EQ(nodes_[1]->directory->entries(), keys.size());
