@@ -68,6 +68,8 @@ struct DramStats {
 
 class DramStore {
  public:
+  template <void (DramStore::*kGiveBack)(uint32_t)>
+  class SlotHandle;
   class Reservation;
   class Pin;
 
@@ -124,14 +126,16 @@ class DramStore {
   virtual void Unpin(uint32_t slot) = 0;
 };
 
-// Move-only. Destroying an uncommitted reservation aborts it.
-class DramStore::Reservation {
+// What Reservation and Pin share: one slot of the store, moved, never
+// copied, given back (kGiveBack) when the handle is reset or destroyed.
+template <void (DramStore::*kGiveBack)(uint32_t)>
+class DramStore::SlotHandle {
  public:
-  Reservation() = default;
-  Reservation(DramStore* store, uint32_t slot, KeyId key, uint64_t offset, uint64_t size)
+  SlotHandle() = default;
+  SlotHandle(DramStore* store, uint32_t slot, const KeyId& key, uint64_t offset, uint64_t size)
       : store_(store), slot_(slot), key_(key), offset_(offset), size_(size) {}
-  Reservation(Reservation&& o) noexcept { *this = std::move(o); }
-  Reservation& operator=(Reservation&& o) noexcept {
+  SlotHandle(SlotHandle&& o) noexcept { *this = std::move(o); }
+  SlotHandle& operator=(SlotHandle&& o) noexcept {
     if (this != &o) {
       Reset();
       store_ = o.store_;
@@ -143,15 +147,10 @@ class DramStore::Reservation {
     }
     return *this;
   }
-  ~Reservation() { Reset(); }
+  ~SlotHandle() { Reset(); }
   void Reset() {
-    if (store_ != nullptr) store_->AbortReservation(slot_);
+    if (store_ != nullptr) (store_->*kGiveBack)(slot_);
     store_ = nullptr;
-  }
-  // Gives up ownership without aborting (the store's Commit uses it).
-  uint32_t Release() {
-    store_ = nullptr;
-    return slot_;
   }
 
   bool valid() const { return store_ != nullptr; }
@@ -159,11 +158,8 @@ class DramStore::Reservation {
   const KeyId& key() const { return key_; }
   uint64_t offset() const { return offset_; }  // from the segment's base
   uint64_t size() const { return size_; }
-  // The reserved bytes, written before Commit. REQUIRES: valid().
-  uint8_t* data() const { return store_->segment_base() + offset_; }
-  std::span<uint8_t> bytes() const { return {data(), size_}; }
 
- private:
+ protected:
   DramStore* store_ = nullptr;
   uint32_t slot_ = 0;
   KeyId key_;
@@ -171,45 +167,27 @@ class DramStore::Reservation {
   uint64_t size_ = 0;
 };
 
-// Move-only. Destroying a pin releases it.
-class DramStore::Pin {
+// Move-only. Destroying an uncommitted reservation aborts it.
+class DramStore::Reservation : public SlotHandle<&DramStore::AbortReservation> {
  public:
-  Pin() = default;
-  Pin(DramStore* store, uint32_t slot, const KeyId& key, uint64_t offset, uint64_t size)
-      : store_(store), slot_(slot), key_(key), offset_(offset), size_(size) {}
-  Pin(Pin&& o) noexcept { *this = std::move(o); }
-  Pin& operator=(Pin&& o) noexcept {
-    if (this != &o) {
-      Reset();
-      store_ = o.store_;
-      slot_ = o.slot_;
-      key_ = o.key_;
-      offset_ = o.offset_;
-      size_ = o.size_;
-      o.store_ = nullptr;
-    }
-    return *this;
-  }
-  ~Pin() { Reset(); }
-  void Reset() {
-    if (store_ != nullptr) store_->Unpin(slot_);
+  using SlotHandle::SlotHandle;
+  // Gives up ownership without aborting (the store's Commit uses it).
+  uint32_t Release() {
     store_ = nullptr;
+    return slot_;
   }
+  // The reserved bytes, written before Commit. REQUIRES: valid().
+  uint8_t* data() const { return store_->segment_base() + offset_; }
+  std::span<uint8_t> bytes() const { return {data(), size_}; }
+};
 
-  bool valid() const { return store_ != nullptr; }
-  const KeyId& key() const { return key_; }
-  uint64_t offset() const { return offset_; }  // from the segment's base
-  uint64_t size() const { return size_; }
+// Move-only. Destroying a pin releases it.
+class DramStore::Pin : public SlotHandle<&DramStore::Unpin> {
+ public:
+  using SlotHandle::SlotHandle;
   // The entry's bytes, immutable while pinned. REQUIRES: valid().
   const uint8_t* data() const { return store_->segment_base() + offset_; }
   std::span<const uint8_t> bytes() const { return {data(), size_}; }
-
- private:
-  DramStore* store_ = nullptr;
-  uint32_t slot_ = 0;
-  KeyId key_;
-  uint64_t offset_ = 0;
-  uint64_t size_ = 0;
 };
 
 }  // namespace kvpool
