@@ -69,7 +69,9 @@ BENCH="$(find_bin kvpool-bench || true)"
 [[ -n "$NODE" ]] || missing+=("kvpool-node under $BUILD_DIR (cmake -B build -G Ninja && ninja -C build)")
 [[ -n "$BENCH" ]] || missing+=("kvpool-bench under $BUILD_DIR (cmake -B build -G Ninja && ninja -C build)")
 check_missing
-if [[ -n "$NODE" ]] && ! "$NODE" --help 2>&1 | grep -q -- '--peers'; then
+# (The help is read whole: grep -q closing the pipe early would fail the
+# pipeline under pipefail.)
+if [[ -n "$NODE" ]] && [[ "$("$NODE" --help 2>&1 || true)" != *--peers* ]]; then
   die "$NODE has no --peers (a build from before clustering? rebuild: ninja -C $BUILD_DIR)"
 fi
 
