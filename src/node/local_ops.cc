@@ -123,19 +123,18 @@ bool LocalOps::Park(LocalSession& c, const FrameHeader& h, ParkedReads::Kind kin
   r.fd = c.fd;
   r.conn_id = c.id;
   r.header = h;
-  if (static_cast<MessageType>(h.type) == MessageType::kGet) {
+  // The scratch vectors move into the request and come back when it is
+  // answered now, so a get that does not park allocates nothing here.
+  const bool get = static_cast<MessageType>(h.type) == MessageType::kGet;
+  if (get) {
+    keys_.clear();
+    for (const auto& s : sized_) keys_.push_back(s.key);
     r.sized = std::move(sized_);
-    r.keys.reserve(r.sized.size());
-    for (const auto& s : r.sized) r.keys.push_back(s.key);
-  } else {
-    r.keys = std::move(keys_);
   }
-  if (!parked_.Park(kind, &r)) {  // not moved from: take the keys back
-    if (static_cast<MessageType>(h.type) == MessageType::kGet) {
-      sized_ = std::move(r.sized);
-    } else {
-      keys_ = std::move(r.keys);
-    }
+  r.keys = std::move(keys_);
+  if (!parked_.Park(kind, &r)) {  // not moved from: take the vectors back
+    keys_ = std::move(r.keys);
+    if (get) sized_ = std::move(r.sized);
     return false;
   }
   c.pending = true;
