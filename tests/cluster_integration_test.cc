@@ -77,6 +77,11 @@ TEST_F(ClusterTest, KilledNodeLeavesWithinTtlAndRejoinsWithNewIncarnation) {
     return Members(*a).size() == 3 && Members(*b).size() == 3;
   }));
   uint64_t old_inc = Members(*a)["c"];
+  // c has joined: its view replays reached both peers. A node killed inside
+  // its first UCX handshake with a peer can abort that peer (UCX 1.13.1, see
+  // docs/reliability.md, "Not promised today"); that is not what this tests.
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] { return PeerCallsOk(*c) >= 2; }))
+      << PeerCallsOk(*c);
 
   auto killed = steady_clock::now();
   c->Stop(SIGKILL);
@@ -91,7 +96,8 @@ TEST_F(ClusterTest, KilledNodeLeavesWithinTtlAndRejoinsWithNewIncarnation) {
   ASSERT_NE(c, nullptr);
   EXPECT_TRUE(WaitFor(milliseconds(5000), [&] {
     return Members(*a).count("c") == 1 && Members(*b).count("c") == 1;
-  }));
+  })) << "a: " << a->HttpGet("/api/v1/members") << "\nb: " << b->HttpGet("/api/v1/members")
+      << "\nlog of a:\n" << a->Log() << "\nlog of b:\n" << b->Log();
   EXPECT_GT(Members(*a)["c"], old_inc);
   EXPECT_EQ(Members(*a), Members(*c));
 }

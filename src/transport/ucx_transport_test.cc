@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -152,30 +153,40 @@ TEST(UcxTransportTest, ReportsBoundPort) {
   EXPECT_EQ(t->address(), "127.0.0.1:" + std::to_string(t->port()));
 }
 
-TEST(UcxTransportTest, KilledServerProcessIsUnavailableQuickly) {
+// Forks a process that serves on a UCX transport (set up by `serve`, which
+// runs in the child) until it is killed; returns its pid and peer port, or
+// pid -1. Call before this process opens UCX itself.
+std::pair<pid_t, uint16_t> ForkServer(const std::function<void(UcxTransport*)>& serve) {
   int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
+  if (pipe(fds) != 0) return {-1, 0};
   pid_t pid = fork();
-  ASSERT_GE(pid, 0);
   if (pid == 0) {
-    // Child: a server whose handler never answers, until it is killed.
     close(fds[0]);
     auto t = UcxTransport::Open(TcpOptions());
     if (!t.ok()) _exit(1);
-    std::vector<Responder> held;
-    std::mutex mu;
-    (*t)->RegisterHandler(1, [&](Incoming, Responder r) {
-      std::lock_guard<std::mutex> lock(mu);
-      held.push_back(std::move(r));
-    });
+    serve(t->get());
     uint16_t port = (*t)->port();
     if (write(fds[1], &port, sizeof(port)) != sizeof(port)) _exit(1);
     while (true) pause();
   }
   close(fds[1]);
   uint16_t port = 0;
-  ASSERT_EQ(read(fds[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+  bool got = pid > 0 && read(fds[0], &port, sizeof(port)) == static_cast<ssize_t>(sizeof(port));
   close(fds[0]);
+  return {got ? pid : -1, port};
+}
+
+TEST(UcxTransportTest, KilledServerProcessIsUnavailableQuickly) {
+  // A server whose handler never answers, until it is killed.
+  std::vector<Responder> held;
+  std::mutex mu;
+  auto [pid, port] = ForkServer([&](UcxTransport* t) {
+    t->RegisterHandler(1, [&](Incoming, Responder r) {
+      std::lock_guard<std::mutex> lock(mu);
+      held.push_back(std::move(r));
+    });
+  });
+  ASSERT_GT(pid, 0);
 
   auto client = OpenOrDie(TcpOptions());
   std::atomic<bool> done{false};
@@ -204,6 +215,57 @@ TEST(UcxTransportTest, KilledServerProcessIsUnavailableQuickly) {
   Reply r = client->CallSync(a);
   EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.ToString();
   EXPECT_LT(Clock::now() - start, milliseconds(3000));
+}
+
+// A peer process that dies while the listener is still connecting back to
+// it (UCX makes a reply endpoint for its first request) should cost the
+// listener that endpoint, never the process. Each peer calls and then kills
+// itself within 0-3 ms. With Debian 12's UCX 1.13.1 the listener aborts on
+// an assertion in its TCP transport (the wireup reply still queued on the
+// failed endpoint) within the first few peers, and no UCX setting avoids it
+// (docs/reliability.md, "Not promised today"). Disabled until the UCX in use
+// has the fix; run it with --gtest_also_run_disabled_tests.
+TEST(UcxTransportTest, DISABLED_PeersKilledWhileConnectingDoNotTakeTheListenerDown) {
+  std::atomic<int> handled{0};
+  auto [server, port] = ForkServer([&](UcxTransport* t) { CountCallsOfType1(t, &handled); });
+  ASSERT_GT(server, 0);
+  std::string peer = "127.0.0.1:" + std::to_string(port);
+
+  constexpr int kPeers = 60;
+  int server_status = 0;
+  bool server_died = false;
+  for (int i = 0; i < kPeers && !server_died; ++i) {
+    pid_t p = fork();
+    ASSERT_GE(p, 0);
+    if (p == 0) {
+      auto t = UcxTransport::Open(TcpOptions());
+      if (!t.ok()) _exit(1);
+      CallArgs a;
+      a.peer = peer;
+      a.type = 1;
+      a.deadline = Clock::now() + milliseconds(2000);
+      (*t)->Call(a, [](Reply) {});
+      std::this_thread::sleep_for(std::chrono::microseconds((i * 577) % 3000));
+      kill(getpid(), SIGKILL);
+    }
+    int st = 0;
+    waitpid(p, &st, 0);
+    server_died = waitpid(server, &server_status, WNOHANG) == server;
+  }
+  std::this_thread::sleep_for(milliseconds(300));  // the last reply endpoints fail
+  if (!server_died) server_died = waitpid(server, &server_status, WNOHANG) == server;
+  ASSERT_FALSE(server_died) << "listener exited, status " << server_status;
+
+  // It still serves.
+  auto client = OpenOrDie(TcpOptions());
+  CallArgs a;
+  a.peer = peer;
+  a.type = 1;
+  a.deadline = Clock::now() + milliseconds(5000);
+  Reply r = client->CallSync(a);
+  EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+  kill(server, SIGKILL);
+  waitpid(server, nullptr, 0);
 }
 
 TEST(UcxTransportTest, OversizedPayloadIsRejectedAndCounted) {

@@ -46,6 +46,10 @@ uint64_t DramEntries(const NodeProcess& n) {
   return j.is_discarded() ? 0 : j["dram"]["entries"].get<uint64_t>();
 }
 
+double PeerCallsOk(const NodeProcess& n) {
+  return n.Metric("kvpool_transport_calls_total{result=\"ok\"}");
+}
+
 std::vector<kvpool_key_id> NumberedKeys(const std::string& ns, const std::string& prefix,
                                         size_t n) {
   std::vector<kvpool_key_id> ids;

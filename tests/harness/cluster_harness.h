@@ -53,6 +53,8 @@ bool Fenced(const NodeProcess& n);
 bool EtcdOutage(const NodeProcess& n);
 // dram.entries of /api/v1/status (0 when it does not answer).
 uint64_t DramEntries(const NodeProcess& n);
+// Peer calls this node made that were answered (-1 when it does not answer).
+double PeerCallsOk(const NodeProcess& n);
 
 // Key ids of namespace ns, named prefix + "0" .. prefix + (n-1).
 std::vector<kvpool_key_id> NumberedKeys(const std::string& ns, const std::string& prefix, size_t n);
