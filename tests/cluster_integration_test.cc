@@ -460,13 +460,14 @@ TEST(StandaloneNodeTest, MembersListsOnlyItself) {
   EXPECT_EQ(m.begin()->first, "test-node");
 }
 
-TEST(NodeOptionsTest, NonLoopbackPeerAddressNeedsInsecure) {
+TEST(NodeOptionsTest, NonLoopbackPeerAddressNeedsAClusterKeyOrInsecure) {
   std::string out;
   int rc = RunCommand({"/usr/bin/timeout", "20", NodeBinary(), "--peers", "a=10.0.0.1:7000",
                            "--node-id", "a", "--peer-port", "7000", "--peer-address", "0.0.0.0",
                            "--admin-port", "0"},
                           &out, /*merge_stderr=*/true);
   EXPECT_EQ(rc, 1) << out;  // refused at start, before anything binds
+  EXPECT_NE(out.find("--cluster-key-file"), std::string::npos) << out;
   EXPECT_NE(out.find("--insecure"), std::string::npos) << out;
 }
 

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "harness/cluster_harness.h"
+#include "harness/netns_lab.h"
 
 namespace kvpool::testing {
 namespace {
@@ -34,63 +35,21 @@ using std::chrono::milliseconds;
 constexpr size_t kKeys = 300;
 constexpr size_t kValueBytes = 16384;
 
-int Sh(const std::string& cmd) {
-  std::string out;
-  int rc = RunCommand({"/bin/sh", "-c", cmd + " 2>&1"}, &out, true);
-  if (rc != 0) std::fprintf(stderr, "`%s` -> %d: %s\n", cmd.c_str(), rc, out.c_str());
-  return rc;
-}
-
-bool Have(const std::string& tool) {
-  std::string out;
-  return RunCommand({"/bin/sh", "-c", "command -v " + tool}, &out) == 0;
-}
-
-// Runs fn on a thread inside network namespace ns (children it forks are
-// born there too).
-void InNs(const std::string& ns, const std::function<void()>& fn) {
-  std::thread t([&] {
-    int fd = open(("/var/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
-    ASSERT_GE(fd, 0) << ns;
-    ASSERT_EQ(setns(fd, CLONE_NEWNET), 0) << ns;
-    close(fd);
-    fn();
-  });
-  t.join();
-}
-
 class PartitionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (geteuid() != 0 || !Have("ip") || !Have("iptables") || !Have("etcd")) {
+    std::string why = NetnsLab::Unavailable();
+    if (!why.empty() || !Have("iptables") || !Have("etcd")) {
       GTEST_SKIP() << "needs root, ip, iptables and etcd";
     }
-    tag_ = std::to_string(getpid() % 100000);
-    net_ = "10.213." + std::to_string(getpid() % 250) + ".";
-    hub_ = "kvh" + tag_;
-    ASSERT_EQ(Sh("ip netns add " + hub_), 0);
-    made_.push_back(hub_);
-    ASSERT_EQ(Sh("ip netns exec " + hub_ + " ip link set lo up && ip netns exec " + hub_ +
-                 " ip link add br0 type bridge && ip netns exec " + hub_ +
-                 " ip addr add " + net_ + "254/24 dev br0 && ip netns exec " + hub_ +
-                 " ip link set br0 up"),
-              0);
+    ASSERT_TRUE(lab_.Init());
     for (int i = 1; i <= 3; ++i) {
-      std::string ns = "kvn" + std::to_string(i) + "-" + tag_;
-      std::string peer = "h" + std::to_string(i);
-      ASSERT_EQ(Sh("ip netns add " + ns), 0);
-      made_.push_back(ns);
-      // The pair is made inside the node's namespace, its other end moved
-      // straight to the hub: the host's own namespace is never touched.
-      ASSERT_EQ(Sh("ip netns exec " + ns + " ip link add eth0 type veth peer name " + peer +
-                   " netns " + hub_ + " && ip netns exec " + ns + " ip addr add " + net_ +
-                   std::to_string(i) + "/24 dev eth0 && ip netns exec " + ns +
-                   " ip link set eth0 up && ip netns exec " + ns + " ip link set lo up && " +
-                   "ip netns exec " + hub_ + " ip link set " + peer + " master br0 && " +
-                   "ip netns exec " + hub_ + " ip link set " + peer + " up"),
-                0);
+      std::string ns = lab_.AddHost(i);
+      ASSERT_FALSE(ns.empty());
       ns_.push_back(ns);
     }
+    hub_ = lab_.hub();
+    net_ = lab_.net();
     // etcd in the hub namespace, on the bridge.
     char tmpl[] = "/tmp/kvpool-cut-XXXXXX";
     dir_ = mkdtemp(tmpl);
@@ -118,7 +77,6 @@ class PartitionTest : public ::testing::Test {
       kill(etcd_pid_, SIGKILL);
       waitpid(etcd_pid_, nullptr, 0);
     }
-    for (const auto& ns : made_) Sh("ip netns del " + ns);
     if (!dir_.empty()) Sh("rm -rf '" + dir_ + "'");
   }
 
@@ -163,8 +121,9 @@ class PartitionTest : public ::testing::Test {
     return hits;
   }
 
-  std::string tag_, net_, hub_, dir_, etcd_url_;
-  std::vector<std::string> made_, ns_;
+  NetnsLab lab_;
+  std::string net_, hub_, dir_, etcd_url_;
+  std::vector<std::string> ns_;
   pid_t etcd_pid_ = -1;
   std::vector<std::unique_ptr<NodeProcess>> nodes_;
   int64_t slowest_ms_ = 0;

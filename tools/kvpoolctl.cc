@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "common/secret_file.h"
 #include "common/settings.h"
 #include "kvpool/kvpool.h"
 
@@ -45,6 +46,7 @@ int Usage() {
       "  metrics [--admin HOST:PORT]                    Prometheus metrics (default 127.0.0.1:9710)\n"
       "  members [--admin HOST:PORT]                    cluster members the node sees\n"
       "  shards [--admin HOST:PORT]                     shards owned per node and the balance\n"
+      "  (metrics, members, shards: --token-file PATH sends the node's admin bearer token)\n"
       "exit status: 0 done, 1 a miss, 2 usage, 3 an error\n",
       stderr);
   return 2;
@@ -63,8 +65,15 @@ kvpool_key_id Id(const std::string& ns, const std::string& key) {
   return id;
 }
 
+// The admin endpoint and the bearer token to send it (empty: none).
+struct Admin {
+  std::string address = "127.0.0.1:9710";
+  std::string token;
+};
+
 // GETs path from the admin endpoint into *body; false (with a message) on failure.
-bool AdminGet(const std::string& admin, const std::string& path, std::string* body) {
+bool AdminGet(const Admin& a, const std::string& path, std::string* body) {
+  const std::string& admin = a.address;
   auto colon = admin.rfind(':');
   int port = colon == std::string::npos ? 0 : std::atoi(admin.c_str() + colon + 1);
   if (port <= 0) {
@@ -74,7 +83,13 @@ bool AdminGet(const std::string& admin, const std::string& path, std::string* bo
   httplib::Client http(admin.substr(0, colon), port);
   http.set_connection_timeout(5);
   http.set_read_timeout(5);
+  if (!a.token.empty()) http.set_bearer_token_auth(a.token);
   auto res = http.Get(path);
+  if (res && res->status == 401) {
+    std::fprintf(stderr, "kvpoolctl: http://%s%s needs the node's admin token (%s)\n",
+                 admin.c_str(), path.c_str(), a.token.empty() ? "give --token-file" : "wrong token");
+    return false;
+  }
   if (!res || res->status != 200) {
     std::fprintf(stderr, "kvpoolctl: cannot fetch http://%s%s\n", admin.c_str(), path.c_str());
     return false;
@@ -83,7 +98,7 @@ bool AdminGet(const std::string& admin, const std::string& path, std::string* bo
   return true;
 }
 
-int Metrics(const std::string& admin) {
+int Metrics(const Admin& admin) {
   std::string body;
   if (!AdminGet(admin, "/metrics", &body)) return 3;
   std::fwrite(body.data(), 1, body.size(), stdout);
@@ -92,7 +107,7 @@ int Metrics(const std::string& admin) {
 
 // members: one line per member; shards: owned shards per node, its share
 // of the total, and the balance (largest owner over the mean).
-int Members(const std::string& admin, bool shards) {
+int Members(const Admin& admin, bool shards) {
   std::string body;
   if (!AdminGet(admin, "/api/v1/members", &body)) return 3;
   auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
@@ -167,11 +182,27 @@ int main(int argc, char** argv) {
   if (args.empty()) return Usage();
   const std::string cmd = args[0];
   if (cmd == "metrics" || cmd == "members" || cmd == "shards") {
-    std::string admin = "127.0.0.1:9710";
+    Admin admin;
+    std::string token_file;
     for (size_t i = 1; i < args.size(); ++i) {
-      if (args[i] == "--admin" && i + 1 < args.size()) admin = args[++i];
-      else if (args[i].rfind("--admin=", 0) == 0) admin = args[i].substr(8);
+      if (args[i] == "--admin" && i + 1 < args.size()) admin.address = args[++i];
+      else if (args[i].rfind("--admin=", 0) == 0) admin.address = args[i].substr(8);
+      else if (args[i] == "--token-file" && i + 1 < args.size()) token_file = args[++i];
       else return Usage();
+    }
+    if (!token_file.empty()) {
+      std::ifstream in(token_file);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      std::vector<std::string> lines = kvpool::SecretLines(text);
+      if (!in.good() && text.empty()) {
+        std::fprintf(stderr, "kvpoolctl: cannot read %s\n", token_file.c_str());
+        return 3;
+      }
+      if (lines.empty()) {
+        std::fprintf(stderr, "kvpoolctl: %s holds no token\n", token_file.c_str());
+        return 3;
+      }
+      admin.token = lines.front();
     }
     if (cmd == "metrics") return Metrics(admin);
     return Members(admin, cmd == "shards");

@@ -42,7 +42,8 @@ enum {
   KVPOOL_DEADLINE_EXCEEDED = 8,   /* the call's timeout passed */
   KVPOOL_CORRUPTION = 9,
   KVPOOL_IO_ERROR = 10,
-  KVPOOL_INTERNAL = 11
+  KVPOOL_INTERNAL = 11,
+  KVPOOL_PERMISSION_DENIED = 12  /* credentials or tenant do not allow it */
 };
 
 /* Name of a status code, e.g. "NotFound". Static storage. */

@@ -35,6 +35,7 @@ class StatusCode(enum.IntEnum):
     CORRUPTION = 9
     IO_ERROR = 10
     INTERNAL = 11
+    PERMISSION_DENIED = 12
 
 
 # Codes a batch call can return for individual items; any other code returned

@@ -199,6 +199,8 @@ def test_status_codes_match_the_library():
     assert names[StatusCode.OK] == "OK"
     assert names[StatusCode.NOT_FOUND] == "NotFound"
     assert names[StatusCode.DEADLINE_EXCEEDED] == "DeadlineExceeded"
+    assert names[StatusCode.PERMISSION_DENIED] == "PermissionDenied"
+    assert lib.kvpool_status_name(len(StatusCode)).decode() == "Unknown"
     assert len(set(names.values())) == len(StatusCode)
     assert kvpool.version().count(".") == 2
 

@@ -8,6 +8,7 @@
 #include "admin/admin_server.h"
 
 #include <netdb.h>
+#include <openssl/crypto.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -208,6 +209,9 @@ class HttpAdminServer final : public AdminServer {
     queue_full_ = metrics->GetCounter(
         "kvpool_admin_queue_full_total",
         "Admin requests answered 503 because the request threads' queue was full");
+    unauthorized_ = metrics->GetCounter(
+        "kvpool_admin_unauthorized_total",
+        "Admin requests answered 401: no or a wrong bearer token (with --admin-token-file)");
   }
 
   ~HttpAdminServer() override {
@@ -513,6 +517,12 @@ class HttpAdminServer final : public AdminServer {
       r.body = ready ? "ready" : "not ready";
       return Respond(id, c, r, head_only);
     }
+    if (!Authorized(head)) {
+      unauthorized_->Inc();
+      Response r = Error(401, "a bearer token is needed", head.path);
+      r.headers.emplace_back("WWW-Authenticate", "Bearer realm=\"kvpool\"");
+      return Respond(id, c, r, head_only);
+    }
     {
       std::lock_guard lock(queue_mu_);
       if (queue_.size() < static_cast<size_t>(options_.max_queued_requests) && !workers_stop_) {
@@ -528,6 +538,18 @@ class HttpAdminServer final : public AdminServer {
     Response r = Error(503, "busy", head.path);
     r.headers.emplace_back("Retry-After", "1");
     Respond(id, c, r, head_only);
+  }
+
+  // Whether the request may see more than health and readiness.
+  bool Authorized(const HttpRequestHead& head) const {
+    const std::string& token = options_.bearer_token;
+    if (token.empty()) return true;
+    std::string_view got = head.authorization;
+    constexpr std::string_view kScheme = "Bearer ";
+    if (got.size() != kScheme.size() + token.size() || got.substr(0, kScheme.size()) != kScheme) {
+      return false;
+    }
+    return CRYPTO_memcmp(got.data() + kScheme.size(), token.data(), token.size()) == 0;
   }
 
   void Respond(uint64_t id, Conn& c, const Response& r, bool head_only) {
@@ -696,6 +718,7 @@ class HttpAdminServer final : public AdminServer {
   Counter* timed_out_ = nullptr;
   Counter* bad_requests_ = nullptr;
   Counter* queue_full_ = nullptr;
+  Counter* unauthorized_ = nullptr;
 
   int port_ = -1;
   int listen_fd_ = -1;

@@ -35,7 +35,8 @@
 namespace kvpool {
 
 struct AdminOptions {
-  // Loopback unless told otherwise: the admin endpoint is not authenticated.
+  // Loopback unless told otherwise; beyond loopback it needs a bearer token
+  // (or the node's --insecure).
   std::string bind_address = "127.0.0.1";
   // 0 picks a free port (tests); port() tells which.
   int port = 0;
@@ -51,6 +52,11 @@ struct AdminOptions {
   // Requests for the request threads (all paths but /healthz and /readyz)
   // waiting at once; beyond it a request is answered 503 at once.
   int max_queued_requests = 64;
+  // Non-empty: every path but /healthz and /readyz needs the header
+  // "Authorization: Bearer <token>" (compared in constant time); others are
+  // answered 401 and counted in kvpool_admin_unauthorized_total. The
+  // endpoint stays read-only either way.
+  std::string bearer_token;
 
   Status Validate() const;
 };

@@ -229,6 +229,41 @@ TEST(AdminServerStartTest, ThrowingHookIs500AndServerKeepsServing) {
   EXPECT_EQ(res->status, 200);
 }
 
+TEST(AdminServerStartTest, ABearerTokenGuardsEverythingButHealthAndReadiness) {
+  MetricsRegistry registry;
+  AdminOptions o;
+  o.bearer_token = "0123456789abcdef-token";
+  AdminHooks hooks;
+  hooks.status_json = [] { return StatusJson(); };
+  auto server = AdminServer::Start(o, &registry, std::move(hooks));
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  httplib::Client c("127.0.0.1", (*server)->port());
+  for (const char* path : {"/metrics", "/api/v1/status", "/"}) {
+    auto res = c.Get(path);
+    ASSERT_TRUE(res) << path;
+    EXPECT_EQ(res->status, 401) << path;
+    EXPECT_EQ(res->get_header_value("WWW-Authenticate"), "Bearer realm=\"kvpool\"");
+    EXPECT_EQ(res->body.find("kvpool_"), std::string::npos) << path << ": " << res->body;
+  }
+  for (const char* wrong : {"Bearer 0123456789abcdef-tokeN", "Bearer 0123456789abcdef-token0",
+                            "Basic 0123456789abcdef-token", "0123456789abcdef-token"}) {
+    auto res = c.Get("/api/v1/status", {{"Authorization", wrong}});
+    ASSERT_TRUE(res) << wrong;
+    EXPECT_EQ(res->status, 401) << wrong;
+  }
+  EXPECT_EQ(registry.ValueOf("kvpool_admin_unauthorized_total"), 7);
+  // Probes need no token.
+  EXPECT_EQ(c.Get("/healthz")->status, 200);
+  EXPECT_EQ(c.Get("/readyz")->status, 200);
+  c.set_bearer_token_auth("0123456789abcdef-token");
+  auto res = c.Get("/api/v1/status");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->body, StatusJson());
+  EXPECT_EQ(c.Get("/metrics")->status, 200);
+  EXPECT_EQ(registry.ValueOf("kvpool_admin_unauthorized_total"), 7);
+}
+
 TEST(AdminServerStartTest, PortInUseIsIOError) {
   MetricsRegistry registry;
   auto first = AdminServer::Start(AdminOptions{}, &registry, {});

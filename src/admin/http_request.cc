@@ -14,6 +14,17 @@ bool IsTargetChar(char ch) { return ch > 0x20 && ch < 0x7f; }
 
 // Header lines are not interpreted, only checked: "name: value", with a
 // token name and no control bytes but tab in the value.
+bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    char x = a[i], y = b[i];
+    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x - 'A' + 'a');
+    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y - 'A' + 'a');
+    if (x != y) return false;
+  }
+  return true;
+}
+
 bool ValidHeaderLine(std::string_view line) {
   size_t colon = line.find(':');
   if (colon == 0 || colon == std::string_view::npos) return false;
@@ -71,6 +82,7 @@ HeadParse ParseRequestHead(std::string_view buf, size_t max_head_bytes, HttpRequ
   }
 
   size_t pos = eol + 2;
+  head->authorization.clear();
   while (pos < text.size()) {
     size_t next = text.find("\r\n", pos);
     std::string_view header = text.substr(pos, next - pos);
@@ -78,6 +90,13 @@ HeadParse ParseRequestHead(std::string_view buf, size_t max_head_bytes, HttpRequ
     // RFC 9112 allows, rather than unfolded.
     if (header.empty() || header[0] == ' ' || header[0] == '\t' || !ValidHeaderLine(header)) {
       return HeadParse::kBad;
+    }
+    size_t colon = header.find(':');
+    if (EqualsIgnoreCase(header.substr(0, colon), "authorization")) {
+      std::string_view value = header.substr(colon + 1);
+      while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+      while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+      head->authorization.assign(value);
     }
     pos = next + 2;
   }

@@ -16,6 +16,9 @@ struct HttpRequestHead {
   std::string method;  // e.g. "GET"; uppercase token
   std::string path;    // request target up to '?' (the query is ignored)
   int minor_version = 1;  // HTTP/1.<minor_version>
+  // The value of the Authorization header (empty when absent; the last one
+  // when repeated), with surrounding blanks removed.
+  std::string authorization;
 };
 
 enum class HeadParse {

@@ -30,6 +30,16 @@ TEST(HttpRequestTest, ParsesMethodPathAndVersion) {
   EXPECT_EQ(h.minor_version, 0);
 }
 
+TEST(HttpRequestTest, KeepsTheAuthorizationHeaderWhateverItsCase) {
+  HttpRequestHead h;
+  ASSERT_EQ(Parse("GET / HTTP/1.1\r\nHost: a\r\naUtHoRiZaTiOn:  Bearer abc def \t\r\n\r\n", &h),
+            HeadParse::kComplete);
+  EXPECT_EQ(h.authorization, "Bearer abc def");
+  ASSERT_EQ(Parse("GET / HTTP/1.1\r\nX-Authorization: Bearer no\r\n\r\n", &h),
+            HeadParse::kComplete);
+  EXPECT_EQ(h.authorization, "");
+}
+
 TEST(HttpRequestTest, IncompleteUntilBlankLine) {
   EXPECT_EQ(Parse(""), HeadParse::kIncomplete);
   EXPECT_EQ(Parse("G"), HeadParse::kIncomplete);

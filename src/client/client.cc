@@ -67,7 +67,7 @@ using namespace kvpool;
 extern "C" {
 
 const char* kvpool_status_name(kvpool_status status) {
-  if (status < 0 || status > KVPOOL_INTERNAL) return "Unknown";
+  if (status < 0 || status > KVPOOL_PERMISSION_DENIED) return "Unknown";
   return StatusCodeName(static_cast<StatusCode>(status)).data();
 }
 

@@ -52,7 +52,7 @@ bool IsConnectionError(const FrameHeader& h) {
 Status ConnectionErrorStatus(const FrameHeader& h, std::span<const uint8_t> body) {
   std::string msg;
   if (!protocol::DecodeString(body, &msg).ok()) msg = "connection closed by the node";
-  StatusCode code = h.status > 0 && h.status <= static_cast<int32_t>(StatusCode::kInternal)
+  StatusCode code = IsErrorStatusCode(h.status)
                         ? static_cast<StatusCode>(h.status)
                         : StatusCode::kUnavailable;
   return Status(code, "node: " + msg);
@@ -318,7 +318,7 @@ Status LocalConnection::Call(MessageType type, std::span<const iovec> body,
     std::string msg;
     if (h.type == (static_cast<uint16_t>(MessageType::kError) | protocol::kReplyBit)) {
       protocol::DecodeString(*reply, &msg).IgnoreError();
-      StatusCode code = h.status > 0 && h.status <= static_cast<int32_t>(StatusCode::kInternal)
+      StatusCode code = IsErrorStatusCode(h.status)
                             ? static_cast<StatusCode>(h.status)
                             : StatusCode::kInternal;
       return Status(code, "node: " + msg);
@@ -326,7 +326,7 @@ Status LocalConnection::Call(MessageType type, std::span<const iovec> body,
     return Break(Internal(fmt::format("unexpected reply type {:#x}", h.type)));
   }
   if (h.status != 0) {
-    StatusCode code = h.status > 0 && h.status <= static_cast<int32_t>(StatusCode::kInternal)
+    StatusCode code = IsErrorStatusCode(h.status)
                           ? static_cast<StatusCode>(h.status)
                           : StatusCode::kInternal;
     return Status(code, "node refused the request");

@@ -177,8 +177,11 @@ struct RemoteClient::Impl {
     std::unique_lock lock(op->mu);
     op->cv.wait(lock, [&] { return op->installed || op->left == 0; });
     if (op->installed) return Status::Ok();
-    return Unavailable(fmt::format("no node answered the membership request (last: {})",
-                                   op->last.ToString()));
+    std::string text =
+        fmt::format("no node answered the membership request (last: {})", op->last.ToString());
+    // Nodes that refused this client's credentials will refuse them again.
+    return op->last.code() == StatusCode::kPermissionDenied ? PermissionDenied(text)
+                                                            : Unavailable(text);
   }
 
   // The routing for a call, starting a background refresh when it is due.

@@ -75,8 +75,11 @@ class ClusterImpl final : public Cluster {
     to.net_devices = opts_.peer_net_devices;
     to.registered_region = opts_.registered_region;
     to.metrics = metrics;
+    to.cluster_keys = opts_.cluster_keys;
+    to.identity = opts_.node_id;
     std::unique_ptr<transport::UcxTransport> ucx;
     KVPOOL_ASSIGN_OR_RETURN(ucx, transport::UcxTransport::Open(to));
+    transport::UcxTransport* ucx_transport = ucx.get();
     transport_ = std::move(ucx);
     std::string address = transport_->address();
 
@@ -111,6 +114,8 @@ class ClusterImpl final : public Cluster {
       static_ = sm.get();
       membership_ = std::move(sm);
     }
+    // Handshakes from now on name this node's incarnation too.
+    ucx_transport->SetIdentity(fmt::format("{}/{}", opts_.node_id, membership_->incarnation()));
     sub_ = membership_->SubscribeViews(
         [this](const std::shared_ptr<const MembershipView>& v) { OnView(*v); });
     OnView(*membership_->view());

@@ -20,6 +20,7 @@
 #include "common/status.h"
 #include "membership/membership.h"
 #include "membership/shard_map.h"
+#include "transport/peer_auth.h"
 #include "transport/transport.h"
 
 namespace kvpool {
@@ -49,6 +50,9 @@ struct ClusterOptions {
   std::string peer_net_devices;
   // The DRAM segment, registered with UCX for zero-copy transfers.
   std::span<uint8_t> registered_region;
+  // Cluster keys (transport/peer_auth.h): every peer connection is mutually
+  // authenticated with them. Empty: no authentication.
+  std::vector<transport::ClusterKey> cluster_keys;
 
   bool enabled() const { return !etcd.empty() || !peers.empty(); }
   Status Validate() const;

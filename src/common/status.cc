@@ -28,6 +28,7 @@ std::string_view StatusCodeName(StatusCode code) {
     case StatusCode::kCorruption: return "Corruption";
     case StatusCode::kIOError: return "IOError";
     case StatusCode::kInternal: return "Internal";
+    case StatusCode::kPermissionDenied: return "PermissionDenied";
   }
   return "Unknown";
 }

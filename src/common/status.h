@@ -30,7 +30,11 @@ enum class StatusCode : int32_t {
   kCorruption = 9,          // stored data failed verification
   kIOError = 10,            // the device or the OS failed
   kInternal = 11,           // a bug
+  kPermissionDenied = 12,   // the caller may not do this (credentials, tenant)
 };
+inline constexpr int32_t kMaxStatusCode = 12;
+// Whether a code from the wire names a StatusCode other than kOk.
+inline bool IsErrorStatusCode(int32_t code) { return code > 0 && code <= kMaxStatusCode; }
 
 std::string_view StatusCodeName(StatusCode code);
 
@@ -83,6 +87,9 @@ inline Status DeadlineExceeded(std::string_view m) {
 inline Status Corruption(std::string_view m) { return Status(StatusCode::kCorruption, m); }
 inline Status IOError(std::string_view m) { return Status(StatusCode::kIOError, m); }
 inline Status Internal(std::string_view m) { return Status(StatusCode::kInternal, m); }
+inline Status PermissionDenied(std::string_view m) {
+  return Status(StatusCode::kPermissionDenied, m);
+}
 // An IOError carrying strerror(err) after the context.
 Status ErrnoStatus(std::string_view context, int err);
 

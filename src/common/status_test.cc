@@ -45,6 +45,11 @@ TEST(StatusTest, CodesMatchTheCAbi) {
   EXPECT_EQ(static_cast<int>(StatusCode::kNotFound), 1);
   EXPECT_EQ(static_cast<int>(StatusCode::kResourceExhausted), 5);
   EXPECT_EQ(static_cast<int>(StatusCode::kInternal), 11);
+  EXPECT_EQ(static_cast<int>(StatusCode::kPermissionDenied), 12);
+  EXPECT_EQ(kMaxStatusCode, 12);
+  EXPECT_FALSE(IsErrorStatusCode(0));
+  EXPECT_TRUE(IsErrorStatusCode(12));
+  EXPECT_FALSE(IsErrorStatusCode(13));
   EXPECT_EQ(StatusCodeName(StatusCode::kDeadlineExceeded), "DeadlineExceeded");
 }
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -21,6 +22,7 @@
 #include "cluster/remote_reader.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/secret_file.h"
 #include "node/local_server.h"
 #include "common/executor.h"
 #include "store/tiered_store.h"
@@ -51,6 +53,8 @@ class NodeImpl final : public Node {
 
   // Start-up, in order; Stop undoes it in reverse.
   Status Open() {
+    KVPOOL_RETURN_IF_ERROR(LoadClusterKeys());
+    KVPOOL_RETURN_IF_ERROR(LoadAdminToken());
     OpenPools();
     KVPOOL_RETURN_IF_ERROR(OpenStore());
     KVPOOL_RETURN_IF_ERROR(OpenCluster());
@@ -119,9 +123,46 @@ class NodeImpl final : public Node {
   // Membership, the peer transport and the services over them: the
   // directory, the holdings announcer (publishing and placement), the peer
   // server, anti-entropy and remote reads. Nothing when standalone.
+  // Reads the cluster key file first, so a missing or loose one stops the
+  // start before anything is allocated.
+  Status LoadClusterKeys() {
+    ClusterOptions co = opts_.ClusterWithEndpoints(opts_.node_id);
+    if (!co.enabled()) return Status::Ok();
+    if (!opts_.cluster_key_file.empty()) {
+      KVPOOL_ASSIGN_OR_RETURN(cluster_keys_, transport::LoadClusterKeyFile(opts_.cluster_key_file));
+      LogInfo("cluster: peer connections authenticated with {} key{} from {}",
+              cluster_keys_.size(), cluster_keys_.size() == 1 ? "" : "s", opts_.cluster_key_file);
+    } else if (opts_.insecure && !co.peer_address.starts_with("127.") &&
+               co.peer_address != "::1" && co.peer_address != "localhost") {
+      LogWarn("cluster: INSECURE: peer connections on {} are not authenticated (--insecure "
+              "without --cluster-key-file): whoever reaches this port can read and write the "
+              "cluster's values",
+              co.peer_address);
+    }
+    return Status::Ok();
+  }
+
+  Status LoadAdminToken() {
+    if (!opts_.admin_enabled || opts_.admin_token_file.empty()) return Status::Ok();
+    KVPOOL_ASSIGN_OR_RETURN(std::string text,
+                            ReadSecretFile(opts_.admin_token_file, "admin token file"));
+    std::vector<std::string> lines = SecretLines(text);
+    std::string token = lines.empty() ? "" : lines.front();
+    bool visible = std::all_of(token.begin(), token.end(), [](char c) { return c > ' ' && c < 127; });
+    if (token.size() < 16 || !visible) {
+      return InvalidArgument(fmt::format(
+          "admin token file {}: the token (its first line) must be at least 16 visible "
+          "characters without spaces, e.g. openssl rand -hex 32",
+          opts_.admin_token_file));
+    }
+    opts_.admin.bearer_token = token;
+    return Status::Ok();
+  }
+
   Status OpenCluster() {
     ClusterOptions co = opts_.ClusterWithEndpoints(opts_.node_id);
     if (!co.enabled()) return Status::Ok();
+    co.cluster_keys = cluster_keys_;
     co.registered_region = tiered_->segment();
     peer_pool_ = std::make_unique<ThreadPool>(2, "kvpool-peer");
     KVPOOL_ASSIGN_OR_RETURN(cluster_, Cluster::Open(co, peer_pool_.get(), &metrics_));
@@ -328,6 +369,7 @@ class NodeImpl final : public Node {
   std::unique_ptr<TieredStore> tiered_;     // DRAM, and SSD with --ssd
   std::unique_ptr<ThreadPool> peer_pool_;  // peer request handlers
   std::unique_ptr<ThreadPool> list_pool_;  // SSD inventory listings (cluster + SSD only)
+  std::vector<transport::ClusterKey> cluster_keys_;  // from --cluster-key-file
   std::unique_ptr<Cluster> cluster_;       // null when standalone
   std::unique_ptr<cluster::Directory> directory_;
   std::unique_ptr<cluster::HoldingsAnnouncer> announcer_;

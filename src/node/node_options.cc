@@ -43,20 +43,20 @@ Status NodeOptions::Validate() const {
   KVPOOL_RETURN_IF_ERROR(local.Validate());
   if (admin_enabled) {
     KVPOOL_RETURN_IF_ERROR(admin.Validate());
-    if (!IsLoopback(admin.bind_address) && !insecure) {
+    if (!IsLoopback(admin.bind_address) && admin_token_file.empty() && !insecure) {
       return InvalidArgument(fmt::format(
-          "--admin-address {} is not loopback and the admin endpoint has no authentication; "
-          "pass --insecure to allow it",
+          "--admin-address {} is not loopback: give a bearer token (--admin-token-file) so "
+          "the admin endpoint is authenticated, or pass --insecure to run without",
           admin.bind_address));
     }
   }
   ClusterOptions co = ClusterWithEndpoints(node_id.empty() ? "node" : node_id);
   if (co.enabled()) {
     KVPOOL_RETURN_IF_ERROR(co.Validate());
-    if (!IsLoopback(co.peer_address) && !insecure) {
+    if (!IsLoopback(co.peer_address) && cluster_key_file.empty() && !insecure) {
       return InvalidArgument(fmt::format(
-          "--peer-address {} is not loopback and the peer protocol has no authentication; "
-          "pass --insecure to allow it",
+          "--peer-address {} is not loopback: give the cluster key (--cluster-key-file) so "
+          "peers are authenticated, or pass --insecure to run without",
           co.peer_address));
     }
   }
@@ -152,6 +152,12 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddInt("admin-port", &o->admin.port, 0, 65535, "Admin HTTP port (0 picks a free one)");
   t->AddBool("insecure", &o->insecure,
              "Allow unauthenticated endpoints on non-loopback addresses");
+  t->AddString("admin-token-file", &o->admin_token_file,
+               "File with the admin endpoint's bearer token (first line, 16+ visible "
+               "characters), mode 0600; every path but /healthz and /readyz then needs it");
+  t->AddString("cluster-key-file", &o->cluster_key_file,
+               "File with the cluster key (64 hex digits; a second line during rotation), mode "
+               "0600; every peer connection is authenticated with it");
   t->AddInt("admin-threads", &o->admin.threads, 1, 16, "Admin HTTP request threads");
   t->AddInt("admin-max-connections", &o->admin.max_connections, 1, 1000000,
             "Admin HTTP connections open at once; a new one replaces the oldest still waiting "

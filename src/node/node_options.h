@@ -23,8 +23,15 @@ struct NodeOptions {
   std::string node_id;  // empty: the host name
   std::string log_level = "info";
   bool admin_enabled = true;
-  // Allows binding the admin endpoint beyond loopback without authentication.
+  // Allows binding the admin endpoint beyond loopback without authentication,
+  // and the peer port without a cluster key.
   bool insecure = false;
+  // The cluster key file (transport/peer_auth.h: one or two 64-hex-digit
+  // keys, mode 0600 or 0400); empty: peers are not authenticated.
+  std::string cluster_key_file;
+  // A file whose first line is the admin endpoint's bearer token (at least
+  // 16 visible characters, mode 0600 or 0400); empty: no token.
+  std::string admin_token_file;
   DramOptions dram;
   // Comma-separated SSD directories; empty: DRAM only.
   std::string ssd_dirs;

@@ -44,7 +44,7 @@ BootstrapParse ParseBootstrap(std::span<const uint8_t> bytes, BootstrapMessage* 
   if (version != kBootstrapVersion) return invalid("bad_version");
   if (!r.U8(&kind)) return BootstrapParse::kNeedMore;
   if (kind < static_cast<uint8_t>(BootstrapKind::kHello) ||
-      kind > static_cast<uint8_t>(BootstrapKind::kRefuse)) {
+      kind > static_cast<uint8_t>(BootstrapKind::kProof)) {
     return invalid("bad_kind");
   }
   if (!r.U8(&res0)) return BootstrapParse::kNeedMore;
@@ -56,8 +56,10 @@ BootstrapParse ParseBootstrap(std::span<const uint8_t> bytes, BootstrapMessage* 
   auto k = static_cast<BootstrapKind>(kind);
   if ((k == BootstrapKind::kWelcome) != (token != 0)) return invalid("bad_token");
   if (body_len > kMaxBootstrapBody) return invalid("body_too_large");
-  if (k == BootstrapKind::kHello && body_len != 0) return invalid("hello_with_body");
+  if (k == BootstrapKind::kHello && body_len > kMaxHelloBody) return invalid("hello_too_large");
   if (k == BootstrapKind::kWelcome && body_len == 0) return invalid("empty_address");
+  if (k == BootstrapKind::kChallenge && body_len == 0) return invalid("empty_challenge");
+  if (k == BootstrapKind::kProof && body_len != kProofBody) return invalid("bad_proof_length");
   if (bytes.size() < kBootstrapHeaderBytes + body_len) return BootstrapParse::kNeedMore;
   m->kind = k;
   m->token = token;

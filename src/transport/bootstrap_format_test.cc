@@ -22,7 +22,12 @@ TEST(BootstrapFormat, RoundTripsEachKindAndAcceptsAnyPrefixAsNeedMore) {
   refuse.kind = BootstrapKind::kRefuse;
   BootstrapMessage big = Hello(kMaxBootstrapBody);
   big.kind = BootstrapKind::kRefuse;
-  for (const BootstrapMessage& want : {Hello(0), welcome, big, refuse}) {
+  BootstrapMessage challenge = Hello(120);
+  challenge.kind = BootstrapKind::kChallenge;
+  BootstrapMessage proof = Hello(kProofBody);
+  proof.kind = BootstrapKind::kProof;
+  for (const BootstrapMessage& want :
+       {Hello(0), Hello(kMaxHelloBody), welcome, big, refuse, challenge, proof}) {
     std::vector<uint8_t> bytes = EncodeBootstrap(want);
     ASSERT_EQ(bytes.size(), kBootstrapHeaderBytes + want.body.size());
     BootstrapMessage got;
@@ -53,7 +58,7 @@ TEST(BootstrapFormat, RejectsEachBrokenFieldAtItsFirstBadByte) {
   };
   const Case cases[] = {
       {0, 0x00, "bad_magic"},   {3, 0x00, "bad_magic"},     {4, 9, "bad_version"},
-      {5, 0, "bad_kind"},       {5, 4, "bad_kind"},         {6, 1, "bad_reserved"},
+      {5, 0, "bad_kind"},       {5, 6, "bad_kind"},         {6, 1, "bad_reserved"},
       {14, 1, "body_too_large"},
   };
   for (const Case& c : cases) {
@@ -69,7 +74,8 @@ TEST(BootstrapFormat, RejectsEachBrokenFieldAtItsFirstBadByte) {
     EXPECT_EQ(ParseBootstrap(bytes, &m, &used, &reason), BootstrapParse::kInvalid) << c.offset;
     EXPECT_STREQ(reason, c.reason);
   }
-  // A welcome needs a token and an address; a hello has neither, nor a body.
+  // A welcome needs a token and an address; a hello has no token and at most
+  // an authentication hello; a challenge has a body, a proof exactly a MAC.
   struct Rule {
     BootstrapKind kind;
     uint32_t token;
@@ -79,7 +85,11 @@ TEST(BootstrapFormat, RejectsEachBrokenFieldAtItsFirstBadByte) {
   const Rule rules[] = {{BootstrapKind::kWelcome, 0, 8, "bad_token"},
                         {BootstrapKind::kWelcome, 9, 0, "empty_address"},
                         {BootstrapKind::kHello, 9, 0, "bad_token"},
-                        {BootstrapKind::kHello, 0, 1, "hello_with_body"}};
+                        {BootstrapKind::kHello, 0, kMaxHelloBody + 1, "hello_too_large"},
+                        {BootstrapKind::kChallenge, 0, 0, "empty_challenge"},
+                        {BootstrapKind::kChallenge, 3, 8, "bad_token"},
+                        {BootstrapKind::kProof, 0, kProofBody - 1, "bad_proof_length"},
+                        {BootstrapKind::kProof, 0, kProofBody + 1, "bad_proof_length"}};
   for (const Rule& rule : rules) {
     BootstrapMessage w = Hello(rule.body);
     w.kind = rule.kind;

@@ -168,7 +168,7 @@ void UcxTransport::Core::Accept() {
       close(fd);
       continue;
     }
-    pending.emplace(fd, Pending{Clock::now() + opts.bootstrap_timeout, FormatAddr(ss), {}});
+    pending.emplace(fd, Pending{Clock::now() + opts.bootstrap_timeout, FormatAddr(ss), {}, nullptr});
     bootstrapping_gauge->Set(static_cast<int64_t>(pending.size()));
   }
 }
@@ -206,15 +206,86 @@ void UcxTransport::Core::OnPendingReadable(int fd) {
   const char* reason = "";
   BootstrapParse r = ParseBootstrap(p.in, &m, &used, &reason);
   if (r == BootstrapParse::kNeedMore) return;
-  if (r == BootstrapParse::kDone && m.kind != BootstrapKind::kHello) reason = "unexpected_kind";
-  // Nothing may follow a hello before the welcome.
+  // A hello first; after a challenge, its proof.
+  BootstrapKind want = p.auth ? BootstrapKind::kProof : BootstrapKind::kHello;
+  if (r == BootstrapParse::kDone && m.kind != want) reason = "unexpected_kind";
+  // Nothing may follow a hello or a proof before the answer.
   if (r == BootstrapParse::kDone && used != p.in.size()) reason = "trailing_bytes";
+  if (*reason == '\0' && m.kind == BootstrapKind::kHello) return OnHello(fd, &p, std::move(m));
+  std::string peer = p.peer;
+  Status proven = Status::Ok();
+  if (*reason == '\0') proven = p.auth->Verify(m.body, &reason);
+  if (proven.ok() && *reason == '\0' && p.auth) {
+    LogDebug("transport: peer {} at {} authenticated", p.auth->peer_identity(), peer);
+    authenticated_listener->Inc();
+  }
   epoll_ctl(sock_epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
   Pending taken = std::move(p);
   pending.erase(fd);
   bootstrapping_gauge->Set(static_cast<int64_t>(pending.size()));
+  if (!proven.ok()) return RefuseAuth(fd, peer, reason, "authentication failed");
   if (*reason != '\0') return Refuse(fd, reason, "not a kvpool peer hello");
   Welcome(fd, std::move(taken));
+}
+
+void UcxTransport::Core::OnHello(int fd, Pending* p, BootstrapMessage m) {
+  auto drop = [&] {
+    epoll_ctl(sock_epoll_fd, EPOLL_CTL_DEL, fd, nullptr);
+    std::string peer = std::move(p->peer);
+    pending.erase(fd);
+    bootstrapping_gauge->Set(static_cast<int64_t>(pending.size()));
+    return peer;
+  };
+  bool keyed = !opts.cluster_keys.empty();
+  if (!keyed && m.body.empty()) {
+    Pending taken = std::move(*p);
+    drop();
+    return Welcome(fd, std::move(taken));
+  }
+  if (!keyed) {
+    std::string peer = drop();
+    return RefuseAuth(fd, peer, "auth_not_configured",
+                      "this node has no cluster key (--cluster-key-file)");
+  }
+  if (m.body.empty()) {
+    std::string peer = drop();
+    return RefuseAuth(fd, peer, "auth_required",
+                      "this node requires cluster authentication (--cluster-key-file)");
+  }
+  p->auth = std::make_unique<AuthListener>(&opts.cluster_keys, identity);
+  const char* reason = "";
+  Result<std::vector<uint8_t>> challenge = p->auth->Challenge(m.body, &reason);
+  if (!challenge.ok()) {
+    std::string peer = drop();
+    return RefuseAuth(fd, peer, reason, challenge.status().message());
+  }
+  p->in.clear();
+  BootstrapMessage c;
+  c.kind = BootstrapKind::kChallenge;
+  c.body = std::move(challenge).value();
+  std::vector<uint8_t> out = EncodeBootstrap(c);
+  // A challenge (a few hundred bytes) fits a new socket's send buffer; a
+  // connection that cannot take it is not worth waiting for.
+  if (!WriteSome(fd, &out) || !out.empty()) {
+    CountRefused("socket_error");
+    ClosePending(fd);
+  }
+}
+
+void UcxTransport::Core::RefuseAuth(int fd, const std::string& peer, const char* reason,
+                                    std::string_view why) {
+  auto now = Clock::now();
+  if (now - auth_log_at >= std::chrono::seconds(1)) {
+    LogWarn("transport: refused peer {}: {} ({}){}", peer, why, reason,
+            auth_unlogged == 0 ? std::string()
+                               : fmt::format("; {} more refused since the last such line",
+                                             auth_unlogged));
+    auth_log_at = now;
+    auth_unlogged = 0;
+  } else {
+    ++auth_unlogged;
+  }
+  Refuse(fd, reason, std::string(kRefusedPermission) + std::string(why));
 }
 
 void UcxTransport::Core::Welcome(int fd, Pending p) {
@@ -262,6 +333,12 @@ Result<uint64_t> UcxTransport::Core::ClientEndpoint(const std::string& peer,
   if (endpoints.size() >= opts.max_endpoints) {
     return ResourceExhausted("too many peer connections");
   }
+  BootstrapMessage hello;
+  std::unique_ptr<AuthConnector> auth;
+  if (!opts.cluster_keys.empty()) {
+    auth = std::make_unique<AuthConnector>(opts.cluster_keys.front(), identity);
+    KVPOOL_ASSIGN_OR_RETURN(hello.body, auth->Hello());
+  }
   int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return ErrnoStatus("peer socket", errno);
   if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), AddrLen(addr)) != 0 &&
@@ -278,7 +355,8 @@ Result<uint64_t> UcxTransport::Core::ClientEndpoint(const std::string& peer,
   Endpoint* e = NewEndpoint(peer, /*client=*/true);
   e->fd = fd;
   e->bootstrap_deadline = Clock::now() + opts.bootstrap_timeout;
-  e->out = EncodeBootstrap(BootstrapMessage{});  // a hello
+  e->auth = std::move(auth);
+  e->out = EncodeBootstrap(hello);
   ep_by_fd[fd] = e->id;
   client_eps[peer] = e->id;
   bootstrapping.insert(e->id);
@@ -296,12 +374,11 @@ bool UcxTransport::Core::SocketOpen(int fd) const {
 bool UcxTransport::Core::FlushOut(Endpoint* e) {
   if (e->out.empty()) return true;
   if (!WriteSome(e->fd, &e->out)) return false;
-  if (e->out.empty()) {
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLRDHUP;
-    ev.data.fd = e->fd;
-    epoll_ctl(sock_epoll_fd, EPOLL_CTL_MOD, e->fd, &ev);
-  }
+  // Watch for room to write only while bytes wait.
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | (e->out.empty() ? 0u : uint32_t{EPOLLOUT});
+  ev.data.fd = e->fd;
+  epoll_ctl(sock_epoll_fd, EPOLL_CTL_MOD, e->fd, &ev);
   return true;
 }
 
@@ -343,13 +420,41 @@ void UcxTransport::Core::OnEndpointSocket(uint64_t ep_id, uint32_t events) {
   BootstrapParse r = ParseBootstrap(e->in, &m, &used, &reason);
   if (r == BootstrapParse::kNeedMore) return;
   if (r == BootstrapParse::kInvalid || used != e->in.size() ||
-      m.kind == BootstrapKind::kHello) {
+      m.kind == BootstrapKind::kHello || m.kind == BootstrapKind::kProof ||
+      (m.kind == BootstrapKind::kChallenge && (!e->auth || e->challenged))) {
     CountError("bad_welcome");
     return FailEndpoint(ep_id, Unavailable(fmt::format("{} is not a kvpool peer", e->peer)));
   }
   if (m.kind == BootstrapKind::kRefuse) {
-    return FailEndpoint(ep_id, Unavailable(fmt::format("{} refused the connection: {}", e->peer,
-                                                       AsString(m.body))));
+    std::string why(AsString(m.body));
+    std::string text = fmt::format("{} refused the connection: {}", e->peer, why);
+    return FailEndpoint(ep_id, why.starts_with(kRefusedPermission) ? PermissionDenied(text)
+                                                                     : Unavailable(text));
+  }
+  if (m.kind == BootstrapKind::kChallenge) {
+    std::string listener;
+    Result<std::vector<uint8_t>> proof = e->auth->Answer(m.body, &listener);
+    if (!proof.ok()) {
+      CountError("listener_auth_failed");
+      return FailEndpoint(ep_id, PermissionDenied(fmt::format("{}: {}", e->peer,
+                                                              proof.status().message())));
+    }
+    LogDebug("transport: peer {} at {} authenticated", listener, e->peer);
+    authenticated_connector->Inc();
+    e->challenged = true;
+    e->in.clear();
+    BootstrapMessage pm;
+    pm.kind = BootstrapKind::kProof;
+    pm.body = std::move(proof).value();
+    std::vector<uint8_t> out = EncodeBootstrap(pm);
+    e->out.insert(e->out.end(), out.begin(), out.end());
+    if (!FlushOut(e)) return FailEndpoint(ep_id, Unavailable("peer connection closed"));
+    return;
+  }
+  if (e->auth && !e->challenged) {
+    CountError("listener_auth_skipped");
+    return FailEndpoint(ep_id, PermissionDenied(fmt::format(
+                                   "{} does not authenticate (no cluster key there?)", e->peer)));
   }
   Result<ucp_ep_h> ep = CreateUcpEndpoint(e, m.body);
   if (!ep.ok()) return FailEndpoint(ep_id, Unavailable(ep.status().message()));

@@ -323,7 +323,12 @@ void UcxTransport::Core::FailEndpoint(uint64_t ep_id, const Status& why) {
   bootstrapping.erase(ep_id);
   e->waiting.clear();
   std::vector<uint64_t> ids(e->calls.begin(), e->calls.end());
-  for (uint64_t id : ids) Settle(id, Reply{Unavailable(why.message()), {}, 0, {}});
+  // A refusal of credentials stays PermissionDenied; anything else is a
+  // connection that failed.
+  bool denied = why.code() == StatusCode::kPermissionDenied;
+  for (uint64_t id : ids) {
+    Settle(id, Reply{denied ? why : Unavailable(why.message()), {}, 0, {}});
+  }
   to_close.push_back(ep_id);
 }
 
@@ -660,7 +665,7 @@ ucs_status_t UcxTransport::Core::OnReply(const void* header, size_t header_len, 
   CallState& c = it->second;
   c.answered = true;
   if (f.status != 0) {
-    auto code = f.status > 0 && f.status <= static_cast<int32_t>(StatusCode::kInternal)
+    auto code = IsErrorStatusCode(f.status)
                     ? static_cast<StatusCode>(f.status)
                     : StatusCode::kInternal;
     Settle(f.request_id, Reply{Status(code, AsString(hdr)), {}, 0, {}});

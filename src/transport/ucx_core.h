@@ -62,12 +62,15 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
     std::vector<uint8_t> in;           // client: the welcome as it arrives
     std::vector<uint8_t> out;          // bytes still to write on fd
     std::vector<std::function<void()>> waiting;  // client: sends held until ready
+    std::unique_ptr<AuthConnector> auth;  // client with cluster keys
+    bool challenged = false;              // client: the challenge was answered
   };
   // An accepted connection that has not finished its hello.
   struct Pending {
     Deadline deadline;
     std::string peer;
     std::vector<uint8_t> in;
+    std::unique_ptr<AuthListener> auth;  // set once a hello was challenged
   };
   struct CallState {
     ReplyCallback done;
@@ -116,6 +119,11 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
     latency = metrics->GetHistogram("kvpool_transport_call_seconds", "Peer call latency");
     bootstrapping_gauge = metrics->GetGauge("kvpool_transport_bootstrapping",
                                             "Accepted peer-port connections in their bootstrap");
+    const std::string auth_help = "Peer connections that passed cluster authentication, by side";
+    authenticated_listener = metrics->GetCounter("kvpool_transport_authenticated_total", auth_help,
+                                                 {{"side", "listener"}});
+    authenticated_connector = metrics->GetCounter("kvpool_transport_authenticated_total",
+                                                  auth_help, {{"side", "connector"}});
   }
 
   // ---- Any thread --------------------------------------------------------
@@ -189,6 +197,10 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   void ExpireBootstraps();
   Result<ucp_ep_h> CreateUcpEndpoint(Endpoint* e, std::span<const uint8_t> worker_address);
   Status WatchFd(int fd, uint32_t events);
+  // Refuses a connection in its bootstrap for its credentials (logged at
+  // most once a second, with how many were not logged).
+  void RefuseAuth(int fd, const std::string& peer, const char* reason, std::string_view why);
+  void OnHello(int fd, Pending* p, BootstrapMessage m);
   uint32_t NewToken();
 
   void StartCall(uint64_t id, std::string peer, Result<sockaddr_storage> addr,
@@ -249,6 +261,7 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   Counter *bytes_sent, *bytes_received;
   Gauge* endpoints_gauge;
   Gauge* bootstrapping_gauge;
+  Counter *authenticated_listener, *authenticated_connector;
   Histogram* latency;
 
   std::mutex handlers_mu;
@@ -281,6 +294,9 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   std::unordered_map<uint32_t, uint64_t> ep_by_token;  // server endpoints
   std::unordered_set<uint64_t> bootstrapping;      // client endpoints not ready yet
   uint64_t rng_state = 0;
+  std::string identity = opts.identity;  // SetIdentity submits changes
+  Clock::time_point auth_log_at{};       // last refusal logged
+  uint64_t auth_unlogged = 0;            // refusals since, not logged
   bool stopping = false;
   uint64_t next_ep_id = 1;
   std::unordered_map<uint64_t, std::unique_ptr<Endpoint>> endpoints;

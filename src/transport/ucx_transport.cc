@@ -21,6 +21,10 @@ Status UcxTransportOptions::Validate() const {
   if (progress_spin < std::chrono::microseconds(0) || progress_spin > std::chrono::milliseconds(10)) {
     return InvalidArgument("progress_spin must be within 0..10 ms");
   }
+  if (cluster_keys.size() > 2) return InvalidArgument("at most two cluster keys");
+  if (identity.size() > kMaxAuthIdentityBytes) {
+    return InvalidArgument("identity is longer than 256 bytes");
+  }
   return Status::Ok();
 }
 
@@ -78,6 +82,11 @@ UcxTransport::~UcxTransport() {
 
 std::string UcxTransport::address() const { return core_->address; }
 uint16_t UcxTransport::port() const { return core_->port; }
+
+void UcxTransport::SetIdentity(std::string identity) {
+  Core* c = core_.get();
+  c->Submit([c, id = std::move(identity)]() mutable { c->identity = std::move(id); });
+}
 
 void UcxTransport::RegisterHandler(MessageType type, Handler handler) {
   std::lock_guard<std::mutex> lock(core_->handlers_mu);

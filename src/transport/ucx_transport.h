@@ -32,10 +32,12 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "common/executor.h"
 #include "common/metrics.h"
 #include "common/status.h"
+#include "transport/peer_auth.h"
 #include "transport/transport.h"
 
 namespace kvpool::transport {
@@ -67,6 +69,18 @@ struct UcxTransportOptions {
   uint32_t max_bootstrapping = 128;
   // Host put in address(); empty means listen_host.
   std::string advertise_host;
+  // Cluster authentication (peer_auth.h): with keys, every connection, in
+  // both directions, is mutually authenticated in its bootstrap before any
+  // request is sent or handled; a connector initiates with the first key and
+  // a listener accepts each. A peer without a key, or with another, is
+  // refused (PermissionDenied to its caller), counted in
+  // kvpool_transport_bootstrap_refused_total{reason} and logged at most once
+  // a second. Empty: no authentication (loopback-only or --insecure
+  // clusters); such a transport refuses a connector that offers it.
+  std::vector<ClusterKey> cluster_keys;
+  // This side's name in the handshake (a node's id and incarnation, "a/3");
+  // it is inside both sides' MACs. SetIdentity changes it later.
+  std::string identity;
   // UCX transports (the UCX_TLS value, e.g. "tcp" or "rc,sm"), applied with
   // ucp_config_modify; empty keeps UCX's choice (and the environment's).
   std::string tls;
@@ -103,6 +117,8 @@ class UcxTransport final : public Transport {
   ~UcxTransport() override;
 
   std::string address() const override;
+  // The identity used in later handshakes (e.g. once the incarnation is known).
+  void SetIdentity(std::string identity);
   uint16_t port() const;
   void RegisterHandler(MessageType type, Handler handler) override;
   void Call(const CallArgs& args, ReplyCallback done) override;

@@ -268,6 +268,119 @@ TEST(UcxTransportTest, DISABLED_PeersKilledWhileConnectingDoNotTakeTheListenerDo
   waitpid(server, nullptr, 0);
 }
 
+ClusterKey TestKey(uint8_t seed) {
+  std::array<uint8_t, kClusterKeyBytes> b{};
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>(seed + 3 * i);
+  return MakeClusterKey(b);
+}
+
+// A listener (with keys `server_keys`) and one call to it from a connector
+// with keys `client_keys`: the call's status, the handler calls and the
+// listener's metrics.
+struct AuthOutcome {
+  Status status;
+  int handled = 0;
+  MetricsRegistry metrics;
+};
+void CallWithKeys(const std::vector<ClusterKey>& server_keys,
+                  const std::vector<ClusterKey>& client_keys, AuthOutcome* out) {
+  UcxTransportOptions so = TcpOptions();
+  so.cluster_keys = server_keys;
+  so.identity = "b/7";
+  so.metrics = &out->metrics;
+  auto server = OpenOrDie(so);
+  std::atomic<int> handled{0};
+  CountCallsOfType1(server.get(), &handled);
+  UcxTransportOptions co = TcpOptions();
+  co.cluster_keys = client_keys;
+  co.identity = "a/3";
+  auto client = OpenOrDie(co);
+  CallArgs a;
+  a.peer = server->address();
+  a.type = 1;
+  a.deadline = Clock::now() + milliseconds(5000);
+  out->status = client->CallSync(a).status;
+  out->handled = handled.load();
+}
+
+TEST(UcxTransportTest, PeersHoldingTheClusterKeyAuthenticateAndCall) {
+  AuthOutcome o;
+  CallWithKeys({TestKey(1)}, {TestKey(1)}, &o);
+  EXPECT_TRUE(o.status.ok()) << o.status.ToString();
+  EXPECT_EQ(o.handled, 1);
+  EXPECT_EQ(o.metrics.ValueOf("kvpool_transport_authenticated_total", {{"side", "listener"}}), 1);
+  // While a key is rotated in, a listener holding both accepts either.
+  AuthOutcome rotating;
+  CallWithKeys({TestKey(2), TestKey(1)}, {TestKey(1)}, &rotating);
+  EXPECT_TRUE(rotating.status.ok()) << rotating.status.ToString();
+}
+
+TEST(UcxTransportTest, WithoutTheRightKeyACallIsPermissionDeniedAndNoHandlerRuns) {
+  struct Case {
+    std::vector<ClusterKey> server, client;
+    const char* reason;
+  };
+  const Case cases[] = {
+      {{TestKey(1)}, {TestKey(2)}, "unknown_key"},
+      {{TestKey(1)}, {}, "auth_required"},
+      {{}, {TestKey(1)}, "auth_not_configured"},
+  };
+  for (const Case& c : cases) {
+    AuthOutcome o;
+    CallWithKeys(c.server, c.client, &o);
+    EXPECT_EQ(o.status.code(), StatusCode::kPermissionDenied) << c.reason << ": "
+                                                              << o.status.ToString();
+    EXPECT_EQ(o.handled, 0) << c.reason;
+    EXPECT_EQ(o.metrics.ValueOf("kvpool_transport_bootstrap_refused_total",
+                                {{"reason", c.reason}}),
+              1)
+        << c.reason;
+    EXPECT_EQ(o.metrics.ValueOf("kvpool_transport_authenticated_total", {{"side", "listener"}}),
+              0);
+  }
+}
+
+// A connection that stops inside the handshake (a hello, then silence) is
+// closed at the bootstrap deadline and never gets the worker address.
+TEST(UcxTransportTest, AConnectionStalledInTheHandshakeIsClosedAtTheDeadline) {
+  MetricsRegistry metrics;
+  UcxTransportOptions so = TcpOptions();
+  so.cluster_keys = {TestKey(1)};
+  so.bootstrap_timeout = milliseconds(300);
+  so.metrics = &metrics;
+  auto server = OpenOrDie(so);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(server->port());
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)), 0);
+  AuthConnector c(TestKey(1), "a/1");
+  BootstrapMessage hello;
+  hello.body = *c.Hello();
+  std::vector<uint8_t> out = EncodeBootstrap(hello);
+  ASSERT_EQ(send(fd, out.data(), out.size(), MSG_NOSIGNAL), static_cast<ssize_t>(out.size()));
+  // The challenge comes, then nothing until the close.
+  std::vector<uint8_t> in;
+  auto start = Clock::now();
+  uint8_t buf[4096];
+  ssize_t n;
+  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) in.insert(in.end(), buf, buf + n);
+  auto closed_after = Clock::now() - start;
+  close(fd);
+  BootstrapMessage m;
+  size_t used = 0;
+  const char* reason = "";
+  ASSERT_EQ(ParseBootstrap(in, &m, &used, &reason), BootstrapParse::kDone);
+  EXPECT_EQ(m.kind, BootstrapKind::kChallenge);
+  EXPECT_EQ(used, in.size());  // no welcome after it
+  EXPECT_GE(closed_after, milliseconds(200));
+  EXPECT_LT(closed_after, milliseconds(3000));
+  EXPECT_EQ(metrics.ValueOf("kvpool_transport_bootstrap_refused_total",
+                            {{"reason", "bootstrap_timeout"}}),
+            1);
+}
+
 TEST(UcxTransportTest, OversizedPayloadIsRejectedAndCounted) {
   MetricsRegistry metrics;
   UcxTransportOptions so = TcpOptions();

@@ -1,0 +1,21 @@
+// Reading a secret (a cluster key, a bearer token) from a file that only
+// this process's user can read.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kvpool {
+
+// The contents of `path`, `what` naming it in errors ("cluster key file").
+// The file must be a regular file (not a link), at most 4 KiB, owned by this
+// process's effective user, with no permission for group or others (0600
+// or 0400); otherwise FailedPrecondition with what to fix (chown, chmod).
+Result<std::string> ReadSecretFile(const std::string& path, const std::string& what);
+
+// The lines of `text` that are not blank or comments ('#'), trimmed.
+std::vector<std::string> SecretLines(const std::string& text);
+
+}  // namespace kvpool

@@ -1,0 +1,227 @@
+#include "transport/peer_auth.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "common/check.h"
+#include "common/secret_file.h"
+#include "protocol/codec.h"
+
+namespace kvpool::transport {
+
+namespace {
+
+constexpr std::string_view kKeyIdLabel = "kvpool cluster key id v1";
+constexpr std::string_view kListenerLabel = "kvpool peer auth v1 listener";
+constexpr std::string_view kConnectorLabel = "kvpool peer auth v1 connector";
+
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+template <size_t N>
+bool ReadArray(protocol::BodyReader* r, std::array<uint8_t, N>* a) {
+  std::span<const uint8_t> b;
+  if (!r->Bytes(N, &b)) return false;
+  std::memcpy(a->data(), b.data(), N);
+  return true;
+}
+
+}  // namespace
+
+uint64_t ClusterKeyId(std::span<const uint8_t, kClusterKeyBytes> key) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  KVPOOL_CHECK(ctx != nullptr);
+  KVPOOL_CHECK(EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) == 1);
+  EVP_DigestUpdate(ctx, kKeyIdLabel.data(), kKeyIdLabel.size());
+  EVP_DigestUpdate(ctx, key.data(), key.size());
+  KVPOOL_CHECK(EVP_DigestFinal_ex(ctx, digest, &len) == 1);
+  EVP_MD_CTX_free(ctx);
+  uint64_t id = 0;
+  for (int i = 0; i < 8; ++i) id |= uint64_t{digest[i]} << (8 * i);
+  return id;
+}
+
+ClusterKey MakeClusterKey(std::span<const uint8_t, kClusterKeyBytes> key) {
+  ClusterKey k;
+  std::memcpy(k.bytes.data(), key.data(), kClusterKeyBytes);
+  k.id = ClusterKeyId(key);
+  return k;
+}
+
+Result<std::vector<ClusterKey>> LoadClusterKeyFile(const std::string& path) {
+  KVPOOL_ASSIGN_OR_RETURN(std::string text, ReadSecretFile(path, "cluster key file"));
+  std::vector<ClusterKey> keys;
+  int key_no = 0;
+  for (const std::string& line : SecretLines(text)) {
+    ++key_no;
+    if (line.size() != 2 * kClusterKeyBytes) {
+      return InvalidArgument(fmt::format(
+          "cluster key file {} key {}: a key is 64 hex digits (32 bytes; e.g. openssl rand "
+          "-hex 32), this one has {} characters",
+          path, key_no, line.size()));
+    }
+    std::array<uint8_t, kClusterKeyBytes> b{};
+    for (size_t i = 0; i < kClusterKeyBytes; ++i) {
+      int hi = HexDigit(line[2 * i]), lo = HexDigit(line[2 * i + 1]);
+      if (hi < 0 || lo < 0) {
+        return InvalidArgument(fmt::format(
+            "cluster key file {} key {}: not a hex digit at column {}", path, key_no,
+            hi < 0 ? 2 * i + 1 : 2 * i + 2));
+      }
+      b[i] = static_cast<uint8_t>(hi << 4 | lo);
+    }
+    keys.push_back(MakeClusterKey(b));
+  }
+  if (keys.empty()) return InvalidArgument(fmt::format("cluster key file {} holds no key", path));
+  if (keys.size() > 2) {
+    return InvalidArgument(fmt::format(
+        "cluster key file {} holds {} keys; at most two (the current one first, and the one "
+        "being rotated in or out)",
+        path, keys.size()));
+  }
+  if (keys.size() == 2 && keys[0].id == keys[1].id) {
+    return InvalidArgument(fmt::format("cluster key file {} holds the same key twice", path));
+  }
+  return keys;
+}
+
+std::vector<uint8_t> EncodeAuthHello(const AuthHello& h) {
+  std::vector<uint8_t> out;
+  protocol::BodyWriter w(&out);
+  w.U64(h.key_id);
+  w.Raw(h.nonce.data(), h.nonce.size());
+  w.Str(h.identity);
+  return out;
+}
+
+std::vector<uint8_t> EncodeAuthChallenge(const AuthChallenge& c) {
+  std::vector<uint8_t> out;
+  protocol::BodyWriter w(&out);
+  w.Raw(c.nonce.data(), c.nonce.size());
+  w.Str(c.identity);
+  w.Raw(c.mac.data(), c.mac.size());
+  return out;
+}
+
+std::vector<uint8_t> EncodeAuthProof(const AuthProof& p) {
+  return std::vector<uint8_t>(p.mac.begin(), p.mac.end());
+}
+
+bool DecodeAuthHello(std::span<const uint8_t> body, AuthHello* h) {
+  protocol::BodyReader r(body);
+  return r.U64(&h->key_id) && ReadArray(&r, &h->nonce) &&
+         r.Str(kMaxAuthIdentityBytes, &h->identity) && r.remaining() == 0;
+}
+
+bool DecodeAuthChallenge(std::span<const uint8_t> body, AuthChallenge* c) {
+  protocol::BodyReader r(body);
+  return ReadArray(&r, &c->nonce) && r.Str(kMaxAuthIdentityBytes, &c->identity) &&
+         ReadArray(&r, &c->mac) && r.remaining() == 0;
+}
+
+bool DecodeAuthProof(std::span<const uint8_t> body, AuthProof* p) {
+  protocol::BodyReader r(body);
+  return ReadArray(&r, &p->mac) && r.remaining() == 0;
+}
+
+Status RandomNonce(std::array<uint8_t, kAuthNonceBytes>* nonce) {
+  if (RAND_bytes(nonce->data(), static_cast<int>(nonce->size())) != 1) {
+    return Internal("no random bytes for an authentication nonce");
+  }
+  return Status::Ok();
+}
+
+std::array<uint8_t, kAuthMacBytes> AuthMac(const ClusterKey& key, bool listener,
+                                           const AuthHello& hello,
+                                           std::span<const uint8_t, kAuthNonceBytes> nonce_l,
+                                           const std::string& listener_identity) {
+  std::vector<uint8_t> msg;
+  protocol::BodyWriter w(&msg);
+  std::string_view label = listener ? kListenerLabel : kConnectorLabel;
+  w.Raw(label.data(), label.size());
+  w.U64(hello.key_id);
+  w.Raw(hello.nonce.data(), hello.nonce.size());
+  w.Raw(nonce_l.data(), nonce_l.size());
+  w.Str(hello.identity);
+  w.Str(listener_identity);
+  std::array<uint8_t, kAuthMacBytes> mac{};
+  unsigned int len = 0;
+  KVPOOL_CHECK(HMAC(EVP_sha256(), key.bytes.data(), static_cast<int>(key.bytes.size()),
+                    msg.data(), msg.size(), mac.data(), &len) != nullptr);
+  KVPOOL_CHECK(len == mac.size());
+  return mac;
+}
+
+bool MacEqual(std::span<const uint8_t, kAuthMacBytes> a, std::span<const uint8_t, kAuthMacBytes> b) {
+  return CRYPTO_memcmp(a.data(), b.data(), kAuthMacBytes) == 0;
+}
+
+Result<std::vector<uint8_t>> AuthConnector::Hello() {
+  hello_.key_id = key_.id;
+  hello_.identity = identity_.substr(0, kMaxAuthIdentityBytes);
+  KVPOOL_RETURN_IF_ERROR(RandomNonce(&hello_.nonce));
+  return EncodeAuthHello(hello_);
+}
+
+Result<std::vector<uint8_t>> AuthConnector::Answer(std::span<const uint8_t> challenge_body,
+                                                   std::string* peer_identity) {
+  AuthChallenge c;
+  if (!DecodeAuthChallenge(challenge_body, &c)) {
+    return PermissionDenied("malformed authentication challenge");
+  }
+  auto want = AuthMac(key_, /*listener=*/true, hello_, c.nonce, c.identity);
+  if (!MacEqual(want, c.mac)) {
+    return PermissionDenied("the listener does not hold this node's cluster key");
+  }
+  *peer_identity = c.identity;
+  AuthProof p;
+  p.mac = AuthMac(key_, /*listener=*/false, hello_, c.nonce, c.identity);
+  return EncodeAuthProof(p);
+}
+
+Result<std::vector<uint8_t>> AuthListener::Challenge(std::span<const uint8_t> hello_body,
+                                                     const char** reason) {
+  if (!DecodeAuthHello(hello_body, &hello_)) {
+    *reason = "bad_auth_hello";
+    return PermissionDenied("malformed authentication hello");
+  }
+  key_ = nullptr;
+  for (const ClusterKey& k : *keys_) {
+    if (k.id == hello_.key_id) key_ = &k;
+  }
+  if (key_ == nullptr) {
+    *reason = "unknown_key";
+    return PermissionDenied("authentication failed: not a key of this cluster");
+  }
+  KVPOOL_RETURN_IF_ERROR(RandomNonce(&nonce_));
+  AuthChallenge c;
+  c.nonce = nonce_;
+  c.identity = identity_.substr(0, kMaxAuthIdentityBytes);
+  c.mac = AuthMac(*key_, /*listener=*/true, hello_, nonce_, c.identity);
+  identity_ = c.identity;
+  return EncodeAuthChallenge(c);
+}
+
+Status AuthListener::Verify(std::span<const uint8_t> proof_body, const char** reason) {
+  AuthProof p;
+  if (key_ == nullptr || !DecodeAuthProof(proof_body, &p) ||
+      !MacEqual(AuthMac(*key_, /*listener=*/false, hello_, nonce_, identity_), p.mac)) {
+    *reason = "bad_proof";
+    return PermissionDenied("authentication failed");
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvpool::transport

@@ -1,0 +1,340 @@
+// Cluster authentication against real nodes (static --peers, UCX): nodes
+// holding the cluster key serve each other, a node with another key or none
+// (on hosts of their own: network namespaces) gets no value, directory
+// answer or write in, an unauthenticated remote client gets nothing, a node
+// with a loose key file does not start, and a key rotates without a stop.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <thread>
+#include <tuple>
+
+#include <httplib.h>
+
+#include "harness/cluster_harness.h"
+#include "harness/netns_lab.h"
+#include "harness/node_process.h"
+#include "kvpool/client.h"
+#include "kvpool/kvpool.h"
+
+namespace kvpool::testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+const char* kKey1 = "6b7670f06c2d636c75737465722d6b65792d6f6e652d666f722d746573747321";
+const char* kKey2 = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+
+class ClusterAuthTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/kvpool-auth-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+  }
+  void TearDown() override {
+    nodes_.clear();
+    std::string cmd = "rm -rf '" + dir_ + "'";
+    int r = system(cmd.c_str());
+    (void)r;
+  }
+  // A key file with these lines, mode `mode`.
+  std::string KeyFile(const std::string& name, const std::vector<std::string>& keys,
+                      mode_t mode = 0600) {
+    std::string path = dir_ + "/" + name;
+    std::ofstream out(path);
+    for (const auto& k : keys) out << k << "\n";
+    out.close();
+    chmod(path.c_str(), mode);
+    return path;
+  }
+  // Starts node `id` of members `members` on `port`, with extra args.
+  NodeProcess* Start(const std::string& id, const std::string& members, int port,
+                     std::vector<std::string> extra, std::string* log = nullptr) {
+    std::vector<std::string> args = {"--node-id", id, "--peers", members, "--peer-port",
+                                     std::to_string(port)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::string l;
+    auto n = NodeProcess::Start(args, "", &l);
+    if (log != nullptr) *log = l;
+    if (n == nullptr) return nullptr;
+    nodes_.push_back(std::move(n));
+    return nodes_.back().get();
+  }
+  // Nodes a and b of a static cluster, both holding kKey1.
+  void StartKeyedPair(StaticCluster* c, NodeProcess** a, NodeProcess** b) {
+    ASSERT_TRUE(c->PickPorts({"a", "b"}));
+    std::string key = KeyFile("cluster.key", {kKey1});
+    *a = Start("a", c->members, c->ports[0], {"--cluster-key-file", key});
+    *b = Start("b", c->members, c->ports[1], {"--cluster-key-file", key});
+    ASSERT_TRUE(*a && *b);
+  }
+  static ByteValues Values(size_t n, size_t bytes, uint8_t seed) {
+    ByteValues v(n, std::vector<uint8_t>(bytes));
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t j = 0; j < bytes; ++j) v[i][j] = static_cast<uint8_t>(seed + i * 13 + j * 7);
+    }
+    return v;
+  }
+  static void PutAll(const NodeProcess& n, const std::vector<kvpool_key_id>& ids,
+                     const ByteValues& vals) {
+    kvpool_client* c = OpenLocal(n, /*copy_mode=*/true);
+    ASSERT_NE(c, nullptr);
+    std::vector<kvpool_status> st(ids.size(), -1);
+    EXPECT_EQ(PutValues(c, ids, vals, &st), KVPOOL_OK) << kvpool_last_error();
+    kvpool_close(c);
+  }
+  static MaybeByteValues GetAll(const NodeProcess& n, const std::vector<kvpool_key_id>& ids) {
+    kvpool_client* c = OpenLocal(n, /*copy_mode=*/true);
+    if (c == nullptr) return {};
+    MaybeByteValues got = GetValues(c, ids, 1 << 20);
+    kvpool_close(c);
+    return got;
+  }
+  static size_t Hits(const MaybeByteValues& got) {
+    size_t n = 0;
+    for (const auto& g : got) n += g.has_value() ? 1 : 0;
+    return n;
+  }
+  // A counter's value, 0 before it first counts.
+  static double Count(const NodeProcess& n, const std::string& series) {
+    return std::max(0.0, n.Metric(series));
+  }
+  static double Refused(const NodeProcess& n, const char* reason) {
+    return Count(n, std::string("kvpool_transport_bootstrap_refused_total{reason=\"") + reason +
+                        "\"}");
+  }
+  static double Authenticated(const NodeProcess& n) {
+    return Count(n, "kvpool_transport_authenticated_total{side=\"listener\"}");
+  }
+
+  std::string dir_;
+  std::vector<std::unique_ptr<NodeProcess>> nodes_;
+};
+
+TEST_F(ClusterAuthTest, NodesHoldingTheKeyServeEachOthersValues) {
+  StaticCluster c;
+  NodeProcess *a = nullptr, *b = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartKeyedPair(&c, &a, &b));
+  auto ids = NumberedKeys("auth", "k", 64);
+  ByteValues vals = Values(ids.size(), 8192, 1);
+  PutAll(*a, ids, vals);
+  MaybeByteValues got;
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] {
+    got = GetAll(*b, ids);
+    return AllHit(got);
+  })) << Hits(got) << " of " << ids.size();
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(got, vals));
+  EXPECT_GE(Authenticated(*a), 1);
+  EXPECT_GE(Authenticated(*b), 1);
+  EXPECT_NE(a->Log().find("peer connections authenticated with 1 key"), std::string::npos)
+      << a->Log();
+}
+
+// Hosts as deployed: nodes a and b on separate network namespaces (veth
+// pairs on a bridge), non-loopback peer addresses, holding the key; an
+// intruder x on a third host that believes it is the third member, first
+// with another key, then with none (--insecure). It reads none of the
+// cluster's values, the cluster reads none of its, its hand-offs (placement
+// home) are never stored, and every refusal is counted by the node that
+// refused it.
+TEST_F(ClusterAuthTest, AcrossHostsANodeWithoutTheKeyGetsNothingInAndNothingOut) {
+  std::string why = NetnsLab::Unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  NetnsLab lab;
+  ASSERT_TRUE(lab.Init());
+  for (int i = 1; i <= 3; ++i) ASSERT_FALSE(lab.AddHost(i).empty());
+  setenv("UCX_TLS", "tcp", 1);  // peers talk over the veths
+  const std::string port = "7411";
+  std::string two = "a=" + lab.Ip(1) + ":" + port + ",b=" + lab.Ip(2) + ":" + port;
+  std::string three = two + ",x=" + lab.Ip(3) + ":" + port;
+  std::string key = KeyFile("cluster.key", {kKey1});
+  auto start = [&](int host, const std::string& id, const std::string& members,
+                   std::vector<std::string> extra) -> NodeProcess* {
+    NodeProcess* n = nullptr;
+    std::vector<std::string> args = {"--peer-address", lab.Ip(host)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    InNs(lab.Host(host), [&] { n = Start(id, members, std::stoi(port), args); });
+    return n;
+  };
+  // Admin endpoints listen on each host's own loopback.
+  auto in = [&](int host, const std::function<void()>& fn) { InNs(lab.Host(host), fn); };
+  NodeProcess* a = start(1, "a", two, {"--cluster-key-file", key});
+  NodeProcess* b = start(2, "b", two, {"--cluster-key-file", key});
+  ASSERT_TRUE(a && b);
+  auto ours = NumberedKeys("auth", "ours-", 48);
+  ByteValues our_vals = Values(ours.size(), 4096, 3);
+  PutAll(*a, ours, our_vals);
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] { return AllHit(GetAll(*b, ours)); }));
+  uint64_t a_entries = 0, b_entries = 0;
+  in(1, [&] { a_entries = DramEntries(*a); });
+  in(2, [&] { b_entries = DramEntries(*b); });
+
+  int round = 0;
+  for (const char* mode : {"wrong_key", "no_key"}) {
+    SCOPED_TRACE(mode);
+    std::vector<std::string> xargs = {"--placement", "home"};
+    if (std::string(mode) == "wrong_key") {
+      xargs.insert(xargs.end(), {"--cluster-key-file", KeyFile("other.key", {kKey2})});
+    } else {
+      xargs.push_back("--insecure");
+    }
+    NodeProcess* x = start(3, "x", three, xargs);
+    ASSERT_NE(x, nullptr);
+    auto theirs = NumberedKeys("auth", std::string("theirs-") + mode + "-", 48);
+    PutAll(*x, theirs, Values(theirs.size(), 4096, 9));  // hand-offs to a and b, refused
+    std::this_thread::sleep_for(milliseconds(1500));  // publishes and hand-offs retry meanwhile
+
+    EXPECT_EQ(Hits(GetAll(*x, ours)), 0u) << "values of the cluster read by the intruder";
+    EXPECT_EQ(Hits(GetAll(*a, theirs)), 0u) << "intruder values read through a";
+    EXPECT_EQ(Hits(GetAll(*b, theirs)), 0u) << "intruder values read through b";
+    EXPECT_EQ(Hits(GetAll(*x, theirs)), theirs.size()) << "the intruder serves its own clients";
+    const char* reason = std::string(mode) == "wrong_key" ? "unknown_key" : "auth_required";
+    double refused = 0, a_now = 0, b_now = 0;
+    std::string a_log = a->Log();
+    in(1, [&] {
+      refused += Refused(*a, reason);
+      a_now = static_cast<double>(DramEntries(*a));
+    });
+    in(2, [&] {
+      refused += Refused(*b, reason);
+      b_now = static_cast<double>(DramEntries(*b));
+    });
+    EXPECT_GE(refused, 1) << reason;
+    EXPECT_EQ(a_now, static_cast<double>(a_entries)) << "a stored something the intruder sent";
+    EXPECT_EQ(b_now, static_cast<double>(b_entries)) << "b stored something the intruder sent";
+    EXPECT_NE(a_log.find("refused peer"), std::string::npos) << a_log;
+    if (round++ == 1) {
+      EXPECT_NE(x->Log().find("INSECURE"), std::string::npos) << x->Log();
+    }
+    x->Stop(SIGKILL);
+  }
+  nodes_.clear();  // before the lab removes their namespaces
+}
+
+TEST_F(ClusterAuthTest, AnUnauthenticatedRemoteClientReadsAndWritesNothing) {
+  StaticCluster c;
+  NodeProcess *a = nullptr, *b = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartKeyedPair(&c, &a, &b));
+  auto ids = NumberedKeys("auth", "r", 16);
+  PutAll(*a, ids, Values(ids.size(), 4096, 5));
+  kvpool_options o;
+  kvpool_options_init(&o);
+  std::string peers = c.addrs[0] + "," + c.addrs[1];
+  o.remote_peers = peers.c_str();
+  o.timeout_ms = 2000;
+  kvpool_status st = KVPOOL_OK;
+  kvpool_client* rc = kvpool_open(&o, &st);
+  EXPECT_EQ(rc, nullptr);
+  EXPECT_EQ(st, KVPOOL_PERMISSION_DENIED) << kvpool_status_name(st) << ": " << kvpool_last_error();
+  if (rc != nullptr) kvpool_close(rc);
+  EXPECT_GE(Refused(*a, "auth_required") + Refused(*b, "auth_required"), 1);
+}
+
+TEST_F(ClusterAuthTest, ALooseOrMissingKeyFileStopsTheStartSayingWhatToFix) {
+  StaticCluster c;
+  ASSERT_TRUE(c.PickPorts({"a"}));
+  struct Case {
+    std::string file;
+    const char* says;
+  };
+  const Case cases[] = {
+      {KeyFile("group.key", {kKey1}, 0640), "chmod 600"},
+      {KeyFile("short.key", {"abcd"}, 0600), "64 hex digits"},
+      {dir_ + "/missing.key", "No such file"},
+  };
+  for (const Case& k : cases) {
+    std::string log;
+    NodeProcess* n = Start("a", c.members, c.ports[0], {"--cluster-key-file", k.file}, &log);
+    EXPECT_EQ(n, nullptr) << k.says;
+    EXPECT_NE(log.find(k.says), std::string::npos) << log;
+    EXPECT_NE(log.find(k.file), std::string::npos) << log;
+  }
+}
+
+// Rotation without a stop: every node holds both keys, in either order
+// (the first initiates), so connections in both directions authenticate.
+TEST_F(ClusterAuthTest, AKeyRotatesWhileNodesHoldBoth) {
+  StaticCluster c;
+  ASSERT_TRUE(c.PickPorts({"a", "b"}));
+  NodeProcess* a = Start("a", c.members, c.ports[0],
+                         {"--cluster-key-file", KeyFile("a.key", {kKey1, kKey2})});
+  NodeProcess* b = Start("b", c.members, c.ports[1],
+                         {"--cluster-key-file", KeyFile("b.key", {kKey2, kKey1}, 0400)});
+  ASSERT_TRUE(a && b);
+  auto on_a = NumberedKeys("auth", "rot-a-", 32), on_b = NumberedKeys("auth", "rot-b-", 32);
+  ByteValues va = Values(on_a.size(), 2048, 11), vb = Values(on_b.size(), 2048, 17);
+  PutAll(*a, on_a, va);
+  PutAll(*b, on_b, vb);
+  MaybeByteValues got_b, got_a;
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] {
+    got_b = GetAll(*b, on_a);
+    got_a = GetAll(*a, on_b);
+    return AllHit(got_a) && AllHit(got_b);
+  })) << Hits(got_b) << " and " << Hits(got_a);
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(got_b, va));
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(got_a, vb));
+  EXPECT_EQ(Refused(*a, "unknown_key") + Refused(*b, "unknown_key"), 0);
+}
+
+// The admin endpoint with a bearer token: everything but /healthz and
+// /readyz needs it, kvpoolctl sends it from --token-file, and a weak or
+// loose token file stops the start.
+TEST_F(ClusterAuthTest, AnAdminTokenGuardsTheAdminEndpoint) {
+  const std::string token = "c2VjcmV0LWFkbWluLXRva2VuLTEyMzQ1Ng";
+  std::string file = KeyFile("admin.token", {token});
+  NodeProcess* n = nullptr;
+  {
+    std::string log;
+    auto p = NodeProcess::Start({"--admin-token-file", file}, "", &log);
+    ASSERT_NE(p, nullptr) << log;
+    nodes_.push_back(std::move(p));
+    n = nodes_.back().get();
+  }
+  httplib::Client http("127.0.0.1", n->admin_port());
+  auto denied = http.Get("/api/v1/status");
+  ASSERT_TRUE(denied);
+  EXPECT_EQ(denied->status, 401);
+  EXPECT_EQ(denied->body.find("dram"), std::string::npos) << denied->body;
+  auto health = http.Get("/healthz");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  http.set_bearer_token_auth(token);
+  auto status = http.Get("/api/v1/status");
+  ASSERT_TRUE(status);
+  EXPECT_EQ(status->status, 200);
+  EXPECT_NE(status->body.find("dram"), std::string::npos);
+  EXPECT_EQ(status->body.find(token), std::string::npos);  // never echoed
+  auto config = http.Get("/api/v1/config");
+  ASSERT_TRUE(config);
+  EXPECT_EQ(config->body.find(token), std::string::npos) << config->body;
+
+  std::string admin = "127.0.0.1:" + std::to_string(n->admin_port()), out;
+  EXPECT_EQ(RunCommand({CtlBinary(), "metrics", "--admin", admin, "--token-file", file}, &out), 0);
+  EXPECT_NE(out.find("kvpool_admin_unauthorized_total 1"), std::string::npos) << out;
+  EXPECT_EQ(RunCommand({CtlBinary(), "metrics", "--admin", admin}, &out, true), 3);
+  EXPECT_NE(out.find("needs the node's admin token"), std::string::npos) << out;
+
+  for (const auto& [name, text, says] :
+       {std::tuple<std::string, std::string, std::string>{"short.token", "abc", "at least 16"},
+        {"spaced.token", "has a space inside it", "without spaces"}}) {
+    std::string log;
+    auto bad = NodeProcess::Start({"--admin-token-file", KeyFile(name, {text})}, "", &log);
+    EXPECT_EQ(bad, nullptr) << name;
+    EXPECT_NE(log.find(says), std::string::npos) << log;
+  }
+  std::string log;
+  auto loose = NodeProcess::Start({"--admin-token-file", KeyFile("loose.token", {token}, 0644)},
+                                  "", &log);
+  EXPECT_EQ(loose, nullptr);
+  EXPECT_NE(log.find("chmod 600"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace kvpool::testing
