@@ -15,6 +15,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -53,6 +54,13 @@ class PartitionTest : public ::testing::Test {
     // etcd in the hub namespace, on the bridge.
     char tmpl[] = "/tmp/kvpool-cut-XXXXXX";
     dir_ = mkdtemp(tmpl);
+    // The nodes authenticate each other, as deployed on a real network.
+    key_file_ = dir_ + "/cluster.key";
+    {
+      std::ofstream key(key_file_);
+      key << "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90\n";
+    }
+    ASSERT_EQ(chmod(key_file_.c_str(), 0600), 0);
     etcd_url_ = "http://" + net_ + "254:2379";
     etcd_pid_ = fork();
     if (etcd_pid_ == 0) {
@@ -86,7 +94,8 @@ class PartitionTest : public ::testing::Test {
     InNs(ns_[i - 1], [&] {
       n = NodeProcess::Start({"--node-id", "n" + std::to_string(i), "--etcd", etcd_url_,
                               "--cluster", "cut", "--peer-address", net_ + std::to_string(i),
-                              "--insecure", "--lease-ttl", "3s", "--anti-entropy-interval",
+                              "--cluster-key-file", key_file_, "--lease-ttl", "3s",
+                              "--anti-entropy-interval",
                               "1s"},
                              "", &log);
     });
@@ -122,7 +131,7 @@ class PartitionTest : public ::testing::Test {
   }
 
   NetnsLab lab_;
-  std::string net_, hub_, dir_, etcd_url_;
+  std::string net_, hub_, dir_, etcd_url_, key_file_;
   std::vector<std::string> ns_;
   pid_t etcd_pid_ = -1;
   std::vector<std::unique_ptr<NodeProcess>> nodes_;

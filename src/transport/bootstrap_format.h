@@ -33,9 +33,10 @@
 // |        |      |          | challenge: an AuthChallenge (>= 1 byte); proof: an    |
 // |        |      |          | AuthProof (kProofBody bytes)                          |
 //
-// A listener reads at most 16 + kMaxBootstrapBody bytes from a connection,
-// within a deadline, before it either welcomes it or closes it; nothing is
-// allocated on the word of a length before it is checked.
+// A listener reads at most 16 + kMaxHelloBody bytes at a time from a
+// connection it has not welcomed (a hello, then with keys a proof), all
+// within one deadline, before it either welcomes it or closes it; nothing
+// is allocated on the word of a length before it is checked.
 #pragma once
 
 #include <cstdint>

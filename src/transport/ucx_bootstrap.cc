@@ -192,8 +192,10 @@ void UcxTransport::Core::ClosePending(int fd) {
 
 void UcxTransport::Core::OnPendingReadable(int fd) {
   Pending& p = pending.at(fd);
-  // Never more than one hello's worth of bytes is held for a connection.
-  uint8_t buf[kBootstrapHeaderBytes + kMaxBootstrapBody];
+  // Never more than one hello's worth of bytes (the largest message a
+  // connector sends: a proof is smaller) is read from a connection that
+  // has not been welcomed.
+  uint8_t buf[kBootstrapHeaderBytes + kMaxHelloBody];
   ssize_t n = recv(fd, buf, sizeof(buf) - p.in.size(), MSG_DONTWAIT);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
   if (n <= 0) {
