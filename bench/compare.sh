@@ -17,6 +17,9 @@
 #          (the SSD tier vs fio; bench/compare_ssd.sh, see bench/README.md)
 #        bench/compare.sh remote [--reps N] [--duration DURATION] [--keep]
 #          (two nodes over UCX vs iperf3 and Redis; bench/compare_remote.sh)
+#        bench/compare.sh security [--reps N] [--duration DURATION] [--keep]
+#          (an intruder without the cluster key, a replayed handshake, and
+#          the cost of authentication; bench/compare_security.sh)
 #        bench/compare.sh connectors [--reps N] [--keep] [-- BENCH_ARGS]
 #          (SGLang/LMCache connectors vs the raw Python client;
 #          bench/compare_connectors.sh)
@@ -36,6 +39,10 @@ fi
 if [[ "${1:-}" == "connectors" ]]; then
   shift
   exec "$HERE/compare_connectors.sh" "$@"
+fi
+if [[ "${1:-}" == "security" ]]; then
+  shift
+  exec "$HERE/compare_security.sh" "$@"
 fi
 if [[ "${1:-}" == "ssd" ]]; then
   shift

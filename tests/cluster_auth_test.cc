@@ -3,8 +3,11 @@
 // (on hosts of their own: network namespaces) gets no value, directory
 // answer or write in, an unauthenticated remote client gets nothing, a node
 // with a loose key file does not start, and a key rotates without a stop.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,11 +26,20 @@
 #include "harness/node_process.h"
 #include "kvpool/client.h"
 #include "kvpool/kvpool.h"
+#include "transport/bootstrap_format.h"
+#include "transport/peer_auth.h"
 
 namespace kvpool::testing {
 namespace {
 
 using std::chrono::milliseconds;
+
+// A `metric NAME VALUE` line on stdout: bench/compare.sh security collects
+// them from this binary's run.
+void Metric(const std::string& name, double value) {
+  std::printf("metric %s %g\n", name.c_str(), value);
+  std::fflush(stdout);
+}
 
 const char* kKey1 = "6b7670f06c2d636c75737465722d6b65792d6f6e652d666f722d746573747321";
 const char* kKey2 = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
@@ -177,6 +189,7 @@ TEST_F(ClusterAuthTest, AcrossHostsANodeWithoutTheKeyGetsNothingInAndNothingOut)
   in(2, [&] { b_entries = DramEntries(*b); });
 
   int round = 0;
+  double values_read = 0, writes_accepted = 0, wrong_key_refused = 0, wrong_key_accepted = 0;
   for (const char* mode : {"wrong_key", "no_key"}) {
     SCOPED_TRACE(mode);
     std::vector<std::string> xargs = {"--placement", "home"};
@@ -191,9 +204,13 @@ TEST_F(ClusterAuthTest, AcrossHostsANodeWithoutTheKeyGetsNothingInAndNothingOut)
     PutAll(*x, theirs, Values(theirs.size(), 4096, 9));  // hand-offs to a and b, refused
     std::this_thread::sleep_for(milliseconds(1500));  // publishes and hand-offs retry meanwhile
 
-    EXPECT_EQ(Hits(GetAll(*x, ours)), 0u) << "values of the cluster read by the intruder";
-    EXPECT_EQ(Hits(GetAll(*a, theirs)), 0u) << "intruder values read through a";
-    EXPECT_EQ(Hits(GetAll(*b, theirs)), 0u) << "intruder values read through b";
+    size_t read_by_x = Hits(GetAll(*x, ours));
+    size_t read_via_a = Hits(GetAll(*a, theirs)), read_via_b = Hits(GetAll(*b, theirs));
+    EXPECT_EQ(read_by_x, 0u) << "values of the cluster read by the intruder";
+    EXPECT_EQ(read_via_a, 0u) << "intruder values read through a";
+    EXPECT_EQ(read_via_b, 0u) << "intruder values read through b";
+    values_read += static_cast<double>(read_by_x);
+    writes_accepted += static_cast<double>(read_via_a + read_via_b);
     EXPECT_EQ(Hits(GetAll(*x, theirs)), theirs.size()) << "the intruder serves its own clients";
     const char* reason = std::string(mode) == "wrong_key" ? "unknown_key" : "auth_required";
     double refused = 0, a_now = 0, b_now = 0;
@@ -209,6 +226,14 @@ TEST_F(ClusterAuthTest, AcrossHostsANodeWithoutTheKeyGetsNothingInAndNothingOut)
     EXPECT_GE(refused, 1) << reason;
     EXPECT_EQ(a_now, static_cast<double>(a_entries)) << "a stored something the intruder sent";
     EXPECT_EQ(b_now, static_cast<double>(b_entries)) << "b stored something the intruder sent";
+    writes_accepted += (a_now - static_cast<double>(a_entries)) + (b_now - static_cast<double>(b_entries));
+    if (std::string(mode) == "wrong_key") {
+      wrong_key_refused = refused;
+      in(3, [&] {
+        wrong_key_accepted = Count(*x, "kvpool_transport_authenticated_total{side=\"connector\"}");
+      });
+      EXPECT_EQ(wrong_key_accepted, 0);
+    }
     EXPECT_NE(a_log.find("refused peer"), std::string::npos) << a_log;
     if (round++ == 1) {
       EXPECT_NE(x->Log().find("INSECURE"), std::string::npos) << x->Log();
@@ -216,6 +241,83 @@ TEST_F(ClusterAuthTest, AcrossHostsANodeWithoutTheKeyGetsNothingInAndNothingOut)
     x->Stop(SIGKILL);
   }
   nodes_.clear();  // before the lab removes their namespaces
+  Metric("unauthenticated_peer_values_read", values_read);
+  Metric("unauthenticated_peer_writes_accepted", writes_accepted);
+  Metric("wrong_key_joins_refused", wrong_key_refused);  // connections a and b refused
+  Metric("wrong_key_joins_accepted", wrong_key_accepted);
+}
+
+// A handshake recorded from the wire (hello and proof of a connection that
+// was welcomed) and sent again on a new connection: the node's new nonce
+// makes the recorded proof worthless, and it is refused and counted.
+TEST_F(ClusterAuthTest, AHandshakeRecordedAndReplayedToANodeIsRefused) {
+  StaticCluster c;
+  NodeProcess *a = nullptr, *b = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartKeyedPair(&c, &a, &b));
+  auto exchange = [&](int fd, const std::vector<uint8_t>& out, transport::BootstrapMessage* m) {
+    if (send(fd, out.data(), out.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(out.size())) {
+      return false;
+    }
+    std::vector<uint8_t> in;
+    size_t used = 0;
+    const char* reason = "";
+    uint8_t buf[8192];
+    while (transport::ParseBootstrap(in, m, &used, &reason) == transport::BootstrapParse::kNeedMore) {
+      ssize_t n = recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) return false;
+      in.insert(in.end(), buf, buf + n);
+    }
+    return true;
+  };
+  auto connect_to = [&](int port) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<uint16_t>(port));
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)), 0);
+    return fd;
+  };
+  // The recording: a key holder's handshake with a, welcomed.
+  auto keys = transport::LoadClusterKeyFile(KeyFile("k.key", {kKey1}));
+  ASSERT_TRUE(keys.ok()) << keys.status().ToString();
+  transport::AuthConnector holder(keys->front(), "c/1");
+  transport::BootstrapMessage hello, challenge, proof, answer;
+  hello.body = *holder.Hello();
+  std::vector<uint8_t> hello_bytes = transport::EncodeBootstrap(hello);
+  int fd = connect_to(c.ports[0]);
+  ASSERT_TRUE(exchange(fd, hello_bytes, &challenge));
+  ASSERT_EQ(challenge.kind, transport::BootstrapKind::kChallenge);
+  std::string listener;
+  proof.kind = transport::BootstrapKind::kProof;
+  proof.body = *holder.Answer(challenge.body, &listener);
+  EXPECT_EQ(listener.substr(0, 2), "a/");
+  std::vector<uint8_t> proof_bytes = transport::EncodeBootstrap(proof);
+  ASSERT_TRUE(exchange(fd, proof_bytes, &answer));
+  EXPECT_EQ(answer.kind, transport::BootstrapKind::kWelcome);
+  close(fd);
+  // The replays, to a and to b: a new challenge each time, then refused.
+  int accepted = 0, refused = 0;
+  for (int i = 0; i < 4; ++i) {
+    fd = connect_to(c.ports[i % 2]);
+    transport::BootstrapMessage fresh, verdict;
+    ASSERT_TRUE(exchange(fd, hello_bytes, &fresh));
+    ASSERT_EQ(fresh.kind, transport::BootstrapKind::kChallenge);
+    EXPECT_NE(fresh.body, challenge.body);
+    bool answered = exchange(fd, proof_bytes, &verdict);
+    close(fd);
+    if (answered && verdict.kind == transport::BootstrapKind::kWelcome) ++accepted;
+    if (answered && verdict.kind == transport::BootstrapKind::kRefuse) {
+      ++refused;
+      std::string text(verdict.body.begin(), verdict.body.end());
+      EXPECT_NE(text.find("permission denied"), std::string::npos) << text;
+    }
+  }
+  EXPECT_EQ(accepted, 0);
+  EXPECT_EQ(refused, 4);
+  EXPECT_EQ(Refused(*a, "bad_proof"), 2);
+  EXPECT_EQ(Refused(*b, "bad_proof"), 2);
+  Metric("replayed_handshakes_accepted", accepted);
 }
 
 TEST_F(ClusterAuthTest, AnUnauthenticatedRemoteClientReadsAndWritesNothing) {

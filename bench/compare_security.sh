@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# bench/compare.sh security: what an intruder gets from a kvpool cluster, and
+# what authentication costs, from real nodes.
+#
+# 1. Runs tests/cluster_auth_test from the build: nodes on hosts of their own
+#    (network namespaces joined by veth pairs, so it needs root and `ip`),
+#    an intruder without the cluster key (another key, then none) and a
+#    recorded handshake replayed to the nodes. The test asserts each outcome
+#    and prints the counts as `metric` lines, collected here:
+#      unauthenticated_peer_values_read, unauthenticated_peer_writes_accepted,
+#      wrong_key_joins_refused (connections the nodes refused),
+#      wrong_key_joins_accepted, replayed_handshakes_accepted.
+# 2. auth_cost_remote_get: a remote get (node B reads 1 MiB values held on
+#    node A, batch 16, one client thread) in a two-node static cluster with
+#    a cluster key, over the same without one; the two run in turn (which
+#    goes first alternates), a fresh cluster each time, and the metric is
+#    the median of the per-pair ratios (authentication happens once per
+#    connection, so about 1.0).
+#
+# Tenant isolation and quotas are not built yet: their metrics are absent.
+#
+# Usage: bench/compare.sh security [--reps N] [--duration DURATION] [--keep]
+#   --reps      pairs of remote-get runs (default 8)
+#   --duration  each remote-get run (default 2s)
+# Environment: BUILD_DIR (default build), UCX_TLS (default tcp),
+#   UCX_NET_DEVICES (default lo), A_DRAM (default 4GiB).
+set -euo pipefail
+
+LOG_TAG=security
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+REPS=8
+DURATION=2s
+KEEP=0
+parse_flags "--reps --duration --keep" "$@"
+export UCX_TLS="${UCX_TLS:-tcp}" UCX_NET_DEVICES="${UCX_NET_DEVICES:-lo}"
+A_DRAM="${A_DRAM:-4GiB}"
+KEYS=3072
+
+NODE="$(find_bin kvpool-node || true)"
+BENCH="$(find_bin kvpool-bench || true)"
+AUTH_TEST="$(find_bin cluster_auth_test || true)"
+[[ -n "$NODE" ]] || missing+=("kvpool-node under $BUILD_DIR")
+[[ -n "$BENCH" ]] || missing+=("kvpool-bench under $BUILD_DIR")
+[[ -n "$AUTH_TEST" ]] || missing+=("cluster_auth_test under $BUILD_DIR (ninja -C $BUILD_DIR cluster_auth_test)")
+command -v openssl >/dev/null || missing+=("openssl")
+check_missing
+
+TMP="$(mktemp -d /tmp/kvpool-security.XXXXXX)"
+A_PID=""; B_PID=""
+cleanup() {
+  local rc=$?
+  stop_pid "$B_PID" kvpool-node-b KILL
+  stop_pid "$A_PID" kvpool-node-a KILL
+  keep_or_remove_tmp "$rc"
+}
+trap cleanup EXIT
+
+freeport() { "$PY" "$HERE/compare_lib.py" freeport; }
+
+log "intruder, replay and token tests: $AUTH_TEST"
+rc=0
+"$AUTH_TEST" > "$TMP/auth_test.out" 2>&1 || rc=$?
+grep '^metric ' "$TMP/auth_test.out" > "$TMP/metrics" || true
+if [[ $rc -ne 0 ]]; then
+  grep -E '^\[  FAILED|Failure' "$TMP/auth_test.out" >&2 || true
+  die "cluster_auth_test failed (exit $rc); its output is in $TMP/auth_test.out"
+fi
+grep -q unauthenticated_peer_values_read "$TMP/metrics" \
+  || die "cluster_auth_test printed no intruder metrics (skipped? it needs root and ip): $TMP/auth_test.out"
+
+openssl rand -hex 32 > "$TMP/cluster.key"
+chmod 600 "$TMP/cluster.key"
+
+# remote_get MODE: one run in a fresh cluster (MODE plain or keyed); prints GB/s.
+remote_get() {
+  local auth=() pa pb peers out
+  [[ $1 == keyed ]] && auth=(--cluster-key-file "$TMP/cluster.key")
+  pa="$(freeport)"; pb="$(freeport)"
+  peers="a=127.0.0.1:$pa,b=127.0.0.1:$pb"
+  "$NODE" --node-id a --peers "$peers" --peer-port "$pa" --socket "$TMP/a.sock" \
+    --dram-capacity "$A_DRAM" --slab-size 1MiB --admin-port 0 "${auth[@]}" > "$TMP/a.log" 2>&1 &
+  A_PID=$!
+  "$NODE" --node-id b --peers "$peers" --peer-port "$pb" --socket "$TMP/b.sock" \
+    --dram-capacity 128MiB --slab-size 1MiB --admin-port 0 "${auth[@]}" > "$TMP/b.log" 2>&1 &
+  B_PID=$!
+  wait_node_ready "$A_PID" "$TMP/a.log" "$TMP/a.sock" || die "node a ($1) did not start"
+  wait_node_ready "$B_PID" "$TMP/b.log" "$TMP/b.sock" || die "node b ($1) did not start"
+  "$BENCH" --socket "$TMP/a.sock" --op exists --populate --namespace sec --keys "$KEYS" \
+    --value-size 1MiB --batch 64 --duration 50ms --warmup 0ms > /dev/null 2> "$TMP/populate.err" \
+    || { cat "$TMP/populate.err" >&2; die "populate ($1) failed"; }
+  sleep 1  # the publishes reach the keys' homes
+  out="$("$BENCH" --socket "$TMP/b.sock" --op get --namespace sec --keys "$KEYS" --value-size 1MiB \
+    --batch 16 --threads 1 --duration "$DURATION" --warmup 0ms --buffer-size 256MiB --json)" \
+    || die "remote get ($1) failed"
+  stop_pid "$B_PID" kvpool-node-b KILL; B_PID=""
+  stop_pid "$A_PID" kvpool-node-a KILL; A_PID=""
+  printf '%s\n' "$out" | "$PY" -c '
+import json, sys
+r = [json.loads(l) for l in sys.stdin if l.strip()][-1]
+if r.get("errors") or r.get("misses"):
+    sys.exit("remote get: %s errors, %s misses" % (r.get("errors"), r.get("misses")))
+print("%.3f" % r["gbps"])'
+}
+
+log "remote get with and without a cluster key, $REPS pairs of $DURATION"
+for rep in $(seq 1 "$REPS"); do
+  # Which goes first alternates, so neither gains from the machine's drift.
+  if (( rep % 2 )); then
+    plain="$(remote_get plain)"; keyed="$(remote_get keyed)"
+  else
+    keyed="$(remote_get keyed)"; plain="$(remote_get plain)"
+  fi
+  log "pair $rep: without a key $plain GB/s, with $keyed GB/s"
+  printf '%s %s\n' "$plain" "$keyed" >> "$TMP/pairs"
+done
+"$PY" - "$TMP/pairs" >> "$TMP/metrics" <<'PYEOF'
+import statistics, sys
+pairs = [tuple(map(float, l.split())) for l in open(sys.argv[1]) if l.strip()]
+print("metric remote_get_1m_gbps_plain %.3f" % statistics.median(p for p, _ in pairs))
+print("metric remote_get_1m_gbps_keyed %.3f" % statistics.median(k for _, k in pairs))
+print("metric auth_cost_remote_get %.3f" % statistics.median(k / p for p, k in pairs))
+PYEOF
+cat "$TMP/metrics"
