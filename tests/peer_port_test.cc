@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 
 #include "harness/cluster_harness.h"
 #include "transport/bootstrap_format.h"
+#include "transport/peer_auth.h"
 
 namespace kvpool::testing {
 namespace {
@@ -348,12 +350,25 @@ double RemoteReadMs(kvpool_client* on_b, kvpool_client* on_a, const std::string&
 // established peer connection a -> b keeps its latency, b's /healthz answers,
 // a new peer gets in once the bootstrap slots free, the flood is reaped by the
 // bootstrap deadline, and b's memory barely moves.
-TEST(PeerPort, IdleAndTricklingConnectionsCostBoundedSlotsForABoundedTime) {
+// The nodes hold a cluster key, as deployed off loopback, so the flood also
+// has connections that stall inside the authentication handshake: a valid
+// hello, the node's challenge, then silence.
+TEST(PeerPort, IdleTricklingAndStalledConnectionsCostBoundedSlotsForABoundedTime) {
   rlimit rl{65536, 65536};
   setrlimit(RLIMIT_NOFILE, &rl);
+  char tmpl[] = "/tmp/kvpool-flood-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::string key_file = dir + "/cluster.key";
+  {
+    std::ofstream key(key_file);
+    key << "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed\n";
+  }
+  ASSERT_EQ(chmod(key_file.c_str(), 0600), 0);
+  auto keys = transport::LoadClusterKeyFile(key_file);
+  ASSERT_TRUE(keys.ok()) << keys.status().ToString();
   StaticCluster c;
   ASSERT_TRUE(c.PickPorts({"a", "b"}));
-  ASSERT_TRUE(c.StartNodes({"a", "b"}));
+  ASSERT_TRUE(c.StartNodes({"a", "b"}, {"--cluster-key-file", key_file}));
   NodeProcess& b = *c.nodes[1];
   kvpool_client* ca = OpenLocal(*c.nodes[0], /*copy_mode=*/true);
   kvpool_client* cb = OpenLocal(b, /*copy_mode=*/true);
@@ -368,12 +383,22 @@ TEST(PeerPort, IdleAndTricklingConnectionsCostBoundedSlotsForABoundedTime) {
   long rss0 = RssKiB(b.pid());
 
   constexpr int kEach = 2000;
-  std::vector<int> idle, trickle;
+  std::vector<int> idle, trickle, stalled;
+  transport::BootstrapMessage auth_hello;
+  transport::AuthConnector intruder_with_key(keys->front(), "flood/1");
+  auth_hello.body = *intruder_with_key.Hello();
+  const std::vector<uint8_t> stall_bytes = transport::EncodeBootstrap(auth_hello);
   for (int i = 0; i < kEach; ++i) {
     int fd = DialLoopback(c.ports[1]);
     if (fd >= 0) idle.push_back(fd);
     fd = DialLoopback(c.ports[1]);
-    if (fd >= 0) trickle.push_back(fd);
+    if (fd < 0) continue;
+    if (i % 2 == 0) {
+      trickle.push_back(fd);
+    } else {
+      send(fd, stall_bytes.data(), stall_bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      stalled.push_back(fd);
+    }
   }
   const std::vector<uint8_t> hello = transport::EncodeBootstrap({});
   std::atomic<bool> stop{false};
@@ -402,8 +427,9 @@ TEST(PeerPort, IdleAndTricklingConnectionsCostBoundedSlotsForABoundedTime) {
   kvpool_close(ca);
   c.nodes[0]->Stop(SIGKILL);
   std::string log;
-  c.nodes[0] = NodeProcess::Start(
-      {"--node-id", "a", "--peers", c.members, "--peer-port", std::to_string(c.ports[0])}, "", &log);
+  c.nodes[0] = NodeProcess::Start({"--node-id", "a", "--peers", c.members, "--peer-port",
+                                    std::to_string(c.ports[0]), "--cluster-key-file", key_file},
+                                   "", &log);
   ASSERT_NE(c.nodes[0], nullptr) << log;
   kvpool_client* cc = OpenLocal(*c.nodes[0], /*copy_mode=*/true);
   ASSERT_NE(cc, nullptr);
@@ -419,19 +445,36 @@ TEST(PeerPort, IdleAndTricklingConnectionsCostBoundedSlotsForABoundedTime) {
   });
   double reaped_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - flood_t0).count();
   // Closed by b: a refusal's bytes (if any), then end of stream or a reset.
-  size_t closed_by_b = 0;
-  for (int fd : idle) {
-    char buf[4096];
-    ssize_t n;
-    while ((n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0) {
+  // *challenged: connections whose first message from b was a challenge.
+  auto closed_by_node = [](const std::vector<int>& fds, size_t* challenged) {
+    size_t closed = 0;
+    for (int fd : fds) {
+      uint8_t buf[4096];
+      std::vector<uint8_t> in;
+      ssize_t n;
+      while ((n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0) in.insert(in.end(), buf, buf + n);
+      closed += n == 0 || (n < 0 && errno == ECONNRESET);
+      transport::BootstrapMessage m;
+      size_t used = 0;
+      const char* reason = "";
+      if (transport::ParseBootstrap(in, &m, &used, &reason) == transport::BootstrapParse::kDone &&
+          m.kind == transport::BootstrapKind::kChallenge) {
+        ++*challenged;
+      }
     }
-    closed_by_b += n == 0 || (n < 0 && errno == ECONNRESET);
-  }
+    return closed;
+  };
+  size_t idle_challenged = 0, stalled_challenged = 0;
+  size_t closed_by_b = closed_by_node(idle, &idle_challenged);
+  size_t stalled_closed_by_b = closed_by_node(stalled, &stalled_challenged);
   long rss1 = RssKiB(b.pid());
   stop = true;
   trickler.join();
   for (int fd : idle) close(fd);
   for (int fd : trickle) close(fd);
+  for (int fd : stalled) close(fd);
+  int r = system(("rm -rf '" + dir + "'").c_str());
+  (void)r;
 
   double refused = b.Metric("kvpool_transport_bootstrap_refused_total{reason=\"too_many_bootstrapping\"}");
   double timed_out = b.Metric("kvpool_transport_bootstrap_refused_total{reason=\"bootstrap_timeout\"}");
@@ -442,13 +485,22 @@ TEST(PeerPort, IdleAndTricklingConnectionsCostBoundedSlotsForABoundedTime) {
               during[during.size() / 2], during[during.size() * 9 / 10], during.back());
   std::printf("SUMMARY {\"flood\":%zu,\"remote_get_p99_ms\":{\"base\":%.3f,\"flood\":%.3f},"
               "\"healthz_p99_ms\":%.2f,\"new_peer_in_ms\":%.0f,\"reaped_all_ms\":%.0f,"
-              "\"idle_closed_by_node\":%zu,\"refused_at_accept\":%.0f,\"bootstrap_timeouts\":%.0f,"
-              "\"rss_growth_kib\":%ld}\n",
-              idle.size() + trickle.size(), P99(base), P99(during), P99(healthz), c_in_ms, reaped_ms,
-              closed_by_b, refused, timed_out, rss1 - rss0);
-  EXPECT_EQ(idle.size() + trickle.size(), 2u * kEach);
+              "\"idle_closed_by_node\":%zu,\"stalled_in_handshake_closed_by_node\":%zu,"
+              "\"stalled_challenged\":%zu,"
+              "\"refused_at_accept\":%.0f,\"bootstrap_timeouts\":%.0f,\"rss_growth_kib\":%ld}\n",
+              idle.size() + trickle.size() + stalled.size(), P99(base), P99(during), P99(healthz),
+              c_in_ms, reaped_ms, closed_by_b, stalled_closed_by_b, stalled_challenged, refused, timed_out,
+              rss1 - rss0);
+  EXPECT_EQ(idle.size() + trickle.size() + stalled.size(), 2u * kEach);
   EXPECT_TRUE(reaped);
   EXPECT_EQ(closed_by_b, idle.size());
+  EXPECT_EQ(stalled_closed_by_b, stalled.size());
+  // Some stalled connections got as far as the challenge (the others were
+  // refused at accept while the bootstrap slots were full); none got past
+  // it, and no idle connection was challenged.
+  EXPECT_GT(stalled_challenged, 0u);
+  EXPECT_EQ(idle_challenged, 0u);
+  EXPECT_LE(b.Metric("kvpool_transport_bootstrap_refused_total{reason=\"bad_proof\"}"), 0);
   // Every flood connection was refused at accept or timed out in its
   // bootstrap (and the restarted a may have been refused a few times too).
   EXPECT_GE(refused + timed_out, 2.0 * kEach);
