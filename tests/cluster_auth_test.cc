@@ -339,6 +339,58 @@ TEST_F(ClusterAuthTest, AnUnauthenticatedRemoteClientReadsAndWritesNothing) {
   EXPECT_GE(Refused(*a, "auth_required") + Refused(*b, "auth_required"), 1);
 }
 
+// A remote-mode client holding a client token reads the cluster's values
+// and stores its own; with an unknown token it gets PERMISSION_DENIED.
+TEST_F(ClusterAuthTest, ARemoteClientWithATokenReadsAndWrites) {
+  const char* kToken = "7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a";
+  StaticCluster c;
+  ASSERT_TRUE(c.PickPorts({"a", "b"}));
+  std::string key = KeyFile("cluster.key", {kKey1});
+  std::string tokens = KeyFile("clients.tokens", {std::string("engine-1 ") + kToken});
+  std::vector<std::string> args = {"--cluster-key-file", key, "--client-token-file", tokens};
+  NodeProcess* a = Start("a", c.members, c.ports[0], args);
+  NodeProcess* b = Start("b", c.members, c.ports[1], args);
+  ASSERT_TRUE(a && b);
+  auto ids = NumberedKeys("auth", "tok-", 32);
+  ByteValues vals = Values(ids.size(), 4096, 21);
+  PutAll(*a, ids, vals);
+  std::string peers = c.addrs[0] + "," + c.addrs[1];
+  auto open = [&](const std::string& token_file, kvpool_status* st) {
+    kvpool_options o;
+    kvpool_options_init(&o);
+    o.remote_peers = peers.c_str();
+    o.remote_token_file = token_file.c_str();
+    o.timeout_ms = 3000;
+    return kvpool_open(&o, st);
+  };
+  kvpool_status st = KVPOOL_OK;
+  kvpool_client* rc = open(KeyFile("mine.token", {std::string("engine-1 ") + kToken}), &st);
+  ASSERT_NE(rc, nullptr) << kvpool_status_name(st) << ": " << kvpool_last_error();
+  MaybeByteValues got;
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] {
+    got = GetValues(rc, ids, 1 << 20);
+    return AllHit(got);
+  })) << Hits(got);
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(got, vals));
+  auto own = NumberedKeys("auth", "tok-own-", 8);
+  ByteValues own_vals = Values(own.size(), 4096, 33);
+  std::vector<kvpool_status> item(own.size(), -1);
+  EXPECT_EQ(PutValues(rc, own, own_vals, &item), KVPOOL_OK) << kvpool_last_error();
+  kvpool_close(rc);
+  MaybeByteValues back;
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] {
+    back = GetAll(*a, own);
+    return AllHit(back);
+  })) << Hits(back);
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(back, own_vals));
+  // A token the nodes do not know.
+  st = KVPOOL_OK;
+  rc = open(KeyFile("stolen.token", {std::string("engine-1 ") + kKey2}), &st);
+  EXPECT_EQ(rc, nullptr);
+  EXPECT_EQ(st, KVPOOL_PERMISSION_DENIED) << kvpool_status_name(st) << ": " << kvpool_last_error();
+  if (rc != nullptr) kvpool_close(rc);
+}
+
 TEST_F(ClusterAuthTest, ALooseOrMissingKeyFileStopsTheStartSayingWhatToFix) {
   StaticCluster c;
   ASSERT_TRUE(c.PickPorts({"a"}));

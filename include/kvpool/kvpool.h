@@ -105,6 +105,12 @@ typedef struct kvpool_options {
    * FAILED_PRECONDITION. -1: the owner of the socket's directory (or root).
    * Default -1. */
   int64_t expected_server_uid;
+  /* Remote mode: a client token file, "NAME HEX64" on its first line (mode
+   * 0600, owned by this user), for clusters whose nodes hold a cluster key:
+   * the client authenticates with it and may then look up, fetch, store and
+   * list members. NULL: no token (such clusters answer PERMISSION_DENIED).
+   * Default NULL. */
+  const char* remote_token_file;
 } kvpool_options;
 
 KVPOOL_API void kvpool_options_init(kvpool_options* options);

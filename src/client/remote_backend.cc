@@ -47,6 +47,7 @@ Result<std::unique_ptr<ClientBackend>> OpenRemoteBackend(const kvpool_options& o
   KVPOOL_ASSIGN_OR_RETURN(auto seeds, ParsePeerList(o.remote_peers));
   RemoteClientOptions ro;
   ro.seeds = std::move(seeds);
+  if (o.remote_token_file != nullptr) ro.token_file = o.remote_token_file;
   ro.timeout = std::chrono::milliseconds(o.timeout_ms);
   if (o.remote_refresh_ms > 0) ro.refresh_interval = std::chrono::milliseconds(o.remote_refresh_ms);
   KVPOOL_ASSIGN_OR_RETURN(auto remote, RemoteClient::Open(ro));

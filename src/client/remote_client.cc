@@ -274,6 +274,12 @@ Result<std::unique_ptr<RemoteClient>> RemoteClient::Open(const RemoteClientOptio
   // has no peer port for anyone to call.
   topts.listen = false;
   topts.max_endpoints = 64;
+  if (!options.token_file.empty()) {
+    KVPOOL_ASSIGN_OR_RETURN(std::vector<transport::ClusterKey> tokens,
+                            transport::LoadClientTokenFile(options.token_file));
+    topts.cluster_keys = {tokens.front()};
+    topts.identity = "client:" + tokens.front().principal;
+  }
   KVPOOL_ASSIGN_OR_RETURN(impl->transport, transport::UcxTransport::Open(topts));
   cluster::RouteFetcherOptions fo;
   fo.cooldown = std::chrono::milliseconds(0);

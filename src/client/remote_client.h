@@ -35,6 +35,9 @@ struct RemoteClientOptions {
   // Background membership refresh: shorter notices joins sooner, costs a
   // small request per interval.
   std::chrono::milliseconds refresh_interval{2000};
+  // A client token file (transport/peer_auth.h, LoadClientTokenFile; its
+  // first entry is used); empty: none.
+  std::string token_file;
 
   Status Validate() const;
 };

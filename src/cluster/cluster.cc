@@ -76,6 +76,9 @@ class ClusterImpl final : public Cluster {
     to.registered_region = opts_.registered_region;
     to.metrics = metrics;
     to.cluster_keys = opts_.cluster_keys;
+    to.client_tokens = opts_.client_tokens;
+    to.client_message_types = {cluster::kPeerLookup, cluster::kPeerFetch, cluster::kPeerStore,
+                               cluster::kPeerMembers};
     to.identity = opts_.node_id;
     std::unique_ptr<transport::UcxTransport> ucx;
     KVPOOL_ASSIGN_OR_RETURN(ucx, transport::UcxTransport::Open(to));

@@ -53,6 +53,9 @@ struct ClusterOptions {
   // Cluster keys (transport/peer_auth.h): every peer connection is mutually
   // authenticated with them. Empty: no authentication.
   std::vector<transport::ClusterKey> cluster_keys;
+  // Remote-mode clients' tokens: a connection authenticated with one may
+  // look up, fetch, store and list members, nothing else.
+  std::vector<transport::ClusterKey> client_tokens;
 
   bool enabled() const { return !etcd.empty() || !peers.empty(); }
   Status Validate() const;

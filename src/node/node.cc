@@ -132,8 +132,15 @@ class NodeImpl final : public Node {
       KVPOOL_ASSIGN_OR_RETURN(cluster_keys_, transport::LoadClusterKeyFile(opts_.cluster_key_file));
       LogInfo("cluster: peer connections authenticated with {} key{} from {}",
               cluster_keys_.size(), cluster_keys_.size() == 1 ? "" : "s", opts_.cluster_key_file);
-    } else if (opts_.insecure && !co.peer_address.starts_with("127.") &&
-               co.peer_address != "::1" && co.peer_address != "localhost") {
+    }
+    if (!opts_.client_token_file.empty()) {
+      KVPOOL_ASSIGN_OR_RETURN(client_tokens_,
+                              transport::LoadClientTokenFile(opts_.client_token_file));
+      LogInfo("cluster: {} remote client token{} from {}", client_tokens_.size(),
+              client_tokens_.size() == 1 ? "" : "s", opts_.client_token_file);
+    }
+    if (opts_.cluster_key_file.empty() && opts_.insecure && !co.peer_address.starts_with("127.") &&
+        co.peer_address != "::1" && co.peer_address != "localhost") {
       LogWarn("cluster: INSECURE: peer connections on {} are not authenticated (--insecure "
               "without --cluster-key-file): whoever reaches this port can read and write the "
               "cluster's values",
@@ -163,6 +170,7 @@ class NodeImpl final : public Node {
     ClusterOptions co = opts_.ClusterWithEndpoints(opts_.node_id);
     if (!co.enabled()) return Status::Ok();
     co.cluster_keys = cluster_keys_;
+    co.client_tokens = client_tokens_;
     co.registered_region = tiered_->segment();
     peer_pool_ = std::make_unique<ThreadPool>(2, "kvpool-peer");
     KVPOOL_ASSIGN_OR_RETURN(cluster_, Cluster::Open(co, peer_pool_.get(), &metrics_));
@@ -369,7 +377,8 @@ class NodeImpl final : public Node {
   std::unique_ptr<TieredStore> tiered_;     // DRAM, and SSD with --ssd
   std::unique_ptr<ThreadPool> peer_pool_;  // peer request handlers
   std::unique_ptr<ThreadPool> list_pool_;  // SSD inventory listings (cluster + SSD only)
-  std::vector<transport::ClusterKey> cluster_keys_;  // from --cluster-key-file
+  std::vector<transport::ClusterKey> cluster_keys_;   // from --cluster-key-file
+  std::vector<transport::ClusterKey> client_tokens_;  // from --client-token-file
   std::unique_ptr<Cluster> cluster_;       // null when standalone
   std::unique_ptr<cluster::Directory> directory_;
   std::unique_ptr<cluster::HoldingsAnnouncer> announcer_;

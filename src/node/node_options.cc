@@ -155,6 +155,9 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddString("admin-token-file", &o->admin_token_file,
                "File with the admin endpoint's bearer token (first line, 16+ visible "
                "characters), mode 0600; every path but /healthz and /readyz then needs it");
+  t->AddString("client-token-file", &o->client_token_file,
+               "File of remote-mode clients' tokens, one \"NAME HEX64\" per line, mode 0600; "
+               "a client holding one may look up, fetch, store and list members");
   t->AddString("cluster-key-file", &o->cluster_key_file,
                "File with the cluster key (64 hex digits; a second line during rotation), mode "
                "0600; every peer connection is authenticated with it");

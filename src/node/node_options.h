@@ -32,6 +32,9 @@ struct NodeOptions {
   // A file whose first line is the admin endpoint's bearer token (at least
   // 16 visible characters, mode 0600 or 0400); empty: no token.
   std::string admin_token_file;
+  // Remote-mode clients' tokens ("NAME HEX64" per line, mode 0600 or 0400);
+  // empty: no remote client can authenticate.
+  std::string client_token_file;
   DramOptions dram;
   // Comma-separated SSD directories; empty: DRAM only.
   std::string ssd_dirs;

@@ -128,7 +128,7 @@ struct InProcessNetwork::Core : std::enable_shared_from_this<InProcessNetwork::C
         core_raw->DeliverReply(id, std::move(*shared));
       });
     });
-    handler(Incoming{from, type, request, payload, deadline}, std::move(responder));
+    handler(Incoming{from, type, request, payload, deadline, {}}, std::move(responder));
   }
 
   void DeliverReply(uint64_t id, ServerReply r) {

@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstring>
 
 #include "common/check.h"
@@ -26,6 +28,26 @@ int HexDigit(char c) {
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
   if (c >= 'A' && c <= 'F') return c - 'A' + 10;
   return -1;
+}
+
+// 64 hex digits into *out; `where` names the line in the error.
+Status ParseHexKey(std::string_view hex, std::array<uint8_t, kClusterKeyBytes>* out,
+                   const std::string& where) {
+  if (hex.size() != 2 * kClusterKeyBytes) {
+    return InvalidArgument(fmt::format(
+        "{}: a key is 64 hex digits (32 bytes; e.g. openssl rand -hex 32), this one has {} "
+        "characters",
+        where, hex.size()));
+  }
+  for (size_t i = 0; i < kClusterKeyBytes; ++i) {
+    int hi = HexDigit(hex[2 * i]), lo = HexDigit(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) {
+      return InvalidArgument(
+          fmt::format("{}: not a hex digit at column {}", where, hi < 0 ? 2 * i + 1 : 2 * i + 2));
+    }
+    (*out)[i] = static_cast<uint8_t>(hi << 4 | lo);
+  }
+  return Status::Ok();
 }
 
 template <size_t N>
@@ -66,22 +88,8 @@ Result<std::vector<ClusterKey>> LoadClusterKeyFile(const std::string& path) {
   int key_no = 0;
   for (const std::string& line : SecretLines(text)) {
     ++key_no;
-    if (line.size() != 2 * kClusterKeyBytes) {
-      return InvalidArgument(fmt::format(
-          "cluster key file {} key {}: a key is 64 hex digits (32 bytes; e.g. openssl rand "
-          "-hex 32), this one has {} characters",
-          path, key_no, line.size()));
-    }
     std::array<uint8_t, kClusterKeyBytes> b{};
-    for (size_t i = 0; i < kClusterKeyBytes; ++i) {
-      int hi = HexDigit(line[2 * i]), lo = HexDigit(line[2 * i + 1]);
-      if (hi < 0 || lo < 0) {
-        return InvalidArgument(fmt::format(
-            "cluster key file {} key {}: not a hex digit at column {}", path, key_no,
-            hi < 0 ? 2 * i + 1 : 2 * i + 2));
-      }
-      b[i] = static_cast<uint8_t>(hi << 4 | lo);
-    }
+    KVPOOL_RETURN_IF_ERROR(ParseHexKey(line, &b, fmt::format("cluster key file {} key {}", path, key_no)));
     keys.push_back(MakeClusterKey(b));
   }
   if (keys.empty()) return InvalidArgument(fmt::format("cluster key file {} holds no key", path));
@@ -95,6 +103,42 @@ Result<std::vector<ClusterKey>> LoadClusterKeyFile(const std::string& path) {
     return InvalidArgument(fmt::format("cluster key file {} holds the same key twice", path));
   }
   return keys;
+}
+
+Result<std::vector<ClusterKey>> LoadClientTokenFile(const std::string& path) {
+  KVPOOL_ASSIGN_OR_RETURN(std::string text, ReadSecretFile(path, "client token file"));
+  std::vector<ClusterKey> tokens;
+  int line_no = 0;
+  for (const std::string& line : SecretLines(text)) {
+    ++line_no;
+    std::string where = fmt::format("client token file {} entry {}", path, line_no);
+    size_t space = line.find_first_of(" \t");
+    if (space == std::string::npos) {
+      return InvalidArgument(where + ": want \"NAME HEX64\" (a client name, then its token)");
+    }
+    std::string name = line.substr(0, space);
+    size_t hex_at = line.find_first_not_of(" \t", space);
+    bool name_ok = !name.empty() && name.size() <= 64 &&
+                   std::all_of(name.begin(), name.end(), [](char c) {
+                     return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
+                            c == '-';
+                   });
+    if (!name_ok) {
+      return InvalidArgument(where + ": a client name is 1-64 characters of A-Z a-z 0-9 . _ -");
+    }
+    std::array<uint8_t, kClusterKeyBytes> b{};
+    KVPOOL_RETURN_IF_ERROR(ParseHexKey(std::string_view(line).substr(hex_at), &b, where));
+    ClusterKey k = MakeClusterKey(b);
+    k.principal = name;
+    for (const ClusterKey& other : tokens) {
+      if (other.principal == name) return InvalidArgument(where + ": the name " + name + " is taken");
+      if (other.id == k.id) return InvalidArgument(where + ": the same token as " + other.principal);
+    }
+    tokens.push_back(std::move(k));
+    if (tokens.size() > 1024) return InvalidArgument(where + ": more than 1024 clients");
+  }
+  if (tokens.empty()) return InvalidArgument(fmt::format("client token file {} holds no token", path));
+  return tokens;
 }
 
 std::vector<uint8_t> EncodeAuthHello(const AuthHello& h) {

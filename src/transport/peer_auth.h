@@ -45,6 +45,10 @@ inline constexpr size_t kMaxAuthIdentityBytes = 256;
 struct ClusterKey {
   std::array<uint8_t, kClusterKeyBytes> bytes{};
   uint64_t id = 0;  // KeyId(bytes)
+  // Empty for a cluster key (its holders are members). For a client token:
+  // the client's name; a connection it authenticates is a client's, which
+  // may send only the message types a listener allows clients.
+  std::string principal;
 };
 
 // The id a hello names a key by.
@@ -59,6 +63,13 @@ ClusterKey MakeClusterKey(std::span<const uint8_t, kClusterKeyBytes> key);
 // it holds no key, more than two, or a malformed one, the error says what to
 // fix.
 Result<std::vector<ClusterKey>> LoadClusterKeyFile(const std::string& path);
+
+// Reads a client token file: one line per client, "NAME HEX64" (a name of
+// 1-64 characters from [A-Za-z0-9._-], then its 32-byte token in hex),
+// at most 1024 lines, names and tokens unique; the same file checks as a
+// cluster key file. A node accepts every token in it; a remote-mode client
+// uses the first line of its own file.
+Result<std::vector<ClusterKey>> LoadClientTokenFile(const std::string& path);
 
 // Bodies of the three authentication messages.
 struct AuthHello {
@@ -122,6 +133,8 @@ class AuthListener {
   // Checks the connector's proof ("bad_proof" on failure).
   Status Verify(std::span<const uint8_t> proof_body, const char** reason);
   const std::string& peer_identity() const { return hello_.identity; }
+  // After a successful Challenge: the key the connector holds.
+  const ClusterKey* key() const { return key_; }
 
  private:
   const std::vector<ClusterKey>* keys_;  // not owned

@@ -233,5 +233,35 @@ TEST_F(KeyFile, RefusesLooseModesBadKeysAndMissingFilesSayingWhatToFix) {
   EXPECT_NE(foreign.status().message().find("chown"), std::string::npos);
 }
 
+TEST_F(KeyFile, ClientTokenFilesNameEachClient) {
+  Write(std::string("# remote clients\nengine-1 ") + kHexA + "\nengine.2\t" + kHexB + "\n", 0600);
+  auto tokens = LoadClientTokenFile(path_);
+  ASSERT_TRUE(tokens.ok()) << tokens.status().ToString();
+  ASSERT_EQ(tokens->size(), 2u);
+  EXPECT_EQ((*tokens)[0].principal, "engine-1");
+  EXPECT_EQ((*tokens)[1].principal, "engine.2");
+  EXPECT_EQ((*tokens)[1].bytes[0], 0xFF);
+  struct Case {
+    std::string text;
+    const char* says;
+  };
+  const Case cases[] = {
+      {kHexA, "want \"NAME HEX64\""},
+      {std::string("bad/name ") + kHexA, "a client name is"},
+      {std::string("a ") + kHexA + "\na " + kHexB, "the name a is taken"},
+      {std::string("a ") + kHexA + "\nb " + kHexA, "the same token as a"},
+      {"a abcd", "64 hex digits"},
+      {"# nothing\n", "holds no token"},
+  };
+  for (const Case& c : cases) {
+    Write(c.text, 0600);
+    auto r = LoadClientTokenFile(path_);
+    ASSERT_FALSE(r.ok()) << c.says;
+    EXPECT_NE(r.status().message().find(c.says), std::string::npos) << r.status().ToString();
+  }
+  Write(std::string("a ") + kHexA, 0644);
+  EXPECT_NE(LoadClientTokenFile(path_).status().message().find("chmod 600"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace kvpool::transport

@@ -111,6 +111,9 @@ struct Incoming {
   std::span<const uint8_t> request;
   std::span<const uint8_t> payload;
   Deadline deadline;  // the caller's deadline, as seen locally
+  // Empty for a member (a node, or any peer of a cluster without keys); a
+  // client's name when the connection was authenticated with its token.
+  std::string principal;
 };
 // Handlers run on a transport thread and must not block on the network.
 using Handler = std::function<void(Incoming request, Responder responder)>;

@@ -238,13 +238,15 @@ void UcxTransport::Core::OnHello(int fd, Pending* p, BootstrapMessage m) {
     bootstrapping_gauge->Set(static_cast<int64_t>(pending.size()));
     return peer;
   };
-  bool keyed = !opts.cluster_keys.empty();
-  if (!keyed && m.body.empty()) {
+  // Without cluster keys, members come unauthenticated (loopback or
+  // --insecure); clients always authenticate, with a token.
+  bool members_keyed = !opts.cluster_keys.empty();
+  if (!members_keyed && m.body.empty()) {
     Pending taken = std::move(*p);
     drop();
     return Welcome(fd, std::move(taken));
   }
-  if (!keyed) {
+  if (accepted_keys.empty()) {
     std::string peer = drop();
     return RefuseAuth(fd, peer, "auth_not_configured",
                       "this node has no cluster key (--cluster-key-file)");
@@ -254,7 +256,7 @@ void UcxTransport::Core::OnHello(int fd, Pending* p, BootstrapMessage m) {
     return RefuseAuth(fd, peer, "auth_required",
                       "this node requires cluster authentication (--cluster-key-file)");
   }
-  p->auth = std::make_unique<AuthListener>(&opts.cluster_keys, identity);
+  p->auth = std::make_unique<AuthListener>(&accepted_keys, identity);
   const char* reason = "";
   Result<std::vector<uint8_t>> challenge = p->auth->Challenge(m.body, &reason);
   if (!challenge.ok()) {
@@ -296,6 +298,7 @@ void UcxTransport::Core::Welcome(int fd, Pending p) {
   }
   Endpoint* e = NewEndpoint(p.peer, /*client=*/false);
   e->fd = fd;
+  if (p.auth != nullptr && p.auth->key() != nullptr) e->principal = p.auth->key()->principal;
   e->token = NewToken();
   e->ready = true;
   ep_by_token[e->token] = e->id;

@@ -614,6 +614,16 @@ void UcxTransport::Core::Dispatch(uint64_t ep_id, Frame frame, std::vector<uint8
   }
   auto it = endpoints.find(ep_id);
   std::string peer = it != endpoints.end() ? it->second->peer : "unknown";
+  std::string principal = it != endpoints.end() ? it->second->principal : "";
+  if (!principal.empty() &&
+      std::find(opts.client_message_types.begin(), opts.client_message_types.end(), frame.type) ==
+          opts.client_message_types.end()) {
+    CountError("client_message_refused");
+    SendReply(ep_id, frame.request_id, frame.type, deadline,
+              ServerReply{PermissionDenied("clients may not send this message type"), {}, {},
+                          nullptr});
+    return;
+  }
   std::weak_ptr<Core> weak = weak_from_this();
   auto responder = std::make_shared<Responder>(
       [weak, ep_id, id = frame.request_id, type = frame.type, deadline](ServerReply r) {
@@ -628,9 +638,9 @@ void UcxTransport::Core::Dispatch(uint64_t ep_id, Frame frame, std::vector<uint8
         }
       });
   auto run = [handler = std::move(handler), peer = std::move(peer), type = frame.type,
-              header = std::move(header), payload = std::move(payload), deadline,
-              responder]() mutable {
-    handler(Incoming{peer, type, header, payload, deadline}, std::move(*responder));
+              header = std::move(header), payload = std::move(payload), deadline, responder,
+              principal = std::move(principal)]() mutable {
+    handler(Incoming{peer, type, header, payload, deadline, principal}, std::move(*responder));
   };
   if (opts.handler_executor != nullptr) {
     to_handle.push_back(std::move(run));

@@ -64,6 +64,7 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
     std::vector<std::function<void()>> waiting;  // client: sends held until ready
     std::unique_ptr<AuthConnector> auth;  // client with cluster keys
     bool challenged = false;              // client: the challenge was answered
+    std::string principal;                // server: a client token's name (empty: a member)
   };
   // An accepted connection that has not finished its hello.
   struct Pending {
@@ -295,6 +296,12 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   std::unordered_set<uint64_t> bootstrapping;      // client endpoints not ready yet
   uint64_t rng_state = 0;
   std::string identity = opts.identity;  // SetIdentity submits changes
+  // What a listener accepts in a hello: the cluster keys, then the client tokens.
+  const std::vector<ClusterKey> accepted_keys = [this] {
+    std::vector<ClusterKey> all = opts.cluster_keys;
+    all.insert(all.end(), opts.client_tokens.begin(), opts.client_tokens.end());
+    return all;
+  }();
   Clock::time_point auth_log_at{};       // last refusal logged
   uint64_t auth_unlogged = 0;            // refusals since, not logged
   bool stopping = false;

@@ -78,6 +78,14 @@ struct UcxTransportOptions {
   // a second. Empty: no authentication (loopback-only or --insecure
   // clusters); such a transport refuses a connector that offers it.
   std::vector<ClusterKey> cluster_keys;
+  // Client tokens (peer_auth.h, LoadClientTokenFile) this listener accepts
+  // besides the cluster keys. A connection authenticated with one is a
+  // client's: it may send only client_message_types (others are answered
+  // PermissionDenied, counted in kvpool_transport_errors_total{reason=
+  // "client_message_refused"}), and its requests carry the client's name
+  // (Incoming::principal).
+  std::vector<ClusterKey> client_tokens;
+  std::vector<MessageType> client_message_types;
   // This side's name in the handshake (a node's id and incarnation, "a/3");
   // it is inside both sides' MACs. SetIdentity changes it later.
   std::string identity;

@@ -340,6 +340,53 @@ TEST(UcxTransportTest, WithoutTheRightKeyACallIsPermissionDeniedAndNoHandlerRuns
   }
 }
 
+// A client token authenticates a connection as that client's: it may send
+// the message types the listener allows clients, with its name on each
+// request, and is refused the others before any handler runs.
+TEST(UcxTransportTest, AClientTokenAllowsOnlyTheClientsMessageTypes) {
+  MetricsRegistry metrics;
+  UcxTransportOptions so = TcpOptions();
+  so.cluster_keys = {TestKey(1)};
+  ClusterKey token = TestKey(5);
+  token.principal = "engine-7";
+  so.client_tokens = {token};
+  so.client_message_types = {1};
+  so.metrics = &metrics;
+  auto server = OpenOrDie(so);
+  std::mutex mu;
+  std::vector<std::string> principals;
+  for (MessageType t : {MessageType{1}, MessageType{2}}) {
+    server->RegisterHandler(t, [&](Incoming in, Responder r) {
+      std::lock_guard<std::mutex> lock(mu);
+      principals.push_back(std::to_string(in.type) + ":" + in.principal);
+      r.Respond(Status::Ok());
+    });
+  }
+  auto call = [&](UcxTransport* from, MessageType type) {
+    CallArgs a;
+    a.peer = server->address();
+    a.type = type;
+    a.deadline = Clock::now() + milliseconds(5000);
+    return from->CallSync(a).status;
+  };
+  UcxTransportOptions co = TcpOptions();
+  co.cluster_keys = {token};
+  co.identity = "client:engine-7";
+  auto client = OpenOrDie(co);
+  EXPECT_TRUE(call(client.get(), 1).ok());
+  Status refused = call(client.get(), 2);
+  EXPECT_EQ(refused.code(), StatusCode::kPermissionDenied) << refused.ToString();
+  EXPECT_EQ(metrics.ValueOf("kvpool_transport_errors_total", {{"reason", "client_message_refused"}}),
+            1);
+  // A member (the cluster key) may send both, with no client name.
+  UcxTransportOptions mo = TcpOptions();
+  mo.cluster_keys = {TestKey(1)};
+  auto member = OpenOrDie(mo);
+  EXPECT_TRUE(call(member.get(), 2).ok());
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(principals, (std::vector<std::string>{"1:engine-7", "2:"}));
+}
+
 // A connection that stops inside the handshake (a hello, then silence) is
 // closed at the bootstrap deadline and never gets the worker address.
 TEST(UcxTransportTest, AConnectionStalledInTheHandshakeIsClosedAtTheDeadline) {
