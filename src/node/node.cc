@@ -139,8 +139,7 @@ class NodeImpl final : public Node {
       LogInfo("cluster: {} remote client token{} from {}", client_tokens_.size(),
               client_tokens_.size() == 1 ? "" : "s", opts_.client_token_file);
     }
-    if (opts_.cluster_key_file.empty() && opts_.insecure && !co.peer_address.starts_with("127.") &&
-        co.peer_address != "::1" && co.peer_address != "localhost") {
+    if (opts_.cluster_key_file.empty() && opts_.insecure && !IsLoopbackAddress(co.peer_address)) {
       LogWarn("cluster: INSECURE: peer connections on {} are not authenticated (--insecure "
               "without --cluster-key-file): whoever reaches this port can read and write the "
               "cluster's values",

@@ -6,10 +6,6 @@ namespace kvpool {
 
 namespace {
 
-bool IsLoopback(const std::string& a) {
-  return a == "127.0.0.1" || a == "::1" || a == "localhost" || a.starts_with("127.");
-}
-
 std::vector<std::string> SplitCommas(const std::string& text) {
   std::vector<std::string> out;
   size_t start = 0;
@@ -23,6 +19,10 @@ std::vector<std::string> SplitCommas(const std::string& text) {
 }
 
 }  // namespace
+
+bool IsLoopbackAddress(const std::string& a) {
+  return a == "::1" || a == "localhost" || a.starts_with("127.");
+}
 
 ClusterOptions NodeOptions::ClusterWithEndpoints(const std::string& id) const {
   ClusterOptions c = cluster;
@@ -43,7 +43,7 @@ Status NodeOptions::Validate() const {
   KVPOOL_RETURN_IF_ERROR(local.Validate());
   if (admin_enabled) {
     KVPOOL_RETURN_IF_ERROR(admin.Validate());
-    if (!IsLoopback(admin.bind_address) && admin_token_file.empty() && !insecure) {
+    if (!IsLoopbackAddress(admin.bind_address) && admin_token_file.empty() && !insecure) {
       return InvalidArgument(fmt::format(
           "--admin-address {} is not loopback: give a bearer token (--admin-token-file) so "
           "the admin endpoint is authenticated, or pass --insecure to run without",
@@ -53,7 +53,7 @@ Status NodeOptions::Validate() const {
   ClusterOptions co = ClusterWithEndpoints(node_id.empty() ? "node" : node_id);
   if (co.enabled()) {
     KVPOOL_RETURN_IF_ERROR(co.Validate());
-    if (!IsLoopback(co.peer_address) && cluster_key_file.empty() && !insecure) {
+    if (!IsLoopbackAddress(co.peer_address) && cluster_key_file.empty() && !insecure) {
       return InvalidArgument(fmt::format(
           "--peer-address {} is not loopback: give the cluster key (--cluster-key-file) so "
           "peers are authenticated, or pass --insecure to run without",

@@ -71,6 +71,9 @@ struct NodeOptions {
   ClusterOptions ClusterWithEndpoints(const std::string& node_id) const;
 };
 
+// Whether a bind address is loopback-only ("127.x", "::1", "localhost").
+bool IsLoopbackAddress(const std::string& address);
+
 // Binds every field of *options to a row of the table. *options must outlive
 // the table.
 void BuildNodeSettings(NodeOptions* options, SettingsTable* table);
