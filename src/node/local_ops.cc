@@ -17,13 +17,33 @@ constexpr const char* kOpNames[] = {"",        "hello",   "reserve", "commit", "
 }  // namespace
 
 LocalOps::LocalOps(const LocalServerOptions& o, TieredStore* tiered, RemoteSource* remote,
-                   int wake_fd, MetricsRegistry* m, std::function<std::string()> stats_json)
-    : opts_(o),
-      tiered_(tiered),
-      remote_(remote),
-      parked_(tiered, remote, wake_fd, m),
-      metrics_(m),
-      stats_json_(std::move(stats_json)) {
+                   int wake_fd, MetricsRegistry* m, std::function<std::string()> stats_json,
+                   const std::vector<LocalTenant>& tenants)
+    : opts_(o), metrics_(m), stats_json_(std::move(stats_json)) {
+  auto add = [&](const std::string& name, TieredStore* store, RemoteSource* rs) {
+    Tenant t;
+    t.name = name;
+    t.store = store;
+    t.remote = rs;
+    t.parked = std::make_unique<ParkedReads>(store, rs, wake_fd, m);
+    t.keys = TenantKeys(name);
+    Labels l = {{"tenant", name}};
+    t.hits = m->GetCounter("kvpool_tenant_hits_total", "Acquire and get items that hit, per tenant", l);
+    t.misses =
+        m->GetCounter("kvpool_tenant_misses_total", "Acquire and get items that missed, per tenant", l);
+    t.rejected = m->GetCounter("kvpool_tenant_rejected_total",
+                               "Put or reserve items refused (no space, too large), per tenant", l);
+    t.bytes_written =
+        m->GetCounter("kvpool_tenant_bytes_written_total", "Value bytes committed, per tenant", l);
+    t.bytes_read =
+        m->GetCounter("kvpool_tenant_bytes_read_total", "Value bytes handed to readers, per tenant", l);
+    tenants_.push_back(std::move(t));
+  };
+  add(kDefaultTenant, tiered, remote);
+  for (const auto& t : tenants) {
+    add(t.spec.name, t.store, nullptr);
+    specs_.push_back(t.spec);
+  }
   for (int t = 1; t < kNumOps; ++t) {
     ops_[t] =
         m->GetCounter("kvpool_ops_total", "Requests handled, by operation", {{"op", kOpNames[t]}});
@@ -40,6 +60,30 @@ LocalOps::LocalOps(const LocalServerOptions& o, TieredStore* tiered, RemoteSourc
   bytes_written_ = m->GetCounter("kvpool_bytes_written_total", "Value bytes committed");
   put_failures_ = m->GetCounter("kvpool_put_failures_total",
                                 "Put or reserve items refused (no space, too large)");
+}
+
+std::vector<ParkedReads::Request> LocalOps::TakeReady() {
+  std::vector<ParkedReads::Request> ready = tenants_[0].parked->TakeReady();
+  for (size_t i = 1; i < tenants_.size(); ++i) {
+    for (auto& r : tenants_[i].parked->TakeReady()) ready.push_back(std::move(r));
+  }
+  return ready;
+}
+
+int LocalOps::TenantOf(uint32_t uid, const std::vector<uint32_t>& gids) const {
+  return TenantOfCredentials(specs_, uid, gids) + 1;
+}
+
+void LocalOps::Bind(const LocalSession& c, std::vector<KeyId>* keys) {
+  const TenantKeys& k = T(c).keys;
+  if (k.identity()) return;
+  for (auto& key : *keys) key = k.Bind(key);
+}
+
+void LocalOps::Bind(const LocalSession& c, std::vector<protocol::SizedKey>* keys) {
+  const TenantKeys& k = T(c).keys;
+  if (k.identity()) return;
+  for (auto& item : *keys) item.key = k.Bind(item.key);
 }
 
 // The pins a parked request took, by key.
@@ -117,8 +161,9 @@ void LocalOps::QueueError(LocalSession& c, uint64_t request_id, const Status& s)
 // took are the ones it is answered with: a resumed request neither decodes
 // nor pins again. Returns true when parked.
 bool LocalOps::Park(LocalSession& c, const FrameHeader& h, ParkedReads::Kind kind) {
-  if ((!tiered_->has_ssd_tier() && remote_ == nullptr) || !c.handshaked) return false;
-  if (kind == ParkedReads::Kind::kExists && remote_ == nullptr) return false;
+  Tenant& t = T(c);
+  if ((!t.store->has_ssd_tier() && t.remote == nullptr) || !c.handshaked) return false;
+  if (kind == ParkedReads::Kind::kExists && t.remote == nullptr) return false;
   ParkedReads::Request r;
   r.fd = c.fd;
   r.conn_id = c.id;
@@ -132,7 +177,7 @@ bool LocalOps::Park(LocalSession& c, const FrameHeader& h, ParkedReads::Kind kin
     r.sized = std::move(sized_);
   }
   r.keys = std::move(keys_);
-  if (!parked_.Park(kind, &r)) {  // not moved from: take the vectors back
+  if (!t.parked->Park(kind, &r)) {  // not moved from: take the vectors back
     keys_ = std::move(r.keys);
     if (get) sized_ = std::move(r.sized);
     return false;
@@ -234,26 +279,32 @@ Status LocalOps::OnHello(LocalSession& c, const FrameHeader& h, std::span<const 
   c.handshaked = true;
   protocol::HelloReply rep;
   rep.instance_id = opts_.instance_id;
-  rep.segment_bytes = tiered_->segment_bytes();
-  rep.max_value_bytes = tiered_->max_value_bytes();
+  TieredStore* store = T(c).store;
+  rep.segment_bytes = store->segment_bytes();
+  rep.max_value_bytes = store->max_value_bytes();
   rep.max_batch = opts_.max_batch;
   rep.max_frame_bytes = opts_.max_frame_bytes;
   std::vector<uint8_t> out;
   protocol::EncodeHelloReply(rep, &out);
-  c.pass_fd = tiered_->segment_fd();
+  c.pass_fd = store->segment_fd();
   Queue(c, MessageType::kHello, h.request_id, Status::Ok(), out);
   return Status::Ok();
 }
 
 Status LocalOps::OnReserve(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {
   KVPOOL_RETURN_IF_ERROR(protocol::DecodeSizedKeys(body, opts_.max_batch, &sized_, nullptr));
+  Bind(c, &sized_);
   items_->Inc(sized_.size());
   regions_.assign(sized_.size(), {});
+  Tenant& t = T(c);
   for (size_t i = 0; i < sized_.size(); ++i) {
-    auto r = tiered_->Reserve(sized_[i].key, sized_[i].size);
+    auto r = t.store->Reserve(sized_[i].key, sized_[i].size);
     if (!r.ok()) {
       regions_[i].status = static_cast<int32_t>(r.status().code());
-      if (r.status().code() != StatusCode::kAlreadyExists) put_failures_->Inc();
+      if (r.status().code() != StatusCode::kAlreadyExists) {
+        put_failures_->Inc();
+        t.rejected->Inc();
+      }
       continue;
     }
     uint64_t handle = c.next_handle++;
@@ -270,6 +321,7 @@ Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const
   KVPOOL_RETURN_IF_ERROR(protocol::DecodeHandles(body, opts_.max_batch, &handles_));
   items_->Inc(handles_.size());
   statuses_.assign(handles_.size(), 0);
+  Tenant& t = T(c);
   for (size_t i = 0; i < handles_.size(); ++i) {
     auto it = c.reservations.find(handles_[i]);
     if (it == c.reservations.end()) {
@@ -277,10 +329,13 @@ Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const
       continue;
     }
     uint64_t size = it->second.size();
-    Status s = tiered_->Commit(std::move(it->second));
+    Status s = t.store->Commit(std::move(it->second));
     c.reservations.erase(it);
     statuses_[i] = static_cast<int32_t>(s.code());
-    if (s.ok()) bytes_written_->Inc(size);
+    if (s.ok()) {
+      bytes_written_->Inc(size);
+      t.bytes_written->Inc(size);
+    }
   }
   out_.clear();
   protocol::EncodeStatuses(statuses_, &out_);
@@ -296,6 +351,7 @@ Status LocalOps::OnAbort(LocalSession& c, std::span<const uint8_t> body) {
 
 Status LocalOps::OnAcquire(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {
   KVPOOL_RETURN_IF_ERROR(protocol::DecodeKeys(body, opts_.max_batch, &keys_));
+  Bind(c, &keys_);
   items_->Inc(keys_.size());
   if (Park(c, h, ParkedReads::Kind::kRead)) return Status::Ok();
   AnswerAcquire(c, h, keys_, nullptr);
@@ -307,8 +363,9 @@ void LocalOps::AnswerAcquire(LocalSession& c, const FrameHeader& h, const std::v
                              CarriedPins* carried) {
   regions_.assign(keys.size(), {});
   uint64_t hits = 0, bytes = 0;
+  Tenant& t = T(c);
   for (size_t i = 0; i < keys.size(); ++i) {
-    auto p = PinOf(tiered_, carried, keys[i]);
+    auto p = PinOf(t.store, carried, keys[i]);
     if (!p.ok()) {
       regions_[i].status = static_cast<int32_t>(p.status().code());
       continue;
@@ -322,6 +379,9 @@ void LocalOps::AnswerAcquire(LocalSession& c, const FrameHeader& h, const std::v
   hits_->Inc(hits);
   misses_->Inc(keys.size() - hits);
   bytes_read_->Inc(bytes);
+  t.hits->Inc(hits);
+  t.misses->Inc(keys.size() - hits);
+  t.bytes_read->Inc(bytes);
   out_.clear();
   protocol::EncodeRegionItems(regions_, &out_);
   Queue(c, MessageType::kAcquire, h.request_id, Status::Ok(), out_);
@@ -335,6 +395,7 @@ Status LocalOps::OnRelease(LocalSession& c, std::span<const uint8_t> body) {
 
 Status LocalOps::OnExists(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {
   KVPOOL_RETURN_IF_ERROR(protocol::DecodeKeys(body, opts_.max_batch, &keys_));
+  Bind(c, &keys_);
   items_->Inc(keys_.size());
   if (Park(c, h, ParkedReads::Kind::kExists)) return Status::Ok();
   AnswerExists(c, h, keys_, nullptr);
@@ -348,9 +409,10 @@ void LocalOps::AnswerExists(LocalSession& c, const FrameHeader& h, const std::ve
   rep.hits.resize(keys.size());
   bool prefix = true;
   uint64_t hits = 0;
+  TieredStore* store = T(c).store;
   for (size_t i = 0; i < keys.size(); ++i) {
     bool hit =
-        tiered_->Contains(keys[i]) || (remote_hits != nullptr && remote_hits->count(keys[i]) > 0);
+        store->Contains(keys[i]) || (remote_hits != nullptr && remote_hits->count(keys[i]) > 0);
     rep.hits[i] = hit ? 1 : 0;
     hits += hit;
     if (!hit) prefix = false;
@@ -366,6 +428,7 @@ void LocalOps::AnswerExists(LocalSession& c, const FrameHeader& h, const std::ve
 Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {
   std::span<const uint8_t> data;
   KVPOOL_RETURN_IF_ERROR(protocol::DecodeSizedKeys(body, opts_.max_batch, &sized_, &data));
+  Bind(c, &sized_);
   uint64_t total = 0;
   for (const auto& it : sized_) {
     if (it.size > data.size()) return InvalidArgument("malformed put: value sizes exceed the body");
@@ -376,19 +439,26 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
   items_->Inc(sized_.size());
   statuses_.assign(sized_.size(), 0);
   uint64_t off = 0;
+  Tenant& t = T(c);
   for (size_t i = 0; i < sized_.size(); ++i) {
     const uint8_t* src = data.data() + off;
     off += sized_[i].size;
-    auto r = tiered_->Reserve(sized_[i].key, sized_[i].size);
+    auto r = t.store->Reserve(sized_[i].key, sized_[i].size);
     if (!r.ok()) {
       statuses_[i] = static_cast<int32_t>(r.status().code());
-      if (r.status().code() != StatusCode::kAlreadyExists) put_failures_->Inc();
+      if (r.status().code() != StatusCode::kAlreadyExists) {
+        put_failures_->Inc();
+        t.rejected->Inc();
+      }
       continue;
     }
     std::memcpy(r->data(), src, sized_[i].size);
-    Status s = tiered_->Commit(std::move(r).value());
+    Status s = t.store->Commit(std::move(r).value());
     statuses_[i] = static_cast<int32_t>(s.code());
-    if (s.ok()) bytes_written_->Inc(sized_[i].size);
+    if (s.ok()) {
+      bytes_written_->Inc(sized_[i].size);
+      t.bytes_written->Inc(sized_[i].size);
+    }
   }
   out_.clear();
   protocol::EncodeStatuses(statuses_, &out_);
@@ -398,6 +468,7 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
 
 Status LocalOps::OnGet(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {
   KVPOOL_RETURN_IF_ERROR(protocol::DecodeSizedKeys(body, opts_.max_batch, &sized_, nullptr));
+  Bind(c, &sized_);
   items_->Inc(sized_.size());
   if (Park(c, h, ParkedReads::Kind::kRead)) return Status::Ok();
   AnswerGet(c, h, sized_, nullptr);
@@ -410,8 +481,9 @@ void LocalOps::AnswerGet(LocalSession& c, const FrameHeader& h,
   std::vector<TieredStore::Pin> pins;
   pins.reserve(sized.size());
   uint64_t total = 0, hits = 0;
+  Tenant& t = T(c);
   for (size_t i = 0; i < sized.size(); ++i) {
-    auto p = PinOf(tiered_, carried, sized[i].key);
+    auto p = PinOf(t.store, carried, sized[i].key);
     if (!p.ok()) {
       items[i].status = static_cast<int32_t>(p.status().code());
       continue;
@@ -427,6 +499,9 @@ void LocalOps::AnswerGet(LocalSession& c, const FrameHeader& h,
   }
   hits_->Inc(hits);
   misses_->Inc(sized.size() - hits);
+  t.hits->Inc(hits);
+  t.misses->Inc(sized.size() - hits);
+  t.bytes_read->Inc(total);
   std::vector<uint8_t> out;
   out.reserve(4 + 12 * items.size() + total);
   protocol::EncodeGetItems(items, &out);
@@ -437,10 +512,12 @@ void LocalOps::AnswerGet(LocalSession& c, const FrameHeader& h,
 
 Status LocalOps::OnRemove(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {
   KVPOOL_RETURN_IF_ERROR(protocol::DecodeKeys(body, opts_.max_batch, &keys_));
+  Bind(c, &keys_);
   items_->Inc(keys_.size());
   statuses_.assign(keys_.size(), 0);
+  TieredStore* store = T(c).store;
   for (size_t i = 0; i < keys_.size(); ++i) {
-    statuses_[i] = static_cast<int32_t>(tiered_->Remove(keys_[i]).code());
+    statuses_[i] = static_cast<int32_t>(store->Remove(keys_[i]).code());
   }
   out_.clear();
   protocol::EncodeStatuses(statuses_, &out_);
@@ -460,7 +537,7 @@ Status LocalOps::OnStats(LocalSession& c, const FrameHeader& h, std::span<const 
 // Blocks the loop for the flush (an operator action, not a data path).
 Status LocalOps::OnFlush(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {
   if (!body.empty()) return InvalidArgument("malformed flush request: body must be empty");
-  Status s = tiered_->Flush();
+  Status s = T(c).store->Flush();
   Queue(c, MessageType::kFlush, h.request_id, s, {});
   return Status::Ok();
 }

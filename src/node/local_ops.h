@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -34,6 +35,12 @@ namespace kvpool {
 struct LocalSession {
   int fd = -1;
   uint64_t id = 0;  // unique per connection (fds are reused)
+  // The peer's credentials (SO_PEERCRED) and the tenant they map to:
+  // 0 is the default tenant, i > 0 the (i-1)th of LocalServer::Open's.
+  int32_t peer_pid = 0;
+  uint32_t peer_uid = 0;
+  uint32_t peer_gid = 0;
+  int tenant = 0;
   bool handshaked = false;
   bool closing = false;                  // close once the output is flushed
   bool pending = false;                  // a request is parked; later frames wait
@@ -49,8 +56,11 @@ struct LocalSession {
 class LocalOps {
  public:
   // All pointers must outlive the object; remote may be null (standalone).
+  // store and remote serve the default tenant; each of tenants is served
+  // from its own store, without the cluster.
   LocalOps(const LocalServerOptions& options, TieredStore* store, RemoteSource* remote, int wake_fd,
-           MetricsRegistry* metrics, std::function<std::string()> stats_json);
+           MetricsRegistry* metrics, std::function<std::string()> stats_json,
+           const std::vector<LocalTenant>& tenants = {});
   LocalOps(const LocalOps&) = delete;
   LocalOps& operator=(const LocalOps&) = delete;
 
@@ -58,7 +68,12 @@ class LocalOps {
   // (s.pending) and answered later by Resume.
   void Handle(LocalSession& s, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   // Parked requests whose waits all finished (their connection may be gone).
-  std::vector<ParkedReads::Request> TakeReady() { return parked_.TakeReady(); }
+  std::vector<ParkedReads::Request> TakeReady();
+  // The tenant (LocalSession::tenant) of a peer with these credentials.
+  int TenantOf(uint32_t uid, const std::vector<uint32_t>& gids) const;
+  // Whether any tenant besides the default one is served.
+  bool has_tenants() const { return tenants_.size() > 1; }
+  size_t num_tenants() const { return tenants_.size(); }
   // Answers a ready parked request of s.
   void Resume(LocalSession& s, ParkedReads::Request& request);
 
@@ -68,6 +83,23 @@ class LocalOps {
 
  private:
   class CarriedPins;
+  // A tenant's store, cluster, parked reads, key binding and counters.
+  struct Tenant {
+    std::string name;
+    TieredStore* store = nullptr;
+    RemoteSource* remote = nullptr;  // the default tenant's only
+    std::unique_ptr<ParkedReads> parked;
+    TenantKeys keys{""};
+    Counter* hits = nullptr;
+    Counter* misses = nullptr;
+    Counter* rejected = nullptr;
+    Counter* bytes_written = nullptr;
+    Counter* bytes_read = nullptr;
+  };
+  Tenant& T(const LocalSession& c) { return tenants_[static_cast<size_t>(c.tenant)]; }
+  // Binds decoded key ids to the connection's tenant (node/tenants.h).
+  void Bind(const LocalSession& c, std::vector<KeyId>* keys);
+  void Bind(const LocalSession& c, std::vector<protocol::SizedKey>* keys);
   bool Park(LocalSession& c, const protocol::FrameHeader& h, ParkedReads::Kind kind);
   static Result<TieredStore::Pin> PinOf(TieredStore* store, CarriedPins* carried, const KeyId& key);
   void CountOp(uint16_t type, std::chrono::steady_clock::time_point start);
@@ -94,9 +126,8 @@ class LocalOps {
   Status OnFlush(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
 
   const LocalServerOptions opts_;
-  TieredStore* const tiered_;
-  RemoteSource* const remote_;  // null when standalone
-  ParkedReads parked_;
+  std::vector<Tenant> tenants_;  // [0]: the default tenant
+  std::vector<TenantSpec> specs_;  // tenants_[1..]'s, for TenantOf
   bool parked_now_ = false;  // the request being handled was parked
   MetricsRegistry* const metrics_;
   const std::function<std::string()> stats_json_;

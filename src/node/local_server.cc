@@ -111,8 +111,14 @@ struct Conn : LocalSession {
 class LocalServerImpl final : public LocalServer {
  public:
   LocalServerImpl(const LocalServerOptions& o, TieredStore* tiered, RemoteSource* remote,
-                  MetricsRegistry* m, std::function<std::string()> stats_json)
-      : opts_(o), tiered_(tiered), remote_(remote), stats_json_(std::move(stats_json)) {
+                  MetricsRegistry* m, std::function<std::string()> stats_json,
+                  std::vector<LocalTenant> tenants)
+      : opts_(o),
+        tiered_(tiered),
+        remote_(remote),
+        tenants_(std::move(tenants)),
+        tenant_conns_(std::make_unique<std::atomic<int>[]>(tenants_.size() + 1)),
+        stats_json_(std::move(stats_json)) {
     conns_gauge_ = m->GetGauge("kvpool_local_connections", "Open local client connections");
     accepted_ = m->GetCounter("kvpool_accepted_connections_total", "Local connections accepted");
     rejected_ = m->GetCounter("kvpool_rejected_connections_total",
@@ -140,7 +146,8 @@ class LocalServerImpl final : public LocalServer {
   Status Init() {
     KVPOOL_RETURN_IF_ERROR(OpenEventLoopFds("", &epoll_fd_, &wake_fd_, &spare_fd_));
     handlers_ =
-        std::make_unique<LocalOps>(opts_, tiered_, remote_, wake_fd_, metrics_, stats_json_);
+        std::make_unique<LocalOps>(opts_, tiered_, remote_, wake_fd_, metrics_, stats_json_,
+                                   tenants_);
     KVPOOL_RETURN_IF_ERROR(Bind());
     WatchListenerAndWake(epoll_fd_, listen_fd_, kListenTag, wake_fd_, kWakeTag);
     return Status::Ok();
@@ -221,6 +228,11 @@ class LocalServerImpl final : public LocalServer {
   }
 
   int connections() const override { return num_conns_.load(); }
+  std::vector<int> tenant_connections() const override {
+    std::vector<int> out(tenants_.size() + 1);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = tenant_conns_[i].load();
+    return out;
+  }
   const std::string& socket_path() const override { return socket_path_; }
 
  private:
@@ -294,6 +306,15 @@ class LocalServerImpl final : public LocalServer {
         ::close(fd);
         continue;
       }
+      PeerIdentity who;
+      if (!IdentifyPeer(fd, &who)) {
+        handlers_->ProtocolError("unknown_credentials");
+        SendConnectionError(fd, PermissionDenied("the node cannot read this client's credentials "
+                                                 "(SO_PEERCRED) to find its tenant"));
+        rejected_->Inc();
+        ::close(fd);
+        continue;
+      }
       int buf = 4 << 20;
       setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
       setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
@@ -302,6 +323,11 @@ class LocalServerImpl final : public LocalServer {
       c.id = ++conn_ids_;
       c.accepted = std::chrono::steady_clock::now();
       c.last_active = c.accepted;
+      c.peer_pid = who.pid;
+      c.peer_uid = who.uid;
+      c.peer_gid = who.gid;
+      c.tenant = who.tenant;
+      ++tenant_conns_[c.tenant];
       epoll_event ev{};
       ev.events = EPOLLIN | EPOLLRDHUP;
       ev.data.u64 = static_cast<uint64_t>(fd);
@@ -312,6 +338,35 @@ class LocalServerImpl final : public LocalServer {
     }
   }
 
+  struct PeerIdentity {
+    int32_t pid = 0;
+    uint32_t uid = 0;
+    uint32_t gid = 0;
+    int tenant = 0;
+  };
+  // The peer's credentials (SO_PEERCRED) and the tenant its uid or groups
+  // (SO_PEERGROUPS) belong to. False when they cannot be read while tenants
+  // are configured: such a peer could belong to any of them.
+  bool IdentifyPeer(int fd, PeerIdentity* who) {
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    bool known = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
+    if (known) *who = {cred.pid, cred.uid, cred.gid, 0};
+    if (!handlers_->has_tenants()) return true;
+    if (!known) return false;
+    std::vector<uint32_t> gids = {cred.gid};
+    std::vector<gid_t> groups(64);
+    socklen_t glen = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen) != 0) {
+      if (errno != ERANGE) return false;
+      groups.resize(glen / sizeof(gid_t));
+      if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen) != 0) return false;
+    }
+    for (size_t i = 0; i < glen / sizeof(gid_t); ++i) gids.push_back(groups[i]);
+    who->tenant = handlers_->TenantOf(cred.uid, gids);
+    return true;
+  }
+
   void CloseConn(int fd) {
     auto it = conns_.find(fd);
     if (it == conns_.end()) return;
@@ -319,6 +374,7 @@ class LocalServerImpl final : public LocalServer {
     ::close(fd);
     const bool was_charged = Charged(it->second.in.capacity) > 0;
     Uncharge(it->second);
+    --tenant_conns_[it->second.tenant];
     // Destroying the handles releases the pins and aborts the reservations.
     conns_.erase(it);
     if (was_charged) ResumeStarved();
@@ -581,6 +637,8 @@ class LocalServerImpl final : public LocalServer {
   const LocalServerOptions opts_;
   TieredStore* const tiered_;           // outlives the server
   RemoteSource* const remote_;          // null when standalone
+  const std::vector<LocalTenant> tenants_;
+  std::unique_ptr<std::atomic<int>[]> tenant_conns_;  // [0]: the default tenant
   std::unique_ptr<LocalOps> handlers_;  // created with the wake fd
   MetricsRegistry* metrics_ = nullptr;
   const std::function<std::string()> stats_json_;
@@ -612,10 +670,11 @@ class LocalServerImpl final : public LocalServer {
 Result<std::unique_ptr<LocalServer>> LocalServer::Open(const LocalServerOptions& options,
                                                        TieredStore* store, RemoteSource* remote,
                                                        MetricsRegistry* metrics,
-                                                       std::function<std::string()> stats_json) {
+                                                       std::function<std::string()> stats_json,
+                                                       std::vector<LocalTenant> tenants) {
   KVPOOL_RETURN_IF_ERROR(options.Validate());
-  auto s =
-      std::make_unique<LocalServerImpl>(options, store, remote, metrics, std::move(stats_json));
+  auto s = std::make_unique<LocalServerImpl>(options, store, remote, metrics,
+                                             std::move(stats_json), std::move(tenants));
   KVPOOL_RETURN_IF_ERROR(s->Init());
   return std::unique_ptr<LocalServer>(std::move(s));
 }

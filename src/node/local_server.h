@@ -23,10 +23,12 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/metrics.h"
 #include "common/status.h"
 #include "cluster/remote_source.h"
+#include "node/tenants.h"
 #include "store/tiered_store.h"
 
 namespace kvpool {
@@ -79,6 +81,13 @@ struct LocalServerOptions {
   Status Validate() const;
 };
 
+// A tenant the local server serves besides the default one: who belongs
+// to it and its own store (node/tenants.h). Its entries stay on this node.
+struct LocalTenant {
+  TenantSpec spec;
+  TieredStore* store = nullptr;  // outlives the server
+};
+
 class LocalServer {
  public:
   // Prepares the socket's directory and binds (node/socket_dir.h).
@@ -91,10 +100,14 @@ class LocalServer {
   // here wait likewise for the cluster (fetched into DRAM, or asked). A
   // waiting request keeps its decoded keys and the pins its wait took, and
   // is answered from those. remote must outlive the server's Run().
+  // A connection belongs to the tenant its peer's credentials (SO_PEERCRED,
+  // SO_PEERGROUPS) map to, else to the default tenant (store, remote); it
+  // is handed that tenant's segment only, and its key ids are bound to it.
   static Result<std::unique_ptr<LocalServer>> Open(const LocalServerOptions& options,
                                                    TieredStore* store, RemoteSource* remote,
                                                    MetricsRegistry* metrics,
-                                                   std::function<std::string()> stats_json);
+                                                   std::function<std::string()> stats_json,
+                                                   std::vector<LocalTenant> tenants = {});
   virtual ~LocalServer() = default;
 
   // Serves until Stop(). Closes every connection (releasing its pins and
@@ -104,6 +117,9 @@ class LocalServer {
   virtual int connections() const = 0;
   // The socket's path (the resolved default when none was configured).
   virtual const std::string& socket_path() const = 0;
+  // Open connections per tenant: the default tenant first, then the
+  // tenants in the order given to Open.
+  virtual std::vector<int> tenant_connections() const = 0;
 };
 
 }  // namespace kvpool

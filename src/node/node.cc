@@ -1,6 +1,10 @@
 #include "node/node.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <atomic>
@@ -24,6 +28,7 @@
 #include "common/metrics.h"
 #include "common/secret_file.h"
 #include "node/local_server.h"
+#include "node/tenants.h"
 #include "common/executor.h"
 #include "store/tiered_store.h"
 
@@ -55,8 +60,10 @@ class NodeImpl final : public Node {
   Status Open() {
     KVPOOL_RETURN_IF_ERROR(LoadClusterKeys());
     KVPOOL_RETURN_IF_ERROR(LoadAdminToken());
+    KVPOOL_RETURN_IF_ERROR(LoadTenants());
     OpenPools();
     KVPOOL_RETURN_IF_ERROR(OpenStore());
+    KVPOOL_RETURN_IF_ERROR(OpenTenantStores());
     KVPOOL_RETURN_IF_ERROR(OpenCluster());
     KVPOOL_RETURN_IF_ERROR(OpenLocal());
     KVPOOL_RETURN_IF_ERROR(OpenAdmin());
@@ -107,17 +114,98 @@ class NodeImpl final : public Node {
     return Status::Ok();
   }
   void CloseStore() {
-    if (tiered_ && tiered_->has_ssd_tier()) {
-      if (opts_.ssd_persist_on_stop) {
-        // A clean stop keeps the whole cache: DRAM goes to SSD first.
-        uint64_t n = tiered_->DemoteAll();
-        LogInfo("wrote {} DRAM entries to the SSD tier before stopping", n);
-      }
-      Status s = tiered_->Close();  // flush and checkpoint: a warm restart
-      if (!s.ok()) LogWarn("ssd tier close: {}", s.ToString());
-    }
     metrics_.RemoveCallbacks(this);
+    CloseTiers(tiered_.get(), kDefaultTenant);
+    for (auto& t : tenants_) CloseTiers(t.store.get(), t.spec.name);
+    tenants_.clear();
     tiered_.reset();
+  }
+  void CloseTiers(TieredStore* store, const std::string& tenant) {
+    if (store == nullptr || !store->has_ssd_tier()) return;
+    if (opts_.ssd_persist_on_stop) {
+      // A clean stop keeps the whole cache: DRAM goes to SSD first.
+      uint64_t n = store->DemoteAll();
+      LogInfo("tenant {}: wrote {} DRAM entries to the SSD tier before stopping", tenant, n);
+    }
+    Status s = store->Close();  // flush and checkpoint: a warm restart
+    if (!s.ok()) LogWarn("tenant {}: ssd tier close: {}", tenant, s.ToString());
+  }
+
+  // The tenants file, read before anything is allocated.
+  Status LoadTenants() {
+    if (opts_.tenants_file.empty()) return Status::Ok();
+    KVPOOL_ASSIGN_OR_RETURN(auto specs, LoadTenantsFile(opts_.tenants_file));
+    for (const auto& t : specs) {
+      if (t.ssd_bytes > 0 && opts_.ssd_dirs.empty()) {
+        return InvalidArgument(fmt::format(
+            "tenants file {}: tenant '{}' has an SSD quota but the node has no SSD tier "
+            "(--ssd-dirs)",
+            opts_.tenants_file, t.name));
+      }
+      tenants_.push_back({t, nullptr, nullptr});
+    }
+    return Status::Ok();
+  }
+
+  // Each tenant's own store: a segment of its DRAM quota and, with an SSD
+  // quota, a directory "tenant-NAME" under each SSD directory. Its figures
+  // are kept in its own registry and exported per tenant.
+  Status OpenTenantStores() {
+    for (auto& t : tenants_) {
+      DramOptions d = opts_.dram;
+      d.capacity_bytes = t.spec.dram_bytes;
+      d.max_value_bytes = std::min(d.max_value_bytes, t.spec.dram_bytes);
+      std::optional<SsdOptions> so;
+      if (t.spec.ssd_bytes > 0) {
+        so = opts_.SsdWithDirs();
+        so->capacity_bytes = t.spec.ssd_bytes;
+        for (auto& dir : so->dirs) {
+          dir += "/tenant-" + t.spec.name;
+          if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+            return Internal(fmt::format("tenant {}: mkdir {}: {}", t.spec.name, dir,
+                                        std::strerror(errno)));
+          }
+        }
+      }
+      t.metrics = std::make_unique<MetricsRegistry>();
+      auto store = TieredStore::Open(d, so ? &*so : nullptr, io_pool_.get(), flush_pool_.get(),
+                                     opts_.tiering, t.metrics.get());
+      if (!store.ok()) {
+        return Status(store.status().code(),
+                      fmt::format("tenant {}: {}", t.spec.name, store.status().message()));
+      }
+      t.store = std::move(store).value();
+      LogInfo("tenant {}: dram {}{}", t.spec.name, SettingsTable::FormatBytes(t.spec.dram_bytes),
+              so ? " ssd " + SettingsTable::FormatBytes(t.spec.ssd_bytes) : std::string());
+    }
+    AddTenantGauges(kDefaultTenant, tiered_.get());
+    for (auto& t : tenants_) AddTenantGauges(t.spec.name, t.store.get());
+    return Status::Ok();
+  }
+  void AddTenantGauges(const std::string& name, TieredStore* store) {
+    Labels l = {{"tenant", name}};
+    auto dram = [store](uint64_t DramStats::*f) {
+      return [store, f] { return static_cast<double>(store->GetDramStats().*f); };
+    };
+    metrics_.AddCallbackGauge("kvpool_tenant_dram_capacity_bytes", "DRAM quota (segment), per tenant",
+                              l, dram(&DramStats::capacity_bytes), this);
+    metrics_.AddCallbackGauge("kvpool_tenant_dram_used_bytes", "DRAM bytes of values, per tenant", l,
+                              dram(&DramStats::used_bytes), this);
+    metrics_.AddCallbackGauge("kvpool_tenant_dram_entries", "DRAM entries, per tenant", l,
+                              dram(&DramStats::entries), this);
+    metrics_.AddCallbackGauge("kvpool_tenant_dram_evictions",
+                              "DRAM entries evicted since start, per tenant", l,
+                              dram(&DramStats::evictions), this);
+    if (!store->has_ssd_tier()) return;
+    auto ssd = [store](uint64_t SsdStats::*f) {
+      return [store, f] { return static_cast<double>(store->GetSsdStats().*f); };
+    };
+    metrics_.AddCallbackGauge("kvpool_tenant_ssd_capacity_bytes", "SSD quota, per tenant", l,
+                              ssd(&SsdStats::capacity_bytes), this);
+    metrics_.AddCallbackGauge("kvpool_tenant_ssd_used_bytes", "SSD bytes used, per tenant", l,
+                              ssd(&SsdStats::used_bytes), this);
+    metrics_.AddCallbackGauge("kvpool_tenant_ssd_entries", "SSD entries, per tenant", l,
+                              ssd(&SsdStats::entries), this);
   }
 
   // Membership, the peer transport and the services over them: the
@@ -222,8 +310,11 @@ class NodeImpl final : public Node {
   Status OpenLocal() {
     LocalServerOptions lo = opts_.local;
     lo.instance_id = instance_id_;
+    std::vector<LocalTenant> tenants;
+    for (auto& t : tenants_) tenants.push_back({t.spec, t.store.get()});
     KVPOOL_ASSIGN_OR_RETURN(local_, LocalServer::Open(lo, tiered_.get(), reader_.get(), &metrics_,
-                                                      [this] { return StatusJson(); }));
+                                                      [this] { return StatusJson(); },
+                                                      std::move(tenants)));
     opts_.local.socket_path = local_->socket_path();  // the default resolved
     metrics_.AddCallbackGauge("kvpool_uptime_seconds", "Seconds since the node started", {},
                               [this] { return UptimeSeconds(); }, this);
@@ -293,6 +384,7 @@ class NodeImpl final : public Node {
           {"huge_pages", st.huge_pages},
           {"classes", classes}}},
         {"ssd", SsdJson()},
+        {"tenants", TenantsJson()},
         {"members", MembersJson()["members"]},
         {"membership",
          {{"fenced", cluster_ != nullptr && cluster_->fenced()},
@@ -335,6 +427,46 @@ class NodeImpl final : public Node {
             {"shards", {{"total", kNumShards}, {"owned", owned}}}};
   }
 
+  // Per tenant, the default one first: quotas, use and traffic.
+  nlohmann::ordered_json TenantsJson() const {
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    std::vector<int> conns = local_ ? local_->tenant_connections() : std::vector<int>{};
+    auto one = [&](const std::string& name, const TieredStore* store, size_t i) {
+      DramStats d = store->GetDramStats();
+      Labels l = {{"tenant", name}};
+      auto count = [&](const char* metric) {
+        double v = metrics_.ValueOf(metric, l);
+        return v < 0 ? 0 : static_cast<uint64_t>(v);
+      };
+      nlohmann::ordered_json j = {
+          {"name", name},
+          {"connections", i < conns.size() ? conns[i] : 0},
+          {"dram",
+           {{"capacity_bytes", d.capacity_bytes},
+            {"used_bytes", d.used_bytes},
+            {"entries", d.entries},
+            {"evictions", d.evictions}}},
+          {"ssd", nullptr},
+          {"hits", count("kvpool_tenant_hits_total")},
+          {"misses", count("kvpool_tenant_misses_total")},
+          {"rejected", count("kvpool_tenant_rejected_total")},
+          {"bytes_written", count("kvpool_tenant_bytes_written_total")},
+          {"bytes_read", count("kvpool_tenant_bytes_read_total")}};
+      if (store->has_ssd_tier()) {
+        SsdStats s = store->GetSsdStats();
+        j["ssd"] = {{"capacity_bytes", s.capacity_bytes},
+                    {"used_bytes", s.used_bytes},
+                    {"entries", s.entries}};
+      }
+      out.push_back(std::move(j));
+    };
+    one(kDefaultTenant, tiered_.get(), 0);
+    for (size_t i = 0; i < tenants_.size(); ++i) {
+      one(tenants_[i].spec.name, tenants_[i].store.get(), i + 1);
+    }
+    return out;
+  }
+
   nlohmann::ordered_json SsdJson() const {
     if (!tiered_->has_ssd_tier()) return nullptr;
     SsdStats st = tiered_->GetSsdStats();
@@ -373,7 +505,15 @@ class NodeImpl final : public Node {
   MetricsRegistry metrics_;  // outlives every component below
   std::unique_ptr<ThreadPool> io_pool_;     // promotions (SSD reads into DRAM)
   std::unique_ptr<ThreadPool> flush_pool_;  // SSD region writes
-  std::unique_ptr<TieredStore> tiered_;     // DRAM, and SSD with --ssd
+  std::unique_ptr<TieredStore> tiered_;     // DRAM, and SSD with --ssd: the default tenant
+  // The other tenants (--tenants-file), each with its own store and the
+  // registry of its store's figures.
+  struct TenantStore {
+    TenantSpec spec;
+    std::unique_ptr<MetricsRegistry> metrics;
+    std::unique_ptr<TieredStore> store;
+  };
+  std::vector<TenantStore> tenants_;
   std::unique_ptr<ThreadPool> peer_pool_;  // peer request handlers
   std::unique_ptr<ThreadPool> list_pool_;  // SSD inventory listings (cluster + SSD only)
   std::vector<transport::ClusterKey> cluster_keys_;   // from --cluster-key-file

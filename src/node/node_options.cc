@@ -158,6 +158,10 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddString("client-token-file", &o->client_token_file,
                "File of remote-mode clients' tokens, one \"NAME HEX64\" per line, mode 0600; "
                "a client holding one may look up, fetch, store and list members");
+  t->AddString("tenants-file", &o->tenants_file,
+               "File of tenants, one \"tenant NAME dram=SIZE [ssd=SIZE] [uids=...] [gids=...]\" "
+               "per line: local clients of those users or groups get the tenant's own segment, "
+               "quotas and key space; everyone else is the default tenant");
   t->AddString("cluster-key-file", &o->cluster_key_file,
                "File with the cluster key (64 hex digits; a second line during rotation), mode "
                "0600; every peer connection is authenticated with it");

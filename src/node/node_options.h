@@ -35,6 +35,8 @@ struct NodeOptions {
   // Remote-mode clients' tokens ("NAME HEX64" per line, mode 0600 or 0400);
   // empty: no remote client can authenticate.
   std::string client_token_file;
+  // The tenants file (node/tenants.h); empty: one tenant, the default.
+  std::string tenants_file;
   DramOptions dram;
   // Comma-separated SSD directories; empty: DRAM only.
   std::string ssd_dirs;

@@ -1,0 +1,75 @@
+// Tenants: the parties that share a node, each with its own namespaces, its
+// own DRAM segment and SSD space (its quotas), and the local users that
+// belong to it.
+//
+// A tenants file (--tenants-file) has one line per tenant:
+//
+//   tenant NAME dram=SIZE [ssd=SIZE] [uids=U,U...] [gids=G,G...]
+//
+// NAME is 1-32 of [a-z0-9_-] and not "default"; SIZE uses the node's units
+// ("8GiB"); a uid or gid is a number or a user or group name. A local
+// client whose uid is listed belongs to that tenant, else one whose
+// primary or supplementary group is listed; anyone else belongs to the
+// default tenant, the node's own store (--dram-bytes, --ssd-*), which is
+// also the only one the cluster pools. '#' starts a comment.
+//
+// Key ids are bound to their tenant: a client sends ids it derived from
+// (namespace, key); the node stores a tenant's entry under
+// SHA-256(SHA-256("kvpool-tenant" || name) || id), truncated to 128 bits.
+// The default tenant's ids are used as sent. So the same (namespace, key)
+// of two tenants is two different entries, and no id a client can send
+// lands on another tenant's entry without a SHA-256 preimage -- on top of
+// each tenant having its own store.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/key_id.h"
+#include "common/status.h"
+
+namespace kvpool {
+
+inline constexpr char kDefaultTenant[] = "default";
+
+struct TenantSpec {
+  std::string name;
+  uint64_t dram_bytes = 0;
+  uint64_t ssd_bytes = 0;
+  std::vector<uint32_t> uids;
+  std::vector<uint32_t> gids;
+};
+
+// Parses a tenants file's text; `where` names it in errors, which give the
+// line number and what is wrong.
+Result<std::vector<TenantSpec>> ParseTenants(std::string_view text, std::string_view where);
+
+// Reads and parses a tenants file. It decides who reads whose data, so it
+// must be a regular file owned by this process's user (or root) that group
+// and others cannot write; otherwise FailedPrecondition with what to fix.
+Result<std::vector<TenantSpec>> LoadTenantsFile(const std::string& path);
+
+// The index in `tenants` of the tenant a local client with these
+// credentials belongs to (its uid first, then its groups), or -1: the
+// default tenant.
+int TenantOfCredentials(const std::vector<TenantSpec>& tenants, uint32_t uid,
+                        const std::vector<uint32_t>& gids);
+
+// Binds client key ids to one tenant. Thread-safe (immutable).
+class TenantKeys {
+ public:
+  // An empty name or "default": ids are used as sent.
+  explicit TenantKeys(std::string_view tenant);
+  bool identity() const { return identity_; }
+  KeyId Bind(const KeyId& id) const;
+
+ private:
+  bool identity_ = true;
+  unsigned char prefix_[32] = {};
+};
+
+}  // namespace kvpool
