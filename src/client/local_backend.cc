@@ -49,6 +49,9 @@ constexpr uint64_t kNodeHandleMask = (1ull << kGenShift) - 1;
 struct Slot {
   std::unique_ptr<LocalConnection> link;
   std::shared_ptr<Mapping> mapping;
+  // The connection's staging area, where reservations are written when the
+  // segment is mapped read-only (null: written in place).
+  std::shared_ptr<Mapping> staging;
   uint8_t gen = 0;
   bool busy = false;
   int64_t outstanding = 0;  // handles of this generation not yet returned
@@ -102,6 +105,8 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
   // Connects the first connection.
   Status Start() { return Borrow(DeadlineOf()).status(); }
 
+  Status PutInPlace(std::span<const KeyId> keys, const void* const* values,
+                    const uint64_t* sizes, kvpool_status* statuses);
   Status Put(std::span<const KeyId> keys, const void* const* values, const uint64_t* sizes,
              kvpool_status* statuses) override;
   Status Get(std::span<const KeyId> keys, void* const* buffers, const uint64_t* capacities,
@@ -174,7 +179,14 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
   std::condition_variable cv_;
   std::vector<Slot> slots_;                                  // protected by mu_
   std::shared_ptr<Mapping> mapping_;                         // protected by mu_
-  std::map<uint16_t, std::pair<std::shared_ptr<Mapping>, int64_t>> retired_;  // mu_
+  // Handles of replaced connections, by slot and generation: the mappings
+  // their pointers point into stay until they are all returned.
+  struct Retired {
+    std::shared_ptr<Mapping> mapping;
+    std::shared_ptr<Mapping> staging;
+    int64_t outstanding = 0;
+  };
+  std::map<uint16_t, Retired> retired_;  // mu_
   protocol::HelloReply hello_;                               // protected by mu_
 };
 
@@ -192,11 +204,12 @@ Slot& Lease::s() { return c_->slots_[slot_]; }
 void LocalBackend::RetireLocked(int slot) {
   Slot& s = slots_[slot];
   if (s.outstanding > 0 && s.mapping) {
-    retired_[static_cast<uint16_t>(slot << 8 | s.gen)] = {s.mapping, s.outstanding};
+    retired_[static_cast<uint16_t>(slot << 8 | s.gen)] = {s.mapping, s.staging, s.outstanding};
   }
   s.outstanding = 0;
   s.link.reset();
   s.mapping.reset();
+  s.staging.reset();
   s.gen = static_cast<uint8_t>(s.gen + 1);
 }
 
@@ -206,6 +219,30 @@ Status LocalBackend::ConnectSlot(int slot, Clock::time_point deadline) {
                                                               options_.expected_server_uid));
   link->set_spin(std::chrono::microseconds(options_.spin_us));
   int fd = link->TakeSegmentFd();
+  const uint64_t staging_bytes = link->hello().staging_bytes;
+  std::shared_ptr<Mapping> staging;
+  if (int sfd = link->TakeStagingFd(); sfd >= 0) {
+    if (staging_bytes > 0 && !options_.copy_mode) {
+      // Written by this process, read by the node's commit; pages appear
+      // as they are first written.
+      void* p = ::mmap(nullptr, staging_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, sfd, 0);
+      int err = errno;
+      ::close(sfd);
+      if (p == MAP_FAILED) {
+        if (fd >= 0) ::close(fd);
+        return ErrnoStatus("mmap of the connection's staging area", err);
+      }
+      staging = std::make_shared<Mapping>();
+      staging->base = static_cast<uint8_t*>(p);
+      staging->size = staging_bytes;
+    } else {
+      ::close(sfd);
+    }
+  }
+  if (staging_bytes > 0 && !options_.copy_mode && !staging) {
+    if (fd >= 0) ::close(fd);
+    return Internal("the node did not pass the connection's staging area");
+  }
   std::shared_ptr<Mapping> mapping;
   {
     std::lock_guard lock(mu_);
@@ -218,7 +255,10 @@ Status LocalBackend::ConnectSlot(int slot, Clock::time_point deadline) {
     m->instance_id = link->hello().instance_id;
     // MAP_POPULATE builds the page tables now, so the first get does not
     // take a minor fault per 4 KiB page.
-    void* p = ::mmap(nullptr, m->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    // Read-only when the node gave a staging area: the fd is sealed
+    // against writable mappings then.
+    int prot = staging_bytes > 0 ? PROT_READ : PROT_READ | PROT_WRITE;
+    void* p = ::mmap(nullptr, m->size, prot, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (p == MAP_FAILED) {
       int err = errno;
       ::close(fd);
@@ -237,6 +277,7 @@ Status LocalBackend::ConnectSlot(int slot, Clock::time_point deadline) {
   RetireLocked(slot);
   s.link = std::move(link);
   s.mapping = mapping;
+  s.staging = std::move(staging);
   return Status::Ok();
 }
 
@@ -325,8 +366,8 @@ void LocalBackend::ReturnRetired(uint16_t key, int64_t n) {
   std::lock_guard lock(mu_);
   auto it = retired_.find(key);
   if (it == retired_.end()) return;
-  it->second.second -= n;
-  if (it->second.second <= 0) retired_.erase(it);
+  it->second.outstanding -= n;
+  if (it->second.outstanding <= 0) retired_.erase(it);
 }
 
 // Sends handles (release or abort) grouped by the connection they belong to.
@@ -356,8 +397,12 @@ Status LocalBackend::RegionCall(Lease& lease, Clock::time_point deadline, Messag
   std::vector<protocol::RegionItem> items;
   KVPOOL_RETURN_IF_ERROR(protocol::DecodeRegionItems(reply, protocol::kMaxBatch, &items));
   if (items.size() != n) return Internal("reply item count does not match the request");
-  uint8_t* base = lease.s().mapping ? lease.s().mapping->base : nullptr;
-  uint64_t seg = lease.s().mapping ? lease.s().mapping->size : 0;
+  // Reservations point into the staging area when there is one.
+  const Mapping* into = type == MessageType::kReserve && lease.s().staging
+                            ? lease.s().staging.get()
+                            : lease.s().mapping.get();
+  uint8_t* base = into != nullptr ? into->base : nullptr;
+  uint64_t seg = into != nullptr ? into->size : 0;
   int64_t handed = 0;
   for (size_t i = 0; i < n; ++i) {
     statuses[i] = items[i].status;
@@ -448,31 +493,61 @@ kvpool_status FirstFailure(const kvpool_status* statuses, size_t n) {
   return KVPOOL_OK;
 }
 
+// One reserve batch of a put: reserve, copy, commit.
+Status LocalBackend::PutInPlace(std::span<const KeyId> keys, const void* const* values,
+                                const uint64_t* sizes, kvpool_status* statuses) {
+  size_t n = keys.size();
+  std::vector<kvpool_region> regions(n);
+  Status rs = Reserve(keys, sizes, regions.data(), statuses);
+  kvpool_status st = rs.ok() ? FirstFailure(statuses, n) : static_cast<kvpool_status>(rs.code());
+  if (st != KVPOOL_OK && st != KVPOOL_ALREADY_EXISTS && st != KVPOOL_INVALID_ARGUMENT &&
+      st != KVPOOL_RESOURCE_EXHAUSTED) {
+    return rs;  // an item's failure is reported from statuses
+  }
+  std::vector<uint64_t> handles;
+  std::vector<size_t> idx;
+  handles.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (statuses[i] != KVPOOL_OK) continue;
+    std::memcpy(regions[i].data, values[i], sizes[i]);
+    handles.push_back(regions[i].handle);
+    idx.push_back(i);
+  }
+  if (handles.empty()) return Status::Ok();
+  std::vector<kvpool_status> cst(handles.size());
+  Commit(handles, cst.data()).IgnoreError();  // unanswered items are in cst
+  for (size_t k = 0; k < idx.size(); ++k) statuses[idx[k]] = cst[k];
+  return Status::Ok();
+}
+
 Status LocalBackend::Put(std::span<const KeyId> keys, const void* const* values,
                          const uint64_t* sizes, kvpool_status* statuses) {
   size_t n = keys.size();
   if (!options_.copy_mode) {
-    // Reserve, copy into the segment, commit: one memcpy per value.
-    std::vector<kvpool_region> regions(n);
-    Status rs = Reserve(keys, sizes, regions.data(), statuses);
-    kvpool_status st = rs.ok() ? FirstFailure(statuses, n) : static_cast<kvpool_status>(rs.code());
-    if (st != KVPOOL_OK && st != KVPOOL_ALREADY_EXISTS && st != KVPOOL_INVALID_ARGUMENT &&
-        st != KVPOOL_RESOURCE_EXHAUSTED) {
-      return rs;  // an item's failure is reported from statuses
+    // Reserve, copy into the segment (or the connection's staging area),
+    // commit: one memcpy per value here. With a staging area, each reserve
+    // batch must fit it: the batch is cut where it would not.
+    uint64_t staging = 0;
+    {
+      std::lock_guard lock(mu_);
+      staging = hello_.staging_bytes;
     }
-    std::vector<uint64_t> handles;
-    std::vector<size_t> idx;
-    handles.reserve(n);
-    for (size_t i = 0; i < n; ++i) {
-      if (statuses[i] != KVPOOL_OK) continue;
-      std::memcpy(regions[i].data, values[i], sizes[i]);
-      handles.push_back(regions[i].handle);
-      idx.push_back(i);
+    for (size_t off = 0; off < n;) {
+      size_t m = 0;
+      uint64_t bytes = 0;
+      while (off + m < n) {
+        uint64_t add = (sizes[off + m] + protocol::kStagingAlign - 1) / protocol::kStagingAlign * protocol::kStagingAlign;
+        if (staging > 0 && m > 0 && bytes + add > staging) break;
+        bytes += add;
+        ++m;
+      }
+      Status s = PutInPlace(keys.subspan(off, m), values + off, sizes + off, statuses + off);
+      if (!s.ok()) {
+        FillStatuses(statuses, off + m, n, s);
+        return s;
+      }
+      off += m;
     }
-    if (handles.empty()) return Status::Ok();
-    std::vector<kvpool_status> cst(handles.size());
-    Commit(handles, cst.data()).IgnoreError();  // unanswered items are in cst
-    for (size_t k = 0; k < idx.size(); ++k) statuses[idx[k]] = cst[k];
     return Status::Ok();
   }
   // Copy mode: values travel inline, in frames under the node's limit.

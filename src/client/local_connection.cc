@@ -90,11 +90,18 @@ Status CheckServerCredentials(int fd, const std::string& socket_path, int64_t ex
 LocalConnection::~LocalConnection() {
   if (fd_ >= 0) ::close(fd_);
   if (segment_fd_ >= 0) ::close(segment_fd_);
+  if (staging_fd_ >= 0) ::close(staging_fd_);
 }
 
 int LocalConnection::TakeSegmentFd() {
   int fd = segment_fd_;
   segment_fd_ = -1;
+  return fd;
+}
+
+int LocalConnection::TakeStagingFd() {
+  int fd = staging_fd_;
+  staging_fd_ = -1;
   return fd;
 }
 
@@ -158,9 +165,10 @@ Result<std::unique_ptr<LocalConnection>> LocalConnection::Connect(const std::str
   KVPOOL_RETURN_IF_ERROR(c->WriteFrame(MessageType::kHello, id, std::span(&iov, 1), deadline));
   FrameHeader h;
   std::vector<uint8_t> reply;
-  int passed = -1;
-  KVPOOL_RETURN_IF_ERROR(c->ReadReply(id, deadline, &h, &reply, &passed));
-  c->segment_fd_ = passed;
+  int passed[2] = {-1, -1};
+  KVPOOL_RETURN_IF_ERROR(c->ReadReply(id, deadline, &h, &reply, passed));
+  c->segment_fd_ = passed[0];
+  c->staging_fd_ = passed[1];
   if (h.status != 0) {
     std::string msg;
     protocol::DecodeString(reply, &msg).IgnoreError();
@@ -220,7 +228,7 @@ Status LocalConnection::WriteFrame(MessageType type, uint64_t request_id,
 }
 
 Status LocalConnection::ReadReply(uint64_t request_id, Clock::time_point deadline, FrameHeader* h,
-                                  std::vector<uint8_t>* body, int* passed_fd) {
+                                  std::vector<uint8_t>* body, int* passed_fds) {
   uint8_t header[protocol::kHeaderBytes];
   size_t got = 0;
   bool spun = false;
@@ -229,7 +237,7 @@ Status LocalConnection::ReadReply(uint64_t request_id, Clock::time_point deadlin
       ssize_t r;
       if (take_fd) {
         iovec iov{dst, want};
-        alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))];
+        alignas(cmsghdr) char ctrl[CMSG_SPACE(2 * sizeof(int))];
         msghdr msg{};
         msg.msg_iov = &iov;
         msg.msg_iovlen = 1;
@@ -239,10 +247,17 @@ Status LocalConnection::ReadReply(uint64_t request_id, Clock::time_point deadlin
         if (r > 0) {
           for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
             if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-              int fd;
-              std::memcpy(&fd, CMSG_DATA(cm), sizeof(int));
-              if (*passed_fd >= 0) ::close(*passed_fd);
-              *passed_fd = fd;
+              size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+              for (size_t i = 0; i < n; ++i) {
+                int fd;
+                std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+                if (i >= 2) {
+                  ::close(fd);
+                  continue;
+                }
+                if (passed_fds[i] >= 0) ::close(passed_fds[i]);
+                passed_fds[i] = fd;
+              }
             }
           }
         }
@@ -272,7 +287,7 @@ Status LocalConnection::ReadReply(uint64_t request_id, Clock::time_point deadlin
     }
   };
   while (got < sizeof(header)) {
-    auto n = read_some(header + got, sizeof(header) - got, passed_fd != nullptr);
+    auto n = read_some(header + got, sizeof(header) - got, passed_fds != nullptr);
     if (!n.ok()) return Break(n.status());
     got += *n;
   }

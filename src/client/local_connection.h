@@ -42,6 +42,8 @@ class LocalConnection {
   const protocol::HelloReply& hello() const { return hello_; }
   // The segment fd received in the handshake; the caller owns it. -1 after.
   int TakeSegmentFd();
+  // The staging area's fd (hello().staging_bytes > 0); the caller owns it.
+  int TakeStagingFd();
 
   // Sends a request whose body is the concatenation of `body` and waits for
   // its reply. A transport failure or timeout breaks the connection
@@ -60,7 +62,7 @@ class LocalConnection {
   Status WriteFrame(protocol::MessageType type, uint64_t request_id, std::span<const iovec> body,
                     Clock::time_point deadline);
   Status ReadReply(uint64_t request_id, Clock::time_point deadline, protocol::FrameHeader* h,
-                   std::vector<uint8_t>* body, int* passed_fd);
+                   std::vector<uint8_t>* body, int* passed_fds);
   Status Break(Status s);
   // After a failed send: the node may have refused the connection (a
   // connection-level error reply, request id 0) before closing it. Returns
@@ -69,6 +71,7 @@ class LocalConnection {
 
   int fd_;
   int segment_fd_ = -1;
+  int staging_fd_ = -1;
   uint64_t next_request_id_ = 1;
   std::chrono::microseconds spin_{0};
   protocol::HelloReply hello_;

@@ -276,6 +276,15 @@ Status LocalOps::OnHello(LocalSession& c, const FrameHeader& h, std::span<const 
         fmt::format("client protocol version {} is not supported (node speaks {})",
                     req.client_version, protocol::kProtocolVersion));
   }
+  if (opts_.client_staging_bytes > 0) {
+    auto staging = StagingArea::Create(opts_.client_staging_bytes);
+    if (!staging.ok()) {
+      c.closing = true;
+      return ResourceExhausted("no staging memory for this connection: " +
+                               staging.status().ToString());
+    }
+    c.staging = std::move(staging).value();
+  }
   c.handshaked = true;
   protocol::HelloReply rep;
   rep.instance_id = opts_.instance_id;
@@ -284,9 +293,13 @@ Status LocalOps::OnHello(LocalSession& c, const FrameHeader& h, std::span<const 
   rep.max_value_bytes = store->max_value_bytes();
   rep.max_batch = opts_.max_batch;
   rep.max_frame_bytes = opts_.max_frame_bytes;
+  c.pass_fds[0] = store->segment_fd();
+  if (c.staging) {
+    rep.staging_bytes = c.staging->size();
+    c.pass_fds[1] = c.staging->fd();
+  }
   std::vector<uint8_t> out;
   protocol::EncodeHelloReply(rep, &out);
-  c.pass_fd = store->segment_fd();
   Queue(c, MessageType::kHello, h.request_id, Status::Ok(), out);
   return Status::Ok();
 }
@@ -307,9 +320,18 @@ Status LocalOps::OnReserve(LocalSession& c, const FrameHeader& h, std::span<cons
       }
       continue;
     }
+    uint64_t staged = StagingArea::kNone;
+    if (c.staging) {
+      staged = c.staging->Allocate(sized_[i].size);
+      if (staged == StagingArea::kNone) {  // the batch outgrew the staging area
+        regions_[i].status = static_cast<int32_t>(StatusCode::kResourceExhausted);
+        t.rejected->Inc();
+        continue;
+      }
+    }
     uint64_t handle = c.next_handle++;
-    regions_[i] = {0, handle, r->offset(), r->size()};
-    c.reservations.emplace(handle, std::move(r).value());
+    regions_[i] = {0, handle, c.staging ? staged : r->offset(), r->size()};
+    c.reservations.emplace(handle, LocalSession::Reserved{std::move(r).value(), staged});
   }
   out_.clear();
   protocol::EncodeRegionItems(regions_, &out_);
@@ -328,8 +350,13 @@ Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const
       statuses_[i] = static_cast<int32_t>(StatusCode::kInvalidArgument);
       continue;
     }
-    uint64_t size = it->second.size();
-    Status s = t.store->Commit(std::move(it->second));
+    LocalSession::Reserved& res = it->second;
+    uint64_t size = res.slot.size();
+    if (res.staging_offset != StagingArea::kNone) {
+      std::memcpy(res.slot.data(), c.staging->data(res.staging_offset), size);
+      c.staging->Free(res.staging_offset, size);
+    }
+    Status s = t.store->Commit(std::move(res.slot));
     c.reservations.erase(it);
     statuses_[i] = static_cast<int32_t>(s.code());
     if (s.ok()) {
@@ -345,7 +372,14 @@ Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const
 
 Status LocalOps::OnAbort(LocalSession& c, std::span<const uint8_t> body) {
   KVPOOL_RETURN_IF_ERROR(protocol::DecodeHandles(body, opts_.max_batch, &handles_));
-  for (uint64_t hd : handles_) c.reservations.erase(hd);
+  for (uint64_t hd : handles_) {
+    auto it = c.reservations.find(hd);
+    if (it == c.reservations.end()) continue;
+    if (it->second.staging_offset != StagingArea::kNone) {
+      c.staging->Free(it->second.staging_offset, it->second.slot.size());
+    }
+    c.reservations.erase(it);
+  }
   return Status::Ok();
 }
 

@@ -25,6 +25,7 @@
 #include "common/status.h"
 #include "node/local_server.h"
 #include "node/parked_reads.h"
+#include "node/staging.h"
 #include "protocol/codec.h"
 #include "protocol/message_format.h"
 #include "store/tiered_store.h"
@@ -47,9 +48,19 @@ struct LocalSession {
   std::deque<std::vector<uint8_t>> out;  // reply frames not yet written
   size_t out_offset = 0;                 // into out.front()
   uint64_t out_bytes = 0;
-  int pass_fd = -1;  // passed with the first byte of out.front()
+  // Passed with the first byte of out.front() (the hello reply): the
+  // segment's fd and, with staging, the staging area's. Not owned.
+  int pass_fds[2] = {-1, -1};
   uint64_t next_handle = 1;
-  std::unordered_map<uint64_t, TieredStore::Reservation> reservations;
+  // A reservation, and where its client writes it: a range of the staging
+  // area (StagingArea::kNone: in place, the segment is writable).
+  struct Reserved {
+    TieredStore::Reservation slot;
+    uint64_t staging_offset = StagingArea::kNone;
+  };
+  std::unordered_map<uint64_t, Reserved> reservations;
+  // The staging area of a client that maps the segment read-only.
+  std::unique_ptr<StagingArea> staging;
   std::unordered_map<uint64_t, TieredStore::Pin> pins;
 };
 

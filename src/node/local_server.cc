@@ -600,21 +600,22 @@ class LocalServerImpl final : public LocalServer {
     while (!c.out.empty()) {
       auto& f = c.out.front();
       ssize_t w;
-      if (c.pass_fd >= 0 && c.out_offset == 0) {
+      if (c.pass_fds[0] >= 0 && c.out_offset == 0) {
         iovec iov{f.data(), f.size()};
-        alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))] = {};
+        const int n = c.pass_fds[1] >= 0 ? 2 : 1;
+        alignas(cmsghdr) char ctrl[CMSG_SPACE(2 * sizeof(int))] = {};
         msghdr msg{};
         msg.msg_iov = &iov;
         msg.msg_iovlen = 1;
         msg.msg_control = ctrl;
-        msg.msg_controllen = sizeof(ctrl);
+        msg.msg_controllen = CMSG_SPACE(n * sizeof(int));
         cmsghdr* cm = CMSG_FIRSTHDR(&msg);
         cm->cmsg_level = SOL_SOCKET;
         cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        std::memcpy(CMSG_DATA(cm), &c.pass_fd, sizeof(int));
+        cm->cmsg_len = CMSG_LEN(n * sizeof(int));
+        std::memcpy(CMSG_DATA(cm), c.pass_fds, n * sizeof(int));
         w = ::sendmsg(c.fd, &msg, MSG_NOSIGNAL);
-        if (w > 0) c.pass_fd = -1;
+        if (w > 0) c.pass_fds[0] = c.pass_fds[1] = -1;
       } else {
         w = ::send(c.fd, f.data() + c.out_offset, f.size() - c.out_offset, MSG_NOSIGNAL);
       }

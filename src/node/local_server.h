@@ -77,6 +77,11 @@ struct LocalServerOptions {
   int64_t poll_spin_us = 50;
   // Told to clients in the handshake; changes on every node start.
   uint64_t instance_id = 0;
+  // > 0: clients get the segment read-only (its fd must be sealed against
+  // writes: DramOptions::seal_client_writes) and each connection a staging
+  // area of this size for its reservations, copied into the segment on
+  // commit. 0: clients map the segment writable and write in place.
+  uint64_t client_staging_bytes = 0;
 
   Status Validate() const;
 };

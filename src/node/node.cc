@@ -108,6 +108,7 @@ class NodeImpl final : public Node {
   Status OpenStore() {
     std::optional<SsdOptions> so;
     if (!opts_.ssd_dirs.empty()) so = opts_.SsdWithDirs();
+    opts_.dram.seal_client_writes = !opts_.writable_segment;
     KVPOOL_ASSIGN_OR_RETURN(tiered_, TieredStore::Open(opts_.dram, so ? &*so : nullptr,
                                                        io_pool_.get(), flush_pool_.get(),
                                                        opts_.tiering, &metrics_));
@@ -310,6 +311,7 @@ class NodeImpl final : public Node {
   Status OpenLocal() {
     LocalServerOptions lo = opts_.local;
     lo.instance_id = instance_id_;
+    lo.client_staging_bytes = opts_.writable_segment ? 0 : opts_.client_staging_bytes;
     std::vector<LocalTenant> tenants;
     for (auto& t : tenants_) tenants.push_back({t.spec, t.store.get()});
     KVPOOL_ASSIGN_OR_RETURN(local_, LocalServer::Open(lo, tiered_.get(), reader_.get(), &metrics_,

@@ -36,6 +36,12 @@ Status NodeOptions::Validate() const {
   KVPOOL_RETURN_IF_ERROR(dram.Validate());
   KVPOOL_RETURN_IF_ERROR(tiering.Validate());
   KVPOOL_RETURN_IF_ERROR(anti_entropy.Validate());
+  if (!writable_segment && client_staging_bytes < dram.max_value_bytes) {
+    return InvalidArgument(fmt::format(
+        "--client-staging-bytes {} is smaller than --max-value-size {}: the largest value "
+        "could not be reserved",
+        client_staging_bytes, dram.max_value_bytes));
+  }
   if (!ssd_dirs.empty()) {
     if (ssd.capacity_bytes == 0) return InvalidArgument("--ssd needs --ssd-capacity");
     KVPOOL_RETURN_IF_ERROR(SsdWithDirs().Validate());
@@ -98,6 +104,13 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
               "Largest value accepted");
   t->AddEnum("eviction", &o->dram.eviction, {"s3fifo", "lru"},
              "DRAM eviction policy (s3fifo resists scans; lru for comparison)");
+  t->AddBool("writable-segment", &o->writable_segment,
+             "Hand clients the segment writable, so they write reservations in place (saves "
+             "one copy per zero-copy put, but any client can then change committed values); "
+             "by default clients map it read-only and write through a staging area");
+  t->AddBytes("client-staging-bytes", &o->client_staging_bytes, 1ull << 20, 1ull << 34,
+              "Per local connection: staging memory its reservations are written to (one "
+              "reserve batch must fit; pages are allocated when first written)");
   t->AddBool("huge-pages", &o->dram.huge_pages,
              "Back the segment with huge pages when the system has them");
   t->AddBool("prefault", &o->dram.prefault, "Touch the whole segment at start");

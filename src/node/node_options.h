@@ -37,6 +37,10 @@ struct NodeOptions {
   std::string client_token_file;
   // The tenants file (node/tenants.h); empty: one tenant, the default.
   std::string tenants_file;
+  // Clients map the segment writable and write reservations in place;
+  // false: read-only, with a staging area per connection of this size.
+  bool writable_segment = false;
+  uint64_t client_staging_bytes = 64ull << 20;
   DramOptions dram;
   // Comma-separated SSD directories; empty: DRAM only.
   std::string ssd_dirs;

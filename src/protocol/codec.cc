@@ -97,12 +97,13 @@ void EncodeHelloReply(const HelloReply& m, std::vector<uint8_t>* out) {
   w.U64(m.max_value_bytes);
   w.U32(m.max_batch);
   w.U32(m.max_frame_bytes);
+  w.U64(m.staging_bytes);
 }
 
 Status DecodeHelloReply(std::span<const uint8_t> body, HelloReply* m) {
   BodyReader r(body);
   r.U64(&m->instance_id) && r.U64(&m->segment_bytes) && r.U64(&m->max_value_bytes) &&
-      r.U32(&m->max_batch) && r.U32(&m->max_frame_bytes);
+      r.U32(&m->max_batch) && r.U32(&m->max_frame_bytes) && r.U64(&m->staging_bytes);
   return r.Finish("hello reply");
 }
 

@@ -103,6 +103,11 @@ struct HelloReply {
   uint64_t max_value_bytes = 0;
   uint32_t max_batch = 0;
   uint32_t max_frame_bytes = 0;
+  // > 0: the segment is passed read-only and a second fd follows, this
+  // connection's staging memory of this size, where reservations are
+  // written (the node copies them into the segment on commit). 0: the
+  // segment is writable and reservations are written in place.
+  uint64_t staging_bytes = 0;
 };
 struct SizedKey {
   KeyId key;

@@ -17,8 +17,11 @@
 // |---------------|---------------------------------------|----------------------------------------------|
 // | Hello         | u32 client_version, str client_name   | u64 instance_id, u64 segment_bytes,          |
 // |               |                                       | u64 max_value_bytes, u32 max_batch,          |
-// |               |                                       | u32 max_frame_bytes; segment fd (SCM_RIGHTS) |
+// |               |                                       | u32 max_frame_bytes, u64 staging_bytes;      |
+// |               |                                       | segment fd (SCM_RIGHTS), then the staging fd |
+// |               |                                       | when staging_bytes > 0                       |
 // | Reserve       | u32 n, n x {key, u64 size}            | u32 n, n x {i32 st, u64 handle, u64 off, u64 size} |
+// |               |                                       | (off: into the staging area if there is one) |
 // | Commit        | u32 n, n x u64 handle                 | u32 n, n x i32 st                            |
 // | Abort         | u32 n, n x u64 handle                 | (no reply)                                   |
 // | Acquire       | u32 n, n x key                        | u32 n, n x {i32 st, u64 handle, u64 off, u64 size} |
@@ -63,6 +66,9 @@ inline constexpr uint32_t kMaxBatch = 4096;          // items per request
 inline constexpr uint32_t kMaxPreHandshakeFrame = 4096;
 inline constexpr uint32_t kMaxClientName = 256;
 inline constexpr uint32_t kMaxString = 1u << 20;     // stats JSON, error text
+// Ranges of a staging area are multiples of this (a reserve batch fits when
+// its values, each rounded up to it, add up to at most staging_bytes).
+inline constexpr uint64_t kStagingAlign = 256;
 
 struct FrameHeader {
   uint32_t magic = kMagic;

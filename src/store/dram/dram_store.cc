@@ -41,6 +41,7 @@
 #include "store/dram/dram_store.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <mutex>
 
@@ -227,9 +228,9 @@ class DramStoreImpl final : public DramStore {
     policy_->Erase(slot, cls);
     DropEntry(slot, cls);
     if (m.pins > 0) {
-      m.state = SlotState::kZombie;  // freed by the last Unpin
+      m.state = SlotState::kZombie;  // cleared and freed by the last Unpin
     } else {
-      FreeSlot(slot);
+      ClearAndFreeSlot(slot);
     }
     return Status::Ok();
   }
@@ -277,7 +278,7 @@ class DramStoreImpl final : public DramStore {
     if (--m.pins > 0) return;
     --pinned_;
     --alloc_.slab(alloc_.slab_of(slot)).busy;
-    if (m.state == SlotState::kZombie) FreeSlot(slot);
+    if (m.state == SlotState::kZombie) ClearAndFreeSlot(slot);
   }
 
  private:
@@ -335,6 +336,14 @@ class DramStoreImpl final : public DramStore {
     NoteUse(slot, cls, m.size, /*hit=*/true);
     hits_->Inc();
     return Pin(this, slot, m.key, alloc_.offset(slot), m.size);
+  }
+
+  // A removed value's bytes are zeroed before its slot is reused: clients
+  // map the segment, and a removal must leave nothing of the value there.
+  // (Evicted slots keep their bytes until reused.)
+  void ClearAndFreeSlot(uint32_t slot) {
+    std::memset(segment_->base() + alloc_.offset(slot), 0, alloc_.meta(slot).size);
+    FreeSlot(slot);
   }
 
   void FreeSlot(uint32_t slot) {
@@ -634,6 +643,7 @@ Result<std::unique_ptr<DramStore>> DramStore::Open(const DramOptions& options,
   so.bytes = options.capacity_bytes;
   so.huge_pages = options.huge_pages;
   so.prefault = options.prefault;
+  so.seal_writes = options.seal_client_writes;
   KVPOOL_ASSIGN_OR_RETURN(auto segment, dram::Segment::Create(so));
   return std::unique_ptr<DramStore>(
       new dram::DramStoreImpl(options, std::move(segment), metrics));

@@ -41,6 +41,9 @@ struct DramOptions {
   bool prefault = true;
   // "s3fifo" (default, scan-resistant) or "lru" (for comparison).
   std::string eviction = "s3fifo";
+  // Seal the segment's fd against writes: clients it is handed to can map
+  // it read-only only (the node writes through its own mapping).
+  bool seal_client_writes = false;
 
   Status Validate() const;
 };

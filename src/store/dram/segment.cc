@@ -20,7 +20,8 @@ constexpr uint64_t kHugePageBytes = 2ull << 20;
 
 // Creates a sized memfd and maps it. Returns the errno-derived status of the
 // first failing step; leaves nothing open on failure.
-Status MapMemfd(uint64_t bytes, unsigned extra_flags, int* fd_out, uint8_t** base_out) {
+Status MapMemfd(uint64_t bytes, unsigned extra_flags, bool seal_writes, int* fd_out,
+                uint8_t** base_out) {
   int fd = memfd_create("kvpool-dram", MFD_CLOEXEC | MFD_ALLOW_SEALING | extra_flags);
   if (fd < 0) return ErrnoStatus("memfd_create", errno);
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
@@ -35,8 +36,18 @@ Status MapMemfd(uint64_t bytes, unsigned extra_flags, int* fd_out, uint8_t** bas
     return ErrnoStatus("mmap", err);
   }
   // Clients get this fd: sealing its size means none of them can shrink the
-  // segment under us (which would turn our accesses into SIGBUS).
-  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+  // segment under us (which would turn our accesses into SIGBUS). Sealing
+  // future writes leaves our mapping writable but lets no one map it
+  // writable again, write(2) to it or punch holes in it.
+  if (seal_writes) {
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) !=
+        0) {
+      int err = errno;
+      munmap(p, bytes);
+      close(fd);
+      return ErrnoStatus("sealing the segment against client writes (F_SEAL_FUTURE_WRITE)", err);
+    }
+  } else if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     LogWarn("dram: cannot seal the segment's size: {}", ErrnoStatus("fcntl", errno).ToString());
   }
   *fd_out = fd;
@@ -57,7 +68,7 @@ Result<std::unique_ptr<Segment>> Segment::Create(const SegmentOptions& options) 
     } else {
       // With no hugetlb pages reserved, mmap fails with ENOMEM here rather
       // than SIGBUS later, because hugetlb mappings reserve at mmap time.
-      Status st = MapMemfd(options.bytes, MFD_HUGETLB, &fd, &base);
+      Status st = MapMemfd(options.bytes, MFD_HUGETLB, options.seal_writes, &fd, &base);
       if (st.ok()) {
         huge = true;
       } else {
@@ -66,7 +77,7 @@ Result<std::unique_ptr<Segment>> Segment::Create(const SegmentOptions& options) 
     }
   }
   if (!huge) {
-    KVPOOL_RETURN_IF_ERROR(MapMemfd(options.bytes, 0, &fd, &base));
+    KVPOOL_RETURN_IF_ERROR(MapMemfd(options.bytes, 0, options.seal_writes, &fd, &base));
     // Transparent huge pages for shmem, where the admin allows it
     // (shmem_enabled=advise); harmless otherwise.
     if (options.huge_pages) madvise(base, options.bytes, MADV_HUGEPAGE);

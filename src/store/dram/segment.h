@@ -18,6 +18,10 @@ struct SegmentOptions {
   bool huge_pages = false;
   // Fault in every page now (first touch costs ~14 µs per 4 KiB page on our VMs).
   bool prefault = true;
+  // Seal the fd against writes (F_SEAL_FUTURE_WRITE): processes it is
+  // handed to can map it read-only only. Create fails when the kernel
+  // cannot.
+  bool seal_writes = false;
 };
 
 class Segment {

@@ -1,0 +1,510 @@
+// Tenants on one real node, tried as an attacker would: clients of two
+// tenants run as two other uids (child processes that drop to them), each
+// mapped to its tenant by SO_PEERCRED. One tenant's client tries to read
+// the other's values by key, by the key ids the node stores them under,
+// through its own mapping and through the node's open memfds; pre-puts
+// keys the other later writes; floods puts to evict the other. The owner
+// tries to change its own committed values through every way the mapping
+// and the fds offer. Prints `metric` lines (bench/compare.sh security).
+// Needs root (to become the test uids); skipped without it.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <grp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/key_id.h"
+#include "harness/node_process.h"
+#include "kvpool/kvpool.h"
+#include "node/tenants.h"
+#include "protocol/codec.h"
+
+namespace kvpool::testing {
+namespace {
+
+constexpr uid_t kAlphaUid = 64001;
+constexpr uid_t kBeeUid = 64002;
+constexpr gid_t kSocketGid = 65534;  // nogroup: the socket's group
+constexpr int kAlphaValues = 200;
+constexpr size_t kValueBytes = 16 << 10;
+const char* kNs = "sys";
+
+void Metric(const std::string& name, double value) {
+  std::printf("metric %s %g\n", name.c_str(), value);
+  std::fflush(stdout);
+}
+
+// Runs fn in a child process as uid (group kSocketGid, no others); returns
+// what fn returned, or "died:SIGNAL".
+std::string AsUser(uid_t uid, const std::function<std::string()>& fn) {
+  int p[2];
+  if (pipe(p) != 0) return "pipe failed";
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(p[0]);
+    std::string out;
+    if (setgroups(0, nullptr) != 0 || setresgid(kSocketGid, kSocketGid, kSocketGid) != 0 ||
+        setresuid(uid, uid, uid) != 0) {
+      out = "cannot drop to the test uid";
+    } else {
+      out = fn();
+    }
+    size_t off = 0;
+    while (off < out.size()) {
+      ssize_t w = write(p[1], out.data() + off, out.size() - off);
+      if (w <= 0) break;
+      off += static_cast<size_t>(w);
+    }
+    _exit(0);
+  }
+  close(p[1]);
+  std::string got;
+  char buf[4096];
+  for (ssize_t r; (r = read(p[0], buf, sizeof(buf))) > 0;) got.append(buf, static_cast<size_t>(r));
+  close(p[0]);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  if (WIFSIGNALED(st)) return "died:" + std::to_string(WTERMSIG(st));
+  return got;
+}
+
+// Runs fn in a forked child; true when the child was killed by SIGSEGV or
+// SIGBUS (a write the mapping refused).
+bool FaultsInChild(const std::function<void()>& fn) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    signal(SIGSEGV, SIG_DFL);  // no handler's report: the fault is the expected outcome
+    signal(SIGBUS, SIG_DFL);
+    fn();
+    _exit(0);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return WIFSIGNALED(st) && (WTERMSIG(st) == SIGSEGV || WTERMSIG(st) == SIGBUS);
+}
+
+// Says hello on a raw connection and returns the segment fd the reply
+// passes (-1 on failure): what any client can keep.
+int HandshakeSegmentFd(const std::string& socket_path) {
+  int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, socket_path.c_str(), sizeof(addr.sun_path) - 1);
+  if (connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(s);
+    return -1;
+  }
+  std::vector<uint8_t> body;
+  protocol::HelloRequest hello;
+  hello.client_name = "attacker";
+  protocol::EncodeHello(hello, &body);
+  auto frame = protocol::EncodeFrame(protocol::MessageType::kHello, 1, 0, body, false);
+  if (write(s, frame.data(), frame.size()) != static_cast<ssize_t>(frame.size())) {
+    close(s);
+    return -1;
+  }
+  uint8_t buf[256];
+  iovec iov{buf, sizeof(buf)};
+  alignas(cmsghdr) char ctrl[CMSG_SPACE(2 * sizeof(int))];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = ctrl;
+  msg.msg_controllen = sizeof(ctrl);
+  int fds[2] = {-1, -1};
+  if (recvmsg(s, &msg, MSG_CMSG_CLOEXEC) > 0) {
+    for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
+      if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+        std::memcpy(fds, CMSG_DATA(cm), std::min<size_t>(cm->cmsg_len - CMSG_LEN(0), sizeof(fds)));
+      }
+    }
+  }
+  close(s);
+  if (fds[1] >= 0) close(fds[1]);
+  return fds[0];
+}
+
+kvpool_client* Open(const std::string& socket) {
+  kvpool_options o;
+  kvpool_options_init(&o);
+  o.socket_path = socket.c_str();
+  o.max_connections = 2;
+  kvpool_status st = KVPOOL_OK;
+  return kvpool_open(&o, &st);
+}
+
+KeyId Id(const std::string& key) { return MakeKeyId(kNs, key); }
+kvpool_key_id C(const KeyId& k) { return {k.hi, k.lo}; }
+
+// A value that names its owner and index in its first bytes, so a scan
+// finds it anywhere: "OWNER:INDEX:" then a pattern.
+std::vector<uint8_t> Value(const std::string& owner, int i, size_t size = kValueBytes) {
+  std::vector<uint8_t> v = Pattern(static_cast<uint64_t>(i) * 7919 + owner.size(), size);
+  std::string tag = "kvpool-tenant-test:" + owner + ":" + std::to_string(i) + ":";
+  std::memcpy(v.data(), tag.data(), std::min(tag.size(), v.size()));
+  return v;
+}
+
+int PutMany(kvpool_client* c, const std::string& owner, const std::string& prefix, int n,
+            size_t size, std::vector<kvpool_status>* statuses = nullptr) {
+  int ok = 0;
+  for (int i = 0; i < n; ++i) {
+    auto v = Value(owner, i, size);
+    kvpool_key_id id = C(Id(prefix + std::to_string(i)));
+    const void* vp = v.data();
+    uint64_t sz = v.size();
+    kvpool_status st = KVPOOL_OK;
+    kvpool_put(c, &id, &vp, &sz, 1, &st);
+    if (statuses != nullptr) statuses->push_back(st);
+    ok += st == KVPOOL_OK;
+  }
+  return ok;
+}
+
+// How many of ids come back from a get (any bytes).
+int Hits(kvpool_client* c, const std::vector<kvpool_key_id>& ids) {
+  int hits = 0;
+  std::vector<uint8_t> buf(kValueBytes);
+  for (const auto& id : ids) {
+    void* b = buf.data();
+    uint64_t cap = buf.size(), size = 0;
+    kvpool_status st = KVPOOL_OK;
+    kvpool_get(c, &id, &b, &cap, 1, &size, &st);
+    hits += st == KVPOOL_OK;
+  }
+  return hits;
+}
+
+// Whether a get of key returns exactly `want`.
+bool Reads(kvpool_client* c, const std::string& key, const std::vector<uint8_t>& want) {
+  std::vector<uint8_t> buf(want.size() + 1);
+  void* b = buf.data();
+  uint64_t cap = buf.size(), size = 0;
+  kvpool_status st = KVPOOL_OK;
+  kvpool_key_id id = C(Id(key));
+  kvpool_get(c, &id, &b, &cap, 1, &size, &st);
+  return st == KVPOOL_OK && size == want.size() && std::memcmp(buf.data(), want.data(), size) == 0;
+}
+
+// Counts the values of `owner` whose tag appears in [p, p + n).
+int CountTags(const uint8_t* p, size_t n, const std::string& owner = "alpha") {
+  int found = 0;
+  const std::string tag = "kvpool-tenant-test:" + owner + ":";
+  for (const uint8_t* q = p; q + tag.size() <= p + n;) {
+    q = static_cast<const uint8_t*>(memmem(q, static_cast<size_t>(p + n - q), tag.data(), tag.size()));
+    if (q == nullptr) break;
+    ++found;
+    q += tag.size();
+  }
+  return found;
+}
+
+// Values of `owner` found by scanning every kvpool memfd mapping of this
+// process.
+int ScanOwnMappings(const std::string& owner = "alpha", const std::string& memfd = "kvpool") {
+  std::ifstream maps("/proc/self/maps");
+  int found = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("memfd:" + memfd) == std::string::npos) continue;
+    uintptr_t lo = 0, hi = 0;
+    char perms[8] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %7s", &lo, &hi, perms) != 3 || perms[0] != 'r') continue;
+    found += CountTags(reinterpret_cast<const uint8_t*>(lo), hi - lo, owner);
+  }
+  return found;
+}
+
+class TenantTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root to run clients as other uids";
+    char tmpl[] = "/tmp/kvpool-tenant-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    chmod(dir_.c_str(), 0755);
+    std::filesystem::create_directories(dir_ + "/ssd");
+    tenants_ = dir_ + "/tenants";
+    std::ofstream(tenants_) << "# two tenants of the test\n"
+                            << "tenant alpha dram=32MiB ssd=64MiB uids=" << kAlphaUid << "\n"
+                            << "tenant bee dram=16MiB ssd=32MiB uids=" << kBeeUid << "\n";
+    chmod(tenants_.c_str(), 0644);
+  }
+  void TearDown() override {
+    node_.reset();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  void StartNode() {
+    std::string log;
+    node_ = NodeProcess::Start({"--tenants-file", tenants_, "--socket-group", "nogroup", "--ssd",
+                                dir_ + "/ssd", "--ssd-capacity", "128MiB", "--ssd-region-size",
+                                "4MiB"},
+                               dir_ + "/sock/kvpool.sock", &log);
+    ASSERT_NE(node_, nullptr) << log;
+  }
+  nlohmann::json Tenant(const std::string& name) {
+    auto j = nlohmann::json::parse(node_->HttpGet("/api/v1/status"));
+    for (const auto& t : j["tenants"]) {
+      if (t["name"] == name) return t;
+    }
+    return nullptr;
+  }
+
+  std::string dir_;
+  std::string tenants_;
+  std::unique_ptr<NodeProcess> node_;
+};
+
+TEST_F(TenantTest, NoTenantReadsPoisonsOrEvictsAnotherAndNoClientChangesACommittedValue) {
+  StartNode();
+  const std::string sock = node_->socket();
+  const pid_t node_pid = node_->pid();
+
+  // Alpha stores its values.
+  std::string r = AsUser(kAlphaUid, [&] {
+    kvpool_client* c = Open(sock);
+    if (c == nullptr) return std::string("open failed: ") + kvpool_last_error();
+    int ok = PutMany(c, "alpha", "prompt-", kAlphaValues, kValueBytes);
+    kvpool_close(c);
+    return std::to_string(ok);
+  });
+  ASSERT_EQ(r, std::to_string(kAlphaValues));
+  auto alpha = Tenant("alpha");
+  ASSERT_EQ(alpha["dram"]["entries"], kAlphaValues);
+  ASSERT_EQ(Tenant("bee")["dram"]["entries"], 0);
+  ASSERT_EQ(Tenant("default")["dram"]["entries"], 0);
+
+  // Bee tries to read them: by key, by the ids the node stores alpha's
+  // entries under, through its own mappings, through the node's fds.
+  r = AsUser(kBeeUid, [&] {
+    kvpool_client* c = Open(sock);
+    if (c == nullptr) return std::string("open failed: ") + kvpool_last_error();
+    std::vector<kvpool_key_id> by_key, by_id;
+    TenantKeys alpha_keys("alpha");
+    for (int i = 0; i < kAlphaValues; ++i) {
+      KeyId k = Id("prompt-" + std::to_string(i));
+      by_key.push_back(C(k));
+      by_id.push_back(C(alpha_keys.Bind(k)));
+    }
+    int key_hits = Hits(c, by_key);
+    int id_hits = Hits(c, by_id);
+    int scanned = ScanOwnMappings();
+    int opened = 0, node_scanned = 0;
+    std::error_code ec;
+    for (const auto& e :
+         std::filesystem::directory_iterator("/proc/" + std::to_string(node_pid) + "/fd", ec)) {
+      int fd = open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) continue;
+      ++opened;
+      struct stat st {};
+      if (fstat(fd, &st) == 0 && st.st_size > 0) {
+        void* p = mmap(nullptr, st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+        if (p != MAP_FAILED) {
+          node_scanned += CountTags(static_cast<uint8_t*>(p), st.st_size);
+          munmap(p, st.st_size);
+        }
+      }
+      close(fd);
+    }
+    kvpool_close(c);
+    std::ostringstream o;
+    o << key_hits << " " << id_hits << " " << scanned << " " << opened << " " << node_scanned
+      << " " << (ec ? 1 : 0);
+    return o.str();
+  });
+  int key_hits = -1, id_hits = -1, scanned = -1, opened = -1, node_scanned = -1, denied = -1;
+  ASSERT_EQ(std::sscanf(r.c_str(), "%d %d %d %d %d %d", &key_hits, &id_hits, &scanned, &opened,
+                        &node_scanned, &denied),
+            6)
+      << r;
+  EXPECT_EQ(key_hits, 0);
+  EXPECT_EQ(id_hits, 0);
+  EXPECT_EQ(scanned, 0);
+  EXPECT_EQ(opened, 0);  // the node's fds are not another uid's to open
+  EXPECT_EQ(node_scanned, 0);
+  EXPECT_EQ(denied, 1);  // listing them is refused already
+  Metric("cross_tenant_values_read_by_key", key_hits);
+  Metric("cross_tenant_values_read_by_key_id", id_hits);
+  Metric("cross_tenant_values_read_by_mapping", scanned + node_scanned);
+  Metric("cross_tenant_values_read", key_hits + id_hits + scanned + node_scanned);
+
+  // Poisoning: bee pre-puts keys alpha writes later.
+  const int kPoison = 50;
+  r = AsUser(kBeeUid, [&] {
+    kvpool_client* c = Open(sock);
+    if (c == nullptr) return std::string("open failed");
+    int ok = PutMany(c, "bee", "system-prompt-", kPoison, 4096);
+    kvpool_close(c);
+    return std::to_string(ok);
+  });
+  ASSERT_EQ(r, std::to_string(kPoison));
+  r = AsUser(kAlphaUid, [&] {
+    kvpool_client* c = Open(sock);
+    if (c == nullptr) return std::string("open failed");
+    std::vector<kvpool_status> st;
+    PutMany(c, "alpha", "system-prompt-", kPoison, 4096, &st);
+    int poisoned = 0;
+    for (int i = 0; i < kPoison; ++i) {
+      if (st[i] != KVPOOL_OK || !Reads(c, "system-prompt-" + std::to_string(i),
+                                       Value("alpha", i, 4096))) {
+        ++poisoned;
+      }
+    }
+    kvpool_close(c);
+    return std::to_string(poisoned);
+  });
+  EXPECT_EQ(r, "0");
+  Metric("cross_tenant_poisoned_keys", std::atoi(r.c_str()));
+
+  // Alpha tries to change its own committed values: through an acquired
+  // pointer, mprotect, a writable mapping of the segment fd (as passed and
+  // reopened through /proc), write(2), a punched hole, and the staging area
+  // after the commit.
+  r = AsUser(kAlphaUid, [&] {
+    kvpool_client* c = Open(sock);
+    if (c == nullptr) return std::string("open failed");
+    std::ostringstream o;
+    kvpool_key_id id = C(Id("prompt-0"));
+    kvpool_region reg{};
+    kvpool_status st = KVPOOL_OK;
+    kvpool_acquire(c, &id, 1, &reg, &st);
+    if (st != KVPOOL_OK) return std::string("acquire failed");
+    uint8_t* data = static_cast<uint8_t*>(reg.data);
+    int refused = 0, attempts = 0;
+    ++attempts;
+    refused += FaultsInChild([&] { data[100] ^= 0xff; });
+    ++attempts;
+    uintptr_t page = reinterpret_cast<uintptr_t>(data) & ~uintptr_t{4095};
+    refused += mprotect(reinterpret_cast<void*>(page), 4096, PROT_READ | PROT_WRITE) != 0;
+    // A client may keep the segment fd the handshake passes (libkvpool
+    // closes it once mapped): take one the way any client can.
+    std::vector<int> fds;
+    if (int fd = HandshakeSegmentFd(sock); fd >= 0) fds.push_back(fd);
+    for (int fd : fds) {
+      struct stat sst {};
+      fstat(fd, &sst);
+      ++attempts;
+      void* p = mmap(nullptr, sst.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      refused += p == MAP_FAILED;
+      if (p != MAP_FAILED) {
+        std::memset(p, 0, sst.st_size);
+        munmap(p, sst.st_size);
+      }
+      ++attempts;
+      char zeros[4096] = {};
+      refused += pwrite(fd, zeros, sizeof(zeros), 0) < 0;
+      ++attempts;
+      refused += fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, sst.st_size) != 0;
+      ++attempts;
+      int rw = open(("/proc/self/fd/" + std::to_string(fd)).c_str(), O_RDWR);
+      void* q = rw >= 0 ? mmap(nullptr, sst.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0)
+                        : MAP_FAILED;
+      refused += q == MAP_FAILED;
+      if (q != MAP_FAILED) {
+        std::memset(q, 0, sst.st_size);
+        munmap(q, sst.st_size);
+      }
+      if (rw >= 0) close(rw);
+      close(fd);
+    }
+    uint64_t handle = reg.handle;
+    kvpool_release(c, &handle, 1);
+    // Reserve, write, commit, then write the staging range again.
+    kvpool_key_id sid = C(Id("staged"));
+    uint64_t size = 4096;
+    kvpool_region sreg{};
+    kvpool_reserve(c, &sid, &size, 1, &sreg, &st);
+    std::vector<uint8_t> want = Value("alpha", 9999, 4096);
+    if (st == KVPOOL_OK) {
+      std::memcpy(sreg.data, want.data(), want.size());
+      uint64_t h = sreg.handle;
+      kvpool_commit(c, &h, 1, &st);
+      std::memset(sreg.data, 0, 4096);  // after the commit: must not change it
+    }
+    ++attempts;
+    int modified = !Reads(c, "staged", want);
+    // A removed value leaves nothing in the mapping.
+    PutMany(c, "removed", "to-remove-", 4, 8192);
+    int before_remove = ScanOwnMappings("removed", "kvpool-dram");
+    for (int i = 0; i < 4; ++i) {
+      kvpool_key_id rid = C(Id("to-remove-" + std::to_string(i)));
+      kvpool_remove(c, &rid, 1, &st);
+    }
+    int after_remove = ScanOwnMappings("removed", "kvpool-dram");
+    for (int i = 0; i < kAlphaValues; ++i) {
+      modified += !Reads(c, "prompt-" + std::to_string(i), Value("alpha", i));
+    }
+    kvpool_close(c);
+    o << modified << " " << refused << " " << attempts << " " << fds.size() << " "
+      << before_remove << " " << after_remove;
+    return o.str();
+  });
+  int modified = -1, refused = -1, attempts = -1, nfds = -1, before_remove = -1, after_remove = -1;
+  ASSERT_EQ(std::sscanf(r.c_str(), "%d %d %d %d %d %d", &modified, &refused, &attempts, &nfds,
+                        &before_remove, &after_remove),
+            6)
+      << r;
+  EXPECT_EQ(before_remove, 4);  // the scan does find values
+  EXPECT_EQ(after_remove, 0) << "a removed value's bytes are still in the mapping";
+  Metric("removed_values_readable_in_mapping", after_remove);
+  EXPECT_EQ(nfds, 1);
+  EXPECT_EQ(modified, 0);
+  EXPECT_EQ(refused, attempts - 1);  // every write path refused (the staging write is allowed)
+  Metric("committed_values_modified_by_clients", modified);
+
+  // Bee floods puts (three times its DRAM and SSD quotas); alpha loses
+  // nothing and bee never holds more than its quotas.
+  auto before = Tenant("alpha");
+  const int kFlood = (3 * (48 << 20)) / (64 << 10);
+  r = AsUser(kBeeUid, [&] {
+    kvpool_client* c = Open(sock);
+    if (c == nullptr) return std::string("open failed");
+    int ok = PutMany(c, "bee", "flood-", kFlood, 64 << 10);
+    kvpool_close(c);
+    return std::to_string(ok);
+  });
+  EXPECT_GT(std::atoi(r.c_str()), 0) << r;
+  auto bee = Tenant("bee");
+  int64_t over = std::max<int64_t>(0, bee["dram"]["used_bytes"].get<int64_t>() -
+                                          bee["dram"]["capacity_bytes"].get<int64_t>());
+  if (!bee["ssd"].is_null()) {
+    over += std::max<int64_t>(0, bee["ssd"]["used_bytes"].get<int64_t>() -
+                                     bee["ssd"]["capacity_bytes"].get<int64_t>());
+  }
+  EXPECT_GT(bee["dram"]["evictions"].get<int64_t>(), 0);  // the flood did overflow its quota
+  auto after = Tenant("alpha");
+  EXPECT_EQ(after["dram"]["evictions"], before["dram"]["evictions"]);
+  r = AsUser(kAlphaUid, [&] {
+    kvpool_client* c = Open(sock);
+    if (c == nullptr) return std::string("open failed");
+    int lost = 0;
+    for (int i = 0; i < kAlphaValues; ++i) {
+      lost += !Reads(c, "prompt-" + std::to_string(i), Value("alpha", i));
+    }
+    kvpool_close(c);
+    return std::to_string(lost);
+  });
+  EXPECT_EQ(r, "0");
+  Metric("cross_tenant_evictions", std::atoi(r.c_str()) + (after["dram"]["evictions"].get<int64_t>() -
+                                                           before["dram"]["evictions"].get<int64_t>()));
+  EXPECT_EQ(over, 0);
+  Metric("quota_overrun_bytes", static_cast<double>(over));
+}
+
+}  // namespace
+}  // namespace kvpool::testing
