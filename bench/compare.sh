@@ -25,7 +25,9 @@
 #          bench/compare_connectors.sh)
 #   --only   comma list of memcpy,redis,kvpool (default all three)
 #   --keep   keep the temporary directory (logs, raw results)
-# Environment: BUILD_DIR (default build, relative to the repository root).
+# Environment: BUILD_DIR (default build, relative to the repository root);
+# NODE_ARGS: extra kvpool-node flags for the local part (e.g.
+# --writable-segment, to compare with clients writing the segment in place).
 set -euo pipefail
 
 LOG_TAG=compare
@@ -111,7 +113,8 @@ start_node() {
   NODE_RUN=$((NODE_RUN + 1))
   NODE_LOG="$TMP/node-$NODE_RUN.log"
   log "starting kvpool-node ($NODE) with $NODE_DRAM of DRAM"
-  "$NODE" --socket "$sock" --dram-capacity "$NODE_DRAM" --admin-port 0 > "$NODE_LOG" 2>&1 &
+  # shellcheck disable=SC2086  # NODE_ARGS is a list of flags
+  "$NODE" --socket "$sock" --dram-capacity "$NODE_DRAM" --admin-port 0 ${NODE_ARGS:-} > "$NODE_LOG" 2>&1 &
   NODE_PID=$!
   wait_node_ready "$NODE_PID" "$NODE_LOG" "$sock" || rc=$?
   if [[ $rc -eq 1 ]]; then NODE_PID=""; die "kvpool-node exited during startup"; fi

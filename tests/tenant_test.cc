@@ -481,10 +481,12 @@ TEST_F(TenantTest, NoTenantReadsPoisonsOrEvictsAnotherAndNoClientChangesACommitt
   EXPECT_GT(std::atoi(r.c_str()), 0) << r;
   auto bee = Tenant("bee");
   int64_t over = std::max<int64_t>(0, bee["dram"]["used_bytes"].get<int64_t>() -
-                                          bee["dram"]["capacity_bytes"].get<int64_t>());
+                                          bee["dram"]["quota_bytes"].get<int64_t>());
+  EXPECT_FALSE(bee["ssd"].is_null());
   if (!bee["ssd"].is_null()) {
+    EXPECT_GT(bee["ssd"]["used_bytes"].get<int64_t>(), 0);  // the flood reached its SSD quota too
     over += std::max<int64_t>(0, bee["ssd"]["used_bytes"].get<int64_t>() -
-                                     bee["ssd"]["capacity_bytes"].get<int64_t>());
+                                     bee["ssd"]["quota_bytes"].get<int64_t>());
   }
   EXPECT_GT(bee["dram"]["evictions"].get<int64_t>(), 0);  // the flood did overflow its quota
   auto after = Tenant("alpha");
@@ -504,6 +506,97 @@ TEST_F(TenantTest, NoTenantReadsPoisonsOrEvictsAnotherAndNoClientChangesACommitt
                                                            before["dram"]["evictions"].get<int64_t>()));
   EXPECT_EQ(over, 0);
   Metric("quota_overrun_bytes", static_cast<double>(over));
+}
+
+}  // namespace
+}  // namespace kvpool::testing
+
+namespace kvpool::testing {
+namespace {
+
+TEST_F(TenantTest, EachTenantsFiguresShowInKvpoolctlMetricsAndStatusAndOthersAreTheDefault) {
+  StartNode();
+  const std::string sock = node_->socket();
+  std::string r = AsUser(kAlphaUid, [&] {
+    kvpool_client* c = Open(sock);
+    if (c == nullptr) return std::string("open failed");
+    int ok = PutMany(c, "alpha", "k-", 3, 4096);
+    std::vector<kvpool_key_id> ids = {C(Id("k-0")), C(Id("k-1")), C(Id("absent"))};
+    int hits = Hits(c, ids);
+    kvpool_close(c);
+    return std::to_string(ok) + " " + std::to_string(hits);
+  });
+  EXPECT_EQ(r, "3 2");
+  // A uid in no tenant is the default tenant.
+  r = AsUser(64099, [&] {
+    kvpool_client* c = Open(sock);
+    if (c == nullptr) return std::string("open failed");
+    int ok = PutMany(c, "other", "k-", 2, 4096);
+    kvpool_close(c);
+    return std::to_string(ok);
+  });
+  EXPECT_EQ(r, "2");
+  auto alpha = Tenant("alpha");
+  EXPECT_EQ(alpha["dram"]["entries"], 3);
+  EXPECT_EQ(alpha["dram"]["quota_bytes"], 32 << 20);
+  EXPECT_EQ(alpha["dram"]["capacity_bytes"], 32 << 20);
+  EXPECT_EQ(alpha["ssd"]["quota_bytes"], 64 << 20);
+  EXPECT_LE(alpha["ssd"]["capacity_bytes"], 64 << 20);  // less the tier's own records
+  EXPECT_EQ(alpha["hits"], 2);
+  EXPECT_EQ(alpha["misses"], 1);
+  EXPECT_EQ(alpha["bytes_written"], 3 * 4096);
+  EXPECT_EQ(Tenant("default")["dram"]["entries"], 2);
+  EXPECT_EQ(Tenant("bee")["dram"]["entries"], 0);
+  EXPECT_EQ(node_->Metric("kvpool_tenant_dram_entries{tenant=\"alpha\"}"), 3);
+  EXPECT_EQ(node_->Metric("kvpool_tenant_hits_total{tenant=\"alpha\"}"), 2);
+  EXPECT_EQ(node_->Metric("kvpool_tenant_dram_capacity_bytes{tenant=\"bee\"}"), 16 << 20);
+  EXPECT_EQ(node_->Metric("kvpool_tenant_dram_entries{tenant=\"default\"}"), 2);
+
+  std::string out;
+  ASSERT_EQ(RunCommand({CtlBinary(), "tenants", "--admin",
+                        "127.0.0.1:" + std::to_string(node_->admin_port())},
+                       &out),
+            0);
+  std::istringstream lines(out);
+  std::string header, def, a, b;
+  std::getline(lines, header);
+  std::getline(lines, def);
+  std::getline(lines, a);
+  std::getline(lines, b);
+  EXPECT_EQ(header.rfind("TENANT", 0), 0u) << out;
+  auto words = [](const std::string& l) {
+    std::istringstream in(l);
+    std::vector<std::string> w;
+    for (std::string x; in >> x;) w.push_back(x);
+    return w;
+  };
+  auto wa = words(a);
+  ASSERT_EQ(wa.size(), 11u) << out;
+  EXPECT_EQ(wa[0], "alpha");
+  EXPECT_EQ(wa[3], "32MiB");  // DRAM quota
+  EXPECT_EQ(wa[4], "3");      // entries
+  EXPECT_EQ(wa[7], "64MiB");  // SSD quota
+  EXPECT_EQ(wa[8], "2");      // hits
+  EXPECT_EQ(wa[9], "1");      // misses
+  EXPECT_EQ(words(def)[0], "default");
+  EXPECT_EQ(words(b)[0], "bee");
+}
+
+TEST_F(TenantTest, ATenantsFileOthersMayWriteOrABadLineStopsTheStartSayingWhy) {
+  chmod(tenants_.c_str(), 0666);
+  std::string log;
+  auto n = NodeProcess::Start({"--tenants-file", tenants_}, "", &log);
+  EXPECT_EQ(n, nullptr);
+  EXPECT_NE(log.find("group and others may not write it; chmod go-w"), std::string::npos) << log;
+  std::ofstream(tenants_) << "tenant alpha dram=32MiB uids=1\ntenant beta dram=1GiB\n";
+  chmod(tenants_.c_str(), 0644);
+  n = NodeProcess::Start({"--tenants-file", tenants_}, "", &log);
+  EXPECT_EQ(n, nullptr);
+  EXPECT_NE(log.find("line 2: tenant 'beta' lists no uids or gids"), std::string::npos) << log;
+  std::ofstream(tenants_) << "tenant alpha dram=32MiB ssd=1GiB uids=1\n";
+  n = NodeProcess::Start({"--tenants-file", tenants_}, "", &log);
+  EXPECT_EQ(n, nullptr);
+  EXPECT_NE(log.find("has an SSD quota but the node has no SSD tier"), std::string::npos) << log;
 }
 
 }  // namespace

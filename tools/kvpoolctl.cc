@@ -9,6 +9,7 @@
 //   metrics [--admin HOST:PORT]                    the node's Prometheus metrics
 //   members [--admin HOST:PORT]                    the cluster members the node sees
 //   shards [--admin HOST:PORT]                     shards owned per node and the balance
+//   tenants [--admin HOST:PORT]                    per tenant: quotas, use, traffic
 // Exit status: 0 done, 1 a miss, 2 usage, 3 an error.
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -46,7 +47,9 @@ int Usage() {
       "  metrics [--admin HOST:PORT]                    Prometheus metrics (default 127.0.0.1:9710)\n"
       "  members [--admin HOST:PORT]                    cluster members the node sees\n"
       "  shards [--admin HOST:PORT]                     shards owned per node and the balance\n"
-      "  (metrics, members, shards: --token-file PATH sends the node's admin bearer token)\n"
+      "  tenants [--admin HOST:PORT]                    per tenant: quotas, use, traffic\n"
+      "  (metrics, members, shards, tenants: --token-file PATH sends the node's admin bearer "
+      "token)\n"
       "exit status: 0 done, 1 a miss, 2 usage, 3 an error\n",
       stderr);
   return 2;
@@ -151,6 +154,37 @@ int Members(const Admin& admin, bool shards) {
   return 0;
 }
 
+// tenants: one line per tenant (the default one first): connections, DRAM
+// and SSD use against the quota, evictions, and item traffic.
+int Tenants(const Admin& admin) {
+  std::string body;
+  if (!AdminGet(admin, "/api/v1/status", &body)) return 3;
+  auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.contains("tenants") || !j["tenants"].is_array()) {
+    std::fprintf(stderr, "kvpoolctl: malformed /api/v1/status reply (no tenants)\n");
+    return 3;
+  }
+  auto size = [](const nlohmann::json& tier, const char* field) {
+    if (tier.is_null()) return std::string("-");
+    return kvpool::SettingsTable::FormatBytes(tier.value(field, uint64_t{0}));
+  };
+  auto u = [](const nlohmann::json& o, const char* field) {
+    return static_cast<unsigned long long>(o.is_null() ? 0 : o.value(field, uint64_t{0}));
+  };
+  std::printf("%-16s %5s %10s %10s %9s %9s %10s %10s %10s %10s %9s\n", "TENANT", "CONNS",
+              "DRAM", "QUOTA", "ENTRIES", "EVICTED", "SSD", "QUOTA", "HITS", "MISSES", "REJECTED");
+  for (const auto& t : j["tenants"]) {
+    const auto& d = t["dram"];
+    const auto& s = t["ssd"];
+    std::printf("%-16s %5llu %10s %10s %9llu %9llu %10s %10s %10llu %10llu %9llu\n",
+                t.value("name", "").c_str(), u(t, "connections"), size(d, "used_bytes").c_str(),
+                size(d, "quota_bytes").c_str(), u(d, "entries"), u(d, "evictions"),
+                size(s, "used_bytes").c_str(), size(s, "quota_bytes").c_str(), u(t, "hits"),
+                u(t, "misses"), u(t, "rejected"));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -181,7 +215,7 @@ int main(int argc, char** argv) {
   }
   if (args.empty()) return Usage();
   const std::string cmd = args[0];
-  if (cmd == "metrics" || cmd == "members" || cmd == "shards") {
+  if (cmd == "metrics" || cmd == "members" || cmd == "shards" || cmd == "tenants") {
     Admin admin;
     std::string token_file;
     for (size_t i = 1; i < args.size(); ++i) {
@@ -205,6 +239,7 @@ int main(int argc, char** argv) {
       admin.token = lines.front();
     }
     if (cmd == "metrics") return Metrics(admin);
+    if (cmd == "tenants") return Tenants(admin);
     return Members(admin, cmd == "shards");
   }
 

@@ -33,8 +33,18 @@ struct ClusterOptions {
   std::string peer_address = "127.0.0.1";
   uint16_t peer_port = 0;
   std::string advertise_host;
-  // etcd endpoints ("http://host:port"); empty: static or standalone.
+  // etcd endpoints ("http://host:port" or "https://host:port"); empty:
+  // static or standalone.
   std::vector<std::string> etcd;
+  // etcd's own auth (membership/etcd_client.h), all optional: a user whose
+  // password is the first line of etcd_password_file (a secret file, mode
+  // 0600/0400, read when the cluster opens), and for https endpoints the CA
+  // of etcd's certificate and a client certificate and key.
+  std::string etcd_user;
+  std::string etcd_password_file;
+  std::string etcd_ca_file;
+  std::string etcd_cert_file;
+  std::string etcd_key_file;
   // Static member list "id=host:port[*weight],..." (used without etcd).
   std::string peers;
   std::string cluster = "default";

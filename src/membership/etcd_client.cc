@@ -1,8 +1,14 @@
 #include "membership/etcd_client.h"
 
+#include <fmt/format.h>
 #include <httplib.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -16,6 +22,9 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 constexpr char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+// After etcd refused the user's password: how long calls fail with that
+// refusal before the client asks again (each ask costs etcd a bcrypt).
+constexpr std::chrono::seconds kAuthRetry{5};
 
 // The gateway writes int64 as strings ("12"), may write small ones as
 // numbers, and omits zero values.
@@ -57,35 +66,125 @@ EtcdKv ParseKv(const json& j) {
   return kv;
 }
 
-// A gateway error body {"error", "message", "code"} (gRPC codes) to Status.
-Status GatewayError(const json& j, const std::string& what) {
-  int64_t code = 0;
-  try {
-    code = I64(j, "code");
-  } catch (const std::exception&) {
+bool Contains(std::string_view text, std::string_view part) {
+  return text.find(part) != std::string_view::npos;
+}
+
+// etcd's error (a gRPC code and etcd's message) to Status.
+Status EtcdError(int64_t code, const std::string& message, const std::string& what) {
+  std::string msg = what + ": " + message;
+  if (Contains(message, "user name is empty")) {
+    return PermissionDenied(msg + " (etcd requires user auth and no etcd user is configured)");
   }
-  std::string msg = what + ": " + Str(j, "message");
   switch (code) {
     case 5:  // NOT_FOUND
       return NotFound(msg);
     case 3:  // INVALID_ARGUMENT
       return InvalidArgument(msg);
+    case 7:  // PERMISSION_DENIED
+      return PermissionDenied(msg + " (etcd user auth: the user's role lacks this permission)");
     default:  // leader changes, timeouts, overload: try again
       return Unavailable(msg);
   }
+}
+
+int64_t Code(const json& j) {
+  try {
+    return I64(j, "code");
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+// A gateway error body {"error", "message", "code"} (gRPC codes) to Status.
+Status GatewayError(const json& j, const std::string& what) {
+  return EtcdError(Code(j), Str(j, "message"), what);
+}
+
+// Whether etcd turned down the token this client sent (expired, dropped
+// with a password change, outdated by a change to the user) or asks for one
+// it did not ask for before (auth was turned on): authenticating again helps.
+bool TokenRejected(int64_t code, std::string_view message) {
+  return code == 16 /* UNAUTHENTICATED */ || Contains(message, "invalid auth token") ||
+         Contains(message, "revision of auth store is old") ||
+         Contains(message, "user name is empty");
+}
+
+// Loads the TLS files as the connections will, so a bad one is named at
+// start rather than found as a failed handshake.
+Status CheckTlsFiles(const EtcdSecurityOptions& s) {
+  auto readable = [](const std::string& path, const char* what) {
+    std::FILE* f = std::fopen(path.c_str(), "r");
+    if (f == nullptr) {
+      return InvalidArgument(fmt::format("etcd: {} {}: {}", what, path, std::strerror(errno)));
+    }
+    std::fclose(f);
+    return Status::Ok();
+  };
+  std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> ctx(SSL_CTX_new(TLS_client_method()),
+                                                        SSL_CTX_free);
+  if (ctx == nullptr) return Internal("etcd: cannot create a TLS context");
+  // An encrypted key fails here instead of asking for a pass phrase on the tty.
+  SSL_CTX_set_default_passwd_cb(ctx.get(), [](char*, int, int, void*) { return 0; });
+  Status st = Status::Ok();
+  if (!s.ca_file.empty()) {
+    st = readable(s.ca_file, "CA file");
+    if (st.ok() && SSL_CTX_load_verify_locations(ctx.get(), s.ca_file.c_str(), nullptr) != 1) {
+      st = InvalidArgument(fmt::format("etcd: CA file {} holds no PEM certificate", s.ca_file));
+    }
+  }
+  if (st.ok() && !s.cert_file.empty()) {
+    st = readable(s.cert_file, "client certificate file");
+    if (st.ok()) st = readable(s.key_file, "client key file");
+    // The key first: a certificate that does not match it then drops it,
+    // and the check below names the mismatch.
+    if (st.ok() &&
+        SSL_CTX_use_PrivateKey_file(ctx.get(), s.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
+      st = InvalidArgument(fmt::format(
+          "etcd: client key file {} is not an unencrypted PEM private key", s.key_file));
+    }
+    if (st.ok() && SSL_CTX_use_certificate_chain_file(ctx.get(), s.cert_file.c_str()) != 1) {
+      st = InvalidArgument(
+          fmt::format("etcd: client certificate file {} is not a PEM certificate", s.cert_file));
+    }
+    if (st.ok() && SSL_CTX_check_private_key(ctx.get()) != 1) {
+      st = InvalidArgument(fmt::format("etcd: client key file {} does not match the certificate {}",
+                                       s.key_file, s.cert_file));
+    }
+  }
+  ERR_clear_error();
+  return st;
 }
 
 }  // namespace
 
 Status EtcdClientOptions::Validate() const {
   if (endpoints.empty()) return InvalidArgument("etcd: no endpoints");
+  const EtcdSecurityOptions& s = security;
+  bool tls_files = !s.ca_file.empty() || !s.cert_file.empty() || !s.key_file.empty();
   for (const std::string& e : endpoints) {
-    if (e.rfind("http://", 0) != 0) {
-      return InvalidArgument("etcd: endpoint '" + e + "' must be http://host:port");
+    bool https = e.starts_with("https://");
+    if (!https && !e.starts_with("http://")) {
+      return InvalidArgument("etcd: endpoint '" + e +
+                             "' must be http://host:port or https://host:port");
+    }
+    if (tls_files && !https) {
+      return InvalidArgument("etcd: endpoint '" + e +
+                             "' is plain http, but TLS files are given: use https://");
     }
   }
   if (request_timeout.count() <= 0) return InvalidArgument("etcd: request_timeout must be > 0");
-  return Status::Ok();
+  if (s.user.empty() && !s.password.empty()) {
+    return InvalidArgument("etcd: a password without a user");
+  }
+  if (!s.user.empty() && s.password.empty()) {
+    return InvalidArgument("etcd: user '" + s.user + "' has no password");
+  }
+  if (s.cert_file.empty() != s.key_file.empty()) {
+    return InvalidArgument(
+        "etcd: a client certificate and its key go together (cert_file, key_file)");
+  }
+  return CheckTlsFiles(s);
 }
 
 struct EtcdClient::Impl {
@@ -96,7 +195,16 @@ struct EtcdClient::Impl {
   Counter* err_timeout = nullptr;
   Counter* err_etcd = nullptr;
   Counter* err_parse = nullptr;
+  Counter* err_tls = nullptr;
+  Counter* err_auth = nullptr;
+  Counter* authentications = nullptr;
   Counter dummy;
+
+  // User auth (owner thread only).
+  std::string token;                // etcd's token; empty: none held
+  bool auth_off = false;            // etcd said its auth is off: no token needed
+  Status auth_refused;              // etcd's last refusal of the password,
+  Clock::time_point auth_retry_at;  // returned by calls until then
 
   std::mutex watch_mu;
   httplib::Client* watch = nullptr;  // protected by watch_mu; the running watch
@@ -104,9 +212,31 @@ struct EtcdClient::Impl {
 
   const std::string& Endpoint() const { return options.endpoints[endpoint]; }
 
+  // A client for the current endpoint: TLS for https://, with the CA and
+  // the client certificate when given.
+  std::unique_ptr<httplib::Client> NewClient() const {
+    const EtcdSecurityOptions& s = options.security;
+    auto c = s.cert_file.empty()
+                 ? std::make_unique<httplib::Client>(Endpoint())
+                 : std::make_unique<httplib::Client>(Endpoint(), s.cert_file, s.key_file);
+    if (!s.ca_file.empty()) c->set_ca_cert_path(s.ca_file);
+    return c;
+  }
+
+  // A JSON POST of body to path, with the token when one is held.
+  httplib::Request NewRequest(const std::string& path, std::string body) const {
+    httplib::Request req;
+    req.method = "POST";
+    req.path = path;
+    req.body = std::move(body);
+    req.set_header("Content-Type", "application/json");
+    if (!token.empty()) req.set_header("Authorization", token);  // etcd takes it raw
+    return req;
+  }
+
   httplib::Client& Unary() {
     if (!unary) {
-      unary = std::make_unique<httplib::Client>(Endpoint());
+      unary = NewClient();
       unary->set_keep_alive(true);
       unary->set_connection_timeout(options.request_timeout);
       unary->set_read_timeout(options.request_timeout);
@@ -116,54 +246,141 @@ struct EtcdClient::Impl {
   }
 
   // Transport failure: count it and move to the next endpoint.
-  Status TransportError(httplib::Error err, const std::string& path) {
-    (err == httplib::Error::Connection ? err_connect : err_timeout)->Inc();
+  // `elapsed`: how long the request ran, where known.
+  Status TransportError(httplib::Error err, const std::string& path,
+                        Clock::duration elapsed = Clock::duration::max()) {
+    // Over TLS 1.3 etcd refuses a client certificate after the handshake:
+    // the client's first write or read fails at once, long before a timeout.
+    bool refused = (err == httplib::Error::Read || err == httplib::Error::Write) &&
+                   Endpoint().starts_with("https://") && elapsed < options.request_timeout / 2;
+    bool tls = refused || err == httplib::Error::SSLConnection ||
+               err == httplib::Error::SSLLoadingCerts ||
+               err == httplib::Error::SSLServerVerification;
+    (tls ? err_tls : err == httplib::Error::Connection ? err_connect : err_timeout)->Inc();
     // A request that timed out may still take effect; one refused never does.
-    bool timed_out = err == httplib::Error::Read || err == httplib::Error::Write ||
-                     err == httplib::Error::ConnectionTimeout;
+    bool timed_out = !refused && (err == httplib::Error::Read || err == httplib::Error::Write ||
+                                  err == httplib::Error::ConnectionTimeout);
     std::string msg = "etcd " + Endpoint() + path + ": " + httplib::to_string(err);
+    if (refused) {
+      msg +=
+          " (TLS with etcd failed: etcd closed the connection, as it does when it refuses "
+          "the client certificate; check the client certificate and key)";
+    } else if (tls) {
+      msg +=
+          " (TLS with etcd failed: check the CA file, etcd's certificate and the client "
+          "certificate)";
+    }
     Status st = timed_out ? DeadlineExceeded(msg) : Unavailable(msg);
     unary.reset();
     endpoint = (endpoint + 1) % options.endpoints.size();
     return st;
   }
 
-  // POST path with body; the parsed reply or a Status.
-  Result<json> Call(const std::string& path, const json& body) {
-    httplib::Request req;
-    req.method = "POST";
-    req.path = path;
-    req.body = body.dump();
-    req.set_header("Content-Type", "application/json");
-    int status = 0;
+  // POST path with body; the parsed reply (maybe etcd's error) and its HTTP
+  // status, or a transport or parse failure.
+  Result<json> Post(const std::string& path, const json& body, int* status) {
+    httplib::Request req = NewRequest(path, body.dump());
     std::string reply_body;
-    req.response_handler = [&status](const httplib::Response& r) {
-      status = r.status;
+    req.response_handler = [status](const httplib::Response& r) {
+      *status = r.status;
       return true;
     };
     req.content_receiver = [&reply_body](const char* data, size_t n, uint64_t, uint64_t) {
       reply_body.append(data, n);
       return true;
     };
+    Clock::time_point sent = Clock::now();
     auto res = Unary().send(req);
     if (!res) {
       // etcd's gateway ends error replies with HTTP trailers, which this
       // httplib cannot parse: it reports a read error after the status and
       // the whole body have arrived. Use them, and drop the connection.
-      if (status == 0 || !json::accept(reply_body)) return TransportError(res.error(), path);
+      if (*status == 0 || !json::accept(reply_body)) {
+        return TransportError(res.error(), path, Clock::now() - sent);
+      }
       unary.reset();
     }
     json reply = json::parse(reply_body, nullptr, /*allow_exceptions=*/false);
     if (reply.is_discarded() || !reply.is_object()) {
       err_parse->Inc();
-      return Internal("etcd " + path + ": reply is not JSON (HTTP " + std::to_string(status) + ")");
-    }
-    if (status != 200 || reply.contains("error")) {
-      err_etcd->Inc();
-      return GatewayError(reply, "etcd " + path);
+      // etcd refuses some requests in plain text, e.g. with user auth on, a
+      // client certificate that has a CommonName.
+      std::string said = *status == 200 ? "" : reply_body.substr(0, reply_body.find('\n'));
+      return Internal("etcd " + path + ": reply is not JSON (HTTP " + std::to_string(*status) +
+                      (said.empty() ? "" : ": " + said.substr(0, 200)) + ")");
     }
     return reply;
   }
+
+  // POST path with body; the parsed reply or a Status. A token etcd rejects
+  // is renewed once.
+  Result<json> Call(const std::string& path, const json& body) {
+    for (bool renewed = false;; renewed = true) {
+      KVPOOL_RETURN_IF_ERROR(Authenticate());
+      int status = 0;
+      KVPOOL_ASSIGN_OR_RETURN(json reply, Post(path, body, &status));
+      if (status == 200 && !reply.contains("error")) return reply;
+      err_etcd->Inc();
+      if (!renewed && DropRejectedToken(Code(reply), Str(reply, "message"))) continue;
+      return GatewayError(reply, "etcd " + path);
+    }
+  }
+
+  // Takes a token when the client has a user and holds none.
+  Status Authenticate() {
+    const EtcdSecurityOptions& s = options.security;
+    if (s.user.empty() || !token.empty() || auth_off) return Status::Ok();
+    if (!auth_refused.ok() && Clock::now() < auth_retry_at) return auth_refused;
+    const std::string path = "/v3/auth/authenticate";
+    int status = 0;
+    KVPOOL_ASSIGN_OR_RETURN(json reply,
+                            Post(path, {{"name", s.user}, {"password", s.password}}, &status));
+    if (status == 200 && !reply.contains("error")) {
+      token = Str(reply, "token");
+      if (token.empty()) {
+        err_parse->Inc();
+        return Internal("etcd " + path + ": reply without a token");
+      }
+      auth_refused = Status::Ok();
+      authentications->Inc();
+      return Status::Ok();
+    }
+    int64_t code = Code(reply);
+    if (code == 9) {  // FAILED_PRECONDITION: etcd's auth is off
+      LogWarn("etcd {}: user auth is not enabled in etcd; user {} goes unused until it is",
+              Endpoint(), s.user);
+      auth_off = true;
+      return Status::Ok();
+    }
+    if (code != 3) {  // INVALID_ARGUMENT is the refusal; the rest may pass
+      err_etcd->Inc();
+      return GatewayError(reply, "etcd " + path);
+    }
+    err_auth->Inc();
+    auth_refused = PermissionDenied(
+        fmt::format("etcd user auth: etcd {} refused user '{}' (wrong user name or password?): {}",
+                    Endpoint(), s.user, Str(reply, "message")));
+    auth_retry_at = Clock::now() + kAuthRetry;
+    LogWarn("{}", auth_refused.message());
+    return auth_refused;
+  }
+
+  // When etcd turned down the token (see TokenRejected) and the client has
+  // a user: drops the token, so the next Authenticate() takes a new one.
+  bool DropRejectedToken(int64_t code, std::string_view message) {
+    if (options.security.user.empty() || !TokenRejected(code, message)) return false;
+    LogInfo("etcd {}: authenticating user {} again ({})", Endpoint(), options.security.user,
+            message);
+    token.clear();
+    auth_off = false;
+    return true;
+  }
+
+  // One watch (see WatchPrefix); *token_rejected when etcd turned down the
+  // token and it was dropped, so that a second try takes a new one.
+  Status Watch(const std::string& prefix, int64_t start_revision, Clock::time_point deadline,
+               const std::function<void(const std::vector<EtcdEvent>&)>& on_events,
+               bool* token_rejected);
 
   // Parses a reply; a malformed one (a throw from nlohmann or the helpers
   // above) becomes Internal here, so no exception leaves this file.
@@ -190,6 +407,14 @@ EtcdClient::EtcdClient(EtcdClientOptions options, MetricsRegistry* metrics)
   impl_->err_timeout = counter("timeout");
   impl_->err_etcd = counter("etcd");
   impl_->err_parse = counter("parse");
+  impl_->err_tls = counter("tls");
+  impl_->err_auth = counter("auth");
+  impl_->authentications =
+      metrics == nullptr
+          ? &impl_->dummy
+          : metrics->GetCounter("kvpool_membership_etcd_authentications_total",
+                                "Tokens taken from etcd (user auth): the first, and one for "
+                                "each token etcd rejected later.");
 }
 
 EtcdClient::~EtcdClient() = default;
@@ -259,20 +484,17 @@ Result<int64_t> EtcdClient::LeaseKeepAlive(int64_t id) {
   // and hang up.
   const std::string path = "/v3/lease/keepalive";
   std::string buf;
-  httplib::Request req;
-  req.method = "POST";
-  req.path = path;
-  req.body = json({{"ID", std::to_string(id)}}).dump();
-  req.set_header("Content-Type", "application/json");
+  httplib::Request req = impl_->NewRequest(path, json({{"ID", std::to_string(id)}}).dump());
   req.content_receiver = [&buf](const char* data, size_t n, uint64_t, uint64_t) {
     buf.append(data, n);
     return buf.find('\n') == std::string::npos;
   };
+  Clock::time_point sent = Clock::now();
   auto res = impl_->Unary().send(req);
   size_t nl = buf.find('\n');
   if (nl == std::string::npos) {
     if (!res && res.error() != httplib::Error::Canceled) {
-      return impl_->TransportError(res.error(), path);
+      return impl_->TransportError(res.error(), path, Clock::now() - sent);
     }
     buf.clear();  // the stream ended without a line: parse what came
   }
@@ -285,7 +507,11 @@ Result<int64_t> EtcdClient::LeaseKeepAlive(int64_t id) {
   }
   if (reply.contains("error")) {
     impl_->err_etcd->Inc();
-    return GatewayError(reply.contains("code") ? reply : reply["error"], "etcd keepalive");
+    const json& error = reply.contains("code") ? reply : reply["error"];
+    // etcd does not check tokens on keepalives today; if one does, the next
+    // call takes a new token and the keepalive after it passes.
+    impl_->DropRejectedToken(Code(error), Str(error, "message"));
+    return GatewayError(error, "etcd keepalive");
   }
   KVPOOL_ASSIGN_OR_RETURN(int64_t ttl, impl_->Parse<int64_t>("keepalive", [&] {
     return I64(reply.at("result"), "TTL");
@@ -311,50 +537,59 @@ Result<int64_t> EtcdClient::LeaseTimeToLive(int64_t id) {
   return ttl;
 }
 
-Status EtcdClient::WatchPrefix(const std::string& prefix, int64_t start_revision,
+Status EtcdClient::Impl::Watch(const std::string& prefix, int64_t start_revision,
                                Clock::time_point deadline,
-                               const std::function<void(const std::vector<EtcdEvent>&)>& on_events) {
-  if (impl_->interrupted.load()) return Status::Ok();
+                               const std::function<void(const std::vector<EtcdEvent>&)>& on_events,
+                               bool* token_rejected) {
+  if (interrupted.load()) return Status::Ok();
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   if (left.count() <= 0) return Status::Ok();
+  KVPOOL_RETURN_IF_ERROR(Authenticate());
   const std::string path = "/v3/watch";
-  httplib::Client client(impl_->Endpoint());
-  client.set_connection_timeout(std::min(left, impl_->options.request_timeout));
-  client.set_write_timeout(impl_->options.request_timeout);
+  std::unique_ptr<httplib::Client> client = NewClient();
+  client->set_connection_timeout(std::min(left, options.request_timeout));
+  client->set_write_timeout(options.request_timeout);
   // No event for the rest of the slice: the read times out at the deadline.
-  client.set_read_timeout(left);
+  client->set_read_timeout(left);
   {
-    std::lock_guard<std::mutex> l(impl_->watch_mu);
-    if (impl_->interrupted.load()) return Status::Ok();
-    impl_->watch = &client;
+    std::lock_guard<std::mutex> l(watch_mu);
+    if (interrupted.load()) return Status::Ok();
+    watch = client.get();
   }
-  json create = {{"key", Base64Encode(prefix)},
-                 {"range_end", Base64Encode(PrefixEnd(prefix))},
+  json create = {{"key", EtcdClient::Base64Encode(prefix)},
+                 {"range_end", EtcdClient::Base64Encode(EtcdClient::PrefixEnd(prefix))},
                  {"start_revision", std::to_string(start_revision)}};
-  httplib::Request req;
-  req.method = "POST";
-  req.path = path;
-  req.body = json({{"create_request", create}}).dump();
-  req.set_header("Content-Type", "application/json");
+  httplib::Request req = NewRequest(path, json({{"create_request", create}}).dump());
   std::string buf;
   Status failure;
+  Status refused;  // etcd canceled the watch for want of auth
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
     buf.append(data, n);
     size_t nl;
     while ((nl = buf.find('\n')) != std::string::npos) {
       std::string line = buf.substr(0, nl);
       buf.erase(0, nl + 1);
-      // The lambda answers false when etcd reports the start revision compacted.
-      Result<bool> live = impl_->Parse<bool>("watch", [&] {
+      // The lambda answers false when etcd reports the start revision
+      // compacted, or refused the watch (refused says why).
+      Result<bool> live = Parse<bool>("watch", [&] {
         json j = json::parse(line);
         if (j.contains("error")) {
-          impl_->err_etcd->Inc();
+          err_etcd->Inc();
           throw std::runtime_error(
               GatewayError(j["error"].is_object() ? j["error"] : j, "etcd watch").ToString());
         }
         const json& r = j.at("result");
         if (I64(r, "compact_revision") != 0) return false;
-        if (r.value("canceled", false)) throw std::runtime_error("watch canceled by etcd");
+        if (r.value("canceled", false)) {
+          std::string reason = Str(r, "cancel_reason");
+          bool denied = Contains(reason, "code = PermissionDenied");
+          if (!denied && !TokenRejected(0, reason))
+            throw std::runtime_error("watch canceled by etcd");
+          err_etcd->Inc();
+          *token_rejected = DropRejectedToken(0, reason);
+          refused = EtcdError(denied ? 7 : 16, reason, "etcd watch canceled");
+          return false;
+        }
         if (r.contains("events")) {
           std::vector<EtcdEvent> events;
           for (const json& e : r.at("events")) {
@@ -372,24 +607,38 @@ Status EtcdClient::WatchPrefix(const std::string& prefix, int64_t start_revision
         return false;
       }
       if (!*live) {
-        failure = Aborted("etcd watch: revision " + std::to_string(start_revision) + " compacted");
+        failure =
+            !refused.ok()
+                ? refused
+                : Aborted("etcd watch: revision " + std::to_string(start_revision) + " compacted");
         return false;
       }
     }
-    return Clock::now() < deadline && !impl_->interrupted.load();
+    return Clock::now() < deadline && !interrupted.load();
   };
-  auto res = client.send(req);
+  auto res = client->send(req);
   {
-    std::lock_guard<std::mutex> l(impl_->watch_mu);
-    impl_->watch = nullptr;
+    std::lock_guard<std::mutex> l(watch_mu);
+    watch = nullptr;
   }
   if (!failure.ok()) return failure;
-  if (impl_->interrupted.load() || Clock::now() + std::chrono::milliseconds(20) >= deadline) {
+  if (interrupted.load() || Clock::now() + std::chrono::milliseconds(20) >= deadline) {
     return Status::Ok();
   }
-  if (!res) return impl_->TransportError(res.error(), path);
-  impl_->err_etcd->Inc();
+  if (!res) return TransportError(res.error(), path);
+  err_etcd->Inc();
   return Unavailable("etcd watch: stream ended (HTTP " + std::to_string(res->status) + ")");
+}
+
+Status EtcdClient::WatchPrefix(
+    const std::string& prefix, int64_t start_revision, Clock::time_point deadline,
+    const std::function<void(const std::vector<EtcdEvent>&)>& on_events) {
+  // A token etcd rejects when the watch is created is renewed once.
+  for (bool renewed = false;; renewed = true) {
+    bool token_rejected = false;
+    Status st = impl_->Watch(prefix, start_revision, deadline, on_events, &token_rejected);
+    if (!token_rejected || renewed) return st;
+  }
 }
 
 void EtcdClient::Interrupt() {

@@ -4,9 +4,20 @@
 // This is the one place where HTTP and JSON errors become Status:
 // Unavailable for transport failures and timeouts (retry), NotFound for an
 // unknown or expired lease, Aborted for a compacted watch revision, Internal
-// for a reply that does not parse. Every request has a deadline: connect,
-// write and each read are bounded by request_timeout (a watch by its own
-// deadline). On a transport failure the next call tries the next endpoint.
+// for a reply that does not parse, PermissionDenied when etcd refuses the
+// user (wrong password, no user where etcd requires one, a role without the
+// permission). Every request has a deadline: connect, write and each read are
+// bounded by request_timeout (a watch by its own deadline). On a transport
+// failure the next call tries the next endpoint.
+//
+// With a user, the client authenticates on its first call and sends the
+// token etcd returns (raw, in the Authorization header) with every request.
+// A token etcd rejects (expired after --auth-token-ttl, or dropped when the
+// user's password was set) is renewed once and the call retried; a refused
+// password is asked again at most every 5 s, in between the calls fail at
+// once with the refusal.
+// With TLS the process must ignore SIGPIPE (kvpool-node does): OpenSSL
+// writes to a socket etcd may have closed without MSG_NOSIGNAL.
 // Not thread-safe (one owner thread), except Interrupt().
 #pragma once
 
@@ -23,13 +34,32 @@
 
 namespace kvpool {
 
+// etcd's own access control; every field empty: none (plain etcd).
+struct EtcdSecurityOptions {
+  // etcd user auth (`etcdctl auth enable`). Empty: no user. The password is
+  // a secret: it goes to etcd's authenticate call only, never to a log or a
+  // Status. A user with an etcd whose auth is off runs without a token.
+  std::string user;
+  std::string password;
+  // TLS, for https:// endpoints: the PEM CA that signed etcd's server
+  // certificate (empty: the system's CAs), and a client certificate with its
+  // key for etcd's --client-cert-auth (both or neither). Read again for each
+  // new connection, so rotated files take effect without a restart.
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
+};
+
 struct EtcdClientOptions {
-  // "http://host:port" of each etcd member.
+  // "http://host:port" or "https://host:port" of each etcd member.
   std::vector<std::string> endpoints;
   // Bounds connect, write and each read of a unary call: how long a call
   // to a hung etcd blocks before it counts as failed.
   std::chrono::milliseconds request_timeout{1000};
+  EtcdSecurityOptions security;
 
+  // Also reads the TLS files: InvalidArgument naming a file that is missing,
+  // unreadable or not PEM (or a key that does not match its certificate).
   Status Validate() const;
 };
 
@@ -79,7 +109,8 @@ struct EtcdLease {
 class EtcdClient {
  public:
   // metrics may be null; otherwise it must outlive the client. Counts
-  // kvpool_membership_etcd_errors_total{kind}.
+  // kvpool_membership_etcd_errors_total{kind} and
+  // kvpool_membership_etcd_authentications_total.
   EtcdClient(EtcdClientOptions options, MetricsRegistry* metrics);
   ~EtcdClient();
   EtcdClient(const EtcdClient&) = delete;

@@ -86,7 +86,7 @@ LeaseVerdict JudgeLease(std::span<const PeerLeaseReport> reports, Clock::time_po
 }
 
 Status EtcdMembershipOptions::Validate() const {
-  KVPOOL_RETURN_IF_ERROR((EtcdClientOptions{endpoints, request_timeout}.Validate()));
+  KVPOOL_RETURN_IF_ERROR((EtcdClientOptions{endpoints, request_timeout, security}.Validate()));
   if (!ValidName(cluster)) return InvalidArgument("etcd membership: bad cluster name");
   if (!ValidName(node_id)) return InvalidArgument("etcd membership: bad node id '" + node_id + "'");
   if (address.find(':') == std::string::npos) {
@@ -143,7 +143,7 @@ struct EtcdMembership::Impl {
   Impl(EtcdMembership* s, const EtcdMembershipOptions& o, MetricsRegistry* metrics)
       : self(s),
         options(o),
-        client(EtcdClientOptions{o.endpoints, o.request_timeout}, metrics),
+        client(EtcdClientOptions{o.endpoints, o.request_timeout, o.security}, metrics),
         prefix("/kvpool/v1/" + o.cluster + "/members/"),
         member_key(prefix + o.node_id),
         incarnation_key("/kvpool/v1/" + o.cluster + "/incarnation"),

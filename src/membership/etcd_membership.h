@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "membership/etcd_client.h"
 #include "membership/membership.h"
 
 namespace kvpool {
@@ -68,8 +69,10 @@ LeaseVerdict JudgeLease(std::span<const PeerLeaseReport> reports,
                         std::chrono::steady_clock::time_point failing_since, std::string* why);
 
 struct EtcdMembershipOptions {
-  // "http://host:port" of each etcd member.
+  // "http://host:port" or "https://host:port" of each etcd member.
   std::vector<std::string> endpoints;
+  // etcd user auth and TLS (etcd_client.h); empty: none.
+  EtcdSecurityOptions security;
   // Separates clusters sharing one etcd.
   std::string cluster = "default";
   std::string node_id;

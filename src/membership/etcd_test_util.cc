@@ -17,16 +17,27 @@
 
 namespace kvpool {
 
-Result<std::unique_ptr<EtcdTestServer>> EtcdTestServer::Start() {
+bool testing::WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return cond();
+}
+
+Result<std::unique_ptr<EtcdTestServer>> EtcdTestServer::Start(EtcdTestServerOptions options) {
   Status last;
   for (int attempt = 0; attempt < 3; ++attempt) {
     std::unique_ptr<EtcdTestServer> s(new EtcdTestServer());
+    s->options_ = options;
     char tmpl[] = "/tmp/kvpool-etcd-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) return ErrnoStatus("mkdtemp", errno);
     s->dir_ = tmpl;
     s->client_port_ = testing::FreePort();
     s->peer_port_ = testing::FreePort();
-    s->endpoint_ = "http://127.0.0.1:" + std::to_string(s->client_port_);
+    s->endpoint_ = std::string(options.https ? "https" : "http") +
+                   "://127.0.0.1:" + std::to_string(s->client_port_);
     last = s->Spawn();
     if (last.ok()) last = s->WaitHealthy(std::chrono::seconds(10));
     if (last.ok()) return s;
@@ -44,6 +55,7 @@ Status EtcdTestServer::Spawn() {
                                    "--listen-peer-urls", peer,
                                    "--initial-advertise-peer-urls", peer,
                                    "--initial-cluster", "t=" + peer};
+  args.insert(args.end(), options_.extra_flags.begin(), options_.extra_flags.end());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -71,7 +83,11 @@ Status EtcdTestServer::WaitHealthy(std::chrono::milliseconds timeout) const {
     if (pid_ > 0 && waitpid(pid_, &wstatus, WNOHANG) == pid_) {
       return Unavailable("etcd exited; see " + dir_ + "/etcd.log");
     }
-    httplib::Client c(endpoint_);
+    httplib::Client c =
+        options_.client_cert_file.empty()
+            ? httplib::Client(endpoint_)
+            : httplib::Client(endpoint_, options_.client_cert_file, options_.client_key_file);
+    if (!options_.ca_file.empty()) c.set_ca_cert_path(options_.ca_file);
     c.set_connection_timeout(std::chrono::milliseconds(200));
     c.set_read_timeout(std::chrono::milliseconds(500));
     auto res = c.Get("/health");

@@ -6,20 +6,39 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
 namespace kvpool {
 
+struct EtcdTestServerOptions {
+  // More etcd flags, e.g. --auth-token-ttl, or TLS (--cert-file, ...).
+  std::vector<std::string> extra_flags;
+  // TLS on the client port (its flags go in extra_flags): endpoint() is
+  // https://, and the health check trusts ca_file and presents the client
+  // certificate when one is given.
+  bool https = false;
+  std::string ca_file;
+  std::string client_cert_file;
+  std::string client_key_file;
+};
+
+namespace testing {
+// Polls cond every 20 ms until it holds or timeout passes; its last answer.
+bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds timeout);
+}  // namespace testing
+
 class EtcdTestServer {
  public:
   // Starts etcd and waits (bounded) until it answers /health.
-  static Result<std::unique_ptr<EtcdTestServer>> Start();
+  static Result<std::unique_ptr<EtcdTestServer>> Start(EtcdTestServerOptions options = {});
   ~EtcdTestServer();
 
-  // "http://127.0.0.1:PORT"
+  // "http://127.0.0.1:PORT" (https:// with options.https)
   const std::string& endpoint() const { return endpoint_; }
   // SIGSTOP / SIGCONT: etcd hangs (connections are accepted, never
   // answered), which is harder on clients than a refused connection.
@@ -37,6 +56,7 @@ class EtcdTestServer {
   Status Spawn();
   void Kill();
 
+  EtcdTestServerOptions options_;
   std::string dir_;
   std::string endpoint_;
   int client_port_ = 0;

@@ -433,7 +433,8 @@ class NodeImpl final : public Node {
   nlohmann::ordered_json TenantsJson() const {
     nlohmann::ordered_json out = nlohmann::ordered_json::array();
     std::vector<int> conns = local_ ? local_->tenant_connections() : std::vector<int>{};
-    auto one = [&](const std::string& name, const TieredStore* store, size_t i) {
+    auto one = [&](const std::string& name, const TieredStore* store, size_t i, uint64_t dram_quota,
+                   uint64_t ssd_quota) {
       DramStats d = store->GetDramStats();
       Labels l = {{"tenant", name}};
       auto count = [&](const char* metric) {
@@ -444,7 +445,8 @@ class NodeImpl final : public Node {
           {"name", name},
           {"connections", i < conns.size() ? conns[i] : 0},
           {"dram",
-           {{"capacity_bytes", d.capacity_bytes},
+           {{"quota_bytes", dram_quota},
+            {"capacity_bytes", d.capacity_bytes},
             {"used_bytes", d.used_bytes},
             {"entries", d.entries},
             {"evictions", d.evictions}}},
@@ -456,15 +458,17 @@ class NodeImpl final : public Node {
           {"bytes_read", count("kvpool_tenant_bytes_read_total")}};
       if (store->has_ssd_tier()) {
         SsdStats s = store->GetSsdStats();
-        j["ssd"] = {{"capacity_bytes", s.capacity_bytes},
+        j["ssd"] = {{"quota_bytes", ssd_quota},
+                    {"capacity_bytes", s.capacity_bytes},
                     {"used_bytes", s.used_bytes},
                     {"entries", s.entries}};
       }
       out.push_back(std::move(j));
     };
-    one(kDefaultTenant, tiered_.get(), 0);
+    one(kDefaultTenant, tiered_.get(), 0, opts_.dram.capacity_bytes, opts_.ssd.capacity_bytes);
     for (size_t i = 0; i < tenants_.size(); ++i) {
-      one(tenants_[i].spec.name, tenants_[i].store.get(), i + 1);
+      const TenantSpec& t = tenants_[i].spec;
+      one(t.name, tenants_[i].store.get(), i + 1, t.dram_bytes, t.ssd_bytes);
     }
     return out;
   }
