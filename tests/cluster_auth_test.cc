@@ -391,6 +391,80 @@ TEST_F(ClusterAuthTest, ARemoteClientWithATokenReadsAndWrites) {
   if (rc != nullptr) kvpool_close(rc);
 }
 
+// Remote-mode clients of a tenant (their token's name is in the tenants
+// file): their keys live in the tenant's store on each key's home, and no
+// client of another tenant or of the default one reads or poisons them.
+TEST_F(ClusterAuthTest, RemoteClientsOfATenantShareOnlyTheirTenantsKeys) {
+  const char* kTokA = "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1";
+  const char* kTokB = "b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2";
+  const char* kTokD = "d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4d4";
+  StaticCluster c;
+  ASSERT_TRUE(c.PickPorts({"a", "b"}));
+  std::string key = KeyFile("cluster.key", {kKey1});
+  std::string tokens = KeyFile("clients.tokens", {std::string("engine-a ") + kTokA,
+                                                  std::string("engine-b ") + kTokB,
+                                                  std::string("engine-d ") + kTokD});
+  std::string tenants = KeyFile("tenants", {"tenant alpha dram=32MiB tokens=engine-a",
+                                            "tenant beta dram=32MiB tokens=engine-b"},
+                                0644);
+  std::vector<std::string> args = {"--cluster-key-file", key, "--client-token-file", tokens,
+                                   "--tenants-file", tenants};
+  NodeProcess* a = Start("a", c.members, c.ports[0], args);
+  NodeProcess* b = Start("b", c.members, c.ports[1], args);
+  ASSERT_TRUE(a && b);
+  std::string peers = c.addrs[0] + "," + c.addrs[1];
+  auto open = [&](const std::string& name, const char* tok) {
+    kvpool_options o;
+    kvpool_options_init(&o);
+    o.remote_peers = peers.c_str();
+    std::string file = KeyFile(name + ".token", {name + " " + tok});
+    o.remote_token_file = file.c_str();
+    o.timeout_ms = 3000;
+    kvpool_status st = KVPOOL_OK;
+    kvpool_client* rc = kvpool_open(&o, &st);
+    EXPECT_NE(rc, nullptr) << kvpool_status_name(st) << ": " << kvpool_last_error();
+    return rc;
+  };
+  kvpool_client* ra = open("engine-a", kTokA);
+  kvpool_client* rb = open("engine-b", kTokB);
+  kvpool_client* rd = open("engine-d", kTokD);
+  ASSERT_TRUE(ra && rb && rd);
+  auto ids = NumberedKeys("shared-prefix", "block-", 32);
+  ByteValues alpha = Values(ids.size(), 4096, 41), beta = Values(ids.size(), 4096, 42);
+  std::vector<kvpool_status> st(ids.size(), -1);
+  ASSERT_EQ(PutValues(ra, ids, alpha, &st), KVPOOL_OK) << kvpool_last_error();
+  MaybeByteValues got = GetValues(ra, ids, 1 << 20);
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(got, alpha));
+  // The tenant's entries are in its stores, on the keys' homes.
+  auto entries = [](const NodeProcess& n, const std::string& tenant) {
+    return n.Metric("kvpool_tenant_dram_entries{tenant=\"" + tenant + "\"}");
+  };
+  EXPECT_EQ(entries(*a, "alpha") + entries(*b, "alpha"), 32);
+  EXPECT_EQ(entries(*a, "default") + entries(*b, "default"), 0);
+  // Another tenant, the default tenant's remote client and local clients
+  // read nothing of them.
+  int read = Hits(GetValues(rb, ids, 1 << 20)) + Hits(GetValues(rd, ids, 1 << 20));
+  for (NodeProcess* n : {a, b}) {
+    kvpool_client* lc = OpenLocal(*n, false);
+    read += Hits(GetValues(lc, ids, 1 << 20));
+    kvpool_close(lc);
+  }
+  EXPECT_EQ(read, 0);
+  Metric("cross_tenant_values_read_remote", read);
+  // Beta writes the same keys: its own entries; alpha still reads its bytes.
+  std::vector<kvpool_status> stb(ids.size(), -1);
+  ASSERT_EQ(PutValues(rb, ids, beta, &stb), KVPOOL_OK) << kvpool_last_error();
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(GetValues(rb, ids, 1 << 20), beta));
+  MaybeByteValues again = GetValues(ra, ids, 1 << 20);
+  int poisoned = 0;
+  for (size_t i = 0; i < ids.size(); ++i) poisoned += !again[i] || *again[i] != alpha[i];
+  EXPECT_EQ(poisoned, 0);
+  Metric("cross_tenant_poisoned_keys_remote", poisoned);
+  kvpool_close(ra);
+  kvpool_close(rb);
+  kvpool_close(rd);
+}
+
 TEST_F(ClusterAuthTest, ALooseOrMissingKeyFileStopsTheStartSayingWhatToFix) {
   StaticCluster c;
   ASSERT_TRUE(c.PickPorts({"a"}));

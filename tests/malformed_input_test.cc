@@ -61,7 +61,9 @@ class Raw {
   }
   void Hello() {
     std::vector<uint8_t> body;
-    protocol::EncodeHello(protocol::HelloRequest{1, "raw"}, &body);
+    protocol::HelloRequest hello;
+    hello.client_name = "raw";
+    protocol::EncodeHello(hello, &body);
     Send(Frame(MessageType::kHello, body));
     FrameHeader h;
     std::vector<uint8_t> rb;
@@ -233,7 +235,9 @@ TEST_F(MalformedInput, UnknownTypeAndBadBodiesKeepTheConnection) {
 TEST_F(MalformedInput, OneByteWritesAreReassembled) {
   Raw r(node_->socket());
   std::vector<uint8_t> body;
-  protocol::EncodeHello(protocol::HelloRequest{1, "slow"}, &body);
+  protocol::HelloRequest hello;
+  hello.client_name = "slow";
+  protocol::EncodeHello(hello, &body);
   auto frame = Raw::Frame(MessageType::kHello, body);
   for (uint8_t b : frame) r.Send({b});
   FrameHeader h;

@@ -592,11 +592,76 @@ TEST_F(TenantTest, ATenantsFileOthersMayWriteOrABadLineStopsTheStartSayingWhy) {
   chmod(tenants_.c_str(), 0644);
   n = NodeProcess::Start({"--tenants-file", tenants_}, "", &log);
   EXPECT_EQ(n, nullptr);
-  EXPECT_NE(log.find("line 2: tenant 'beta' lists no uids or gids"), std::string::npos) << log;
+  EXPECT_NE(log.find("line 2: tenant 'beta' lists no uids, gids or tokens"), std::string::npos) << log;
   std::ofstream(tenants_) << "tenant alpha dram=32MiB ssd=1GiB uids=1\n";
   n = NodeProcess::Start({"--tenants-file", tenants_}, "", &log);
   EXPECT_EQ(n, nullptr);
   EXPECT_NE(log.find("has an SSD quota but the node has no SSD tier"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace kvpool::testing
+
+namespace kvpool::testing {
+namespace {
+
+// A file of lines, owned by uid, with this mode.
+std::string WriteFile(const std::string& path, const std::string& text, uid_t uid, mode_t mode) {
+  std::ofstream(path) << text;
+  chown(path.c_str(), uid, kSocketGid);
+  chmod(path.c_str(), mode);
+  return path;
+}
+
+TEST_F(TenantTest, ATenantTokenInTheHandshakePutsAClientInItsTenantAndAWrongOneIsRefused) {
+  const char* kSecret = "5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e";
+  WriteFile(tenants_,
+            "tenant alpha dram=32MiB uids=" + std::to_string(kAlphaUid) + " tokens=alpha-jobs\n" +
+                "tenant bee dram=16MiB uids=" + std::to_string(kBeeUid) + "\n",
+            0, 0644);
+  std::string tokens = WriteFile(dir_ + "/client.tokens", std::string("alpha-jobs ") + kSecret + "\n", 0, 0600);
+  std::string log;
+  node_ = NodeProcess::Start({"--tenants-file", tenants_, "--socket-group", "nogroup",
+                              "--client-token-file", tokens},
+                             dir_ + "/sock/kvpool.sock", &log);
+  ASSERT_NE(node_, nullptr) << log;
+  const std::string sock = node_->socket();
+  constexpr uid_t kJobUid = 64050;  // in no tenant: the token decides
+  std::string good = WriteFile(dir_ + "/good.token", std::string("alpha-jobs ") + kSecret + "\n",
+                               kJobUid, 0600);
+  std::string bad = WriteFile(dir_ + "/bad.token",
+                              std::string("alpha-jobs ") + std::string(64, 'f') + "\n", kJobUid,
+                              0600);
+  std::string r = AsUser(kJobUid, [&] {
+    kvpool_options o;
+    kvpool_options_init(&o);
+    o.socket_path = sock.c_str();
+    o.tenant_token_file = good.c_str();
+    kvpool_status st = KVPOOL_OK;
+    kvpool_client* c = kvpool_open(&o, &st);
+    if (c == nullptr) return std::string("open failed: ") + kvpool_last_error();
+    int ok = PutMany(c, "alpha", "job-", 5, 4096);
+    kvpool_close(c);
+    o.tenant_token_file = bad.c_str();
+    c = kvpool_open(&o, &st);
+    std::string refused = c == nullptr ? kvpool_status_name(st) : "opened";
+    if (c != nullptr) kvpool_close(c);
+    return std::to_string(ok) + " " + refused;
+  });
+  EXPECT_EQ(r, "5 PermissionDenied");
+  EXPECT_EQ(Tenant("alpha")["dram"]["entries"], 5);
+  EXPECT_EQ(Tenant("default")["dram"]["entries"], 0);
+  EXPECT_EQ(node_->Metric("kvpool_protocol_errors_total{reason=\"bad_tenant_token\"}"), 1);
+  // Alpha's own users read what the token's client wrote.
+  r = AsUser(kAlphaUid, [&] {
+    kvpool_client* c = Open(sock);
+    if (c == nullptr) return std::string("open failed");
+    int read = 0;
+    for (int i = 0; i < 5; ++i) read += Reads(c, "job-" + std::to_string(i), Value("alpha", i, 4096));
+    kvpool_close(c);
+    return std::to_string(read);
+  });
+  EXPECT_EQ(r, "5");
 }
 
 }  // namespace

@@ -111,6 +111,14 @@ typedef struct kvpool_options {
    * list members. NULL: no token (such clusters answer PERMISSION_DENIED).
    * Default NULL. */
   const char* remote_token_file;
+  /* Local mode: a tenant token file, "NAME HEX64" on its first line (mode
+   * 0600, owned by this user; the node's --client-token-file holds the same
+   * line and its tenants file lists NAME under a tenant's tokens=). The
+   * handshake presents it and the node serves this client as that tenant,
+   * whatever its uid. A token the node does not know: kvpool_open fails
+   * with PERMISSION_DENIED. NULL: the tenant this process's uid or groups
+   * map to. Default NULL. */
+  const char* tenant_token_file;
 } kvpool_options;
 
 KVPOOL_API void kvpool_options_init(kvpool_options* options);

@@ -37,6 +37,7 @@ class Options(ctypes.Structure):
         ("remote_refresh_ms", ctypes.c_uint32),
         ("expected_server_uid", ctypes.c_int64),
         ("remote_token_file", ctypes.c_char_p),
+        ("tenant_token_file", ctypes.c_char_p),
     ]
 
 

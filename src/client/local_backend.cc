@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "common/key_id.h"
 #include "protocol/codec.h"
 #include "protocol/socket_path.h"
+#include "transport/peer_auth.h"
 
 namespace kvpool::client {
 namespace {
@@ -97,13 +99,23 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
     socket_path_ = o.socket_path != nullptr
                        ? std::string(o.socket_path)
                        : protocol::FindDefaultSocket(std::getenv("XDG_RUNTIME_DIR"), ::geteuid());
+    if (o.tenant_token_file != nullptr) tenant_token_file_ = o.tenant_token_file;
     options_.socket_path = nullptr;  // the caller's strings are not kept
     options_.remote_peers = nullptr;
+    options_.remote_token_file = nullptr;
+    options_.tenant_token_file = nullptr;
     slots_.resize(o.max_connections);
   }
 
-  // Connects the first connection.
-  Status Start() { return Borrow(DeadlineOf()).status(); }
+  // Reads the tenant token, then connects the first connection.
+  Status Start() {
+    if (!tenant_token_file_.empty()) {
+      KVPOOL_ASSIGN_OR_RETURN(std::vector<transport::ClusterKey> tokens,
+                              transport::LoadClientTokenFile(tenant_token_file_));
+      token_ = LocalConnection::TenantToken{tokens.front().principal, tokens.front().bytes};
+    }
+    return Borrow(DeadlineOf()).status();
+  }
 
   Status PutInPlace(std::span<const KeyId> keys, const void* const* values,
                     const uint64_t* sizes, kvpool_status* statuses);
@@ -187,6 +199,8 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
     int64_t outstanding = 0;
   };
   std::map<uint16_t, Retired> retired_;  // mu_
+  std::string tenant_token_file_;
+  std::optional<LocalConnection::TenantToken> token_;  // set by Start
   protocol::HelloReply hello_;                               // protected by mu_
 };
 
@@ -215,8 +229,10 @@ void LocalBackend::RetireLocked(int slot) {
 
 // Connects slot `slot` (owned by the caller through its lease).
 Status LocalBackend::ConnectSlot(int slot, Clock::time_point deadline) {
-  KVPOOL_ASSIGN_OR_RETURN(auto link, LocalConnection::Connect(socket_path_, "libkvpool", deadline,
-                                                              options_.expected_server_uid));
+  KVPOOL_ASSIGN_OR_RETURN(auto link,
+                          LocalConnection::Connect(socket_path_, "libkvpool", deadline,
+                                                   options_.expected_server_uid,
+                                                   token_ ? &*token_ : nullptr));
   link->set_spin(std::chrono::microseconds(options_.spin_us));
   int fd = link->TakeSegmentFd();
   const uint64_t staging_bytes = link->hello().staging_bytes;

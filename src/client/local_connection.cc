@@ -130,7 +130,8 @@ Status LocalConnection::Break(Status s) {
 Result<std::unique_ptr<LocalConnection>> LocalConnection::Connect(const std::string& socket_path,
                                                                   const std::string& client_name,
                                                                   Clock::time_point deadline,
-                                                                  int64_t expected_server_uid) {
+                                                                  int64_t expected_server_uid,
+                                                                  const TenantToken* token) {
   sockaddr_un addr{};
   if (socket_path.size() >= sizeof(addr.sun_path)) return InvalidArgument("socket path too long");
   addr.sun_family = AF_UNIX;
@@ -159,6 +160,11 @@ Result<std::unique_ptr<LocalConnection>> LocalConnection::Connect(const std::str
   std::vector<uint8_t> body;
   protocol::HelloRequest hello;
   hello.client_name = client_name.substr(0, protocol::kMaxClientName);
+  if (token != nullptr) {
+    hello.has_token = true;
+    hello.token_name = token->name;
+    hello.token = token->secret;
+  }
   protocol::EncodeHello(hello, &body);
   iovec iov{body.data(), body.size()};
   uint64_t id = c->next_request_id_++;

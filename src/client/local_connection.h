@@ -32,9 +32,14 @@ class LocalConnection {
   // not the expected uid, DeadlineExceeded when it does not answer in time,
   // and the node's own status when it refuses the connection
   // (ResourceExhausted: too many connections).
+  // A tenant token presented in the handshake (kvpool_options.tenant_token_file).
+  struct TenantToken {
+    std::string name;
+    std::array<uint8_t, 32> secret{};
+  };
   static Result<std::unique_ptr<LocalConnection>> Connect(
       const std::string& socket_path, const std::string& client_name, Clock::time_point deadline,
-      int64_t expected_server_uid = kSocketDirOwner);
+      int64_t expected_server_uid = kSocketDirOwner, const TenantToken* token = nullptr);
   ~LocalConnection();
   LocalConnection(const LocalConnection&) = delete;
   LocalConnection& operator=(const LocalConnection&) = delete;

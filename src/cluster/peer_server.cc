@@ -33,11 +33,37 @@ void ReplyWithPin(Responder& responder, TieredStore::Pin pin) {
 
 }  // namespace
 
+const ClientTenant* PeerServer::TenantOf(const Incoming& in) const {
+  if (in.principal.empty() || client_tenants_.empty()) return nullptr;
+  auto it = client_tenants_.find(in.principal);
+  return it == client_tenants_.end() ? nullptr : &it->second;
+}
+
+// A tenant's keys are held by their home alone (this node, which the
+// client asked as the keys' home), in the tenant's store.
+void PeerServer::TenantLookup(const ClientTenant& t, std::vector<KeyId> keys, Responder r) {
+  std::vector<LookupResult> results(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto size = t.store->SizeOf(t.keys.Bind(keys[i]));
+    if (!size.ok()) continue;
+    results[i].size = *size;
+    results[i].holders.push_back({cluster_->node_id(), cluster_->incarnation()});
+  }
+  auto body = std::make_shared<std::vector<uint8_t>>();
+  EncodeLookupReply(results, body.get());
+  ServerReply reply;
+  reply.status = Status::Ok();
+  reply.payload = *body;
+  reply.release = [body] {};
+  r.Respond(std::move(reply));
+}
+
 PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer* announcer,
                        TieredStore* store, Executor* executor, Executor* list_executor,
-                       MetricsRegistry* metrics)
+                       MetricsRegistry* metrics, ClientTenants client_tenants)
     : cluster_(cluster),
       directory_(directory),
+      client_tenants_(std::move(client_tenants)),
       announcer_(announcer),
       store_(store),
       executor_(executor),
@@ -68,6 +94,7 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
     std::vector<KeyId> keys;
     Status s = DecodeLookup(in.payload, &keys);
     if (!s.ok()) return r.Respond(s);
+    if (const ClientTenant* t = TenantOf(in)) return TenantLookup(*t, std::move(keys), std::move(r));
     auto results = directory_->Lookup(keys);
     auto body = std::make_shared<std::vector<uint8_t>>();
     EncodeLookupReply(results, body.get());
@@ -83,13 +110,18 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
     uint64_t max_size = 0;
     Status s = DecodeFetch(in.request, &key, &max_size);
     if (!s.ok()) return r.Respond(s);
+    TieredStore* store = store_;
+    if (const ClientTenant* t = TenantOf(in)) {
+      key = t->keys.Bind(key);
+      store = t->store;
+    }
     // Called from DRAM at once, or (only on SSD) after its promotion.
     auto answer = [r = std::move(r), max_size](Status ps, TieredStore::Pin p) mutable {
       if (!ps.ok() || !p.valid()) return r.Respond(NotFound("not held here"));
       if (p.size() > max_size) return r.Respond(ResourceExhausted("value larger than asked"));
       ReplyWithPin(r, std::move(p));
     };
-    store_->AcquireOrPromote(key, std::move(answer));
+    store->AcquireOrPromote(key, std::move(answer));
   });
   t->RegisterHandler(kPeerStore, [this](Incoming in, Responder r) {
     if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
@@ -98,7 +130,12 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
     Status s = DecodeStore(in.request, &key, &size);
     if (s.ok() && size != in.payload.size()) s = InvalidArgument("store: payload size mismatch");
     if (!s.ok()) return r.Respond(s);
-    auto slot = store_->Reserve(key, size);
+    TieredStore* store = store_;
+    if (const ClientTenant* t = TenantOf(in)) {
+      key = t->keys.Bind(key);
+      store = t->store;
+    }
+    auto slot = store->Reserve(key, size);
     if (!slot.ok()) {
       // Already here: the home holds it, which is all the writer asks.
       return r.Respond(slot.status().code() == StatusCode::kAlreadyExists ? Status::Ok()
@@ -110,7 +147,7 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
     // directory first, or a read through the writer misses until the next
     // publish tick. A placed commit is published before Commit returns
     // (HoldingsAnnouncer).
-    s = store_->Commit(std::move(slot).value(), WriteOrigin::kPlaced);
+    s = store->Commit(std::move(slot).value(), WriteOrigin::kPlaced);
     if (s.ok() || s.code() == StatusCode::kAlreadyExists) return r.Respond(Status::Ok());
     r.Respond(s);
   });

@@ -34,6 +34,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cluster/cluster.h"
@@ -42,9 +44,22 @@
 #include "common/executor.h"
 #include "common/gate.h"
 #include "common/metrics.h"
+#include "common/tenant_keys.h"
 #include "store/tiered_store.h"
 
 namespace kvpool::cluster {
+
+// A tenant as remote-mode clients holding one of its tokens reach it
+// (node/tenants.h): their key ids are bound to the tenant and their
+// lookups, fetches and stores go to the tenant's own store on the key's
+// home, apart from the cluster's directory.
+struct ClientTenant {
+  TieredStore* store = nullptr;  // must outlive the server
+  TenantKeys keys{""};
+};
+// By client token name (Incoming::principal). A client whose token is not
+// listed uses the default tenant: the cluster.
+using ClientTenants = std::unordered_map<std::string, ClientTenant>;
 
 class PeerServer {
  public:
@@ -54,12 +69,17 @@ class PeerServer {
   // the counters are kept but not exported.
   PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer* announcer, TieredStore* store,
              Executor* executor, Executor* list_executor = nullptr,
-             MetricsRegistry* metrics = nullptr);
+             MetricsRegistry* metrics = nullptr, ClientTenants client_tenants = {});
   ~PeerServer();
   PeerServer(const PeerServer&) = delete;
   PeerServer& operator=(const PeerServer&) = delete;
 
  private:
+  // The tenant of a client's request; null for members and default-tenant
+  // clients.
+  const ClientTenant* TenantOf(const transport::Incoming& in) const;
+  void TenantLookup(const ClientTenant& t, std::vector<KeyId> keys, transport::Responder r);
+
   void OnView(std::shared_ptr<const ShardMap> before, std::shared_ptr<const ShardMap> after,
               std::shared_ptr<const MembershipView> view, bool replay_all);
 
@@ -78,6 +98,7 @@ class PeerServer {
 
   Cluster* const cluster_;
   Directory* const directory_;
+  const ClientTenants client_tenants_;
   HoldingsAnnouncer* const announcer_;
   TieredStore* const store_;
   Executor* const executor_;

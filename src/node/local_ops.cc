@@ -1,6 +1,7 @@
 #include "node/local_ops.h"
 
 #include <fmt/format.h>
+#include <openssl/crypto.h>
 
 #include <cstring>
 #include <utility>
@@ -43,6 +44,9 @@ LocalOps::LocalOps(const LocalServerOptions& o, TieredStore* tiered, RemoteSourc
   for (const auto& t : tenants) {
     add(t.spec.name, t.store, nullptr);
     specs_.push_back(t.spec);
+    for (const auto& [name, secret] : t.token_secrets) {
+      token_tenants_[name] = {secret, static_cast<int>(tenants_.size() - 1)};
+    }
   }
   for (int t = 1; t < kNumOps; ++t) {
     ops_[t] =
@@ -256,7 +260,10 @@ void LocalOps::Handle(LocalSession& c, const FrameHeader& h, std::span<const uin
       return;
   }
   if (!s.ok()) {
-    ProtocolError(s.code() == StatusCode::kInvalidArgument ? "malformed_body" : "refused");
+    // A refused tenant token was counted under its own reason.
+    if (s.code() != StatusCode::kPermissionDenied) {
+      ProtocolError(s.code() == StatusCode::kInvalidArgument ? "malformed_body" : "refused");
+    }
     QueueError(c, h.request_id, s);
   }
   if (parked_now_) {  // counted when it is answered
@@ -275,6 +282,20 @@ Status LocalOps::OnHello(LocalSession& c, const FrameHeader& h, std::span<const 
     return FailedPrecondition(
         fmt::format("client protocol version {} is not supported (node speaks {})",
                     req.client_version, protocol::kProtocolVersion));
+  }
+  if (req.has_token) {
+    // A tenant token puts the connection in its tenant, whatever its uid.
+    auto it = token_tenants_.find(req.token_name);
+    if (it == token_tenants_.end() ||
+        CRYPTO_memcmp(it->second.secret.data(), req.token.data(), req.token.size()) != 0) {
+      c.closing = true;
+      ProtocolError("bad_tenant_token");
+      return PermissionDenied(fmt::format(
+          "tenant token '{}' is not known to this node (tokens= in its tenants file, the secret "
+          "in --client-token-file)",
+          req.token_name.substr(0, 64)));
+    }
+    c.tenant = it->second.tenant;
   }
   if (opts_.client_staging_bytes > 0) {
     auto staging = StagingArea::Create(opts_.client_staging_bytes);

@@ -10,6 +10,7 @@
 // completes on other threads and wakes the loop through wake_fd).
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -41,7 +42,8 @@ struct LocalSession {
   int32_t peer_pid = 0;
   uint32_t peer_uid = 0;
   uint32_t peer_gid = 0;
-  int tenant = 0;
+  int tenant = 0;          // a tenant token in the hello may change it
+  int counted_tenant = 0;  // the tenant its connection is counted under
   bool handshaked = false;
   bool closing = false;                  // close once the output is flushed
   bool pending = false;                  // a request is parked; later frames wait
@@ -139,6 +141,12 @@ class LocalOps {
   const LocalServerOptions opts_;
   std::vector<Tenant> tenants_;  // [0]: the default tenant
   std::vector<TenantSpec> specs_;  // tenants_[1..]'s, for TenantOf
+  // Tenant tokens a hello may present: name -> secret and tenant index.
+  struct TokenTenant {
+    std::array<uint8_t, 32> secret{};
+    int tenant = 0;
+  };
+  std::unordered_map<std::string, TokenTenant> token_tenants_;
   bool parked_now_ = false;  // the request being handled was parked
   MetricsRegistry* const metrics_;
   const std::function<std::string()> stats_json_;

@@ -327,6 +327,7 @@ class LocalServerImpl final : public LocalServer {
       c.peer_uid = who.uid;
       c.peer_gid = who.gid;
       c.tenant = who.tenant;
+      c.counted_tenant = c.tenant;
       ++tenant_conns_[c.tenant];
       epoll_event ev{};
       ev.events = EPOLLIN | EPOLLRDHUP;
@@ -374,7 +375,7 @@ class LocalServerImpl final : public LocalServer {
     ::close(fd);
     const bool was_charged = Charged(it->second.in.capacity) > 0;
     Uncharge(it->second);
-    --tenant_conns_[it->second.tenant];
+    --tenant_conns_[it->second.counted_tenant];
     // Destroying the handles releases the pins and aborts the reservations.
     conns_.erase(it);
     if (was_charged) ResumeStarved();
@@ -556,6 +557,12 @@ class LocalServerImpl final : public LocalServer {
       std::span<const uint8_t> body(c.in.data.get() + pos + protocol::kHeaderBytes, h.body_len);
       pos += protocol::kHeaderBytes + h.body_len;
       handlers_->Handle(c, h, body);
+      if (c.tenant != c.counted_tenant) {  // a tenant token in the hello
+        --tenant_conns_[c.counted_tenant];
+        c.counted_tenant = c.tenant;
+      ++tenant_conns_[c.tenant];
+        c.counted_tenant = c.tenant;
+      }
       if (c.closing) break;
       if (c.out_bytes > opts_.max_output_bytes) break;
     }

@@ -18,9 +18,11 @@
 // the server is destroyed.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -91,6 +93,9 @@ struct LocalServerOptions {
 struct LocalTenant {
   TenantSpec spec;
   TieredStore* store = nullptr;  // outlives the server
+  // The secrets of the spec's tokens that --client-token-file holds, by
+  // name: a hello presenting one joins this tenant.
+  std::map<std::string, std::array<uint8_t, 32>> token_secrets;
 };
 
 class LocalServer {

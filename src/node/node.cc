@@ -143,6 +143,14 @@ class NodeImpl final : public Node {
             "(--ssd-dirs)",
             opts_.tenants_file, t.name));
       }
+      for (const auto& token : t.tokens) {
+        bool known = std::any_of(client_tokens_.begin(), client_tokens_.end(),
+                                 [&](const transport::ClusterKey& k) { return k.principal == token; });
+        if (!known) {
+          LogWarn("tenant {}: token '{}' is not in --client-token-file; no client can use it",
+                  t.name, token);
+        }
+      }
       tenants_.push_back({t, nullptr, nullptr});
     }
     return Status::Ok();
@@ -216,17 +224,19 @@ class NodeImpl final : public Node {
   // start before anything is allocated.
   Status LoadClusterKeys() {
     ClusterOptions co = opts_.ClusterWithEndpoints(opts_.node_id);
+    // Client tokens serve remote-mode clients and, with tenants, local
+    // clients' tenant tokens: read even when standalone.
+    if (!opts_.client_token_file.empty()) {
+      KVPOOL_ASSIGN_OR_RETURN(client_tokens_,
+                              transport::LoadClientTokenFile(opts_.client_token_file));
+      LogInfo("{} client token{} from {}", client_tokens_.size(),
+              client_tokens_.size() == 1 ? "" : "s", opts_.client_token_file);
+    }
     if (!co.enabled()) return Status::Ok();
     if (!opts_.cluster_key_file.empty()) {
       KVPOOL_ASSIGN_OR_RETURN(cluster_keys_, transport::LoadClusterKeyFile(opts_.cluster_key_file));
       LogInfo("cluster: peer connections authenticated with {} key{} from {}",
               cluster_keys_.size(), cluster_keys_.size() == 1 ? "" : "s", opts_.cluster_key_file);
-    }
-    if (!opts_.client_token_file.empty()) {
-      KVPOOL_ASSIGN_OR_RETURN(client_tokens_,
-                              transport::LoadClientTokenFile(opts_.client_token_file));
-      LogInfo("cluster: {} remote client token{} from {}", client_tokens_.size(),
-              client_tokens_.size() == 1 ? "" : "s", opts_.client_token_file);
     }
     if (opts_.cluster_key_file.empty() && opts_.insecure && !IsLoopbackAddress(co.peer_address)) {
       LogWarn("cluster: INSECURE: peer connections on {} are not authenticated (--insecure "
@@ -276,9 +286,15 @@ class NodeImpl final : public Node {
         ao, cluster_.get(), directory_.get(), tiered_.get(), peer_pool_.get(), &metrics_);
     // SSD inventory listings read the device for seconds: their own thread.
     if (tiered_->has_ssd_tier()) list_pool_ = std::make_unique<ThreadPool>(1, "kvpool-list");
+    cluster::ClientTenants client_tenants;
+    for (auto& t : tenants_) {
+      for (const auto& token : t.spec.tokens) {
+        client_tenants.emplace(token, cluster::ClientTenant{t.store.get(), TenantKeys(t.spec.name)});
+      }
+    }
     peer_server_ = std::make_unique<cluster::PeerServer>(
         cluster_.get(), directory_.get(), announcer_.get(), tiered_.get(), peer_pool_.get(),
-        list_pool_.get(), &metrics_);
+        list_pool_.get(), &metrics_, std::move(client_tenants));
     anti_entropy_ = std::make_unique<cluster::AntiEntropy>(
         opts_.anti_entropy, cluster_.get(), directory_.get(), announcer_.get(), tiered_.get(),
         &metrics_);
@@ -313,7 +329,15 @@ class NodeImpl final : public Node {
     lo.instance_id = instance_id_;
     lo.client_staging_bytes = opts_.writable_segment ? 0 : opts_.client_staging_bytes;
     std::vector<LocalTenant> tenants;
-    for (auto& t : tenants_) tenants.push_back({t.spec, t.store.get()});
+    for (auto& t : tenants_) {
+      LocalTenant lt{t.spec, t.store.get(), {}};
+      for (const auto& token : t.spec.tokens) {
+        for (const auto& k : client_tokens_) {
+          if (k.principal == token) lt.token_secrets[token] = k.bytes;
+        }
+      }
+      tenants.push_back(std::move(lt));
+    }
     KVPOOL_ASSIGN_OR_RETURN(local_, LocalServer::Open(lo, tiered_.get(), reader_.get(), &metrics_,
                                                       [this] { return StatusJson(); },
                                                       std::move(tenants)));

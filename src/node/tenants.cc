@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <grp.h>
-#include <openssl/sha.h>
 #include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -69,6 +68,7 @@ bool ParseId(const std::string& text, bool group, uint32_t* out) {
 Result<std::vector<TenantSpec>> ParseTenants(std::string_view text, std::string_view where) {
   std::vector<TenantSpec> out;
   std::map<uint32_t, std::string> uid_owner, gid_owner;
+  std::map<std::string, std::string> token_owner;
   std::istringstream in{std::string(text)};
   std::string line;
   int lineno = 0;
@@ -83,7 +83,7 @@ Result<std::vector<TenantSpec>> ParseTenants(std::string_view text, std::string_
       return InvalidArgument(fmt::format("{} line {}: {}", where, lineno, why));
     };
     if (w[0] != "tenant" || w.size() < 2) {
-      return bad("expected 'tenant NAME dram=SIZE [ssd=SIZE] [uids=...] [gids=...]'");
+      return bad("expected 'tenant NAME dram=SIZE [ssd=SIZE] [uids=...] [gids=...] [tokens=...]'");
     }
     TenantSpec t;
     t.name = w[1];
@@ -120,16 +120,25 @@ Result<std::vector<TenantSpec>> ParseTenants(std::string_view text, std::string_
           }
           (group ? t.gids : t.uids).push_back(id);
         }
+      } else if (key == "tokens") {
+        for (const auto& item : Split(val, ',')) {
+          if (item.empty()) return bad("an empty token name");
+          auto [it, fresh] = token_owner.emplace(item, t.name);
+          if (!fresh) {
+            return bad(fmt::format("token '{}' already belongs to tenant '{}'", item, it->second));
+          }
+          t.tokens.push_back(item);
+        }
       } else {
-        return bad(fmt::format("unknown setting '{}' (dram, ssd, uids, gids)", key));
+        return bad(fmt::format("unknown setting '{}' (dram, ssd, uids, gids, tokens)", key));
       }
     }
     if (!have_dram || t.dram_bytes == 0) {
       return bad(fmt::format("tenant '{}' needs a DRAM quota (dram=SIZE)", t.name));
     }
-    if (t.uids.empty() && t.gids.empty()) {
-      return bad(fmt::format("tenant '{}' lists no uids or gids: no client would belong to it",
-                             t.name));
+    if (t.uids.empty() && t.gids.empty() && t.tokens.empty()) {
+      return bad(fmt::format(
+          "tenant '{}' lists no uids, gids or tokens: no client would belong to it", t.name));
     }
     out.push_back(std::move(t));
   }
@@ -182,33 +191,6 @@ int TenantOfCredentials(const std::vector<TenantSpec>& tenants, uint32_t uid,
     }
   }
   return -1;
-}
-
-TenantKeys::TenantKeys(std::string_view tenant) {
-  if (tenant.empty() || tenant == kDefaultTenant) return;
-  identity_ = false;
-  std::string label = "kvpool-tenant";
-  label.push_back('\0');
-  label.append(tenant);
-  SHA256(reinterpret_cast<const unsigned char*>(label.data()), label.size(), prefix_);
-}
-
-KeyId TenantKeys::Bind(const KeyId& id) const {
-  if (identity_) return id;
-  unsigned char in[48];
-  std::memcpy(in, prefix_, 32);
-  for (int i = 0; i < 8; ++i) {
-    in[32 + i] = static_cast<unsigned char>(id.hi >> (56 - 8 * i));
-    in[40 + i] = static_cast<unsigned char>(id.lo >> (56 - 8 * i));
-  }
-  unsigned char out[32];
-  SHA256(in, sizeof(in), out);
-  KeyId k;
-  for (int i = 0; i < 8; ++i) {
-    k.hi = (k.hi << 8) | out[i];
-    k.lo = (k.lo << 8) | out[8 + i];
-  }
-  return k;
 }
 
 }  // namespace kvpool

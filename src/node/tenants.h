@@ -4,14 +4,17 @@
 //
 // A tenants file (--tenants-file) has one line per tenant:
 //
-//   tenant NAME dram=SIZE [ssd=SIZE] [uids=U,U...] [gids=G,G...]
+//   tenant NAME dram=SIZE [ssd=SIZE] [uids=U,U...] [gids=G,G...] [tokens=T,T...]
 //
 // NAME is 1-32 of [a-z0-9_-] and not "default"; SIZE uses the node's units
 // ("8GiB"); a uid or gid is a number or a user or group name. A local
 // client whose uid is listed belongs to that tenant, else one whose
 // primary or supplementary group is listed; anyone else belongs to the
-// default tenant, the node's own store (--dram-bytes, --ssd-*), which is
-// also the only one the cluster pools. '#' starts a comment.
+// default tenant, the node's own store (--dram-capacity, --ssd), which is
+// also the only one the cluster pools. A remote-mode client authenticated
+// with a client token (--client-token-file) whose name is listed in
+// tokens= belongs to that tenant: its keys are kept in the tenant's store
+// on each key's home node. '#' starts a comment.
 //
 // Key ids are bound to their tenant: a client sends ids it derived from
 // (namespace, key); the node stores a tenant's entry under
@@ -30,11 +33,10 @@
 #include <vector>
 
 #include "common/key_id.h"
+#include "common/tenant_keys.h"
 #include "common/status.h"
 
 namespace kvpool {
-
-inline constexpr char kDefaultTenant[] = "default";
 
 struct TenantSpec {
   std::string name;
@@ -42,6 +44,7 @@ struct TenantSpec {
   uint64_t ssd_bytes = 0;
   std::vector<uint32_t> uids;
   std::vector<uint32_t> gids;
+  std::vector<std::string> tokens;  // client token names (remote-mode clients)
 };
 
 // Parses a tenants file's text; `where` names it in errors, which give the
@@ -58,18 +61,5 @@ Result<std::vector<TenantSpec>> LoadTenantsFile(const std::string& path);
 // default tenant.
 int TenantOfCredentials(const std::vector<TenantSpec>& tenants, uint32_t uid,
                         const std::vector<uint32_t>& gids);
-
-// Binds client key ids to one tenant. Thread-safe (immutable).
-class TenantKeys {
- public:
-  // An empty name or "default": ids are used as sent.
-  explicit TenantKeys(std::string_view tenant);
-  bool identity() const { return identity_; }
-  KeyId Bind(const KeyId& id) const;
-
- private:
-  bool identity_ = true;
-  unsigned char prefix_[32] = {};
-};
 
 }  // namespace kvpool

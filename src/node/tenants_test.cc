@@ -15,7 +15,7 @@ TEST(TenantsTest, ParsesTenantsWithQuotasUidsAndGroups) {
       "# comment\n"
       "tenant alpha dram=8GiB ssd=100GiB uids=1001,root  # trailing comment\n"
       "\n"
-      "tenant b-2 dram=64MiB gids=2000\n",
+      "tenant b-2 dram=64MiB gids=2000 tokens=remote-a,remote-b\n",
       "f");
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   ASSERT_EQ(t->size(), 2u);
@@ -26,6 +26,7 @@ TEST(TenantsTest, ParsesTenantsWithQuotasUidsAndGroups) {
   EXPECT_EQ((*t)[1].name, "b-2");
   EXPECT_EQ((*t)[1].ssd_bytes, 0u);
   EXPECT_EQ((*t)[1].gids, (std::vector<uint32_t>{2000}));
+  EXPECT_EQ((*t)[1].tokens, (std::vector<std::string>{"remote-a", "remote-b"}));
 
   EXPECT_EQ(TenantOfCredentials(*t, 1001, {5}), 0);
   EXPECT_EQ(TenantOfCredentials(*t, 1002, {7, 2000}), 1);  // a supplementary group
@@ -42,7 +43,9 @@ TEST(TenantsTest, RefusesBadLinesWithTheLineAndTheReason) {
            Case{"tenant default dram=1GiB uids=1", "line 1: tenant name 'default'"},
            Case{"tenant Big dram=1GiB uids=1", "tenant name 'Big'"},
            Case{"tenant a uids=1", "needs a DRAM quota"},
-           Case{"tenant a dram=1GiB", "lists no uids or gids"},
+           Case{"tenant a dram=1GiB", "lists no uids, gids or tokens"},
+           Case{"tenant a dram=1GiB tokens=x\ntenant b dram=1GiB tokens=y,x",
+                "line 2: token 'x' already belongs to tenant 'a'"},
            Case{"tenant a dram=lots uids=1", "bad size 'lots'"},
            Case{"tenant a dram=1GiB uids=no-such-user-here", "unknown user 'no-such-user-here'"},
            Case{"tenant a dram=1GiB uids=1\ntenant b dram=1GiB uids=1",

@@ -82,11 +82,22 @@ void EncodeHello(const HelloRequest& m, std::vector<uint8_t>* out) {
   BodyWriter w(out);
   w.U32(m.client_version);
   w.Str(m.client_name);
+  if (m.has_token) {
+    w.Str(m.token_name);
+    w.Raw(m.token.data(), m.token.size());
+  }
 }
 
 Status DecodeHello(std::span<const uint8_t> body, HelloRequest* m) {
   BodyReader r(body);
   r.U32(&m->client_version) && r.Str(kMaxClientName, &m->client_name);
+  m->has_token = r.ok() && r.remaining() > 0;
+  if (m->has_token) {
+    std::span<const uint8_t> secret;
+    if (r.Str(kMaxClientName, &m->token_name) && r.Bytes(m->token.size(), &secret)) {
+      std::copy(secret.begin(), secret.end(), m->token.begin());
+    }
+  }
   return r.Finish("hello");
 }
 

@@ -7,6 +7,7 @@
 // Stateless functions; thread-safe.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -96,6 +97,11 @@ std::vector<uint8_t> EncodeFrame(MessageType type, uint64_t request_id, int32_t 
 struct HelloRequest {
   uint32_t client_version = kProtocolVersion;
   std::string client_name;
+  // Optional: a tenant token (the name and secret of a client token line),
+  // which puts the connection in the token's tenant.
+  std::string token_name;
+  std::array<uint8_t, 32> token{};
+  bool has_token = false;
 };
 struct HelloReply {
   uint64_t instance_id = 0;

@@ -126,8 +126,32 @@ TEST(CodecTest, StringsAreBounded) {
   HelloRequest req;
   EXPECT_FALSE(DecodeHello(body, &req).ok());
   body.clear();
-  EncodeHello(HelloRequest{1, std::string(kMaxClientName + 1, 'x')}, &body);
+  HelloRequest big;
+  big.client_name = std::string(kMaxClientName + 1, 'x');
+  EncodeHello(big, &body);
   EXPECT_NE(DecodeHello(body, &req).message().find("limit"), std::string::npos);
+}
+
+TEST(CodecTest, HelloCarriesAnOptionalTenantToken) {
+  HelloRequest plain;
+  plain.client_name = "engine";
+  std::vector<uint8_t> body;
+  EncodeHello(plain, &body);
+  HelloRequest back;
+  ASSERT_TRUE(DecodeHello(body, &back).ok());
+  EXPECT_FALSE(back.has_token);
+  HelloRequest with = plain;
+  with.has_token = true;
+  with.token_name = "alpha-jobs";
+  for (size_t i = 0; i < with.token.size(); ++i) with.token[i] = static_cast<uint8_t>(i * 7);
+  body.clear();
+  EncodeHello(with, &body);
+  ASSERT_TRUE(DecodeHello(body, &back).ok());
+  EXPECT_TRUE(back.has_token);
+  EXPECT_EQ(back.token_name, "alpha-jobs");
+  EXPECT_EQ(back.token, with.token);
+  body.pop_back();  // a token one byte short
+  EXPECT_EQ(DecodeHello(body, &back).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(CodecTest, RandomBytesNeverCrashDecoders) {

@@ -15,7 +15,8 @@
 // Bodies (n = item count, key = 16 bytes: hi u64, lo u64)
 // | type          | request body                          | reply body                                   |
 // |---------------|---------------------------------------|----------------------------------------------|
-// | Hello         | u32 client_version, str client_name   | u64 instance_id, u64 segment_bytes,          |
+// | Hello         | u32 client_version, str client_name,  | u64 instance_id, u64 segment_bytes,          |
+// |               | optional: str token_name, 32 B token  |                                              |
 // |               |                                       | u64 max_value_bytes, u32 max_batch,          |
 // |               |                                       | u32 max_frame_bytes, u64 staging_bytes;      |
 // |               |                                       | segment fd (SCM_RIGHTS), then the staging fd |

@@ -315,6 +315,12 @@ bool TieredStore::Contains(const KeyId& key) const {
   return dram_->Contains(key) || (ssd_ != nullptr && ssd_->Contains(key));
 }
 
+Result<uint64_t> TieredStore::SizeOf(const KeyId& key) {
+  if (auto pin = dram_->Acquire(key); pin.ok()) return pin->size();
+  if (ssd_ != nullptr) return ssd_->Lookup(key);
+  return NotFound("not held");
+}
+
 bool TieredStore::NeedsPromotion(const KeyId& key) const {
   return ssd_ != nullptr && !dram_->Contains(key) && ssd_->Contains(key);
 }

@@ -104,6 +104,8 @@ class TieredStore {
   void AcquireOrPromote(const KeyId& key, Done&& done);
   // In either tier.
   bool Contains(const KeyId& key) const;
+  // The size of the entry wherever it is held; NotFound when in neither tier.
+  Result<uint64_t> SizeOf(const KeyId& key);
   // In DRAM (not counted as an access).
   bool InDram(const KeyId& key) const { return dram_->Contains(key); }
   // True when the key is on SSD but not in DRAM: a read of it waits for a
