@@ -208,7 +208,8 @@ int CountTags(const uint8_t* p, size_t n, const std::string& owner = "alpha") {
   int found = 0;
   const std::string tag = "kvpool-tenant-test:" + owner + ":";
   for (const uint8_t* q = p; q + tag.size() <= p + n;) {
-    q = static_cast<const uint8_t*>(memmem(q, static_cast<size_t>(p + n - q), tag.data(), tag.size()));
+    q = static_cast<const uint8_t*>(
+        memmem(q, static_cast<size_t>(p + n - q), tag.data(), tag.size()));
     if (q == nullptr) break;
     ++found;
     q += tag.size();
@@ -502,8 +503,9 @@ TEST_F(TenantTest, NoTenantReadsPoisonsOrEvictsAnotherAndNoClientChangesACommitt
     return std::to_string(lost);
   });
   EXPECT_EQ(r, "0");
-  Metric("cross_tenant_evictions", std::atoi(r.c_str()) + (after["dram"]["evictions"].get<int64_t>() -
-                                                           before["dram"]["evictions"].get<int64_t>()));
+  const int64_t alpha_evicted = after["dram"]["evictions"].get<int64_t>() -
+                                before["dram"]["evictions"].get<int64_t>();
+  Metric("cross_tenant_evictions", static_cast<double>(std::atoi(r.c_str()) + alpha_evicted));
   EXPECT_EQ(over, 0);
   Metric("quota_overrun_bytes", static_cast<double>(over));
 }
@@ -592,7 +594,8 @@ TEST_F(TenantTest, ATenantsFileOthersMayWriteOrABadLineStopsTheStartSayingWhy) {
   chmod(tenants_.c_str(), 0644);
   n = NodeProcess::Start({"--tenants-file", tenants_}, "", &log);
   EXPECT_EQ(n, nullptr);
-  EXPECT_NE(log.find("line 2: tenant 'beta' lists no uids, gids or tokens"), std::string::npos) << log;
+  EXPECT_NE(log.find("line 2: tenant 'beta' lists no uids, gids or tokens"), std::string::npos)
+      << log;
   std::ofstream(tenants_) << "tenant alpha dram=32MiB ssd=1GiB uids=1\n";
   n = NodeProcess::Start({"--tenants-file", tenants_}, "", &log);
   EXPECT_EQ(n, nullptr);
@@ -619,7 +622,8 @@ TEST_F(TenantTest, ATenantTokenInTheHandshakePutsAClientInItsTenantAndAWrongOneI
             "tenant alpha dram=32MiB uids=" + std::to_string(kAlphaUid) + " tokens=alpha-jobs\n" +
                 "tenant bee dram=16MiB uids=" + std::to_string(kBeeUid) + "\n",
             0, 0644);
-  std::string tokens = WriteFile(dir_ + "/client.tokens", std::string("alpha-jobs ") + kSecret + "\n", 0, 0600);
+  std::string tokens =
+      WriteFile(dir_ + "/client.tokens", std::string("alpha-jobs ") + kSecret + "\n", 0, 0600);
   std::string log;
   node_ = NodeProcess::Start({"--tenants-file", tenants_, "--socket-group", "nogroup",
                               "--client-token-file", tokens},
@@ -657,7 +661,9 @@ TEST_F(TenantTest, ATenantTokenInTheHandshakePutsAClientInItsTenantAndAWrongOneI
     kvpool_client* c = Open(sock);
     if (c == nullptr) return std::string("open failed");
     int read = 0;
-    for (int i = 0; i < 5; ++i) read += Reads(c, "job-" + std::to_string(i), Value("alpha", i, 4096));
+    for (int i = 0; i < 5; ++i) {
+      read += Reads(c, "job-" + std::to_string(i), Value("alpha", i, 4096));
+    }
     kvpool_close(c);
     return std::to_string(read);
   });

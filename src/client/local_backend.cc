@@ -552,7 +552,8 @@ Status LocalBackend::Put(std::span<const KeyId> keys, const void* const* values,
       size_t m = 0;
       uint64_t bytes = 0;
       while (off + m < n) {
-        uint64_t add = (sizes[off + m] + protocol::kStagingAlign - 1) / protocol::kStagingAlign * protocol::kStagingAlign;
+        constexpr uint64_t kAlign = protocol::kStagingAlign;
+        uint64_t add = (sizes[off + m] + kAlign - 1) / kAlign * kAlign;
         if (staging > 0 && m > 0 && bytes + add > staging) break;
         bytes += add;
         ++m;

@@ -31,6 +31,19 @@ void ReplyWithPin(Responder& responder, TieredStore::Pin pin) {
   responder.Respond(std::move(reply));
 }
 
+// Answers OK with the body encode(body) writes, kept until the transport
+// has sent it.
+template <typename Encode>
+void RespondWithBody(Responder& responder, Encode&& encode) {
+  auto body = std::make_shared<std::vector<uint8_t>>();
+  encode(body.get());
+  ServerReply reply;
+  reply.status = Status::Ok();
+  reply.payload = *body;
+  reply.release = [body] {};
+  responder.Respond(std::move(reply));
+}
+
 }  // namespace
 
 const ClientTenant* PeerServer::TenantOf(const Incoming& in) const {
@@ -49,13 +62,7 @@ void PeerServer::TenantLookup(const ClientTenant& t, std::vector<KeyId> keys, Re
     results[i].size = *size;
     results[i].holders.push_back({cluster_->node_id(), cluster_->incarnation()});
   }
-  auto body = std::make_shared<std::vector<uint8_t>>();
-  EncodeLookupReply(results, body.get());
-  ServerReply reply;
-  reply.status = Status::Ok();
-  reply.payload = *body;
-  reply.release = [body] {};
-  r.Respond(std::move(reply));
+  RespondWithBody(r, [&](std::vector<uint8_t>* body) { EncodeLookupReply(results, body); });
 }
 
 PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer* announcer,
@@ -94,15 +101,11 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
     std::vector<KeyId> keys;
     Status s = DecodeLookup(in.payload, &keys);
     if (!s.ok()) return r.Respond(s);
-    if (const ClientTenant* t = TenantOf(in)) return TenantLookup(*t, std::move(keys), std::move(r));
+    if (const ClientTenant* t = TenantOf(in)) {
+      return TenantLookup(*t, std::move(keys), std::move(r));
+    }
     auto results = directory_->Lookup(keys);
-    auto body = std::make_shared<std::vector<uint8_t>>();
-    EncodeLookupReply(results, body.get());
-    ServerReply reply;
-    reply.status = Status::Ok();
-    reply.payload = *body;
-    reply.release = [body] {};
-    r.Respond(std::move(reply));
+    RespondWithBody(r, [&](std::vector<uint8_t>* body) { EncodeLookupReply(results, body); });
   });
   t->RegisterHandler(kPeerFetch, [this](Incoming in, Responder r) {
     if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
@@ -154,13 +157,9 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
   // Remote-mode clients learn the membership from any node.
   t->RegisterHandler(kPeerMembers, [this](Incoming, Responder r) {
     if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
-    auto body = std::make_shared<std::vector<uint8_t>>();
-    EncodeMembersReply(*cluster_->view(), body.get());
-    ServerReply reply;
-    reply.status = Status::Ok();
-    reply.payload = *body;
-    reply.release = [body] {};
-    r.Respond(std::move(reply));
+    RespondWithBody(r, [&](std::vector<uint8_t>* body) {
+      EncodeMembersReply(*cluster_->view(), body);
+    });
   });
   // A fenced node missed whatever was published or unpublished meanwhile
   // (its handlers refuse while fenced, and a paused process hears nothing):

@@ -29,15 +29,18 @@ LocalOps::LocalOps(const LocalServerOptions& o, TieredStore* tiered, RemoteSourc
     t.parked = std::make_unique<ParkedReads>(store, rs, wake_fd, m);
     t.keys = TenantKeys(name);
     Labels l = {{"tenant", name}};
-    t.hits = m->GetCounter("kvpool_tenant_hits_total", "Acquire and get items that hit, per tenant", l);
+    t.hits =
+        m->GetCounter("kvpool_tenant_hits_total", "Acquire and get items that hit, per tenant", l);
     t.misses =
-        m->GetCounter("kvpool_tenant_misses_total", "Acquire and get items that missed, per tenant", l);
+        m->GetCounter("kvpool_tenant_misses_total", "Acquire and get items that missed, per tenant",
+                      l);
     t.rejected = m->GetCounter("kvpool_tenant_rejected_total",
                                "Put or reserve items refused (no space, too large), per tenant", l);
     t.bytes_written =
         m->GetCounter("kvpool_tenant_bytes_written_total", "Value bytes committed, per tenant", l);
     t.bytes_read =
-        m->GetCounter("kvpool_tenant_bytes_read_total", "Value bytes handed to readers, per tenant", l);
+        m->GetCounter("kvpool_tenant_bytes_read_total", "Value bytes handed to readers, per tenant",
+                      l);
     tenants_.push_back(std::move(t));
   };
   add(kDefaultTenant, tiered, remote);

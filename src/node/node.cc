@@ -145,7 +145,9 @@ class NodeImpl final : public Node {
       }
       for (const auto& token : t.tokens) {
         bool known = std::any_of(client_tokens_.begin(), client_tokens_.end(),
-                                 [&](const transport::ClusterKey& k) { return k.principal == token; });
+                                 [&](const transport::ClusterKey& k) {
+                                   return k.principal == token;
+                                 });
         if (!known) {
           LogWarn("tenant {}: token '{}' is not in --client-token-file; no client can use it",
                   t.name, token);
@@ -196,10 +198,11 @@ class NodeImpl final : public Node {
     auto dram = [store](uint64_t DramStats::*f) {
       return [store, f] { return static_cast<double>(store->GetDramStats().*f); };
     };
-    metrics_.AddCallbackGauge("kvpool_tenant_dram_capacity_bytes", "DRAM quota (segment), per tenant",
-                              l, dram(&DramStats::capacity_bytes), this);
-    metrics_.AddCallbackGauge("kvpool_tenant_dram_used_bytes", "DRAM bytes of values, per tenant", l,
-                              dram(&DramStats::used_bytes), this);
+    metrics_.AddCallbackGauge("kvpool_tenant_dram_capacity_bytes",
+                              "DRAM quota (segment), per tenant", l,
+                              dram(&DramStats::capacity_bytes), this);
+    metrics_.AddCallbackGauge("kvpool_tenant_dram_used_bytes", "DRAM bytes of values, per tenant",
+                              l, dram(&DramStats::used_bytes), this);
     metrics_.AddCallbackGauge("kvpool_tenant_dram_entries", "DRAM entries, per tenant", l,
                               dram(&DramStats::entries), this);
     metrics_.AddCallbackGauge("kvpool_tenant_dram_evictions",
@@ -289,7 +292,8 @@ class NodeImpl final : public Node {
     cluster::ClientTenants client_tenants;
     for (auto& t : tenants_) {
       for (const auto& token : t.spec.tokens) {
-        client_tenants.emplace(token, cluster::ClientTenant{t.store.get(), TenantKeys(t.spec.name)});
+        client_tenants.emplace(token,
+                               cluster::ClientTenant{t.store.get(), TenantKeys(t.spec.name)});
       }
     }
     peer_server_ = std::make_unique<cluster::PeerServer>(

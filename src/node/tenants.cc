@@ -99,7 +99,9 @@ Result<std::vector<TenantSpec>> ParseTenants(std::string_view text, std::string_
       size_t eq = w[i].find('=');
       std::string key = w[i].substr(0, eq);
       std::string val = eq == std::string::npos ? "" : w[i].substr(eq + 1);
-      if (eq == std::string::npos || val.empty()) return bad(fmt::format("'{}' has no value", w[i]));
+      if (eq == std::string::npos || val.empty()) {
+        return bad(fmt::format("'{}' has no value", w[i]));
+      }
       if (key == "dram" || key == "ssd") {
         uint64_t v = 0;
         if (!SettingsTable::ParseBytes(val, &v)) return bad(fmt::format("bad size '{}'", val));
@@ -170,7 +172,9 @@ Result<std::vector<TenantSpec>> LoadTenantsFile(const std::string& path) {
   if (bad.ok()) {
     text.resize(static_cast<size_t>(st.st_size));
     ssize_t n = read(fd, text.data(), text.size());
-    if (n < 0) bad = FailedPrecondition(fmt::format("tenants file {}: {}", path, std::strerror(errno)));
+    if (n < 0) {
+      bad = FailedPrecondition(fmt::format("tenants file {}: {}", path, std::strerror(errno)));
+    }
     text.resize(n < 0 ? 0 : static_cast<size_t>(n));
   }
   ::close(fd);
