@@ -119,6 +119,9 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
 
   Status PutInPlace(std::span<const KeyId> keys, const void* const* values,
                     const uint64_t* sizes, kvpool_status* statuses);
+  void CopyAndCommitInChunks(const std::vector<size_t>& idx, const kvpool_region* regions,
+                             const void* const* values, const uint64_t* sizes,
+                             kvpool_status* statuses);
   Status Put(std::span<const KeyId> keys, const void* const* values, const uint64_t* sizes,
              kvpool_status* statuses) override;
   Status Get(std::span<const KeyId> keys, void* const* buffers, const uint64_t* capacities,
@@ -520,20 +523,101 @@ Status LocalBackend::PutInPlace(std::span<const KeyId> keys, const void* const* 
       st != KVPOOL_RESOURCE_EXHAUSTED) {
     return rs;  // an item's failure is reported from statuses
   }
-  std::vector<uint64_t> handles;
   std::vector<size_t> idx;
-  handles.reserve(n);
   for (size_t i = 0; i < n; ++i) {
-    if (statuses[i] != KVPOOL_OK) continue;
+    if (statuses[i] == KVPOOL_OK) idx.push_back(i);
+  }
+  if (idx.empty()) return Status::Ok();
+  bool staged;
+  {
+    std::lock_guard lock(mu_);
+    staged = hello_.staging_bytes > 0;
+  }
+  if (staged && idx.size() > 1) {
+    CopyAndCommitInChunks(idx, regions.data(), values, sizes, statuses);
+    return Status::Ok();
+  }
+  std::vector<uint64_t> handles;
+  handles.reserve(idx.size());
+  for (size_t i : idx) {
     std::memcpy(regions[i].data, values[i], sizes[i]);
     handles.push_back(regions[i].handle);
-    idx.push_back(i);
   }
-  if (handles.empty()) return Status::Ok();
   std::vector<kvpool_status> cst(handles.size());
   Commit(handles, cst.data()).IgnoreError();  // unanswered items are in cst
   for (size_t k = 0; k < idx.size(); ++k) statuses[idx[k]] = cst[k];
   return Status::Ok();
+}
+
+// The items idx of one reserve call (all on one connection), copied into
+// their staging ranges and committed in chunks without waiting for each
+// answer: the node copies one chunk from the staging area into the segment
+// while this thread copies the next. Sets statuses[idx[k]].
+void LocalBackend::CopyAndCommitInChunks(const std::vector<size_t>& idx,
+                                         const kvpool_region* regions, const void* const* values,
+                                         const uint64_t* sizes, kvpool_status* statuses) {
+  const uint64_t first = regions[idx[0]].handle;
+  const int slot = static_cast<int>(first >> kSlotShift);
+  const uint8_t gen = static_cast<uint8_t>(first >> kGenShift);
+  const uint16_t conn = static_cast<uint16_t>(first >> kGenShift);
+  auto deadline = DeadlineOf();
+  auto lease = Borrow(deadline, slot);
+  if (!lease.ok()) {
+    for (size_t i : idx) statuses[i] = static_cast<kvpool_status>(lease.status().code());
+    return;
+  }
+  if (lease->s().gen != gen || !lease->link() || lease->link()->broken()) {
+    // The connection died: the node dropped the reservations.
+    ReturnRetired(conn, static_cast<int64_t>(idx.size()));
+    for (size_t i : idx) statuses[i] = KVPOOL_UNAVAILABLE;
+    return;
+  }
+  AddOutstanding(slot, -static_cast<int64_t>(idx.size()));
+  uint64_t total = 0;
+  for (size_t i : idx) total += sizes[i];
+  // About eight chunks, none under 256 KiB: enough to overlap the two
+  // copies, few enough that the frames cost nothing.
+  const uint64_t chunk_bytes = std::max<uint64_t>(256 << 10, total / 8);
+  const size_t max_batch = MaxBatch();
+  std::vector<std::pair<size_t, size_t>> chunks;  // [begin, end) into idx
+  std::vector<uint64_t> ids;
+  Status s = Status::Ok();
+  for (size_t b = 0; b < idx.size() && s.ok();) {
+    size_t e = b;
+    uint64_t bytes = 0;
+    std::vector<uint64_t> list;
+    while (e < idx.size() && e - b < max_batch && (e == b || bytes < chunk_bytes)) {
+      const size_t i = idx[e++];
+      std::memcpy(regions[i].data, values[i], sizes[i]);
+      bytes += sizes[i];
+      list.push_back(regions[i].handle & kNodeHandleMask);
+    }
+    std::vector<uint8_t> body;
+    protocol::EncodeHandles(list, &body);
+    iovec iov{body.data(), body.size()};
+    auto id = lease->link()->Begin(MessageType::kCommit, std::span(&iov, 1), deadline);
+    if (!id.ok()) {
+      s = id.status();
+      break;
+    }
+    chunks.emplace_back(b, e);
+    ids.push_back(*id);
+    b = e;
+  }
+  // Items of chunks never sent keep the send's failure.
+  const kvpool_status unsent = s.ok() ? KVPOOL_INTERNAL : static_cast<kvpool_status>(s.code());
+  for (size_t i : idx) statuses[i] = unsent;
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    auto [b, e] = chunks[k];
+    std::vector<uint8_t> reply;
+    Status rs = lease->link()->Finish(MessageType::kCommit, ids[k], deadline, &reply);
+    std::vector<int32_t> st;
+    if (rs.ok()) rs = protocol::DecodeStatuses(reply, protocol::kMaxBatch, &st);
+    if (rs.ok() && st.size() != e - b) rs = Internal("reply item count does not match the request");
+    for (size_t j = b; j < e; ++j) {
+      statuses[idx[j]] = rs.ok() ? st[j - b] : static_cast<kvpool_status>(rs.code());
+    }
+  }
 }
 
 Status LocalBackend::Put(std::span<const KeyId> keys, const void* const* values,

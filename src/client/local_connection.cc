@@ -330,8 +330,19 @@ Status LocalConnection::ReadReply(uint64_t request_id, Clock::time_point deadlin
 
 Status LocalConnection::Call(MessageType type, std::span<const iovec> body,
                              Clock::time_point deadline, std::vector<uint8_t>* reply) {
+  KVPOOL_ASSIGN_OR_RETURN(uint64_t id, Begin(type, body, deadline));
+  return Finish(type, id, deadline, reply);
+}
+
+Result<uint64_t> LocalConnection::Begin(MessageType type, std::span<const iovec> body,
+                                        Clock::time_point deadline) {
   uint64_t id = next_request_id_++;
   KVPOOL_RETURN_IF_ERROR(WriteFrame(type, id, body, deadline));
+  return id;
+}
+
+Status LocalConnection::Finish(MessageType type, uint64_t id, Clock::time_point deadline,
+                               std::vector<uint8_t>* reply) {
   FrameHeader h;
   KVPOOL_RETURN_IF_ERROR(ReadReply(id, deadline, &h, reply, nullptr));
   uint16_t want = static_cast<uint16_t>(type) | protocol::kReplyBit;

@@ -56,6 +56,13 @@ class LocalConnection {
   // leaves the connection usable.
   Status Call(protocol::MessageType type, std::span<const iovec> body, Clock::time_point deadline,
               std::vector<uint8_t>* reply);
+  // Call in two halves, so several requests can be in flight: Begin sends
+  // one and returns its id; Finish waits for that id's reply. The node
+  // answers in order, so requests must be finished in the order begun.
+  Result<uint64_t> Begin(protocol::MessageType type, std::span<const iovec> body,
+                         Clock::time_point deadline);
+  Status Finish(protocol::MessageType type, uint64_t id, Clock::time_point deadline,
+                std::vector<uint8_t>* reply);
   // Sends a request that has no reply (release, abort).
   Status Send(protocol::MessageType type, std::span<const iovec> body, Clock::time_point deadline);
   bool broken() const { return fd_ < 0; }
