@@ -34,7 +34,7 @@ class Raw {
     ASSERT_EQ(send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
   }
   static std::vector<uint8_t> Frame(MessageType type, const std::vector<uint8_t>& body,
-                                    uint32_t magic = protocol::kMagic, uint16_t version = 1,
+                                    uint32_t magic = protocol::kMagic, uint16_t version = protocol::kProtocolVersion,
                                     int64_t body_len = -1) {
     std::vector<uint8_t> f(protocol::kHeaderBytes);
     FrameHeader h;
@@ -159,13 +159,15 @@ TEST_F(MalformedInput, BadVersionIsAnsweredAndClosed) {
 TEST_F(MalformedInput, OversizedFramesAreRefusedBeforeAllocation) {
   {
     Raw r(node_->socket());  // before the handshake: 4 KiB at most
-    r.Send(Raw::Frame(MessageType::kHello, {}, protocol::kMagic, 1, 1 << 20));
+    r.Send(
+        Raw::Frame(MessageType::kHello, {}, protocol::kMagic, protocol::kProtocolVersion, 1 << 20));
     ExpectErrorThenClose(r, "over the limit of 4096");
   }
   {
     Raw r(node_->socket());  // after it: the frame limit, here a 2 GiB claim
     r.Hello();
-    r.Send(Raw::Frame(MessageType::kPut, {}, protocol::kMagic, 1, 0x7fffffff));
+    r.Send(Raw::Frame(MessageType::kPut, {}, protocol::kMagic, protocol::kProtocolVersion,
+                      0x7fffffff));
     ExpectErrorThenClose(r, "over the limit");
   }
   EXPECT_EQ(Errors("frame_too_large"), 2);

@@ -26,6 +26,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -525,10 +526,21 @@ TEST_F(TenantTest, EachTenantsFiguresShowInKvpoolctlMetricsAndStatusAndOthersAre
     int ok = PutMany(c, "alpha", "k-", 3, 4096);
     std::vector<kvpool_key_id> ids = {C(Id("k-0")), C(Id("k-1")), C(Id("absent"))};
     int hits = Hits(c, ids);
+    // The node's statistics show a client its own tenant only.
+    std::vector<char> buf(1 << 20);
+    size_t len = 0;
+    std::string seen = "none";
+    if (kvpool_stats_json(c, buf.data(), buf.size(), &len) == KVPOOL_OK) {
+      auto j = nlohmann::json::parse(std::string(buf.data(), len), nullptr, false);
+      seen.clear();
+      if (!j.is_discarded()) {
+        for (const auto& t : j["tenants"]) seen += t.value("name", "?") + ",";
+      }
+    }
     kvpool_close(c);
-    return std::to_string(ok) + " " + std::to_string(hits);
+    return std::to_string(ok) + " " + std::to_string(hits) + " " + seen;
   });
-  EXPECT_EQ(r, "3 2");
+  EXPECT_EQ(r, "3 2 alpha,");
   // A uid in no tenant is the default tenant.
   r = AsUser(64099, [&] {
     kvpool_client* c = Open(sock);
@@ -668,6 +680,57 @@ TEST_F(TenantTest, ATenantTokenInTheHandshakePutsAClientInItsTenantAndAWrongOneI
     return std::to_string(read);
   });
   EXPECT_EQ(r, "5");
+}
+
+}  // namespace
+}  // namespace kvpool::testing
+
+namespace kvpool::testing {
+namespace {
+
+// Puts from several threads share a client's connections: each batch is
+// reserved, copied and committed on one connection held throughout, so no
+// batch finds its connection's staging area taken by another's.
+TEST(StagingTest, ConcurrentBatchPutsThroughTheStagingAreaAllSucceed) {
+  std::string log;
+  auto node = NodeProcess::Start({"--dram-capacity", "768MiB"}, "", &log);
+  ASSERT_NE(node, nullptr) << log;
+  kvpool_options o;
+  kvpool_options_init(&o);
+  std::string sock = node->socket();
+  o.socket_path = sock.c_str();
+  o.max_connections = 2;
+  kvpool_status st = KVPOOL_OK;
+  kvpool_client* c = kvpool_open(&o, &st);
+  ASSERT_NE(c, nullptr) << kvpool_last_error();
+  constexpr int kThreads = 4, kBatch = 40;  // 40 MiB a batch, staging 64 MiB a connection
+  std::vector<int> failed(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<std::vector<uint8_t>> vals;
+      std::vector<kvpool_key_id> ids;
+      std::vector<const void*> ptrs;
+      std::vector<uint64_t> sizes;
+      for (int i = 0; i < kBatch; ++i) {
+        vals.push_back(Value("t" + std::to_string(t), i, 1 << 20));
+        ids.push_back(C(Id("concurrent-" + std::to_string(t) + "-" + std::to_string(i))));
+      }
+      for (auto& v : vals) {
+        ptrs.push_back(v.data());
+        sizes.push_back(v.size());
+      }
+      std::vector<kvpool_status> item(kBatch, -1);
+      kvpool_put(c, ids.data(), ptrs.data(), sizes.data(), kBatch, item.data());
+      for (int i = 0; i < kBatch; ++i) failed[t] += item[i] != KVPOOL_OK;
+      for (int i = 0; i < kBatch; ++i) {
+        failed[t] += !Reads(c, "concurrent-" + std::to_string(t) + "-" + std::to_string(i), vals[i]);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  kvpool_close(c);
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failed[t], 0) << "thread " << t;
 }
 
 }  // namespace

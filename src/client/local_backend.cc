@@ -1,12 +1,14 @@
 // The local backend of the C ABI: a pool of connections to the node's Unix
 // socket and the mapped shared segment (see backend.h).
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,6 +38,10 @@ struct Mapping {
   uint8_t* base = nullptr;
   uint64_t size = 0;
   uint64_t instance_id = 0;
+  // The segment's file: a node serves one segment per tenant, so a new
+  // connection reuses a mapping only of the same file.
+  dev_t dev = 0;
+  ino_t ino = 0;
   ~Mapping() {
     if (base != nullptr) ::munmap(base, size);
   }
@@ -119,9 +125,9 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
 
   Status PutInPlace(std::span<const KeyId> keys, const void* const* values,
                     const uint64_t* sizes, kvpool_status* statuses);
-  void CopyAndCommitInChunks(const std::vector<size_t>& idx, const kvpool_region* regions,
-                             const void* const* values, const uint64_t* sizes,
-                             kvpool_status* statuses);
+  void CopyAndCommit(Lease& lease, Clock::time_point deadline, bool staged,
+                     const std::vector<size_t>& idx, const kvpool_region* regions,
+                     const void* const* values, const uint64_t* sizes, kvpool_status* statuses);
   Status Put(std::span<const KeyId> keys, const void* const* values, const uint64_t* sizes,
              kvpool_status* statuses) override;
   Status Get(std::span<const KeyId> keys, void* const* buffers, const uint64_t* capacities,
@@ -263,15 +269,22 @@ Status LocalBackend::ConnectSlot(int slot, Clock::time_point deadline) {
     return Internal("the node did not pass the connection's staging area");
   }
   std::shared_ptr<Mapping> mapping;
+  struct stat seg_stat {};
+  if (fd >= 0 && fstat(fd, &seg_stat) != 0) seg_stat = {};
   {
     std::lock_guard lock(mu_);
-    if (mapping_ && mapping_->instance_id == link->hello().instance_id) mapping = mapping_;
+    if (mapping_ && mapping_->instance_id == link->hello().instance_id &&
+        mapping_->dev == seg_stat.st_dev && mapping_->ino == seg_stat.st_ino) {
+      mapping = mapping_;
+    }
   }
   if (!mapping && !options_.copy_mode) {
     if (fd < 0) return Internal("the node did not pass its segment");
     auto m = std::make_shared<Mapping>();
     m->size = link->hello().segment_bytes;
     m->instance_id = link->hello().instance_id;
+    m->dev = seg_stat.st_dev;
+    m->ino = seg_stat.st_ino;
     // MAP_POPULATE builds the page tables now, so the first get does not
     // take a minor fault per 4 KiB page.
     // Read-only when the node gave a staging area: the fd is sealed
@@ -288,9 +301,7 @@ Status LocalBackend::ConnectSlot(int slot, Clock::time_point deadline) {
   }
   if (fd >= 0) ::close(fd);
   std::lock_guard lock(mu_);
-  if (mapping && (!mapping_ || mapping_->instance_id != mapping->instance_id)) {
-    mapping_ = mapping;
-  }
+  if (mapping && mapping_ != mapping) mapping_ = mapping;
   hello_ = link->hello();
   Slot& s = slots_[slot];
   RetireLocked(slot);
@@ -504,80 +515,59 @@ Status LocalBackend::Acquire(std::span<const KeyId> keys, kvpool_region* regions
   return Regions(keys.size(), MessageType::kAcquire, body_of, regions, statuses);
 }
 
-// The first item that failed (AlreadyExists counts as done), or OK.
-kvpool_status FirstFailure(const kvpool_status* statuses, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    if (statuses[i] != KVPOOL_OK && statuses[i] != KVPOOL_ALREADY_EXISTS) return statuses[i];
-  }
-  return KVPOOL_OK;
-}
-
-// One reserve batch of a put: reserve, copy, commit.
+// One reserve batch of a put: reserve, copy, commit, on one connection
+// held throughout, so no other thread's put takes this connection's
+// staging room between the reserve and the commit.
 Status LocalBackend::PutInPlace(std::span<const KeyId> keys, const void* const* values,
                                 const uint64_t* sizes, kvpool_status* statuses) {
-  size_t n = keys.size();
-  std::vector<kvpool_region> regions(n);
-  Status rs = Reserve(keys, sizes, regions.data(), statuses);
-  kvpool_status st = rs.ok() ? FirstFailure(statuses, n) : static_cast<kvpool_status>(rs.code());
-  if (st != KVPOOL_OK && st != KVPOOL_ALREADY_EXISTS && st != KVPOOL_INVALID_ARGUMENT &&
-      st != KVPOOL_RESOURCE_EXHAUSTED) {
-    return rs;  // an item's failure is reported from statuses
-  }
-  std::vector<size_t> idx;
-  for (size_t i = 0; i < n; ++i) {
-    if (statuses[i] == KVPOOL_OK) idx.push_back(i);
-  }
-  if (idx.empty()) return Status::Ok();
+  const size_t n = keys.size();
+  const uint32_t max_batch = MaxBatch();
   bool staged;
   {
     std::lock_guard lock(mu_);
     staged = hello_.staging_bytes > 0;
   }
-  if (staged && idx.size() > 1) {
-    CopyAndCommitInChunks(idx, regions.data(), values, sizes, statuses);
+  std::vector<kvpool_region> regions(n);
+  Status s = WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+    for (size_t off = 0; off < n; off += max_batch) {
+      size_t m = std::min<size_t>(max_batch, n - off);
+      std::vector<protocol::SizedKey> items(m);
+      for (size_t i = 0; i < m; ++i) items[i] = {keys[off + i], sizes[off + i]};
+      std::vector<uint8_t> body;
+      protocol::EncodeSizedKeys(items, &body);
+      KVPOOL_RETURN_IF_ERROR(RegionCall(lease, deadline, MessageType::kReserve, body, m,
+                                        regions.data() + off, statuses + off));
+    }
+    std::vector<size_t> idx;
+    for (size_t i = 0; i < n; ++i) {
+      if (statuses[i] == KVPOOL_OK) idx.push_back(i);
+    }
+    if (!idx.empty()) {
+      CopyAndCommit(lease, deadline, staged, idx, regions.data(), values, sizes, statuses);
+    }
     return Status::Ok();
-  }
-  std::vector<uint64_t> handles;
-  handles.reserve(idx.size());
-  for (size_t i : idx) {
-    std::memcpy(regions[i].data, values[i], sizes[i]);
-    handles.push_back(regions[i].handle);
-  }
-  std::vector<kvpool_status> cst(handles.size());
-  Commit(handles, cst.data()).IgnoreError();  // unanswered items are in cst
-  for (size_t k = 0; k < idx.size(); ++k) statuses[idx[k]] = cst[k];
-  return Status::Ok();
+  });
+  if (!s.ok()) FillStatuses(statuses, 0, n, s);
+  return s;
 }
 
-// The items idx of one reserve call (all on one connection), copied into
-// their staging ranges and committed in chunks without waiting for each
-// answer: the node copies one chunk from the staging area into the segment
-// while this thread copies the next. Sets statuses[idx[k]].
-void LocalBackend::CopyAndCommitInChunks(const std::vector<size_t>& idx,
-                                         const kvpool_region* regions, const void* const* values,
-                                         const uint64_t* sizes, kvpool_status* statuses) {
-  const uint64_t first = regions[idx[0]].handle;
-  const int slot = static_cast<int>(first >> kSlotShift);
-  const uint8_t gen = static_cast<uint8_t>(first >> kGenShift);
-  const uint16_t conn = static_cast<uint16_t>(first >> kGenShift);
-  auto deadline = DeadlineOf();
-  auto lease = Borrow(deadline, slot);
-  if (!lease.ok()) {
-    for (size_t i : idx) statuses[i] = static_cast<kvpool_status>(lease.status().code());
-    return;
-  }
-  if (lease->s().gen != gen || !lease->link() || lease->link()->broken()) {
-    // The connection died: the node dropped the reservations.
-    ReturnRetired(conn, static_cast<int64_t>(idx.size()));
-    for (size_t i : idx) statuses[i] = KVPOOL_UNAVAILABLE;
-    return;
-  }
-  AddOutstanding(slot, -static_cast<int64_t>(idx.size()));
+// The reserved items idx, copied into their regions and committed on the
+// lease they were reserved on. With a staging area the commits go in chunks
+// without waiting for each answer: the node copies one chunk from the
+// staging area into the segment while this thread copies the next. Sets
+// statuses[idx[k]].
+void LocalBackend::CopyAndCommit(Lease& lease, Clock::time_point deadline, bool staged,
+                                 const std::vector<size_t>& idx, const kvpool_region* regions,
+                                 const void* const* values, const uint64_t* sizes,
+                                 kvpool_status* statuses) {
+  AddOutstanding(lease.slot(), -static_cast<int64_t>(idx.size()));
   uint64_t total = 0;
   for (size_t i : idx) total += sizes[i];
   // About eight chunks, none under 256 KiB: enough to overlap the two
-  // copies, few enough that the frames cost nothing.
-  const uint64_t chunk_bytes = std::max<uint64_t>(256 << 10, total / 8);
+  // copies, few enough that the frames cost nothing. In place, the node
+  // copies nothing: one commit per batch.
+  const uint64_t chunk_bytes =
+      staged ? std::max<uint64_t>(256 << 10, total / 8) : std::numeric_limits<uint64_t>::max();
   const size_t max_batch = MaxBatch();
   std::vector<std::pair<size_t, size_t>> chunks;  // [begin, end) into idx
   std::vector<uint64_t> ids;
@@ -595,7 +585,7 @@ void LocalBackend::CopyAndCommitInChunks(const std::vector<size_t>& idx,
     std::vector<uint8_t> body;
     protocol::EncodeHandles(list, &body);
     iovec iov{body.data(), body.size()};
-    auto id = lease->link()->Begin(MessageType::kCommit, std::span(&iov, 1), deadline);
+    auto id = lease.link()->Begin(MessageType::kCommit, std::span(&iov, 1), deadline);
     if (!id.ok()) {
       s = id.status();
       break;
@@ -610,7 +600,7 @@ void LocalBackend::CopyAndCommitInChunks(const std::vector<size_t>& idx,
   for (size_t k = 0; k < chunks.size(); ++k) {
     auto [b, e] = chunks[k];
     std::vector<uint8_t> reply;
-    Status rs = lease->link()->Finish(MessageType::kCommit, ids[k], deadline, &reply);
+    Status rs = lease.link()->Finish(MessageType::kCommit, ids[k], deadline, &reply);
     std::vector<int32_t> st;
     if (rs.ok()) rs = protocol::DecodeStatuses(reply, protocol::kMaxBatch, &st);
     if (rs.ok() && st.size() != e - b) rs = Internal("reply item count does not match the request");

@@ -172,9 +172,11 @@ Result<std::unique_ptr<LocalConnection>> LocalConnection::Connect(const std::str
   FrameHeader h;
   std::vector<uint8_t> reply;
   int passed[2] = {-1, -1};
-  KVPOOL_RETURN_IF_ERROR(c->ReadReply(id, deadline, &h, &reply, passed));
+  Status read = c->ReadReply(id, deadline, &h, &reply, passed);
+  // Owned by the connection from here, so closed with it on any error.
   c->segment_fd_ = passed[0];
   c->staging_fd_ = passed[1];
+  KVPOOL_RETURN_IF_ERROR(read);
   if (h.status != 0) {
     std::string msg;
     protocol::DecodeString(reply, &msg).IgnoreError();

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <openssl/crypto.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstring>
 #include <utility>
 
@@ -349,6 +351,7 @@ Status LocalOps::OnReserve(LocalSession& c, const FrameHeader& h, std::span<cons
       staged = c.staging->Allocate(sized_[i].size);
       if (staged == StagingArea::kNone) {  // the batch outgrew the staging area
         regions_[i].status = static_cast<int32_t>(StatusCode::kResourceExhausted);
+        put_failures_->Inc();
         t.rejected->Inc();
         continue;
       }
@@ -585,8 +588,21 @@ Status LocalOps::OnRemove(LocalSession& c, const FrameHeader& h, std::span<const
 
 Status LocalOps::OnStats(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {
   if (!body.empty()) return InvalidArgument("malformed stats request: body must be empty");
+  std::string json = stats_json_ ? stats_json_() : "{}";
+  if (has_tenants()) {
+    // A client sees its own tenant's figures, not the others'.
+    auto j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && j.contains("tenants") && j["tenants"].is_array()) {
+      nlohmann::json own = nlohmann::json::array();
+      for (const auto& t : j["tenants"]) {
+        if (t.value("name", "") == T(c).name) own.push_back(t);
+      }
+      j["tenants"] = std::move(own);
+      json = j.dump();
+    }
+  }
   out_.clear();
-  protocol::EncodeString(stats_json_ ? stats_json_() : "{}", &out_);
+  protocol::EncodeString(json, &out_);
   Queue(c, MessageType::kStats, h.request_id, Status::Ok(), out_);
   return Status::Ok();
 }

@@ -559,8 +559,7 @@ class LocalServerImpl final : public LocalServer {
       handlers_->Handle(c, h, body);
       if (c.tenant != c.counted_tenant) {  // a tenant token in the hello
         --tenant_conns_[c.counted_tenant];
-        c.counted_tenant = c.tenant;
-      ++tenant_conns_[c.tenant];
+        ++tenant_conns_[c.tenant];
         c.counted_tenant = c.tenant;
       }
       if (c.closing) break;

@@ -42,7 +42,9 @@
 namespace kvpool::protocol {
 
 inline constexpr uint32_t kMagic = 0x3150564B;
-inline constexpr uint16_t kProtocolVersion = 1;
+// 2: the hello reply carries staging_bytes (and a second fd), the hello an
+// optional tenant token.
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr uint32_t kHeaderBytes = 24;
 inline constexpr uint16_t kReplyBit = 0x8000;
 

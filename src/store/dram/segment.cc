@@ -47,6 +47,18 @@ Status MapMemfd(uint64_t bytes, unsigned extra_flags, bool seal_writes, int* fd_
       close(fd);
       return ErrnoStatus("sealing the segment against client writes (F_SEAL_FUTURE_WRITE)", err);
     }
+    // Some kernels accept the seal on hugetlb memfds without enforcing it:
+    // a writable mapping must fail now, or the segment is not handed out.
+    const uint64_t probe_bytes = (extra_flags & MFD_HUGETLB) != 0 ? kHugePageBytes : 4096;
+    void* probe = mmap(nullptr, probe_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (probe != MAP_FAILED) {
+      munmap(probe, probe_bytes);
+      munmap(p, bytes);
+      close(fd);
+      return FailedPrecondition(
+          "this kernel does not enforce F_SEAL_FUTURE_WRITE on this memfd: clients could write "
+          "the segment (--writable-segment runs without read-only clients)");
+    }
   } else if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     LogWarn("dram: cannot seal the segment's size: {}", ErrnoStatus("fcntl", errno).ToString());
   }
