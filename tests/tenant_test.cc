@@ -34,7 +34,7 @@
 #include "common/key_id.h"
 #include "harness/node_process.h"
 #include "kvpool/kvpool.h"
-#include "node/tenants.h"
+#include "common/tenant_keys.h"
 #include "protocol/codec.h"
 
 namespace kvpool::testing {

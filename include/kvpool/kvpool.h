@@ -1,8 +1,10 @@
 /* kvpool.h: the C ABI of the kvpool client library (libkvpool.so).
  *
  * A kvpool_client talks to the kvpool-node on this host over a Unix socket
- * and maps the node's shared DRAM segment, so gets and puts move bytes with
- * one memcpy (or none, with the zero-copy calls).
+ * and maps the node's shared DRAM segment (read-only unless the node runs
+ * with --writable-segment), so a get moves bytes with one memcpy (or none,
+ * with the zero-copy calls). A put's bytes go to the connection's staging
+ * area, from which the node copies them into the segment on commit.
  *
  * Thread-safety: a kvpool_client is thread-safe; concurrent calls use
  * separate connections from the client's pool.
@@ -157,16 +159,20 @@ KVPOOL_API kvpool_status kvpool_exists(kvpool_client* client, const kvpool_key_i
 KVPOOL_API kvpool_status kvpool_remove(kvpool_client* client, const kvpool_key_id* ids, size_t n,
                                        kvpool_status* statuses);
 
-/* ---- Zero-copy: write and read the shared segment in place. ------------- */
+/* ---- Zero-copy: read the shared segment in place; write a reservation
+ * where the node says (the connection's staging area, or the segment
+ * itself with --writable-segment). ---------------------------------------- */
 typedef struct kvpool_region {
-  void* data;      /* into the mapped segment */
+  void* data;      /* acquire: into the mapped segment; reserve: where to write */
   uint64_t size;
   uint64_t handle; /* for commit/abort/release; 0 when the item failed */
 } kvpool_region;
 
 /* Reserves n slots. For each OK item, write exactly regions[i].size bytes at
  * regions[i].data, then kvpool_commit. statuses[i]: OK, ALREADY_EXISTS (no
- * write needed), INVALID_ARGUMENT, RESOURCE_EXHAUSTED. */
+ * write needed), INVALID_ARGUMENT, RESOURCE_EXHAUSTED (no DRAM room, or the
+ * batch does not fit the connection's staging area, which is told in the
+ * handshake). */
 KVPOOL_API kvpool_status kvpool_reserve(kvpool_client* client, const kvpool_key_id* ids,
                                         const uint64_t* sizes, size_t n, kvpool_region* regions,
                                         kvpool_status* statuses);

@@ -626,8 +626,7 @@ Status LocalBackend::Put(std::span<const KeyId> keys, const void* const* values,
       size_t m = 0;
       uint64_t bytes = 0;
       while (off + m < n) {
-        constexpr uint64_t kAlign = protocol::kStagingAlign;
-        uint64_t add = (sizes[off + m] + kAlign - 1) / kAlign * kAlign;
+        uint64_t add = protocol::StagingBytes(sizes[off + m]);
         if (staging > 0 && m > 0 && bytes + add > staging) break;
         bytes += add;
         ++m;

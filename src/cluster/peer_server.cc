@@ -52,6 +52,13 @@ const ClientTenant* PeerServer::TenantOf(const Incoming& in) const {
   return it == client_tenants_.end() ? nullptr : &it->second;
 }
 
+TieredStore* PeerServer::StoreFor(const Incoming& in, KeyId* key) const {
+  const ClientTenant* t = TenantOf(in);
+  if (t == nullptr) return store_;
+  *key = t->keys.Bind(*key);
+  return t->store;
+}
+
 // A tenant's keys are held by their home alone (this node, which the
 // client asked as the keys' home), in the tenant's store.
 void PeerServer::TenantLookup(const ClientTenant& t, std::vector<KeyId> keys, Responder r) {
@@ -113,11 +120,7 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
     uint64_t max_size = 0;
     Status s = DecodeFetch(in.request, &key, &max_size);
     if (!s.ok()) return r.Respond(s);
-    TieredStore* store = store_;
-    if (const ClientTenant* t = TenantOf(in)) {
-      key = t->keys.Bind(key);
-      store = t->store;
-    }
+    TieredStore* store = StoreFor(in, &key);
     // Called from DRAM at once, or (only on SSD) after its promotion.
     auto answer = [r = std::move(r), max_size](Status ps, TieredStore::Pin p) mutable {
       if (!ps.ok() || !p.valid()) return r.Respond(NotFound("not held here"));
@@ -133,11 +136,7 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
     Status s = DecodeStore(in.request, &key, &size);
     if (s.ok() && size != in.payload.size()) s = InvalidArgument("store: payload size mismatch");
     if (!s.ok()) return r.Respond(s);
-    TieredStore* store = store_;
-    if (const ClientTenant* t = TenantOf(in)) {
-      key = t->keys.Bind(key);
-      store = t->store;
-    }
+    TieredStore* store = StoreFor(in, &key);
     auto slot = store->Reserve(key, size);
     if (!slot.ok()) {
       // Already here: the home holds it, which is all the writer asks.

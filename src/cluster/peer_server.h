@@ -78,6 +78,9 @@ class PeerServer {
   // The tenant of a client's request; null for members and default-tenant
   // clients.
   const ClientTenant* TenantOf(const transport::Incoming& in) const;
+  // The store a request's key is in: its client's tenant's (binding *key to
+  // the tenant), else this node's.
+  TieredStore* StoreFor(const transport::Incoming& in, KeyId* key) const;
   void TenantLookup(const ClientTenant& t, std::vector<KeyId> keys, transport::Responder r);
 
   void OnView(std::shared_ptr<const ShardMap> before, std::shared_ptr<const ShardMap> after,

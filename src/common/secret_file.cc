@@ -9,9 +9,24 @@
 #include <cstring>
 #include <sstream>
 
+#include "common/settings.h"
+
 namespace kvpool {
 
-Result<std::string> ReadSecretFile(const std::string& path, const std::string& what) {
+namespace {
+
+// What a protected file must be: who may own it, which mode bits it may
+// not have, how large it may be.
+struct FileRules {
+  bool root_may_own = false;
+  mode_t forbidden_bits = 077;
+  const char* fix_mode = "chmod 600";
+  const char* forbidden_what = "group and others may not have any access";
+  uint64_t max_bytes = 4096;
+};
+
+Result<std::string> ReadProtected(const std::string& path, const std::string& what,
+                                  const FileRules& rules) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
     return FailedPrecondition(fmt::format("{} {}: {}", what, path, std::strerror(errno)));
@@ -22,18 +37,20 @@ Result<std::string> ReadSecretFile(const std::string& path, const std::string& w
     return FailedPrecondition(fmt::format("{} {}: cannot stat", what, path));
   }
   Status bad = Status::Ok();
+  const bool owner_ok = st.st_uid == geteuid() || (rules.root_may_own && st.st_uid == 0);
   if (!S_ISREG(st.st_mode)) {
     bad = FailedPrecondition(fmt::format("{} {} is not a regular file", what, path));
-  } else if (st.st_uid != geteuid()) {
+  } else if (!owner_ok) {
     bad = FailedPrecondition(fmt::format(
-        "{} {} is owned by uid {}, not by this process's user (uid {}); chown it", what, path,
-        st.st_uid, geteuid()));
-  } else if ((st.st_mode & 077) != 0) {
-    bad = FailedPrecondition(fmt::format(
-        "{} {} has mode {:04o}: group and others may not have any access; chmod 600 it", what,
-        path, st.st_mode & 07777));
-  } else if (st.st_size > 4096) {
-    bad = FailedPrecondition(fmt::format("{} {} is larger than 4 KiB", what, path));
+        "{} {} is owned by uid {}, not by this process's user (uid {}){}; chown it", what, path,
+        st.st_uid, geteuid(), rules.root_may_own ? " or root" : ""));
+  } else if ((st.st_mode & rules.forbidden_bits) != 0) {
+    bad = FailedPrecondition(fmt::format("{} {} has mode {:04o}: {}; {} it", what, path,
+                                         st.st_mode & 07777, rules.forbidden_what,
+                                         rules.fix_mode));
+  } else if (static_cast<uint64_t>(st.st_size) > rules.max_bytes) {
+    bad = FailedPrecondition(fmt::format("{} {} is larger than {}", what, path,
+                                         SettingsTable::FormatBytes(rules.max_bytes)));
   }
   std::string text;
   if (bad.ok()) {
@@ -45,6 +62,19 @@ Result<std::string> ReadSecretFile(const std::string& path, const std::string& w
   ::close(fd);
   if (!bad.ok()) return bad;
   return text;
+}
+
+}  // namespace
+
+Result<std::string> ReadSecretFile(const std::string& path, const std::string& what) {
+  return ReadProtected(path, what, FileRules{});
+}
+
+Result<std::string> ReadTrustedFile(const std::string& path, const std::string& what,
+                                    uint64_t max_bytes) {
+  return ReadProtected(path, what,
+                       FileRules{true, 022, "chmod go-w", "group and others may not write it",
+                                 max_bytes});
 }
 
 std::vector<std::string> SecretLines(const std::string& text) {

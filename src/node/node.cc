@@ -3,12 +3,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
-
-#include <algorithm>
-#include <atomic>
 #include <chrono>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -143,17 +144,18 @@ class NodeImpl final : public Node {
             "(--ssd-dirs)",
             opts_.tenants_file, t.name));
       }
+      TenantStore ts{t, nullptr, nullptr, {}};
       for (const auto& token : t.tokens) {
-        bool known = std::any_of(client_tokens_.begin(), client_tokens_.end(),
-                                 [&](const transport::ClusterKey& k) {
-                                   return k.principal == token;
-                                 });
-        if (!known) {
+        auto k = std::find_if(client_tokens_.begin(), client_tokens_.end(),
+                              [&](const transport::ClusterKey& c) { return c.principal == token; });
+        if (k == client_tokens_.end()) {
           LogWarn("tenant {}: token '{}' is not in --client-token-file; no client can use it",
                   t.name, token);
+          continue;
         }
+        ts.token_secrets[token] = k->bytes;
       }
-      tenants_.push_back({t, nullptr, nullptr});
+      tenants_.push_back(std::move(ts));
     }
     return Status::Ok();
   }
@@ -333,15 +335,7 @@ class NodeImpl final : public Node {
     lo.instance_id = instance_id_;
     lo.client_staging_bytes = opts_.writable_segment ? 0 : opts_.client_staging_bytes;
     std::vector<LocalTenant> tenants;
-    for (auto& t : tenants_) {
-      LocalTenant lt{t.spec, t.store.get(), {}};
-      for (const auto& token : t.spec.tokens) {
-        for (const auto& k : client_tokens_) {
-          if (k.principal == token) lt.token_secrets[token] = k.bytes;
-        }
-      }
-      tenants.push_back(std::move(lt));
-    }
+    for (auto& t : tenants_) tenants.push_back({t.spec, t.store.get(), t.token_secrets});
     KVPOOL_ASSIGN_OR_RETURN(local_, LocalServer::Open(lo, tiered_.get(), reader_.get(), &metrics_,
                                                       [this] { return StatusJson(); },
                                                       std::move(tenants)));
@@ -546,6 +540,8 @@ class NodeImpl final : public Node {
     TenantSpec spec;
     std::unique_ptr<MetricsRegistry> metrics;
     std::unique_ptr<TieredStore> store;
+    // The secrets of spec.tokens that --client-token-file holds, by name.
+    std::map<std::string, std::array<uint8_t, 32>> token_secrets;
   };
   std::vector<TenantStore> tenants_;
   std::unique_ptr<ThreadPool> peer_pool_;  // peer request handlers

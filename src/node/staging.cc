@@ -11,14 +11,8 @@
 
 namespace kvpool {
 
-namespace {
-constexpr uint64_t kAlign = protocol::kStagingAlign;
-}
-
-uint64_t StagingArea::Rounded(uint64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
 Result<std::unique_ptr<StagingArea>> StagingArea::Create(uint64_t bytes) {
-  bytes = Rounded(bytes);
+  bytes = protocol::StagingBytes(bytes);
   int fd = memfd_create("kvpool-staging", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return ErrnoStatus("memfd_create (staging)", errno);
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
@@ -52,7 +46,7 @@ StagingArea::~StagingArea() {
 }
 
 uint64_t StagingArea::Allocate(uint64_t bytes) {
-  bytes = Rounded(bytes == 0 ? 1 : bytes);
+  bytes = protocol::StagingBytes(bytes);
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < bytes) continue;
     uint64_t off = it->first;
@@ -66,7 +60,7 @@ uint64_t StagingArea::Allocate(uint64_t bytes) {
 }
 
 void StagingArea::Free(uint64_t offset, uint64_t bytes) {
-  bytes = Rounded(bytes == 0 ? 1 : bytes);
+  bytes = protocol::StagingBytes(bytes);
   free_bytes_ += bytes;
   auto next = free_.lower_bound(offset);
   if (next != free_.begin()) {

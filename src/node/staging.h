@@ -36,7 +36,6 @@ class StagingArea {
 
  private:
   StagingArea(int fd, uint8_t* base, uint64_t size);
-  static uint64_t Rounded(uint64_t bytes);
 
   int fd_;
   uint8_t* base_;

@@ -1,19 +1,15 @@
 #include "node/tenants.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <grp.h>
 #include <pwd.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
-#include <cstring>
 #include <map>
 #include <sstream>
 
+#include "common/secret_file.h"
 #include "common/settings.h"
 
 namespace kvpool {
@@ -148,37 +144,7 @@ Result<std::vector<TenantSpec>> ParseTenants(std::string_view text, std::string_
 }
 
 Result<std::vector<TenantSpec>> LoadTenantsFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) {
-    return FailedPrecondition(fmt::format("tenants file {}: {}", path, std::strerror(errno)));
-  }
-  struct stat st {};
-  Status bad = Status::Ok();
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    bad = FailedPrecondition(fmt::format("tenants file {} is not a regular file", path));
-  } else if (st.st_uid != geteuid() && st.st_uid != 0) {
-    bad = FailedPrecondition(fmt::format(
-        "tenants file {} is owned by uid {}, not by this process's user (uid {}) or root; chown "
-        "it",
-        path, st.st_uid, geteuid()));
-  } else if ((st.st_mode & 022) != 0) {
-    bad = FailedPrecondition(fmt::format(
-        "tenants file {} has mode {:04o}: group and others may not write it; chmod go-w it", path,
-        st.st_mode & 07777));
-  } else if (static_cast<uint64_t>(st.st_size) > kMaxTenantsFile) {
-    bad = FailedPrecondition(fmt::format("tenants file {} is larger than 1 MiB", path));
-  }
-  std::string text;
-  if (bad.ok()) {
-    text.resize(static_cast<size_t>(st.st_size));
-    ssize_t n = read(fd, text.data(), text.size());
-    if (n < 0) {
-      bad = FailedPrecondition(fmt::format("tenants file {}: {}", path, std::strerror(errno)));
-    }
-    text.resize(n < 0 ? 0 : static_cast<size_t>(n));
-  }
-  ::close(fd);
-  if (!bad.ok()) return bad;
+  KVPOOL_ASSIGN_OR_RETURN(std::string text, ReadTrustedFile(path, "tenants file", kMaxTenantsFile));
   return ParseTenants(text, fmt::format("tenants file {}", path));
 }
 

@@ -72,6 +72,10 @@ inline constexpr uint32_t kMaxString = 1u << 20;     // stats JSON, error text
 // Ranges of a staging area are multiples of this (a reserve batch fits when
 // its values, each rounded up to it, add up to at most staging_bytes).
 inline constexpr uint64_t kStagingAlign = 256;
+// The staging bytes a value of `size` takes (at least one unit).
+inline constexpr uint64_t StagingBytes(uint64_t size) {
+  return size == 0 ? kStagingAlign : (size + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+}
 
 struct FrameHeader {
   uint32_t magic = kMagic;
