@@ -22,6 +22,8 @@ namespace {
 constexpr std::string_view kKeyIdLabel = "kvpool cluster key id v1";
 constexpr std::string_view kListenerLabel = "kvpool peer auth v1 listener";
 constexpr std::string_view kConnectorLabel = "kvpool peer auth v1 connector";
+constexpr std::string_view kSealC2LLabel = "kvpool peer seal v1 connector to listener";
+constexpr std::string_view kSealL2CLabel = "kvpool peer seal v1 listener to connector";
 
 int HexDigit(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -48,6 +50,30 @@ Status ParseHexKey(std::string_view hex, std::array<uint8_t, kClusterKeyBytes>* 
     (*out)[i] = static_cast<uint8_t>(hi << 4 | lo);
   }
   return Status::Ok();
+}
+
+// HMAC-SHA256(key, label | transcript): the MACs and the message keys.
+std::array<uint8_t, kAuthMacBytes> TranscriptMac(const ClusterKey& key, std::string_view label,
+                                                 const AuthHello& hello,
+                                                 std::span<const uint8_t, kAuthNonceBytes> nonce_l,
+                                                 const std::string& listener_identity,
+                                                 uint8_t listener_flags) {
+  std::vector<uint8_t> msg;
+  protocol::BodyWriter w(&msg);
+  w.Raw(label.data(), label.size());
+  w.U64(hello.key_id);
+  w.Raw(hello.nonce.data(), hello.nonce.size());
+  w.Raw(nonce_l.data(), nonce_l.size());
+  w.Str(hello.identity);
+  w.Str(listener_identity);
+  w.U8(hello.flags);
+  w.U8(listener_flags);
+  std::array<uint8_t, kAuthMacBytes> mac{};
+  unsigned int len = 0;
+  KVPOOL_CHECK(HMAC(EVP_sha256(), key.bytes.data(), static_cast<int>(key.bytes.size()),
+                    msg.data(), msg.size(), mac.data(), &len) != nullptr);
+  KVPOOL_CHECK(len == mac.size());
+  return mac;
 }
 
 template <size_t N>
@@ -147,6 +173,7 @@ std::vector<uint8_t> EncodeAuthHello(const AuthHello& h) {
   w.U64(h.key_id);
   w.Raw(h.nonce.data(), h.nonce.size());
   w.Str(h.identity);
+  w.U8(h.flags);
   return out;
 }
 
@@ -155,6 +182,7 @@ std::vector<uint8_t> EncodeAuthChallenge(const AuthChallenge& c) {
   protocol::BodyWriter w(&out);
   w.Raw(c.nonce.data(), c.nonce.size());
   w.Str(c.identity);
+  w.U8(c.flags);
   w.Raw(c.mac.data(), c.mac.size());
   return out;
 }
@@ -166,13 +194,15 @@ std::vector<uint8_t> EncodeAuthProof(const AuthProof& p) {
 bool DecodeAuthHello(std::span<const uint8_t> body, AuthHello* h) {
   protocol::BodyReader r(body);
   return r.U64(&h->key_id) && ReadArray(&r, &h->nonce) &&
-         r.Str(kMaxAuthIdentityBytes, &h->identity) && r.remaining() == 0;
+         r.Str(kMaxAuthIdentityBytes, &h->identity) && r.U8(&h->flags) &&
+         (h->flags & ~kAuthEncrypt) == 0 && r.remaining() == 0;
 }
 
 bool DecodeAuthChallenge(std::span<const uint8_t> body, AuthChallenge* c) {
   protocol::BodyReader r(body);
   return ReadArray(&r, &c->nonce) && r.Str(kMaxAuthIdentityBytes, &c->identity) &&
-         ReadArray(&r, &c->mac) && r.remaining() == 0;
+         r.U8(&c->flags) && (c->flags & ~kAuthEncrypt) == 0 && ReadArray(&r, &c->mac) &&
+         r.remaining() == 0;
 }
 
 bool DecodeAuthProof(std::span<const uint8_t> body, AuthProof* p) {
@@ -190,22 +220,21 @@ Status RandomNonce(std::array<uint8_t, kAuthNonceBytes>* nonce) {
 std::array<uint8_t, kAuthMacBytes> AuthMac(const ClusterKey& key, bool listener,
                                            const AuthHello& hello,
                                            std::span<const uint8_t, kAuthNonceBytes> nonce_l,
-                                           const std::string& listener_identity) {
-  std::vector<uint8_t> msg;
-  protocol::BodyWriter w(&msg);
-  std::string_view label = listener ? kListenerLabel : kConnectorLabel;
-  w.Raw(label.data(), label.size());
-  w.U64(hello.key_id);
-  w.Raw(hello.nonce.data(), hello.nonce.size());
-  w.Raw(nonce_l.data(), nonce_l.size());
-  w.Str(hello.identity);
-  w.Str(listener_identity);
-  std::array<uint8_t, kAuthMacBytes> mac{};
-  unsigned int len = 0;
-  KVPOOL_CHECK(HMAC(EVP_sha256(), key.bytes.data(), static_cast<int>(key.bytes.size()),
-                    msg.data(), msg.size(), mac.data(), &len) != nullptr);
-  KVPOOL_CHECK(len == mac.size());
-  return mac;
+                                           const std::string& listener_identity,
+                                           uint8_t listener_flags) {
+  return TranscriptMac(key, listener ? kListenerLabel : kConnectorLabel, hello, nonce_l,
+                       listener_identity, listener_flags);
+}
+
+SessionKeys DeriveSessionKeys(const ClusterKey& key, const AuthHello& hello,
+                              std::span<const uint8_t, kAuthNonceBytes> nonce_l,
+                              const std::string& listener_identity, uint8_t listener_flags) {
+  SessionKeys k;
+  k.connector_to_listener =
+      TranscriptMac(key, kSealC2LLabel, hello, nonce_l, listener_identity, listener_flags);
+  k.listener_to_connector =
+      TranscriptMac(key, kSealL2CLabel, hello, nonce_l, listener_identity, listener_flags);
+  return k;
 }
 
 bool MacEqual(std::span<const uint8_t, kAuthMacBytes> a, std::span<const uint8_t, kAuthMacBytes> b) {
@@ -215,6 +244,7 @@ bool MacEqual(std::span<const uint8_t, kAuthMacBytes> a, std::span<const uint8_t
 Result<std::vector<uint8_t>> AuthConnector::Hello() {
   hello_.key_id = key_.id;
   hello_.identity = identity_.substr(0, kMaxAuthIdentityBytes);
+  hello_.flags = encrypt_ ? kAuthEncrypt : 0;
   KVPOOL_RETURN_IF_ERROR(RandomNonce(&hello_.nonce));
   return EncodeAuthHello(hello_);
 }
@@ -225,13 +255,18 @@ Result<std::vector<uint8_t>> AuthConnector::Answer(std::span<const uint8_t> chal
   if (!DecodeAuthChallenge(challenge_body, &c)) {
     return PermissionDenied("malformed authentication challenge");
   }
-  auto want = AuthMac(key_, /*listener=*/true, hello_, c.nonce, c.identity);
+  auto want = AuthMac(key_, /*listener=*/true, hello_, c.nonce, c.identity, c.flags);
   if (!MacEqual(want, c.mac)) {
     return PermissionDenied("the listener does not hold this node's cluster key");
   }
+  if (encrypt_ && !(c.flags & kAuthEncrypt)) {
+    return PermissionDenied("the listener would not encrypt the connection (--peer-encryption)");
+  }
   *peer_identity = c.identity;
+  encrypted_ = (c.flags & kAuthEncrypt) != 0;
+  if (encrypted_) session_ = DeriveSessionKeys(key_, hello_, c.nonce, c.identity, c.flags);
   AuthProof p;
-  p.mac = AuthMac(key_, /*listener=*/false, hello_, c.nonce, c.identity);
+  p.mac = AuthMac(key_, /*listener=*/false, hello_, c.nonce, c.identity, c.flags);
   return EncodeAuthProof(p);
 }
 
@@ -253,7 +288,8 @@ Result<std::vector<uint8_t>> AuthListener::Challenge(std::span<const uint8_t> he
   AuthChallenge c;
   c.nonce = nonce_;
   c.identity = identity_.substr(0, kMaxAuthIdentityBytes);
-  c.mac = AuthMac(*key_, /*listener=*/true, hello_, nonce_, c.identity);
+  flags_ = c.flags = hello_.flags | (encrypt_ ? kAuthEncrypt : 0);
+  c.mac = AuthMac(*key_, /*listener=*/true, hello_, nonce_, c.identity, c.flags);
   identity_ = c.identity;
   return EncodeAuthChallenge(c);
 }
@@ -261,10 +297,11 @@ Result<std::vector<uint8_t>> AuthListener::Challenge(std::span<const uint8_t> he
 Status AuthListener::Verify(std::span<const uint8_t> proof_body, const char** reason) {
   AuthProof p;
   if (key_ == nullptr || !DecodeAuthProof(proof_body, &p) ||
-      !MacEqual(AuthMac(*key_, /*listener=*/false, hello_, nonce_, identity_), p.mac)) {
+      !MacEqual(AuthMac(*key_, /*listener=*/false, hello_, nonce_, identity_, flags_), p.mac)) {
     *reason = "bad_proof";
     return PermissionDenied("authentication failed");
   }
+  if (encrypted()) session_ = DeriveSessionKeys(*key_, hello_, nonce_, identity_, flags_);
   return Status::Ok();
 }
 

@@ -75,7 +75,7 @@ TEST(PeerAuth, AKeyIdWithoutTheKeyCannotProveAnything) {
   AuthChallenge ch;
   ASSERT_TRUE(DecodeAuthChallenge(*challenge, &ch));
   AuthProof p;
-  p.mac = AuthMac(fake, /*listener=*/false, h, ch.nonce, ch.identity);
+  p.mac = AuthMac(fake, /*listener=*/false, h, ch.nonce, ch.identity, ch.flags);
   EXPECT_EQ(l.Verify(EncodeAuthProof(p), &reason).code(), StatusCode::kPermissionDenied);
   EXPECT_STREQ(reason, "bad_proof");
 }
@@ -159,6 +159,83 @@ TEST(PeerAuth, MalformedBodiesAreRefused) {
   // A proof before a challenge has nothing to match.
   AuthListener fresh(&keys, "b/2");
   EXPECT_FALSE(fresh.Verify(std::vector<uint8_t>(kAuthMacBytes, 0), &reason).ok());
+}
+
+// Encryption is asked for by either side; both learn the same two keys,
+// one per direction, and nobody between them can take the request out.
+TEST(PeerAuth, EitherSideTurnsOnEncryptionAndBothDeriveTheSameKeys) {
+  std::vector<ClusterKey> keys = {Key(1)};
+  for (int c_wants = 0; c_wants < 2; ++c_wants) {
+    for (int l_wants = 0; l_wants < 2; ++l_wants) {
+      AuthConnector c(Key(1), "a/1", c_wants != 0);
+      AuthListener l(&keys, "b/2", l_wants != 0);
+      auto hello = c.Hello();
+      ASSERT_TRUE(hello.ok());
+      const char* reason = "";
+      auto challenge = l.Challenge(*hello, &reason);
+      ASSERT_TRUE(challenge.ok());
+      std::string id;
+      auto proof = c.Answer(*challenge, &id);
+      ASSERT_TRUE(proof.ok()) << proof.status().ToString();
+      ASSERT_TRUE(l.Verify(*proof, &reason).ok());
+      bool want = c_wants || l_wants;
+      EXPECT_EQ(c.encrypted(), want);
+      EXPECT_EQ(l.encrypted(), want);
+      if (!want) continue;
+      EXPECT_EQ(c.session_keys().connector_to_listener, l.session_keys().connector_to_listener);
+      EXPECT_EQ(c.session_keys().listener_to_connector, l.session_keys().listener_to_connector);
+      EXPECT_NE(c.session_keys().connector_to_listener, c.session_keys().listener_to_connector);
+      // Neither key is the MAC of either side.
+      AuthChallenge ch;
+      ASSERT_TRUE(DecodeAuthChallenge(*challenge, &ch));
+      EXPECT_NE(ch.mac, c.session_keys().listener_to_connector);
+      EXPECT_NE(ch.mac, c.session_keys().connector_to_listener);
+    }
+  }
+  // Two handshakes of the same pair get different keys (fresh nonces).
+  auto keys_of = [&] {
+    AuthConnector c(Key(1), "a/1", true);
+    AuthListener l(&keys, "b/2");
+    const char* reason = "";
+    auto challenge = l.Challenge(*c.Hello(), &reason);
+    std::string id;
+    EXPECT_TRUE(c.Answer(*challenge, &id).ok());
+    return c.session_keys().connector_to_listener;
+  };
+  EXPECT_NE(keys_of(), keys_of());
+}
+
+TEST(PeerAuth, AStrippedEncryptionRequestIsRefused) {
+  std::vector<ClusterKey> keys = {Key(1)};
+  AuthConnector c(Key(1), "a/1", /*encrypt=*/true);
+  AuthListener l(&keys, "b/2");
+  auto hello = c.Hello();
+  ASSERT_TRUE(hello.ok());
+  // Someone between clears the request in the hello: the listener's MAC
+  // then covers a transcript the connector never sent.
+  AuthHello h;
+  ASSERT_TRUE(DecodeAuthHello(*hello, &h));
+  EXPECT_EQ(h.flags, kAuthEncrypt);
+  h.flags = 0;
+  const char* reason = "";
+  auto challenge = l.Challenge(EncodeAuthHello(h), &reason);
+  ASSERT_TRUE(challenge.ok());
+  std::string id;
+  EXPECT_EQ(c.Answer(*challenge, &id).status().code(), StatusCode::kPermissionDenied);
+  // Clearing the bit in the challenge breaks the listener's MAC.
+  AuthListener l2(&keys, "b/2", /*encrypt=*/true);
+  AuthConnector c2(Key(1), "a/1");
+  auto challenge2 = l2.Challenge(*c2.Hello(), &reason);
+  ASSERT_TRUE(challenge2.ok());
+  AuthChallenge ch;
+  ASSERT_TRUE(DecodeAuthChallenge(*challenge2, &ch));
+  EXPECT_EQ(ch.flags, kAuthEncrypt);
+  ch.flags = 0;
+  EXPECT_EQ(c2.Answer(EncodeAuthChallenge(ch), &id).status().code(),
+            StatusCode::kPermissionDenied);
+  // Unknown flag bits are malformed.
+  h.flags = 2;
+  EXPECT_FALSE(DecodeAuthHello(EncodeAuthHello(h), &h));
 }
 
 class KeyFile : public ::testing::Test {

@@ -256,7 +256,7 @@ void UcxTransport::Core::OnHello(int fd, Pending* p, BootstrapMessage m) {
     return RefuseAuth(fd, peer, "auth_required",
                       "this node requires cluster authentication (--cluster-key-file)");
   }
-  p->auth = std::make_unique<AuthListener>(&accepted_keys, identity);
+  p->auth = std::make_unique<AuthListener>(&accepted_keys, identity, opts.peer_encryption);
   const char* reason = "";
   Result<std::vector<uint8_t>> challenge = p->auth->Challenge(m.body, &reason);
   if (!challenge.ok()) {
@@ -296,8 +296,17 @@ void UcxTransport::Core::Welcome(int fd, Pending p) {
   if (endpoints.size() >= opts.max_endpoints) {
     return Refuse(fd, "too_many_endpoints", "too many peer connections");
   }
+  std::unique_ptr<PeerSeal> seal;
+  if (p.auth != nullptr && p.auth->encrypted()) {
+    const SessionKeys& k = p.auth->session_keys();
+    Result<std::unique_ptr<PeerSeal>> made =
+        PeerSeal::Make(k.listener_to_connector, k.connector_to_listener);
+    if (!made.ok()) return Refuse(fd, "seal_failed", made.status().message());
+    seal = std::move(made).value();
+  }
   Endpoint* e = NewEndpoint(p.peer, /*client=*/false);
   e->fd = fd;
+  e->seal = std::move(seal);
   if (p.auth != nullptr && p.auth->key() != nullptr) e->principal = p.auth->key()->principal;
   e->token = NewToken();
   e->ready = true;
@@ -341,7 +350,8 @@ Result<uint64_t> UcxTransport::Core::ClientEndpoint(const std::string& peer,
   BootstrapMessage hello;
   std::unique_ptr<AuthConnector> auth;
   if (!opts.cluster_keys.empty()) {
-    auth = std::make_unique<AuthConnector>(opts.cluster_keys.front(), identity);
+    auth = std::make_unique<AuthConnector>(opts.cluster_keys.front(), identity,
+                                           opts.peer_encryption);
     KVPOOL_ASSIGN_OR_RETURN(hello.body, auth->Hello());
   }
   int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -444,7 +454,15 @@ void UcxTransport::Core::OnEndpointSocket(uint64_t ep_id, uint32_t events) {
       return FailEndpoint(ep_id, PermissionDenied(fmt::format("{}: {}", e->peer,
                                                               proof.status().message())));
     }
-    LogDebug("transport: peer {} at {} authenticated", listener, e->peer);
+    if (e->auth->encrypted()) {
+      const SessionKeys& k = e->auth->session_keys();
+      Result<std::unique_ptr<PeerSeal>> made =
+          PeerSeal::Make(k.connector_to_listener, k.listener_to_connector);
+      if (!made.ok()) return FailEndpoint(ep_id, made.status());
+      e->seal = std::move(made).value();
+    }
+    LogDebug("transport: peer {} at {} authenticated{}", listener, e->peer,
+             e->seal != nullptr ? ", encrypted" : "");
     authenticated_connector->Inc();
     e->challenged = true;
     e->in.clear();

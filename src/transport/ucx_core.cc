@@ -126,8 +126,12 @@ Status UcxTransport::Core::Init() {
   ucp_worker_attr_t attr{};
   attr.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
   KVPOOL_RETURN_IF_ERROR(FromUcs(ucp_worker_query(worker, &attr), "ucp_worker_query"));
-  if (attr.max_am_header <= kFrameBytes) return FailedPrecondition("UCX AM header too small");
-  limits.max_header_bytes = std::min(limits.max_header_bytes, attr.max_am_header - kFrameBytes);
+  // (An encrypted connection's headers carry the seal's trailer too.)
+  if (attr.max_am_header <= kFrameBytes + kSealTrailerBytes) {
+    return FailedPrecondition("UCX AM header too small");
+  }
+  limits.max_header_bytes = std::min(limits.max_header_bytes,
+                                     attr.max_am_header - kFrameBytes - kSealTrailerBytes);
 
   int worker_fd = -1;
   KVPOOL_RETURN_IF_ERROR(FromUcs(ucp_worker_get_efd(worker, &worker_fd), "ucp_worker_get_efd"));
@@ -421,7 +425,14 @@ void UcxTransport::Core::SendRequest(uint64_t id, uint64_t ep_id, std::vector<ui
   CallState& c = calls[id];
   Endpoint* e = endpoints[ep_id].get();
   SetFrameConn(&am_header, e->token);
-  auto* op = new SendOp{this, std::move(am_header), id, !payload.empty(), nullptr, 0};
+  // Sealed, the payload is copied out of the caller's memory at once.
+  std::unique_ptr<uint8_t[]> sealed;
+  if (e->seal != nullptr) {
+    Status st = SealOutgoing(e, &am_header, &payload, &sealed);
+    if (!st.ok()) return Settle(id, Reply{st, {}, 0, {}});
+  }
+  auto* op = new SendOp{this, std::move(am_header), id, !payload.empty() && e->seal == nullptr,
+                        nullptr, 0, std::move(sealed)};
   op->bytes = op->am_header.size() + payload.size();
   if (op->holds_ref) ++c.refs;
   ucp_request_param_t p{};
@@ -494,8 +505,20 @@ void UcxTransport::Core::SendReply(uint64_t ep_id, uint64_t request_id, MessageT
   f.request_id = request_id;
   f.status = static_cast<int32_t>(r.status.code());
   f.payload_len = payload.size();
-  auto* op = new SendOp{this, EncodeFrame(f, r.status.ok() ? r.header : error_text), 0, false,
-                        std::move(r.release), 0};
+  std::vector<uint8_t> am_header = EncodeFrame(f, r.status.ok() ? r.header : error_text);
+  std::unique_ptr<uint8_t[]> sealed;
+  if (e->seal != nullptr) {
+    Status st = SealOutgoing(e, &am_header, &payload, &sealed);
+    // The handler's memory is no longer needed once sealed (or not sent).
+    if (r.release) deferred.push_back(std::move(r.release));
+    r.release = nullptr;
+    if (!st.ok()) {
+      CountError("seal_failed");
+      return FailEndpoint(ep_id, st);
+    }
+  }
+  auto* op = new SendOp{this, std::move(am_header), 0, false, std::move(r.release), 0,
+                        std::move(sealed)};
   op->bytes = op->am_header.size() + payload.size();
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -508,6 +531,26 @@ void UcxTransport::Core::SendReply(uint64_t ep_id, uint64_t request_id, MessageT
   } else {
     SendDone(op, UCS_PTR_STATUS(sp));
   }
+}
+
+Status UcxTransport::Core::SealOutgoing(Endpoint* e, std::vector<uint8_t>* am_header,
+                                        std::span<const uint8_t>* payload,
+                                        std::unique_ptr<uint8_t[]>* sealed) {
+  // Uninitialised: every byte is written by the cipher.
+  if (!payload->empty()) sealed->reset(new uint8_t[payload->size()]);
+  KVPOOL_RETURN_IF_ERROR(e->seal->Seal(am_header, *payload, sealed->get()));
+  *payload = {sealed->get(), payload->size()};
+  return Status::Ok();
+}
+
+bool UcxTransport::Core::CheckIncoming(const Endpoint& e, std::span<const uint8_t> hdr,
+                                       const char** reason) const {
+  if (e.seal != nullptr) return e.seal->Plausible(hdr, reason);
+  if (hdr.size() > limits.max_header_bytes) {
+    *reason = "header_too_large";
+    return false;
+  }
+  return true;
 }
 
 void UcxTransport::Core::Settle(uint64_t id, Reply verdict) {
@@ -576,10 +619,18 @@ ucs_status_t UcxTransport::Core::OnRequest(const void* header, size_t header_len
     FailEndpoint(*ep_id, InvalidArgument("request without a reply endpoint"));
     return UCS_OK;
   }
-  endpoints[*ep_id]->reply_ep = param->reply_ep;
+  Endpoint* e = endpoints[*ep_id].get();
+  if (!CheckIncoming(*e, hdr, &reason)) {
+    CountError(reason);
+    FailEndpoint(*ep_id, InvalidArgument(fmt::format("bad request ({})", reason)));
+    return UCS_OK;
+  }
+  e->reply_ep = param->reply_ep;
   bytes_received->Inc(header_len + len);
+  const auto* am = static_cast<const uint8_t*>(header);
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-    auto* op = new RecvOp{this, true, 0, *ep_id, f, {hdr.begin(), hdr.end()}, {}};
+    auto* op = new RecvOp{this, true, 0, *ep_id, f, {hdr.begin(), hdr.end()}, {}, {}};
+    if (e->seal != nullptr) op->sealed.assign(am, am + header_len);
     op->payload.resize(len);  // len was checked against the limit above
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -594,6 +645,17 @@ ucs_status_t UcxTransport::Core::OnRequest(const void* header, size_t header_len
     return UCS_INPROGRESS;
   }
   const auto* d = static_cast<const uint8_t*>(data);
+  if (e->seal != nullptr) {
+    std::vector<uint8_t> plain_header, payload(len);
+    if (!e->seal->Open({am, kFrameBytes}, hdr, &plain_header, d, payload.data(), len, &reason)
+             .ok()) {
+      CountError(reason);
+      FailEndpoint(*ep_id, Unavailable("a request failed its integrity check"));
+      return UCS_OK;
+    }
+    Dispatch(*ep_id, f, std::move(plain_header), std::move(payload));
+    return UCS_OK;
+  }
   Dispatch(*ep_id, f, {hdr.begin(), hdr.end()}, std::vector<uint8_t>(d, d + len));
   return UCS_OK;
 }
@@ -653,8 +715,11 @@ void UcxTransport::Core::Dispatch(uint64_t ep_id, Frame frame, std::vector<uint8
 Status UcxTransport::Core::DecodeIncoming(const void* header, size_t header_len, size_t len,
                                           FrameKind want, Frame* f, std::span<const uint8_t>* hdr,
                                           const char** reason) const {
+  // The header limit is checked again once the connection is known
+  // (CheckIncoming): only an encrypted one carries the seal's trailer.
   Status st = DecodeFrame({static_cast<const uint8_t*>(header), header_len}, len,
-                          limits.max_header_bytes, limits.max_payload_bytes, f, hdr, reason);
+                          limits.max_header_bytes + kSealTrailerBytes, limits.max_payload_bytes, f,
+                          hdr, reason);
   if (st.ok() && f->kind != want) st = InvalidArgument(*reason = "bad_kind");
   return st;
 }
@@ -673,6 +738,30 @@ ucs_status_t UcxTransport::Core::OnReply(const void* header, size_t header_len, 
   auto it = calls.find(f.request_id);
   if (it == calls.end() || it->second.verdict) return UCS_OK;  // late: dropped
   CallState& c = it->second;
+  auto ep = endpoints.find(c.ep_id);
+  if (ep == endpoints.end()) return UCS_OK;  // its connection is closing: dropped
+  Endpoint* e = ep->second.get();
+  // A reply that fails its checks ends its call and its connection.
+  auto reject = [&](const char* why) {
+    CountError(why);
+    Settle(f.request_id, Reply{Unavailable(fmt::format("bad reply from {} ({})", e->peer, why)),
+                               {}, 0, {}});
+    FailEndpoint(e->id, Unavailable("a reply failed its checks"));
+    return UCS_OK;
+  };
+  if (!CheckIncoming(*e, hdr, &reason)) {
+    if (e->seal != nullptr) return reject(reason);
+    CountError(reason);  // as any malformed reply: dropped
+    return UCS_OK;
+  }
+  const auto* am = static_cast<const uint8_t*>(header);
+  std::vector<uint8_t> opened;  // an encrypted error reply's text
+  if (e->seal != nullptr && f.status != 0) {
+    if (!e->seal->Open({am, kFrameBytes}, hdr, &opened, nullptr, nullptr, 0, &reason).ok()) {
+      return reject(reason);
+    }
+    hdr = opened;
+  }
   c.answered = true;
   if (f.status != 0) {
     auto code = IsErrorStatusCode(f.status)
@@ -698,7 +787,8 @@ ucs_status_t UcxTransport::Core::OnReply(const void* header, size_t header_len, 
   }
   c.partial.payload_bytes = len;
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-    auto* op = new RecvOp{this, false, f.request_id, 0, f, {}, {}};
+    auto* op = new RecvOp{this, false, f.request_id, 0, f, {}, {}, {}};
+    if (e->seal != nullptr) op->sealed.assign(am, am + header_len);
     ++c.refs;
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -712,23 +802,56 @@ ucs_status_t UcxTransport::Core::OnReply(const void* header, size_t header_len, 
     }
     return UCS_INPROGRESS;
   }
-  if (len > 0) std::memcpy(dst, data, len);
+  if (e->seal != nullptr) {
+    std::span<const uint8_t> sealed_header = hdr;
+    if (!e->seal->Open({am, kFrameBytes}, sealed_header, &c.partial.header,
+                       static_cast<const uint8_t*>(data), dst, len, &reason)
+             .ok()) {
+      return reject(reason);
+    }
+  } else if (len > 0) {
+    std::memcpy(dst, data, len);
+  }
   Settle(f.request_id, std::move(c.partial));
   return UCS_OK;
 }
 
 void UcxTransport::Core::RecvDone(RecvOp* op, ucs_status_t status) {
+  // An encrypted message is opened once its payload has landed.
+  auto open = [&](Endpoint* e, std::vector<uint8_t>* header_out, uint8_t* payload, size_t len) {
+    if (op->sealed.empty()) return true;
+    const char* reason = "";
+    std::span<const uint8_t> am(op->sealed);
+    if (e != nullptr && e->seal != nullptr &&
+        e->seal->Open(am.first(kFrameBytes), am.subspan(kFrameBytes), header_out, payload, payload,
+                      len, &reason)
+            .ok()) {
+      return true;
+    }
+    CountError(*reason ? reason : "bad_seal");
+    if (e != nullptr) FailEndpoint(e->id, Unavailable("a message failed its integrity check"));
+    return false;
+  };
+  auto endpoint = [&](uint64_t id) -> Endpoint* {
+    auto it = endpoints.find(id);
+    return it == endpoints.end() ? nullptr : it->second.get();
+  };
   if (op->is_request) {
-    if (status == UCS_OK) {
-      Dispatch(op->ep_id, op->frame, std::move(op->header), std::move(op->payload));
-    } else {
+    if (status != UCS_OK) {
       CountError("payload_receive_failed");
+    } else if (open(endpoint(op->ep_id), &op->header, op->payload.data(), op->payload.size())) {
+      Dispatch(op->ep_id, op->frame, std::move(op->header), std::move(op->payload));
     }
   } else {
     auto it = calls.find(op->call_id);
     if (it != calls.end()) {
       --it->second.refs;
-      if (status == UCS_OK) {
+      CallState& c = it->second;
+      uint8_t* dst = c.sink.data() != nullptr ? c.sink.data() : c.partial.payload.data();
+      if (status == UCS_OK && !open(endpoint(c.ep_id), &c.partial.header, dst,
+                                    c.partial.payload_bytes)) {
+        Settle(op->call_id, Reply{Unavailable("a reply failed its integrity check"), {}, 0, {}});
+      } else if (status == UCS_OK) {
         Settle(op->call_id, std::move(it->second.partial));
       } else {
         Settle(op->call_id,

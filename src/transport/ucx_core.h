@@ -21,6 +21,7 @@
 
 #include "transport/bootstrap_format.h"
 #include "transport/peer_format.h"
+#include "transport/peer_seal.h"
 #include "transport/ucx_transport.h"
 
 namespace kvpool::transport {
@@ -65,6 +66,7 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
     std::unique_ptr<AuthConnector> auth;  // client with cluster keys
     bool challenged = false;              // client: the challenge was answered
     std::string principal;                // server: a client token's name (empty: a member)
+    std::unique_ptr<PeerSeal> seal;       // encrypted connections
   };
   // An accepted connection that has not finished its hello.
   struct Pending {
@@ -90,6 +92,7 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
     bool holds_ref = false;
     std::function<void()> release;
     size_t bytes = 0;
+    std::unique_ptr<uint8_t[]> sealed;  // an encrypted payload, until sent
   };
   struct RecvOp {
     Core* core;
@@ -99,6 +102,7 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
     Frame frame;
     std::vector<uint8_t> header;
     std::vector<uint8_t> payload;  // requests
+    std::vector<uint8_t> sealed;   // encrypted: the AM header as received
   };
 
   explicit Core(const UcxTransportOptions& o) : opts(o), limits(o.limits) {
@@ -226,6 +230,14 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   // *reason names what was wrong (a metric label).
   Status DecodeIncoming(const void* header, size_t header_len, size_t len, FrameKind want,
                         Frame* f, std::span<const uint8_t>* hdr, const char** reason) const;
+  // The header size check of a decoded frame on endpoint e (an encrypted
+  // one carries the seal's trailer as well) and, when encrypted, the seal's
+  // first check; *reason names what failed.
+  bool CheckIncoming(const Endpoint& e, std::span<const uint8_t> hdr, const char** reason) const;
+  // Seals an outgoing message on an encrypted endpoint: the header in place,
+  // the payload into *sealed (which *payload then views).
+  Status SealOutgoing(Endpoint* e, std::vector<uint8_t>* am_header,
+                      std::span<const uint8_t>* payload, std::unique_ptr<uint8_t[]>* sealed);
   ucs_status_t OnReply(const void* header, size_t header_len, void* data, size_t len,
                        const ucp_am_recv_param_t* param);
 

@@ -22,6 +22,9 @@ Status UcxTransportOptions::Validate() const {
     return InvalidArgument("progress_spin must be within 0..10 ms");
   }
   if (cluster_keys.size() > 2) return InvalidArgument("at most two cluster keys");
+  if (peer_encryption && cluster_keys.empty()) {
+    return InvalidArgument("peer encryption needs a cluster key (its keys come from the handshake)");
+  }
   if (identity.size() > kMaxAuthIdentityBytes) {
     return InvalidArgument("identity is longer than 256 bytes");
   }

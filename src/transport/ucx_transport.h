@@ -86,6 +86,15 @@ struct UcxTransportOptions {
   // (Incoming::principal).
   std::vector<ClusterKey> client_tokens;
   std::vector<MessageType> client_message_types;
+  // Encrypt every connection this side makes or accepts (peer_seal.h):
+  // headers and payloads under AES-256-GCM with keys derived in the
+  // handshake, so it needs keys (cluster_keys). A connection is encrypted
+  // when either side asks, so a connector without this follows a listener
+  // with it; a connector with it refuses a listener that would not
+  // encrypt. A message that fails its check (tampered, forged, replayed)
+  // is dropped, counted in kvpool_transport_errors_total{reason="bad_seal"
+  // or "replayed_message"}, and its connection closed.
+  bool peer_encryption = false;
   // This side's name in the handshake (a node's id and incarnation, "a/3");
   // it is inside both sides' MACs. SetIdentity changes it later.
   std::string identity;

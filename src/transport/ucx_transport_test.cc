@@ -20,6 +20,7 @@
 #include "common/executor.h"
 #include "transport/bootstrap_format.h"
 #include "transport/peer_format.h"
+#include "transport/peer_seal.h"
 #include "transport/transport_contract_test.h"
 
 namespace kvpool::transport::testing {
@@ -49,6 +50,15 @@ void CountCallsOfType1(UcxTransport* server, std::atomic<int>* handled) {
   });
 }
 
+// One call of type 1, with no payload and a generous deadline.
+Status CallType1(UcxTransport* from, const std::string& to) {
+  CallArgs a;
+  a.peer = to;
+  a.type = 1;
+  a.deadline = Clock::now() + milliseconds(20000);
+  return from->CallSync(a).status;
+}
+
 // Counts the tasks it is given and runs them on a pool.
 class CountingExecutor final : public Executor {
  public:
@@ -62,15 +72,27 @@ class CountingExecutor final : public Executor {
   ThreadPool pool_{2, "test-handlers"};
 };
 
+ClusterKey TestKey(uint8_t seed) {
+  std::array<uint8_t, kClusterKeyBytes> b{};
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>(seed + 3 * i);
+  return MakeClusterKey(b);
+}
+
 class UcxCluster final : public TestCluster {
  public:
   // handler_executor: run handlers there (as the node does), else on the
-  // progress thread.
-  explicit UcxCluster(Executor* handler_executor = nullptr) : executor_(handler_executor) {}
+  // progress thread. encrypted: every node holds a cluster key and
+  // encrypts its connections.
+  explicit UcxCluster(Executor* handler_executor = nullptr, bool encrypted = false)
+      : executor_(handler_executor), encrypted_(encrypted) {}
   ~UcxCluster() override { nodes_.clear(); }
   Transport* Add() override {
     UcxTransportOptions o = TcpOptions();
     o.handler_executor = executor_;
+    if (encrypted_) {
+      o.cluster_keys = {TestKey(1)};
+      o.peer_encryption = true;
+    }
     nodes_.push_back(OpenOrDie(o));
     return nodes_.back().get();
   }
@@ -87,6 +109,7 @@ class UcxCluster final : public TestCluster {
 
  private:
   Executor* const executor_;  // not owned; may be null
+  const bool encrypted_;
   std::vector<std::unique_ptr<UcxTransport>> nodes_;
 };
 
@@ -107,6 +130,13 @@ INSTANTIATE_TEST_SUITE_P(Ucx, TransportContractTest,
                                                             return std::unique_ptr<TestCluster>(
                                                                 new UcxCluster(
                                                                     SharedHandlerExecutor()));
+                                                          }},
+                                           ClusterFactory{"UcxTcpEncrypted",
+                                                          [] {
+                                                            return std::unique_ptr<TestCluster>(
+                                                                new UcxCluster(
+                                                                    SharedHandlerExecutor(),
+                                                                    /*encrypted=*/true));
                                                           }}),
                          [](const auto& info) { return info.param.name; });
 
@@ -266,12 +296,6 @@ TEST(UcxTransportTest, DISABLED_PeersKilledWhileConnectingDoNotTakeTheListenerDo
   EXPECT_TRUE(r.status.ok()) << r.status.ToString();
   kill(server, SIGKILL);
   waitpid(server, nullptr, 0);
-}
-
-ClusterKey TestKey(uint8_t seed) {
-  std::array<uint8_t, kClusterKeyBytes> b{};
-  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>(seed + 3 * i);
-  return MakeClusterKey(b);
 }
 
 // A listener (with keys `server_keys`) and one call to it from a connector
@@ -457,10 +481,11 @@ TEST(UcxTransportTest, OversizedPayloadIsRejectedAndCounted) {
 }
 
 // A misbehaving peer: it does the bootstrap (hello, welcome) by hand and
-// then sends raw active messages carrying its connection token.
+// then sends raw active messages carrying its connection token. With a key
+// it authenticates and asks for encryption, and can seal what it sends.
 class RawPeer {
  public:
-  explicit RawPeer(uint16_t port) {
+  explicit RawPeer(uint16_t port, const ClusterKey* key = nullptr) {
     ucp_config_t* config;
     KVPOOL_CHECK(ucp_config_read(nullptr, nullptr, &config) == UCS_OK);
     KVPOOL_CHECK(ucp_config_modify(config, "TLS", "tcp") == UCS_OK);
@@ -474,6 +499,14 @@ class RawPeer {
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     wp.thread_mode = UCS_THREAD_MODE_SINGLE;
     KVPOOL_CHECK(ucp_worker_create(context_, &wp, &worker_) == UCS_OK);
+    // Replies are dropped (UCX has no default for an AM id without a handler).
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
+    hp.id = kAmReply;
+    hp.cb = [](void*, const void*, size_t, void*, size_t, const ucp_am_recv_param_t*) {
+      return UCS_OK;
+    };
+    KVPOOL_CHECK(ucp_worker_set_am_recv_handler(worker_, &hp) == UCS_OK);
 
     fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in sa{};
@@ -481,17 +514,26 @@ class RawPeer {
     sa.sin_port = htons(port);
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     KVPOOL_CHECK(connect(fd_, reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)) == 0);
-    std::vector<uint8_t> out = EncodeBootstrap(BootstrapMessage{});  // a hello
-    KVPOOL_CHECK(send(fd_, out.data(), out.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(out.size()));
-    std::vector<uint8_t> in;
-    BootstrapMessage welcome;
-    size_t used = 0;
-    const char* reason = "";
-    while (ParseBootstrap(in, &welcome, &used, &reason) == BootstrapParse::kNeedMore) {
-      uint8_t buf[4096];
-      ssize_t n = recv(fd_, buf, sizeof(buf), 0);
-      KVPOOL_CHECK(n > 0);
-      in.insert(in.end(), buf, buf + n);
+    std::unique_ptr<AuthConnector> auth;
+    BootstrapMessage hello;
+    if (key != nullptr) {
+      auth = std::make_unique<AuthConnector>(*key, "raw/1", /*encrypt=*/true);
+      hello.body = *auth->Hello();
+    }
+    SendBootstrap(hello);
+    BootstrapMessage welcome = ReadBootstrap();
+    if (auth != nullptr) {
+      KVPOOL_CHECK(welcome.kind == BootstrapKind::kChallenge);
+      std::string listener;
+      BootstrapMessage proof;
+      proof.kind = BootstrapKind::kProof;
+      proof.body = *auth->Answer(welcome.body, &listener);
+      SendBootstrap(proof);
+      welcome = ReadBootstrap();
+      KVPOOL_CHECK(auth->encrypted());
+      seal_ = std::move(PeerSeal::Make(auth->session_keys().connector_to_listener,
+                                       auth->session_keys().listener_to_connector))
+                  .value();
     }
     KVPOOL_CHECK(welcome.kind == BootstrapKind::kWelcome);
     token_ = welcome.token;
@@ -517,10 +559,16 @@ class RawPeer {
     ucp_worker_destroy(worker_);
     ucp_cleanup(context_);
   }
+  // A request sealed as the transport seals it (with the token set).
+  void Seal(std::vector<uint8_t>* header, std::vector<uint8_t>* data) {
+    SetFrameConn(header, token_);
+    KVPOOL_CHECK(seal_->Seal(header, *data, data->data()).ok());
+  }
   // Sends (with this connection's token in a header long enough to hold a
-  // frame) and progresses until the send completes.
-  void Send(std::vector<uint8_t> header, const std::vector<uint8_t>& data) {
-    if (header.size() >= kFrameBytes) SetFrameConn(&header, token_);
+  // frame, unless sealed: that would break the seal) and progresses until
+  // the send completes.
+  void Send(std::vector<uint8_t> header, const std::vector<uint8_t>& data, bool sealed = false) {
+    if (header.size() >= kFrameBytes && !sealed) SetFrameConn(&header, token_);
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_AM_SEND_FLAG_REPLY;
@@ -550,11 +598,31 @@ class RawPeer {
   }
 
  private:
+  void SendBootstrap(const BootstrapMessage& m) {
+    std::vector<uint8_t> out = EncodeBootstrap(m);
+    KVPOOL_CHECK(send(fd_, out.data(), out.size(), MSG_NOSIGNAL) ==
+                 static_cast<ssize_t>(out.size()));
+  }
+  BootstrapMessage ReadBootstrap() {
+    std::vector<uint8_t> in;
+    BootstrapMessage m;
+    size_t used = 0;
+    const char* reason = "";
+    while (ParseBootstrap(in, &m, &used, &reason) == BootstrapParse::kNeedMore) {
+      uint8_t buf[1];  // byte by byte: nothing of the next message is taken
+      ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+      KVPOOL_CHECK(n > 0);
+      in.insert(in.end(), buf, buf + n);
+    }
+    return m;
+  }
+
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   ucp_ep_h ep_ = nullptr;
   int fd_ = -1;
   uint32_t token_ = 0;
+  std::unique_ptr<PeerSeal> seal_;
 };
 
 TEST(UcxTransportTest, MalformedMessagesAreRejectedCountedAndCloseTheEndpoint) {
@@ -601,11 +669,133 @@ TEST(UcxTransportTest, MalformedMessagesAreRejectedCountedAndCloseTheEndpoint) {
   EXPECT_EQ(handled.load(), 0);
   // The server still serves well-behaved peers.
   auto client = OpenOrDie(TcpOptions());
-  CallArgs a;
-  a.peer = server->address();
-  a.type = 1;
-  a.deadline = Clock::now() + milliseconds(20000);
-  EXPECT_TRUE(client->CallSync(a).status.ok());
+  EXPECT_TRUE(CallType1(client.get(), server->address()).ok());
+}
+
+// On an encrypted connection, a request that was tampered with (header,
+// payload, eager or rendezvous), forged in the clear, or replayed is
+// refused before any handler sees it, counted, and closes the connection;
+// the same request sealed correctly is handled once.
+TEST(UcxTransportTest, EncryptedRequestsThatFailTheirCheckAreRefusedAndCloseTheEndpoint) {
+  MetricsRegistry metrics;
+  UcxTransportOptions so = TcpOptions();
+  so.cluster_keys = {TestKey(1)};  // the raw peer asks for encryption: the listener follows
+  so.metrics = &metrics;
+  auto server = OpenOrDie(so);
+  std::mutex mu;
+  std::vector<std::vector<uint8_t>> seen;  // payloads handled
+  server->RegisterHandler(1, [&](Incoming in, Responder r) {
+    std::lock_guard<std::mutex> lock(mu);
+    seen.emplace_back(in.payload.begin(), in.payload.end());
+    r.Respond(Status::Ok());
+  });
+  auto handled = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return seen.size();
+  };
+  Frame f;
+  f.type = 1;
+  f.request_id = 1;
+  f.budget_ms = 5000;
+  const ClusterKey key = TestKey(1);
+  const std::vector<uint8_t> message = {1, 2, 3, 4};
+  for (size_t bytes : {size_t{100}, size_t{1} << 20}) {  // eager and rendezvous
+    SCOPED_TRACE(bytes);
+    std::vector<uint8_t> payload(bytes);
+    for (size_t i = 0; i < bytes; ++i) payload[i] = static_cast<uint8_t>(i * 11);
+    f.payload_len = bytes;
+    const size_t handled_before = handled();
+    for (const char* how : {"header", "payload", "tag"}) {
+      RawPeer peer(server->port(), &key);
+      std::vector<uint8_t> header = EncodeFrame(f, message), data = payload;
+      peer.Seal(&header, &data);
+      if (std::string(how) == "header") header[kFrameBytes + 1] ^= 1;
+      if (std::string(how) == "payload") data[bytes / 2] ^= 1;
+      if (std::string(how) == "tag") header.back() ^= 1;
+      double before = metrics.ValueOf("kvpool_transport_errors_total", {{"reason", "bad_seal"}});
+      peer.Send(header, data, /*sealed=*/true);
+      EXPECT_TRUE(peer.WaitForFailure(milliseconds(5000))) << how;
+      EXPECT_EQ(metrics.ValueOf("kvpool_transport_errors_total", {{"reason", "bad_seal"}}),
+                std::max(before, 0.0) + 1)
+          << how;
+    }
+    EXPECT_EQ(handled(), handled_before);
+    // Sealed correctly it is handled, exactly once: the same bytes again are
+    // a replay.
+    RawPeer peer(server->port(), &key);
+    std::vector<uint8_t> header = EncodeFrame(f, message), data = payload;
+    peer.Seal(&header, &data);
+    size_t before = handled();
+    peer.Send(header, data, /*sealed=*/true);
+    auto until = Clock::now() + milliseconds(5000);
+    while (handled() == before && Clock::now() < until) std::this_thread::sleep_for(milliseconds(5));
+    ASSERT_EQ(handled(), before + 1);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      EXPECT_EQ(seen.back(), payload);
+    }
+    double replays = metrics.ValueOf("kvpool_transport_errors_total",
+                                     {{"reason", "replayed_message"}});
+    peer.Send(header, data, /*sealed=*/true);
+    EXPECT_TRUE(peer.WaitForFailure(milliseconds(5000)));
+    EXPECT_EQ(metrics.ValueOf("kvpool_transport_errors_total", {{"reason", "replayed_message"}}),
+              std::max(replays, 0.0) + 1);
+    EXPECT_EQ(handled(), before + 1);
+    // A frame in the clear on an encrypted connection carries no seal.
+    RawPeer clear(server->port(), &key);
+    double bad = metrics.ValueOf("kvpool_transport_errors_total", {{"reason", "bad_seal"}});
+    clear.Send(EncodeFrame(f, {}), payload);
+    EXPECT_TRUE(clear.WaitForFailure(milliseconds(5000)));
+    EXPECT_EQ(metrics.ValueOf("kvpool_transport_errors_total", {{"reason", "bad_seal"}}), bad + 1);
+    f.request_id++;
+  }
+  EXPECT_EQ(handled(), 2u);
+  // Well-behaved peers, encrypted or not, are still served.
+  UcxTransportOptions co = TcpOptions();
+  co.cluster_keys = {TestKey(1)};
+  co.peer_encryption = true;
+  auto client = OpenOrDie(co);
+  EXPECT_TRUE(CallType1(client.get(), server->address()).ok());
+}
+
+// A connector that asks for encryption refuses a listener that would not
+// encrypt; a listener that encrypts encrypts for a connector that did not
+// ask; encryption without a key is refused at open.
+TEST(UcxTransportTest, EncryptionIsNegotiatedAndCannotBeStripped) {
+  UcxTransportOptions bad = TcpOptions();
+  bad.peer_encryption = true;
+  EXPECT_EQ(UcxTransport::Open(bad).status().code(), StatusCode::kInvalidArgument);
+  for (int server_encrypts = 0; server_encrypts < 2; ++server_encrypts) {
+    MetricsRegistry metrics;
+    UcxTransportOptions so = TcpOptions();
+    so.cluster_keys = {TestKey(1)};
+    so.peer_encryption = server_encrypts != 0;
+    so.metrics = &metrics;
+    auto server = OpenOrDie(so);
+    server->RegisterHandler(1, [](Incoming in, Responder r) {
+      auto echo = std::make_shared<std::vector<uint8_t>>(in.payload.begin(), in.payload.end());
+      r.Respond(ServerReply{Status::Ok(), {9, 8, 7}, *echo, [echo] {}});
+    });
+    for (int client_encrypts = 0; client_encrypts < 2; ++client_encrypts) {
+      UcxTransportOptions co = TcpOptions();
+      co.cluster_keys = {TestKey(1)};
+      co.peer_encryption = client_encrypts != 0;
+      auto client = OpenOrDie(co);
+      std::vector<uint8_t> payload(300000);
+      for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i % 251);
+      const std::vector<uint8_t> request = {1, 2};
+      CallArgs a;
+      a.peer = server->address();
+      a.type = 1;
+      a.request = request;
+      a.payload = payload;
+      a.deadline = Clock::now() + milliseconds(20000);
+      Reply r = client->CallSync(a);
+      ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+      EXPECT_EQ(r.header, (std::vector<uint8_t>{9, 8, 7}));
+      EXPECT_EQ(r.payload, payload);
+    }
+  }
 }
 
 }  // namespace
