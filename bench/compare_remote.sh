@@ -32,7 +32,10 @@
 #   GET_THREADS (default 1: kvpool-bench threads of the remote get, each
 #   with its own connection to B; one thread leaves the wire idle while it
 #   copies a batch out, more overlap that copy with the next batch's
-#   fetches; the other runs always use one).
+#   fetches; the other runs always use one), PEER_SECURITY (default none;
+#   keyed: the nodes hold a cluster key; encrypted: and --peer-encryption;
+#   run the script once per mode to compare them, or see compare.sh
+#   security for the side-by-side ratio).
 set -euo pipefail
 
 LOG_TAG=remote
@@ -76,6 +79,18 @@ if [[ -n "$NODE" ]] && [[ "$("$NODE" --help 2>&1 || true)" != *--peers* ]]; then
 fi
 
 TMP="$(mktemp -d -t kvpool-remote.XXXXXX)"
+PEER_SECURITY="${PEER_SECURITY:-none}"
+PEER_ARGS=()
+case "$PEER_SECURITY" in
+  none) ;;
+  keyed | encrypted)
+    openssl rand -hex 32 > "$TMP/cluster.key"
+    chmod 600 "$TMP/cluster.key"
+    PEER_ARGS=(--cluster-key-file "$TMP/cluster.key")
+    [[ "$PEER_SECURITY" == encrypted ]] && PEER_ARGS+=(--peer-encryption)
+    ;;
+  *) die "PEER_SECURITY must be none, keyed or encrypted (not $PEER_SECURITY)" ;;
+esac
 RESULTS="$TMP/results.jsonl"
 : > "$RESULTS"
 A_PID="" ; B_PID="" ; REDIS_PID="" ; IPERF_PID=""
@@ -179,13 +194,13 @@ start_node() {  # start_node ID DRAM EXTRA...: sets NODE_STARTED_PID, NODE_URL
   local id="$1" dram="$2" logf="$TMP/node-$1.log" sock="$TMP/$1.sock" rc=0
   shift 2
   "$NODE" --node-id "$id" --peers "$PEERS" --peer-address 127.0.0.1 --socket "$sock" \
-    --dram-capacity "$dram" --slab-size 1MiB --admin-port 0 "$@" > "$logf" 2>&1 &
+    --dram-capacity "$dram" --slab-size 1MiB --admin-port 0 "${PEER_ARGS[@]}" "$@" > "$logf" 2>&1 &
   NODE_STARTED_PID=$!
   wait_node_ready "$NODE_STARTED_PID" "$logf" "$sock" || rc=$?
   [[ $rc -ne 1 ]] || die "kvpool-node $id exited during startup"
   [[ $rc -eq 0 ]] || die "kvpool-node $id not ready after 120 s"
   NODE_URL="$READY_URL"
-  log "node $id ready (pid $NODE_STARTED_PID, $dram, admin $NODE_URL; $(grep -o 'pre-faulted.*' "$logf" || true))"
+  log "node $id ready (pid $NODE_STARTED_PID, $dram, peers: $PEER_SECURITY, admin $NODE_URL; $(grep -o 'pre-faulted.*' "$logf" || true))"
 }
 
 metric_of() {  # metric_of URL NAME

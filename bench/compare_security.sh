@@ -16,6 +16,12 @@
 #    goes first alternates), a fresh cluster each time, and the metric is
 #    the median of the per-pair ratios (authentication happens once per
 #    connection, so about 1.0).
+#    encryption_cost_remote_get: the same remote get with the key and
+#    --peer-encryption, over the key alone, run in the same rounds (the
+#    three modes in a rotating order), median of the per-round ratios.
+#    cluster_auth_test also prints peer_frames_with_value_bytes_encrypted
+#    (frames between two hosts of an encrypted cluster holding value bytes:
+#    0) and _plain (the same without encryption: more than 0).
 #
 # 3. Runs tests/tenant_test from the build: one node with two tenants whose
 #    clients run as two other uids (needs root), attacking each other. It
@@ -27,7 +33,7 @@
 #      flood of three times a tenant's quotas), quota_overrun_bytes.
 #
 # Usage: bench/compare.sh security [--reps N] [--duration DURATION] [--keep]
-#   --reps      pairs of remote-get runs (default 8)
+#   --reps      rounds of remote-get runs (default 8)
 #   --duration  each remote-get run (default 2s)
 # Environment: BUILD_DIR (default build), UCX_TLS (default tcp),
 #   UCX_NET_DEVICES (default lo), A_DRAM (default 4GiB).
@@ -93,10 +99,12 @@ grep -q cross_tenant_values_read "$TMP/metrics" \
 openssl rand -hex 32 > "$TMP/cluster.key"
 chmod 600 "$TMP/cluster.key"
 
-# remote_get MODE: one run in a fresh cluster (MODE plain or keyed); prints GB/s.
+# remote_get MODE: one run in a fresh cluster (MODE plain, keyed or
+# encrypted); prints GB/s.
 remote_get() {
   local auth=() pa pb peers out
-  [[ $1 == keyed ]] && auth=(--cluster-key-file "$TMP/cluster.key")
+  [[ $1 != plain ]] && auth=(--cluster-key-file "$TMP/cluster.key")
+  [[ $1 == encrypted ]] && auth+=(--peer-encryption)
   pa="$(freeport)"; pb="$(freeport)"
   peers="a=127.0.0.1:$pa,b=127.0.0.1:$pb"
   "$NODE" --node-id a --peers "$peers" --peer-port "$pa" --socket "$TMP/a.sock" \
@@ -124,22 +132,26 @@ if r.get("errors") or r.get("misses"):
 print("%.3f" % r["gbps"])'
 }
 
-log "remote get with and without a cluster key, $REPS pairs of $DURATION"
+log "remote get without a cluster key, with one, and encrypted: $REPS rounds of $DURATION"
+modes=(plain keyed encrypted)
 for rep in $(seq 1 "$REPS"); do
-  # Which goes first alternates, so neither gains from the machine's drift.
-  if (( rep % 2 )); then
-    plain="$(remote_get plain)"; keyed="$(remote_get keyed)"
-  else
-    keyed="$(remote_get keyed)"; plain="$(remote_get plain)"
-  fi
-  log "pair $rep: without a key $plain GB/s, with $keyed GB/s"
-  printf '%s %s\n' "$plain" "$keyed" >> "$TMP/pairs"
+  # The order rotates, so no mode gains from the machine's drift.
+  declare -A got=()
+  for i in 0 1 2; do
+    m="${modes[$(( (i + rep) % 3 ))]}"
+    got[$m]="$(remote_get "$m")"
+  done
+  log "round $rep: without a key ${got[plain]} GB/s, with ${got[keyed]}, encrypted ${got[encrypted]}"
+  printf '%s %s %s\n' "${got[plain]}" "${got[keyed]}" "${got[encrypted]}" >> "$TMP/pairs"
+  unset got
 done
 "$PY" - "$TMP/pairs" >> "$TMP/metrics" <<'PYEOF'
 import statistics, sys
-pairs = [tuple(map(float, l.split())) for l in open(sys.argv[1]) if l.strip()]
-print("metric remote_get_1m_gbps_plain %.3f" % statistics.median(p for p, _ in pairs))
-print("metric remote_get_1m_gbps_keyed %.3f" % statistics.median(k for _, k in pairs))
-print("metric auth_cost_remote_get %.3f" % statistics.median(k / p for p, k in pairs))
+rounds = [tuple(map(float, l.split())) for l in open(sys.argv[1]) if l.strip()]
+print("metric remote_get_1m_gbps_plain %.3f" % statistics.median(r[0] for r in rounds))
+print("metric remote_get_1m_gbps_keyed %.3f" % statistics.median(r[1] for r in rounds))
+print("metric remote_get_1m_gbps_encrypted %.3f" % statistics.median(r[2] for r in rounds))
+print("metric auth_cost_remote_get %.3f" % statistics.median(r[1] / r[0] for r in rounds))
+print("metric encryption_cost_remote_get %.3f" % statistics.median(r[2] / r[1] for r in rounds))
 PYEOF
 cat "$TMP/metrics"

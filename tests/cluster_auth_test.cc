@@ -5,6 +5,7 @@
 // with a loose key file does not start, and a key rotates without a stop.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <linux/if_ether.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -28,6 +30,7 @@
 #include "kvpool/kvpool.h"
 #include "transport/bootstrap_format.h"
 #include "transport/peer_auth.h"
+#include "transport/peer_seal.h"
 
 namespace kvpool::testing {
 namespace {
@@ -40,6 +43,55 @@ void Metric(const std::string& name, double value) {
   std::printf("metric %s %g\n", name.c_str(), value);
   std::fflush(stdout);
 }
+
+// A packet capture of every interface of a network namespace that counts
+// the frames holding a byte string.
+class WireTap {
+ public:
+  ~WireTap() { Stop(); }
+  bool Start(const std::string& ns, std::vector<uint8_t> marker) {
+    marker_ = std::move(marker);
+    InNs(ns, [&] { fd_ = socket(AF_PACKET, SOCK_RAW | SOCK_CLOEXEC, htons(ETH_P_ALL)); });
+    if (fd_ < 0) return false;
+    int bytes = 64 << 20;  // no frame dropped while the test is busy
+    setsockopt(fd_, SOL_SOCKET, SO_RCVBUFFORCE, &bytes, sizeof(bytes));
+    timeval tv{0, 100 * 1000};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    thread_ = std::thread([this] {
+      std::vector<uint8_t> buf(256 * 1024);
+      while (!stop_) {
+        ssize_t n = recv(fd_, buf.data(), buf.size(), 0);
+        if (n <= 0) continue;
+        frames_++;
+        bytes_ += static_cast<uint64_t>(n);
+        if (std::search(buf.begin(), buf.begin() + n, marker_.begin(), marker_.end()) !=
+            buf.begin() + n) {
+          marked_++;
+        }
+      }
+    });
+    return true;
+  }
+  // Reads what is still queued, then stops.
+  void Stop() {
+    if (!thread_.joinable()) return;
+    std::this_thread::sleep_for(milliseconds(300));
+    stop_ = true;
+    thread_.join();
+    close(fd_);
+    fd_ = -1;
+  }
+  uint64_t frames() const { return frames_; }
+  uint64_t bytes() const { return bytes_; }
+  uint64_t marked() const { return marked_; }
+
+ private:
+  std::vector<uint8_t> marker_;
+  int fd_ = -1;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> frames_{0}, bytes_{0}, marked_{0};
+};
 
 const char* kKey1 = "6b7670f06c2d636c75737465722d6b65792d6f6e652d666f722d746573747321";
 const char* kKey2 = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
@@ -245,6 +297,81 @@ TEST_F(ClusterAuthTest, AcrossHostsANodeWithoutTheKeyGetsNothingInAndNothingOut)
   Metric("unauthenticated_peer_writes_accepted", writes_accepted);
   Metric("wrong_key_joins_refused", wrong_key_refused);  // connections a and b refused
   Metric("wrong_key_joins_accepted", wrong_key_accepted);
+}
+
+// Hosts as deployed, with --peer-encryption: values cross between the
+// hosts both ways (a fetch's reply, a placement hand-off's request) and
+// arrive byte-exact, and a capture of every frame between the hosts finds
+// none of their bytes. The same run without encryption finds them, which
+// shows the capture sees the values' frames.
+TEST_F(ClusterAuthTest, AcrossHostsAnEncryptedClusterPutsNoValueBytesOnTheWire) {
+  std::string why = NetnsLab::Unavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  NetnsLab lab;
+  ASSERT_TRUE(lab.Init());
+  for (int i = 1; i <= 2; ++i) ASSERT_FALSE(lab.AddHost(i).empty());
+  setenv("UCX_TLS", "tcp", 1);
+  const std::string port = "7412";
+  std::string members = "a=" + lab.Ip(1) + ":" + port + ",b=" + lab.Ip(2) + ":" + port;
+  std::string key = KeyFile("cluster.key", {kKey1});
+  // Values full of a marker of random bytes, each with its number in front.
+  std::vector<uint8_t> marker(16);
+  std::ifstream("/dev/urandom").read(reinterpret_cast<char*>(marker.data()), marker.size());
+  auto values = [&](size_t n, uint8_t seed) {
+    ByteValues v(n, std::vector<uint8_t>(64 * 1024));
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t j = 0; j < v[i].size(); ++j) v[i][j] = marker[j % marker.size()];
+      v[i][0] = static_cast<uint8_t>(i);
+      v[i][1] = seed;
+    }
+    return v;
+  };
+  double marked_plain = -1, marked_encrypted = -1;
+  for (bool encrypted : {false, true}) {
+    SCOPED_TRACE(encrypted ? "encrypted" : "authenticated only");
+    std::vector<std::string> args = {"--cluster-key-file", key};
+    if (encrypted) args.push_back("--peer-encryption");
+    auto start = [&](int host, const std::string& id, std::vector<std::string> extra) {
+      NodeProcess* n = nullptr;
+      extra.insert(extra.end(), {"--peer-address", lab.Ip(host)});
+      InNs(lab.Host(host), [&] { n = Start(id, members, std::stoi(port), extra); });
+      return n;
+    };
+    WireTap tap;
+    ASSERT_TRUE(tap.Start(lab.hub(), marker));
+    NodeProcess* a = start(1, "a", args);
+    std::vector<std::string> b_args = args;
+    b_args.insert(b_args.end(), {"--placement", "home"});  // puts go to their homes
+    NodeProcess* b = start(2, "b", b_args);
+    ASSERT_TRUE(a && b);
+    EXPECT_EQ(a->Log().find("and encrypted") != std::string::npos, encrypted) << a->Log();
+    std::string tag = encrypted ? "enc-" : "plain-";
+    auto fetched = NumberedKeys("wire", tag + "fetched-", 32);
+    ByteValues fetched_vals = values(fetched.size(), 1);
+    PutAll(*a, fetched, fetched_vals);  // b reads them from a
+    MaybeByteValues got;
+    ASSERT_TRUE(WaitFor(milliseconds(10000), [&] {
+      got = GetAll(*b, fetched);
+      return AllHit(got);
+    })) << Hits(got) << " of " << fetched.size();
+    ASSERT_NO_FATAL_FAILURE(ExpectValues(got, fetched_vals));
+    auto handed = NumberedKeys("wire", tag + "handed-", 32);
+    ByteValues handed_vals = values(handed.size(), 2);
+    PutAll(*b, handed, handed_vals);  // the keys homed at a are stored there by b
+    ASSERT_TRUE(WaitFor(milliseconds(10000), [&] {
+      got = GetAll(*a, handed);
+      return AllHit(got);
+    })) << Hits(got) << " of " << handed.size();
+    ASSERT_NO_FATAL_FAILURE(ExpectValues(got, handed_vals));
+    tap.Stop();
+    EXPECT_GT(tap.bytes(), 32u * 64 * 1024) << "the capture saw less than the values' bytes";
+    (encrypted ? marked_encrypted : marked_plain) = static_cast<double>(tap.marked());
+    nodes_.clear();  // before the lab removes their namespaces
+  }
+  EXPECT_GT(marked_plain, 0) << "the capture never saw a value's bytes in the clear";
+  EXPECT_EQ(marked_encrypted, 0) << "frames of an encrypted cluster held value bytes";
+  Metric("peer_frames_with_value_bytes_plain", marked_plain);
+  Metric("peer_frames_with_value_bytes_encrypted", marked_encrypted);
 }
 
 // A handshake recorded from the wire (hello and proof of a connection that
@@ -484,6 +611,10 @@ TEST_F(ClusterAuthTest, ALooseOrMissingKeyFileStopsTheStartSayingWhatToFix) {
     EXPECT_NE(log.find(k.says), std::string::npos) << log;
     EXPECT_NE(log.find(k.file), std::string::npos) << log;
   }
+  // Encryption takes its keys from the cluster-key handshake.
+  std::string log;
+  EXPECT_EQ(Start("a", c.members, c.ports[0], {"--peer-encryption"}, &log), nullptr);
+  EXPECT_NE(log.find("--peer-encryption needs --cluster-key-file"), std::string::npos) << log;
 }
 
 // Rotation without a stop: every node holds both keys, in either order

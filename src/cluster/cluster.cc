@@ -123,6 +123,7 @@ class ClusterImpl final : public Cluster {
     to.metrics = metrics;
     to.cluster_keys = opts_.cluster_keys;
     to.client_tokens = opts_.client_tokens;
+    to.peer_encryption = opts_.peer_encryption;
     to.client_message_types = {cluster::kPeerLookup, cluster::kPeerFetch, cluster::kPeerStore,
                                cluster::kPeerMembers};
     to.identity = opts_.node_id;

@@ -66,6 +66,9 @@ struct ClusterOptions {
   // Remote-mode clients' tokens: a connection authenticated with one may
   // look up, fetch, store and list members, nothing else.
   std::vector<transport::ClusterKey> client_tokens;
+  // Encrypt every peer connection (UcxTransportOptions::peer_encryption);
+  // needs cluster_keys.
+  bool peer_encryption = false;
 
   bool enabled() const { return !etcd.empty() || !peers.empty(); }
   Status Validate() const;

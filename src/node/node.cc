@@ -240,8 +240,9 @@ class NodeImpl final : public Node {
     if (!co.enabled()) return Status::Ok();
     if (!opts_.cluster_key_file.empty()) {
       KVPOOL_ASSIGN_OR_RETURN(cluster_keys_, transport::LoadClusterKeyFile(opts_.cluster_key_file));
-      LogInfo("cluster: peer connections authenticated with {} key{} from {}",
-              cluster_keys_.size(), cluster_keys_.size() == 1 ? "" : "s", opts_.cluster_key_file);
+      LogInfo("cluster: peer connections authenticated with {} key{} from {}{}",
+              cluster_keys_.size(), cluster_keys_.size() == 1 ? "" : "s", opts_.cluster_key_file,
+              co.peer_encryption ? ", and encrypted" : "");
     }
     if (opts_.cluster_key_file.empty() && opts_.insecure && !IsLoopbackAddress(co.peer_address)) {
       LogWarn("cluster: INSECURE: peer connections on {} are not authenticated (--insecure "

@@ -65,6 +65,11 @@ Status NodeOptions::Validate() const {
           "peers are authenticated, or pass --insecure to run without",
           co.peer_address));
     }
+    if (co.peer_encryption && cluster_key_file.empty()) {
+      return InvalidArgument(
+          "--peer-encryption needs --cluster-key-file: the connections' keys come from the "
+          "cluster-key handshake");
+    }
   }
   if (local.max_frame_bytes < dram.max_value_bytes + 64 * 1024) {
     return InvalidArgument(fmt::format(
@@ -178,6 +183,9 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddString("cluster-key-file", &o->cluster_key_file,
                "File with the cluster key (64 hex digits; a second line during rotation), mode "
                "0600; every peer connection is authenticated with it");
+  t->AddBool("peer-encryption", &o->cluster.peer_encryption,
+             "Encrypt peer connections (AES-256-GCM, keys from the cluster-key handshake); a "
+             "connection is encrypted when either side asks");
   t->AddInt("admin-threads", &o->admin.threads, 1, 16, "Admin HTTP request threads");
   t->AddInt("admin-max-connections", &o->admin.max_connections, 1, 1000000,
             "Admin HTTP connections open at once; a new one replaces the oldest still waiting "

@@ -426,7 +426,7 @@ void UcxTransport::Core::SendRequest(uint64_t id, uint64_t ep_id, std::vector<ui
   Endpoint* e = endpoints[ep_id].get();
   SetFrameConn(&am_header, e->token);
   // Sealed, the payload is copied out of the caller's memory at once.
-  std::unique_ptr<uint8_t[]> sealed;
+  SealBuffers::Buffer sealed;
   if (e->seal != nullptr) {
     Status st = SealOutgoing(e, &am_header, &payload, &sealed);
     if (!st.ok()) return Settle(id, Reply{st, {}, 0, {}});
@@ -464,6 +464,7 @@ void UcxTransport::Core::SendDone(SendOp* op, ucs_status_t status) {
     }
   }
   if (op->release) deferred.push_back(std::move(op->release));
+  seal_buffers.Give(std::move(op->sealed));
   delete op;
 }
 
@@ -506,7 +507,7 @@ void UcxTransport::Core::SendReply(uint64_t ep_id, uint64_t request_id, MessageT
   f.status = static_cast<int32_t>(r.status.code());
   f.payload_len = payload.size();
   std::vector<uint8_t> am_header = EncodeFrame(f, r.status.ok() ? r.header : error_text);
-  std::unique_ptr<uint8_t[]> sealed;
+  SealBuffers::Buffer sealed;
   if (e->seal != nullptr) {
     Status st = SealOutgoing(e, &am_header, &payload, &sealed);
     // The handler's memory is no longer needed once sealed (or not sent).
@@ -535,11 +536,10 @@ void UcxTransport::Core::SendReply(uint64_t ep_id, uint64_t request_id, MessageT
 
 Status UcxTransport::Core::SealOutgoing(Endpoint* e, std::vector<uint8_t>* am_header,
                                         std::span<const uint8_t>* payload,
-                                        std::unique_ptr<uint8_t[]>* sealed) {
-  // Uninitialised: every byte is written by the cipher.
-  if (!payload->empty()) sealed->reset(new uint8_t[payload->size()]);
-  KVPOOL_RETURN_IF_ERROR(e->seal->Seal(am_header, *payload, sealed->get()));
-  *payload = {sealed->get(), payload->size()};
+                                        SealBuffers::Buffer* sealed) {
+  if (!payload->empty()) *sealed = seal_buffers.Take(payload->size());
+  KVPOOL_RETURN_IF_ERROR(e->seal->Seal(am_header, *payload, sealed->data.get()));
+  *payload = {sealed->data.get(), payload->size()};
   return Status::Ok();
 }
 

@@ -36,6 +36,39 @@ std::string FormatAddr(const sockaddr_storage& ss);
 // UCX's choice.
 Result<std::string> NetDevices(const UcxTransportOptions& o);
 
+// Buffers for encrypted payloads, reused so that a stream of large messages
+// does not fault in fresh pages for each one. Capacities are powers of two
+// from 4 KiB; at most kKeepBytes are kept. Progress thread only.
+class SealBuffers {
+ public:
+  struct Buffer {
+    std::unique_ptr<uint8_t[]> data;
+    size_t capacity = 0;
+  };
+  static constexpr size_t kKeepBytes = size_t{64} << 20;
+  Buffer Take(size_t bytes) {
+    size_t cap = 4096;
+    while (cap < bytes) cap <<= 1;
+    auto& list = free_[cap];
+    if (!list.empty()) {
+      Buffer b = std::move(list.back());
+      list.pop_back();
+      kept_ -= cap;
+      return b;
+    }
+    return Buffer{std::unique_ptr<uint8_t[]>(new uint8_t[cap]), cap};  // not zeroed
+  }
+  void Give(Buffer b) {
+    if (b.data == nullptr || kept_ + b.capacity > kKeepBytes) return;
+    kept_ += b.capacity;
+    free_[b.capacity].push_back(std::move(b));
+  }
+
+ private:
+  std::unordered_map<size_t, std::vector<Buffer>> free_;
+  size_t kept_ = 0;
+};
+
 // Everything below marked "progress thread" is touched by that thread only,
 // which is why it needs no lock.
 struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
@@ -92,7 +125,7 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
     bool holds_ref = false;
     std::function<void()> release;
     size_t bytes = 0;
-    std::unique_ptr<uint8_t[]> sealed;  // an encrypted payload, until sent
+    SealBuffers::Buffer sealed;  // an encrypted payload, until sent
   };
   struct RecvOp {
     Core* core;
@@ -237,7 +270,7 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   // Seals an outgoing message on an encrypted endpoint: the header in place,
   // the payload into *sealed (which *payload then views).
   Status SealOutgoing(Endpoint* e, std::vector<uint8_t>* am_header,
-                      std::span<const uint8_t>* payload, std::unique_ptr<uint8_t[]>* sealed);
+                      std::span<const uint8_t>* payload, SealBuffers::Buffer* sealed);
   ucs_status_t OnReply(const void* header, size_t header_len, void* data, size_t len,
                        const ucp_am_recv_param_t* param);
 
@@ -334,6 +367,7 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   std::vector<std::function<void()>> to_handle;
   std::unordered_set<SendOp*> live_sends;
   std::unordered_set<RecvOp*> live_recvs;
+  SealBuffers seal_buffers;
 };
 
 }  // namespace kvpool::transport
