@@ -178,6 +178,8 @@ class ClusterAuthTest : public ::testing::Test {
     return Count(n, "kvpool_transport_authenticated_total{side=\"listener\"}");
   }
 
+  void RemoteClientReadsAndWrites(bool encrypted);
+
   std::string dir_;
   std::vector<std::unique_ptr<NodeProcess>> nodes_;
 };
@@ -468,13 +470,24 @@ TEST_F(ClusterAuthTest, AnUnauthenticatedRemoteClientReadsAndWritesNothing) {
 
 // A remote-mode client holding a client token reads the cluster's values
 // and stores its own; with an unknown token it gets PERMISSION_DENIED.
+// The same with --peer-encryption on the nodes: the client, which does not
+// ask for it, follows them, and every connection it makes is encrypted.
 TEST_F(ClusterAuthTest, ARemoteClientWithATokenReadsAndWrites) {
+  for (bool encrypted : {false, true}) {
+    SCOPED_TRACE(encrypted ? "encrypted" : "authenticated only");
+    nodes_.clear();
+    ASSERT_NO_FATAL_FAILURE(RemoteClientReadsAndWrites(encrypted));
+  }
+}
+
+void ClusterAuthTest::RemoteClientReadsAndWrites(bool encrypted) {
   const char* kToken = "7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a7a";
   StaticCluster c;
   ASSERT_TRUE(c.PickPorts({"a", "b"}));
   std::string key = KeyFile("cluster.key", {kKey1});
   std::string tokens = KeyFile("clients.tokens", {std::string("engine-1 ") + kToken});
   std::vector<std::string> args = {"--cluster-key-file", key, "--client-token-file", tokens};
+  if (encrypted) args.push_back("--peer-encryption");
   NodeProcess* a = Start("a", c.members, c.ports[0], args);
   NodeProcess* b = Start("b", c.members, c.ports[1], args);
   ASSERT_TRUE(a && b);
@@ -504,6 +517,13 @@ TEST_F(ClusterAuthTest, ARemoteClientWithATokenReadsAndWrites) {
   std::vector<kvpool_status> item(own.size(), -1);
   EXPECT_EQ(PutValues(rc, own, own_vals, &item), KVPOOL_OK) << kvpool_last_error();
   kvpool_close(rc);
+  // Listener-side encrypted connections: a's from b (and the client's), or none.
+  const std::string enc = "kvpool_transport_encrypted_connections_total{side=\"listener\"}";
+  if (encrypted) {
+    EXPECT_GE(Count(*a, enc) + Count(*b, enc), 3) << "members and the client, encrypted";
+  } else {
+    EXPECT_EQ(Count(*a, enc) + Count(*b, enc), 0);
+  }
   MaybeByteValues back;
   ASSERT_TRUE(WaitFor(milliseconds(5000), [&] {
     back = GetAll(*a, own);
@@ -512,7 +532,7 @@ TEST_F(ClusterAuthTest, ARemoteClientWithATokenReadsAndWrites) {
   ASSERT_NO_FATAL_FAILURE(ExpectValues(back, own_vals));
   // A token the nodes do not know.
   st = KVPOOL_OK;
-  rc = open(KeyFile("stolen.token", {std::string("engine-1 ") + kKey2}), &st);
+  rc = open(KeyFile(encrypted ? "stolen2.token" : "stolen.token", {std::string("engine-1 ") + kKey2}), &st);
   EXPECT_EQ(rc, nullptr);
   EXPECT_EQ(st, KVPOOL_PERMISSION_DENIED) << kvpool_status_name(st) << ": " << kvpool_last_error();
   if (rc != nullptr) kvpool_close(rc);

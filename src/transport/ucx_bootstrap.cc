@@ -303,6 +303,7 @@ void UcxTransport::Core::Welcome(int fd, Pending p) {
         PeerSeal::Make(k.listener_to_connector, k.connector_to_listener);
     if (!made.ok()) return Refuse(fd, "seal_failed", made.status().message());
     seal = std::move(made).value();
+    encrypted_listener->Inc();
   }
   Endpoint* e = NewEndpoint(p.peer, /*client=*/false);
   e->fd = fd;
@@ -460,6 +461,7 @@ void UcxTransport::Core::OnEndpointSocket(uint64_t ep_id, uint32_t events) {
           PeerSeal::Make(k.connector_to_listener, k.listener_to_connector);
       if (!made.ok()) return FailEndpoint(ep_id, made.status());
       e->seal = std::move(made).value();
+      encrypted_connector->Inc();
     }
     LogDebug("transport: peer {} at {} authenticated{}", listener, e->peer,
              e->seal != nullptr ? ", encrypted" : "");

@@ -162,6 +162,11 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
                                                  {{"side", "listener"}});
     authenticated_connector = metrics->GetCounter("kvpool_transport_authenticated_total",
                                                   auth_help, {{"side", "connector"}});
+    const std::string enc_help = "Peer connections that encrypt their messages, by side";
+    encrypted_listener = metrics->GetCounter("kvpool_transport_encrypted_connections_total",
+                                             enc_help, {{"side", "listener"}});
+    encrypted_connector = metrics->GetCounter("kvpool_transport_encrypted_connections_total",
+                                              enc_help, {{"side", "connector"}});
   }
 
   // ---- Any thread --------------------------------------------------------
@@ -308,6 +313,7 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   Gauge* endpoints_gauge;
   Gauge* bootstrapping_gauge;
   Counter *authenticated_listener, *authenticated_connector;
+  Counter *encrypted_listener, *encrypted_connector;
   Histogram* latency;
 
   std::mutex handlers_mu;
