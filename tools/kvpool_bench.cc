@@ -23,6 +23,10 @@
 // finds its key present (a rerun in the same namespace) is counted in
 // "existed" and its bytes are not counted.
 //
+// --trace FILE replays an LLM request trace instead (tools/trace_replay.h):
+// per request a hit-prefix, reads of the hit blocks and writes of the rest,
+// against one or more nodes (--sockets), with offline LRU and Belady figures.
+//
 // Output: one line per (op, repetition), human-readable or --json.
 // Exit status: 0 ok, 1 setup failure (no node, ...), 2 usage, 3 ran but
 // counted errors (failed items or corrupt bytes).
@@ -49,6 +53,7 @@
 
 #include "common/settings.h"
 #include "kvpool/kvpool.h"
+#include "tools/trace_replay.h"
 
 namespace {
 
@@ -650,6 +655,26 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--timeout-ms", cfg.timeout_ms, "Deadline of each call")->capture_default_str();
   app.add_option("--seed", cfg.seed, "Random seed")->capture_default_str();
+  kvpool::trace::ReplayConfig replay;
+  std::string sockets_text;
+  app.add_option("--trace", replay.trace_path,
+                 "Replay this trace (Mooncake JSONL: timestamp, input_length, output_length, "
+                 "hash_ids) instead of --op: hit-prefix, read the hits, write the rest");
+  app.add_option("--block-tokens", replay.block_tokens, "--trace: tokens per block")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--sockets", sockets_text,
+                 "--trace: comma-separated node sockets to route requests to (default: --socket)");
+  app.add_option("--route", replay.route, "--trace: round-robin, random or affinity (by first block)")
+      ->check(CLI::IsMember({"round-robin", "random", "affinity"}))
+      ->capture_default_str();
+  app.add_option("--speed", replay.speed,
+                 "--trace: 0 replays as fast as possible; S follows the timestamps S times faster")
+      ->check(CLI::Range(0.0, 1e9))
+      ->capture_default_str();
+  app.add_option("--trace-limit", replay.limit, "--trace: replay only the first N requests (0: all)");
+  bool no_offline = false;
+  app.add_flag("--no-offline", no_offline, "--trace: skip the offline LRU and Belady figures");
   CLI11_PARSE(app, argc, argv);
 
   auto usage = [](const std::string& msg) {
@@ -677,6 +702,23 @@ int main(int argc, char** argv) {
   if (!TakeFlag(SettingsTable::ParseDuration("warmup", warmup_text), &cfg.warmup_ms)) return 2;
   if (!TakeFlag(SettingsTable::ParseSize("buffer-size", buffer_text), &cfg.buffer_bytes)) return 2;
   cfg.zc_read = zc_read_text == "touch" ? ZcRead::kTouch : ZcRead::kCopy;
+  if (!replay.trace_path.empty()) {
+    // Values default to 16 KiB per block here, unless --value-size is given.
+    replay.value_size = app.count("--value-size") > 0 ? cfg.value_size : replay.value_size;
+    std::string_view rest = sockets_text;
+    while (!rest.empty()) {
+      const size_t comma = rest.find(',');
+      replay.sockets.emplace_back(rest.substr(0, comma));
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    }
+    if (replay.sockets.empty()) replay.sockets.push_back(cfg.socket);
+    replay.ns = app.count("--namespace") > 0 ? cfg.ns : replay.ns;
+    replay.timeout_ms = cfg.timeout_ms;
+    replay.seed = cfg.seed;
+    replay.json = cfg.json;
+    replay.offline = !no_offline;
+    return kvpool::trace::RunReplay(replay);
+  }
 
   // Working set: >= 1 GiB of values for values >= 1 KiB, so reads come from
   // DRAM, not caches; at most 1Mi keys so small values populate quickly.

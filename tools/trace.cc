@@ -1,0 +1,158 @@
+#include "tools/trace.h"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <list>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <nlohmann/json.hpp>
+
+namespace kvpool::trace {
+
+namespace {
+
+bool NonNegativeNumber(const nlohmann::json& v) {
+  return (v.is_number_unsigned() || v.is_number_integer() || v.is_number_float()) &&
+         v.get<double>() >= 0;
+}
+
+}  // namespace
+
+Result<std::vector<Request>> LoadTrace(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFound(fmt::format("trace {}: {}", path, std::strerror(errno)));
+  std::vector<Request> out;
+  std::string line;
+  uint64_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    auto bad = [&](std::string_view why) {
+      return InvalidArgument(fmt::format("trace {} line {}: {}", path, line_no, why));
+    };
+    if (line.size() > kMaxLineBytes) return bad("longer than 4 MiB");
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) return bad("not a JSON object");
+    for (const char* f : {"timestamp", "input_length", "output_length"}) {
+      if (!j.contains(f) || !NonNegativeNumber(j[f])) {
+        return bad(fmt::format("\"{}\" is missing or not a non-negative number", f));
+      }
+    }
+    const auto ids = j.find("hash_ids");
+    if (ids == j.end() || !ids->is_array()) return bad("\"hash_ids\" is missing or not an array");
+    if (ids->size() > kMaxBlocksPerRequest) return bad("more than 65536 hash_ids");
+    Request r;
+    r.timestamp_ms = j["timestamp"].get<double>();
+    r.input_length = static_cast<uint64_t>(j["input_length"].get<double>());
+    r.output_length = static_cast<uint64_t>(j["output_length"].get<double>());
+    r.blocks.reserve(ids->size());
+    for (const auto& id : *ids) {
+      if (!id.is_number_unsigned() && !(id.is_number_integer() && id.get<int64_t>() >= 0)) {
+        return bad("a hash_id is not a non-negative integer");
+      }
+      r.blocks.push_back(id.get<uint64_t>());
+    }
+    if (!out.empty() && r.timestamp_ms < out.back().timestamp_ms) {
+      return bad("the timestamp goes backwards");
+    }
+    out.push_back(std::move(r));
+  }
+  if (in.bad()) return IOError(fmt::format("trace {}: read failed", path));
+  if (out.empty()) return InvalidArgument(fmt::format("trace {} holds no request", path));
+  return out;
+}
+
+TraceShape Shape(const std::vector<Request>& trace) {
+  TraceShape s;
+  std::unordered_set<uint64_t> seen;
+  for (const Request& r : trace) {
+    s.requests++;
+    s.block_refs += r.blocks.size();
+    s.input_tokens += r.input_length;
+    seen.insert(r.blocks.begin(), r.blocks.end());
+  }
+  s.distinct_blocks = seen.size();
+  return s;
+}
+
+OfflineResult OfflineLru(const std::vector<Request>& trace, uint64_t capacity,
+                         uint64_t block_tokens) {
+  OfflineResult res;
+  std::list<uint64_t> order;  // least recently used first
+  std::unordered_map<uint64_t, std::list<uint64_t>::iterator> where;
+  std::vector<uint64_t> missing;
+  for (const Request& r : trace) {
+    size_t k = 0;
+    while (k < r.blocks.size() && where.count(r.blocks[k])) ++k;
+    res.hit_blocks += k;
+    res.block_refs += r.blocks.size();
+    res.hit_tokens += HitTokens(r, k, block_tokens);
+    res.input_tokens += r.input_length;
+    for (size_t i = 0; i < k; ++i) order.splice(order.end(), order, where[r.blocks[i]]);
+    // What to write is decided before writing, as an engine does from its
+    // hit-prefix call: a block cached behind the first miss is not written
+    // (and not touched), even if this request's writes evict it.
+    missing.clear();
+    for (size_t i = k; i < r.blocks.size(); ++i) {
+      if (!where.count(r.blocks[i])) missing.push_back(r.blocks[i]);
+    }
+    for (uint64_t b : missing) {
+      if (capacity == 0) break;
+      if (where.size() >= capacity) {
+        where.erase(order.front());
+        order.pop_front();
+      }
+      where[b] = order.insert(order.end(), b);
+    }
+  }
+  return res;
+}
+
+OfflineResult OfflineBelady(const std::vector<Request>& trace, uint64_t capacity,
+                            uint64_t block_tokens) {
+  // The position of every reference, and of each one's next reference.
+  std::vector<uint64_t> flat;
+  for (const Request& r : trace) flat.insert(flat.end(), r.blocks.begin(), r.blocks.end());
+  constexpr uint64_t kNever = UINT64_MAX;
+  std::vector<uint64_t> next(flat.size());
+  {
+    std::unordered_map<uint64_t, uint64_t> later;
+    for (size_t i = flat.size(); i-- > 0;) {
+      auto it = later.find(flat[i]);
+      next[i] = it == later.end() ? kNever : it->second;
+      later[flat[i]] = i;
+    }
+  }
+  OfflineResult res;
+  std::unordered_map<uint64_t, uint64_t> cached;  // block -> its next reference
+  std::priority_queue<std::pair<uint64_t, uint64_t>> farthest;  // (next use, block), stale ones skipped
+  size_t at = 0;
+  for (const Request& r : trace) {
+    size_t k = 0;
+    while (k < r.blocks.size() && cached.count(r.blocks[k])) ++k;
+    res.hit_blocks += k;
+    res.block_refs += r.blocks.size();
+    res.hit_tokens += HitTokens(r, k, block_tokens);
+    res.input_tokens += r.input_length;
+    for (size_t i = 0; i < r.blocks.size() && capacity > 0; ++i, ++at) {
+      const uint64_t b = r.blocks[i];
+      cached[b] = next[at];
+      farthest.emplace(next[at], b);
+      while (cached.size() > capacity) {
+        auto [when, victim] = farthest.top();
+        farthest.pop();
+        auto it = cached.find(victim);
+        if (it != cached.end() && it->second == when) cached.erase(it);
+      }
+    }
+    if (capacity == 0) at += r.blocks.size();
+  }
+  return res;
+}
+
+}  // namespace kvpool::trace

@@ -1,0 +1,299 @@
+#include "tools/trace_replay.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string_view>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "kvpool/kvpool.h"
+#include "tools/trace.h"
+
+namespace kvpool::trace {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t Mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// A block's value: 8-byte words derived from its id (and the word's place),
+// so any byte out of place is found.
+void FillValue(uint64_t block, uint8_t* out, uint64_t size) {
+  uint64_t seed = Mix64(block + 0x9e3779b97f4a7c15ull);
+  uint64_t words = size / 8;
+  for (uint64_t w = 0; w < words; ++w) {
+    uint64_t v = Mix64(seed + w);
+    std::memcpy(out + w * 8, &v, 8);
+  }
+  for (uint64_t i = words * 8; i < size; ++i) out[i] = static_cast<uint8_t>(seed >> (i % 8));
+}
+
+// Bytes of `got` that differ from the block's value.
+uint64_t WrongBytes(uint64_t block, const uint8_t* got, uint64_t size, std::vector<uint8_t>* want) {
+  want->resize(size);
+  FillValue(block, want->data(), size);
+  if (std::memcmp(got, want->data(), size) == 0) return 0;
+  uint64_t n = 0;
+  for (uint64_t i = 0; i < size; ++i) n += got[i] != (*want)[i];
+  return n;
+}
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+// dram.entries from a node's statistics; 0 when unknown.
+uint64_t DramEntries(kvpool_client* c) {
+  std::vector<char> buf(1 << 20);
+  size_t len = 0;
+  if (kvpool_stats_json(c, buf.data(), buf.size(), &len) != KVPOOL_OK) return 0;
+  nlohmann::json j = nlohmann::json::parse(std::string_view(buf.data()), nullptr, false);
+  if (!j.is_object() || !j.contains("dram") || !j["dram"].contains("entries")) return 0;
+  return j["dram"]["entries"].get<uint64_t>();
+}
+
+struct Node {
+  kvpool_client* client = nullptr;
+  uint64_t requests = 0;
+  uint64_t max_entries = 0;
+};
+
+}  // namespace
+
+int RunReplay(const ReplayConfig& cfg) {
+  Result<std::vector<Request>> loaded = LoadTrace(cfg.trace_path);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "kvpool-bench: %s\n", std::string(loaded.status().message()).c_str());
+    return 1;
+  }
+  std::vector<Request> trace = std::move(loaded).value();
+  if (cfg.limit > 0 && trace.size() > cfg.limit) trace.resize(cfg.limit);
+  const TraceShape shape = Shape(trace);
+
+  std::vector<Node> nodes;
+  auto close_all = [&] {
+    for (Node& n : nodes) kvpool_close(n.client);
+  };
+  for (const std::string& sock : cfg.sockets) {
+    kvpool_options o;
+    kvpool_options_init(&o);
+    o.socket_path = sock.empty() ? nullptr : sock.c_str();
+    o.timeout_ms = cfg.timeout_ms;
+    kvpool_status st = KVPOOL_OK;
+    kvpool_client* c = kvpool_open(&o, &st);
+    if (c == nullptr) {
+      std::fprintf(stderr, "kvpool-bench: cannot connect to %s: %s: %s\n",
+                   sock.empty() ? "the default socket" : sock.c_str(), kvpool_status_name(st),
+                   kvpool_last_error());
+      close_all();
+      return 1;
+    }
+    nodes.push_back(Node{c});
+  }
+  const uint64_t max_value = kvpool_max_value_size(nodes[0].client);
+  if (max_value != 0 && cfg.value_size > max_value) {
+    std::fprintf(stderr, "kvpool-bench: --value-size is over the node's maximum\n");
+    close_all();
+    return 1;
+  }
+
+  size_t longest = 1;
+  for (const Request& r : trace) longest = std::max(longest, r.blocks.size());
+  const uint64_t vs = cfg.value_size;
+  std::vector<uint8_t> buf(longest * vs), want;
+  std::vector<std::string> names(longest);
+  std::vector<const void*> name_ptrs(longest);
+  std::vector<size_t> name_lens(longest);
+  std::vector<kvpool_key_id> ids(longest), put_ids(longest);
+  std::vector<uint8_t> hits(longest);
+  std::vector<void*> dst(longest);
+  std::vector<const void*> src(longest);
+  std::vector<uint64_t> caps(longest, vs), sizes(longest), put_sizes(longest, vs);
+  std::vector<kvpool_status> statuses(longest);
+  std::vector<uint64_t> put_blocks(longest);
+
+  uint64_t hit_blocks = 0, hit_tokens = 0, bytes_read = 0, bytes_written = 0, wrong_bytes = 0;
+  uint64_t failed_items = 0, lost_hits = 0, existed = 0;
+  std::string first_error;
+  std::vector<double> latency_us;
+  latency_us.reserve(trace.size());
+  uint64_t rng = cfg.seed * 0x9e3779b97f4a7c15ull + 1;
+  const auto start = Clock::now();
+  for (size_t ri = 0; ri < trace.size(); ++ri) {
+    const Request& r = trace[ri];
+    size_t which = 0;
+    if (cfg.route == "random") {
+      which = static_cast<size_t>(Mix64(rng += 0x9e3779b97f4a7c15ull) % nodes.size());
+    } else if (cfg.route == "affinity") {
+      which = r.blocks.empty() ? 0 : static_cast<size_t>(Mix64(r.blocks[0]) % nodes.size());
+    } else {
+      which = ri % nodes.size();
+    }
+    Node& node = nodes[which];
+    node.requests++;
+    if (cfg.speed > 0) {
+      std::this_thread::sleep_until(
+          start + std::chrono::microseconds(static_cast<int64_t>(r.timestamp_ms * 1000 / cfg.speed)));
+    }
+    const size_t n = r.blocks.size();
+    const auto t0 = Clock::now();
+    for (size_t i = 0; i < n; ++i) {
+      names[i] = "b" + std::to_string(r.blocks[i]);
+      name_ptrs[i] = names[i].data();
+      name_lens[i] = names[i].size();
+    }
+    kvpool_key_ids(cfg.ns.data(), cfg.ns.size(), name_ptrs.data(), name_lens.data(), n, ids.data());
+    size_t prefix = 0;
+    kvpool_status st = n == 0 ? KVPOOL_OK : kvpool_exists(node.client, ids.data(), n, hits.data(), &prefix);
+    if (st != KVPOOL_OK) {
+      failed_items += n;
+      if (first_error.empty()) first_error = std::string("exists: ") + kvpool_status_name(st);
+      continue;
+    }
+    // The hit prefix, read and checked.
+    size_t got = 0;
+    if (prefix > 0) {
+      for (size_t i = 0; i < prefix; ++i) dst[i] = buf.data() + i * vs;
+      st = kvpool_get(node.client, ids.data(), dst.data(), caps.data(), prefix, sizes.data(),
+                      statuses.data());
+      for (size_t i = 0; i < prefix; ++i) {
+        kvpool_status s = st == KVPOOL_OK ? statuses[i] : st;
+        if (s == KVPOOL_OK && sizes[i] == vs && got == i) {
+          uint64_t wrong = WrongBytes(r.blocks[i], buf.data() + i * vs, vs, &want);
+          wrong_bytes += wrong;
+          if (wrong == 0) {
+            ++got;
+            bytes_read += vs;
+          }
+        } else if (s == KVPOOL_OK) {
+          wrong_bytes += vs;  // wrong size
+        } else if (s == KVPOOL_NOT_FOUND) {
+          ++lost_hits;  // evicted between the exists and the get
+        } else {
+          ++failed_items;
+          if (first_error.empty()) first_error = std::string("get: ") + kvpool_status_name(s);
+        }
+      }
+    }
+    hit_blocks += got;
+    hit_tokens += HitTokens(r, got, cfg.block_tokens);
+    // The blocks after the prefix that are not cached, written.
+    size_t m = 0;
+    for (size_t i = got; i < n; ++i) {
+      if (i >= prefix && hits[i]) continue;  // cached behind the first miss
+      uint8_t* p = buf.data() + m * vs;
+      FillValue(r.blocks[i], p, vs);
+      src[m] = p;
+      put_ids[m] = ids[i];
+      put_blocks[m] = r.blocks[i];
+      ++m;
+    }
+    if (m > 0) {
+      st = kvpool_put(node.client, put_ids.data(), src.data(), put_sizes.data(), m, statuses.data());
+      for (size_t i = 0; i < m; ++i) {
+        kvpool_status s = statuses[i];
+        if (s == KVPOOL_OK) {
+          bytes_written += vs;
+        } else if (s == KVPOOL_ALREADY_EXISTS) {
+          ++existed;
+        } else {
+          ++failed_items;
+          if (first_error.empty()) {
+            first_error = std::string("put: ") + kvpool_status_name(s != KVPOOL_OK ? s : st);
+          }
+        }
+      }
+    }
+    latency_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    if ((ri & 63) == 63 || ri + 1 == trace.size()) {
+      node.max_entries = std::max(node.max_entries, DramEntries(node.client));
+    }
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  uint64_t capacity = 0;
+  for (Node& node : nodes) {
+    node.max_entries = std::max(node.max_entries, DramEntries(node.client));
+    capacity += node.max_entries;
+  }
+  close_all();
+
+  const double block_hit = shape.block_refs ? double(hit_blocks) / shape.block_refs : 0;
+  const double token_hit = shape.input_tokens ? double(hit_tokens) / shape.input_tokens : 0;
+  OfflineResult lru, belady;
+  if (cfg.offline) {
+    lru = OfflineLru(trace, capacity, cfg.block_tokens);
+    belady = OfflineBelady(trace, capacity, cfg.block_tokens);
+  }
+  nlohmann::ordered_json j = {
+      {"trace", cfg.trace_path},
+      {"requests", shape.requests},
+      {"block_refs", shape.block_refs},
+      {"distinct_blocks", shape.distinct_blocks},
+      {"nodes", nodes.size()},
+      {"route", cfg.route},
+      {"value_size", vs},
+      {"capacity_entries", capacity},
+      {"block_hit_ratio", block_hit},
+      {"token_hit_ratio", token_hit},
+      {"offline_lru_block_hit_ratio", lru.block_hit_ratio()},
+      {"offline_belady_block_hit_ratio", belady.block_hit_ratio()},
+      {"offline_lru_token_hit_ratio", lru.token_hit_ratio()},
+      {"bytes_read", bytes_read},
+      {"bytes_written", bytes_written},
+      {"puts_existed", existed},
+      {"lost_hits", lost_hits},
+      {"wrong_bytes", wrong_bytes},
+      {"failed_items", failed_items},
+      {"seconds", secs},
+      {"requests_per_s", secs > 0 ? double(trace.size()) / secs : 0},
+      {"latency_us", {{"p50", Percentile(latency_us, 0.50)},
+                      {"p90", Percentile(latency_us, 0.90)},
+                      {"p99", Percentile(latency_us, 0.99)}}},
+  };
+  if (!first_error.empty()) j["first_error"] = first_error;
+  if (cfg.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf(
+        "trace %s: %llu requests, %llu block refs, %llu distinct blocks; %zu node(s), %s, "
+        "%llu entries reached\n"
+        "  block hit ratio %.4f (offline LRU %.4f, Belady %.4f), token hit ratio %.4f\n"
+        "  read %.1f MiB, wrote %.1f MiB, %.0f requests/s, latency p50 %.0f us p90 %.0f us "
+        "p99 %.0f us\n"
+        "  wrong bytes %llu, failed items %llu, hits lost between exists and get %llu\n",
+        cfg.trace_path.c_str(), static_cast<unsigned long long>(shape.requests),
+        static_cast<unsigned long long>(shape.block_refs),
+        static_cast<unsigned long long>(shape.distinct_blocks), nodes.size(), cfg.route.c_str(),
+        static_cast<unsigned long long>(capacity), block_hit, lru.block_hit_ratio(),
+        belady.block_hit_ratio(), token_hit, bytes_read / 1048576.0, bytes_written / 1048576.0,
+        secs > 0 ? trace.size() / secs : 0, Percentile(latency_us, 0.5),
+        Percentile(latency_us, 0.9), Percentile(latency_us, 0.99),
+        static_cast<unsigned long long>(wrong_bytes), static_cast<unsigned long long>(failed_items),
+        static_cast<unsigned long long>(lost_hits));
+    if (!first_error.empty()) std::printf("  first error: %s\n", first_error.c_str());
+  }
+  std::printf("metric trace_block_hit_ratio %.6f\n", block_hit);
+  std::printf("metric trace_token_hit_ratio %.6f\n", token_hit);
+  std::printf("metric trace_capacity_entries %llu\n", static_cast<unsigned long long>(capacity));
+  if (cfg.offline) {
+    std::printf("metric trace_offline_lru_hit_ratio %.6f\n", lru.block_hit_ratio());
+    std::printf("metric trace_offline_belady_hit_ratio %.6f\n", belady.block_hit_ratio());
+  }
+  std::printf("metric trace_wrong_bytes %llu\n", static_cast<unsigned long long>(wrong_bytes));
+  std::printf("metric trace_failed_items %llu\n", static_cast<unsigned long long>(failed_items));
+  std::printf("metric trace_requests_per_s %.1f\n", secs > 0 ? trace.size() / secs : 0);
+  return wrong_bytes > 0 || failed_items > 0 ? 3 : 0;
+}
+
+}  // namespace kvpool::trace
