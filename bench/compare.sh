@@ -20,6 +20,10 @@
 #        bench/compare.sh security [--reps N] [--duration DURATION] [--keep]
 #          (an intruder without the cluster key, a replayed handshake, and
 #          the cost of authentication; bench/compare_security.sh)
+#        bench/compare.sh trace [--trace FILE] [--reps N] [--keep]
+#          (cache quality on an LLM request trace: the eviction policies vs
+#          offline LRU and Belady, and a pool of three nodes;
+#          bench/compare_trace.sh)
 #        bench/compare.sh connectors [--reps N] [--keep] [-- BENCH_ARGS]
 #          (SGLang/LMCache connectors vs the raw Python client;
 #          bench/compare_connectors.sh)
@@ -45,6 +49,10 @@ fi
 if [[ "${1:-}" == "security" ]]; then
   shift
   exec "$HERE/compare_security.sh" "$@"
+fi
+if [[ "${1:-}" == "trace" ]]; then
+  shift
+  exec "$HERE/compare_trace.sh" "$@"
 fi
 if [[ "${1:-}" == "ssd" ]]; then
   shift

@@ -87,12 +87,7 @@ OfflineResult OfflineLru(const std::vector<Request>& trace, uint64_t capacity,
   std::unordered_map<uint64_t, std::list<uint64_t>::iterator> where;
   std::vector<uint64_t> missing;
   for (const Request& r : trace) {
-    size_t k = 0;
-    while (k < r.blocks.size() && where.count(r.blocks[k])) ++k;
-    res.hit_blocks += k;
-    res.block_refs += r.blocks.size();
-    res.hit_tokens += HitTokens(r, k, block_tokens);
-    res.input_tokens += r.input_length;
+    const size_t k = res.Count(r, block_tokens, [&](uint64_t b) { return where.count(b) > 0; });
     for (size_t i = 0; i < k; ++i) order.splice(order.end(), order, where[r.blocks[i]]);
     // What to write is decided before writing, as an engine does from its
     // hit-prefix call: a block cached behind the first miss is not written
@@ -133,12 +128,7 @@ OfflineResult OfflineBelady(const std::vector<Request>& trace, uint64_t capacity
   std::priority_queue<std::pair<uint64_t, uint64_t>> farthest;  // (next use, block), stale ones skipped
   size_t at = 0;
   for (const Request& r : trace) {
-    size_t k = 0;
-    while (k < r.blocks.size() && cached.count(r.blocks[k])) ++k;
-    res.hit_blocks += k;
-    res.block_refs += r.blocks.size();
-    res.hit_tokens += HitTokens(r, k, block_tokens);
-    res.input_tokens += r.input_length;
+    res.Count(r, block_tokens, [&](uint64_t b) { return cached.count(b) > 0; });
     for (size_t i = 0; i < r.blocks.size() && capacity > 0; ++i, ++at) {
       const uint64_t b = r.blocks[i];
       cached[b] = next[at];

@@ -58,6 +58,10 @@ struct OfflineResult {
   uint64_t input_tokens = 0;
   double block_hit_ratio() const { return block_refs ? double(hit_blocks) / block_refs : 0; }
   double token_hit_ratio() const { return input_tokens ? double(hit_tokens) / input_tokens : 0; }
+  // Counts request r: its hit prefix is its leading run of blocks for which
+  // cached(block) holds. Returns the prefix's length.
+  template <typename Cached>
+  size_t Count(const Request& r, uint64_t block_tokens, Cached cached);
 };
 OfflineResult OfflineLru(const std::vector<Request>& trace, uint64_t capacity,
                          uint64_t block_tokens);
@@ -68,6 +72,17 @@ OfflineResult OfflineBelady(const std::vector<Request>& trace, uint64_t capacity
 inline uint64_t HitTokens(const Request& r, uint64_t hit_blocks, uint64_t block_tokens) {
   uint64_t t = hit_blocks * block_tokens;
   return t < r.input_length ? t : r.input_length;
+}
+
+template <typename Cached>
+size_t OfflineResult::Count(const Request& r, uint64_t block_tokens, Cached cached) {
+  size_t k = 0;
+  while (k < r.blocks.size() && cached(r.blocks[k])) ++k;
+  hit_blocks += k;
+  block_refs += r.blocks.size();
+  hit_tokens += HitTokens(r, k, block_tokens);
+  input_tokens += r.input_length;
+  return k;
 }
 
 }  // namespace kvpool::trace

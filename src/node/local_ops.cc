@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <cstring>
 #include <utility>
 
@@ -358,7 +359,8 @@ Status LocalOps::OnReserve(LocalSession& c, const FrameHeader& h, std::span<cons
     }
     uint64_t handle = c.next_handle++;
     regions_[i] = {0, handle, c.staging ? staged : r->offset(), r->size()};
-    c.reservations.emplace(handle, LocalSession::Reserved{std::move(r).value(), staged});
+    c.reservations.emplace(handle,
+                           LocalSession::Reserved{std::move(r).value(), staged, h.request_id});
   }
   out_.clear();
   protocol::EncodeRegionItems(regions_, &out_);
@@ -383,7 +385,11 @@ Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const
       std::memcpy(res.slot.data(), c.staging->data(res.staging_offset), size);
       c.staging->Free(res.staging_offset, size);
     }
-    Status s = t.store->Commit(std::move(res.slot));
+    if (res.batch != c.chain_batch) {
+      c.chain_batch = res.batch;
+      c.chain = DramStore::ChainPlace{};
+    }
+    Status s = t.store->Commit(std::move(res.slot), WriteOrigin::kPut, &c.chain);
     c.reservations.erase(it);
     statuses_[i] = static_cast<int32_t>(s.code());
     if (s.ok()) {
@@ -425,7 +431,10 @@ void LocalOps::AnswerAcquire(LocalSession& c, const FrameHeader& h, const std::v
   regions_.assign(keys.size(), {});
   uint64_t hits = 0, bytes = 0;
   Tenant& t = T(c);
-  for (size_t i = 0; i < keys.size(); ++i) {
+  const size_t n = keys.size();
+  const bool head_last = t.store->touch_chains_head_last();
+  for (size_t k = 0; k < n; ++k) {
+    const size_t i = head_last ? n - 1 - k : k;
     auto p = PinOf(t.store, carried, keys[i]);
     if (!p.ok()) {
       regions_[i].status = static_cast<int32_t>(p.status().code());
@@ -501,6 +510,7 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
   statuses_.assign(sized_.size(), 0);
   uint64_t off = 0;
   Tenant& t = T(c);
+  DramStore::ChainPlace chain;  // the batch is a chain (DramStore::Commit)
   for (size_t i = 0; i < sized_.size(); ++i) {
     const uint8_t* src = data.data() + off;
     off += sized_[i].size;
@@ -514,7 +524,7 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
       continue;
     }
     std::memcpy(r->data(), src, sized_[i].size);
-    Status s = t.store->Commit(std::move(r).value());
+    Status s = t.store->Commit(std::move(r).value(), WriteOrigin::kPut, &chain);
     statuses_[i] = static_cast<int32_t>(s.code());
     if (s.ok()) {
       bytes_written_->Inc(sized_[i].size);
@@ -543,8 +553,16 @@ void LocalOps::AnswerGet(LocalSession& c, const FrameHeader& h,
   pins.reserve(sized.size());
   uint64_t total = 0, hits = 0;
   Tenant& t = T(c);
-  for (size_t i = 0; i < sized.size(); ++i) {
-    auto p = PinOf(t.store, carried, sized[i].key);
+  // Pinned in the order the eviction policy wants, then answered in order.
+  const size_t n = sized.size();
+  const bool head_last = t.store->touch_chains_head_last();
+  std::vector<std::optional<Result<TieredStore::Pin>>> pinned(n);
+  for (size_t k = 0; k < n; ++k) {
+    const size_t i = head_last ? n - 1 - k : k;
+    pinned[i].emplace(PinOf(t.store, carried, sized[i].key));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    auto& p = *pinned[i];
     if (!p.ok()) {
       items[i].status = static_cast<int32_t>(p.status().code());
       continue;

@@ -59,8 +59,13 @@ struct LocalSession {
   struct Reserved {
     TieredStore::Reservation slot;
     uint64_t staging_offset = StagingArea::kNone;
+    uint64_t batch = 0;  // the reserve request it came from
   };
   std::unordered_map<uint64_t, Reserved> reservations;
+  // The reserve batch whose items were committed last, and its last entry:
+  // a batch is a block chain in order (DramStore::Commit's chain).
+  uint64_t chain_batch = 0;
+  DramStore::ChainPlace chain;
   // The staging area of a client that maps the segment read-only.
   std::unique_ptr<StagingArea> staging;
   std::unordered_map<uint64_t, TieredStore::Pin> pins;

@@ -107,8 +107,9 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
               "Unit of memory moved between size classes");
   t->AddBytes("max-value-size", &o->dram.max_value_bytes, 4096, 1ull << 30,
               "Largest value accepted");
-  t->AddEnum("eviction", &o->dram.eviction, {"s3fifo", "lru"},
-             "DRAM eviction policy (s3fifo resists scans; lru for comparison)");
+  t->AddEnum("eviction", &o->dram.eviction, {"prefix", "s3fifo", "lru"},
+             "DRAM eviction policy (prefix: made for LLM prefix traffic, docs/eviction.md; "
+             "s3fifo and lru for comparison)");
   t->AddBool("writable-segment", &o->writable_segment,
              "Hand clients the segment writable, so they write reservations in place (saves "
              "one copy per zero-copy put, but any client can then change committed values); "

@@ -254,10 +254,11 @@ TieredStore::~TieredStore() {
   dram_->SetEvictionListener(nullptr);
 }
 
-Status TieredStore::Commit(Reservation reservation, WriteOrigin origin) {
+Status TieredStore::Commit(Reservation reservation, WriteOrigin origin,
+                           DramStore::ChainPlace* chain) {
   const KeyId key = reservation.key();
   const uint64_t size = reservation.size();
-  Status s = dram_->Commit(std::move(reservation));
+  Status s = dram_->Commit(std::move(reservation), chain);
   if (s.ok()) impl_->EmitStored(HoldingsEvent::Why::kWritten, origin, key, size);
   return s;
 }

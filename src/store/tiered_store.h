@@ -75,9 +75,10 @@ class TieredStore {
   // With an SSD tier, first waits (bounded) until it has room for a
   // demotion, so the evictions under the DRAM lock never wait for I/O.
   Result<Reservation> Reserve(const KeyId& key, uint64_t size);
-  // Publishes the reserved bytes (DramStore::Commit); told to the observer
-  // as written by `origin`.
-  Status Commit(Reservation reservation, WriteOrigin origin = WriteOrigin::kPut);
+  // Publishes the reserved bytes (DramStore::Commit, with its chain place);
+  // told to the observer as written by `origin`.
+  Status Commit(Reservation reservation, WriteOrigin origin = WriteOrigin::kPut,
+                DramStore::ChainPlace* chain = nullptr);
   // Commit, then pin the entry in the same step (DramStore::CommitAndAcquire).
   Result<Pin> CommitAndAcquire(Reservation reservation, WriteOrigin origin = WriteOrigin::kPut);
 
@@ -152,6 +153,7 @@ class TieredStore {
   // All of the segment (for registering it with a transport).
   std::span<uint8_t> segment() const;
   uint64_t max_value_bytes() const { return dram_->max_value_bytes(); }
+  bool touch_chains_head_last() const { return dram_->touch_chains_head_last(); }
   DramStats GetDramStats() const { return dram_->GetStats(); }
   // REQUIRES: has_ssd_tier().
   SsdStats GetSsdStats() const;

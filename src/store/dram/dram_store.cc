@@ -70,8 +70,8 @@ Status DramOptions::Validate() const {
   if (max_value_bytes == 0 || max_value_bytes > std::numeric_limits<uint32_t>::max()) {
     return InvalidArgument("dram: max_value_bytes must be in [1, 4 GiB)");
   }
-  if (eviction != "s3fifo" && eviction != "lru") {
-    return InvalidArgument("dram: eviction must be \"s3fifo\" or \"lru\"");
+  if (eviction != "prefix" && eviction != "s3fifo" && eviction != "lru") {
+    return InvalidArgument("dram: eviction must be \"prefix\", \"s3fifo\" or \"lru\"");
   }
   // Slot ids are 32 bits: slab index, then the slot's index in the slab.
   const uint64_t max_slots = slab_bytes / dram::BuildSizeClasses(min_class_bytes, class_growth,
@@ -122,6 +122,7 @@ class DramStoreImpl final : public DramStore {
   uint64_t segment_bytes() const override { return segment_->bytes(); }
   uint8_t* segment_base() const override { return segment_->base(); }
   uint64_t max_value_bytes() const override { return max_value_bytes_; }
+  bool touch_chains_head_last() const override { return policy_->TouchChainsHeadLast(); }
 
   Result<Reservation> Reserve(const KeyId& key, uint64_t size) override {
     if (size == 0 || size > max_value_bytes_) {
@@ -145,12 +146,19 @@ class DramStoreImpl final : public DramStore {
     return Reservation(this, slot, key, alloc_.offset(slot), size);
   }
 
-  Status Commit(Reservation reservation) override {
+  Status Commit(Reservation reservation, ChainPlace* chain) override {
     if (!reservation.valid()) return InvalidArgument("dram: commit of an empty reservation");
     const KeyId key = reservation.key();
     const uint32_t slot = reservation.Release();
     std::lock_guard lock(mu_);
-    return CommitLocked(key, slot);
+    // The chain's previous entry, if it is still the one committed then.
+    uint32_t colder_than = kNoSlot;
+    if (chain != nullptr && chain->slot != kNoSlot && Find(chain->key) == chain->slot) {
+      colder_than = chain->slot;
+    }
+    Status s = CommitLocked(key, slot, colder_than);
+    if (s.ok() && chain != nullptr) *chain = ChainPlace{slot, key};
+    return s;
   }
 
   Result<Pin> CommitAndAcquire(Reservation reservation) override {
@@ -295,8 +303,9 @@ class DramStoreImpl final : public DramStore {
     used_bytes_ -= alloc_.meta(slot).size;
   }
 
-  // REQUIRES: mu_ held; slot reserved for key.
-  Status CommitLocked(const KeyId& key, uint32_t slot) {
+  // REQUIRES: mu_ held; slot reserved for key. colder_than: a committed
+  // entry this one follows in its chain (EvictionPolicy::Insert), or kNoSlot.
+  Status CommitLocked(const KeyId& key, uint32_t slot, uint32_t colder_than = kNoSlot) {
     SlotMeta& m = alloc_.meta(slot);
     KVPOOL_CHECK(m.state == SlotState::kReserved && m.key == key);
     --reserved_;
@@ -308,7 +317,7 @@ class DramStoreImpl final : public DramStore {
     const uint16_t cls = alloc_.class_of(slot);
     m.state = SlotState::kCommitted;
     index_.Insert(key, slot);
-    policy_->Insert(slot, cls);
+    policy_->Insert(slot, cls, colder_than);
     NoteUse(slot, cls, m.size, /*hit=*/false);
     ++entries_;
     ++class_entries_[cls];

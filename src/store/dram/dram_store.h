@@ -39,8 +39,9 @@ struct DramOptions {
   bool huge_pages = true;
   // Touch every page at start so the first pass over memory is not 20x slower.
   bool prefault = true;
-  // "s3fifo" (default, scan-resistant) or "lru" (for comparison).
-  std::string eviction = "s3fifo";
+  // "prefix" (default: segmented LRU with a ghost, for LLM prefix traffic;
+  // docs/eviction.md), "s3fifo" or "lru" (for comparison).
+  std::string eviction = "prefix";
   // Seal the segment's fd against writes: clients it is handed to can map
   // it read-only only (the node writes through its own mapping).
   bool seal_client_writes = false;
@@ -85,14 +86,27 @@ class DramStore {
   virtual uint64_t segment_bytes() const = 0;
   virtual uint8_t* segment_base() const = 0;
   virtual uint64_t max_value_bytes() const = 0;
+  // Whether a batch's hits should be acquired last to first (the eviction
+  // policy keeps a chain's head longest: EvictionPolicy::TouchChainsHeadLast).
+  virtual bool touch_chains_head_last() const = 0;
 
   // Reserves a slot of `size` bytes for `key`. AlreadyExists when the key is
   // committed; InvalidArgument for size 0 or over max_value_bytes;
   // ResourceExhausted when nothing can be evicted to make room.
   virtual Result<Reservation> Reserve(const KeyId& key, uint64_t size) = 0;
+  // The entry a batch committed last, so the next one of the same batch can
+  // be placed relative to it in the eviction order (Commit).
+  struct ChainPlace {
+    uint32_t slot = UINT32_MAX;
+    KeyId key{};
+  };
   // Publishes the reserved bytes. AlreadyExists when another writer committed
   // the key first: this writer's slot is freed and the first value stays.
-  virtual Status Commit(Reservation reservation) = 0;
+  // With `chain`, the entries committed with the same ChainPlace are one
+  // block chain in order: a policy that keeps chains from their head
+  // (touch_chains_head_last) places each just colder than the one before,
+  // so the chain's tail goes first. *chain is updated to this entry.
+  virtual Status Commit(Reservation reservation, ChainPlace* chain = nullptr) = 0;
   // Commit, then pin the entry in the same step, so nothing can evict it in
   // between (a promotion hands its pin to the get that waits for it). When
   // another writer committed the key first, pins that entry instead.

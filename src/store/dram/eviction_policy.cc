@@ -3,17 +3,30 @@
 #include <algorithm>
 #include <vector>
 
+#include "store/dram/ghost_bloom.h"
 #include "store/dram/ghost_fifo.h"
 
 namespace kvpool::dram {
 namespace {
+
+// A class's two lists, told apart by SlotMeta::queue: kQueueSmall (S3-FIFO's
+// small queue, the prefix policy's probation) and kQueueMain (S3-FIFO's
+// main queue, the prefix policy's protected list).
+struct TwoLists {
+  SlotList small;
+  SlotList main;
+  SlotList& Of(uint8_t queue) {
+    KVPOOL_CHECK(queue == kQueueSmall || queue == kQueueMain);
+    return queue == kQueueSmall ? small : main;
+  }
+};
 
 class S3FifoPolicy final : public EvictionPolicy {
  public:
   explicit S3FifoPolicy(SlabAllocator* alloc)
       : alloc_(*alloc), queues_(alloc->num_classes()), ghost_(kMinGhost) {}
 
-  void Insert(uint32_t slot, uint16_t cls) override {
+  void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than) override {
     SlotMeta& m = alloc_.meta(slot);
     m.freq = 0;
     if (ghost_.Take(m.key)) {
@@ -32,12 +45,12 @@ class S3FifoPolicy final : public EvictionPolicy {
 
   void Erase(uint32_t slot, uint16_t cls) override {
     SlotMeta& m = alloc_.meta(slot);
-    List(cls, m.queue).Unlink(alloc_, slot);
+    queues_[cls].Of(m.queue).Unlink(alloc_, slot);
     m.queue = kQueueNone;
   }
 
   uint32_t PickVictim(uint16_t cls) override {
-    Queues& q = queues_[cls];
+    TwoLists& q = queues_[cls];
     const uint64_t small_target = std::max<uint64_t>(1, alloc_.class_slots(cls) / 10);
     // Pinned entries are passed over (back to their queue's tail). Counting
     // them since the last step that changed anything tells when a queue holds
@@ -89,7 +102,7 @@ class S3FifoPolicy final : public EvictionPolicy {
   }
 
   uint64_t bytes() const override {
-    return queues_.capacity() * sizeof(Queues) + ghost_.bytes();
+    return queues_.capacity() * sizeof(TwoLists) + ghost_.bytes();
   }
 
  private:
@@ -97,26 +110,113 @@ class S3FifoPolicy final : public EvictionPolicy {
   // Accessed at least once while in the small queue: promote to main.
   static constexpr uint8_t kPromoteFreq = 1;
 
-  struct Queues {
-    SlotList small;
-    SlotList main;
-  };
+  SlabAllocator& alloc_;
+  std::vector<TwoLists> queues_;
+  GhostFifo ghost_;
+};
 
-  SlotList& List(uint16_t cls, uint8_t queue) {
-    KVPOOL_CHECK(queue == kQueueSmall || queue == kQueueMain);
-    return queue == kQueueSmall ? queues_[cls].small : queues_[cls].main;
+// Segmented LRU with a ghost, for LLM prefix traffic (docs/eviction.md): a
+// new key enters the probation list (just colder than the entry of its chain
+// committed before it, when the store says which); a hit moves it to the
+// protected list (at most 70% of the class's slots when it must evict: its
+// least recently used entries beyond that go back to probation's warm end
+// first); a key
+// evicted from probation is remembered in the ghost (for the last one to two
+// times the store's entries of such evictions: ghost_bloom.h), and one that
+// returns while remembered enters protected at once.
+// Victims come from probation's cold end, then protected's.
+class PrefixPolicy final : public EvictionPolicy {
+ public:
+  explicit PrefixPolicy(SlabAllocator* alloc)
+      : alloc_(*alloc), lists_(alloc->num_classes()), ghost_(kMinGhost) {}
+
+  void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than) override {
+    SlotMeta& m = alloc_.meta(slot);
+    if (ghost_.Contains(m.key)) {
+      Protect(slot, cls);
+      return;
+    }
+    m.queue = kQueueSmall;
+    SlotList& probation = lists_[cls].small;
+    if (colder_than != kNoSlot && alloc_.class_of(colder_than) == cls &&
+        alloc_.meta(colder_than).queue == kQueueSmall) {
+      probation.InsertBefore(alloc_, colder_than, slot);
+    } else {
+      probation.PushTail(alloc_, slot);
+    }
+  }
+
+  void Touch(uint32_t slot, uint16_t cls) override {
+    SlotMeta& m = alloc_.meta(slot);
+    if (m.queue == kQueueMain) {
+      lists_[cls].main.Unlink(alloc_, slot);
+      lists_[cls].main.PushTail(alloc_, slot);
+      return;
+    }
+    lists_[cls].small.Unlink(alloc_, slot);
+    Protect(slot, cls);
+  }
+
+  void Erase(uint32_t slot, uint16_t cls) override {
+    SlotMeta& m = alloc_.meta(slot);
+    lists_[cls].Of(m.queue).Unlink(alloc_, slot);
+    m.queue = kQueueNone;
+  }
+
+  uint32_t PickVictim(uint16_t cls) override {
+    TwoLists& l = lists_[cls];
+    // Protected's share is enforced when the class must give up an entry,
+    // so it is measured against the class's slots when full, not while the
+    // store still fills.
+    const uint64_t share = std::max<uint64_t>(1, alloc_.class_slots(cls) * kProtectedTenths / 10);
+    while (l.main.count > share) {
+      const uint32_t old = l.main.PopHead(alloc_);
+      alloc_.meta(old).queue = kQueueSmall;
+      l.small.PushTail(alloc_, old);
+    }
+    for (SlotList* list : {&l.small, &l.main}) {
+      for (uint32_t slot = list->head; slot != kNoSlot; slot = alloc_.meta(slot).next) {
+        SlotMeta& m = alloc_.meta(slot);
+        if (m.pins > 0) continue;  // passed over, in place
+        if (list == &l.small) ghost_.Insert(m.key);
+        list->Unlink(alloc_, slot);
+        m.queue = kQueueNone;
+        return slot;
+      }
+    }
+    return kNoSlot;
+  }
+
+  void SetCapacityEntries(uint64_t entries) override {
+    const uint64_t want = std::max<uint64_t>(kMinGhost, entries);
+    if (want > ghost_.window() * 5 / 4 || want < ghost_.window() * 3 / 4) ghost_.Resize(want);
+  }
+
+  uint64_t bytes() const override { return lists_.capacity() * sizeof(TwoLists) + ghost_.bytes(); }
+
+  bool TouchChainsHeadLast() const override { return true; }
+
+ private:
+  static constexpr uint64_t kMinGhost = 64;
+  // Protected's share of a class's slots, in tenths.
+  static constexpr uint64_t kProtectedTenths = 7;
+
+  // Moves a slot (in no list) to protected's warm end.
+  void Protect(uint32_t slot, uint16_t cls) {
+    alloc_.meta(slot).queue = kQueueMain;
+    lists_[cls].main.PushTail(alloc_, slot);
   }
 
   SlabAllocator& alloc_;
-  std::vector<Queues> queues_;
-  GhostFifo ghost_;
+  std::vector<TwoLists> lists_;  // small: probation, main: protected
+  GhostBloom ghost_;
 };
 
 class LruPolicy final : public EvictionPolicy {
  public:
   explicit LruPolicy(SlabAllocator* alloc) : alloc_(*alloc), lists_(alloc->num_classes()) {}
 
-  void Insert(uint32_t slot, uint16_t cls) override {
+  void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than) override {
     alloc_.meta(slot).queue = kQueueMain;
     lists_[cls].PushTail(alloc_, slot);
   }
@@ -149,6 +249,7 @@ class LruPolicy final : public EvictionPolicy {
 
 std::unique_ptr<EvictionPolicy> EvictionPolicy::Create(std::string_view name,
                                                        SlabAllocator* alloc) {
+  if (name == "prefix") return std::make_unique<PrefixPolicy>(alloc);
   if (name == "s3fifo") return std::make_unique<S3FifoPolicy>(alloc);
   if (name == "lru") return std::make_unique<LruPolicy>(alloc);
   return nullptr;

@@ -11,6 +11,12 @@
 //    main. Main is a FIFO with reinsertion (CLOCK-like, 2-bit counters).
 //    One-time scans pass through the small queue without disturbing main.
 //  - LRU: one list per class, an access moves the entry to the tail.
+//  - prefix (the default; docs/eviction.md): segmented LRU with a ghost,
+//    made for LLM prefix traffic. New keys enter a probation list, a hit
+//    moves a key to a protected list (70% of the class's slots), keys
+//    evicted from probation are remembered (ghost_bloom.h) and
+//    enter protected when they come back. The store touches the keys of
+//    one batch last to first, so a chain's head is the most recent.
 //
 // Pinned entries are never chosen: they are skipped (S3-FIFO: reinserted at
 // their queue's tail; LRU: passed over).
@@ -28,12 +34,15 @@ namespace kvpool::dram {
 
 class EvictionPolicy {
  public:
-  // "s3fifo" or "lru"; null for anything else.
+  // "prefix", "s3fifo" or "lru"; null for anything else.
   static std::unique_ptr<EvictionPolicy> Create(std::string_view name, SlabAllocator* alloc);
   virtual ~EvictionPolicy() = default;
 
-  // A committed entry enters the cache.
-  virtual void Insert(uint32_t slot, uint16_t cls) = 0;
+  // A committed entry enters the cache. colder_than: the committed entry of
+  // the same chain written just before it, or kNoSlot; a policy that keeps
+  // chains from their head (TouchChainsHeadLast) places the new entry just
+  // colder than it, the others ignore it.
+  virtual void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than = kNoSlot) = 0;
   // A hit.
   virtual void Touch(uint32_t slot, uint16_t cls) = 0;
   // The entry leaves the cache other than through PickVictim.
@@ -45,6 +54,10 @@ class EvictionPolicy {
   virtual void SetCapacityEntries(uint64_t entries) = 0;
   // Heap bytes of the policy's own structures.
   virtual uint64_t bytes() const = 0;
+  // Whether the hits of one batch should be touched last to first: a batch
+  // of an engine is a block chain in order, and touching its head last makes
+  // the head the most recent, so a chain is evicted from its tail.
+  virtual bool TouchChainsHeadLast() const { return false; }
 };
 
 }  // namespace kvpool::dram

@@ -1,7 +1,9 @@
-// Eviction order of S3-FIFO and LRU, scan resistance, and pins under churn.
+// Eviction order of the prefix policy, S3-FIFO and LRU, scan resistance,
+// and pins under churn.
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
 
 #include "store/dram/dram_store.h"
 #include "store/dram/dram_test_util.h"
@@ -56,10 +58,99 @@ TEST(S3FifoTest, GhostHitGoesStraightToMain) {
   EXPECT_FALSE(store->Contains(Key(1000)));
 }
 
-// A hot set survives a one-time scan four times the cache under S3-FIFO, and
-// is flushed by it under LRU.
+// The prefix policy (256 slots of 64 KiB; protected holds at most 179).
+
+// Puts keys [lo, hi) as one chain: each committed just after the one before.
+void PutChain(DramStore& store, uint64_t lo, uint64_t hi) {
+  DramStore::ChainPlace chain;
+  for (uint64_t k = lo; k < hi; ++k) {
+    auto r = store.Reserve(Key(k), kValue);
+    ASSERT_TRUE(r.ok()) << k;
+    ASSERT_TRUE(store.Commit(std::move(r).value(), &chain).ok()) << k;
+  }
+}
+
+// Which of keys [lo, hi) are present, as a string of 0/1.
+std::string Present(DramStore& store, uint64_t lo, uint64_t hi) {
+  std::string out;
+  for (uint64_t k = lo; k < hi; ++k) out += store.Contains(Key(k)) ? '1' : '0';
+  return out;
+}
+
+TEST(PrefixPolicyTest, NewKeysLeaveBeforeKeysThatWereHit) {
+  auto store = Open("prefix");
+  EXPECT_TRUE(store->touch_chains_head_last());
+  for (uint64_t k = 0; k < 256; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
+  for (uint64_t k = 0; k < 100; ++k) Touch(*store, k);  // -> protected
+  // 100 new keys: probation's cold end is 100..199.
+  for (uint64_t k = 256; k < 356; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
+  for (uint64_t k = 0; k < 356; ++k) {
+    ASSERT_EQ(store->Contains(Key(k)), k < 100 || k >= 200) << k;
+  }
+  EXPECT_EQ(store->GetStats().evictions, 100u);
+}
+
+TEST(PrefixPolicyTest, ProtectedOverflowGoesBackToProbationsWarmEnd) {
+  auto store = Open("prefix");
+  for (uint64_t k = 0; k < 256; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
+  // 200 hits: protected keeps the last 179 touched; 0..20 go back to
+  // probation, behind 200..255.
+  for (uint64_t k = 0; k < 200; ++k) Touch(*store, k);
+  for (uint64_t k = 1000; k < 1060; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
+  // 60 evictions: 200..255 (56), then 0..3.
+  EXPECT_EQ(Present(*store, 0, 8), "00001111");
+  EXPECT_EQ(Present(*store, 196, 204), "11110000");
+  EXPECT_EQ(Present(*store, 252, 256), "0000");
+}
+
+TEST(PrefixPolicyTest, AChainLeavesFromItsTail) {
+  auto store = Open("prefix");
+  PutChain(*store, 0, 10);  // one chain: 9 is the coldest, 0 the warmest
+  for (uint64_t k = 100; k < 346; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
+  ASSERT_EQ(store->GetStats().entries, 256u);
+  for (uint64_t k = 1000; k < 1003; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
+  EXPECT_EQ(Present(*store, 0, 10), "1111111000");
+  EXPECT_EQ(Present(*store, 100, 346), std::string(246, '1'));
+  // LRU (and S3-FIFO) keep the commit order: the chain's head goes first.
+  auto lru = Open("lru");
+  PutChain(*lru, 0, 10);
+  for (uint64_t k = 100; k < 349; ++k) ASSERT_TRUE(Put(*lru, Key(k), kValue).ok());
+  EXPECT_EQ(Present(*lru, 0, 10), "0001111111");
+  EXPECT_FALSE(lru->touch_chains_head_last());
+}
+
+TEST(PrefixPolicyTest, AChainWhosePreviousEntryWentOnIsPlacedAsUsual) {
+  auto store = Open("prefix");
+  DramStore::ChainPlace chain;
+  auto r = store->Reserve(Key(0), kValue);
+  ASSERT_TRUE(store->Commit(std::move(r).value(), &chain).ok());
+  Touch(*store, 0);  // the anchor is now protected: the next goes to probation's warm end
+  r = store->Reserve(Key(1), kValue);
+  ASSERT_TRUE(store->Commit(std::move(r).value(), &chain).ok());
+  ASSERT_TRUE(store->Remove(Key(1)).ok());  // the anchor is gone
+  r = store->Reserve(Key(2), kValue);
+  ASSERT_TRUE(store->Commit(std::move(r).value(), &chain).ok());
+  // Entries 0 and 2, then 255 more: one eviction, probation's coldest: 2.
+  for (uint64_t k = 100; k < 355; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
+  EXPECT_EQ(Present(*store, 0, 3), "100");
+  EXPECT_EQ(store->GetStats().entries, 256u);
+}
+
+TEST(PrefixPolicyTest, AKeyEvictedRecentlyComesBackProtected) {
+  auto store = Open("prefix");
+  for (uint64_t k = 0; k < 300; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
+  ASSERT_FALSE(store->Contains(Key(0)));  // evicted from probation: remembered
+  ASSERT_TRUE(Put(*store, Key(0), kValue).ok());     // -> protected
+  ASSERT_TRUE(Put(*store, Key(5000), kValue).ok());  // never seen -> probation
+  for (uint64_t k = 2000; k < 2300; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
+  EXPECT_TRUE(store->Contains(Key(0)));
+  EXPECT_FALSE(store->Contains(Key(5000)));
+}
+
+// A hot set survives a one-time scan four times the cache under the prefix
+// policy and S3-FIFO, and is flushed by it under LRU.
 TEST(EvictionTest, ScanResistance) {
-  for (const char* policy : {"s3fifo", "lru"}) {
+  for (const char* policy : {"prefix", "s3fifo", "lru"}) {
     auto store = Open(policy);
     for (uint64_t k = 0; k < 100; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
     for (int round = 0; round < 3; ++round) {
@@ -68,8 +159,8 @@ TEST(EvictionTest, ScanResistance) {
     for (uint64_t k = 10000; k < 11024; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
     uint64_t hot = 0;
     for (uint64_t k = 0; k < 100; ++k) hot += store->Contains(Key(k));
-    if (std::string(policy) == "s3fifo") {
-      EXPECT_EQ(hot, 100u);
+    if (std::string(policy) != "lru") {
+      EXPECT_EQ(hot, 100u) << policy;
     } else {
       EXPECT_EQ(hot, 0u);
     }
@@ -93,7 +184,7 @@ TEST(EvictionTest, LruEvictsLeastRecentlyUsed) {
 // sizes (slab moves, runs): the pinned entries keep their bytes and stay
 // acquirable at the same offsets.
 TEST(EvictionTest, PinnedEntriesSurviveHeavyChurn) {
-  for (const char* policy : {"s3fifo", "lru"}) {
+  for (const char* policy : {"prefix", "s3fifo", "lru"}) {
     DramOptions o = SmallOptions(32 * MiB, 1 * MiB);
     o.eviction = policy;
     auto store = std::move(DramStore::Open(o, nullptr)).value();

@@ -17,6 +17,21 @@ void SlotList::PushTail(SlabAllocator& a, uint32_t slot) {
   ++count;
 }
 
+void SlotList::InsertBefore(SlabAllocator& a, uint32_t at, uint32_t slot) {
+  SlotMeta& m = a.meta(slot);
+  SlotMeta& next = a.meta(at);
+  m.prev = next.prev;
+  m.next = at;
+  if (next.prev == kNoSlot) {
+    KVPOOL_CHECK(head == at);
+    head = slot;
+  } else {
+    a.meta(next.prev).next = slot;
+  }
+  next.prev = slot;
+  ++count;
+}
+
 void SlotList::Unlink(SlabAllocator& a, uint32_t slot) {
   SlotMeta& m = a.meta(slot);
   if (m.prev == kNoSlot) {

@@ -63,6 +63,8 @@ struct SlotList {
   uint32_t count = 0;
 
   void PushTail(SlabAllocator& a, uint32_t slot);
+  // Links slot just before `at` (towards the head). REQUIRES: at is in this list.
+  void InsertBefore(SlabAllocator& a, uint32_t at, uint32_t slot);
   void Unlink(SlabAllocator& a, uint32_t slot);
   uint32_t PopHead(SlabAllocator& a);
 };

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# bench/compare.sh trace: cache quality on a real LLM request trace. Replays
+# the trace (kvpool-bench --trace: per request a hit-prefix, checked reads of
+# the hit blocks, writes of the rest; 16 KiB per 512-token block) against a
+# fresh kvpool-node per run, at DRAM capacities of 5, 10, 20 and 40 % of the
+# trace's distinct blocks, with the default eviction policy and with --eviction
+# lru and s3fifo, and compares each with the offline LRU and Belady caches of
+# the same capacity (the entries the node reached; a node with --eviction lru
+# agrees with the offline LRU exactly).
+#
+# Then three nodes of a third of the 10 % capacity each, a static cluster,
+# requests sent round-robin: what they keep together against the one node.
+#
+# Prints a table and `metric` lines:
+#   trace_hit_vs_lru_{5,10,20,40}pct  default policy's block hit ratio / offline LRU's
+#   trace_hit_vs_lru_min              the smallest of the four
+#   trace_hit_vs_lru_10pct, trace_hit_vs_belady_10pct
+#   trace_hit_{POLICY}_{N}pct          each run's block hit ratio
+#   pool_hit_vs_single                 3 nodes of C/3 vs 1 node of C, round-robin, 10 %
+#   trace_wrong_bytes                  over every run (must be 0)
+#   trace_requests_per_s, trace_requests_per_s_s3fifo
+#                                      replay speed at 10 %, median of --reps runs
+#
+# Usage: bench/compare.sh trace [--trace FILE] [--reps N] [--keep]
+#   --trace  a Mooncake JSONL trace (default ../shared/traces/synthetic_trace.jsonl
+#            beside the repository)
+#   --reps   runs of the 10 % replays, for requests/s (default 3)
+# Environment: BUILD_DIR (default build), VALUE_SIZE (default 16KiB),
+#   POLICIES (default "prefix lru s3fifo"; the first is the one judged).
+set -euo pipefail
+
+LOG_TAG=trace
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+TRACE="$REPO/../shared/traces/synthetic_trace.jsonl"
+REPS=3
+KEEP=0
+parse_flags "--trace --reps --keep" "$@"
+VALUE_SIZE="${VALUE_SIZE:-16KiB}"
+read -r -a POLICY_LIST <<< "${POLICIES:-prefix lru s3fifo}"
+FRACTIONS=(5 10 20 40)
+
+NODE="$(find_bin kvpool-node || true)"
+BENCH="$(find_bin kvpool-bench || true)"
+[[ -n "$NODE" ]] || missing+=("kvpool-node under $BUILD_DIR")
+[[ -n "$BENCH" ]] || missing+=("kvpool-bench under $BUILD_DIR")
+[[ -r "$TRACE" ]] || missing+=("the trace $TRACE (--trace FILE)")
+check_missing
+
+TMP="$(mktemp -d /tmp/kvpool-trace.XXXXXX)"
+PIDS=()
+cleanup() {
+  local rc=$? p
+  for p in "${PIDS[@]}"; do stop_pid "$p" kvpool-node KILL; done
+  keep_or_remove_tmp "$rc"
+}
+trap cleanup EXIT
+RESULTS="$TMP/results.jsonl"
+: > "$RESULTS"
+
+distinct="$("$PY" -c '
+import json, sys
+s = set()
+for line in open(sys.argv[1]):
+    if line.strip():
+        s.update(json.loads(line)["hash_ids"])
+print(len(s))' "$TRACE")"
+value_bytes="$("$PY" -c '
+import re, sys
+m = re.fullmatch(r"(\d+)\s*([KMG]i?B?)?", sys.argv[1].strip(), re.I)
+unit = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[(m.group(2) or "")[:1].lower()]
+print(int(m.group(1)) * unit)' "$VALUE_SIZE")"
+log "trace $TRACE: $distinct distinct blocks, $VALUE_SIZE per block"
+
+# capacity_mib PERCENT [PARTS]: a node's DRAM for PERCENT of the distinct
+# blocks, split over PARTS nodes, in whole 1 MiB slabs.
+capacity_mib() {
+  "$PY" -c '
+import math, sys
+d, pct, vb, parts = map(int, sys.argv[1:])
+print(max(1, math.ceil(d * pct / 100 / parts * vb / (1 << 20))))' "$distinct" "$1" "$value_bytes" "${2:-1}"
+}
+
+freeport() { "$PY" "$HERE/compare_lib.py" freeport; }
+
+# start NAME MIB EXTRA...: a node on $TMP/NAME.sock.
+start() {
+  local name="$1" mib="$2" rc=0
+  shift 2
+  "$NODE" --socket "$TMP/$name.sock" --dram-capacity "${mib}MiB" --slab-size 1MiB \
+    --admin-port 0 "$@" > "$TMP/$name.log" 2>&1 &
+  PIDS+=($!)
+  wait_node_ready "$!" "$TMP/$name.log" "$TMP/$name.sock" || rc=$?
+  [[ $rc -eq 0 ]] || die "kvpool-node $name did not start (see $TMP/$name.log)"
+}
+stop_all() {
+  local p
+  for p in "${PIDS[@]}"; do stop_pid "$p" kvpool-node KILL; done
+  PIDS=()
+}
+
+# replay LABEL SOCKETS: one replay; appends its JSON (with the label) to RESULTS.
+replay() {
+  local label="$1" sockets="$2" out rc=0
+  out="$("$BENCH" --trace "$TRACE" --sockets "$sockets" --value-size "$VALUE_SIZE" --json)" || rc=$?
+  [[ $rc -eq 0 || $rc -eq 3 ]] || die "replay $label failed (exit $rc)"
+  printf '%s\n' "$out" | head -n 1 | "$PY" -c '
+import json, sys
+j = json.loads(sys.stdin.readline())
+j["label"] = sys.argv[1]
+print(json.dumps(j))' "$label" >> "$RESULTS"
+}
+
+for pct in "${FRACTIONS[@]}"; do
+  mib="$(capacity_mib "$pct")"
+  for policy in "${POLICY_LIST[@]}"; do
+    runs=1
+    [[ $pct -eq 10 && ( $policy == "${POLICY_LIST[0]}" || $policy == s3fifo ) ]] && runs=$REPS
+    for rep in $(seq 1 "$runs"); do
+      start one "$mib" --eviction "$policy"
+      replay "$policy/$pct/$rep" "$TMP/one.sock"
+      stop_all
+    done
+    log "$pct %: $policy done ($mib MiB)"
+  done
+done
+
+# Three nodes of a third each, one static cluster, round-robin.
+mib="$(capacity_mib 10 3)"
+ports=("$(freeport)" "$(freeport)" "$(freeport)")
+peers="n0=127.0.0.1:${ports[0]},n1=127.0.0.1:${ports[1]},n2=127.0.0.1:${ports[2]}"
+for i in 0 1 2; do
+  start "n$i" "$mib" --eviction "${POLICY_LIST[0]}" --node-id "n$i" --peers "$peers" \
+    --peer-port "${ports[$i]}"
+done
+replay "pool/10/1" "$TMP/n0.sock,$TMP/n1.sock,$TMP/n2.sock"
+stop_all
+log "pool of three done ($mib MiB each)"
+
+"$PY" - "$RESULTS" "${POLICY_LIST[0]}" <<'PYEOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+judged = sys.argv[2]
+by = {}
+for r in rows:
+    policy, pct, _ = r["label"].split("/")
+    by.setdefault((policy, int(pct)), []).append(r)
+policies = []
+for r in rows:
+    p = r["label"].split("/")[0]
+    if p != "pool" and p not in policies:
+        policies.append(p)
+print("| capacity | entries | " + " | ".join(policies) + " | offline LRU | Belady |")
+print("|---|---|" + "---|" * len(policies) + "---|---|")
+ratios = {}
+for pct in (5, 10, 20, 40):
+    first = by[(judged, pct)][0]
+    cells = ["%.4f" % by[(p, pct)][0]["block_hit_ratio"] for p in policies]
+    print("| %d %% | %d | %s | %.4f | %.4f |" % (pct, first["capacity_entries"], " | ".join(cells),
+          first["offline_lru_block_hit_ratio"], first["offline_belady_block_hit_ratio"]))
+    for p in policies:
+        print("metric trace_hit_%s_%dpct %.4f" % (p, pct, by[(p, pct)][0]["block_hit_ratio"]))
+    ratios[pct] = first["block_hit_ratio"] / first["offline_lru_block_hit_ratio"]
+    print("metric trace_hit_vs_lru_%dpct %.3f" % (pct, ratios[pct]))
+print("metric trace_hit_vs_lru_min %.3f" % min(ratios.values()))
+ten = by[(judged, 10)][0]
+print("metric trace_hit_vs_belady_10pct %.3f" % (ten["block_hit_ratio"] / ten["offline_belady_block_hit_ratio"]))
+pool = by[("pool", 10)][0]
+print("metric pool_hit_vs_single %.3f" % (pool["block_hit_ratio"] / ten["block_hit_ratio"]))
+print("metric trace_wrong_bytes %d" % sum(r["wrong_bytes"] for r in rows))
+print("metric trace_failed_items %d" % sum(r["failed_items"] for r in rows))
+print("metric trace_requests_per_s %.1f" % statistics.median(r["requests_per_s"] for r in by[(judged, 10)]))
+if ("s3fifo", 10) in by:
+    print("metric trace_requests_per_s_s3fifo %.1f" %
+          statistics.median(r["requests_per_s"] for r in by[("s3fifo", 10)]))
+PYEOF

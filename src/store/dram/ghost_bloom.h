@@ -1,0 +1,57 @@
+// GhostBloom: the keys recently evicted, as two rotating Bloom filters.
+//
+// Keys are added to the current filter; once it holds `window` keys it
+// becomes the previous one and a cleared filter takes its place. A key is
+// remembered while it is in either, so for the last `window` to 2 x
+// `window` evictions, at ~10 bits per key in each filter (~1% false hits).
+// Unlike a bucketed FIFO of fingerprints, how long a key is remembered does
+// not depend on which other keys share its bucket, which matters for
+// traffic whose keys come back after long, steady intervals (a
+// conversation's blocks, re-read on its next turn).
+//
+// Not thread-safe; owned by the eviction policy under DramStore's mutex.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/key_id.h"
+
+namespace kvpool::dram {
+
+class GhostBloom {
+ public:
+  explicit GhostBloom(uint64_t window) { Resize(window); }
+
+  void Insert(const KeyId& key);
+  bool Contains(const KeyId& key) const;
+  // Forgets everything and remembers windows of `window` keys from now on.
+  void Resize(uint64_t window);
+  uint64_t window() const { return window_; }
+  uint64_t bytes() const { return (current_.capacity() + previous_.capacity()) * sizeof(uint64_t); }
+
+ private:
+  static constexpr uint64_t kBitsPerKey = 16;
+  static constexpr int kProbes = 11;
+  static bool Test(const std::vector<uint64_t>& f, uint64_t bit) {
+    return (f[bit >> 6] >> (bit & 63)) & 1;
+  }
+  // Probe i of key: double hashing over the two halves of the id, each
+  // mixed first (ids made by other means than kvpool_key_ids need not look
+  // random).
+  static uint64_t Mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  uint64_t Probe(const KeyId& key, int i) const {
+    return (Mix(key.lo) + static_cast<uint64_t>(i) * (Mix(key.hi) | 1)) % bits_;
+  }
+
+  std::vector<uint64_t> current_, previous_;
+  uint64_t bits_ = 64;
+  uint64_t window_ = 0;
+  uint64_t added_ = 0;  // keys in current_
+};
+
+}  // namespace kvpool::dram
