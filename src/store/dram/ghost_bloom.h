@@ -44,8 +44,12 @@ class GhostBloom {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
   }
-  uint64_t Probe(const KeyId& key, int i) const {
-    return (Mix(key.lo) + static_cast<uint64_t>(i) * (Mix(key.hi) | 1)) % bits_;
+  struct Hashes {
+    uint64_t h1, h2;
+  };
+  static Hashes HashesOf(const KeyId& key) { return {Mix(key.lo), Mix(key.hi) | 1}; }
+  uint64_t Probe(const Hashes& h, int i) const {
+    return (h.h1 + static_cast<uint64_t>(i) * h.h2) % bits_;
   }
 
   std::vector<uint64_t> current_, previous_;
