@@ -268,7 +268,7 @@ Result<TieredStore::Pin> TieredStore::CommitAndAcquire(Reservation reservation,
   const KeyId key = reservation.key();
   const uint64_t size = reservation.size();
   const uint64_t offset = reservation.offset();
-  auto pin = dram_->CommitAndAcquire(std::move(reservation));
+  auto pin = dram_->CommitAndAcquire(std::move(reservation), origin == WriteOrigin::kCopy);
   // When another writer committed the key first, its entry is pinned
   // instead: in another slot, as the reserved one was taken until now.
   if (pin.ok() && pin->offset() == offset) {

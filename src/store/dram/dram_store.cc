@@ -161,14 +161,15 @@ class DramStoreImpl final : public DramStore {
     return s;
   }
 
-  Result<Pin> CommitAndAcquire(Reservation reservation) override {
+  Result<Pin> CommitAndAcquire(Reservation reservation, bool replica) override {
     if (!reservation.valid()) return InvalidArgument("dram: commit of an empty reservation");
     const KeyId key = reservation.key();
     const uint32_t slot = reservation.Release();
     std::lock_guard lock(mu_);
-    Status s = CommitLocked(key, slot);
+    Status s = CommitLocked(key, slot, replica ? kColdEnd : kNoSlot);
     if (!s.ok() && s.code() != StatusCode::kAlreadyExists) return s;
-    return AcquireLocked(key);
+    // A replica's pin is part of its write; another writer's entry was hit.
+    return AcquireLocked(key, /*touch=*/!replica || !s.ok());
   }
 
   void ForEachEntry(const EvictionListener& fn) const override {
@@ -326,7 +327,7 @@ class DramStoreImpl final : public DramStore {
   }
 
   // REQUIRES: mu_ held.
-  Result<Pin> AcquireLocked(const KeyId& key) {
+  Result<Pin> AcquireLocked(const KeyId& key, bool touch = true) {
     const uint32_t slot = Find(key);
     if (slot == kNoSlot) {
       misses_->Inc();
@@ -341,7 +342,7 @@ class DramStoreImpl final : public DramStore {
       ++pinned_;
     }
     const uint16_t cls = alloc_.class_of(slot);
-    policy_->Touch(slot, cls);
+    if (touch) policy_->Touch(slot, cls);
     NoteUse(slot, cls, m.size, /*hit=*/true);
     hits_->Inc();
     return Pin(this, slot, m.key, alloc_.offset(slot), m.size);

@@ -110,7 +110,11 @@ class DramStore {
   // Commit, then pin the entry in the same step, so nothing can evict it in
   // between (a promotion hands its pin to the get that waits for it). When
   // another writer committed the key first, pins that entry instead.
-  virtual Result<Pin> CommitAndAcquire(Reservation reservation) = 0;
+  // replica: the entry is a copy of one another node holds, made for a read
+  // here: the policy may place it first in line to go (the prefix policy
+  // does, so replicas never crowd out what this node holds alone), and the
+  // pin does not count as an access.
+  virtual Result<Pin> CommitAndAcquire(Reservation reservation, bool replica = false) = 0;
   // Pins the committed entry for reading. NotFound on a miss.
   virtual Result<Pin> Acquire(const KeyId& key) = 0;
   // True when committed. Does not count as an access for eviction.

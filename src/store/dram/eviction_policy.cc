@@ -138,8 +138,10 @@ class PrefixPolicy final : public EvictionPolicy {
     }
     m.queue = kQueueSmall;
     SlotList& probation = lists_[cls].small;
-    if (colder_than != kNoSlot && alloc_.class_of(colder_than) == cls &&
-        alloc_.meta(colder_than).queue == kQueueSmall) {
+    if (colder_than == kColdEnd && probation.head != kNoSlot) {
+      probation.InsertBefore(alloc_, probation.head, slot);
+    } else if (colder_than != kNoSlot && colder_than != kColdEnd &&
+               alloc_.class_of(colder_than) == cls && alloc_.meta(colder_than).queue == kQueueSmall) {
       probation.InsertBefore(alloc_, colder_than, slot);
     } else {
       probation.PushTail(alloc_, slot);

@@ -32,6 +32,9 @@
 
 namespace kvpool::dram {
 
+// EvictionPolicy::Insert's colder_than for a replica.
+inline constexpr uint32_t kColdEnd = kNoSlot - 1;
+
 class EvictionPolicy {
  public:
   // "prefix", "s3fifo" or "lru"; null for anything else.
@@ -39,9 +42,10 @@ class EvictionPolicy {
   virtual ~EvictionPolicy() = default;
 
   // A committed entry enters the cache. colder_than: the committed entry of
-  // the same chain written just before it, or kNoSlot; a policy that keeps
-  // chains from their head (TouchChainsHeadLast) places the new entry just
-  // colder than it, the others ignore it.
+  // the same chain written just before it, kColdEnd for a replica of
+  // another node's entry, or kNoSlot; a policy that keeps chains from their
+  // head (TouchChainsHeadLast) places the new entry just colder than that
+  // entry, or a replica first in line to go. The others ignore it.
   virtual void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than = kNoSlot) = 0;
   // A hit.
   virtual void Touch(uint32_t slot, uint16_t cls) = 0;

@@ -136,6 +136,31 @@ TEST(PrefixPolicyTest, AChainWhosePreviousEntryWentOnIsPlacedAsUsual) {
   EXPECT_EQ(store->GetStats().entries, 256u);
 }
 
+TEST(PrefixPolicyTest, AReplicaIsFirstInLineToGo) {
+  auto store = Open("prefix");
+  for (uint64_t k = 0; k < 256; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
+  // A copy of another node's entry, read here: it takes 0's slot, and its
+  // pin does not count as a hit.
+  auto r = store->Reserve(Key(900), kValue);
+  ASSERT_TRUE(r.ok());
+  {
+    auto pin = store->CommitAndAcquire(std::move(r).value(), /*replica=*/true);
+    ASSERT_TRUE(pin.ok());
+  }
+  EXPECT_EQ(Present(*store, 0, 3), "011");
+  // The next write evicts the replica, not 1.
+  ASSERT_TRUE(Put(*store, Key(1000), kValue).ok());
+  EXPECT_FALSE(store->Contains(Key(900)));
+  EXPECT_EQ(Present(*store, 1, 3), "11");
+  // A replica read again here is a hit like any other: it stays.
+  r = store->Reserve(Key(901), kValue);
+  ASSERT_TRUE(store->CommitAndAcquire(std::move(r).value(), /*replica=*/true).ok());
+  Touch(*store, 901);
+  ASSERT_TRUE(Put(*store, Key(1001), kValue).ok());
+  EXPECT_TRUE(store->Contains(Key(901)));
+  EXPECT_EQ(Present(*store, 1, 4), "001");
+}
+
 TEST(PrefixPolicyTest, AKeyEvictedRecentlyComesBackProtected) {
   auto store = Open("prefix");
   for (uint64_t k = 0; k < 300; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
