@@ -104,6 +104,7 @@ class DramStoreImpl final : public DramStore {
                BuildSizeClasses(options.min_class_bytes, options.class_growth,
                                 options.slab_bytes)),
         policy_(EvictionPolicy::Create(options.eviction, &alloc_)),
+        chains_(policy_ != nullptr && policy_->TouchChainsHeadLast()),
         class_entries_(alloc_.num_classes(), 0),
         read_bytes_(alloc_.num_classes(), 0) {
     KVPOOL_CHECK(policy_ != nullptr);
@@ -122,7 +123,7 @@ class DramStoreImpl final : public DramStore {
   uint64_t segment_bytes() const override { return segment_->bytes(); }
   uint8_t* segment_base() const override { return segment_->base(); }
   uint64_t max_value_bytes() const override { return max_value_bytes_; }
-  bool touch_chains_head_last() const override { return policy_->TouchChainsHeadLast(); }
+  bool touch_chains_head_last() const override { return chains_; }
 
   Result<Reservation> Reserve(const KeyId& key, uint64_t size) override {
     if (size == 0 || size > max_value_bytes_) {
@@ -151,7 +152,9 @@ class DramStoreImpl final : public DramStore {
     const KeyId key = reservation.key();
     const uint32_t slot = reservation.Release();
     std::lock_guard lock(mu_);
-    // The chain's previous entry, if it is still the one committed then.
+    // The chain's previous entry, if it is still the one committed then;
+    // only a policy that keeps chains from their head uses it.
+    if (!chains_) chain = nullptr;
     uint32_t colder_than = kNoSlot;
     if (chain != nullptr && chain->slot != kNoSlot && Find(chain->key) == chain->slot) {
       colder_than = chain->slot;
@@ -629,6 +632,7 @@ class DramStoreImpl final : public DramStore {
   SlabAllocator alloc_;
   SlotIndex index_;
   std::unique_ptr<EvictionPolicy> policy_;
+  const bool chains_;  // policy_->TouchChainsHeadLast(): commits keep their chain place
   std::vector<uint32_t> class_entries_;  // per class
   std::vector<uint64_t> read_bytes_;     // per class: bytes hit, decayed
   uint64_t since_decay_ = 0;             // bytes committed and hit since the last halving

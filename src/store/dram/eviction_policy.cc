@@ -19,6 +19,12 @@ struct TwoLists {
     KVPOOL_CHECK(queue == kQueueSmall || queue == kQueueMain);
     return queue == kQueueSmall ? small : main;
   }
+  // Takes slot out of whichever list holds it (EvictionPolicy::Erase).
+  void Erase(SlabAllocator& alloc, uint32_t slot) {
+    SlotMeta& m = alloc.meta(slot);
+    Of(m.queue).Unlink(alloc, slot);
+    m.queue = kQueueNone;
+  }
 };
 
 class S3FifoPolicy final : public EvictionPolicy {
@@ -43,11 +49,7 @@ class S3FifoPolicy final : public EvictionPolicy {
     if (m.freq < 3) m.freq = m.freq + 1;
   }
 
-  void Erase(uint32_t slot, uint16_t cls) override {
-    SlotMeta& m = alloc_.meta(slot);
-    queues_[cls].Of(m.queue).Unlink(alloc_, slot);
-    m.queue = kQueueNone;
-  }
+  void Erase(uint32_t slot, uint16_t cls) override { queues_[cls].Erase(alloc_, slot); }
 
   uint32_t PickVictim(uint16_t cls) override {
     TwoLists& q = queues_[cls];
@@ -159,11 +161,7 @@ class PrefixPolicy final : public EvictionPolicy {
     Protect(slot, cls);
   }
 
-  void Erase(uint32_t slot, uint16_t cls) override {
-    SlotMeta& m = alloc_.meta(slot);
-    lists_[cls].Of(m.queue).Unlink(alloc_, slot);
-    m.queue = kQueueNone;
-  }
+  void Erase(uint32_t slot, uint16_t cls) override { lists_[cls].Erase(alloc_, slot); }
 
   uint32_t PickVictim(uint16_t cls) override {
     TwoLists& l = lists_[cls];
