@@ -383,13 +383,28 @@ TEST(NodeIntegration, MetricsPassPromtoolAndCountTraffic) {
   kvpool_status st[3];
   ASSERT_EQ(kvpool_put(c, ids, p, sz, 1, st), KVPOOL_OK);
   uint8_t hits[3];
-  ASSERT_EQ(kvpool_exists(c, ids, 3, hits, nullptr), KVPOOL_OK);
+  ASSERT_EQ(kvpool_exists(c, ids, 3, hits, nullptr), KVPOOL_OK);  // a is a prefix of 1
+  kvpool_key_id b_then_a[2] = {ids[1], ids[0]};
+  ASSERT_EQ(kvpool_exists(c, b_then_a, 2, hits, nullptr), KVPOOL_OK);  // a prefix of 0
+  std::vector<uint8_t> got(2 * 5000);
+  void* bufs[2] = {got.data(), got.data() + 5000};
+  uint64_t caps[2] = {5000, 5000}, sizes[2];
+  kvpool_get(c, ids, bufs, caps, 2, sizes, st);  // a hits, b misses
+  EXPECT_EQ(st[0], KVPOOL_OK);
+  EXPECT_EQ(st[1], KVPOOL_NOT_FOUND);
   kvpool_close(c);
   int status = 0;
   std::string metrics = node->HttpGet("/metrics", &status);
   ASSERT_EQ(status, 200);
-  EXPECT_EQ(node->Metric("kvpool_exists_hits_total"), 1);
-  EXPECT_EQ(node->Metric("kvpool_exists_misses_total"), 2);
+  EXPECT_EQ(node->Metric("kvpool_exists_hits_total"), 2);
+  EXPECT_EQ(node->Metric("kvpool_exists_misses_total"), 3);
+  EXPECT_EQ(node->Metric("kvpool_exists_prefix_hits_total"), 1);
+  // The recent windows hold all of this traffic.
+  for (const char* w : {"1m", "10m"}) {
+    const std::string l = std::string("{window=\"") + w + "\"}";
+    EXPECT_DOUBLE_EQ(node->Metric("kvpool_exists_prefix_hit_ratio_recent" + l), 1.0 / 5);
+    EXPECT_DOUBLE_EQ(node->Metric("kvpool_hit_ratio_recent" + l), 1.0 / 2);
+  }
   EXPECT_EQ(node->Metric("kvpool_bytes_written_total"), 5000);
   EXPECT_EQ(node->Metric("kvpool_ops_total{op=\"commit\"}"), 1);
   std::string path = node->dir() + "/metrics.txt";

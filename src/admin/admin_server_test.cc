@@ -18,6 +18,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <mutex>
 #include <string>
@@ -53,6 +54,18 @@ void PopulateNodeMetrics(MetricsRegistry* r) {
   r->GetGauge("kvpool_dram_reserved", "Entries reserved by writers.")->Set(3);
   r->GetCounter("kvpool_dram_evictions_total", "Entries evicted from DRAM.")->Inc(42);
   r->GetGauge("kvpool_local_connections", "Connected local clients.")->Set(3);
+  // Recent windows; no eviction in the last minute (NaN).
+  const std::pair<const char*, double> recent[] = {
+      {"kvpool_hit_ratio_recent", 0.9},      {"kvpool_exists_prefix_hit_ratio_recent", 0.6},
+      {"kvpool_dram_eviction_age_recent_seconds", std::nan("")}};
+  for (const auto& [name, v] : recent) {
+    r->AddCallbackGauge(name, "Recent.", {{"window", "1m"}}, [v] { return v; });
+  }
+  r->AddCallbackGauge("kvpool_hit_ratio_recent", "Recent.", {{"window", "10m"}}, [] { return 0.8; });
+  r->AddCallbackGauge("kvpool_exists_prefix_hit_ratio_recent", "Recent.", {{"window", "10m"}},
+                      [] { return 0.55; });
+  r->AddCallbackGauge("kvpool_dram_eviction_age_recent_seconds", "Recent.", {{"window", "10m"}},
+                      [] { return 200.0; });
   r->GetCounter("kvpool_protocol_errors_total", "Malformed requests, by reason.",
                 {{"reason", "bad_magic"}})
       ->Inc(2);
@@ -589,6 +602,12 @@ TEST_F(AdminServerTest, DashboardRendersValuesInHeadlessChromium) {
   EXPECT_EQ(ElementText(dom, "dram-entries"), "12,345");
   EXPECT_EQ(ElementText(dom, "dram-evictions"), "42");
   EXPECT_EQ(ElementText(dom, "hit-rate"), "75.0%");
+  EXPECT_EQ(ElementText(dom, "hq-hit-1m"), "90.0%");
+  EXPECT_EQ(ElementText(dom, "hq-hit-10m"), "80.0%");
+  EXPECT_EQ(ElementText(dom, "hq-prefix-1m"), "60.0%");
+  EXPECT_EQ(ElementText(dom, "hq-prefix-10m"), "55.0%");
+  EXPECT_EQ(ElementText(dom, "hq-age-1m"), "\xE2\x80\x94");  // NaN: no eviction in the window
+  EXPECT_EQ(ElementText(dom, "hq-age-10m"), "3m 20s");
   EXPECT_EQ(ElementText(dom, "connections"), "3");
   EXPECT_EQ(ElementText(dom, "protocol-errors"), "2");
   // Counters did not move between polls.

@@ -66,11 +66,27 @@ LocalOps::LocalOps(const LocalServerOptions& o, TieredStore* tiered, RemoteSourc
   misses_ = m->GetCounter("kvpool_misses_total", "Acquire and get items that missed");
   exists_hits_ = m->GetCounter("kvpool_exists_hits_total", "Exists items that found the key");
   exists_misses_ = m->GetCounter("kvpool_exists_misses_total", "Exists items that missed");
+  exists_prefix_hits_ =
+      m->GetCounter("kvpool_exists_prefix_hits_total",
+                    "Exists items in the leading run of hits of their call (the prefix a caller "
+                    "can use)");
+  for (const RecentWindow& rw : kRecentWindows) {
+    Labels w = {{"window", rw.label}};
+    m->AddCallbackGauge(
+        "kvpool_hit_ratio_recent", "Acquire and get items that hit over all of them, recent window",
+        w, [this, s = rw.seconds] { return recent_hits_.Ratio(s); }, this);
+    m->AddCallbackGauge("kvpool_exists_prefix_hit_ratio_recent",
+                        "Exists items in the leading run of hits of their call over all exists "
+                        "items, recent window",
+                        w, [this, s = rw.seconds] { return recent_prefix_.Ratio(s); }, this);
+  }
   bytes_read_ = m->GetCounter("kvpool_bytes_read_total", "Value bytes handed to readers");
   bytes_written_ = m->GetCounter("kvpool_bytes_written_total", "Value bytes committed");
   put_failures_ = m->GetCounter("kvpool_put_failures_total",
                                 "Put or reserve items refused (no space, too large)");
 }
+
+LocalOps::~LocalOps() { metrics_->RemoveCallbacks(this); }
 
 std::vector<ParkedReads::Request> LocalOps::TakeReady() {
   std::vector<ParkedReads::Request> ready = tenants_[0].parked->TakeReady();
@@ -448,6 +464,7 @@ void LocalOps::AnswerAcquire(LocalSession& c, const FrameHeader& h, const std::v
   }
   hits_->Inc(hits);
   misses_->Inc(keys.size() - hits);
+  recent_hits_.Add(hits, keys.size());
   bytes_read_->Inc(bytes);
   t.hits->Inc(hits);
   t.misses->Inc(keys.size() - hits);
@@ -490,6 +507,8 @@ void LocalOps::AnswerExists(LocalSession& c, const FrameHeader& h, const std::ve
   }
   exists_hits_->Inc(hits);
   exists_misses_->Inc(keys.size() - hits);
+  exists_prefix_hits_->Inc(rep.prefix_len);
+  recent_prefix_.Add(rep.prefix_len, keys.size());
   out_.clear();
   protocol::EncodeExistsReply(rep, &out_);
   Queue(c, MessageType::kExists, h.request_id, Status::Ok(), out_);
@@ -578,6 +597,7 @@ void LocalOps::AnswerGet(LocalSession& c, const FrameHeader& h,
   }
   hits_->Inc(hits);
   misses_->Inc(sized.size() - hits);
+  recent_hits_.Add(hits, sized.size());
   t.hits->Inc(hits);
   t.misses->Inc(sized.size() - hits);
   t.bytes_read->Inc(total);

@@ -23,6 +23,7 @@
 
 #include "cluster/remote_source.h"
 #include "common/metrics.h"
+#include "common/recent_ratio.h"
 #include "common/status.h"
 #include "node/local_server.h"
 #include "node/parked_reads.h"
@@ -79,6 +80,7 @@ class LocalOps {
   LocalOps(const LocalServerOptions& options, TieredStore* store, RemoteSource* remote, int wake_fd,
            MetricsRegistry* metrics, std::function<std::string()> stats_json,
            const std::vector<LocalTenant>& tenants = {});
+  ~LocalOps();
   LocalOps(const LocalOps&) = delete;
   LocalOps& operator=(const LocalOps&) = delete;
 
@@ -172,6 +174,11 @@ class LocalOps {
   Counter* misses_;
   Counter* exists_hits_;
   Counter* exists_misses_;
+  Counter* exists_prefix_hits_;
+  // Acquire and get items (hits over items), and exists items in the leading
+  // run of hits (over items): the ratios of the last minutes, as gauges.
+  RecentRatio recent_hits_;
+  RecentRatio recent_prefix_;
   Counter* bytes_read_;
   Counter* bytes_written_;
   Counter* put_failures_;

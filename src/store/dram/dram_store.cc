@@ -44,8 +44,10 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <unordered_map>
 
 #include "common/log.h"
+#include "common/recent_ratio.h"
 #include "store/dram/eviction_policy.h"
 #include "store/dram/segment.h"
 #include "store/dram/size_classes.h"
@@ -100,6 +102,8 @@ class DramStoreImpl final : public DramStore {
         owned_metrics_(metrics == nullptr ? std::make_unique<MetricsRegistry>() : nullptr),
         metrics_(metrics != nullptr ? metrics : owned_metrics_.get()),
         decay_bytes_(options.capacity_bytes / 2),
+        time_(options.clock != nullptr ? options.clock : SystemClock::Get()),
+        recent_age_us_(time_),
         alloc_(options.capacity_bytes, options.slab_bytes,
                BuildSizeClasses(options.min_class_bytes, options.class_growth,
                                 options.slab_bytes)),
@@ -302,6 +306,7 @@ class DramStoreImpl final : public DramStore {
 
   // Accounting for an entry leaving the index (evicted or removed).
   void DropEntry(uint32_t slot, uint16_t cls) {
+    if (AgeSampled(alloc_.meta(slot).key)) age_last_use_.erase(alloc_.meta(slot).key);
     --entries_;
     --class_entries_[cls];
     used_bytes_ -= alloc_.meta(slot).size;
@@ -323,6 +328,7 @@ class DramStoreImpl final : public DramStore {
     index_.Insert(key, slot);
     policy_->Insert(slot, cls, colder_than);
     NoteUse(slot, cls, m.size, /*hit=*/false);
+    NoteAgeUse(key);
     ++entries_;
     ++class_entries_[cls];
     used_bytes_ += m.size;
@@ -345,7 +351,10 @@ class DramStoreImpl final : public DramStore {
       ++pinned_;
     }
     const uint16_t cls = alloc_.class_of(slot);
-    if (touch) policy_->Touch(slot, cls);
+    if (touch) {
+      policy_->Touch(slot, cls);
+      NoteAgeUse(key);
+    }
     NoteUse(slot, cls, m.size, /*hit=*/true);
     hits_->Inc();
     return Pin(this, slot, m.key, alloc_.offset(slot), m.size);
@@ -371,11 +380,29 @@ class DramStoreImpl final : public DramStore {
     SlotMeta& m = alloc_.meta(slot);
     KVPOOL_CHECK(m.state == SlotState::kCommitted && m.pins == 0);
     if (listener_) listener_(m.key, segment_->base() + alloc_.offset(slot), m.size);
+    NoteEvictionAge(m.key);
     KVPOOL_CHECK(index_.Erase(m.key, slot));
     DropEntry(slot, alloc_.class_of(slot));
     ++evictions_;
     evictions_metric_->Inc();
     FreeSlot(slot);
+  }
+
+  // Eviction age (the time from an entry's last commit or hit to its
+  // eviction) is measured on a sample: keys whose id has its low 6 bits of
+  // `hi` zero, one in 64, so the map stays at about entries / 64.
+  static bool AgeSampled(const KeyId& key) { return (key.hi & 63) == 0; }
+  void NoteAgeUse(const KeyId& key) {
+    if (AgeSampled(key)) age_last_use_[key] = time_->Now();
+  }
+  void NoteEvictionAge(const KeyId& key) {
+    if (!AgeSampled(key)) return;
+    auto it = age_last_use_.find(key);
+    if (it == age_last_use_.end()) return;
+    const auto age = time_->Now() - it->second;
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(age).count();
+    eviction_age_->Observe(static_cast<double>(us) / 1e6);
+    recent_age_us_.Add(static_cast<uint64_t>(us), 1);
   }
 
   bool EvictFrom(uint16_t cls) {
@@ -473,7 +500,9 @@ class DramStoreImpl final : public DramStore {
 
   uint64_t IndexBytes() const {
     return index_.bytes() + alloc_.metadata_bytes() + policy_->bytes() +
-           read_bytes_.capacity() * sizeof(uint64_t) + class_entries_.capacity() * sizeof(uint32_t);
+           read_bytes_.capacity() * sizeof(uint64_t) + class_entries_.capacity() * sizeof(uint32_t) +
+           age_last_use_.bucket_count() * sizeof(void*) +
+           age_last_use_.size() * (sizeof(KeyId) + sizeof(Clock::time_point) + 2 * sizeof(void*));
   }
 
   void OnCapacityChange() {
@@ -615,6 +644,17 @@ class DramStoreImpl final : public DramStore {
         metrics_->GetCounter("kvpool_dram_slab_moves_total", "Slabs moved between size classes.");
     hits_ = metrics_->GetCounter("kvpool_dram_hits_total", "Acquire hits.");
     misses_ = metrics_->GetCounter("kvpool_dram_misses_total", "Acquire misses.");
+    eviction_age_ = metrics_->GetHistogram(
+        "kvpool_dram_eviction_age_seconds",
+        "Time from an evicted entry's last commit or hit to its eviction (one key in 64)", {},
+        Histogram::ExponentialBounds(0.01, 2, 22));
+    for (const RecentWindow& rw : kRecentWindows) {
+      metrics_->AddCallbackGauge(
+          "kvpool_dram_eviction_age_recent_seconds",
+          "Mean eviction age (kvpool_dram_eviction_age_seconds) over a recent window",
+          {{"window", rw.label}},
+          [this, s = rw.seconds] { return recent_age_us_.Ratio(s) / 1e6; }, this);
+    }
   }
 
   const std::unique_ptr<Segment> segment_;
@@ -626,6 +666,9 @@ class DramStoreImpl final : public DramStore {
   Counter* slab_moves_metric_ = nullptr;
   Counter* hits_ = nullptr;
   Counter* misses_ = nullptr;
+  Histogram* eviction_age_ = nullptr;
+  const Clock* const time_;  // eviction ages
+  RecentRatio recent_age_us_;  // microseconds of sampled eviction ages, per eviction
 
   mutable std::mutex mu_;
   // Everything below is protected by mu_.
@@ -645,6 +688,7 @@ class DramStoreImpl final : public DramStore {
   uint64_t pinned_ = 0;
   uint64_t evictions_ = 0;
   uint64_t slab_moves_ = 0;
+  std::unordered_map<KeyId, Clock::time_point, KeyIdHash> age_last_use_;  // sampled keys
 };
 
 }  // namespace

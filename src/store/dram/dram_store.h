@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/key_id.h"
 #include "common/metrics.h"
 #include "common/status.h"
@@ -45,6 +46,8 @@ struct DramOptions {
   // Seal the segment's fd against writes: clients it is handed to can map
   // it read-only only (the node writes through its own mapping).
   bool seal_client_writes = false;
+  // What eviction ages are measured with (null: the steady clock).
+  const Clock* clock = nullptr;
 
   Status Validate() const;
 };

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <cmath>
 #include <map>
 #include <random>
 #include <set>
@@ -18,6 +19,7 @@ using testing::Get;
 using testing::Key;
 using testing::Put;
 using testing::SmallOptions;
+using testing::SplitMix;
 
 constexpr uint64_t KiB = 1024, MiB = 1024 * 1024;
 
@@ -534,6 +536,45 @@ TEST(DramStoreTest, ChurnMatchesReferenceModel) {
     EXPECT_GT(removed, 100u);
     EXPECT_GT(s.evictions, 1000u);
   }
+}
+
+// Eviction age is measured on keys whose id has the low 6 bits of hi clear:
+// the time from the last commit or hit to the eviction, on the store's clock.
+TEST(DramStoreTest, EvictionAgeIsTheTimeFromLastUseToEvictionOfSampledKeys) {
+  MetricsRegistry metrics;
+  ManualClock clock;
+  DramOptions o = SmallOptions();
+  o.eviction = "lru";
+  o.clock = &clock;
+  auto store = OpenStore(o, &metrics);
+  auto sampled = [](uint64_t i) { return KeyId{i << 6, SplitMix(i)}; };
+  auto unsampled = [](uint64_t i) { return KeyId{(i << 6) | 1, SplitMix(i)}; };
+  constexpr uint64_t kSize = 64 * KiB;
+  ASSERT_TRUE(Put(*store, sampled(1), kSize).ok());  // t = 0, never read: age 15 s
+  ASSERT_TRUE(Put(*store, sampled(2), kSize).ok());  // t = 0, read at t = 5: age 10 s
+  ASSERT_TRUE(Put(*store, sampled(3), kSize).ok());  // removed: no age
+  clock.Advance(std::chrono::seconds(5));
+  ASSERT_TRUE(store->Acquire(sampled(2)).ok());
+  ASSERT_TRUE(store->Remove(sampled(3)).ok());
+  clock.Advance(std::chrono::seconds(10));
+  uint64_t i = 0;
+  while (store->Contains(sampled(1)) || store->Contains(sampled(2))) {
+    ASSERT_TRUE(Put(*store, unsampled(i++), kSize).ok());
+    ASSERT_LT(i, 10000u);
+  }
+  EXPECT_EQ(store->GetStats().evictions, 2u);
+  for (uint64_t k = 0; k < 20; ++k) ASSERT_TRUE(Put(*store, unsampled(i++), kSize).ok());
+  EXPECT_EQ(store->GetStats().evictions, 22u);  // unsampled keys go unmeasured
+  Histogram* h = metrics.GetHistogram("kvpool_dram_eviction_age_seconds", "");
+  EXPECT_EQ(h->Count(), 2u);
+  EXPECT_DOUBLE_EQ(h->Sum(), 25.0);
+  EXPECT_DOUBLE_EQ(metrics.ValueOf("kvpool_dram_eviction_age_recent_seconds", {{"window", "1m"}}),
+                   12.5);
+  clock.Advance(std::chrono::seconds(61));  // out of the minute, inside ten
+  EXPECT_TRUE(std::isnan(
+      metrics.ValueOf("kvpool_dram_eviction_age_recent_seconds", {{"window", "1m"}})));
+  EXPECT_DOUBLE_EQ(metrics.ValueOf("kvpool_dram_eviction_age_recent_seconds", {{"window", "10m"}}),
+                   12.5);
 }
 
 }  // namespace
