@@ -11,6 +11,11 @@
 # Then three nodes of a third of the 10 % capacity each, a static cluster,
 # requests sent round-robin: what they keep together against the one node.
 #
+# Then the SSD tier's admission: DRAM of 5 % and SSD of 40 % of the distinct
+# blocks, the default policy, for each admission setting (SSD_ADMISSIONS):
+# the combined hit ratio, the share of hits DRAM served (hits that needed no
+# promotion), and SSD bytes written per byte of hits read.
+#
 # Prints a table and `metric` lines:
 #   trace_hit_vs_lru_{5,10,20,40}pct  default policy's block hit ratio / offline LRU's
 #   trace_hit_vs_lru_min              the smallest of the four
@@ -20,13 +25,18 @@
 #   trace_wrong_bytes                  over every run (must be 0)
 #   trace_requests_per_s, trace_requests_per_s_s3fifo
 #                                      replay speed at 10 %, median of --reps runs
+#   trace_ssd_hit_{NAME}, trace_ssd_dram_share_{NAME},
+#   trace_ssd_write_per_hit_byte_{NAME}  per admission setting
 #
 # Usage: bench/compare.sh trace [--trace FILE] [--reps N] [--keep]
 #   --trace  a Mooncake JSONL trace (default ../shared/traces/synthetic_trace.jsonl
 #            beside the repository)
 #   --reps   runs of the 10 % replays, for requests/s (default 3)
 # Environment: BUILD_DIR (default build), VALUE_SIZE (default 16KiB),
-#   POLICIES (default "prefix lru s3fifo"; the first is the one judged).
+#   POLICIES (default "prefix lru s3fifo"; the first is the one judged),
+#   SSD_ADMISSIONS (default "none all reads1 reads2 reinsert1": no SSD tier,
+#   every eviction written (the default), only entries read at least 1 or 2
+#   times, every eviction plus reclaim keeping entries read once).
 set -euo pipefail
 
 LOG_TAG=trace
@@ -58,6 +68,7 @@ cleanup() {
 trap cleanup EXIT
 RESULTS="$TMP/results.jsonl"
 : > "$RESULTS"
+: > "$TMP/ssd_metrics"
 
 distinct="$("$PY" -c '
 import json, sys
@@ -89,7 +100,7 @@ start() {
   local name="$1" mib="$2" rc=0
   shift 2
   "$NODE" --socket "$TMP/$name.sock" --dram-capacity "${mib}MiB" --slab-size 1MiB \
-    --admin-port 0 "$@" > "$TMP/$name.log" 2>&1 &
+    --admin-port "${ADMIN_PORT:-0}" "$@" > "$TMP/$name.log" 2>&1 &
   PIDS+=($!)
   wait_node_ready "$!" "$TMP/$name.log" "$TMP/$name.sock" || rc=$?
   [[ $rc -eq 0 ]] || die "kvpool-node $name did not start (see $TMP/$name.log)"
@@ -138,10 +149,42 @@ replay "pool/10/1" "$TMP/n0.sock,$TMP/n1.sock,$TMP/n2.sock"
 stop_all
 log "pool of three done ($mib MiB each)"
 
-"$PY" - "$RESULTS" "${POLICY_LIST[0]}" <<'PYEOF'
+# The SSD tier under a DRAM of 5 %: one node per admission setting.
+read -r -a ADMISSIONS <<< "${SSD_ADMISSIONS:-none all reads1 reads2 reinsert1}"
+dram_mib="$(capacity_mib 5)"
+ssd_mib="$(capacity_mib 40)"
+for adm in "${ADMISSIONS[@]}"; do
+  case "$adm" in
+    none) flags=() ;;
+    all) flags=(--ssd-admit-reads 0) ;;
+    reads[0-9]*) flags=(--ssd-admit-reads "${adm#reads}") ;;
+    reinsert[0-9]*) flags=(--ssd-admit-reads 0 --ssd-reinsert-reads "${adm#reinsert}") ;;
+    *) die "SSD_ADMISSIONS: unknown setting $adm" ;;
+  esac
+  [[ $adm == none ]] || flags+=(--ssd "$TMP/ssd-$adm" --ssd-capacity "${ssd_mib}MiB"
+                                --ssd-region-size 4MiB)
+  mkdir -p "$TMP/ssd-$adm"
+  admin="$(freeport)"
+  ADMIN_PORT="$admin" start one "$dram_mib" "${flags[@]}"
+  replay "ssd-$adm/5/1" "$TMP/one.sock"
+  for series in kvpool_tier_promotions_total kvpool_ssd_write_bytes_total; do
+    printf '%s %s %s\n' "$adm" "$series" \
+      "$("$PY" "$HERE/compare_lib.py" metric "http://127.0.0.1:$admin/metrics" "$series")" \
+      >> "$TMP/ssd_metrics"
+  done
+  stop_all
+  rm -rf "$TMP/ssd-$adm"
+  log "ssd $adm done (DRAM $dram_mib MiB, SSD $ssd_mib MiB)"
+done
+
+"$PY" - "$RESULTS" "${POLICY_LIST[0]}" "$TMP/ssd_metrics" <<'PYEOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 judged = sys.argv[2]
+node_metrics = {}
+for line in open(sys.argv[3]):
+    adm, series, value = line.split()
+    node_metrics[(adm, series)] = float(value)
 by = {}
 for r in rows:
     policy, pct, _ = r["label"].split("/")
@@ -149,7 +192,7 @@ for r in rows:
 policies = []
 for r in rows:
     p = r["label"].split("/")[0]
-    if p != "pool" and p not in policies:
+    if p != "pool" and not p.startswith("ssd-") and p not in policies:
         policies.append(p)
 print("| capacity | entries | " + " | ".join(policies) + " | offline LRU | Belady |")
 print("|---|---|" + "---|" * len(policies) + "---|---|")
@@ -174,4 +217,20 @@ print("metric trace_requests_per_s %.1f" % statistics.median(r["requests_per_s"]
 if ("s3fifo", 10) in by:
     print("metric trace_requests_per_s_s3fifo %.1f" %
           statistics.median(r["requests_per_s"] for r in by[("s3fifo", 10)]))
+print()
+print("| SSD admission (DRAM 5 %, SSD 40 %) | hit ratio | DRAM share of hits "
+      "| SSD bytes written per hit byte | requests/s |")
+print("|---|---|---|---|---|")
+for label in [r["label"] for r in rows if r["label"].startswith("ssd-")]:
+    adm = label.split("/")[0][4:]
+    r = by[("ssd-" + adm, 5)][0]
+    hits = r["block_hit_ratio"] * r["block_refs"]
+    promoted = node_metrics[(adm, "kvpool_tier_promotions_total")]
+    share = 1 - promoted / hits if hits else float("nan")
+    per_byte = node_metrics[(adm, "kvpool_ssd_write_bytes_total")] / max(1, r["bytes_read"])
+    print("| %s | %.4f | %.3f | %.3f | %.0f |" % (adm, r["block_hit_ratio"], share, per_byte,
+                                                   r["requests_per_s"]))
+    print("metric trace_ssd_hit_%s %.4f" % (adm, r["block_hit_ratio"]))
+    print("metric trace_ssd_dram_share_%s %.3f" % (adm, share))
+    print("metric trace_ssd_write_per_hit_byte_%s %.3f" % (adm, per_byte))
 PYEOF
