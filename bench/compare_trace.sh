@@ -9,7 +9,8 @@
 # agrees with the offline LRU exactly).
 #
 # Then three nodes of a third of the 10 % capacity each, a static cluster,
-# requests sent round-robin: what they keep together against the one node.
+# requests sent round-robin: what they keep together against the one node,
+# with the default placement (local) and with --placement chain.
 #
 # Then the SSD tier's admission: DRAM of 5 % and SSD of 40 % of the distinct
 # blocks, the default policy, for each admission setting (SSD_ADMISSIONS):
@@ -22,6 +23,7 @@
 #   trace_hit_vs_lru_10pct, trace_hit_vs_belady_10pct
 #   trace_hit_{POLICY}_{N}pct          each run's block hit ratio
 #   pool_hit_vs_single                 3 nodes of C/3 vs 1 node of C, round-robin, 10 %
+#   pool_hit_vs_single_chain           the same with --placement chain
 #   trace_wrong_bytes                  over every run (must be 0)
 #   trace_requests_per_s, trace_requests_per_s_s3fifo
 #                                      replay speed at 10 %, median of --reps runs
@@ -137,17 +139,19 @@ for pct in "${FRACTIONS[@]}"; do
   done
 done
 
-# Three nodes of a third each, one static cluster, round-robin.
+# Three nodes of a third each, one static cluster, round-robin; per placement.
 mib="$(capacity_mib 10 3)"
-ports=("$(freeport)" "$(freeport)" "$(freeport)")
-peers="n0=127.0.0.1:${ports[0]},n1=127.0.0.1:${ports[1]},n2=127.0.0.1:${ports[2]}"
-for i in 0 1 2; do
-  start "n$i" "$mib" --eviction "${POLICY_LIST[0]}" --node-id "n$i" --peers "$peers" \
-    --peer-port "${ports[$i]}"
+for placement in local chain; do
+  ports=("$(freeport)" "$(freeport)" "$(freeport)")
+  peers="n0=127.0.0.1:${ports[0]},n1=127.0.0.1:${ports[1]},n2=127.0.0.1:${ports[2]}"
+  for i in 0 1 2; do
+    start "n$i" "$mib" --eviction "${POLICY_LIST[0]}" --node-id "n$i" --peers "$peers" \
+      --peer-port "${ports[$i]}" --placement "$placement"
+  done
+  replay "pool-$placement/10/1" "$TMP/n0.sock,$TMP/n1.sock,$TMP/n2.sock"
+  stop_all
+  log "pool of three, placement $placement, done ($mib MiB each)"
 done
-replay "pool/10/1" "$TMP/n0.sock,$TMP/n1.sock,$TMP/n2.sock"
-stop_all
-log "pool of three done ($mib MiB each)"
 
 # The SSD tier under a DRAM of 5 %: one node per admission setting.
 read -r -a ADMISSIONS <<< "${SSD_ADMISSIONS:-none all reads1 reads2 reinsert1}"
@@ -192,7 +196,7 @@ for r in rows:
 policies = []
 for r in rows:
     p = r["label"].split("/")[0]
-    if p != "pool" and not p.startswith("ssd-") and p not in policies:
+    if not p.startswith(("pool-", "ssd-")) and p not in policies:
         policies.append(p)
 print("| capacity | entries | " + " | ".join(policies) + " | offline LRU | Belady |")
 print("|---|---|" + "---|" * len(policies) + "---|---|")
@@ -209,8 +213,10 @@ for pct in (5, 10, 20, 40):
 print("metric trace_hit_vs_lru_min %.3f" % min(ratios.values()))
 ten = by[(judged, 10)][0]
 print("metric trace_hit_vs_belady_10pct %.3f" % (ten["block_hit_ratio"] / ten["offline_belady_block_hit_ratio"]))
-pool = by[("pool", 10)][0]
+pool = by[("pool-local", 10)][0]
 print("metric pool_hit_vs_single %.3f" % (pool["block_hit_ratio"] / ten["block_hit_ratio"]))
+pool = by[("pool-chain", 10)][0]
+print("metric pool_hit_vs_single_chain %.3f" % (pool["block_hit_ratio"] / ten["block_hit_ratio"]))
 print("metric trace_wrong_bytes %d" % sum(r["wrong_bytes"] for r in rows))
 print("metric trace_failed_items %d" % sum(r["failed_items"] for r in rows))
 print("metric trace_requests_per_s %.1f" % statistics.median(r["requests_per_s"] for r in by[(judged, 10)]))

@@ -352,6 +352,116 @@ TEST_F(ClusterTest, PlacementHomeSpreadsValuesOverTheHomes) {
   }
 }
 
+// Placement chain: a writer's exists call names a chain; the blocks it
+// then puts go, whole, to the home of the chain's first key, and blocks
+// added to the chain later follow them there. Reads through other nodes
+// are byte-exact and keep no replica. Both put paths: values inline (put)
+// and through reservations (reserve, write, commit).
+TEST(StaticClusterTest, PlacementChainKeepsEachChainOnOneNodeAndReadsKeepNoReplicas) {
+  StaticCluster sc;
+  sc.PickPorts({"a", "b", "c"});
+  ASSERT_TRUE(sc.StartNodes({"a", "b", "c"}, {"--placement", "chain"}));
+  auto entries = [&] {
+    std::vector<uint64_t> e;
+    for (auto& n : sc.nodes) e.push_back(DramEntries(*n));
+    return e;
+  };
+  NodeProcess* a = sc.nodes[0].get();
+  size_t forwarded_chains = 0, total = 0;
+  std::vector<std::vector<kvpool_key_id>> chains;
+  std::vector<std::vector<std::vector<uint8_t>>> values;
+  std::vector<size_t> holder;
+  for (int i = 0; i < 8; ++i) {
+    Conn ca(*a, /*copy_mode=*/i % 2 == 0);
+    auto ids = Keys("chain" + std::to_string(i), 6);
+    auto vals = Values(1000 + 10 * i, 6);
+    const auto before = entries();
+    EXPECT_EQ(ca.ExistsCount(ids), 0u);  // names the chain; nothing held yet
+    ca.Put(ids, vals);
+    total += ids.size();
+    // The whole chain lands on one node; the others do not change.
+    std::vector<uint64_t> after;
+    ASSERT_TRUE(WaitFor(milliseconds(5000), [&] {
+      after = entries();
+      return after[0] + after[1] + after[2] == total;
+    })) << after[0] << " " << after[1] << " " << after[2];
+    size_t grew = 0, where = 0;
+    for (size_t n = 0; n < 3; ++n) {
+      if (after[n] == before[n]) continue;
+      EXPECT_EQ(after[n], before[n] + ids.size()) << "chain " << i << " split over nodes";
+      ++grew;
+      where = n;
+    }
+    EXPECT_EQ(grew, 1u);
+    forwarded_chains += where != 0;
+    chains.push_back(ids);
+    values.push_back(vals);
+    holder.push_back(where);
+  }
+  // Some chains' heads are homed on b or c (8 chains over 3 nodes).
+  ASSERT_GT(forwarded_chains, 0u);
+  EXPECT_EQ(a->Metric("kvpool_placement_kept_total"), 0);
+  EXPECT_GE(a->Metric("kvpool_placement_forwarded_total"), 6.0 * forwarded_chains);
+
+  // A chain held on another node, extended through a: the new blocks follow.
+  size_t x = 0;
+  while (holder[x] == 0) ++x;
+  auto longer = chains[x];
+  auto more = Keys("chain-ext", 3);
+  longer.insert(longer.end(), more.begin(), more.end());
+  auto more_vals = Values(5000, 3);
+  {
+    Conn ca(*a);
+    const auto before = entries();
+    EXPECT_EQ(ca.ExistsCount(longer), 6u);  // hits the held prefix
+    ca.Put(more, more_vals);
+    ASSERT_TRUE(WaitFor(milliseconds(5000), [&] {
+      return entries()[holder[x]] == before[holder[x]] + 3;
+    }));
+    EXPECT_EQ(entries()[0], before[0]);
+  }
+
+  // Reads through every node are byte-exact; the readers keep nothing.
+  const auto held = entries();
+  for (auto& n : sc.nodes) {
+    for (bool copy : {true, false}) {
+      Conn cn(*n, copy);
+      for (size_t i = 0; i < chains.size(); ++i) {
+        ASSERT_NO_FATAL_FAILURE(ExpectValues(cn.Get(chains[i]), values[i]));
+      }
+      ASSERT_NO_FATAL_FAILURE(ExpectValues(cn.Get(more), more_vals));
+    }
+  }
+  EXPECT_EQ(entries(), held);
+  EXPECT_GT(sc.nodes[1]->Metric("kvpool_remote_fetches_total") +
+                sc.nodes[2]->Metric("kvpool_remote_fetches_total"),
+            0);
+
+  // A put no exists call named stays on the writer.
+  {
+    Conn ca(*a);
+    const auto before = entries();
+    ca.Put(Keys("unnamed", 4), Values(7000, 4));
+    EXPECT_EQ(entries()[0], before[0] + 4);
+  }
+
+  // A target that is gone: the chains meant for it are stored on the writer
+  // (static members stay in the view, so new chains are still sent to c).
+  // Nothing put is lost: a and b together gain every block.
+  sc.nodes[2]->Stop(SIGKILL);
+  const uint64_t ab = DramEntries(*a) + DramEntries(*sc.nodes[1]);
+  Conn ca(*a);
+  for (int i = 0; i < 6; ++i) {
+    auto ids = Keys("after-kill" + std::to_string(i), 4);
+    ca.ExistsCount(ids);  // names the chain (keys homed at c count as misses)
+    ca.Put(ids, Values(9000 + 10 * i, 4));
+  }
+  ASSERT_TRUE(WaitFor(milliseconds(10000), [&] {
+    return DramEntries(*a) + DramEntries(*sc.nodes[1]) == ab + 24;
+  })) << DramEntries(*a) + DramEntries(*sc.nodes[1]) - ab;
+  EXPECT_GE(a->Metric("kvpool_placement_kept_total"), 4);
+}
+
 TEST(StaticClusterTest, PeersListServesRemoteReads) {
   StaticCluster sc;
   sc.PickPorts({"a", "b"});

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "cluster/peer_messages_format.h"
 
@@ -37,6 +38,34 @@ TEST(PeerMessagesFormat, PublishAndLookupRoundTrip) {
   EXPECT_FALSE(DecodeLookupReply(buf, 2, &back).ok());  // count must match the request
   buf.back() = 9;                                       // a holder index out of the table
   EXPECT_FALSE(DecodeLookupReply(buf, 3, &back).ok());
+}
+
+// A store header names the key and size, and optionally the key it follows
+// in its chain; any other length is malformed.
+TEST(PeerMessagesFormat, StoreWithAndWithoutTheKeyBefore) {
+  std::vector<uint8_t> buf;
+  KeyId key, after_key = K(9);
+  uint64_t size = 0;
+  std::optional<KeyId> after;
+  EncodeStore(K(3), 4096, nullptr, &buf);
+  EXPECT_EQ(buf.size(), 24u);
+  ASSERT_TRUE(DecodeStore(buf, &key, &size, &after).ok());
+  EXPECT_EQ(key, K(3));
+  EXPECT_EQ(size, 4096u);
+  EXPECT_FALSE(after.has_value());
+  buf.clear();
+  EncodeStore(K(4), 7, &after_key, &buf);
+  EXPECT_EQ(buf.size(), 40u);
+  ASSERT_TRUE(DecodeStore(buf, &key, &size, &after).ok());
+  EXPECT_EQ(key, K(4));
+  ASSERT_TRUE(after.has_value());
+  EXPECT_EQ(*after, K(9));
+  for (size_t cut : {1, 8, 15, 17}) {  // 16 leaves a valid header without it
+    std::vector<uint8_t> bad(buf.begin(), buf.end() - static_cast<std::ptrdiff_t>(cut));
+    EXPECT_EQ(DecodeStore(bad, &key, &size, &after).code(), StatusCode::kInvalidArgument) << cut;
+  }
+  buf.push_back(0);
+  EXPECT_EQ(DecodeStore(buf, &key, &size, &after).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(Directory, AddRemovePruneAndBound) {

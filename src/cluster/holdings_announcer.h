@@ -75,6 +75,10 @@ class HoldingsAnnouncer final : public HoldingsObserver {
   // The holdings stream (see the table above).
   void OnHoldings(const HoldingsEvent& event) override;
 
+  // The placer of placement home and chain (chain notes go to it); null for
+  // placement local.
+  HomePlacer* placer() const { return placer_.get(); }
+
   // Inventory re-sends: the key is (still / no longer) held here.
   void Relist(const KeyId& key, uint64_t size) { publisher_.Add(key, size); }
   void Unlist(const KeyId& key) { publisher_.Remove(key); }
@@ -89,7 +93,7 @@ class HoldingsAnnouncer final : public HoldingsObserver {
   const HoldingsAnnouncerOptions opts_;
   TieredStore* const store_;
   Publisher publisher_;
-  std::unique_ptr<HomePlacer> placer_;  // placement home only
+  std::unique_ptr<HomePlacer> placer_;  // placement home and chain only
   Counter* ssd_unpublished_;
 
   // Placement home: keys announced while waiting for their hand-off.

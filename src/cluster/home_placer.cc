@@ -1,5 +1,6 @@
 #include "cluster/home_placer.h"
 
+#include <cstring>
 #include <memory>
 
 #include "cluster/peer_messages_format.h"
@@ -18,6 +19,16 @@ HomePlacer::HomePlacer(const HomePlacerOptions& options, Cluster* cluster, Tiere
                         "Values queued because the hand-offs in flight were at their byte budget");
   queue_full_ = m->GetCounter("kvpool_placement_queue_full_total",
                               "Values kept here because the hand-off queue was full");
+  forwarded_ = m->GetCounter("kvpool_placement_forwarded_total",
+                             "Puts sent to their chain's home without being stored here first "
+                             "(placement chain; also counted as moved or kept)");
+  forward_dropped_ = m->GetCounter(
+      "kvpool_placement_forward_dropped_total",
+      "Forwarded puts their target refused, dropped because the SSD tier could make the writer wait "
+      "(placement chain)");
+  notes_dropped_ = m->GetCounter("kvpool_placement_chain_notes_dropped_total",
+                                 "Chain notes dropped unused because too many were waiting "
+                                 "(placement chain)");
   m->AddCallbackGauge("kvpool_placement_inflight_bytes", "Value bytes being handed to homes", {},
                       [this] { return static_cast<double>(inflight_bytes_.load()); }, this);
   m->AddCallbackGauge("kvpool_placement_queued", "Values waiting to be handed to their homes", {},
@@ -30,8 +41,158 @@ HomePlacer::HomePlacer(const HomePlacerOptions& options, Cluster* cluster, Tiere
 
 HomePlacer::~HomePlacer() { metrics_->RemoveCallbacks(this); }
 
+std::string HomePlacer::PickForNewChain(size_t n) {
+  auto view = cluster_->view();
+  const std::string& self = cluster_->node_id();
+  std::string best_id = self, best_address;
+  uint64_t best = fed_[self];
+  for (const Member& m : view->members) {
+    if (m.node_id == self || m.state != MemberState::kAlive || m.weight <= 0) continue;
+    const uint64_t fed = fed_[m.node_id];
+    if (fed < best) {
+      best = fed;
+      best_id = m.node_id;
+      best_address = m.address;
+    }
+  }
+  fed_[best_id] += n;
+  return best_address;
+}
+
+void HomePlacer::NoteChain(std::span<const KeyId> keys, const KeyId* before,
+                           const std::optional<std::string>& before_at) {
+  if (!opts_.by_chain || keys.empty()) return;
+  std::lock_guard lock(mu_);
+  if (chain_notes_.size() + keys.size() > opts_.max_chain_notes) {
+    notes_dropped_->Inc(chain_notes_.size());
+    chain_notes_.clear();
+  }
+  std::string address;
+  if (before_at) {  // the chain goes on where its previous block is
+    address = *before_at;
+    std::string id = cluster_->node_id();
+    if (!address.empty()) {
+      auto view = cluster_->view();
+      for (const Member& m : view->members) {
+        if (m.address == address) id = m.node_id;
+      }
+    }
+    fed_[id] += keys.size();
+  } else {
+    address = PickForNewChain(keys.size());
+  }
+  // Counts decay: what was placed long ago says little about the load now.
+  fed_total_ += keys.size();
+  if (fed_total_ > kFedHalfLife) {
+    for (auto& [id, n] : fed_) n /= 2;
+    fed_total_ /= 2;
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Target& t = chain_notes_[keys[i]];
+    t.route = keys[i];
+    t.address = address;
+    if (i > 0) t.after = keys[i - 1];
+    else if (before != nullptr) t.after = *before;
+    else t.after.reset();
+  }
+}
+
+std::string HomePlacer::AddressOf(const Target& target) const {
+  if (cluster_->fenced()) return "";
+  if (opts_.by_chain) return target.address;
+  const Member* home = cluster_->shard_map()->HomeOf(target.route);
+  if (home == nullptr || home->node_id == cluster_->node_id()) return "";
+  return home->address;
+}
+
+std::string HomePlacer::ForwardTarget(const KeyId& key, Target* target) {
+  if (!opts_.by_chain) return "";
+  {
+    std::lock_guard lock(mu_);
+    auto it = chain_notes_.find(key);
+    if (it == chain_notes_.end()) return "";
+    *target = it->second;
+  }
+  return AddressOf(*target);
+}
+
+bool HomePlacer::WouldForward(const KeyId& key) {
+  Target target;
+  return !ForwardTarget(key, &target).empty();
+}
+
+bool HomePlacer::Forward(const KeyId& key, std::span<const uint8_t> value) {
+  Target target;
+  const std::string address = ForwardTarget(key, &target);
+  if (address.empty()) return false;
+  const uint64_t size = value.size();
+  if (!TakeBudget(size)) return false;
+  {
+    std::lock_guard lock(mu_);
+    chain_notes_.erase(key);
+  }
+  forwarded_->Inc();
+  auto copy = std::make_shared<std::vector<uint8_t>>(value.begin(), value.end());
+  Send(address, key, target, *copy, [this, copy, key, size, peer = address](transport::Reply r) {
+    inflight_bytes_.fetch_sub(size);
+    if (r.status.ok()) {
+      moved_->Inc();
+    } else {
+      LogDebug("store {} at chain home {}: {}", key.ToHex(), peer, r.status.ToString());
+      // Stored here after all (its commit is placed here: no note left).
+      // With an SSD tier a Reserve may wait for SSD room, which a transport
+      // thread must not: the value is dropped (a miss later, never wrong).
+      if (store_->has_ssd_tier()) {
+        forward_dropped_->Inc();
+        Drain();
+        return;
+      }
+      kept_->Inc();
+      auto slot = store_->Reserve(key, size);
+      if (slot.ok()) {
+        std::memcpy(slot->data(), copy->data(), size);
+        Status s = store_->Commit(std::move(slot).value(), WriteOrigin::kPut);
+        (void)s;
+      }
+    }
+    Drain();
+  });
+  return true;
+}
+
+bool HomePlacer::TakeBudget(uint64_t size) {
+  // Over budget (unless nothing is in flight): no.
+  const uint64_t before = inflight_bytes_.fetch_add(size);
+  if (before != 0 && before + size > opts_.max_inflight_bytes) {
+    inflight_bytes_.fetch_sub(size);
+    return false;
+  }
+  return true;
+}
+
+void HomePlacer::Send(const std::string& address, const KeyId& key, const Target& target,
+                      std::span<const uint8_t> value, transport::ReplyCallback done) {
+  std::vector<uint8_t> request;
+  EncodeStore(key, value.size(), target.after ? &*target.after : nullptr, &request);
+  transport::CallArgs args;
+  args.peer = address;
+  args.type = kPeerStore;
+  args.request = request;
+  args.payload = value;
+  args.deadline = transport::Clock::now() + opts_.timeout;
+  cluster_->transport()->Call(args, std::move(done));
+}
+
 HomePlacer::Placement HomePlacer::Place(const KeyId& key, uint64_t size) {
-  switch (TryStart(key, size, /*announced=*/false)) {
+  Target target{key, "", std::nullopt};
+  if (opts_.by_chain) {
+    std::lock_guard lock(mu_);
+    auto it = chain_notes_.find(key);
+    if (it == chain_notes_.end()) return Placement::kHere;
+    target = it->second;
+    chain_notes_.erase(it);
+  }
+  switch (TryStart(key, target, size, /*announced=*/false)) {
     case Start::kStarted: return Placement::kHandingOff;
     case Start::kHere: return Placement::kHere;
     case Start::kBusy: break;
@@ -43,7 +204,7 @@ HomePlacer::Placement HomePlacer::Place(const KeyId& key, uint64_t size) {
       queue_full_->Inc();
       return Placement::kHere;
     }
-    queue_.push_back({key, size});
+    queue_.push_back({key, size, target});
   }
   busy_->Inc();
   Drain();  // the hand-offs in flight may all have finished meanwhile
@@ -59,7 +220,7 @@ void HomePlacer::Drain() {
       q = queue_.front();
       queue_.pop_front();
     }
-    const Start started = TryStart(q.key, q.size, /*announced=*/true);
+    const Start started = TryStart(q.key, q.target, q.size, /*announced=*/true);
     if (started == Start::kBusy) {
       std::lock_guard lock(mu_);
       queue_.push_front(q);
@@ -69,33 +230,19 @@ void HomePlacer::Drain() {
   }
 }
 
-HomePlacer::Start HomePlacer::TryStart(const KeyId& key, uint64_t size, bool announced) {
-  const Member* home = cluster_->shard_map()->HomeOf(key);
-  if (home == nullptr || home->node_id == cluster_->node_id() || cluster_->fenced()) {
-    return Start::kHere;
-  }
-  // Reserve the bytes first; over budget (unless nothing is in flight): no.
-  uint64_t before = inflight_bytes_.fetch_add(size);
-  if (before != 0 && before + size > opts_.max_inflight_bytes) {
-    inflight_bytes_.fetch_sub(size);
-    return Start::kBusy;
-  }
+HomePlacer::Start HomePlacer::TryStart(const KeyId& key, const Target& target, uint64_t size,
+                                        bool announced) {
+  const std::string address = AddressOf(target);
+  if (address.empty()) return Start::kHere;
+  if (!TakeBudget(size)) return Start::kBusy;
   auto pin = store_->Acquire(key);
   if (!pin.ok()) {  // already gone (evicted or removed)
     inflight_bytes_.fetch_sub(size);
     return Start::kStarted;
   }
   auto held = std::make_shared<TieredStore::Pin>(std::move(pin).value());
-  std::vector<uint8_t> request;
-  EncodeStore(key, size, &request);
-  transport::CallArgs args;
-  args.peer = home->address;
-  args.type = kPeerStore;
-  args.request = request;
-  args.payload = held->bytes();
-  args.deadline = transport::Clock::now() + opts_.timeout;
-  std::string peer = home->address;
-  cluster_->transport()->Call(args, [this, held, key, size, peer, announced](transport::Reply r) {
+  Send(address, key, target, held->bytes(),
+       [this, held, key, size, peer = address, announced](transport::Reply r) {
     held->Reset();
     inflight_bytes_.fetch_sub(size);
     if (r.status.ok()) {

@@ -16,6 +16,15 @@
 // while it waits is simply gone. When the queue is full (max_queued), the
 // value stays here for good.
 //
+// Placement "chain" (by_chain) uses the same hand-off with another target,
+// chosen when a writer's hit-prefix call has named the value's chain
+// (NoteChain): blocks that continue a chain go to the node holding the
+// block before them, so a chain lives on one node and that node's eviction
+// policy sees all of it (a chain's tail goes before its head); a new chain
+// goes to the member this node has sent the fewest blocks to lately, which
+// spreads what every writer places evenly over the members without any
+// exchange of load. A value without a chain note stays here.
+//
 // The placer publishes nothing itself: Place's answer and the kept
 // callback tell the holdings announcer (holdings_announcer.h) what to
 // announce.
@@ -29,6 +38,10 @@
 #include <chrono>
 #include <deque>
 #include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
 
 #include "cluster/cluster.h"
 #include <functional>
@@ -45,6 +58,12 @@ struct HomePlacerOptions {
   uint64_t max_inflight_bytes = 64ull << 20;
   // Values waiting for the budget (16 + 8 bytes each).
   size_t max_queued = 65536;
+  // Placement "chain": target the home of the value's chain head
+  // (NoteChain), not the key's own home.
+  bool by_chain = false;
+  // Chain notes kept for values not yet committed (32 bytes each; all are
+  // dropped when full).
+  size_t max_chain_notes = 65536;
 };
 
 class HomePlacer {
@@ -65,17 +84,52 @@ class HomePlacer {
   };
   // The key was just committed here with `size` bytes.
   Placement Place(const KeyId& key, uint64_t size);
+  // by_chain: keys about to be written here continue, in order, a chain
+  // right after `before` (null: they start one), which is held at
+  // `before_at` (a peer address, "" for here; nullopt: not known). Picks
+  // their node; each is stored there just colder than the one before it.
+  void NoteChain(std::span<const KeyId> keys, const KeyId* before,
+                 const std::optional<std::string>& before_at);
+  // by_chain: sends a noted key's value to its target from a copy of
+  // `value`, without storing it here first (a commit-then-move would take a
+  // slot here, evicting something, only to free it again). True when sent;
+  // false (no note, the target is this node, the budget is spent): commit
+  // it here and Place it. A value the target refuses is stored here.
+  bool Forward(const KeyId& key, std::span<const uint8_t> value);
+  // Whether key has a note whose target is another node.
+  bool WouldForward(const KeyId& key);
 
  private:
+  // Where a value goes: placement home: the home of `route`; chain: the
+  // member at `address` ("" here). Stored there after `after`.
+  struct Target {
+    KeyId route;
+    std::string address;
+    std::optional<KeyId> after;
+  };
   struct Queued {
     KeyId key;
     uint64_t size = 0;
+    Target target;
   };
   enum class Start { kStarted, kHere, kBusy };
   // Starts the hand-off of key unless the budget is spent (kBusy). Keys
   // whose home is (now) this node stay here (kHere). `announced`: Place
   // answered kQueued.
-  Start TryStart(const KeyId& key, uint64_t size, bool announced);
+  Start TryStart(const KeyId& key, const Target& target, uint64_t size, bool announced);
+  // Takes size bytes from the in-flight budget; false when it is spent.
+  bool TakeBudget(uint64_t size);
+  // kPeerStore of value to address; value must live until done runs.
+  void Send(const std::string& address, const KeyId& key, const Target& target,
+            std::span<const uint8_t> value, transport::ReplyCallback done);
+  // The peer address a target goes to now; "" when it stays here.
+  std::string AddressOf(const Target& target) const;
+  // by_chain: the address a noted key goes to, "" when this node; *target
+  // is its note.
+  std::string ForwardTarget(const KeyId& key, Target* target);
+  // by_chain: the member a new chain goes to (the least fed lately), as an
+  // address ("" here), counting n blocks to it. REQUIRES: mu_ held.
+  std::string PickForNewChain(size_t n);
   // Starts queued hand-offs while the budget allows.
   void Drain();
 
@@ -83,14 +137,23 @@ class HomePlacer {
   const KeptFn kept_fn_;
   TieredStore* const store_;
   const HomePlacerOptions opts_;
+  static constexpr uint64_t kFedHalfLife = 1u << 20;  // blocks
   std::atomic<uint64_t> inflight_bytes_{0};
   std::mutex mu_;
   std::deque<Queued> queue_;  // protected by mu_
+  std::unordered_map<KeyId, Target, KeyIdHash> chain_notes_;  // by_chain; protected by mu_
+  // by_chain: blocks this node placed per member (node id) lately, halved
+  // as they grow; protected by mu_.
+  std::unordered_map<std::string, uint64_t> fed_;
+  uint64_t fed_total_ = 0;
   MetricsRegistry* const metrics_;
   Counter* moved_;
   Counter* kept_;
   Counter* busy_;
   Counter* queue_full_;
+  Counter* notes_dropped_;
+  Counter* forwarded_;
+  Counter* forward_dropped_;
 };
 
 }  // namespace kvpool::cluster

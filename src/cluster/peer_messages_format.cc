@@ -130,6 +130,24 @@ Status DecodeFetch(std::span<const uint8_t> body, KeyId* key, uint64_t* max_size
   return r.Finish("fetch");
 }
 
+void EncodeStore(const KeyId& key, uint64_t size, const KeyId* after, std::vector<uint8_t>* out) {
+  BodyWriter w(out);
+  w.Key(key);
+  w.U64(size);
+  if (after != nullptr) w.Key(*after);
+}
+
+Status DecodeStore(std::span<const uint8_t> body, KeyId* key, uint64_t* size,
+                   std::optional<KeyId>* after) {
+  BodyReader r(body);
+  after->reset();
+  if (r.Key(key) && r.U64(size) && r.remaining() > 0) {
+    KeyId a;
+    if (r.Key(&a)) *after = a;
+  }
+  return r.Finish("store");
+}
+
 void EncodeFetchReply(uint64_t size, std::vector<uint8_t>* out) {
   BodyWriter w(out);
   w.U64(size);

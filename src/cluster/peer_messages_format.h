@@ -88,6 +88,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -158,13 +159,12 @@ void EncodeFetch(const KeyId& key, uint64_t max_size, std::vector<uint8_t>* out)
 Status DecodeFetch(std::span<const uint8_t> body, KeyId* key, uint64_t* max_size);
 void EncodeFetchReply(uint64_t size, std::vector<uint8_t>* out);
 Status DecodeFetchReply(std::span<const uint8_t> body, uint64_t* size);
-// kPeerStore's header has Fetch's layout (key, size).
-inline void EncodeStore(const KeyId& key, uint64_t size, std::vector<uint8_t>* out) {
-  EncodeFetch(key, size, out);
-}
-inline Status DecodeStore(std::span<const uint8_t> body, KeyId* key, uint64_t* size) {
-  return DecodeFetch(body, key, size);
-}
+// kPeerStore's header: Fetch's layout (key, size), then optionally the key
+// the value follows in its prefix chain (placement chain: the home stores
+// it just colder than that key, DramStore::Commit's chain).
+void EncodeStore(const KeyId& key, uint64_t size, const KeyId* after, std::vector<uint8_t>* out);
+Status DecodeStore(std::span<const uint8_t> body, KeyId* key, uint64_t* size,
+                   std::optional<KeyId>* after);
 
 // kPeerMembers reply (MembershipView from membership/membership.h).
 void EncodeMembersReply(const MembershipView& view, std::vector<uint8_t>* out);

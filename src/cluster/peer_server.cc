@@ -1,5 +1,6 @@
 #include "cluster/peer_server.h"
 
+#include <optional>
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -133,7 +134,8 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
     if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
     KeyId key;
     uint64_t size = 0;
-    Status s = DecodeStore(in.request, &key, &size);
+    std::optional<KeyId> after;
+    Status s = DecodeStore(in.request, &key, &size, &after);
     if (s.ok() && size != in.payload.size()) s = InvalidArgument("store: payload size mismatch");
     if (!s.ok()) return r.Respond(s);
     TieredStore* store = StoreFor(in, &key);
@@ -149,7 +151,9 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
     // directory first, or a read through the writer misses until the next
     // publish tick. A placed commit is published before Commit returns
     // (HoldingsAnnouncer).
-    s = store->Commit(std::move(slot).value(), WriteOrigin::kPlaced);
+    // Placement chain: just colder than the block before it in its chain.
+    DramStore::ChainPlace chain = DramStore::ChainPlace::After(after ? *after : KeyId{});
+    s = store->Commit(std::move(slot).value(), WriteOrigin::kPlaced, after ? &chain : nullptr);
     if (s.ok() || s.code() == StatusCode::kAlreadyExists) return r.Respond(Status::Ok());
     r.Respond(s);
   });

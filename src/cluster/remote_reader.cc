@@ -4,6 +4,8 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <unordered_map>
 
 #include "cluster/peer_messages_format.h"
@@ -119,7 +121,9 @@ void IssueFetch(const std::shared_ptr<RemoteReader::State>& st, const std::share
   };
   st->fetcher->Fetch(std::move(req), retry, [st, op, i](const Status& s, uint64_t got) {
     if (s.ok()) {
-      auto pin = st->store->CommitAndAcquire(std::move(op->slots[i]), WriteOrigin::kCopy);
+      auto pin = st->opts.keep_replicas
+                     ? st->store->CommitAndAcquire(std::move(op->slots[i]), WriteOrigin::kCopy)
+                     : st->store->PinUncommitted(std::move(op->slots[i]));
       if (pin.ok()) {
         st->hits->Inc();
         st->fetch_bytes->Inc(got);
@@ -232,6 +236,38 @@ void RemoteReader::Fetch(std::vector<KeyId> keys, FetchDone done) {
   // The extra count is dropped from the executor, so done never runs here.
   st->Continue(st, [op] { op->Finished(1); }, [op] { op->Finished(1); });
   st->Leave();
+}
+
+void RemoteReader::NoteChain(const KeyId* before, std::span<const KeyId> keys) {
+  State& st = *state_;
+  if (st.opts.chain_placer == nullptr) return;
+  // Where the chain's previous block is: here, at a holder the lookup just
+  // named (the exists call before this put asked for it), or not known.
+  std::optional<std::string> at;
+  if (before != nullptr) {
+    if (st.store->Contains(*before)) {
+      at = std::string();
+    } else {
+      // Its home answered the exists call: the lookup cache, or this node's
+      // own directory when it is the home.
+      Routes routes = st.CurrentRoutes();
+      auto peers = st.fetcher->CachedCandidates(routes, *before);
+      if (peers.empty()) {
+        auto local = st.directory->Lookup(std::span<const KeyId>(before, 1));
+        if (!local.empty()) peers = st.fetcher->Candidates(routes, local[0]);
+      }
+      if (!peers.empty()) at = peers.front();
+    }
+  }
+  st.opts.chain_placer->NoteChain(keys, before, at);
+}
+
+bool RemoteReader::Forward(const KeyId& key, std::span<const uint8_t> value) {
+  return state_->opts.chain_placer != nullptr && state_->opts.chain_placer->Forward(key, value);
+}
+
+bool RemoteReader::WouldForward(const KeyId& key) const {
+  return state_->opts.chain_placer != nullptr && state_->opts.chain_placer->WouldForward(key);
 }
 
 void RemoteReader::Exists(std::vector<KeyId> keys, ExistsDone done) {

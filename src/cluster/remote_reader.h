@@ -23,6 +23,7 @@
 
 #include "cluster/cluster.h"
 #include "cluster/directory.h"
+#include "cluster/home_placer.h"
 #include "cluster/remote_source.h"
 #include "common/clock.h"
 #include "common/executor.h"
@@ -44,6 +45,13 @@ struct RemoteReaderOptions {
   std::chrono::milliseconds lookup_cache_ttl{1000};
   // Entries cached at most (the cache is cleared when full).
   size_t lookup_cache_entries = 1u << 16;
+  // Keep what a read fetched as a local replica (false: the fetched value
+  // is served to the read that asked and then dropped, so copies never take
+  // the room of what this node holds alone).
+  bool keep_replicas = true;
+  // Where chain notes go (placement chain's placer); null: dropped. Must
+  // outlive the reader.
+  HomePlacer* chain_placer = nullptr;
 };
 
 class RemoteReader final : public RemoteSource {
@@ -57,6 +65,9 @@ class RemoteReader final : public RemoteSource {
 
   void Fetch(std::vector<KeyId> keys, FetchDone done) override;
   void Exists(std::vector<KeyId> keys, ExistsDone done) override;
+  void NoteChain(const KeyId* before, std::span<const KeyId> keys) override;
+  bool Forward(const KeyId& key, std::span<const uint8_t> value) override;
+  bool WouldForward(const KeyId& key) const override;
 
   // New reads miss at once; waits for running stages to leave the transport.
   void Stop();

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "common/key_id.h"
@@ -27,6 +28,19 @@ class RemoteSource {
   // Which of the keys some live peer holds.
   using ExistsDone = std::function<void(std::vector<KeyId>)>;
   virtual void Exists(std::vector<KeyId> keys, ExistsDone done) = 0;
+  // The keys about to be written here continue, in order, a prefix chain
+  // right after `before` (null: they start a chain); the writer's
+  // hit-prefix call saw the chain. A placement that keeps chains together
+  // sends them where `before` is. Quick; no callback.
+  virtual void NoteChain(const KeyId* before, std::span<const KeyId> keys) {}
+  // A put of a noted key whose value goes to another node may be sent there
+  // straight from the caller's bytes, without a slot here: true when it was
+  // (the value is then readable once that node has it; if it cannot take
+  // it, it is stored here). False: store it here as usual.
+  virtual bool Forward(const KeyId& key, std::span<const uint8_t> value) { return false; }
+  // Whether a value of key would now go to another node (Forward may still
+  // refuse it later, when the bytes in flight are at their budget).
+  virtual bool WouldForward(const KeyId& key) const { return false; }
 };
 
 }  // namespace kvpool

@@ -220,6 +220,12 @@ std::vector<std::string> RouteFetcher::Candidates(const Routes& routes, const Lo
   return out;
 }
 
+std::vector<std::string> RouteFetcher::CachedCandidates(const Routes& routes, const KeyId& key) {
+  LookupResult r;
+  if (!state_->CacheGet(key, *routes.view, &r)) return {};
+  return Candidates(routes, r);
+}
+
 void RouteFetcher::Fetch(FetchRequest request, Retry retry, FetchDone done) {
   auto walk = std::make_shared<Walk>();
   walk->st = state_;

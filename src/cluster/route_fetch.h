@@ -124,6 +124,8 @@ class RouteFetcher {
   // routes.self, in the view under the same incarnation (0 in the view:
   // any), not cooling down; each once.
   std::vector<std::string> Candidates(const Routes& routes, const LookupResult& r);
+  // Candidates of key's cached lookup answer; empty when none is cached.
+  std::vector<std::string> CachedCandidates(const Routes& routes, const KeyId& key);
 
   // Fetches request.key from its peers in turn until one serves it; `done`
   // runs once, on a transport thread (or on the thread `retry` runs steps

@@ -351,9 +351,22 @@ Status LocalOps::OnReserve(LocalSession& c, const FrameHeader& h, std::span<cons
   KVPOOL_RETURN_IF_ERROR(protocol::DecodeSizedKeys(body, opts_.max_batch, &sized_, nullptr));
   Bind(c, &sized_);
   items_->Inc(sized_.size());
+  NoteChain(c, sized_);
   regions_.assign(sized_.size(), {});
   Tenant& t = T(c);
   for (size_t i = 0; i < sized_.size(); ++i) {
+    if (c.staging && t.remote != nullptr && t.remote->WouldForward(sized_[i].key) &&
+        !t.store->Contains(sized_[i].key)) {
+      // Placement chain: staged here, sent to its node at the commit.
+      const uint64_t staged = c.staging->Allocate(sized_[i].size);
+      if (staged != StagingArea::kNone) {
+        uint64_t handle = c.next_handle++;
+        regions_[i] = {0, handle, staged, sized_[i].size};
+        LocalSession::Reserved fwd{{}, staged, h.request_id, sized_[i].key, sized_[i].size};
+        c.reservations.emplace(handle, std::move(fwd));
+        continue;
+      }
+    }
     auto r = t.store->Reserve(sized_[i].key, sized_[i].size);
     if (!r.ok()) {
       regions_[i].status = static_cast<int32_t>(r.status().code());
@@ -376,12 +389,37 @@ Status LocalOps::OnReserve(LocalSession& c, const FrameHeader& h, std::span<cons
     uint64_t handle = c.next_handle++;
     regions_[i] = {0, handle, c.staging ? staged : r->offset(), r->size()};
     c.reservations.emplace(handle,
-                           LocalSession::Reserved{std::move(r).value(), staged, h.request_id});
+                           LocalSession::Reserved{std::move(r).value(), staged, h.request_id, {}, 0});
   }
   out_.clear();
   protocol::EncodeRegionItems(regions_, &out_);
   Queue(c, MessageType::kReserve, h.request_id, Status::Ok(), out_);
   return Status::Ok();
+}
+
+// A forwarded reservation's commit: sends the staged bytes to their node,
+// or stores them here when that cannot be done now.
+Status LocalOps::CommitForwarded(LocalSession& c, const LocalSession::Reserved& res) {
+  Tenant& t = T(c);
+  std::span<const uint8_t> value(c.staging->data(res.staging_offset), res.forward_size);
+  Status s = Status::Ok();
+  if (!t.remote->Forward(res.forward_key, value)) {
+    auto r = t.store->Reserve(res.forward_key, res.forward_size);
+    if (!r.ok()) {
+      if (r.status().code() != StatusCode::kAlreadyExists) {
+        put_failures_->Inc();
+        t.rejected->Inc();
+      }
+      return r.status();
+    }
+    std::memcpy(r->data(), value.data(), value.size());
+    s = t.store->Commit(std::move(r).value(), WriteOrigin::kPut);
+  }
+  if (s.ok()) {
+    bytes_written_->Inc(res.forward_size);
+    t.bytes_written->Inc(res.forward_size);
+  }
+  return s;
 }
 
 Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {
@@ -396,7 +434,13 @@ Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const
       continue;
     }
     LocalSession::Reserved& res = it->second;
-    uint64_t size = res.slot.size();
+    uint64_t size = res.size();
+    if (!res.slot.valid()) {
+      statuses_[i] = static_cast<int32_t>(CommitForwarded(c, res).code());
+      c.staging->Free(res.staging_offset, size);
+      c.reservations.erase(it);
+      continue;
+    }
     if (res.staging_offset != StagingArea::kNone) {
       std::memcpy(res.slot.data(), c.staging->data(res.staging_offset), size);
       c.staging->Free(res.staging_offset, size);
@@ -425,7 +469,7 @@ Status LocalOps::OnAbort(LocalSession& c, std::span<const uint8_t> body) {
     auto it = c.reservations.find(hd);
     if (it == c.reservations.end()) continue;
     if (it->second.staging_offset != StagingArea::kNone) {
-      c.staging->Free(it->second.staging_offset, it->second.slot.size());
+      c.staging->Free(it->second.staging_offset, it->second.size());
     }
     c.reservations.erase(it);
   }
@@ -507,11 +551,27 @@ void LocalOps::AnswerExists(LocalSession& c, const FrameHeader& h, const std::ve
   }
   exists_hits_->Inc(hits);
   exists_misses_->Inc(keys.size() - hits);
+  c.chain_open = rep.prefix_len < keys.size();
+  if (c.chain_open) {
+    c.chain_next = keys[rep.prefix_len];
+    c.chain_has_before = rep.prefix_len > 0;
+    if (c.chain_has_before) c.chain_before = keys[rep.prefix_len - 1];
+  }
   exists_prefix_hits_->Inc(rep.prefix_len);
   recent_prefix_.Add(rep.prefix_len, keys.size());
   out_.clear();
   protocol::EncodeExistsReply(rep, &out_);
   Queue(c, MessageType::kExists, h.request_id, Status::Ok(), out_);
+}
+
+void LocalOps::NoteChain(LocalSession& c, const std::vector<protocol::SizedKey>& keys) {
+  if (!c.chain_open || keys.empty() || keys[0].key != c.chain_next) return;
+  c.chain_open = false;
+  RemoteSource* remote = T(c).remote;
+  if (remote == nullptr) return;
+  chain_keys_.clear();
+  for (const auto& k : keys) chain_keys_.push_back(k.key);
+  remote->NoteChain(c.chain_has_before ? &c.chain_before : nullptr, chain_keys_);
 }
 
 Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {
@@ -526,6 +586,7 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
   if (total != data.size())
     return InvalidArgument("malformed put: value sizes do not add up to the body");
   items_->Inc(sized_.size());
+  NoteChain(c, sized_);
   statuses_.assign(sized_.size(), 0);
   uint64_t off = 0;
   Tenant& t = T(c);
@@ -533,6 +594,13 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
   for (size_t i = 0; i < sized_.size(); ++i) {
     const uint8_t* src = data.data() + off;
     off += sized_[i].size;
+    // Placement chain: a value that lives on another node goes there at once.
+    if (t.remote != nullptr && !t.store->Contains(sized_[i].key) &&
+        t.remote->Forward(sized_[i].key, {src, sized_[i].size})) {
+      bytes_written_->Inc(sized_[i].size);
+      t.bytes_written->Inc(sized_[i].size);
+      continue;
+    }
     auto r = t.store->Reserve(sized_[i].key, sized_[i].size);
     if (!r.ok()) {
       statuses_[i] = static_cast<int32_t>(r.status().code());

@@ -58,15 +58,27 @@ struct LocalSession {
   // A reservation, and where its client writes it: a range of the staging
   // area (StagingArea::kNone: in place, the segment is writable).
   struct Reserved {
-    TieredStore::Reservation slot;
+    TieredStore::Reservation slot;  // empty when forwarded
     uint64_t staging_offset = StagingArea::kNone;
     uint64_t batch = 0;  // the reserve request it came from
+    // Placement chain: a value for another node has no slot here; it is
+    // written to staging and sent from there at its commit.
+    KeyId forward_key;
+    uint64_t forward_size = 0;
+    uint64_t size() const { return slot.valid() ? slot.size() : forward_size; }
   };
   std::unordered_map<uint64_t, Reserved> reservations;
   // The reserve batch whose items were committed last, and its last entry:
   // a batch is a block chain in order (DramStore::Commit's chain).
   uint64_t chain_batch = 0;
   DramStore::ChainPlace chain;
+  // The last exists call that stopped at a miss: its chain's first key and
+  // the key it stopped at. A put or reserve batch starting with that key
+  // writes the rest of the chain (RemoteSource::NoteChain).
+  bool chain_open = false;
+  bool chain_has_before = false;  // the call hit at least one key
+  KeyId chain_before;  // the last key hit
+  KeyId chain_next;
   // The staging area of a client that maps the segment read-only.
   std::unique_ptr<StagingArea> staging;
   std::unordered_map<uint64_t, TieredStore::Pin> pins;
@@ -135,6 +147,10 @@ class LocalOps {
                      const std::vector<KeyId>& keys, CarriedPins* carried);
   Status OnRelease(LocalSession& c, std::span<const uint8_t> body);
   Status OnExists(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
+  // A put or reserve batch of keys that continues the session's last
+  // exists chain: tells the cluster (placement chain).
+  void NoteChain(LocalSession& c, const std::vector<protocol::SizedKey>& keys);
+  Status CommitForwarded(LocalSession& c, const LocalSession::Reserved& res);
   void AnswerExists(LocalSession& c, const protocol::FrameHeader& h, const std::vector<KeyId>& keys,
                     const std::set<KeyId>* remote_hits);
   Status OnPut(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
@@ -160,6 +176,7 @@ class LocalOps {
   // Scratch vectors reused to avoid allocating per request.
   std::vector<protocol::SizedKey> sized_;
   std::vector<KeyId> keys_;
+  std::vector<KeyId> chain_keys_;
   std::vector<uint64_t> handles_;
   std::vector<int32_t> statuses_;
   std::vector<protocol::RegionItem> regions_;

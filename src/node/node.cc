@@ -281,8 +281,9 @@ class NodeImpl final : public Node {
     cluster_thread_ = std::thread([this] { cluster_->Run(); });
     directory_ = std::make_unique<cluster::Directory>(cluster::DirectoryOptions{}, &metrics_);
     cluster::HoldingsAnnouncerOptions ao;
-    if (opts_.placement == "home") {
+    if (opts_.placement == "home" || opts_.placement == "chain") {
       cluster::HomePlacerOptions po;
+      po.by_chain = opts_.placement == "chain";
       po.timeout = opts_.remote.fetch_timeout;
       // At most a quarter of DRAM pinned for hand-offs: the rest stays evictable.
       po.max_inflight_bytes = std::min(opts_.placement_max_inflight, opts_.dram.capacity_bytes / 4);
@@ -306,9 +307,13 @@ class NodeImpl final : public Node {
         opts_.anti_entropy, cluster_.get(), directory_.get(), announcer_.get(), tiered_.get(),
         &metrics_);
     anti_entropy_->Start();
-    reader_ = std::make_unique<cluster::RemoteReader>(opts_.remote, cluster_.get(),
-                                                      directory_.get(), tiered_.get(),
-                                                      peer_pool_.get(), &metrics_);
+    cluster::RemoteReaderOptions ro = opts_.remote;
+    if (opts_.placement == "chain") {
+      ro.keep_replicas = false;
+      ro.chain_placer = announcer_->placer();
+    }
+    reader_ = std::make_unique<cluster::RemoteReader>(ro, cluster_.get(), directory_.get(),
+                                                      tiered_.get(), peer_pool_.get(), &metrics_);
     announcer_->Start();
     return Status::Ok();
   }

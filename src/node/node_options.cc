@@ -248,10 +248,14 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
                  "How often each node compares digests of what it holds with the keys' homes "
                  "and repairs the difference (0: never); bounds how long a lost publish hides "
                  "a key");
-  t->AddEnum("placement", &o->placement, {"local", "home"},
-             "Where a put is stored: the writer's node (local) or the key's home node (home)");
+  t->AddEnum("placement", &o->placement, {"local", "home", "chain"},
+             "Where a put is stored: the writer's node (local), the key's home node (home), or "
+             "the home of the first key of its prefix chain, with reads of other nodes' values "
+             "kept no longer than the read (chain: a pool that keeps what one cache would; "
+             "docs/eviction.md)");
   t->AddBytes("placement-max-inflight", &o->placement_max_inflight, 1ull << 20, 1ull << 40,
-              "Placement home: value bytes being handed to homes at once; a put beyond it stays "
+              "Placement home and chain: value bytes being handed to other nodes at once; a put "
+              "beyond it stays "
               "on the writer (as placement local) instead of filling its DRAM with pinned values");
 }
 

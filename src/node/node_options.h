@@ -59,7 +59,8 @@ struct NodeOptions {
   std::string etcd_urls;  // comma-separated; empty: no etcd
   int peer_port = 0;      // copied to cluster.peer_port
   // Where a put is stored: "local" (the writer's node, published to the
-  // key's home) or "home" (the key's home node).
+  // key's home), "home" (the key's home node) or "chain" (the home of the
+  // first key of its prefix chain; reads keep no replicas).
   std::string placement = "local";
   // Placement home: bytes of hand-offs to homes in flight at once; a value
   // put beyond it stays on the writer, as with placement local.

@@ -277,6 +277,10 @@ Result<TieredStore::Pin> TieredStore::CommitAndAcquire(Reservation reservation,
   return pin;
 }
 
+Result<TieredStore::Pin> TieredStore::PinUncommitted(Reservation reservation) {
+  return dram_->PinUncommitted(std::move(reservation));
+}
+
 void TieredStore::SetHoldingsObserver(HoldingsObserver* observer) {
   if (ssd_ != nullptr && observer == nullptr) ssd_->SetDropListener(nullptr);
   impl_->observer.store(observer);

@@ -81,6 +81,9 @@ class TieredStore {
                 DramStore::ChainPlace* chain = nullptr);
   // Commit, then pin the entry in the same step (DramStore::CommitAndAcquire).
   Result<Pin> CommitAndAcquire(Reservation reservation, WriteOrigin origin = WriteOrigin::kPut);
+  // A pin of the reservation's bytes that never becomes an entry
+  // (DramStore::PinUncommitted): nothing is stored or announced.
+  Result<Pin> PinUncommitted(Reservation reservation);
 
   // --- Reading.
   // Pins the entry if it is in DRAM, counting a read (for SSD admission):

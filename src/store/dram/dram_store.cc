@@ -160,7 +160,9 @@ class DramStoreImpl final : public DramStore {
     // only a policy that keeps chains from their head uses it.
     if (!chains_) chain = nullptr;
     uint32_t colder_than = kNoSlot;
-    if (chain != nullptr && chain->slot != kNoSlot && Find(chain->key) == chain->slot) {
+    if (chain != nullptr && chain->slot == ChainPlace::kByKey) {
+      colder_than = Find(chain->key);
+    } else if (chain != nullptr && chain->slot != kNoSlot && Find(chain->key) == chain->slot) {
       colder_than = chain->slot;
     }
     Status s = CommitLocked(key, slot, colder_than);
@@ -177,6 +179,21 @@ class DramStoreImpl final : public DramStore {
     if (!s.ok() && s.code() != StatusCode::kAlreadyExists) return s;
     // A replica's pin is part of its write; another writer's entry was hit.
     return AcquireLocked(key, /*touch=*/!replica || !s.ok());
+  }
+
+  Result<Pin> PinUncommitted(Reservation reservation) override {
+    if (!reservation.valid()) return InvalidArgument("dram: pin of an empty reservation");
+    const KeyId key = reservation.key();
+    const uint32_t slot = reservation.Release();
+    std::lock_guard lock(mu_);
+    SlotMeta& m = alloc_.meta(slot);
+    KVPOOL_CHECK(m.state == SlotState::kReserved && m.key == key && m.pins == 0);
+    // Reserved and pinned both keep the slab busy: the count stays.
+    --reserved_;
+    ++pinned_;
+    m.pins = 1;
+    m.state = SlotState::kZombie;  // freed (and cleared) by the Unpin
+    return Pin(this, slot, key, alloc_.offset(slot), m.size);
   }
 
   void ForEachEntry(const EvictionListener& fn) const override {

@@ -98,10 +98,14 @@ class DramStore {
   // ResourceExhausted when nothing can be evicted to make room.
   virtual Result<Reservation> Reserve(const KeyId& key, uint64_t size) = 0;
   // The entry a batch committed last, so the next one of the same batch can
-  // be placed relative to it in the eviction order (Commit).
+  // be placed relative to it in the eviction order (Commit). A place made
+  // by After(key) names only the key (a chain whose previous block was
+  // committed by another request): Commit finds its entry.
   struct ChainPlace {
+    static constexpr uint32_t kByKey = UINT32_MAX - 1;
     uint32_t slot = UINT32_MAX;
     KeyId key{};
+    static ChainPlace After(const KeyId& k) { return ChainPlace{kByKey, k}; }
   };
   // Publishes the reserved bytes. AlreadyExists when another writer committed
   // the key first: this writer's slot is freed and the first value stays.
@@ -118,6 +122,11 @@ class DramStore {
   // does, so replicas never crowd out what this node holds alone), and the
   // pin does not count as an access.
   virtual Result<Pin> CommitAndAcquire(Reservation reservation, bool replica = false) = 0;
+  // Pins a reservation's bytes for reading without committing them: the
+  // value is never in the index (no reader finds it, it is not evicted, and
+  // it is not an access), and its slot is freed when the pin is released. A
+  // read-through copy of a value another node holds, not kept here.
+  virtual Result<Pin> PinUncommitted(Reservation reservation) = 0;
   // Pins the committed entry for reading. NotFound on a miss.
   virtual Result<Pin> Acquire(const KeyId& key) = 0;
   // True when committed. Does not count as an access for eviction.

@@ -577,5 +577,36 @@ TEST(DramStoreTest, EvictionAgeIsTheTimeFromLastUseToEvictionOfSampledKeys) {
                    12.5);
 }
 
+TEST(DramStoreTest, AnUncommittedPinIsReadableButNeverAnEntryAndItsSlotComesBack) {
+  auto store = OpenStore(SmallOptions());
+  const KeyId k = Key(7);
+  constexpr uint64_t kSize = 10000;
+  auto r = store->Reserve(k, kSize);
+  ASSERT_TRUE(r.ok());
+  FillPattern(k, r->data(), kSize);
+  auto pin = store->PinUncommitted(std::move(r).value());
+  ASSERT_TRUE(pin.ok()) << pin.status().ToString();
+  EXPECT_EQ(pin->size(), kSize);
+  EXPECT_TRUE(CheckPattern(k, store->segment_base() + pin->offset(), kSize));
+  EXPECT_FALSE(store->Contains(k));
+  EXPECT_EQ(store->Acquire(k).status().code(), StatusCode::kNotFound);
+  DramStats s = store->GetStats();
+  EXPECT_EQ(s.entries, 0u);
+  EXPECT_EQ(s.reserved, 0u);
+  EXPECT_EQ(s.pinned, 1u);
+  EXPECT_GT(s.allocated_bytes, 0u);
+  const uint64_t offset = pin->offset();
+  pin->Reset();
+  s = store->GetStats();
+  EXPECT_EQ(s.pinned, 0u);
+  EXPECT_EQ(s.allocated_bytes, 0u);
+  EXPECT_EQ(s.evictions, 0u);
+  // The bytes are cleared, and the key can be stored for real.
+  std::vector<uint8_t> zero(kSize, 0);
+  EXPECT_EQ(std::memcmp(store->segment_base() + offset, zero.data(), kSize), 0);
+  ASSERT_TRUE(Put(*store, k, kSize).ok());
+  EXPECT_TRUE(store->Contains(k));
+}
+
 }  // namespace
 }  // namespace kvpool::dram

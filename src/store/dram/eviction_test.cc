@@ -136,6 +136,29 @@ TEST(PrefixPolicyTest, AChainWhosePreviousEntryWentOnIsPlacedAsUsual) {
   EXPECT_EQ(store->GetStats().entries, 256u);
 }
 
+// A chain continued by another request (a value handed from another node
+// names the key it follows): placed just colder than that key's entry, as
+// if committed in the same batch; a key not held is placed as usual.
+TEST(PrefixPolicyTest, AChainPlaceByKeyFollowsThatKeysEntry) {
+  auto store = Open("prefix");
+  PutChain(*store, 0, 5);  // 4 coldest ... 0 warmest
+  for (uint64_t k = 5; k < 8; ++k) {
+    DramStore::ChainPlace after = DramStore::ChainPlace::After(Key(k - 1));
+    auto r = store->Reserve(Key(k), kValue);
+    ASSERT_TRUE(r.ok());
+    ASSERT_TRUE(store->Commit(std::move(r).value(), &after).ok());
+  }
+  DramStore::ChainPlace nowhere = DramStore::ChainPlace::After(Key(5000));
+  auto r = store->Reserve(Key(9), kValue);
+  ASSERT_TRUE(store->Commit(std::move(r).value(), &nowhere).ok());  // probation's warm end
+  for (uint64_t k = 100; k < 347; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
+  ASSERT_EQ(store->GetStats().entries, 256u);
+  // Four more evict the chain's last four: 7, 6, 5, then 4.
+  for (uint64_t k = 1000; k < 1004; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
+  EXPECT_EQ(Present(*store, 0, 8), "11110000");
+  EXPECT_TRUE(store->Contains(Key(9)));
+}
+
 TEST(PrefixPolicyTest, AReplicaIsFirstInLineToGo) {
   auto store = Open("prefix");
   for (uint64_t k = 0; k < 256; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
