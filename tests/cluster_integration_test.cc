@@ -462,6 +462,46 @@ TEST(StaticClusterTest, PlacementChainKeepsEachChainOnOneNodeAndReadsKeepNoRepli
   EXPECT_GE(a->Metric("kvpool_placement_kept_total"), 4);
 }
 
+// Placement chain with one shared prefix (a system prompt) that every chain
+// grows from: continuations go to the prefix's node only while it has been
+// fed up to 1.25 times its share (plus 256 blocks); the rest spread to the
+// members fed least. Nothing is lost and every value reads back exact.
+TEST(StaticClusterTest, PlacementChainSpreadsChainsThatShareOnePrefix) {
+  StaticCluster sc;
+  sc.PickPorts({"a", "b", "c"});
+  ASSERT_TRUE(sc.StartNodes({"a", "b", "c"}, {"--placement", "chain"}));
+  NodeProcess* a = sc.nodes[0].get();
+  Conn ca(*a);
+  auto prompt = Keys("prompt", 2);
+  EXPECT_EQ(ca.ExistsCount(prompt), 0u);
+  ca.Put(prompt, Values(100, 2));  // a new chain: on a (nothing fed yet)
+  ASSERT_EQ(DramEntries(*a), 2u);
+  constexpr size_t kChains = 16, kBlocks = 40;
+  std::vector<std::vector<kvpool_key_id>> tails;
+  std::vector<std::vector<std::vector<uint8_t>>> vals;
+  for (size_t i = 0; i < kChains; ++i) {
+    auto tail = Keys("turn" + std::to_string(i) + "x", kBlocks);
+    std::vector<std::vector<uint8_t>> v;
+    for (size_t k = 0; k < kBlocks; ++k) v.push_back(Pattern(1000 * i + k, 1024));
+    auto chain = prompt;
+    chain.insert(chain.end(), tail.begin(), tail.end());
+    EXPECT_EQ(ca.ExistsCount(chain), 2u);  // the prompt hits
+    ca.Put(tail, v);
+    tails.push_back(tail);
+    vals.push_back(v);
+  }
+  const size_t total = 2 + kChains * kBlocks;
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] {
+    return DramEntries(*a) + DramEntries(*sc.nodes[1]) + DramEntries(*sc.nodes[2]) == total;
+  }));
+  EXPECT_GT(a->Metric("kvpool_placement_chain_overfed_total"), 0);
+  EXPECT_GT(DramEntries(*sc.nodes[1]) + DramEntries(*sc.nodes[2]), 0u);
+  EXPECT_LT(DramEntries(*a), total);
+  for (size_t i = 0; i < kChains; ++i) {
+    ASSERT_NO_FATAL_FAILURE(ExpectValues(ca.Get(tails[i]), vals[i]));
+  }
+}
+
 TEST(StaticClusterTest, PeersListServesRemoteReads) {
   StaticCluster sc;
   sc.PickPorts({"a", "b"});

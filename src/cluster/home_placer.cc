@@ -19,6 +19,9 @@ HomePlacer::HomePlacer(const HomePlacerOptions& options, Cluster* cluster, Tiere
                         "Values queued because the hand-offs in flight were at their byte budget");
   queue_full_ = m->GetCounter("kvpool_placement_queue_full_total",
                               "Values kept here because the hand-off queue was full");
+  overfed_ = m->GetCounter("kvpool_placement_chain_overfed_total",
+                           "Chain continuations sent to the member fed least because the chain's "
+                           "node was fed over 1.25 times its share (placement chain)");
   forwarded_ = m->GetCounter("kvpool_placement_forwarded_total",
                              "Puts sent to their chain's home without being stored here first "
                              "(placement chain; also counted as moved or kept)");
@@ -67,20 +70,33 @@ void HomePlacer::NoteChain(std::span<const KeyId> keys, const KeyId* before,
     notes_dropped_->Inc(chain_notes_.size());
     chain_notes_.clear();
   }
+  // The chain goes on where its previous block is, unless that member has
+  // been fed far more than its share: chains that share a long prefix (one
+  // system prompt) would otherwise all grow on the prefix's node. Then, as
+  // a new chain does, to the member fed least.
   std::string address;
-  if (before_at) {  // the chain goes on where its previous block is
-    address = *before_at;
+  bool placed = false;
+  if (before_at) {
     std::string id = cluster_->node_id();
-    if (!address.empty()) {
-      auto view = cluster_->view();
-      for (const Member& m : view->members) {
-        if (m.address == address) id = m.node_id;
+    uint64_t total = 0, members = 0;
+    auto view = cluster_->view();
+    for (const Member& m : view->members) {
+      if (!before_at->empty() && m.address == *before_at) id = m.node_id;
+      if (m.state == MemberState::kAlive && m.weight > 0) {
+        total += fed_[m.node_id];
+        ++members;
       }
     }
-    fed_[id] += keys.size();
-  } else {
-    address = PickForNewChain(keys.size());
+    const uint64_t fair = members == 0 ? 0 : total / members;
+    if (fed_[id] <= fair + fair / 4 + kFedSlack) {
+      address = *before_at;
+      fed_[id] += keys.size();
+      placed = true;
+    } else {
+      overfed_->Inc();
+    }
   }
+  if (!placed) address = PickForNewChain(keys.size());
   // Counts decay: what was placed long ago says little about the load now.
   fed_total_ += keys.size();
   if (fed_total_ > kFedHalfLife) {

@@ -23,7 +23,9 @@
 // policy sees all of it (a chain's tail goes before its head); a new chain
 // goes to the member this node has sent the fewest blocks to lately, which
 // spreads what every writer places evenly over the members without any
-// exchange of load. A value without a chain note stays here.
+// exchange of load; so does a continuation whose node has been fed over
+// 1.25 times its share (many chains growing from one shared prefix). A
+// value without a chain note stays here.
 //
 // The placer publishes nothing itself: Place's answer and the kept
 // callback tell the holdings announcer (holdings_announcer.h) what to
@@ -138,6 +140,7 @@ class HomePlacer {
   TieredStore* const store_;
   const HomePlacerOptions opts_;
   static constexpr uint64_t kFedHalfLife = 1u << 20;  // blocks
+  static constexpr uint64_t kFedSlack = 256;          // blocks over the share always allowed
   std::atomic<uint64_t> inflight_bytes_{0};
   std::mutex mu_;
   std::deque<Queued> queue_;  // protected by mu_
@@ -153,6 +156,7 @@ class HomePlacer {
   Counter* queue_full_;
   Counter* notes_dropped_;
   Counter* forwarded_;
+  Counter* overfed_;
   Counter* forward_dropped_;
 };
 
