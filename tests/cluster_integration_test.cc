@@ -502,6 +502,42 @@ TEST(StaticClusterTest, PlacementChainSpreadsChainsThatShareOnePrefix) {
   }
 }
 
+// The key homes remember keys no node holds any more (--directory-ghost): a
+// writer whose exists call learns that a key it is about to put was dropped
+// lately keeps it as a block coming back (protected), so new keys leave
+// before it.
+TEST(StaticClusterTest, AKeyDroppedLatelyIsKeptLongerWhenWrittenAgain) {
+  StaticCluster sc;
+  sc.PickPorts({"a", "b"});
+  ASSERT_TRUE(sc.StartNodes({"a", "b"}, {"--dram-capacity", "16MiB", "--slab-size", "1MiB"}));
+  NodeProcess* a = sc.nodes[0].get();
+  Conn ca(*a);
+  auto back = Keys("coming-back", 1), fresh = Keys("fresh", 1);
+  std::vector<std::vector<uint8_t>> v64 = {Pattern(1, 64 << 10)};
+  auto fill = [&](const std::string& name, size_t n) {
+    for (size_t i = 0; i < n; i += 16) {
+      auto ids = Keys(name + std::to_string(i) + "-", 16);
+      std::vector<std::vector<uint8_t>> vals;
+      for (size_t k = 0; k < 16; ++k) vals.push_back(Pattern(100 + i + k, 64 << 10));
+      ca.Put(ids, vals);
+    }
+  };
+  ca.Put(back, v64);
+  fill("first", 320);  // 16 MiB holds about 250 of 64 KiB: `back` is evicted
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] {
+    return ca.ExistsCount(back) == 0 && a->Metric("kvpool_remote_evicted_lately_total") >= 1;
+  })) << a->Metric("kvpool_remote_evicted_lately_total");
+  EXPECT_EQ(ca.ExistsCount(fresh), 0u);  // never stored: not evicted lately
+  const double lately = a->Metric("kvpool_remote_evicted_lately_total");
+  ca.Put(back, v64);
+  ca.Put(fresh, v64);
+  EXPECT_EQ(a->Metric("kvpool_remote_evicted_lately_total"), lately);
+  fill("second", 320);  // evicts every key new since; `back` is protected
+  EXPECT_EQ(ca.ExistsCount(back), 1u);
+  EXPECT_EQ(ca.ExistsCount(fresh), 0u);
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(ca.Get(back), v64));
+}
+
 TEST(StaticClusterTest, PeersListServesRemoteReads) {
   StaticCluster sc;
   sc.PickPorts({"a", "b"});

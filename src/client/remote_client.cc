@@ -318,7 +318,7 @@ Status RemoteClient::Put(std::span<const KeyId> keys, const void* const* values,
           cd.Done();
           continue;
         }
-        cluster::EncodeStore(keys[i], sizes[i], nullptr, &headers[k]);
+        cluster::EncodeStore(keys[i], sizes[i], nullptr, 0, &headers[k]);
         CallArgs args;
         args.peer = home->address;
         args.type = cluster::kPeerStore;

@@ -7,6 +7,8 @@
 #include <mutex>
 #include <string>
 
+#include "store/dram/ghost_bloom.h"
+
 namespace kvpool::cluster {
 
 namespace {
@@ -58,12 +60,31 @@ struct Directory::Impl {
   // Per (holder, shard): the keys it claims here (DigestKey).
   std::unordered_map<uint32_t, Digest> digests;
 
+  // Keys whose last holder dropped them (ghost_ratio); its window follows
+  // the keys listed, checked as it fills.
+  std::unique_ptr<dram::GhostBloom> ghost;
+  uint64_t ghost_added = 0;
   Counter* dropped = nullptr;
   Counter* applied = nullptr;
   Counter* stale = nullptr;
   Counter* lookups = nullptr;
   Counter* lookup_hits = nullptr;
   MetricsRegistry* metrics = nullptr;
+
+  // A key no holder lists any more: into the ghost, whose window is
+  // re-sized to ghost_ratio x the keys listed each time it has taken that
+  // many (a resize forgets: it happens once a window, and only on change).
+  void NoteGone(const KeyId& key) {
+    if (ghost == nullptr) return;
+    ghost->Insert(key);
+    if (++ghost_added < ghost->window()) return;
+    ghost_added = 0;
+    const uint64_t want = GhostWindow();
+    if (want > ghost->window() * 2 || want < ghost->window() / 2) ghost->Resize(want);
+  }
+  uint64_t GhostWindow() const {
+    return std::max<uint64_t>(1024, opts.ghost_ratio * full);
+  }
 
   size_t mask() const { return slots.size() - 1; }
   // log2(slots.size())
@@ -232,6 +253,7 @@ Directory::Directory(const DirectoryOptions& options, MetricsRegistry* m)
     : impl_(std::make_unique<Impl>()) {
   impl_->opts = options;
   impl_->metrics = m;
+  if (options.ghost_ratio > 0) impl_->ghost = std::make_unique<dram::GhostBloom>(1024);
   impl_->dropped = m->GetCounter("kvpool_directory_dropped_total",
                                  "Published keys not recorded because the directory was full");
   impl_->applied = m->GetCounter("kvpool_directory_updates_total",
@@ -338,7 +360,10 @@ void Directory::Apply(const PublishBatch& batch) {
           }
         }
       }
-      if (s->count == 0) impl_->Erase(s);
+      if (s->count == 0) {
+        impl_->Erase(s);
+        impl_->NoteGone(it.key);
+      }
     }
     impl_->applied->Inc();
   }
@@ -351,7 +376,10 @@ std::vector<LookupResult> Directory::Lookup(std::span<const KeyId> keys) const {
     std::lock_guard lock(impl_->mu);
     for (size_t k = 0; k < keys.size(); ++k) {
       const Slot* s = impl_->Find(keys[k]);
-      if (s == nullptr) continue;
+      if (s == nullptr) {
+        out[k].evicted_lately = impl_->ghost != nullptr && impl_->ghost->Contains(keys[k]);
+        continue;
+      }
       out[k].size = s->size;
       for (uint8_t i = 0; i < s->count; ++i) out[k].holders.push_back(impl_->refs[s->holders[i]]);
       ++hits;

@@ -39,6 +39,10 @@ inline constexpr uint8_t kDirectoryHoldersPerKey = 5;
 struct DirectoryOptions {
   // Keys recorded at most; each costs 40-80 bytes.
   uint64_t max_entries = 8u << 20;
+  // Remember keys whose last holder dropped them (a Bloom ghost, 2 bytes a
+  // key) over a window of this many times the keys listed (at least 1024),
+  // and say so in lookups (LookupResult::evicted_lately). 0: off.
+  uint64_t ghost_ratio = 4;
 };
 
 class Directory {

@@ -47,25 +47,75 @@ TEST(PeerMessagesFormat, StoreWithAndWithoutTheKeyBefore) {
   KeyId key, after_key = K(9);
   uint64_t size = 0;
   std::optional<KeyId> after;
-  EncodeStore(K(3), 4096, nullptr, &buf);
+  uint8_t flags = 9;
+  EncodeStore(K(3), 4096, nullptr, 0, &buf);
   EXPECT_EQ(buf.size(), 24u);
-  ASSERT_TRUE(DecodeStore(buf, &key, &size, &after).ok());
+  ASSERT_TRUE(DecodeStore(buf, &key, &size, &after, &flags).ok());
   EXPECT_EQ(key, K(3));
   EXPECT_EQ(size, 4096u);
   EXPECT_FALSE(after.has_value());
+  EXPECT_EQ(flags, 0);
   buf.clear();
-  EncodeStore(K(4), 7, &after_key, &buf);
+  EncodeStore(K(4), 7, &after_key, 0, &buf);
   EXPECT_EQ(buf.size(), 40u);
-  ASSERT_TRUE(DecodeStore(buf, &key, &size, &after).ok());
+  ASSERT_TRUE(DecodeStore(buf, &key, &size, &after, &flags).ok());
   EXPECT_EQ(key, K(4));
   ASSERT_TRUE(after.has_value());
   EXPECT_EQ(*after, K(9));
   for (size_t cut : {1, 8, 15, 17}) {  // 16 leaves a valid header without it
     std::vector<uint8_t> bad(buf.begin(), buf.end() - static_cast<std::ptrdiff_t>(cut));
-    EXPECT_EQ(DecodeStore(bad, &key, &size, &after).code(), StatusCode::kInvalidArgument) << cut;
+    EXPECT_EQ(DecodeStore(bad, &key, &size, &after, &flags).code(), StatusCode::kInvalidArgument)
+        << cut;
+  }
+  // The flags byte, with and without the key before.
+  for (const KeyId* a : {static_cast<const KeyId*>(nullptr), static_cast<const KeyId*>(&after_key)}) {
+    buf.clear();
+    EncodeStore(K(5), 8, a, kStoreReturning, &buf);
+    EXPECT_EQ(buf.size(), a ? 41u : 25u);
+    ASSERT_TRUE(DecodeStore(buf, &key, &size, &after, &flags).ok());
+    EXPECT_EQ(flags, kStoreReturning);
+    EXPECT_EQ(after.has_value(), a != nullptr);
+    buf.back() = 2;  // an unknown flag
+    EXPECT_EQ(DecodeStore(buf, &key, &size, &after, &flags).code(), StatusCode::kInvalidArgument);
   }
   buf.push_back(0);
-  EXPECT_EQ(DecodeStore(buf, &key, &size, &after).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeStore(buf, &key, &size, &after, &flags).code(), StatusCode::kInvalidArgument);
+}
+
+// A key whose last holder dropped it is remembered (the ghost) and said so
+// in lookups, also through the wire format; one another node still holds,
+// or never seen, is not.
+TEST(Directory, AKeyItsLastHolderDroppedIsEvictedLately) {
+  MetricsRegistry m;
+  Directory dir(DirectoryOptions{}, &m);
+  dir.Apply({"a", 1, {{K(1), PublishOp::kAdd, 10}, {K(2), PublishOp::kAdd, 20}}});
+  dir.Apply({"b", 1, {{K(2), PublishOp::kAdd, 20}}});
+  dir.Apply({"a", 1, {{K(1), PublishOp::kRemove, 0}, {K(2), PublishOp::kRemove, 0}}});
+  const KeyId keys[] = {K(1), K(2), K(3)};
+  auto r = dir.Lookup(keys);
+  EXPECT_TRUE(r[0].evicted_lately);
+  EXPECT_EQ(r[0].size, 0u);
+  EXPECT_TRUE(r[0].holders.empty());
+  EXPECT_FALSE(r[1].evicted_lately);  // b holds it
+  EXPECT_EQ(r[1].holders.size(), 1u);
+  EXPECT_FALSE(r[2].evicted_lately);  // never listed
+  std::vector<uint8_t> buf;
+  EncodeLookupReply(r, &buf);
+  std::vector<LookupResult> back;
+  ASSERT_TRUE(DecodeLookupReply(buf, 3, &back).ok());
+  EXPECT_TRUE(back[0].evicted_lately);
+  EXPECT_EQ(back[0].size, 0u);
+  EXPECT_FALSE(back[1].evicted_lately);
+  EXPECT_EQ(back[1].size, 20u);
+  EXPECT_FALSE(back[2].evicted_lately);
+  // Listed again: no longer evicted.
+  dir.Apply({"b", 1, {{K(1), PublishOp::kAdd, 10}}});
+  EXPECT_FALSE(dir.Lookup(keys)[0].evicted_lately);
+  // Off: nothing is remembered.
+  Directory off(DirectoryOptions{.ghost_ratio = 0}, &m);
+  off.Apply({"a", 1, {{K(1), PublishOp::kAdd, 10}}});
+  off.Apply({"a", 1, {{K(1), PublishOp::kRemove, 0}}});
+  EXPECT_FALSE(off.Lookup(keys)[0].evicted_lately);
 }
 
 TEST(Directory, AddRemovePruneAndBound) {

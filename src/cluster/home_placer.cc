@@ -63,7 +63,8 @@ std::string HomePlacer::PickForNewChain(size_t n) {
 }
 
 void HomePlacer::NoteChain(std::span<const KeyId> keys, const KeyId* before,
-                           const std::optional<std::string>& before_at) {
+                           const std::optional<std::string>& before_at,
+                           const std::vector<bool>& returning) {
   if (!opts_.by_chain || keys.empty()) return;
   std::lock_guard lock(mu_);
   if (chain_notes_.size() + keys.size() > opts_.max_chain_notes) {
@@ -110,6 +111,7 @@ void HomePlacer::NoteChain(std::span<const KeyId> keys, const KeyId* before,
     if (i > 0) t.after = keys[i - 1];
     else if (before != nullptr) t.after = *before;
     else t.after.reset();
+    t.returning = i < returning.size() && returning[i];
   }
 }
 
@@ -189,7 +191,8 @@ bool HomePlacer::TakeBudget(uint64_t size) {
 void HomePlacer::Send(const std::string& address, const KeyId& key, const Target& target,
                       std::span<const uint8_t> value, transport::ReplyCallback done) {
   std::vector<uint8_t> request;
-  EncodeStore(key, value.size(), target.after ? &*target.after : nullptr, &request);
+  EncodeStore(key, value.size(), target.after ? &*target.after : nullptr,
+              target.returning ? kStoreReturning : 0, &request);
   transport::CallArgs args;
   args.peer = address;
   args.type = kPeerStore;

@@ -90,8 +90,9 @@ class HomePlacer {
   // right after `before` (null: they start one), which is held at
   // `before_at` (a peer address, "" for here; nullopt: not known). Picks
   // their node; each is stored there just colder than the one before it.
+  // returning[i]: keys[i] left the cache lately (may be empty: none did).
   void NoteChain(std::span<const KeyId> keys, const KeyId* before,
-                 const std::optional<std::string>& before_at);
+                 const std::optional<std::string>& before_at, const std::vector<bool>& returning);
   // by_chain: sends a noted key's value to its target from a copy of
   // `value`, without storing it here first (a commit-then-move would take a
   // slot here, evicting something, only to free it again). True when sent;
@@ -108,6 +109,7 @@ class HomePlacer {
     KeyId route;
     std::string address;
     std::optional<KeyId> after;
+    bool returning = false;  // the key left the cache lately
   };
   struct Queued {
     KeyId key;

@@ -77,7 +77,7 @@ void EncodeLookupReply(std::span<const LookupResult> results, std::vector<uint8_
   }
   w.U32(static_cast<uint32_t>(results.size()));
   for (const auto& r : results) {
-    w.U64(r.size);
+    w.U64(r.holders.empty() && r.evicted_lately ? kLookupEvictedLately : r.size);
     std::vector<uint8_t> idx;
     for (const auto& h : r.holders) {
       auto it = index.find({h.node_id, h.incarnation});
@@ -113,6 +113,10 @@ Status DecodeLookupReply(std::span<const uint8_t> body, size_t expected,
         if (i >= table.size()) return InvalidArgument("malformed lookup reply: bad holder index");
         res.holders.push_back(table[i]);
       }
+      if (res.size == kLookupEvictedLately && res.holders.empty()) {
+        res.size = 0;
+        res.evicted_lately = true;
+      }
     }
   }
   return r.Finish("lookup reply");
@@ -130,20 +134,26 @@ Status DecodeFetch(std::span<const uint8_t> body, KeyId* key, uint64_t* max_size
   return r.Finish("fetch");
 }
 
-void EncodeStore(const KeyId& key, uint64_t size, const KeyId* after, std::vector<uint8_t>* out) {
+void EncodeStore(const KeyId& key, uint64_t size, const KeyId* after, uint8_t flags,
+                 std::vector<uint8_t>* out) {
   BodyWriter w(out);
   w.Key(key);
   w.U64(size);
   if (after != nullptr) w.Key(*after);
+  if (flags != 0) w.U8(flags);
 }
 
 Status DecodeStore(std::span<const uint8_t> body, KeyId* key, uint64_t* size,
-                   std::optional<KeyId>* after) {
+                   std::optional<KeyId>* after, uint8_t* flags) {
   BodyReader r(body);
   after->reset();
-  if (r.Key(key) && r.U64(size) && r.remaining() > 0) {
+  *flags = 0;
+  if (r.Key(key) && r.U64(size)) {
     KeyId a;
-    if (r.Key(&a)) *after = a;
+    if (r.remaining() >= 16 && r.Key(&a)) *after = a;
+    if (r.remaining() == 1 && r.U8(flags) && (*flags & ~kStoreReturning) != 0) {
+      return InvalidArgument("malformed store: unknown flags");
+    }
   }
   return r.Finish("store");
 }

@@ -143,7 +143,13 @@ struct HolderRef {
 struct LookupResult {
   uint64_t size = 0;             // 0: no holder known
   std::vector<HolderRef> holders;
+  // No holder, but the key left the cache lately (the home's ghost): a
+  // write of it is a block coming back, worth keeping longer.
+  bool evicted_lately = false;
 };
+// On the wire an evicted_lately result is a result with this size and no
+// holders (a node that predates it reads a miss).
+inline constexpr uint64_t kLookupEvictedLately = UINT64_MAX;
 
 void EncodePublish(const PublishBatch& m, std::vector<uint8_t>* out);
 Status DecodePublish(std::span<const uint8_t> body, PublishBatch* m);
@@ -161,10 +167,13 @@ void EncodeFetchReply(uint64_t size, std::vector<uint8_t>* out);
 Status DecodeFetchReply(std::span<const uint8_t> body, uint64_t* size);
 // kPeerStore's header: Fetch's layout (key, size), then optionally the key
 // the value follows in its prefix chain (placement chain: the home stores
-// it just colder than that key, DramStore::Commit's chain).
-void EncodeStore(const KeyId& key, uint64_t size, const KeyId* after, std::vector<uint8_t>* out);
+// it just colder than that key, DramStore::Commit's chain), then optionally
+// a flags byte (kStoreReturning: the key left the cache lately).
+inline constexpr uint8_t kStoreReturning = 1;
+void EncodeStore(const KeyId& key, uint64_t size, const KeyId* after, uint8_t flags,
+                 std::vector<uint8_t>* out);
 Status DecodeStore(std::span<const uint8_t> body, KeyId* key, uint64_t* size,
-                   std::optional<KeyId>* after);
+                   std::optional<KeyId>* after, uint8_t* flags);
 
 // kPeerMembers reply (MembershipView from membership/membership.h).
 void EncodeMembersReply(const MembershipView& view, std::vector<uint8_t>* out);

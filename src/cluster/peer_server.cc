@@ -135,7 +135,8 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
     KeyId key;
     uint64_t size = 0;
     std::optional<KeyId> after;
-    Status s = DecodeStore(in.request, &key, &size, &after);
+    uint8_t flags = 0;
+    Status s = DecodeStore(in.request, &key, &size, &after, &flags);
     if (s.ok() && size != in.payload.size()) s = InvalidArgument("store: payload size mismatch");
     if (!s.ok()) return r.Respond(s);
     TieredStore* store = StoreFor(in, &key);
@@ -153,7 +154,8 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
     // (HoldingsAnnouncer).
     // Placement chain: just colder than the block before it in its chain.
     DramStore::ChainPlace chain = DramStore::ChainPlace::After(after ? *after : KeyId{});
-    s = store->Commit(std::move(slot).value(), WriteOrigin::kPlaced, after ? &chain : nullptr);
+    s = store->Commit(std::move(slot).value(), WriteOrigin::kPlaced, after ? &chain : nullptr,
+                      (flags & kStoreReturning) != 0);
     if (s.ok() || s.code() == StatusCode::kAlreadyExists) return r.Respond(Status::Ok());
     r.Respond(s);
   });

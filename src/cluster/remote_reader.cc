@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "cluster/peer_messages_format.h"
 #include "cluster/route_fetch.h"
@@ -24,7 +25,12 @@ struct RemoteReader::State {
   Executor* executor = nullptr;
   std::unique_ptr<RouteFetcher> fetcher;
 
+  // Keys the homes' ghosts named in exists lookups (EvictedLately).
+  mutable std::mutex lately_mu;
+  std::unordered_set<KeyId, KeyIdHash> evicted_lately;  // protected by lately_mu
+
   Counter* fetch_bytes = nullptr;
+  Counter* evicted_lately_found = nullptr;
   Counter* hits = nullptr;
   Counter* misses = nullptr;
 
@@ -196,6 +202,10 @@ RemoteReader::RemoteReader(const RemoteReaderOptions& options, Cluster* cluster,
   fo.lookup_cache_ttl = options.lookup_cache_ttl;
   fo.lookup_cache_entries = options.lookup_cache_entries;
   s.fetcher = std::make_unique<RouteFetcher>(fo, cluster->transport(), m, clock);
+  s.evicted_lately_found =
+      m->GetCounter("kvpool_remote_evicted_lately_total",
+                    "Exists items no node holds that their home saw dropped lately (written "
+                    "again, they are kept as returning blocks)");
   s.fetch_bytes = m->GetCounter("kvpool_remote_fetch_bytes_total", "Value bytes fetched from peers");
   s.hits = m->GetCounter("kvpool_remote_hits_total", "Local misses served from a peer");
   s.misses = m->GetCounter("kvpool_remote_misses_total", "Local misses no peer could serve");
@@ -259,11 +269,24 @@ void RemoteReader::NoteChain(const KeyId* before, std::span<const KeyId> keys) {
       if (!peers.empty()) at = peers.front();
     }
   }
-  st.opts.chain_placer->NoteChain(keys, before, at);
+  std::vector<bool> returning;
+  {
+    std::lock_guard lock(st.lately_mu);
+    if (!st.evicted_lately.empty()) {
+      returning.resize(keys.size());
+      for (size_t i = 0; i < keys.size(); ++i) returning[i] = st.evicted_lately.count(keys[i]) > 0;
+    }
+  }
+  st.opts.chain_placer->NoteChain(keys, before, at, returning);
 }
 
 bool RemoteReader::Forward(const KeyId& key, std::span<const uint8_t> value) {
   return state_->opts.chain_placer != nullptr && state_->opts.chain_placer->Forward(key, value);
+}
+
+bool RemoteReader::EvictedLately(const KeyId& key) const {
+  std::lock_guard lock(state_->lately_mu);
+  return state_->evicted_lately.count(key) > 0;
 }
 
 bool RemoteReader::WouldForward(const KeyId& key) const {
@@ -285,6 +308,13 @@ void RemoteReader::Exists(std::vector<KeyId> keys, ExistsDone done) {
     for (size_t i = 0; i < op->keys.size(); ++i) {
       if (op->results[i].size > 0 && !st->fetcher->Candidates(routes, op->results[i]).empty()) {
         hits.push_back(op->keys[i]);
+      } else if (op->results[i].evicted_lately) {
+        st->evicted_lately_found->Inc();
+        std::lock_guard lock(st->lately_mu);
+        if (st->evicted_lately.size() >= st->opts.evicted_lately_entries) {
+          st->evicted_lately.clear();
+        }
+        st->evicted_lately.insert(op->keys[i]);
       }
     }
     op->done(std::move(hits));

@@ -52,6 +52,9 @@ struct RemoteReaderOptions {
   // Where chain notes go (placement chain's placer); null: dropped. Must
   // outlive the reader.
   HomePlacer* chain_placer = nullptr;
+  // Keys exists lookups found dropped lately (EvictedLately), kept at most
+  // (all are forgotten when full).
+  size_t evicted_lately_entries = 1u << 16;
 };
 
 class RemoteReader final : public RemoteSource {
@@ -68,6 +71,7 @@ class RemoteReader final : public RemoteSource {
   void NoteChain(const KeyId* before, std::span<const KeyId> keys) override;
   bool Forward(const KeyId& key, std::span<const uint8_t> value) override;
   bool WouldForward(const KeyId& key) const override;
+  bool EvictedLately(const KeyId& key) const override;
 
   // New reads miss at once; waits for running stages to leave the transport.
   void Stop();

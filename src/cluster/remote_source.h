@@ -41,6 +41,9 @@ class RemoteSource {
   // Whether a value of key would now go to another node (Forward may still
   // refuse it later, when the bytes in flight are at their budget).
   virtual bool WouldForward(const KeyId& key) const { return false; }
+  // Whether a lookup lately found key recently dropped by the node that
+  // held it (its home's ghost): a write of it is a block coming back.
+  virtual bool EvictedLately(const KeyId& key) const { return false; }
 };
 
 }  // namespace kvpool

@@ -413,7 +413,8 @@ Status LocalOps::CommitForwarded(LocalSession& c, const LocalSession::Reserved& 
       return r.status();
     }
     std::memcpy(r->data(), value.data(), value.size());
-    s = t.store->Commit(std::move(r).value(), WriteOrigin::kPut);
+    s = t.store->Commit(std::move(r).value(), WriteOrigin::kPut, nullptr,
+                        Returning(t, res.forward_key));
   }
   if (s.ok()) {
     bytes_written_->Inc(res.forward_size);
@@ -449,7 +450,8 @@ Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const
       c.chain_batch = res.batch;
       c.chain = DramStore::ChainPlace{};
     }
-    Status s = t.store->Commit(std::move(res.slot), WriteOrigin::kPut, &c.chain);
+    const KeyId key = res.slot.key();
+    Status s = t.store->Commit(std::move(res.slot), WriteOrigin::kPut, &c.chain, Returning(t, key));
     c.reservations.erase(it);
     statuses_[i] = static_cast<int32_t>(s.code());
     if (s.ok()) {
@@ -611,7 +613,8 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
       continue;
     }
     std::memcpy(r->data(), src, sized_[i].size);
-    Status s = t.store->Commit(std::move(r).value(), WriteOrigin::kPut, &chain);
+    Status s = t.store->Commit(std::move(r).value(), WriteOrigin::kPut, &chain,
+                               Returning(t, sized_[i].key));
     statuses_[i] = static_cast<int32_t>(s.code());
     if (s.ok()) {
       bytes_written_->Inc(sized_[i].size);

@@ -151,6 +151,11 @@ class LocalOps {
   // exists chain: tells the cluster (placement chain).
   void NoteChain(LocalSession& c, const std::vector<protocol::SizedKey>& keys);
   Status CommitForwarded(LocalSession& c, const LocalSession::Reserved& res);
+  // Whether a lookup found key dropped lately by its holder (the cluster's
+  // ghost): its commit is a block coming back.
+  static bool Returning(const Tenant& t, const KeyId& key) {
+    return t.remote != nullptr && t.remote->EvictedLately(key);
+  }
   void AnswerExists(LocalSession& c, const protocol::FrameHeader& h, const std::vector<KeyId>& keys,
                     const std::set<KeyId>* remote_hits);
   Status OnPut(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);

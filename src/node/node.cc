@@ -279,7 +279,7 @@ class NodeImpl final : public Node {
     peer_pool_ = std::make_unique<ThreadPool>(2, "kvpool-peer");
     KVPOOL_ASSIGN_OR_RETURN(cluster_, Cluster::Open(co, peer_pool_.get(), &metrics_));
     cluster_thread_ = std::thread([this] { cluster_->Run(); });
-    directory_ = std::make_unique<cluster::Directory>(cluster::DirectoryOptions{}, &metrics_);
+    directory_ = std::make_unique<cluster::Directory>(opts_.directory, &metrics_);
     cluster::HoldingsAnnouncerOptions ao;
     if (opts_.placement == "home" || opts_.placement == "chain") {
       cluster::HomePlacerOptions po;

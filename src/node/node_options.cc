@@ -243,6 +243,10 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddDuration("peer-lookup-cache-ttl", &o->remote.lookup_cache_ttl,
                  std::chrono::milliseconds(0), std::chrono::milliseconds(60000),
                  "How long a positive directory answer is reused (0: ask the home every time)");
+  t->AddInt("directory-ghost", &o->directory.ghost_ratio, 0, 16,
+            "Each key home remembers keys no node holds any more over a window of this many "
+            "times the keys it lists (2 bytes a key), and a writer that puts one again keeps it "
+            "as a block coming back (0: off)");
   t->AddDuration("anti-entropy-interval", &o->anti_entropy.interval, std::chrono::milliseconds(0),
                  std::chrono::milliseconds(3600000),
                  "How often each node compares digests of what it holds with the keys' homes "

@@ -69,6 +69,8 @@ struct NodeOptions {
   cluster::RemoteReaderOptions remote;
   // How often holders and homes compare directory digests.
   cluster::AntiEntropyOptions anti_entropy;
+  // The key homes' memory of keys dropped lately (cluster::DirectoryOptions).
+  cluster::DirectoryOptions directory;
 
   NodeOptions() { admin.port = 9710; }
   Status Validate() const;

@@ -255,10 +255,10 @@ TieredStore::~TieredStore() {
 }
 
 Status TieredStore::Commit(Reservation reservation, WriteOrigin origin,
-                           DramStore::ChainPlace* chain) {
+                           DramStore::ChainPlace* chain, bool returning) {
   const KeyId key = reservation.key();
   const uint64_t size = reservation.size();
-  Status s = dram_->Commit(std::move(reservation), chain);
+  Status s = dram_->Commit(std::move(reservation), chain, returning);
   if (s.ok()) impl_->EmitStored(HoldingsEvent::Why::kWritten, origin, key, size);
   return s;
 }

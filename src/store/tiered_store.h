@@ -78,7 +78,7 @@ class TieredStore {
   // Publishes the reserved bytes (DramStore::Commit, with its chain place);
   // told to the observer as written by `origin`.
   Status Commit(Reservation reservation, WriteOrigin origin = WriteOrigin::kPut,
-                DramStore::ChainPlace* chain = nullptr);
+                DramStore::ChainPlace* chain = nullptr, bool returning = false);
   // Commit, then pin the entry in the same step (DramStore::CommitAndAcquire).
   Result<Pin> CommitAndAcquire(Reservation reservation, WriteOrigin origin = WriteOrigin::kPut);
   // A pin of the reservation's bytes that never becomes an entry

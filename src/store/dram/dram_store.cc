@@ -151,7 +151,7 @@ class DramStoreImpl final : public DramStore {
     return Reservation(this, slot, key, alloc_.offset(slot), size);
   }
 
-  Status Commit(Reservation reservation, ChainPlace* chain) override {
+  Status Commit(Reservation reservation, ChainPlace* chain, bool returning) override {
     if (!reservation.valid()) return InvalidArgument("dram: commit of an empty reservation");
     const KeyId key = reservation.key();
     const uint32_t slot = reservation.Release();
@@ -165,7 +165,7 @@ class DramStoreImpl final : public DramStore {
     } else if (chain != nullptr && chain->slot != kNoSlot && Find(chain->key) == chain->slot) {
       colder_than = chain->slot;
     }
-    Status s = CommitLocked(key, slot, colder_than);
+    Status s = CommitLocked(key, slot, colder_than, returning);
     if (s.ok() && chain != nullptr) *chain = ChainPlace{slot, key};
     return s;
   }
@@ -331,7 +331,8 @@ class DramStoreImpl final : public DramStore {
 
   // REQUIRES: mu_ held; slot reserved for key. colder_than: a committed
   // entry this one follows in its chain (EvictionPolicy::Insert), or kNoSlot.
-  Status CommitLocked(const KeyId& key, uint32_t slot, uint32_t colder_than = kNoSlot) {
+  Status CommitLocked(const KeyId& key, uint32_t slot, uint32_t colder_than = kNoSlot,
+                      bool returning = false) {
     SlotMeta& m = alloc_.meta(slot);
     KVPOOL_CHECK(m.state == SlotState::kReserved && m.key == key);
     --reserved_;
@@ -343,7 +344,7 @@ class DramStoreImpl final : public DramStore {
     const uint16_t cls = alloc_.class_of(slot);
     m.state = SlotState::kCommitted;
     index_.Insert(key, slot);
-    policy_->Insert(slot, cls, colder_than);
+    policy_->Insert(slot, cls, colder_than, returning);
     NoteUse(slot, cls, m.size, /*hit=*/false);
     NoteAgeUse(key);
     ++entries_;

@@ -113,7 +113,10 @@ class DramStore {
   // block chain in order: a policy that keeps chains from their head
   // (touch_chains_head_last) places each just colder than the one before,
   // so the chain's tail goes first. *chain is updated to this entry.
-  virtual Status Commit(Reservation reservation, ChainPlace* chain = nullptr) = 0;
+  // returning: the writer knows the key left the cache lately (a pool's
+  // directory said so): the policy treats it as a hit in its own ghost.
+  virtual Status Commit(Reservation reservation, ChainPlace* chain = nullptr,
+                        bool returning = false) = 0;
   // Commit, then pin the entry in the same step, so nothing can evict it in
   // between (a promotion hands its pin to the get that waits for it). When
   // another writer committed the key first, pins that entry instead.

@@ -32,10 +32,10 @@ class S3FifoPolicy final : public EvictionPolicy {
   explicit S3FifoPolicy(SlabAllocator* alloc)
       : alloc_(*alloc), queues_(alloc->num_classes()), ghost_(kMinGhost) {}
 
-  void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than) override {
+  void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than, bool returning) override {
     SlotMeta& m = alloc_.meta(slot);
     m.freq = 0;
-    if (ghost_.Take(m.key)) {
+    if (ghost_.Take(m.key) || returning) {
       m.queue = kQueueMain;
       queues_[cls].main.PushTail(alloc_, slot);
     } else {
@@ -132,9 +132,9 @@ class PrefixPolicy final : public EvictionPolicy {
   explicit PrefixPolicy(SlabAllocator* alloc)
       : alloc_(*alloc), lists_(alloc->num_classes()), ghost_(kMinGhost) {}
 
-  void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than) override {
+  void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than, bool returning) override {
     SlotMeta& m = alloc_.meta(slot);
-    if (ghost_.Contains(m.key)) {
+    if (returning || ghost_.Contains(m.key)) {
       Protect(slot, cls);
       return;
     }
@@ -216,7 +216,7 @@ class LruPolicy final : public EvictionPolicy {
  public:
   explicit LruPolicy(SlabAllocator* alloc) : alloc_(*alloc), lists_(alloc->num_classes()) {}
 
-  void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than) override {
+  void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than, bool returning) override {
     alloc_.meta(slot).queue = kQueueMain;
     lists_[cls].PushTail(alloc_, slot);
   }

@@ -46,7 +46,10 @@ class EvictionPolicy {
   // another node's entry, or kNoSlot; a policy that keeps chains from their
   // head (TouchChainsHeadLast) places the new entry just colder than that
   // entry, or a replica first in line to go. The others ignore it.
-  virtual void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than = kNoSlot) = 0;
+  // returning: the writer knows the key left the cache lately (another
+  // node's ghost, DramStore::Commit): treated as the policy's own ghost hit.
+  virtual void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than = kNoSlot,
+                      bool returning = false) = 0;
   // A hit.
   virtual void Touch(uint32_t slot, uint16_t cls) = 0;
   // The entry leaves the cache other than through PickVictim.

@@ -159,6 +159,20 @@ TEST(PrefixPolicyTest, AChainPlaceByKeyFollowsThatKeysEntry) {
   EXPECT_TRUE(store->Contains(Key(9)));
 }
 
+// A key the writer knows left the cache lately (another node's ghost, the
+// pool's directory) is committed as a ghost hit: protected, so new keys go
+// before it.
+TEST(PrefixPolicyTest, AReturningKeyIsProtectedLikeAGhostHit) {
+  auto store = Open("prefix");
+  auto r = store->Reserve(Key(0), kValue);
+  ASSERT_TRUE(store->Commit(std::move(r).value(), nullptr, /*returning=*/true).ok());
+  r = store->Reserve(Key(1), kValue);
+  ASSERT_TRUE(store->Commit(std::move(r).value(), nullptr, /*returning=*/false).ok());
+  for (uint64_t k = 100; k < 355; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
+  // 257 committed, 256 slots: one eviction, probation's coldest: 1, not 0.
+  EXPECT_EQ(Present(*store, 0, 2), "10");
+}
+
 TEST(PrefixPolicyTest, AReplicaIsFirstInLineToGo) {
   auto store = Open("prefix");
   for (uint64_t k = 0; k < 256; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
