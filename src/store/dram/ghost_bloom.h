@@ -48,8 +48,11 @@ class GhostBloom {
     uint64_t h1, h2;
   };
   static Hashes HashesOf(const KeyId& key) { return {Mix(key.lo), Mix(key.hi) | 1}; }
+  // Mapped onto [0, bits_) by a multiply and a shift rather than a
+  // division: the position's high bits are as uniform as its low ones.
   uint64_t Probe(const Hashes& h, int i) const {
-    return (h.h1 + static_cast<uint64_t>(i) * h.h2) % bits_;
+    const uint64_t x = h.h1 + static_cast<uint64_t>(i) * h.h2;
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(x) * bits_) >> 64);
   }
 
   std::vector<uint64_t> current_, previous_;
