@@ -61,7 +61,8 @@ void PopulateNodeMetrics(MetricsRegistry* r) {
   for (const auto& [name, v] : recent) {
     r->AddCallbackGauge(name, "Recent.", {{"window", "1m"}}, [v] { return v; });
   }
-  r->AddCallbackGauge("kvpool_hit_ratio_recent", "Recent.", {{"window", "10m"}}, [] { return 0.8; });
+  r->AddCallbackGauge("kvpool_hit_ratio_recent", "Recent.", {{"window", "10m"}},
+                      [] { return 0.8; });
   r->AddCallbackGauge("kvpool_exists_prefix_hit_ratio_recent", "Recent.", {{"window", "10m"}},
                       [] { return 0.55; });
   r->AddCallbackGauge("kvpool_dram_eviction_age_recent_seconds", "Recent.", {{"window", "10m"}},

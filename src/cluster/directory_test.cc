@@ -68,7 +68,8 @@ TEST(PeerMessagesFormat, StoreWithAndWithoutTheKeyBefore) {
         << cut;
   }
   // The flags byte, with and without the key before.
-  for (const KeyId* a : {static_cast<const KeyId*>(nullptr), static_cast<const KeyId*>(&after_key)}) {
+  const KeyId* const afters[] = {nullptr, &after_key};
+  for (const KeyId* a : afters) {
     buf.clear();
     EncodeStore(K(5), 8, a, kStoreReturning, &buf);
     EXPECT_EQ(buf.size(), a ? 41u : 25u);

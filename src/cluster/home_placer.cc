@@ -27,8 +27,8 @@ HomePlacer::HomePlacer(const HomePlacerOptions& options, Cluster* cluster, Tiere
                              "(placement chain; also counted as moved or kept)");
   forward_dropped_ = m->GetCounter(
       "kvpool_placement_forward_dropped_total",
-      "Forwarded puts their target refused, dropped because the SSD tier could make the writer wait "
-      "(placement chain)");
+      "Forwarded puts their target refused, dropped because the SSD tier could make the writer "
+      "wait (placement chain)");
   notes_dropped_ = m->GetCounter("kvpool_placement_chain_notes_dropped_total",
                                  "Chain notes dropped unused because too many were waiting "
                                  "(placement chain)");
@@ -102,6 +102,7 @@ void HomePlacer::NoteChain(std::span<const KeyId> keys, const KeyId* before,
   fed_total_ += keys.size();
   if (fed_total_ > kFedHalfLife) {
     for (auto& [id, n] : fed_) n /= 2;
+    std::erase_if(fed_, [](const auto& kv) { return kv.second == 0; });  // members long gone
     fed_total_ /= 2;
   }
   for (size_t i = 0; i < keys.size(); ++i) {

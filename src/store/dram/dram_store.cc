@@ -518,7 +518,8 @@ class DramStoreImpl final : public DramStore {
 
   uint64_t IndexBytes() const {
     return index_.bytes() + alloc_.metadata_bytes() + policy_->bytes() +
-           read_bytes_.capacity() * sizeof(uint64_t) + class_entries_.capacity() * sizeof(uint32_t) +
+           read_bytes_.capacity() * sizeof(uint64_t) +
+           class_entries_.capacity() * sizeof(uint32_t) +
            age_last_use_.bucket_count() * sizeof(void*) +
            age_last_use_.size() * (sizeof(KeyId) + sizeof(Clock::time_point) + 2 * sizeof(void*));
   }
