@@ -51,7 +51,7 @@ class ManualClock final : public Clock {
 
  private:
   mutable std::mutex mu_;
-  time_point now_ GUARDED_BY(mu_);
+  time_point now_;  // protected by mu_ (std::mutex carries no capability annotation)
 };
 
 }  // namespace kvpool

@@ -13,7 +13,6 @@
 #include <mutex>
 
 #include "common/clock.h"
-#include "common/thread_annotations.h"
 
 namespace kvpool {
 
@@ -56,7 +55,7 @@ class RecentRatio {
 
   const Clock* const clock_;
   mutable std::mutex mu_;
-  std::array<Bucket, kMaxWindowSeconds> buckets_ GUARDED_BY(mu_);
+  std::array<Bucket, kMaxWindowSeconds> buckets_;  // protected by mu_
 };
 
 }  // namespace kvpool
