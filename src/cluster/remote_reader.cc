@@ -28,6 +28,7 @@ struct RemoteReader::State {
   // Keys the homes' ghosts named in exists lookups (EvictedLately).
   mutable std::mutex lately_mu;
   std::unordered_set<KeyId, KeyIdHash> evicted_lately;  // protected by lately_mu
+  std::atomic<bool> any_evicted_lately{false};          // evicted_lately is not empty
 
   Counter* fetch_bytes = nullptr;
   Counter* evicted_lately_found = nullptr;
@@ -285,6 +286,7 @@ bool RemoteReader::Forward(const KeyId& key, std::span<const uint8_t> value) {
 }
 
 bool RemoteReader::EvictedLately(const KeyId& key) const {
+  if (!state_->any_evicted_lately.load(std::memory_order_relaxed)) return false;
   std::lock_guard lock(state_->lately_mu);
   return state_->evicted_lately.count(key) > 0;
 }
@@ -315,6 +317,7 @@ void RemoteReader::Exists(std::vector<KeyId> keys, ExistsDone done) {
           st->evicted_lately.clear();
         }
         st->evicted_lately.insert(op->keys[i]);
+        st->any_evicted_lately.store(true, std::memory_order_relaxed);
       }
     }
     op->done(std::move(hits));

@@ -597,7 +597,8 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
     const uint8_t* src = data.data() + off;
     off += sized_[i].size;
     // Placement chain: a value that lives on another node goes there at once.
-    if (t.remote != nullptr && !t.store->Contains(sized_[i].key) &&
+    if (t.remote != nullptr && t.remote->WouldForward(sized_[i].key) &&
+        !t.store->Contains(sized_[i].key) &&
         t.remote->Forward(sized_[i].key, {src, sized_[i].size})) {
       bytes_written_->Inc(sized_[i].size);
       t.bytes_written->Inc(sized_[i].size);

@@ -125,7 +125,9 @@ class S3FifoPolicy final : public EvictionPolicy {
 // first); a key
 // evicted from probation is remembered in the ghost (for the last one to two
 // times the store's entries of such evictions: ghost_bloom.h), and one that
-// returns while remembered enters protected at once.
+// returns while remembered, or that the writer says left the cache lately
+// (Insert's `returning`: another node's eviction, from the directory),
+// enters protected at once.
 // Victims come from probation's cold end, then protected's.
 class PrefixPolicy final : public EvictionPolicy {
  public:

@@ -9,7 +9,8 @@
 // traffic whose keys come back after long, steady intervals (a
 // conversation's blocks, re-read on its next turn).
 //
-// Not thread-safe; owned by the eviction policy under DramStore's mutex.
+// Not thread-safe; owned by an eviction policy under DramStore's mutex, or
+// by a cluster directory (keys no node holds any more) under its own.
 #pragma once
 
 #include <cstdint>
