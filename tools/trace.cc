@@ -145,4 +145,47 @@ OfflineResult OfflineBelady(const std::vector<Request>& trace, uint64_t capacity
   return res;
 }
 
+uint64_t Mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+namespace {
+constexpr uint64_t kSeedAdd = 0x9e3779b97f4a7c15ull;
+constexpr uint64_t kWordMul = 0xd6e8feb86659fd93ull;
+}  // namespace
+
+void FillBlockValue(uint64_t block, uint8_t* out, uint64_t size) {
+  const uint64_t seed = Mix64(block + kSeedAdd);
+  const uint64_t words = size / 8;
+  for (uint64_t w = 0; w < words; ++w) {
+    const uint64_t v = seed ^ ((w + 1) * kWordMul);
+    std::memcpy(out + w * 8, &v, 8);
+  }
+  for (uint64_t i = words * 8; i < size; ++i) out[i] = static_cast<uint8_t>(seed >> (i % 8));
+}
+
+uint64_t WrongBlockBytes(uint64_t block, const uint8_t* got, uint64_t size) {
+  // A right value, the common case, is one pass comparing each derived word
+  // in place; a wrong one is then counted byte by byte.
+  const uint64_t seed = Mix64(block + kSeedAdd);
+  const uint64_t words = size / 8;
+  uint64_t diff = 0;
+  for (uint64_t w = 0; w < words; ++w) {
+    uint64_t v;
+    std::memcpy(&v, got + w * 8, 8);
+    diff |= v ^ seed ^ ((w + 1) * kWordMul);
+  }
+  for (uint64_t i = words * 8; i < size; ++i) {
+    diff |= got[i] ^ static_cast<uint8_t>(seed >> (i % 8));
+  }
+  if (diff == 0) return 0;
+  std::vector<uint8_t> want(size);
+  FillBlockValue(block, want.data(), size);
+  uint64_t n = 0;
+  for (uint64_t i = 0; i < size; ++i) n += got[i] != want[i];
+  return n;
+}
+
 }  // namespace kvpool::trace

@@ -85,4 +85,14 @@ size_t OfflineResult::Count(const Request& r, uint64_t block_tokens, Cached cach
   return k;
 }
 
+// A 64-bit mix (splitmix64's finalizer).
+uint64_t Mix64(uint64_t z);
+
+// A replayed block's value: 8-byte words derived from the block's id and the
+// word's place, so any byte out of place is found, and making or checking a
+// value costs one pass over it.
+void FillBlockValue(uint64_t block, uint8_t* out, uint64_t size);
+// Bytes of `got` that differ from the block's value (0 for a right value).
+uint64_t WrongBlockBytes(uint64_t block, const uint8_t* got, uint64_t size);
+
 }  // namespace kvpool::trace

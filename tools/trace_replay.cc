@@ -18,36 +18,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-uint64_t Mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// A block's value: 8-byte words derived from its id and the word's place
-// (a mixed seed per block, then one multiply per word, so making and
-// checking values costs the replay little next to the node's work), so any
-// byte out of place is found.
-void FillValue(uint64_t block, uint8_t* out, uint64_t size) {
-  const uint64_t seed = Mix64(block + 0x9e3779b97f4a7c15ull);
-  const uint64_t words = size / 8;
-  for (uint64_t w = 0; w < words; ++w) {
-    const uint64_t v = seed ^ ((w + 1) * 0xd6e8feb86659fd93ull);
-    std::memcpy(out + w * 8, &v, 8);
-  }
-  for (uint64_t i = words * 8; i < size; ++i) out[i] = static_cast<uint8_t>(seed >> (i % 8));
-}
-
-// Bytes of `got` that differ from the block's value.
-uint64_t WrongBytes(uint64_t block, const uint8_t* got, uint64_t size, std::vector<uint8_t>* want) {
-  want->resize(size);
-  FillValue(block, want->data(), size);
-  if (std::memcmp(got, want->data(), size) == 0) return 0;
-  uint64_t n = 0;
-  for (uint64_t i = 0; i < size; ++i) n += got[i] != (*want)[i];
-  return n;
-}
-
 double Percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -113,7 +83,7 @@ int RunReplay(const ReplayConfig& cfg) {
   size_t longest = 1;
   for (const Request& r : trace) longest = std::max(longest, r.blocks.size());
   const uint64_t vs = cfg.value_size;
-  std::vector<uint8_t> buf(longest * vs), want;
+  std::vector<uint8_t> buf(longest * vs);
   std::vector<std::string> names(longest);
   std::vector<const void*> name_ptrs(longest);
   std::vector<size_t> name_lens(longest);
@@ -176,7 +146,7 @@ int RunReplay(const ReplayConfig& cfg) {
         if (s == KVPOOL_OK && sizes[i] != vs) {
           wrong_bytes += vs;  // wrong size
         } else if (s == KVPOOL_OK) {
-          uint64_t wrong = WrongBytes(r.blocks[i], buf.data() + i * vs, vs, &want);
+          uint64_t wrong = WrongBlockBytes(r.blocks[i], buf.data() + i * vs, vs);
           wrong_bytes += wrong;
           if (wrong == 0) {
             bytes_read += vs;
@@ -197,7 +167,7 @@ int RunReplay(const ReplayConfig& cfg) {
     for (size_t i = got; i < n; ++i) {
       if (i >= prefix && hits[i]) continue;  // cached behind the first miss
       uint8_t* p = buf.data() + m * vs;
-      FillValue(r.blocks[i], p, vs);
+      FillBlockValue(r.blocks[i], p, vs);
       src[m] = p;
       put_ids[m] = ids[i];
       put_blocks[m] = r.blocks[i];

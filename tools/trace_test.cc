@@ -117,5 +117,20 @@ TEST_F(TraceFile, ABadLineIsNamed) {
   EXPECT_EQ(LoadTrace("/nonexistent/trace.jsonl").status().code(), StatusCode::kNotFound);
 }
 
+TEST(BlockValue, CheckCountsExactlyTheBytesOutOfPlace) {
+  // 61 bytes: seven words and a 5-byte tail.
+  std::vector<uint8_t> v(61);
+  FillBlockValue(42, v.data(), v.size());
+  EXPECT_EQ(WrongBlockBytes(42, v.data(), v.size()), 0u);
+  EXPECT_NE(WrongBlockBytes(43, v.data(), v.size()), 0u);  // another block's value
+  v[0] ^= 1;
+  v[30] ^= 0x80;
+  v[60] ^= 0xff;  // in the tail
+  EXPECT_EQ(WrongBlockBytes(42, v.data(), v.size()), 3u);
+  std::vector<uint8_t> other(61);
+  FillBlockValue(43, other.data(), other.size());
+  EXPECT_NE(other, v);
+}
+
 }  // namespace
 }  // namespace kvpool::trace
