@@ -9,13 +9,13 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config clang clang-format
   # libraries
   libucx-dev ucx-utils liburing-dev libssl-dev libcpp-httplib-dev
-  nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
+  nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libzmq3-dev libmsgpack-cxx-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   # integration tests and benchmarks
   etcd-server etcd-client redis-server redis-tools prometheus fio iperf3
   chromium curl procps iproute2 iptables util-linux
   # python package and connectors (pip/setuptools/wheel/venv: offline pip install ./python)
-  python3 python3-numpy python3-pytest python3-torch
+  python3 python3-numpy python3-pytest python3-torch python3-zmq python3-msgpack
   python3-pip python3-setuptools python3-wheel python3-venv
 )
 

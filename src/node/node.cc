@@ -31,6 +31,7 @@
 #include "node/local_server.h"
 #include "node/tenants.h"
 #include "common/executor.h"
+#include "events/kv_events.h"
 #include "store/tiered_store.h"
 
 namespace kvpool {
@@ -65,6 +66,7 @@ class NodeImpl final : public Node {
     OpenPools();
     KVPOOL_RETURN_IF_ERROR(OpenStore());
     KVPOOL_RETURN_IF_ERROR(OpenTenantStores());
+    KVPOOL_RETURN_IF_ERROR(OpenEvents());
     KVPOOL_RETURN_IF_ERROR(OpenCluster());
     KVPOOL_RETURN_IF_ERROR(OpenLocal());
     KVPOOL_RETURN_IF_ERROR(OpenAdmin());
@@ -86,6 +88,7 @@ class NodeImpl final : public Node {
     StopLocal();  // no new requests; the server goes after the cluster
     StopCluster();
     DestroyLocal();
+    StopEvents();
     CloseStore();
     StopPools();
   }
@@ -104,6 +107,22 @@ class NodeImpl final : public Node {
     if (flush_pool_) flush_pool_->Stop();
     io_pool_.reset();
     flush_pool_.reset();
+  }
+
+  // KV events of what the node's own store holds (not the tenants').
+  Status OpenEvents() {
+    if (!opts_.kv_events.enabled()) return Status::Ok();
+    opts_.kv_events.encoding =
+        opts_.kv_events_encoding == "array" ? events::Encoding::kArray : events::Encoding::kMap;
+    KVPOOL_ASSIGN_OR_RETURN(kv_events_, events::KvEventsPublisher::Start(opts_.kv_events,
+                                                                         &metrics_));
+    tiered_->SetHoldingsObserver(kv_events_.get(), HoldingsSlot::kEvents);
+    return Status::Ok();
+  }
+  void StopEvents() {
+    if (!kv_events_) return;
+    tiered_->SetHoldingsObserver(nullptr, HoldingsSlot::kEvents);
+    kv_events_.reset();
   }
 
   Status OpenStore() {
@@ -557,6 +576,7 @@ class NodeImpl final : public Node {
   std::unique_ptr<Cluster> cluster_;       // null when standalone
   std::unique_ptr<cluster::Directory> directory_;
   std::unique_ptr<cluster::HoldingsAnnouncer> announcer_;
+  std::unique_ptr<events::KvEventsPublisher> kv_events_;  // null unless configured
   std::unique_ptr<cluster::PeerServer> peer_server_;
   std::unique_ptr<cluster::AntiEntropy> anti_entropy_;
   std::unique_ptr<cluster::RemoteReader> reader_;

@@ -261,6 +261,23 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
               "Placement home and chain: value bytes being handed to other nodes at once; a put "
               "beyond it stays "
               "on the writer (as placement local) instead of filling its DRAM with pinned values");
+  t->AddString("kv-events-endpoint", &o->kv_events.endpoint,
+               "ZMQ endpoint where the node publishes KV events of what it holds, for "
+               "cache-aware routers, e.g. tcp://127.0.0.1:5557 (empty: no events; "
+               "docs/kv-events.md)");
+  t->AddString("kv-events-replay-endpoint", &o->kv_events.replay_endpoint,
+               "ZMQ endpoint of the KV events replay socket, from which a subscriber fetches "
+               "batches it missed (empty: no replay)");
+  t->AddString("kv-events-topic", &o->kv_events.topic, "Topic frame of every KV event message");
+  t->AddEnum("kv-events-encoding", &o->kv_events_encoding, {"map", "array"},
+             "KV events as maps of their fields (vLLM 0.26+) or as arrays in field order");
+  t->AddDuration("kv-events-batch-interval", &o->kv_events.batch_interval,
+                 std::chrono::milliseconds(1), std::chrono::milliseconds(10000),
+                 "How long KV events gather into one batch (message)");
+  t->AddInt("kv-events-queue", &o->kv_events.max_queued_events, 1, 100000000,
+            "KV events waiting for their batch; beyond it events are dropped and counted");
+  t->AddInt("kv-events-replay-batches", &o->kv_events.replay_batches, 0, 1000000,
+            "KV event batches kept for the replay socket");
 }
 
 }  // namespace kvpool

@@ -12,6 +12,7 @@
 #include "cluster/cluster.h"
 #include "cluster/remote_reader.h"
 #include "common/settings.h"
+#include "events/kv_events.h"
 #include "node/local_server.h"
 #include "store/dram/dram_store.h"
 #include "store/ssd/ssd_store.h"
@@ -67,6 +68,9 @@ struct NodeOptions {
   uint64_t placement_max_inflight = 64ull << 20;
   // Deadlines and cool-down of remote reads.
   cluster::RemoteReaderOptions remote;
+  // KV events for cache-aware routers (off unless an endpoint is given).
+  events::KvEventsOptions kv_events;
+  std::string kv_events_encoding = "map";  // "map" or "array"; copied to kv_events
   // How often holders and homes compare directory digests.
   cluster::AntiEntropyOptions anti_entropy;
   // The key homes' memory of keys dropped lately (cluster::DirectoryOptions).

@@ -22,6 +22,7 @@
 // not streamed: list it (TieredStore::ListDram / ListSsd).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "common/key_id.h"
@@ -63,6 +64,10 @@ const char* HoldingsWhyName(HoldingsEvent::Why why);
 // same key races it, the kDropped may be told first (a consumer that must be
 // exact re-checks TieredStore::Contains). Every other pair of one key's
 // events arrives in the order the store applied them.
+// The consumers of a store's stream, each in its own slot.
+enum class HoldingsSlot : uint8_t { kCluster = 0, kEvents = 1 };
+inline constexpr size_t kHoldingsSlots = 2;
+
 class HoldingsObserver {
  public:
   virtual ~HoldingsObserver() = default;

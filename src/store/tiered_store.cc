@@ -1,5 +1,6 @@
 #include "store/tiered_store.h"
 
+#include <array>
 #include <atomic>
 #include <mutex>
 #include <thread>
@@ -88,19 +89,27 @@ struct TieredStore::Impl {
   Counter* demotions_skipped;
   Counter* demotions_dropped;
 
-  // The holdings stream's one observer (see Emit), and the calls of it
-  // running now (an observer may cause events itself: no lock is held).
-  std::atomic<HoldingsObserver*> observer{nullptr};
+  // The holdings stream's observers, one per HoldingsSlot (see Emit), and
+  // the calls of them running now (an observer may cause events itself: no
+  // lock is held).
+  std::array<std::atomic<HoldingsObserver*>, kHoldingsSlots> observers{};
   std::atomic<uint64_t> observer_calls{0};
   std::atomic<bool> ssd_open{false};  // demotions go to the SSD tier
 
-  bool observed() const { return observer.load(std::memory_order_relaxed) != nullptr; }
+  bool observed() const {
+    for (const auto& o : observers) {
+      if (o.load(std::memory_order_relaxed) != nullptr) return true;
+    }
+    return false;
+  }
 
   // Every holdings event passes through here.
   void Emit(const HoldingsEvent& e) {
     if (!observed()) return;
-    observer_calls.fetch_add(1);  // before the load: see SetHoldingsObserver
-    if (HoldingsObserver* o = observer.load()) o->OnHoldings(e);
+    observer_calls.fetch_add(1);  // before the loads: see SetHoldingsObserver
+    for (auto& slot : observers) {
+      if (HoldingsObserver* o = slot.load()) o->OnHoldings(e);
+    }
     observer_calls.fetch_sub(1);
   }
   void EmitStored(HoldingsEvent::Why why, WriteOrigin origin, const KeyId& key, uint64_t size) {
@@ -250,7 +259,9 @@ TieredStore::TieredStore(DramStore* dram, SsdStore* ssd, Executor* executor,
 }
 
 TieredStore::~TieredStore() {
-  SetHoldingsObserver(nullptr);
+  for (size_t i = 0; i < kHoldingsSlots; ++i) {
+    SetHoldingsObserver(nullptr, static_cast<HoldingsSlot>(i));
+  }
   dram_->SetEvictionListener(nullptr);
 }
 
@@ -281,9 +292,9 @@ Result<TieredStore::Pin> TieredStore::PinUncommitted(Reservation reservation) {
   return dram_->PinUncommitted(std::move(reservation));
 }
 
-void TieredStore::SetHoldingsObserver(HoldingsObserver* observer) {
-  if (ssd_ != nullptr && observer == nullptr) ssd_->SetDropListener(nullptr);
-  impl_->observer.store(observer);
+void TieredStore::SetHoldingsObserver(HoldingsObserver* observer, HoldingsSlot slot) {
+  impl_->observers[static_cast<size_t>(slot)].store(observer);
+  if (ssd_ != nullptr && !impl_->observed()) ssd_->SetDropListener(nullptr);
   // A call that loaded the previous observer counted itself first (both
   // sequentially consistent): wait for those calls to end.
   while (impl_->observer_calls.load() != 0) std::this_thread::yield();

@@ -122,10 +122,12 @@ class TieredStore {
   Status Remove(const KeyId& key, HoldingsEvent::Why why = HoldingsEvent::Why::kRemoved);
 
   // --- The holdings stream (store/holdings.h).
-  // Sets the one observer (null: none). Returns only when no call of the
+  // Sets the observer of one slot (null: none); each slot's observer is
+  // told every event, in slot order. Returns only when no call of the
   // previous observer is running (so not from within one). The observer
   // must outlive its setting.
-  void SetHoldingsObserver(HoldingsObserver* observer);
+  void SetHoldingsObserver(HoldingsObserver* observer,
+                           HoldingsSlot slot = HoldingsSlot::kCluster);
 
   // --- Durability.
   // Copies every DRAM entry that is not on SSD yet into the SSD tier (for a

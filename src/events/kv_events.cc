@@ -1,0 +1,262 @@
+#include "events/kv_events.h"
+
+#include <zmq.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/log.h"
+
+namespace kvpool::events {
+
+Status KvEventsOptions::Validate() const {
+  if (!enabled()) return Status::Ok();
+  if (batch_interval.count() < 1 || batch_interval.count() > 10000) {
+    return InvalidArgument("kv events: the batch interval must be 1 ms to 10 s");
+  }
+  if (max_queued_events < 1) return InvalidArgument("kv events: the queue must hold an event");
+  if (send_hwm < 1) return InvalidArgument("kv events: the send high-water mark must be >= 1");
+  if (!replay_endpoint.empty() && replay_endpoint == endpoint) {
+    return InvalidArgument("kv events: the replay endpoint must differ from the endpoint");
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+Status ZmqError(std::string_view what) {
+  return Unavailable(fmt::format("kv events: {}: {}", what, zmq_strerror(zmq_errno())));
+}
+
+std::string LastEndpoint(void* socket) {
+  char buf[256];
+  size_t len = sizeof(buf);
+  if (socket == nullptr || zmq_getsockopt(socket, ZMQ_LAST_ENDPOINT, buf, &len) != 0) return "";
+  return std::string(buf, len > 0 && buf[len - 1] == '\0' ? len - 1 : len);
+}
+
+struct Batch {
+  int64_t seq;
+  std::string payload;
+};
+
+}  // namespace
+
+struct KvEventsPublisher::Impl {
+  KvEventsOptions opts;
+  void* ctx = nullptr;
+  void* pub = nullptr;
+  void* replay = nullptr;
+  std::thread thread;
+
+  Counter* events_sent;
+  Counter* batches_sent;
+  Counter* dropped;
+  Counter* replays;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;            // protected by mu
+  std::vector<KvEvent> pending;     // protected by mu
+  uint64_t pending_keys = 0;        // protected by mu
+
+  // The batching thread's own.
+  int64_t next_seq = 0;
+  std::deque<Batch> kept;
+
+  ~Impl() {
+    if (pub != nullptr) zmq_close(pub);
+    if (replay != nullptr) zmq_close(replay);
+    if (ctx != nullptr) zmq_ctx_term(ctx);
+  }
+
+  void Queue(KvEvent::Type type, Medium medium, const KeyId& key) {
+    std::lock_guard lock(mu);
+    if (pending_keys >= opts.max_queued_events) {
+      dropped->Inc();
+      return;
+    }
+    AppendEvent(&pending, type, medium, key);
+    ++pending_keys;
+  }
+
+  bool SendFrames(void* socket, const std::vector<std::string_view>& frames) {
+    for (size_t i = 0; i < frames.size(); ++i) {
+      const int flags = ZMQ_DONTWAIT | (i + 1 < frames.size() ? ZMQ_SNDMORE : 0);
+      if (zmq_send(socket, frames[i].data(), frames[i].size(), flags) < 0) return false;
+    }
+    return true;
+  }
+
+  // Sends what is queued as one batch.
+  void Flush() {
+    std::vector<KvEvent> events;
+    uint64_t keys = 0;
+    {
+      std::lock_guard lock(mu);
+      events.swap(pending);
+      keys = pending_keys;
+      pending_keys = 0;
+    }
+    if (events.empty()) return;
+    const double ts = std::chrono::duration<double>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+    Batch b{next_seq++, EncodeBatch(ts, events, opts.encoding)};
+    const std::string seq = SeqFrame(b.seq);
+    // A subscriber over its high-water mark makes the send fail at once
+    // (ZMQ_XPUB_NODROP): the batch is lost to it, counted, and can be
+    // replayed.
+    if (SendFrames(pub, {opts.topic, seq, b.payload})) {
+      batches_sent->Inc();
+      events_sent->Inc(keys);
+    } else {
+      dropped->Inc(keys);
+    }
+    if (opts.replay_batches > 0) {
+      kept.push_back(std::move(b));
+      while (kept.size() > opts.replay_batches) kept.pop_front();
+    }
+  }
+
+  // One replay request: [identity, ..., start seq (8 bytes)].
+  void ServeReplay() {
+    std::vector<std::string> frames;
+    for (;;) {
+      zmq_msg_t m;
+      zmq_msg_init(&m);
+      if (zmq_msg_recv(&m, replay, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&m);
+        return;
+      }
+      frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+      const bool more = zmq_msg_more(&m) != 0;
+      zmq_msg_close(&m);
+      if (!more) break;
+    }
+    replays->Inc();
+    if (frames.size() < 2 || frames.back().size() != 8) return;  // not a request: ignored
+    int64_t start = 0;
+    for (unsigned char c : frames.back()) start = (start << 8) | c;
+    const std::string& who = frames.front();
+    const bool delimited = frames.size() >= 3 && frames[frames.size() - 2].empty();
+    auto reply = [&](std::string_view a, std::string_view b, std::string_view c) {
+      std::vector<std::string_view> out = {who};
+      if (delimited) out.push_back("");
+      out.insert(out.end(), {a, b, c});
+      return SendFrames(replay, out);
+    };
+    for (const Batch& b : kept) {
+      if (b.seq < start) continue;
+      if (!reply(opts.topic, SeqFrame(b.seq), b.payload)) return;
+    }
+    reply("", SeqFrame(-1), "");
+  }
+
+  void Run() {
+    auto next = std::chrono::steady_clock::now() + opts.batch_interval;
+    for (;;) {
+      {
+        std::unique_lock lock(mu);
+        if (stopping) break;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= next) {
+        Flush();
+        next = now + opts.batch_interval;
+      }
+      const long wait_ms = std::max<long>(
+          1, std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count());
+      if (replay != nullptr) {
+        zmq_pollitem_t item{replay, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&item, 1, wait_ms) > 0) ServeReplay();
+      } else {
+        std::unique_lock lock(mu);
+        cv.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return stopping; });
+      }
+    }
+    Flush();
+  }
+};
+
+Result<std::unique_ptr<KvEventsPublisher>> KvEventsPublisher::Start(const KvEventsOptions& options,
+                                                                   MetricsRegistry* metrics) {
+  KVPOOL_RETURN_IF_ERROR(options.Validate());
+  auto impl = std::make_unique<Impl>();
+  impl->opts = options;
+  impl->events_sent = metrics->GetCounter("kvpool_kv_events_total",
+                                          "Blocks told in KV events sent to routers");
+  impl->batches_sent =
+      metrics->GetCounter("kvpool_kv_events_batches_total", "KV event batches sent");
+  impl->dropped = metrics->GetCounter(
+      "kvpool_kv_events_dropped_total",
+      "Blocks whose KV events were dropped (queue full, or a subscriber over its high-water "
+      "mark)");
+  impl->replays =
+      metrics->GetCounter("kvpool_kv_events_replays_total", "KV event replay requests served");
+  impl->ctx = zmq_ctx_new();
+  if (impl->ctx == nullptr) return ZmqError("context");
+  impl->pub = zmq_socket(impl->ctx, ZMQ_PUB);
+  if (impl->pub == nullptr) return ZmqError("PUB socket");
+  const int one = 1, zero = 0;
+  zmq_setsockopt(impl->pub, ZMQ_SNDHWM, &options.send_hwm, sizeof(int));
+  zmq_setsockopt(impl->pub, ZMQ_XPUB_NODROP, &one, sizeof(one));
+  zmq_setsockopt(impl->pub, ZMQ_LINGER, &zero, sizeof(zero));
+  if (zmq_bind(impl->pub, options.endpoint.c_str()) != 0) {
+    return ZmqError(fmt::format("bind {}", options.endpoint));
+  }
+  if (!options.replay_endpoint.empty()) {
+    impl->replay = zmq_socket(impl->ctx, ZMQ_ROUTER);
+    if (impl->replay == nullptr) return ZmqError("ROUTER socket");
+    zmq_setsockopt(impl->replay, ZMQ_LINGER, &zero, sizeof(zero));
+    if (zmq_bind(impl->replay, options.replay_endpoint.c_str()) != 0) {
+      return ZmqError(fmt::format("bind {}", options.replay_endpoint));
+    }
+  }
+  LogInfo("kv events: publishing on {}{}", LastEndpoint(impl->pub),
+          impl->replay ? fmt::format(", replay on {}", LastEndpoint(impl->replay)) : "");
+  Impl* raw = impl.get();
+  impl->thread = std::thread([raw] { raw->Run(); });
+  return std::unique_ptr<KvEventsPublisher>(new KvEventsPublisher(std::move(impl)));
+}
+
+KvEventsPublisher::KvEventsPublisher(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+KvEventsPublisher::~KvEventsPublisher() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+void KvEventsPublisher::OnHoldings(const HoldingsEvent& e) {
+  using W = HoldingsEvent::Why;
+  const Medium tier = e.tier == HoldingTier::kDram ? Medium::kCpu : Medium::kStorage;
+  if (e.kind == HoldingsEvent::Kind::kStored) {
+    impl_->Queue(KvEvent::Type::kStored, Medium::kCpu, e.key);
+    return;
+  }
+  impl_->Queue(KvEvent::Type::kRemoved, tier, e.key);
+  if (e.why == W::kMovedToSsd) impl_->Queue(KvEvent::Type::kStored, Medium::kStorage, e.key);
+}
+
+void KvEventsPublisher::AllCleared() {
+  std::lock_guard lock(impl_->mu);
+  impl_->pending.push_back(KvEvent{KvEvent::Type::kAllCleared, Medium::kCpu, {}});
+}
+
+std::string KvEventsPublisher::bound_endpoint() const { return LastEndpoint(impl_->pub); }
+std::string KvEventsPublisher::bound_replay_endpoint() const {
+  return LastEndpoint(impl_->replay);
+}
+
+}  // namespace kvpool::events

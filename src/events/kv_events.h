@@ -1,0 +1,74 @@
+// KvEventsPublisher: tells cache-aware routers what a node holds, as KV
+// events (kv_events_format.h) on a ZMQ PUB socket with a replay socket.
+//
+// It observes the store's holdings stream (store/holdings.h): an entry
+// entering DRAM is BlockStored on CPU, one moved to SSD is BlockRemoved on
+// CPU and BlockStored on STORAGE, and an entry evicted, removed, handed off
+// or lost from a tier is BlockRemoved on that tier's medium. OnHoldings only
+// appends to a bounded queue; a thread batches the queue every
+// batch_interval, numbers each batch, sends it without blocking and keeps
+// the last replay_batches for the replay socket. A full queue or a
+// subscriber that does not keep up loses events, counted
+// (kvpool_kv_events_dropped_total), never slowing the store.
+//
+// Thread-safe. OnHoldings may run under the DRAM tier's lock.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/metrics.h"
+#include "common/status.h"
+#include "events/kv_events_format.h"
+#include "store/holdings.h"
+
+namespace kvpool::events {
+
+struct KvEventsOptions {
+  // ZMQ endpoint the PUB socket binds (e.g. tcp://127.0.0.1:5557); empty:
+  // no events.
+  std::string endpoint;
+  // ROUTER socket for replaying missed batches; empty: no replay.
+  std::string replay_endpoint;
+  std::string topic;
+  Encoding encoding = Encoding::kMap;
+  // How long events gather into one batch: longer makes fewer, larger
+  // messages and later news.
+  std::chrono::milliseconds batch_interval{10};
+  // Events waiting for the next batch; beyond it new events are dropped.
+  uint64_t max_queued_events = 100000;
+  // Batches kept for replay (their memory: about 20 bytes a key).
+  uint64_t replay_batches = 10000;
+  // Messages the PUB socket queues per subscriber before it drops (ZMQ's
+  // send high-water mark).
+  int send_hwm = 100000;
+
+  bool enabled() const { return !endpoint.empty(); }
+  Status Validate() const;
+};
+
+class KvEventsPublisher final : public HoldingsObserver {
+ public:
+  // Binds the sockets and starts the batching thread.
+  static Result<std::unique_ptr<KvEventsPublisher>> Start(const KvEventsOptions& options,
+                                                         MetricsRegistry* metrics);
+  ~KvEventsPublisher() override;  // stops the thread, sends what is queued
+
+  void OnHoldings(const HoldingsEvent& event) override;
+  // Queues an AllBlocksCleared event.
+  void AllCleared();
+
+  // The endpoints as bound (a tcp port of 0 resolved), for tests.
+  std::string bound_endpoint() const;
+  std::string bound_replay_endpoint() const;
+
+  struct Impl;
+
+ private:
+  explicit KvEventsPublisher(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvpool::events

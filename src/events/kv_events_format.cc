@@ -1,0 +1,118 @@
+#include "events/kv_events_format.h"
+
+#define MSGPACK_NO_BOOST
+#include <msgpack.hpp>
+
+namespace kvpool::events {
+namespace {
+
+using Packer = msgpack::packer<msgpack::sbuffer>;
+
+void PackStr(Packer& p, std::string_view s) {
+  p.pack_str(static_cast<uint32_t>(s.size()));
+  p.pack_str_body(s.data(), static_cast<uint32_t>(s.size()));
+}
+
+void PackHashes(Packer& p, const std::vector<KeyId>& keys) {
+  p.pack_array(static_cast<uint32_t>(keys.size()));
+  for (const KeyId& k : keys) {
+    char b[16];
+    for (int i = 0; i < 8; ++i) {
+      b[i] = static_cast<char>(k.hi >> (56 - 8 * i));
+      b[8 + i] = static_cast<char>(k.lo >> (56 - 8 * i));
+    }
+    p.pack_bin(16);
+    p.pack_bin_body(b, 16);
+  }
+}
+
+const char* TypeName(KvEvent::Type t) {
+  switch (t) {
+    case KvEvent::Type::kStored: return "BlockStored";
+    case KvEvent::Type::kRemoved: return "BlockRemoved";
+    case KvEvent::Type::kAllCleared: return "AllBlocksCleared";
+  }
+  return "?";
+}
+
+void PackEvent(Packer& p, const KvEvent& e, Encoding enc) {
+  const char* medium = MediumName(e.medium);
+  if (enc == Encoding::kArray) {
+    switch (e.type) {
+      case KvEvent::Type::kStored:
+        // [tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
+        //  lora_name]
+        p.pack_array(8);
+        PackStr(p, TypeName(e.type));
+        PackHashes(p, e.keys);
+        p.pack_nil();
+        p.pack_array(0);
+        p.pack_uint64(0);
+        p.pack_nil();
+        PackStr(p, medium);
+        p.pack_nil();
+        return;
+      case KvEvent::Type::kRemoved:
+        p.pack_array(3);
+        PackStr(p, TypeName(e.type));
+        PackHashes(p, e.keys);
+        PackStr(p, medium);
+        return;
+      case KvEvent::Type::kAllCleared:
+        p.pack_array(1);
+        PackStr(p, TypeName(e.type));
+        return;
+    }
+  }
+  // A map without default-valued fields (parent_block_hash, lora_id and
+  // lora_name are nil, token_ids empty, block_size 0).
+  switch (e.type) {
+    case KvEvent::Type::kStored:
+    case KvEvent::Type::kRemoved:
+      p.pack_map(3);
+      PackStr(p, "type");
+      PackStr(p, TypeName(e.type));
+      PackStr(p, "block_hashes");
+      PackHashes(p, e.keys);
+      PackStr(p, "medium");
+      PackStr(p, medium);
+      return;
+    case KvEvent::Type::kAllCleared:
+      p.pack_map(1);
+      PackStr(p, "type");
+      PackStr(p, TypeName(e.type));
+      return;
+  }
+}
+
+}  // namespace
+
+const char* MediumName(Medium m) { return m == Medium::kCpu ? "CPU" : "STORAGE"; }
+
+void AppendEvent(std::vector<KvEvent>* events, KvEvent::Type type, Medium medium,
+                 const KeyId& key) {
+  if (events->empty() || events->back().type != type || events->back().medium != medium) {
+    events->push_back(KvEvent{type, medium, {}});
+  }
+  events->back().keys.push_back(key);
+}
+
+std::string EncodeBatch(double ts, const std::vector<KvEvent>& events, Encoding encoding) {
+  msgpack::sbuffer buf;
+  Packer p(buf);
+  p.pack_array(3);
+  p.pack_double(ts);
+  p.pack_array(static_cast<uint32_t>(events.size()));
+  for (const KvEvent& e : events) PackEvent(p, e, encoding);
+  p.pack_nil();
+  return std::string(buf.data(), buf.size());
+}
+
+std::string SeqFrame(int64_t seq) {
+  std::string s(8, '\0');
+  const uint64_t v = static_cast<uint64_t>(seq);
+  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(v >> (56 - 8 * i));
+  return s;
+}
+
+}  // namespace kvpool::events
