@@ -6,6 +6,7 @@
 //   remove NS KEY...                               drop keys
 //   stat                                           the node's statistics (JSON)
 //   flush                                          write the SSD tier's open regions
+//   clear NS                                       drop every key of namespace NS
 //   metrics [--admin HOST:PORT]                    the node's Prometheus metrics
 //   members [--admin HOST:PORT]                    the cluster members the node sees
 //   shards [--admin HOST:PORT]                     shards owned per node and the balance
@@ -44,6 +45,7 @@ int Usage() {
       "  remove NS KEY...                               drop keys\n"
       "  stat                                           the node's statistics (JSON)\n"
       "  flush                                          write the SSD tier's open regions\n"
+      "  clear NS                                       drop every key of namespace NS\n"
       "  metrics [--admin HOST:PORT]                    Prometheus metrics (default 127.0.0.1:9710)\n"
       "  members [--admin HOST:PORT]                    cluster members the node sees\n"
       "  shards [--admin HOST:PORT]                     shards owned per node and the balance\n"
@@ -244,7 +246,7 @@ int main(int argc, char** argv) {
   }
 
   if (cmd != "put" && cmd != "get" && cmd != "exists" && cmd != "remove" && cmd != "stat" &&
-      cmd != "flush") {
+      cmd != "flush" && cmd != "clear") {
     return Usage();
   }
   kvpool_options opts;
@@ -331,6 +333,15 @@ int main(int argc, char** argv) {
       if (sts[i] != KVPOOL_OK) rc = 1;
     }
     return rc;
+  }
+  if (cmd == "clear") {
+    if (args.size() != 2) return Usage();
+    uint64_t dropped = 0;
+    st = kvpool_clear_namespace(c, args[1].data(), args[1].size(), &dropped);
+    if (st != KVPOOL_OK) return Error("clear", st);
+    std::printf("cleared %s: %llu entries dropped\n", args[1].c_str(),
+                static_cast<unsigned long long>(dropped));
+    return 0;
   }
   if (cmd == "flush") {
     st = kvpool_flush(c);

@@ -199,6 +199,17 @@ KVPOOL_API kvpool_status kvpool_stats_json(kvpool_client* client, char* buf, siz
  * and waits for them, so everything demoted to SSD so far survives a crash
  * of the node. Values only in DRAM are not written. OK without an SSD tier. */
 KVPOOL_API kvpool_status kvpool_flush(kvpool_client* client);
+/* Drops every key of namespace `ns` (of this client's tenant) from the node,
+ * both tiers: when it returns, every key of the namespace put before the call
+ * is a miss, other namespaces are untouched, and the space is free. A put of
+ * the namespace while it runs may stay or go. *dropped (when non-NULL) = the
+ * entries dropped. The node blocks other local requests while it walks its
+ * index (and lists its SSD tier's records), so this is for resets, not the
+ * data path. Local mode only: this node's entries, not a cluster's. Two
+ * namespaces share a tag (common/key_id.h) with probability 2^-32; clearing
+ * one then clears both. */
+KVPOOL_API kvpool_status kvpool_clear_namespace(kvpool_client* client, const void* ns,
+                                                size_t ns_len, uint64_t* dropped);
 /* Largest value the node accepts, in bytes (0 when not connected; remote
  * mode: the peer transport's limit, 64 MiB). */
 KVPOOL_API uint64_t kvpool_max_value_size(kvpool_client* client);

@@ -67,6 +67,7 @@ _SIGNATURES = {
     "kvpool_release": (c_status, [_vp, _u64p, _sz]),
     "kvpool_stats_json": (c_status, [_vp, ctypes.c_char_p, _sz, _P(_sz)]),
     "kvpool_flush": (c_status, [_vp]),
+    "kvpool_clear_namespace": (c_status, [_vp, _vp, _sz, _u64p]),
     "kvpool_max_value_size": (ctypes.c_uint64, [_vp]),
 }
 

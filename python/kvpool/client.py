@@ -426,6 +426,19 @@ class Client:
         if rc != 0:
             raise KvpoolError(rc, _last_error())
 
+    def clear(self, namespace=None):
+        """Drops every key of this client's namespace (or of `namespace`) from
+        the node at once, both tiers; other namespaces are untouched. Returns
+        the number of entries dropped (kvpool_clear_namespace). Local mode
+        only; the node pauses its other local requests while it runs."""
+        ns = self._ns if namespace is None else _as_bytes(namespace)
+        dropped = ctypes.c_uint64(0)
+        rc = self._native_call(self._lib.kvpool_clear_namespace, ns, len(ns),
+                               ctypes.byref(dropped))
+        if rc != 0:
+            raise KvpoolError(rc, _last_error())
+        return int(dropped.value)
+
     @property
     def max_value_size(self):
         """Largest value the node accepts, in bytes."""

@@ -41,6 +41,8 @@ class LocalNodeOps {
   virtual Status Remove(std::span<const KeyId> keys, kvpool_status* statuses) = 0;
   virtual Result<std::string> StatsJson() = 0;
   virtual Status Flush() = 0;
+  // Drops every entry of the namespace with this tag; returns how many.
+  virtual Result<uint64_t> ClearNamespace(uint32_t tag) = 0;
 };
 
 class ClientBackend {

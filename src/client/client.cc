@@ -236,6 +236,21 @@ kvpool_status kvpool_flush(kvpool_client* c) {
   return s.ok() ? KVPOOL_OK : Fail(s);
 }
 
+kvpool_status kvpool_clear_namespace(kvpool_client* c, const void* ns, size_t ns_len,
+                                     uint64_t* dropped) {
+  kvpool_status st;
+  client::LocalNodeOps* ops = NodeOps(c, "kvpool_clear_namespace", &st);
+  if (ops == nullptr) return st;
+  if (ns == nullptr && ns_len > 0) {
+    return Fail(InvalidArgument("kvpool_clear_namespace: ns is NULL with a length"));
+  }
+  std::string_view nsv(static_cast<const char*>(ns), ns == nullptr ? 0 : ns_len);
+  auto n = ops->ClearNamespace(NamespaceTag(nsv));
+  if (!n.ok()) return Fail(n.status());
+  if (dropped != nullptr) *dropped = *n;
+  return KVPOOL_OK;
+}
+
 uint64_t kvpool_max_value_size(kvpool_client* c) {
   if (c == nullptr) return 0;
   return c->backend->MaxValueBytes();

@@ -153,6 +153,7 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
   Status Remove(std::span<const KeyId> keys, kvpool_status* statuses) override;
   Result<std::string> StatsJson() override;
   Status Flush() override;
+  Result<uint64_t> ClearNamespace(uint32_t tag) override;
 
  private:
   friend class Lease;
@@ -802,6 +803,20 @@ Result<std::string> LocalBackend::StatsJson() {
     return protocol::DecodeString(reply, &json);
   }));
   return json;
+}
+
+Result<uint64_t> LocalBackend::ClearNamespace(uint32_t tag) {
+  uint64_t dropped = 0;
+  std::vector<uint8_t> body;
+  protocol::EncodeU32Body(tag, &body);
+  KVPOOL_RETURN_IF_ERROR(WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+    iovec iov{body.data(), body.size()};
+    std::vector<uint8_t> reply;
+    KVPOOL_RETURN_IF_ERROR(
+        lease.link()->Call(MessageType::kClear, std::span(&iov, 1), deadline, &reply));
+    return protocol::DecodeU64Body(reply, &dropped);
+  }));
+  return dropped;
 }
 
 Status LocalBackend::Flush() {

@@ -2,6 +2,8 @@
 
 #include <openssl/evp.h>
 
+#include <string>
+
 #include "common/check.h"
 
 namespace kvpool {
@@ -30,7 +32,29 @@ uint64_t GetBe64(const unsigned char* p) {
 
 }  // namespace
 
+uint32_t NamespaceTag(std::string_view ns) {
+  // Callers hash many keys of one namespace in a row: the last tag is kept.
+  thread_local std::string last_ns;
+  thread_local uint32_t last_tag = 0;
+  thread_local bool have_last = false;
+  if (have_last && ns == last_ns) return last_tag;
+  thread_local DigestCtx d;
+  KVPOOL_CHECK(d.md != nullptr && d.ctx != nullptr);
+  static constexpr char kLabel[] = "kvpool-namespace";
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int out_len = 0;
+  KVPOOL_CHECK(EVP_DigestInit_ex2(d.ctx, d.md, nullptr) == 1);
+  EVP_DigestUpdate(d.ctx, kLabel, sizeof(kLabel));  // with its NUL
+  EVP_DigestUpdate(d.ctx, ns.data(), ns.size());
+  KVPOOL_CHECK(EVP_DigestFinal_ex(d.ctx, out, &out_len) == 1 && out_len == 32);
+  last_ns.assign(ns);
+  last_tag = static_cast<uint32_t>(GetBe64(out) >> 32);
+  have_last = true;
+  return last_tag;
+}
+
 KeyId MakeKeyId(std::string_view ns, std::string_view key) {
+  const uint32_t tag = NamespaceTag(ns);
   thread_local DigestCtx d;
   KVPOOL_CHECK(d.md != nullptr && d.ctx != nullptr);
   unsigned char len[8];
@@ -44,7 +68,7 @@ KeyId MakeKeyId(std::string_view ns, std::string_view key) {
   EVP_DigestUpdate(d.ctx, len, sizeof(len));
   EVP_DigestUpdate(d.ctx, key.data(), key.size());
   KVPOOL_CHECK(EVP_DigestFinal_ex(d.ctx, out, &out_len) == 1 && out_len == 32);
-  return KeyId{GetBe64(out), GetBe64(out + 8)};
+  return KeyId{GetBe64(out), (GetBe64(out + 8) & ~uint64_t{0xFFFFFFFF}) | tag};
 }
 
 std::string KeyId::ToHex() const {

@@ -1,9 +1,12 @@
 // KeyId: the 128-bit identity of a cached value.
 //
 // A key is (namespace, object key), both arbitrary bytes. Its id is SHA-256
-// over the length-framed pair, truncated to 128 bits: collision resistant, so
-// two different keys never share a slot. Computed once, at the edge (the
-// client library); everything below works on ids. Thread-safe.
+// over the length-framed pair, truncated to 128 bits, with the low 32 bits
+// replaced by the namespace's tag: 96 bits tell keys of one namespace apart
+// (collision resistant: two different keys never share a slot), and the tag
+// lets a node drop every key of one namespace (a clear) without storing
+// namespaces. Computed once, at the edge (the client library); everything
+// below works on ids. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +28,14 @@ struct KeyId {
   static bool FromHex(std::string_view hex, KeyId* out);
 };
 
+// The namespace's tag: SHA-256("kvpool-namespace" || 0x00 || ns), first 4
+// bytes read big-endian. Two namespaces share a tag with probability 2^-32.
+uint32_t NamespaceTag(std::string_view ns);
+// The tag of the namespace a key id was made in.
+inline uint32_t NamespaceTagOf(const KeyId& id) { return static_cast<uint32_t>(id.lo); }
+
 // SHA-256( u64le(len(ns)) || ns || u64le(len(key)) || key ), first 16 bytes,
-// read big-endian into (hi, lo).
+// read big-endian into (hi, lo); then lo's low 32 bits = NamespaceTag(ns).
 KeyId MakeKeyId(std::string_view ns, std::string_view key);
 
 struct KeyIdHash {

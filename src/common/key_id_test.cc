@@ -8,10 +8,25 @@ namespace kvpool {
 namespace {
 
 TEST(KeyIdTest, KnownVector) {
-  // SHA-256(le64(2) "ns" le64(3) "key"), first 16 bytes, computed independently
-  // with Python's hashlib.
+  // SHA-256(le64(2) "ns" le64(3) "key"), first 12 bytes, then the first 4
+  // of SHA-256("kvpool-namespace\0ns"); computed independently with Python's
+  // hashlib.
   KeyId id = MakeKeyId("ns", "key");
-  EXPECT_EQ(id.ToHex(), "e17ecb88f0dc89e303cae07cd3515c36");
+  EXPECT_EQ(id.ToHex(), "e17ecb88f0dc89e303cae07c5e953bb2");
+  EXPECT_EQ(NamespaceTag("ns"), 0x5e953bb2u);
+  EXPECT_EQ(NamespaceTagOf(id), 0x5e953bb2u);
+}
+
+TEST(KeyIdTest, EveryKeyOfANamespaceCarriesItsTag) {
+  const uint32_t a = NamespaceTag("engine-a"), b = NamespaceTag("engine-b");
+  EXPECT_NE(a, b);
+  EXPECT_EQ(NamespaceTag("engine-a"), a);  // the cached tag is the same
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_EQ(NamespaceTagOf(MakeKeyId("engine-a", "k" + std::to_string(i))), a);
+    EXPECT_EQ(NamespaceTagOf(MakeKeyId("engine-b", "k" + std::to_string(i))), b);
+  }
+  // The empty namespace has a tag of its own.
+  EXPECT_EQ(NamespaceTagOf(MakeKeyId("", "k")), NamespaceTag(""));
 }
 
 TEST(KeyIdTest, LengthFramingSeparatesNamespaceFromKey) {

@@ -31,6 +31,9 @@ KeyId TenantKeys::Bind(const KeyId& id) const {
     k.hi = (k.hi << 8) | out[i];
     k.lo = (k.lo << 8) | out[8 + i];
   }
+  // The namespace tag stays: a clear of one namespace finds its keys in the
+  // tenant's store as in the default one.
+  k.lo = (k.lo & ~uint64_t{0xFFFFFFFF}) | NamespaceTagOf(id);
   return k;
 }
 

@@ -1,7 +1,8 @@
 // TenantKeys: binds the key ids a client sends to the client's tenant
 // (node/tenants.h has the tenants themselves). A tenant's entry is stored
 // under SHA-256(SHA-256("kvpool-tenant\0" || name) || id), truncated to 128
-// bits; the default tenant's ids are used as sent.
+// bits, with the id's namespace tag (its low 32 bits) kept; the default
+// tenant's ids are used as sent.
 #pragma once
 
 #include <string_view>

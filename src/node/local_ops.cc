@@ -1,5 +1,7 @@
 #include "node/local_ops.h"
 
+#include "common/log.h"
+
 #include <fmt/format.h>
 #include <openssl/crypto.h>
 
@@ -17,7 +19,7 @@ using protocol::MessageType;
 namespace {
 constexpr const char* kOpNames[] = {"",        "hello",   "reserve", "commit", "abort",
                                     "acquire", "release", "exists",  "put",    "get",
-                                    "remove",  "stats",   "flush"};
+                                    "remove",  "stats",   "flush",  "clear"};
 }  // namespace
 
 LocalOps::LocalOps(const LocalServerOptions& o, TieredStore* tiered, RemoteSource* remote,
@@ -62,6 +64,9 @@ LocalOps::LocalOps(const LocalServerOptions& o, TieredStore* tiered, RemoteSourc
                                   {{"op", kOpNames[t]}});
   }
   items_ = m->GetCounter("kvpool_items_total", "Keys carried by requests (batch items)");
+  clears_ = m->GetCounter("kvpool_namespace_clears_total", "Namespace clears served");
+  cleared_ = m->GetCounter("kvpool_namespace_cleared_entries_total",
+                           "Entries dropped by namespace clears");
   hits_ = m->GetCounter("kvpool_hits_total", "Acquire and get items that found the key");
   misses_ = m->GetCounter("kvpool_misses_total", "Acquire and get items that missed");
   exists_hits_ = m->GetCounter("kvpool_exists_hits_total", "Exists items that found the key");
@@ -275,6 +280,9 @@ void LocalOps::Handle(LocalSession& c, const FrameHeader& h, std::span<const uin
       break;
     case MessageType::kFlush:
       s = OnFlush(c, h, body);
+      break;
+    case MessageType::kClear:
+      s = OnClear(c, h, body);
       break;
     default:
       ProtocolError("unknown_type");
@@ -723,6 +731,22 @@ Status LocalOps::OnFlush(LocalSession& c, const FrameHeader& h, std::span<const 
   if (!body.empty()) return InvalidArgument("malformed flush request: body must be empty");
   Status s = T(c).store->Flush();
   Queue(c, MessageType::kFlush, h.request_id, s, {});
+  return Status::Ok();
+}
+
+// Drops one namespace of the client's tenant. Blocks the loop while DRAM's
+// index is walked and, with an SSD tier, its records listed (an operator or
+// engine reset action, not a data path).
+Status LocalOps::OnClear(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {
+  uint32_t tag = 0;
+  KVPOOL_RETURN_IF_ERROR(protocol::DecodeU32Body(body, &tag));
+  const uint64_t dropped = T(c).store->ClearNamespace(tag);
+  clears_->Inc();
+  cleared_->Inc(dropped);
+  LogInfo("namespace {:08x} of tenant {} cleared: {} entries dropped", tag, T(c).name, dropped);
+  out_.clear();
+  protocol::EncodeU64Body(dropped, &out_);
+  Queue(c, MessageType::kClear, h.request_id, Status::Ok(), out_);
   return Status::Ok();
 }
 

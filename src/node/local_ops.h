@@ -165,6 +165,7 @@ class LocalOps {
   Status OnRemove(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   Status OnStats(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   Status OnFlush(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
+  Status OnClear(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
 
   const LocalServerOptions opts_;
   std::vector<Tenant> tenants_;  // [0]: the default tenant
@@ -187,11 +188,13 @@ class LocalOps {
   std::vector<protocol::RegionItem> regions_;
   std::vector<uint8_t> out_;
 
-  static constexpr int kNumOps = 13;  // MessageType values 1..12
+  static constexpr int kNumOps = 14;  // MessageType values 1..13
   Counter* ops_[kNumOps] = {};
   Histogram* latency_[kNumOps] = {};
   std::unordered_map<std::string, Counter*> protocol_errors_;
   Counter* items_;
+  Counter* clears_;   // namespace clears
+  Counter* cleared_;  // entries they dropped
   Counter* hits_;
   Counter* misses_;
   Counter* exists_hits_;

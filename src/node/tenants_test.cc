@@ -93,6 +93,10 @@ TEST(TenantsTest, KeyIdsAreBoundToTheirTenant) {
   // Binding again does not land on the bound id.
   EXPECT_NE(b.Bind(a.Bind(id)), a.Bind(id));
   EXPECT_NE(a.Bind(a.Bind(id)), a.Bind(id));
+  // The namespace tag stays, so a clear finds the keys in a tenant's store;
+  // the 96 bits above it change.
+  EXPECT_EQ(NamespaceTagOf(a.Bind(id)), NamespaceTag("ns"));
+  EXPECT_NE(a.Bind(id).hi, id.hi);
 }
 
 }  // namespace

@@ -281,4 +281,20 @@ Status DecodeString(std::span<const uint8_t> body, std::string* s) {
   return r.Finish("string");
 }
 
+void EncodeU32Body(uint32_t v, std::vector<uint8_t>* out) { BodyWriter(out).U32(v); }
+
+Status DecodeU32Body(std::span<const uint8_t> body, uint32_t* v) {
+  BodyReader r(body);
+  r.U32(v);
+  return r.Finish("u32 body");
+}
+
+void EncodeU64Body(uint64_t v, std::vector<uint8_t>* out) { BodyWriter(out).U64(v); }
+
+Status DecodeU64Body(std::span<const uint8_t> body, uint64_t* v) {
+  BodyReader r(body);
+  r.U64(v);
+  return r.Finish("u64 body");
+}
+
 }  // namespace kvpool::protocol

@@ -170,6 +170,11 @@ Status DecodeGetReply(std::span<const uint8_t> body, uint32_t max_batch,
                       std::vector<GetItem>* items, std::span<const uint8_t>* data);
 
 void EncodeString(std::string_view s, std::vector<uint8_t>* out);
+// Bodies of exactly one integer (Clear: the request's tag, the reply's count).
+void EncodeU32Body(uint32_t v, std::vector<uint8_t>* out);
+Status DecodeU32Body(std::span<const uint8_t> body, uint32_t* v);
+void EncodeU64Body(uint64_t v, std::vector<uint8_t>* out);
+Status DecodeU64Body(std::span<const uint8_t> body, uint64_t* v);
 Status DecodeString(std::span<const uint8_t> body, std::string* s);
 
 }  // namespace kvpool::protocol

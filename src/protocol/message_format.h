@@ -33,6 +33,7 @@
 // | Remove        | u32 n, n x key                        | u32 n, n x i32 st                            |
 // | Stats         | (empty)                               | str json                                     |
 // | Flush         | (empty)                               | (empty; header status tells the outcome)     |
+// | Clear         | u32 namespace tag                     | u64 entries dropped                          |
 // | Error         | -                                     | str message (header status holds the code)   |
 // str = u32 length + bytes. A reply's type is the request's type | 0x8000.
 #pragma once
@@ -61,6 +62,7 @@ enum class MessageType : uint16_t {
   kRemove = 10,
   kStats = 11,
   kFlush = 12,
+  kClear = 13,  // drops every entry of one namespace (common/key_id.h: its tag)
   kError = 0x7fff,
 };
 

@@ -63,7 +63,9 @@ class FrequencySketch {
 
  private:
   size_t Index(const KeyId& k, int i) const {
-    return static_cast<size_t>(i == 0 ? k.lo : (k.hi ^ (k.lo >> 17))) & mask_;
+    // lo's low 32 bits are the namespace tag, shared by many keys.
+    return static_cast<size_t>(i == 0 ? (k.lo >> 32) ^ k.hi : (k.hi >> 17) ^ (k.lo >> 32)) &
+           mask_;
   }
   mutable std::mutex mu_;
   std::vector<uint8_t> table_;  // protected by mu_; two counters per byte
@@ -357,6 +359,33 @@ Status TieredStore::Remove(const KeyId& key, HoldingsEvent::Why why) {
   if (d.ok()) impl_->EmitDropped(why, HoldingTier::kDram, on_ssd, key, dram_size);
   if (on_ssd) impl_->EmitDropped(why, HoldingTier::kSsd, false, key, ssd_size);
   return d.ok() || on_ssd ? Status::Ok() : d;
+}
+
+uint64_t TieredStore::ClearNamespace(uint32_t tag) {
+  std::vector<KeyId> keys;
+  uint64_t dropped = 0;
+  auto drop = [&] {
+    for (const KeyId& k : keys) dropped += Remove(k).ok() ? 1 : 0;
+    keys.clear();
+  };
+  auto sweep_dram = [&] {
+    dram_->ListEntries([&](const KeyId& k, uint64_t) {
+      if (NamespaceTagOf(k) == tag) keys.push_back(k);
+    });
+    drop();
+  };
+  sweep_dram();
+  if (ssd_ != nullptr) {
+    ssd_->ListEntries([](uint64_t) { return true; }, [&](const std::vector<SsdEntry>& batch) {
+      for (const SsdEntry& e : batch) {
+        if (NamespaceTagOf(e.key) == tag) keys.push_back(e.key);
+      }
+      return true;
+    });
+    drop();
+    sweep_dram();  // promoted from SSD while the listing ran
+  }
+  return dropped;
 }
 
 Status TieredStore::Flush() { return ssd_ != nullptr ? ssd_->Flush() : Status::Ok(); }

@@ -121,6 +121,14 @@ class TieredStore {
   // value over.
   Status Remove(const KeyId& key, HoldingsEvent::Why why = HoldingsEvent::Why::kRemoved);
 
+  // Drops every entry whose key id carries namespace tag `tag`
+  // (common/key_id.h), from both tiers, each told as kRemoved. Returns how
+  // many keys were dropped. When it returns, every key of the namespace
+  // committed before the call is a miss; one put while it runs may stay or
+  // go. Walks DRAM's index; with an SSD tier also lists the SSD tier, which
+  // reads its record headers (blocks on the device).
+  uint64_t ClearNamespace(uint32_t tag);
+
   // --- The holdings stream (store/holdings.h).
   // Sets the observer of one slot (null: none); each slot's observer is
   // told every event, in slot order. Returns only when no call of the
