@@ -5,8 +5,6 @@ all-reduce MIN would; here each rank reports and the test compares."""
 import multiprocessing as mp
 import traceback
 
-import pytest
-
 from kvpool import Client
 
 N_PAGES = 40
@@ -18,7 +16,7 @@ def _rank_main(scenario, rank, socket, barrier, results):
 
         from sglang_util import fill_random, make_controller, make_pool, same_pages, tokens
 
-        kind = "mha" if scenario == "tp2_mha" else "mla"
+        kind = "mla" if scenario == "mla" else "mha"
         dtype = torch.bfloat16 if kind == "mha" else torch.float16
         writer = make_controller(make_pool(kind, "page_first", dtype, seed=rank), socket,
                                  tp_rank=rank, tp_size=2)
@@ -31,6 +29,23 @@ def _rank_main(scenario, rank, socket, barrier, results):
         fill_random(pool, host, seed=1000 + (rank if kind == "mha" else 0))
         toks = tokens(N_PAGES)
         out = {"rank": rank, "backup_skip": writer.backup_skip}
+        if scenario == "clear":
+            # Both ranks store, then both clear at once (SGLang flushes every
+            # rank): each object is dropped by exactly one of the two calls.
+            out["write_ok"] = writer.write_storage(host, toks).ok
+            barrier.wait(60)
+            out["hits_before_clear"] = reader.storage_backend.batch_exists(
+                reader.page_hashes(toks))
+            barrier.wait(60)
+            out["clear"] = writer.storage_backend.clear()
+            barrier.wait(60)
+            out["hits_after_clear"] = reader.storage_backend.batch_exists(
+                reader.page_hashes(toks))
+            out["cleared_entries"] = writer.storage_backend.get_stats().cleared_entries
+            writer.detach_storage_backend()
+            reader.detach_storage_backend()
+            results.put(out)
+            return
         if kind == "mha":
             out["write_ok"] = writer.write_storage(host, toks).ok
             barrier.wait(60)
@@ -109,3 +124,13 @@ def test_mla_rank0_writes_every_rank_reads(kvpool_node):
     h = r0["hashes"][0]
     with Client(kvpool_node.socket, namespace=r0["namespace"]) as raw:
         assert raw.exists([h, h + "_0_2", h + "_1_2"]) == [True, False, False]
+
+
+def test_every_rank_clears_the_shared_namespace(kvpool_node):
+    r0, r1 = run_ranks("clear", kvpool_node.socket)
+    for r in (r0, r1):
+        assert r["write_ok"] is True and r["clear"] is None
+        assert (r["hits_before_clear"], r["hits_after_clear"]) == (N_PAGES, 0)
+    assert r0["cleared_entries"] + r1["cleared_entries"] == 2 * 2 * N_PAGES  # K,V per rank
+    with Client(kvpool_node.socket) as raw:
+        assert raw.stats()["dram"]["entries"] == 0

@@ -30,6 +30,31 @@ adds the page hash, then "_<tp_rank>_<tp_size>" for MHA (each rank holds
 "_pp<rank>_<size>" when pp_size > 1 and "_cp<rank>_<size>" when
 attn_cp_size > 1. dp_rank is never part of a key.
 
+Hybrid models (ENGINES.md 6.5). The extra host pools (Mamba, SWA, DSA
+indexer, ...) arrive through register_mem_host_pool_v2 (the KV pool, if
+offered there after register_mem_pool_host, is skipped) and move through
+batch_exists_v2 / batch_get_v2 / batch_set_v2 as flat pages copied with
+the pool's get_data_page / set_from_flat_data_page. A pool's page is one
+object "<key>.<pool>-<dtype>-b<bytes per page><rank suffix>", so pools
+never share objects, and a pool whose dtype or page size differs between
+two instances is a miss rather than wrong state. batch_exists_v2 answers
+the largest prefix every pool's hit policy allows: ALL_PAGES, each page of
+the prefix exists in the pool; TRAILING_PAGES with window N = len(keys),
+the last min(N, prefix) pages before the prefix's end exist in it. A pool
+that was not registered has no pages.
+
+clear(). Drops every object of this backend's namespace on the node at
+once, DRAM and SSD (Client.clear): all pages of every TP/PP/CP rank of
+every instance that shares the namespace, extra pools included; other
+namespaces keep theirs. The node holds its other local requests while it
+runs, so it suits a flush, not routine use; remote mode has no clear (the
+call fails and is logged). SGLang flushes every rank, so every rank calls
+it: the first call drops the pages and later ones drop whatever was
+written in between (they report 0 when nothing was). No rank is special,
+because ranks on other hosts talk to other nodes, each of which must be
+cleared by a rank of its own. Returns None (SGLang's contract); the number
+dropped is logged and counted in get_stats().cleared_entries.
+
 Faults. No exception leaves this class: a node that is down, gone or late
 turns into misses (batch_exists 0, batch_get_v1 False, get None) and failed
 stores (False), as in every connector (the Session); the client reconnects
@@ -43,7 +68,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -54,15 +79,26 @@ from kvpool.client import Client, StatusCode
 from ._dtypes import dtype_name
 from ._session import Session, SessionSettings
 
+try:  # SGLang 2026: the v2 (pool-aware) interface
+    from sglang.srt.mem_cache.hicache_storage import PoolTransferResult
+except ImportError:  # older SGLang has no hybrid pools; the v2 methods are then unused
+
+    @dataclass
+    class PoolTransferResult:
+        kv_hit_pages: int
+        extra_pool_hit_pages: Dict[str, int]
+
+
 logger = logging.getLogger(__name__)
 
 _ZERO_COPY_LAYOUTS = ("page_first", "page_first_direct", "page_head")
 
 
 def _never_raises(default):
-    """Turns any exception of an engine-facing method into default(keys): the
-    engine sees a miss or a failed store, never an exception it did not ask
-    for (a malformed host_indices, a pool that is not what it claims, ...)."""
+    """Turns any exception of an engine-facing method into default(keys, ...)
+    (called with the method's arguments): the engine sees a miss or a failed
+    store, never an exception it did not ask for (a malformed host_indices,
+    a pool that is not what it claims, ...)."""
 
     def wrap(fn):
         @functools.wraps(fn)
@@ -71,18 +107,78 @@ def _never_raises(default):
                 return fn(self, keys, *args, **kwargs)
             except Exception as e:  # noqa: BLE001 - the engine must not see it
                 self._session.failed(fn.__name__, e)
-                return default(keys)
+                return default(keys, *args, **kwargs)
 
         return guarded
 
     return wrap
 
 
-_ZERO = lambda keys: 0  # noqa: E731
-_FALSE = lambda keys: False  # noqa: E731
-_NONE = lambda keys: None  # noqa: E731
-_ALL_FALSE = lambda keys: [False] * len(keys)  # noqa: E731
-_ALL_NONE = lambda keys: [None] * len(keys)  # noqa: E731
+_ZERO = lambda keys, *a, **k: 0  # noqa: E731
+_FALSE = lambda keys, *a, **k: False  # noqa: E731
+_NONE = lambda keys, *a, **k: None  # noqa: E731
+_ALL_FALSE = lambda keys, *a, **k: [False] * len(keys)  # noqa: E731
+_ALL_NONE = lambda keys, *a, **k: [None] * len(keys)  # noqa: E731
+
+
+def _no_pool_hits(keys, pool_transfers=None, *args, **kwargs):
+    """batch_exists_v2's answer when nothing can be used."""
+    try:
+        names = [_pool_name(t.name) for t in pool_transfers or []]
+    except Exception:  # noqa: BLE001 - malformed transfers: no pools to name
+        names = []
+    return PoolTransferResult(kv_hit_pages=0,
+                              extra_pool_hit_pages={n: 0 for n in names if n != _KV})
+
+
+def _pool_results_false(transfers, *args, **kwargs):
+    """batch_get_v2/batch_set_v2's answer when the call failed as a whole."""
+    out = {}
+    try:
+        for t in transfers or []:
+            out[_pool_name(t.name)] = [False] * len(t.keys or [])
+    except Exception:  # noqa: BLE001 - malformed transfers
+        pass
+    return out
+
+
+_KV = "kv"
+_TRAILING = "trailing_pages"
+
+
+def _pool_name(name) -> str:
+    """A PoolName or its value, as the value ("mamba")."""
+    return str(getattr(name, "value", name))
+
+
+def _leading(flags) -> int:
+    n = 0
+    for f in flags:
+        if not f:
+            break
+        n += 1
+    return n
+
+
+def _largest_prefix(limit, present, policies):
+    """Largest s <= limit such that, for each pool, present[pool][i] holds for
+    every page i in [0, s) (ALL_PAGES) or in [s - min(window, s), s)
+    (TRAILING_PAGES). policies: {pool: (policy, window)}."""
+    runs = {}  # pool -> length of the run of present pages ending at each page
+    for pool, (policy, _) in policies.items():
+        if policy == _TRAILING:
+            run, acc = [], 0
+            for ok in present[pool]:
+                acc = acc + 1 if ok else 0
+                run.append(acc)
+            runs[pool] = run
+        else:
+            limit = min(limit, _leading(present[pool]))
+    for s in range(limit, 0, -1):
+        if all(runs[p][s - 1] >= min(w, s) for p, (pol, w) in policies.items()
+               if pol == _TRAILING):
+            return s
+    return 0
 
 
 @dataclass
@@ -102,6 +198,12 @@ class KvpoolStorageStats:
     set_pages: int = 0
     set_ok_pages: int = 0
     set_skipped_pages: int = 0  # MLA on TP rank != 0: acknowledged, not written
+    pool_get_pages: int = 0  # extra-pool (v2) pages asked for, and found
+    pool_get_hit_pages: int = 0
+    pool_set_pages: int = 0  # extra-pool (v2) pages offered, and stored
+    pool_set_ok_pages: int = 0
+    clears: int = 0  # clear() calls that reached the node
+    cleared_entries: int = 0  # objects they dropped
     errors: int = 0  # calls that failed as a whole (node down, timeout, malformed)
     connected: bool = False
     namespace: str = ""
@@ -133,6 +235,8 @@ class KvpoolHiCacheStorage(HiCacheStorage):
                            "pages are keyed by this rank's TP rank and size")
 
         self.mem_pool_host = None
+        self.registered_pools = {}  # pool name -> host pool (v2; the KV pool under "kv")
+        self._pool_tags = {}  # extra pool name -> ".<pool>-<dtype>-b<page bytes>"
         self._page_size = None
         self._pieces = 1 if self.is_mla else 2
         self._suffixes = ("",) if self.is_mla else ("_k", "_v")
@@ -197,6 +301,23 @@ class KvpoolHiCacheStorage(HiCacheStorage):
             self.namespace = namespace
             self._stats.namespace = namespace
         self._session.reopen(namespace)  # a client opened under the provisional one is closed
+
+    def register_mem_host_pool_v2(self, host_pool, host_pool_name):
+        """An extra host pool of a hybrid model, by PoolName. The KV pool is
+        skipped when register_mem_pool_host already registered it (and
+        registered through it otherwise)."""
+        name = _pool_name(host_pool_name)
+        if name == _KV:
+            if self.mem_pool_host is None:
+                self.register_mem_pool_host(host_pool)
+            elif host_pool is not self.mem_pool_host:
+                logger.warning("kvpool: a second KV host pool offered through v2 is ignored")
+            self.registered_pools[_KV] = self.mem_pool_host
+            return
+        page = host_pool.get_dummy_flat_data_page()
+        nbytes = page.numel() * page.element_size()
+        self._pool_tags[name] = ".%s-%s-b%d" % (name, dtype_name(page.dtype), nbytes)
+        self.registered_pools[name] = host_pool
 
     def _page_meta(self, host_indices, n_pages):
         """(ptrs, sizes) of n_pages pages at host_indices, or None when they do
@@ -371,6 +492,186 @@ class KvpoolHiCacheStorage(HiCacheStorage):
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
 
+    # ---- hybrid pools (v2) -------------------------------------------------------
+    def _pool_keys(self, name, keys):
+        """Object keys of an extra pool's pages (None when not registered)."""
+        tag = self._pool_tags.get(name)
+        if tag is None:
+            return None
+        sfx = tag + self._key_suffix
+        return [k + sfx for k in keys]
+
+    @_never_raises(_no_pool_hits)
+    def batch_exists_v2(self, keys: List[str], pool_transfers=None,
+                        extra_info: Optional[HiCacheStorageExtraInfo] = None):
+        """PoolTransferResult: kv_hit_pages, the largest prefix of keys whose
+        KV pages exist and which every extra pool's hit policy allows;
+        extra_pool_hit_pages, per extra pool the pages of that prefix it
+        must supply (ALL_PAGES: the prefix; TRAILING_PAGES: its last
+        min(window, prefix) pages). One existence query for all pools."""
+        policies, queried = {}, {}
+        for t in pool_transfers or []:
+            name = _pool_name(t.name)
+            if name == _KV:
+                continue
+            trailing = _pool_name(t.hit_policy) == _TRAILING
+            policies[name] = (_TRAILING if trailing else "all_pages",
+                              max(1, len(t.keys or [])) if trailing else 0)
+            objects = self._pool_keys(name, keys)
+            if objects is not None:
+                queried[name] = objects
+        if not keys:
+            return _no_pool_hits(keys, pool_transfers)
+        kv_objects = self._object_keys(keys)
+        objects = kv_objects + [o for objs in queried.values() for o in objs]
+        found = self._session.call(lambda c: c.exists(objects), None, "exists")
+        if found is None:
+            return _no_pool_hits(keys, pool_transfers)
+        p = self._pieces
+        kv_hit = _leading(all(found[i * p:(i + 1) * p]) for i in range(len(keys)))
+        present, at = {}, len(kv_objects)
+        for name in policies:
+            if name in queried:
+                present[name] = found[at:at + len(keys)]
+                at += len(keys)
+            else:
+                present[name] = [False] * len(keys)  # a pool we cannot load has no pages
+        hit = _largest_prefix(kv_hit, present, policies)
+        extra = {name: (min(w, hit) if pol == _TRAILING else hit)
+                 for name, (pol, w) in policies.items()}
+        with self._lock:
+            self._stats.exists_calls += 1
+            self._stats.exists_hit_pages += hit
+        return PoolTransferResult(kv_hit_pages=hit, extra_pool_hit_pages=extra)
+
+    def _resolve(self, transfers):
+        """Each transfer as (name, keys, host_indices, host pool); a sidecar
+        without keys or indices takes those of the transfer it names in
+        indices_from_pool."""
+        by_name = {_pool_name(t.name): t for t in transfers}
+        out = []
+        for t in transfers:
+            name = _pool_name(t.name)
+            keys, indices = t.keys, t.host_indices
+            src = by_name.get(_pool_name(t.indices_from_pool)) if t.indices_from_pool else None
+            if src is not None and src is not t:
+                keys = src.keys if keys is None else keys
+                indices = src.host_indices if indices is None else indices
+            pool = self.mem_pool_host if name == _KV else self.registered_pools.get(name)
+            out.append((name, list(keys or []), indices, pool))
+        return out
+
+    @staticmethod
+    def _firsts(pool, host_indices, n):
+        """The index of each of n pages (host_indices holds page_size indices
+        per page), or None when it does not."""
+        if pool is None or host_indices is None:
+            return None
+        step = int(getattr(pool, "page_size", 1) or 1)
+        if len(host_indices) != n * step:
+            return None
+        return [int(i) for i in host_indices[::step].tolist()]
+
+    def _pool_io(self, transfers, store):
+        """Extra-pool pages of all transfers in one kvpool call (KV transfers
+        through the v1/generic KV path). Returns {pool name: bools}."""
+        out, pending = {}, []  # pending: (name, keys, firsts, pool, tensors)
+        objects, ptrs, sizes = [], [], []
+        for name, keys, indices, pool in self._resolve(transfers):
+            if not keys:
+                out[name] = []
+                continue
+            if name == _KV:
+                out[name] = self._kv_io(keys, indices, store)
+                continue
+            firsts = self._firsts(pool, indices, len(keys))
+            obj = self._pool_keys(name, keys)
+            if firsts is None or obj is None:
+                out[name] = [False] * len(keys)
+                continue
+            dummy = pool.get_dummy_flat_data_page()
+            expect = dummy.numel() * dummy.element_size()
+            if store:
+                tensors = [pool.get_data_page(f, flat=True).contiguous() for f in firsts]
+            else:
+                tensors = [dummy] + [pool.get_dummy_flat_data_page() for _ in firsts[1:]]
+            if any(t.device.type != "cpu" or t.numel() * t.element_size() != expect
+                   for t in tensors):
+                out[name] = [False] * len(keys)
+                continue
+            pending.append((name, keys, firsts, pool, tensors))
+            objects += obj
+            ptrs += [t.data_ptr() for t in tensors]
+            sizes += [expect] * len(tensors)
+        if not pending:
+            return out
+        fn = Client.put_ptrs if store else Client.get_ptrs
+        st = self._session.call(lambda c: fn(c, objects, ptrs, sizes), None,
+                                "set_v2" if store else "get_v2")
+        at = 0
+        for name, keys, firsts, pool, tensors in pending:
+            oks = [False] * len(keys) if st is None else \
+                [s == StatusCode.OK for s in st[at:at + len(keys)]]
+            at += len(keys)
+            if not store:
+                for ok, f, t in zip(oks, firsts, tensors):
+                    if ok:
+                        pool.set_from_flat_data_page(f, t)
+            out[name] = oks
+        return out
+
+    def _kv_io(self, keys, host_indices, store):
+        """KV pages named in a v2 call: the same objects as batch_*_v1 and
+        the generic path."""
+        if self._zero_copy:
+            return (self.batch_set_v1 if store else self.batch_get_v1)(keys, host_indices)
+        pool = self.mem_pool_host
+        firsts = self._firsts(pool, host_indices, len(keys))
+        if firsts is None:
+            return [False] * len(keys)
+        if store:
+            pages = [pool.get_data_page(f, flat=True).contiguous() for f in firsts]
+            return [self.batch_set([k], [p]) for k, p in zip(keys, pages)]
+        got = self.batch_get(keys)
+        for f, page in zip(firsts, got):
+            if page is not None:
+                pool.set_from_flat_data_page(f, page)
+        return [page is not None for page in got]
+
+    def _count_pools(self, results, store):
+        n = sum(len(v) for k, v in results.items() if k != _KV)
+        ok = sum(sum(1 for x in v if x) for k, v in results.items() if k != _KV)
+        with self._lock:
+            if store:
+                self._stats.pool_set_pages += n
+                self._stats.pool_set_ok_pages += ok
+            else:
+                self._stats.pool_get_pages += n
+                self._stats.pool_get_hit_pages += ok
+
+    @_never_raises(_pool_results_false)
+    def batch_get_v2(self, transfers, extra_info: Optional[HiCacheStorageExtraInfo] = None):
+        """Loads each transfer's pages into its pool at host_indices. Returns
+        {pool name: one bool per key}."""
+        out = self._pool_io(transfers or [], store=False)
+        self._count_pools(out, store=False)
+        return out
+
+    @_never_raises(_pool_results_false)
+    def batch_set_v2(self, transfers, extra_info: Optional[HiCacheStorageExtraInfo] = None):
+        """Stores each transfer's pages read from its pool at host_indices.
+        Returns {pool name: one bool per key}; an MLA backend on a TP rank
+        other than 0 stores nothing and answers True."""
+        transfers = transfers or []
+        if self.backup_skip:
+            out = {name: [True] * len(keys) for name, keys, _, _ in self._resolve(transfers)}
+            with self._lock:
+                self._stats.set_skipped_pages += sum(len(v) for v in out.values())
+            return out
+        out = self._pool_io(transfers, store=True)
+        self._count_pools(out, store=True)
+        return out
+
     # ---- housekeeping ----------------------------------------------------------
     def _count_get(self, n, hits, nbytes, t0):
         got = 0
@@ -407,11 +708,21 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         snapshot.errors = self._session.errors
         return snapshot
 
-    def clear(self) -> bool:
-        """kvpool has no bulk delete by namespace: entries leave by eviction.
-        Logs and returns False."""
-        logger.warning("kvpool: clear() is not supported; entries leave the cache by eviction")
-        return False
+    def clear(self) -> None:
+        """Drops every object of this backend's namespace on the node at once
+        (every rank's and every pool's pages; other namespaces keep theirs).
+        Returns None; a failure is logged and counted, never raised."""
+        dropped = self._session.call(lambda c: c.clear(), None, "clear")
+        if dropped is None:
+            logger.warning("kvpool: clear of namespace %s did not reach the node",
+                           self._session.namespace)
+            return None
+        with self._lock:
+            self._stats.clears += 1
+            self._stats.cleared_entries += int(dropped)
+        logger.info("kvpool: cleared namespace %s (%d objects dropped)",
+                    self._session.namespace, int(dropped))
+        return None
 
     def close(self):
         """Disconnects; later calls miss. Idempotent."""

@@ -1,8 +1,11 @@
-"""Stand-in of sglang/srt/mem_cache/hicache_storage.py (ENGINES.md 1.2, 1.3, 1.5).
+"""Stand-in of sglang/srt/mem_cache/hicache_storage.py (ENGINES.md 1.2, 1.3, 1.5, 6.5).
 
 The abstract storage interface of HiCache's L3 tier, its config dataclasses
 and the page-hash function, with the signatures and default bodies the
-engine has (2025-2026 shape: v1 defaults raise NotImplementedError).
+engine has (2025-2026 shape: v1 and v2 defaults raise NotImplementedError),
+and the v2 (pool-aware) types of hybrid models: PoolName, PoolHitPolicy,
+PoolTransfer, SidecarPoolSpec, PoolTransferResult. The deepseek_v4_* pool
+names are left out (ENGINES.md does not list them).
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from enum import Enum
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -58,11 +62,96 @@ class HiCacheStorageExtraInfo:
     extra_info: Optional[dict] = None
 
 
+class PoolName(str, Enum):
+    """The host pools of a hybrid model; str() is the value."""
+
+    KV = "kv"
+    MAMBA = "mamba"
+    SWA = "swa"
+    INDEXER = "indexer"
+    DRAFT = "draft"
+    DRAFT_INDEXER = "draft_indexer"
+    DRAFT_SWA = "draft_swa"
+
+    def __str__(self):
+        return self.value
+
+
+class PoolHitPolicy(str, Enum):
+    """ALL_PAGES: every page of the KV prefix must exist in the pool.
+    TRAILING_PAGES: only the last N pages before the stop point must exist
+    (N = len(PoolTransfer.keys))."""
+
+    ALL_PAGES = "all_pages"
+    TRAILING_PAGES = "trailing_pages"
+
+
+@dataclass
+class PoolTransfer:
+    """One pool's part of a v2 call. keys: that pool's page keys (for an
+    existence query of a TRAILING_PAGES pool only their number matters);
+    host_indices: slots in that pool; indices_from_pool: the pool whose
+    indices a sidecar pool reuses."""
+
+    name: PoolName
+    host_indices: Optional[torch.Tensor] = None
+    device_indices: Optional[torch.Tensor] = None
+    keys: Optional[List[str]] = None
+    hit_policy: PoolHitPolicy = PoolHitPolicy.ALL_PAGES
+    nodes_to_load: Optional[List[Any]] = None
+    indices_from_pool: Optional[PoolName] = None
+
+
+@dataclass
+class SidecarPoolSpec:
+    """A pool that reuses another pool's indices (e.g. the KV pool's)."""
+
+    pool_name: PoolName
+    indices_from_pool: PoolName
+    hit_policy: PoolHitPolicy = PoolHitPolicy.ALL_PAGES
+
+
+@dataclass
+class PoolTransferResult:
+    """kv_hit_pages: the usable KV prefix; extra_pool_hit_pages: pages per
+    extra pool (by pool name)."""
+
+    kv_hit_pages: int
+    extra_pool_hit_pages: Dict[str, int]
+
+
 class HiCacheStorage(ABC):
     """HiCache L3 storage backend interface."""
 
     def register_mem_pool_host(self, mem_pool_host):
         self.mem_pool_host = mem_pool_host
+
+    def register_mem_host_pool_v2(self, host_pool, host_pool_name):
+        if getattr(self, "registered_pools", None) is None:
+            self.registered_pools = {}
+        self.registered_pools[host_pool_name] = host_pool
+
+    def batch_exists_v2(
+        self,
+        keys: List[str],
+        pool_transfers: Optional[List[PoolTransfer]] = None,
+        extra_info: Optional[HiCacheStorageExtraInfo] = None,
+    ) -> PoolTransferResult:
+        raise NotImplementedError()
+
+    def batch_get_v2(
+        self,
+        transfers: List[PoolTransfer],
+        extra_info: Optional[HiCacheStorageExtraInfo] = None,
+    ) -> Dict[str, List[bool]]:
+        raise NotImplementedError()
+
+    def batch_set_v2(
+        self,
+        transfers: List[PoolTransfer],
+        extra_info: Optional[HiCacheStorageExtraInfo] = None,
+    ) -> Dict[str, List[bool]]:
+        raise NotImplementedError()
 
     def batch_get_v1(
         self,

@@ -1,5 +1,9 @@
 """Stand-in of SGLang's host (L2) KV pools (ENGINES.md 1.7): HostKVCache,
-MHATokenToKVPoolHost, MLATokenToKVPoolHost.
+MHATokenToKVPoolHost, MLATokenToKVPoolHost; and the side pools of hybrid
+models (ENGINES.md 6.5): SWATokenToKVPoolHost and MambaPoolHost, which a
+storage backend reaches through register_mem_host_pool_v2 and copies as
+flat pages (get_data_page / get_dummy_flat_data_page /
+set_from_flat_data_page).
 
 Same buffer shapes per layout, same page pointer/size math in
 get_page_buffer_meta, same flat-page helpers as the engine's pools. What
@@ -227,3 +231,82 @@ class MLATokenToKVPoolHost(HostKVCache):
             ptr_list.append(base + first * L * C * it)
             size_list.append(L * P * C * it)
         return ptr_list, size_list
+
+
+class SWATokenToKVPoolHost(MHATokenToKVPoolHost):
+    """K/V of a hybrid model's sliding-window layers: an MHA host pool over
+    those layers with its own slot space (its indices are not the full-
+    attention pool's). Only the pages of the last window matter to a hit
+    (PoolHitPolicy.TRAILING_PAGES)."""
+
+
+class MambaPoolHost:
+    """Host copies of Mamba states: one slot per state, each holding every
+    layer's conv state and temporal (SSM) state. A slot is one "page"
+    (page_size 1): get_data_page(slot) is the slot's conv states of all
+    layers, then its temporal states, flattened. Slots are handed out in a
+    shuffled order, as in a pool that has been used for a while."""
+
+    def __init__(self, size, num_layers, conv_shape, temporal_shape, dtype=torch.float32,
+                 seed=0):
+        self.size = size
+        self.page_size = 1
+        self.page_num = size
+        self.num_layers = num_layers
+        self.conv_shape = tuple(conv_shape)
+        self.temporal_shape = tuple(temporal_shape)
+        self.dtype = dtype
+        self.layout = "layer_first"
+        self.pin_memory = False
+        self.device = "cpu"
+        self.lock = threading.RLock()
+        self.conv_buffer = torch.zeros((num_layers, size) + self.conv_shape, dtype=dtype)
+        self.temporal_buffer = torch.zeros((num_layers, size) + self.temporal_shape, dtype=dtype)
+        slots = list(range(size))
+        random.Random(seed).shuffle(slots)
+        self._free_slots = slots
+
+    def _numels(self):
+        conv = self.num_layers
+        for d in self.conv_shape:
+            conv *= d
+        temporal = self.num_layers
+        for d in self.temporal_shape:
+            temporal *= d
+        return conv, temporal
+
+    def get_size_per_slot(self):
+        return sum(self._numels()) * _itemsize(self.dtype)
+
+    def available_size(self):
+        return len(self._free_slots)
+
+    def alloc(self, need_size: int):
+        """need_size slot indices, or None."""
+        with self.lock:
+            if need_size > len(self._free_slots):
+                return None
+            slots, self._free_slots = self._free_slots[:need_size], self._free_slots[need_size:]
+        return torch.tensor(slots, dtype=torch.int64)
+
+    def free(self, indices: torch.Tensor) -> int:
+        with self.lock:
+            self._free_slots.extend(indices.tolist())
+        return len(indices)
+
+    def get_data_page(self, index, flat: bool = True):
+        conv = self.conv_buffer[:, index]
+        temporal = self.temporal_buffer[:, index]
+        if not flat:
+            return conv, temporal
+        return torch.cat([conv.flatten(), temporal.flatten()])
+
+    def get_dummy_flat_data_page(self) -> torch.Tensor:
+        return torch.zeros(sum(self._numels()), dtype=self.dtype, pin_memory=self.pin_memory)
+
+    def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
+        conv_n, _ = self._numels()
+        conv = self.conv_buffer[:, index]
+        temporal = self.temporal_buffer[:, index]
+        conv.copy_(data_page[:conv_n].reshape(conv.shape))
+        temporal.copy_(data_page[conv_n:].reshape(temporal.shape))
