@@ -24,6 +24,9 @@
 #          (cache quality on an LLM request trace: the eviction policies vs
 #          offline LRU and Belady, and a pool of three nodes;
 #          bench/compare_trace.sh)
+#        bench/compare.sh events [--reps N] [--duration DURATION] [--keep]
+#          (KV events with a subscriber that stopped reading vs none;
+#          bench/compare_kv_events.sh)
 #        bench/compare.sh connectors [--reps N] [--keep] [-- BENCH_ARGS]
 #          (SGLang/LMCache connectors vs the raw Python client;
 #          bench/compare_connectors.sh)
@@ -53,6 +56,10 @@ fi
 if [[ "${1:-}" == "trace" ]]; then
   shift
   exec "$HERE/compare_trace.sh" "$@"
+fi
+if [[ "${1:-}" == "events" ]]; then
+  shift
+  exec "$HERE/compare_kv_events.sh" "$@"
 fi
 if [[ "${1:-}" == "ssd" ]]; then
   shift

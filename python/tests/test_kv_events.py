@@ -62,7 +62,9 @@ def test_scripted_puts_evictions_and_removes_give_exact_events(node_factory, enc
         cap = len(keys) - n_evicted
         assert c.remove([keys[-1]]) == [kvpool.StatusCode.OK]
         h = hashes(c, keys)
-        want = [("BlockStored", "CPU", x) for x in h[:cap]]
+        # The node starts over: its first event clears what a router knew.
+        want = [("AllBlocksCleared", None, None)]
+        want += [("BlockStored", "CPU", x) for x in h[:cap]]
         for j in range(cap, len(keys)):
             want.append(("BlockRemoved", "CPU", h[j - cap]))  # LRU: the oldest goes first
             want.append(("BlockStored", "CPU", h[j]))
@@ -125,6 +127,7 @@ def test_ssd_tier_moves_and_drops_are_told_with_their_medium(node_factory, tmp_p
                 break
             time.sleep(0.05)
         assert [s for s, _ in batches] == list(range(len(batches)))
+        assert got[0] == ("AllBlocksCleared", None, None)
         # Per key: stored on CPU first; a move to SSD is removed from CPU then
         # stored on STORAGE; every STORAGE removal follows a STORAGE store.
         for x in h:
@@ -138,6 +141,20 @@ def test_ssd_tier_moves_and_drops_are_told_with_their_medium(node_factory, tmp_p
         # What the events say each tier holds is what the node holds.
         assert len(held["CPU"]) == st["dram"]["entries"]
         assert len(held["STORAGE"]) == ssd_entries
+        # A restarted node announces what its SSD tier recovered.
+        c.close()
+        sub.close()
+        node.stop()
+        node.start()
+        sub = Subscriber(pub, rep)
+        c = kvpool.Client(node.socket, namespace="ev")
+        st = c.stats()
+        batches = all_batches(sub, 1 + st["ssd"]["entries"])
+        got = [e for _, ev in batches for e in flatten(ev)]
+        assert got[0] == ("AllBlocksCleared", None, None)
+        recovered = {x for t, m, x in got[1:] if t == "BlockStored" and m == "STORAGE"}
+        assert len(recovered) == st["ssd"]["entries"] > 0
+        assert recovered <= set(h)
     finally:
         c.close()
         sub.close()

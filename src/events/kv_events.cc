@@ -22,6 +22,7 @@ Status KvEventsOptions::Validate() const {
     return InvalidArgument("kv events: the batch interval must be 1 ms to 10 s");
   }
   if (max_queued_events < 1) return InvalidArgument("kv events: the queue must hold an event");
+  if (max_batch_keys < 1) return InvalidArgument("kv events: a batch must hold a block");
   if (send_hwm < 1) return InvalidArgument("kv events: the send high-water mark must be >= 1");
   if (!replay_endpoint.empty() && replay_endpoint == endpoint) {
     return InvalidArgument("kv events: the replay endpoint must differ from the endpoint");
@@ -77,8 +78,15 @@ struct KvEventsPublisher::Impl {
     if (ctx != nullptr) zmq_ctx_term(ctx);
   }
 
-  void Queue(KvEvent::Type type, Medium medium, const KeyId& key) {
-    std::lock_guard lock(mu);
+  // wait: a full queue is waited out (the start-up listing) instead of
+  // dropping the event.
+  void Queue(KvEvent::Type type, Medium medium, const KeyId& key, bool wait = false) {
+    std::unique_lock lock(mu);
+    while (wait && pending_keys >= opts.max_queued_events && !stopping) {
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      lock.lock();
+    }
     if (pending_keys >= opts.max_queued_events) {
       dropped->Inc();
       return;
@@ -95,17 +103,34 @@ struct KvEventsPublisher::Impl {
     return true;
   }
 
-  // Sends what is queued as one batch.
+  // Sends what is queued, in batches of at most max_batch_keys blocks.
   void Flush() {
     std::vector<KvEvent> events;
-    uint64_t keys = 0;
     {
       std::lock_guard lock(mu);
       events.swap(pending);
-      keys = pending_keys;
       pending_keys = 0;
     }
-    if (events.empty()) return;
+    std::vector<KvEvent> batch;
+    uint64_t keys = 0;
+    for (KvEvent& e : events) {
+      if (e.keys.empty()) {  // AllBlocksCleared
+        batch.push_back(std::move(e));
+        continue;
+      }
+      for (const KeyId& k : e.keys) {
+        AppendEvent(&batch, e.type, e.medium, k);
+        if (++keys == opts.max_batch_keys) {
+          Send(batch, keys);
+          batch.clear();
+          keys = 0;
+        }
+      }
+    }
+    if (!batch.empty()) Send(batch, keys);
+  }
+
+  void Send(const std::vector<KvEvent>& events, uint64_t keys) {
     const double ts = std::chrono::duration<double>(
                           std::chrono::system_clock::now().time_since_epoch())
                           .count();
@@ -222,6 +247,7 @@ Result<std::unique_ptr<KvEventsPublisher>> KvEventsPublisher::Start(const KvEven
   }
   LogInfo("kv events: publishing on {}{}", LastEndpoint(impl->pub),
           impl->replay ? fmt::format(", replay on {}", LastEndpoint(impl->replay)) : "");
+  impl->pending.push_back(KvEvent{KvEvent::Type::kAllCleared, Medium::kCpu, {}});
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->Run(); });
   return std::unique_ptr<KvEventsPublisher>(new KvEventsPublisher(std::move(impl)));
@@ -249,9 +275,8 @@ void KvEventsPublisher::OnHoldings(const HoldingsEvent& e) {
   if (e.why == W::kMovedToSsd) impl_->Queue(KvEvent::Type::kStored, Medium::kStorage, e.key);
 }
 
-void KvEventsPublisher::AllCleared() {
-  std::lock_guard lock(impl_->mu);
-  impl_->pending.push_back(KvEvent{KvEvent::Type::kAllCleared, Medium::kCpu, {}});
+void KvEventsPublisher::Recovered(const KeyId& key) {
+  impl_->Queue(KvEvent::Type::kStored, Medium::kStorage, key, /*wait=*/true);
 }
 
 std::string KvEventsPublisher::bound_endpoint() const { return LastEndpoint(impl_->pub); }

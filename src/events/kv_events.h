@@ -11,6 +11,9 @@
 // subscriber that does not keep up loses events, counted
 // (kvpool_kv_events_dropped_total), never slowing the store.
 //
+// The first batch (seq 0) holds AllBlocksCleared: whatever a router knew of
+// this node before it started is gone.
+//
 // Thread-safe. OnHoldings may run under the DRAM tier's lock.
 #pragma once
 
@@ -39,11 +42,14 @@ struct KvEventsOptions {
   std::chrono::milliseconds batch_interval{10};
   // Events waiting for the next batch; beyond it new events are dropped.
   uint64_t max_queued_events = 100000;
-  // Batches kept for replay (their memory: about 20 bytes a key).
-  uint64_t replay_batches = 10000;
-  // Messages the PUB socket queues per subscriber before it drops (ZMQ's
-  // send high-water mark).
-  int send_hwm = 100000;
+  // Most blocks in one batch (a larger gathering is sent as several).
+  uint64_t max_batch_keys = 1024;
+  // Batches kept for replay (their memory: about 20 bytes a block).
+  uint64_t replay_batches = 1000;
+  // Batches the PUB socket queues per subscriber before it drops (ZMQ's
+  // send high-water mark): with max_batch_keys, what a subscriber that
+  // stops reading can cost in memory (about 20 MB by default).
+  int send_hwm = 1000;
 
   bool enabled() const { return !endpoint.empty(); }
   Status Validate() const;
@@ -57,8 +63,9 @@ class KvEventsPublisher final : public HoldingsObserver {
   ~KvEventsPublisher() override;  // stops the thread, sends what is queued
 
   void OnHoldings(const HoldingsEvent& event) override;
-  // Queues an AllBlocksCleared event.
-  void AllCleared();
+  // Queues BlockStored on STORAGE for an entry the SSD tier held when the
+  // node started (the holdings stream does not tell those).
+  void Recovered(const KeyId& key);
 
   // The endpoints as bound (a tcp port of 0 resolved), for tests.
   std::string bound_endpoint() const;

@@ -278,6 +278,11 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
             "KV events waiting for their batch; beyond it events are dropped and counted");
   t->AddInt("kv-events-replay-batches", &o->kv_events.replay_batches, 0, 1000000,
             "KV event batches kept for the replay socket");
+  t->AddInt("kv-events-batch-blocks", &o->kv_events.max_batch_keys, 1, 1000000,
+            "Most blocks in one KV event batch");
+  t->AddInt("kv-events-hwm", &o->kv_events.send_hwm, 1, 1000000,
+            "KV event batches queued for a subscriber before further batches are dropped for "
+            "it (and counted)");
 }
 
 }  // namespace kvpool

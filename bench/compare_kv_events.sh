@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# bench/compare.sh events: what publishing KV events costs a node whose
+# subscriber stopped reading. Alternating runs of one node without events
+# and one with --kv-events-endpoint and a subscriber that connects and never
+# reads (python3-zmq), each a fresh node of 64 MiB: kvpool-bench put of 4 KiB
+# values over 100,000 keys (every put past the first 16,000 evicts: two
+# events a put), then get of a populated 8,000-key working set; batch 16.
+# The subscriber's high-water mark is made small (--kv-events-hwm 64) so
+# the node reaches the point where it drops batches for it within the run.
+# Prints per run the ops/s and the node's dropped count, then the medians:
+#   kv_events_put_vs_off    put ops/s with events and a stalled subscriber,
+#                           over put ops/s without events (median of pairs)
+#   kv_events_get_vs_off    the same for get
+#   kv_events_dropped       blocks dropped for the stalled subscriber (median)
+# Usage: bench/compare.sh events [--reps N] [--duration DURATION] [--keep]
+set -euo pipefail
+
+LOG_TAG=events
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+REPS=5
+DURATION=3s
+KEEP=0
+parse_flags "--reps --duration --keep" "$@"
+
+NODE="$(find_bin kvpool-node || true)"
+BENCH="$(find_bin kvpool-bench || true)"
+[[ -n "$NODE" ]] || missing+=("kvpool-node under $BUILD_DIR")
+[[ -n "$BENCH" ]] || missing+=("kvpool-bench under $BUILD_DIR")
+"$PY" -c 'import zmq' 2>/dev/null || missing+=("python3-zmq (scripts/install-deps.sh)")
+check_missing
+
+TMP="$(mktemp -d /tmp/kvpool-events.XXXXXX)"
+PIDS=()
+cleanup() {
+  local rc=$? p
+  for p in "${PIDS[@]}"; do stop_pid "$p" process KILL; done
+  keep_or_remove_tmp "$rc"
+}
+trap cleanup EXIT
+RESULTS="$TMP/results.jsonl"
+: > "$RESULTS"
+
+freeport() { "$PY" "$HERE/compare_lib.py" freeport; }
+
+# run MODE REP: one node (events off or on), its bench runs, appended to RESULTS.
+run() {
+  local mode="$1" rep="$2" port extra=() rc=0 dropped=0
+  rm -f "$TMP/n.sock"
+  if [[ "$mode" == on ]]; then
+    port="$(freeport)"
+    extra=(--kv-events-endpoint "tcp://127.0.0.1:$port" --kv-events-hwm 64)
+  fi
+  "$NODE" --socket "$TMP/n.sock" --dram-capacity 64MiB --slab-size 1MiB --admin-port 0 \
+    "${extra[@]}" > "$TMP/node-$mode-$rep.log" 2>&1 &
+  PIDS+=($!)
+  local node_pid=$!
+  wait_node_ready "$node_pid" "$TMP/node-$mode-$rep.log" "$TMP/n.sock" || rc=$?
+  [[ $rc -eq 0 ]] || die "kvpool-node did not start (see $TMP/node-$mode-$rep.log)"
+  local sub_pid=""
+  if [[ "$mode" == on ]]; then
+    # Connects, subscribes to everything, and never reads.
+    "$PY" -c '
+import sys, time, zmq
+s = zmq.Context().socket(zmq.SUB)
+s.setsockopt(zmq.RCVHWM, 1)
+s.setsockopt(zmq.SUBSCRIBE, b"")
+s.connect(sys.argv[1])
+time.sleep(3600)' "tcp://127.0.0.1:$port" &
+    sub_pid=$!
+    PIDS+=("$sub_pid")
+    sleep 0.5
+  fi
+  "$BENCH" --socket "$TMP/n.sock" --op put --value-size 4KiB --batch 16 --keys 100000 \
+    --duration "$DURATION" --json > "$TMP/put.json"
+  "$BENCH" --socket "$TMP/n.sock" --op get --value-size 4KiB --batch 16 --keys 8000 \
+    --populate --duration "$DURATION" --json > "$TMP/get.json"
+  if [[ "$mode" == on ]]; then
+    dropped="$(curl -fsS "$READY_URL/metrics" | awk '$1 == "kvpool_kv_events_dropped_total" {print $2}')"
+  fi
+  "$PY" -c '
+import json, sys
+mode, rep, dropped = sys.argv[1], int(sys.argv[2]), float(sys.argv[3] or 0)
+put = json.loads(open(sys.argv[4]).readline())
+get = json.loads(open(sys.argv[5]).readline())
+print(json.dumps({"mode": mode, "rep": rep, "put": put["ops_per_s"], "get": get["ops_per_s"],
+                  "get_misses": get["misses"], "dropped": dropped}))' \
+    "$mode" "$rep" "$dropped" "$TMP/put.json" "$TMP/get.json" | tee -a "$RESULTS" >&2
+  stop_pid "$sub_pid" subscriber KILL
+  stop_pid "$node_pid" kvpool-node KILL
+  PIDS=()
+}
+
+for rep in $(seq 1 "$REPS"); do
+  # Which goes first alternates, so drift falls on both alike.
+  if (( rep % 2 )); then run off "$rep"; run on "$rep"; else run on "$rep"; run off "$rep"; fi
+done
+
+"$PY" - "$RESULTS" <<'PYEOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+by = {(r["mode"], r["rep"]): r for r in rows}
+reps = sorted({r["rep"] for r in rows})
+for op in ("put", "get"):
+    ratios = [by[("on", k)][op] / by[("off", k)][op] for k in reps]
+    print("%s: events on / off per pair %s" % (op, " ".join("%.3f" % x for x in ratios)))
+    print("metric kv_events_%s_vs_off %.3f" % (op, statistics.median(ratios)))
+print("metric kv_events_dropped %d" % statistics.median(by[("on", k)]["dropped"] for k in reps))
+PYEOF
