@@ -191,7 +191,7 @@ def test_scheduler_side_effect_free_capped_and_picklable(vllm_env, kvpool_node):
     assert copy == meta and len(copy.loads[0].block_ids) == 11
     # The last prompt block is computed this step, so it is planned for saving
     # (the worker skips pages kvpool already has).
-    assert [t.block_ids for t in copy.saves] == [[11]]
+    assert [t.block_ids for t in copy.saves] == [[so.scheduled_new_reqs[0].block_ids[0][11]]]
     assert conn.request_finished(req, []) == (False, None)
 
 
@@ -381,9 +381,14 @@ def test_factory_constructor_forms(vllm_env, kvpool_node):
         c.shutdown()
     # The 2-argument call of vLLM <= 0.10 also works.
     KvpoolConnector(cfg, KVConnectorRole.SCHEDULER).shutdown()
-    with pytest.raises(ValueError):  # HMA needs SupportsHMA; vLLM refuses, so does the stand-in
-        KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, None,
+    # The hybrid KV-cache manager needs SupportsHMA, which the connector implements.
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA, supports_hma
+
+    assert supports_hma(KvpoolConnector)
+    c = KVConnectorFactory.create_connector(cfg, KVConnectorRole.WORKER, None,
                                             hybrid_kv_cache_manager=True)
+    assert isinstance(c, SupportsHMA) and c.requires_kv_delivery is False
+    c.shutdown()
 
 
 def test_stopped_node_is_a_miss_within_the_timeout(vllm_env, kvpool_node):
@@ -451,11 +456,12 @@ def test_resumed_request_loads_into_its_new_blocks(vllm_env, kvpool_node):
     req = vllm_env.Request("r", toks, max_tokens=4)
     n, _ = conn.get_num_new_matched_tokens(req, 0)
     assert n == 28
-    conn.update_state_after_alloc(req, KVCacheBlocks(([KVCacheBlock(i) for i in range(8)],)), n)
-    step1 = SchedulerOutput([NewRequestData("r", toks, (list(range(8)),), n)],
+    ids = list(range(1, 9))  # block 0 is vLLM's null block
+    conn.update_state_after_alloc(req, KVCacheBlocks(([KVCacheBlock(i) for i in ids],)), n)
+    step1 = SchedulerOutput([NewRequestData("r", toks, (ids,), n)],
                             CachedRequestData(), {"r": 2}, 2, set())
     meta = conn.build_connector_meta(step1)
-    assert [t.block_ids for t in meta.loads] == [list(range(7))]
+    assert [t.block_ids for t in meta.loads] == [ids[:7]]
     first_hashes = meta.loads[0].hashes
     # Preempted, then resumed with other blocks: vLLM asks again and allocates anew.
     req.num_computed_tokens = 0

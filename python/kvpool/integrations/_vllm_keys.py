@@ -6,8 +6,15 @@ vLLM seeds those with a per-process random root unless PYTHONHASHSEED is
 pinned, so two instances would never share a prefix. What makes KV differ
 for the same tokens goes into the chain as vLLM does it: the LoRA adapter (every
 block), the cache salt (first block) and the multimodal inputs overlapping a
-block. The namespace fingerprints the model and the KV geometry; the rank
-suffix separates tensor-parallel shards (MHA) and pipeline stages.
+block. The namespace fingerprints the model and the KV geometry (for a
+hybrid model, its KV-cache groups); the rank suffix separates
+tensor-parallel shards (MHA) and pipeline stages.
+
+Key = block hash + group tag + layer tag + rank suffix. The group tag
+("/g<index>") is empty for a model with one full-attention group, so such
+models keep the keys of earlier releases. The layer tag ("/L<index>",
+layer-wise mode only) names the layer's page; "/L0" is written last and
+stands for the whole block in lookups.
 
 Pure functions; thread-safe.
 """
@@ -87,10 +94,11 @@ def _call(obj, name, *args):
         return None
 
 
-def namespace(vllm_config, override=None):
+def namespace(vllm_config, override=None, groups=None):
     """(namespace, use_mla): the model, KV dtype, block size, attention kind
     and per-rank geometry as both the scheduler and the workers see them in
-    vllm_config (the workers check the tensors against the page header)."""
+    vllm_config (the workers check the tensors against the page header), and
+    the description of a hybrid model's groups (`groups`: a str)."""
     mc = vllm_config.model_config
     cc = vllm_config.cache_config
     pc = vllm_config.parallel_config
@@ -111,7 +119,19 @@ def namespace(vllm_config, override=None):
     if not use_mla:
         parts.append("tp=%d" % getattr(pc, "tensor_parallel_size", 1))
     parts.append("pp=%d" % getattr(pc, "pipeline_parallel_size", 1))
+    if groups:
+        parts.append("groups=" + groups)
     return ";".join(parts), use_mla
+
+
+def group_tag(hybrid, group):
+    """The key part naming a KV-cache group (empty for non-hybrid models)."""
+    return b"/g%d" % group if hybrid else b""
+
+
+def layer_tag(index):
+    """The key part naming one layer's page (layer-wise mode)."""
+    return b"/L%d" % index
 
 
 def rank_suffix(use_mla, tp_rank, pp_rank):

@@ -1,8 +1,11 @@
 """vLLM per-layer KV tensors (ENGINES.md §2.6) and kvpool's page format.
 
-A page holds one block of every layer this worker owns, in a canonical form
-that does not depend on the attention backend: MHA `(2, block_size, heads,
-head_size)` (K then V), MLA `(block_size, head_size)`. Blocks are read and
+A page holds one block of a set of layers this worker owns (every layer of
+a KV-cache group, or one layer in layer-wise mode), in a canonical form that
+does not depend on the attention backend: MHA `(2, block_size, heads,
+head_size)` (K then V), MLA `(block_size, head_size)`, a Mamba state tensor
+its per-block shape. A page of no layers (a group with no layer on this
+pipeline stage) is the header alone. Blocks are read and
 written through each tensor's logical indexing, so any stride order (NHD,
 HND, strided per-layer views of a shared buffer) lands in the same bytes,
 and instances on different backends share pages.
@@ -42,6 +45,7 @@ class LayerLayout:
       "mla"         (num_blocks, block_size, head)              MLA backends
       "bhnc"        (num_blocks, heads, block_size, 2 * head)   standardized views (MHA)
       "bhnc_mla"    (num_blocks, 1, block_size, head)           standardized views (MLA)
+      "state"       (num_blocks, *state_shape)                  Mamba state tensors
     """
 
     def __init__(self, name, tensor, kind, canon_shape):
@@ -75,7 +79,7 @@ class LayerLayout:
         t = self.tensor
         if self.kind == "kv_first":
             return t.index_select(1, ids).transpose(0, 1)
-        if self.kind in ("block_first", "mla"):
+        if self.kind in ("block_first", "mla", "state"):
             return t.index_select(0, ids)
         if self.kind == "bhnc_mla":
             return t[ids][:, 0]
@@ -88,7 +92,7 @@ class LayerLayout:
         t = self.tensor
         if self.kind == "kv_first":
             t[:, ids] = src.transpose(0, 1)
-        elif self.kind in ("block_first", "mla"):
+        elif self.kind in ("block_first", "mla", "state"):
             t[ids] = src
         elif self.kind == "bhnc_mla":
             t[ids] = src.unsqueeze(1)
@@ -116,6 +120,15 @@ def detect(name, tensor, num_blocks, block_size, use_mla):
     raise ValueError("layer %s: KV tensor of shape %s, strides %s is not a layout kvpool knows "
                      "(num_blocks=%d, block_size=%d, mla=%s)"
                      % (name, s, tuple(tensor.stride()), num_blocks, block_size, use_mla))
+
+
+def detect_state(name, tensor, num_blocks):
+    """The LayerLayout of one Mamba state tensor: (num_blocks, *state_shape).
+    Raises ValueError for another shape."""
+    if tensor.dim() < 1 or tensor.shape[0] != num_blocks:
+        raise ValueError("layer %s: state tensor of shape %s does not start with num_blocks=%s"
+                         % (name, tuple(tensor.shape), num_blocks))
+    return LayerLayout(name, tensor, "state", tuple(tensor.shape[1:]))
 
 
 def infer_num_blocks(tensors, block_size):
@@ -151,6 +164,8 @@ class PageFormat:
         self.geometry = hashlib.sha256(desc).digest()[:16]
 
     def describe(self):
+        if not self.layers:
+            return "no layers, %d-byte pages" % self.page_bytes
         first = self.layers[0]
         return "%d layers, %s %s (physical dims %s), %d-byte pages" % (
             len(self.layers), first.kind, str(first.dtype).replace("torch.", ""),

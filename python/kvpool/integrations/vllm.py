@@ -5,33 +5,67 @@ Enable with
                          "kv_connector_module_path": "kvpool.integrations.vllm",
                          "kv_role": "kv_both",
                          "kv_connector_extra_config": {"socket": "/run/kvpool/kvpool.sock"}}'
-(and --disable-hybrid-kv-cache-manager where vLLM asks for it). Settings in
-kv_connector_extra_config, the connectors' shared names
-(kvpool.integrations._session): socket (default env KVPOOL_SOCKET, else the
-library's default), remote (peer list: remote mode), namespace (replaces the
-model name in the namespace), timeout_ms (default 2000), retry_interval_ms
-(how long to wait before reconnecting after the node could not be reached;
-default 10000: the scheduler thread makes the attempt). The kvpool_-prefixed
-names of older releases (kvpool_socket, ..., kvpool_retry_interval_s) are
-aliases.
+Hybrid models need no --disable-hybrid-kv-cache-manager: the connector
+implements SupportsHMA. Settings in kv_connector_extra_config, the
+connectors' shared names (kvpool.integrations._session): socket (default env
+KVPOOL_SOCKET, else the library's default), remote (peer list: remote mode),
+namespace (replaces the model name in the namespace), timeout_ms (default
+2000), retry_interval_ms (how long to wait before reconnecting after the node
+could not be reached; default 10000: the scheduler thread makes the
+attempt). The kvpool_-prefixed names of older releases (kvpool_socket, ...,
+kvpool_retry_interval_s) are aliases. This connector's own:
+  layerwise              true: one page per layer and block, loaded and saved
+                         layer by layer in the background (alias
+                         use_layerwise; default false). vLLM must then run
+                         CUDA graphs piecewise (requires_piecewise_for_cudagraph).
+  load_async_min_tokens  a hit of at least this many tokens is loaded in the
+                         background while the request waits outside the batch
+                         (load_kv_async); 0 disables it (default 4096).
+  kv_events              report KV events (default: vLLM's
+                         kv_events_config.enable_kv_cache_events).
+  event_medium           the medium of those events (default "CPU").
 
 One class, two roles (ENGINES.md §2.2). The scheduler-side instance finds
-the longest prefix of a request's full blocks present in kvpool for every
-shard, and tells the workers, through picklable metadata, which blocks to
-load and which newly computed blocks to save. Each worker copies whole
-blocks (all of its layers in one page per block) between the paged KV cache
-and kvpool: loads before the forward pass, saves layer by layer as the
-attention layers finish, stored when the forward pass ends. Loads and saves
-complete within the step, so get_finished reports nothing and blocks are
-never held after a request finishes.
+the longest prefix of a request present in kvpool for every shard and every
+KV-cache group, and tells the workers, through picklable metadata, which
+blocks to load and which newly computed blocks to save. Each worker copies
+blocks between the paged KV cache and kvpool (see _vllm_worker): by default
+whole blocks of a group (one page holds every layer's block), loaded before
+the forward pass and stored when it ends; layer-wise, one page per layer,
+loads of later layers overlapping the attention of earlier ones.
+
+Hybrid models (HMA, ENGINES.md §6.3). Keys are per (group, block hash), each
+group with its own block ids, block size and page layout. What is stored
+for each group type (kvpool.integrations._vllm_groups):
+  full attention  every full block: a prefix hit needs all of them.
+  sliding window  only the blocks inside the window before a boundary a
+                  later lookup can hit; older blocks are never read again
+                  (vLLM frees them) and would only cost kvpool space.
+  Mamba           only the block holding the recurrent state at such a
+                  boundary (mamba_cache_mode "align" or "all"); other slots
+                  hold no state worth keeping.
+A lookup is the hybrid longest hit: the longest prefix, a multiple of the
+lcm of the groups' block sizes, for which every group has what it needs.
+A model whose recurrent state cannot be restored (another Mamba cache mode)
+or with a group kind kvpool does not store reports 0 external tokens and
+saves nothing. Block 0 (vLLM's null block) is never saved or loaded.
+requires_kv_delivery is False: kvpool is a best-effort cache, a miss is a
+recompute.
 
 Faults: a node that is down or goes away, a timeout, a page of another
 geometry or a missing page are misses (scheduler) or load errors reported
 block by block through get_block_ids_with_load_errors (worker), as in every
 connector (the Session); no exception reaches vLLM and no foreign bytes
-reach the KV cache.
+reach the KV cache. An asynchronous load is reported finished (and failed,
+if a page failed) by get_finished / get_transfer_results in the step its
+blocks are reported.
 
-Not thread-safe: vLLM calls each instance from one thread.
+KV events (ENGINES.md §6.1, kvpool.integrations._vllm_events): BlockStored
+for each block stored in or loaded from kvpool, from the workers
+(get_kv_connector_kv_cache_events) to the scheduler side (take_events).
+
+vLLM calls each instance from one thread; the worker's background lanes are
+internal.
 """
 
 import logging
@@ -46,22 +80,46 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
 
 from . import _vllm_keys as keys_mod
 from ._session import Session, SessionSettings
-from ._vllm_layout import HEADER_BYTES, PageFormat, detect, infer_num_blocks
+from ._vllm_events import block_info, common_events
+from ._vllm_groups import (FULL, NULL_BLOCK_ID, groups_of, is_hybrid, lcm_block_size,
+                           longest_hit, reachable, restorable)
+from ._vllm_worker import WorkerSide
+
+try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
+except ImportError:  # vLLM before hybrid-model support
+    SupportsHMA = None
+try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+except ImportError:  # vLLM before get_transfer_results
+    @dataclass
+    class KVConnectorTransferResults:
+        finished_sending: Optional[set] = None
+        finished_recving: Optional[set] = None
+        failed_recving: set = field(default_factory=set)
 
 logger = logging.getLogger(__name__)
 
 # A connect attempt runs on the scheduler thread and, in remote mode, can take
 # up to timeout_ms: without a node, try at most every 10 s.
 _DEFAULT_RETRY_MS = 10000
+_DEFAULT_ASYNC_MIN_TOKENS = 4096
 
 
 @dataclass
 class BlockTransfer:
-    """Blocks of one request to move: block_ids[i] <-> the page of hashes[i]."""
+    """Blocks of one request and group to move: block_ids[i] <-> the page of
+    hashes[i]. load_async: a background load vLLM waits for across steps.
+    events: per block (engine hash, parent hash, token ids) when KV events
+    are on."""
 
     req_id: str
     block_ids: list[int]
     hashes: list[bytes]
+    group: int = 0
+    load_async: bool = False
+    events: Optional[list] = None
+    lora_name: Optional[str] = None
 
 
 @dataclass
@@ -72,16 +130,53 @@ class KvpoolConnectorMetadata(KVConnectorMetadata):
     saves: list[BlockTransfer] = field(default_factory=list)
 
 
+def _flag(value):
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+def _layerwise(extra):
+    extra = extra or {}
+    return _flag(extra.get("layerwise", extra.get("use_layerwise", False)))
+
+
 class _Settings:
-    def __init__(self, vllm_config):
+    def __init__(self, vllm_config, kv_cache_config=None):
         ktc = vllm_config.kv_transfer_config
         extra = dict(getattr(ktc, "kv_connector_extra_config", None) or {})
         self.session = SessionSettings(retry_interval_ms=_DEFAULT_RETRY_MS).update(extra)
         role = getattr(ktc, "kv_role", None) or "kv_both"
         self.load = role in ("kv_consumer", "kv_both")
         self.save = role in ("kv_producer", "kv_both")
-        self.block_size = int(vllm_config.cache_config.block_size)
-        self.namespace, self.use_mla = keys_mod.namespace(vllm_config, self.session.namespace)
+        cc = vllm_config.cache_config
+        self.block_size = int(cc.block_size)
+        self.layerwise = _layerwise(extra)
+        self.load_async_min_tokens = int(extra.get("load_async_min_tokens",
+                                                   _DEFAULT_ASYNC_MIN_TOKENS))
+        if self.load_async_min_tokens < 0:
+            raise ValueError("kvpool: load_async_min_tokens must not be negative")
+        events = extra.get("kv_events")
+        if events is None:
+            kec = getattr(vllm_config, "kv_events_config", None)
+            events = bool(getattr(kec, "enable_kv_cache_events", False))
+        self.events = _flag(events)
+        self.event_medium = str(extra.get("event_medium") or "CPU")
+        self.locality = "REMOTE" if self.session.remote else "LOCAL"
+        self.mamba_cache_mode = str(getattr(cc, "mamba_cache_mode", None) or "none")
+        self.disabled_reason = None
+        try:
+            self.groups = groups_of(kv_cache_config, self.block_size)
+        except ValueError as e:
+            self.groups, self.disabled_reason = None, str(e)
+        self.hybrid = self.groups is not None and is_hybrid(self.groups)
+        self.usable = self.groups is not None and restorable(self.groups, self.mamba_cache_mode)
+        if self.groups is not None and not self.usable:
+            self.disabled_reason = ("Mamba state is not kept at block boundaries "
+                                    "(mamba_cache_mode %r)" % self.mamba_cache_mode)
+        desc = ",".join(g.describe() for g in self.groups) if self.hybrid else None
+        self.namespace, self.use_mla = keys_mod.namespace(vllm_config, self.session.namespace,
+                                                          desc)
         pc = vllm_config.parallel_config
         self.tp_size = int(getattr(pc, "tensor_parallel_size", 1))
         self.pp_size = int(getattr(pc, "pipeline_parallel_size", 1))
@@ -90,12 +185,24 @@ class _Settings:
 class _Tracker:
     """Scheduler-side state of one request between allocation and finish."""
 
-    def __init__(self, request, block_size):
+    def __init__(self, request, groups):
         self.request = request
-        self.hasher = keys_mod.BlockHasher(request, block_size)
-        self.block_ids = []
-        self.pending_load_tokens = 0
-        self.saved_blocks = 0  # blocks [0, saved_blocks) are stored or planned
+        self.hashers = {}  # block size -> BlockHasher
+        self.block_ids = [[] for _ in groups]
+        self.saved = [set() for _ in groups]  # block indices stored, planned or loaded
+        self.frontier = [0] * len(groups)  # full attention: blocks below are decided
+        self.pending = None  # (first tokens, hit tokens, async, block ids) of a planned load
+
+    def hashes(self, block_size, n):
+        h = self.hashers.get(block_size)
+        if h is None:
+            h = self.hashers[block_size] = keys_mod.BlockHasher(self.request, block_size)
+        return h.upto(n)
+
+
+def _lists(block_ids, n):
+    out = [list(x) for x in (block_ids or ())][:n]
+    return out + [[] for _ in range(n - len(out))]
 
 
 class _SchedulerSide:
@@ -105,44 +212,93 @@ class _SchedulerSide:
         self._suffixes = keys_mod.all_rank_suffixes(settings.use_mla, settings.tp_size,
                                                     settings.pp_size)
         self._reqs = {}
+        self._lookups = {}  # req id -> (first tokens, hit tokens) of the last lookup
+        self._events = []
+        if settings.groups is None or not settings.usable:
+            logger.error("kvpool connector: no loads or saves: %s", settings.disabled_reason)
+
+    def _lookup_key(self, group, h, sfx):
+        tag = keys_mod.layer_tag(0) if self._s.layerwise else b""
+        return h + keys_mod.group_tag(self._s.hybrid, group) + tag + sfx
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         s = self._s
-        if not s.load:
+        if not s.load or not s.usable:
             return 0, False
-        bs = s.block_size
         # Leave at least one token to compute: vLLM needs logits for it.
-        max_blocks = (request.num_tokens - 1) // bs
-        first = num_computed_tokens // bs
-        if max_blocks <= first:
+        cap = request.num_tokens - 1
+        if cap // lcm_block_size(s.groups) * lcm_block_size(s.groups) <= num_computed_tokens:
             return 0, False
-        hashes = keys_mod.BlockHasher(request, bs).upto(max_blocks)[first:]
-        batch = [h + sfx for sfx in self._suffixes for h in hashes]
+        hashers = {}
+        spans = []  # (group, first index, hashes from there)
+        for g in s.groups:
+            hasher = hashers.get(g.block_size)
+            if hasher is None:
+                hasher = hashers[g.block_size] = keys_mod.BlockHasher(request, g.block_size)
+            first = num_computed_tokens // g.block_size
+            spans.append((g, first, hasher.upto(cap // g.block_size)[first:]))
+        batch = [self._lookup_key(g.index, h, sfx) for sfx in self._suffixes
+                 for g, _, hs in spans for h in hs]
         hits = self._session.call(lambda c: c.exists(batch), None, "exists")
         if hits is None:
             return 0, False
-        n = len(hashes)
-        found = n
-        for r in range(len(self._suffixes)):
-            row = hits[r * n:(r + 1) * n]
-            found = min(found, row.index(False) if False in row else n)
-        return found * bs, False
+        present = {}
+        pos = 0
+        for _ in self._suffixes:
+            for g, first, hs in spans:
+                for j in range(len(hs)):
+                    key = (g.index, first + j)
+                    present[key] = present.get(key, True) and hits[pos]
+                    pos += 1
+        t = longest_hit(s.groups, num_computed_tokens, cap,
+                        lambda gi, i: present.get((gi, i), False))
+        n = t - num_computed_tokens
+        if n <= 0:
+            return 0, False
+        self._lookups[request.request_id] = (num_computed_tokens, t)
+        return n, bool(s.load_async_min_tokens and n >= s.load_async_min_tokens)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        s = self._s
         t = self._reqs.get(request.request_id)
         if t is None:
-            t = self._reqs[request.request_id] = _Tracker(request, self._s.block_size)
+            t = self._reqs[request.request_id] = _Tracker(request, s.groups or [None])
         t.request = request
-        t.pending_load_tokens = num_external_tokens if self._s.load else 0
+        lookup = self._lookups.pop(request.request_id, None)
+        if not num_external_tokens or not s.load:
+            return
+        get = getattr(blocks, "get_block_ids", None)
+        ids = _lists(get() if get is not None else (), len(s.groups))
+        if lookup is None or lookup[1] - lookup[0] != num_external_tokens:
+            first, hit = None, None  # worked out from the scheduler output (sync loads)
+        else:
+            first, hit = lookup
+        load_async = bool(s.load_async_min_tokens
+                          and num_external_tokens >= s.load_async_min_tokens)
+        t.pending = (first, hit, load_async, ids, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output):
         meta = KvpoolConnectorMetadata()
+        n = len(self._s.groups or [None])
+        # Background loads: the request waits outside the batch.
+        for req_id, t in self._reqs.items():
+            if t.pending is not None and t.pending[2]:
+                first, hit, _, ids, ext = t.pending
+                t.pending = None
+                t.block_ids = ids
+                if hit is None:  # no lookup to go by: the load fails, vLLM recomputes
+                    logger.error("kvpool: request %s: no lookup for %d external tokens",
+                                 req_id, ext)
+                    meta.loads.append(BlockTransfer(req_id, [b for b in ids[0] if b], [], 0,
+                                                    True))
+                    continue
+                self._plan_load(req_id, t, first, hit, True, meta)
         counts = scheduler_output.num_scheduled_tokens
         for nr in scheduler_output.scheduled_new_reqs:
             t = self._reqs.get(nr.req_id)
             if t is None:
                 continue
-            t.block_ids = list(nr.block_ids[0]) if nr.block_ids else []
+            t.block_ids = _lists(nr.block_ids, n)
             self._plan(nr.req_id, t, nr.num_computed_tokens, counts.get(nr.req_id, 0), meta)
         cached = scheduler_output.scheduled_cached_reqs
         resumed_flags = getattr(cached, "resumed_from_preemption", None) or ()
@@ -154,213 +310,110 @@ class _SchedulerSide:
             resumed = req_id in resumed_ids or (i < len(resumed_flags) and resumed_flags[i])
             new_ids = cached.new_block_ids[i] if i < len(cached.new_block_ids) else None
             if resumed:
-                t.block_ids = list(new_ids[0]) if new_ids else []
+                t.block_ids = _lists(new_ids, n)
             elif new_ids:
-                t.block_ids.extend(new_ids[0])
+                for g, extra in enumerate(_lists(new_ids, n)):
+                    t.block_ids[g].extend(extra)
             self._plan(req_id, t, cached.num_computed_tokens[i], counts.get(req_id, 0), meta)
         return meta
 
     def _plan(self, req_id, t, num_computed, num_scheduled, meta):
-        bs = self._s.block_size
-        if t.pending_load_tokens:
+        if not self._s.usable:
+            return
+        if t.pending is not None:
+            _, _, _, _, ext = t.pending
+            t.pending = None
             # num_computed = local hits + the external tokens promised for this request.
-            end = num_computed // bs
-            start = (num_computed - t.pending_load_tokens) // bs
-            hashes = t.hasher.upto(end)
-            if len(hashes) == end and end <= len(t.block_ids):
-                meta.loads.append(BlockTransfer(req_id, t.block_ids[start:end], hashes[start:end]))
-                t.saved_blocks = max(t.saved_blocks, end)
-            else:  # vLLM allocated fewer blocks than it computes: not expected to happen
-                logger.error("kvpool: request %s: cannot place %d external tokens in %d blocks",
-                             req_id, t.pending_load_tokens, len(t.block_ids))
-            t.pending_load_tokens = 0
+            self._plan_load(req_id, t, num_computed - ext, num_computed, False, meta)
         if self._s.save:
-            # Full blocks whose KV exists once this step has run (tokens known;
+            # Blocks whose KV exists once this step has run (tokens known;
             # speculative tokens beyond num_tokens are not).
-            done = min(num_computed + num_scheduled, t.request.num_tokens) // bs
-            done = min(done, len(t.block_ids))
-            if done > t.saved_blocks:
-                hashes = t.hasher.upto(done)
-                first = t.saved_blocks
-                meta.saves.append(BlockTransfer(req_id, t.block_ids[first:done], hashes[first:done]))
-                t.saved_blocks = done
+            end = min(num_computed + num_scheduled, t.request.num_tokens)
+            self._plan_saves(req_id, t, num_computed, end, meta)
+
+    def _event_info(self, t, g, indices, hashes):
+        if not self._s.events:
+            return None
+        return block_info(t.request, indices, g.block_size, self._s.block_size, hashes)
+
+    def _lora(self, t):
+        lora = getattr(t.request, "lora_request", None)
+        return getattr(lora, "lora_name", None) if lora is not None else None
+
+    def _plan_load(self, req_id, t, first, hit, load_async, meta):
+        plans = []
+        for g in self._s.groups:
+            idx = [i for i in g.needed(hit) if i >= first // g.block_size]
+            hashes = t.hashes(g.block_size, hit // g.block_size)
+            ids = t.block_ids[g.index]
+            if len(hashes) < hit // g.block_size or any(
+                    i >= len(ids) or ids[i] == NULL_BLOCK_ID for i in idx):
+                # vLLM allocated no block where a loaded one must go: not expected to happen
+                logger.error("kvpool: request %s: cannot place %d external tokens in group %d",
+                             req_id, hit - first, g.index)
+                return
+            plans.append((g, idx, hashes, ids))
+        for g, idx, hashes, ids in plans:
+            meta.loads.append(BlockTransfer(req_id, [ids[i] for i in idx],
+                                            [hashes[i] for i in idx], g.index, load_async,
+                                            self._event_info(t, g, idx, hashes), self._lora(t)))
+            k = hit // g.block_size
+            t.saved[g.index].update(range(k))
+            t.frontier[g.index] = max(t.frontier[g.index], k)
+
+    def _plan_saves(self, req_id, t, start, end, meta):
+        s = self._s
+        points = None
+        for g in s.groups:
+            ids = t.block_ids[g.index]
+            k = min(end // g.block_size, len(ids))
+            if g.kind == FULL:
+                idx = range(t.frontier[g.index], k)
+                t.frontier[g.index] = max(t.frontier[g.index], k)
+            else:
+                if points is None:
+                    points = reachable(s.groups, s.mamba_cache_mode, start, end)
+                idx = sorted({i for p in points for i in g.needed(p) if i < k})
+            saved = t.saved[g.index]
+            idx = [i for i in idx if i not in saved and ids[i] != NULL_BLOCK_ID]
+            if not idx:
+                continue
+            saved.update(idx)
+            hashes = t.hashes(g.block_size, idx[-1] + 1)
+            meta.saves.append(BlockTransfer(req_id, [ids[i] for i in idx],
+                                            [hashes[i] for i in idx], g.index, False,
+                                            self._event_info(t, g, idx, hashes), self._lora(t)))
 
     def update_connector_output(self, connector_output):
-        # Blocks that failed to load are recomputed; save them again then.
+        self._events.extend(common_events(getattr(connector_output, "kv_cache_events", None)))
+        # Blocks that failed to load are recomputed from the first of them; save them again then.
         invalid = getattr(connector_output, "invalid_block_ids", None)
-        if not invalid:
+        if not invalid or self._s.groups is None:
             return
         for t in self._reqs.values():
-            for i, b in enumerate(t.block_ids[:t.saved_blocks]):
-                if b in invalid:
-                    t.saved_blocks = i
-                    break
+            cut = None
+            for g in self._s.groups:
+                for i, b in enumerate(t.block_ids[g.index]):
+                    if b in invalid:
+                        pos = i * g.block_size
+                        cut = pos if cut is None else min(cut, pos)
+                        break
+            if cut is None:
+                continue
+            for g in self._s.groups:
+                t.saved[g.index] = {i for i in t.saved[g.index] if (i + 1) * g.block_size <= cut}
+                t.frontier[g.index] = min(t.frontier[g.index], cut // g.block_size)
 
     def request_finished(self, request, block_ids):
         self._reqs.pop(request.request_id, None)
+        self._lookups.pop(request.request_id, None)
         return False, None
 
-    def close(self):
-        self._session.close()
-
-
-def _worker_ranks(settings, parallel_config):
-    try:
-        from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
-
-        return int(get_tensor_model_parallel_rank()), int(get_pp_group().rank_in_group)
-    except Exception:  # not importable or not initialized: the worker's rank in the config
-        rank = int(getattr(parallel_config, "rank", 0))
-        return rank % settings.tp_size, (rank // settings.tp_size) % settings.pp_size
-
-
-class _WorkerSide:
-    def __init__(self, settings, vllm_config, kv_cache_config):
-        self._s = settings
-        self._session = Session(settings.session, settings.namespace, log=logger)
-        self.tp_rank, self.pp_rank = _worker_ranks(settings, vllm_config.parallel_config)
-        self._suffix = keys_mod.rank_suffix(settings.use_mla, self.tp_rank, self.pp_rank)
-        # MLA latents are identical on every TP rank: rank 0 writes them.
-        self._writes = settings.save and not (settings.use_mla and self.tp_rank != 0)
-        num_blocks = getattr(kv_cache_config, "num_blocks", None)
-        if num_blocks is None:
-            num_blocks = getattr(vllm_config.cache_config, "num_gpu_blocks", None)
-        self._num_blocks = num_blocks
-        self._format = None
-        self._layers = {}
-        self._load_errors = set()
-        # This step's (metadata, block ids, keys, staging, layers still to copy).
-        self._save = None
-        self._buffers = {}  # "load"/"save" -> staging tensor
-        self.stats = {"loaded_blocks": 0, "load_errors": 0, "saved_blocks": 0,
-                      "skipped_saves": 0, "failed_saves": 0}
-
-    def register_kv_caches(self, kv_caches):
-        bs = self._s.block_size
-        num_blocks = self._num_blocks or infer_num_blocks(kv_caches.values(), bs)
-        try:
-            layers = [detect(name, t, num_blocks, bs, self._s.use_mla)
-                      for name, t in kv_caches.items()]
-        except ValueError as e:
-            logger.error("kvpool connector disabled: %s", e)
-            return
-        if not layers:
-            return
-        self._layers = {layer.name: layer for layer in layers}
-        self._format = PageFormat(layers)
-        logger.info("kvpool connector: rank tp%d/pp%d, %s, namespace %s", self.tp_rank,
-                    self.pp_rank, self._format.describe(), self._s.namespace)
-
-    def _keys(self, hashes):
-        return [h + self._suffix for h in hashes]
-
-    def _staging(self, purpose, n):
-        """(n, page_bytes) host rows, reused across steps (fresh memory would
-        cost a page fault per 4 KiB on every step). Puts and gets are
-        synchronous, so a buffer is free again when its call returns."""
-        buf = self._buffers.get(purpose)
-        if buf is None or buf.shape[0] < n:
-            buf = torch.empty((max(n, 16), self._format.page_bytes), dtype=torch.uint8)
-            self._buffers[purpose] = buf
-        return buf[:n]
-
-    def start_load_kv(self, meta):
-        # vLLM's dummy runs bind a bare KVConnectorMetadata.
-        transfers = getattr(meta, "loads", None) or ()
-        block_ids = [b for tr in transfers for b in tr.block_ids]
-        if not block_ids:
-            return
-        if self._format is None:
-            self._fail_loads(block_ids)
-            return
-        keys = self._keys([h for tr in transfers for h in tr.hashes])
-        fmt = self._format
-        staging = self._staging("load", len(keys))
-        base, row = staging.data_ptr(), fmt.page_bytes
-        ptrs = [base + i * row for i in range(len(keys))]
-        statuses = self._session.call(lambda c: c.get_ptrs(keys, ptrs, [row] * len(keys)), None,
-                                      "load")
-        if statuses is None:
-            self._fail_loads(block_ids)
-            return
-        expected = fmt.header_rows(keys)
-        header_ok = (staging[:, :HEADER_BYTES] == expected).all(dim=1).tolist()
-        good = [i for i, st in enumerate(statuses) if st == 0 and header_ok[i]]
-        good_set = set(good)
-        self._fail_loads([b for i, b in enumerate(block_ids) if i not in good_set])
-        if not good:
-            return
-        sel = torch.tensor(good, dtype=torch.long)
-        rows = staging.index_select(0, sel) if len(good) < len(keys) else staging
-        for layer in fmt.layers:
-            ids = torch.tensor([block_ids[i] for i in good], dtype=torch.long,
-                               device=layer.device)
-            layer.scatter(ids, fmt.layer_view(rows, layer).to(layer.device))
-        self.stats["loaded_blocks"] += len(good)
-
-    def _fail_loads(self, block_ids):
-        if block_ids:
-            self._load_errors.update(block_ids)
-            self.stats["load_errors"] += len(block_ids)
-
-    def save_kv_layer(self, meta, layer_name, kv_layer):
-        if not self._writes or self._format is None or not getattr(meta, "saves", None):
-            return
-        if self._save is None or self._save[0] is not meta:  # first layer of this step
-            self._save = (meta,) + self._begin_save(meta)
-        _, block_ids, _, staging, pending = self._save
-        layer = self._layers.get(layer_name)
-        if not block_ids or layer is None or layer_name not in pending:
-            return
-        ids = torch.tensor(block_ids, dtype=torch.long, device=layer.device)
-        self._format.layer_view(staging, layer).copy_(layer.gather(ids))
-        pending.discard(layer_name)
-
-    def _begin_save(self, meta):
-        block_ids = [b for tr in meta.saves for b in tr.block_ids]
-        keys = self._keys([h for tr in meta.saves for h in tr.hashes])
-        present = self._session.call(lambda c: c.exists(keys), None, "exists")
-        if present is None:  # kvpool down: nothing to save into
-            self.stats["failed_saves"] += len(keys)
-            return [], [], None, set()
-        todo = [i for i, p in enumerate(present) if not p]
-        self.stats["skipped_saves"] += len(keys) - len(todo)
-        block_ids = [block_ids[i] for i in todo]
-        keys = [keys[i] for i in todo]
-        staging = self._staging("save", len(keys))
-        if keys:
-            staging[:, :HEADER_BYTES] = self._format.header_rows(keys)
-        return block_ids, keys, staging, set(self._layers)
-
-    def wait_for_save(self):
-        save, self._save = self._save, None
-        if save is None:
-            return
-        _, block_ids, keys, staging, pending = save
-        if not keys:
-            return
-        if pending:
-            # A page missing a layer would be wrong KV for whoever loads it.
-            logger.warning("kvpool: %d layers were not saved this step; dropping %d pages",
-                           len(pending), len(keys))
-            self.stats["failed_saves"] += len(keys)
-            return
-        row = self._format.page_bytes
-        base = staging.data_ptr()
-        ptrs = [base + i * row for i in range(len(keys))]
-        statuses = self._session.call(lambda c: c.put_ptrs(keys, ptrs, [row] * len(keys)), None,
-                                      "save")
-        ok = sum(1 for st in statuses or () if st == 0)
-        self.stats["saved_blocks"] += ok
-        self.stats["failed_saves"] += len(keys) - ok
-
-    def take_load_errors(self):
-        errors, self._load_errors = self._load_errors, set()
-        return errors
+    def take_events(self):
+        events, self._events = self._events, []
+        return events
 
     def close(self):
-        self._save = None
-        self._buffers = {}
         self._session.close()
 
 
@@ -381,18 +434,22 @@ def _is_scheduler(role):
     return role == KVConnectorRole.SCHEDULER or getattr(role, "name", None) == "SCHEDULER"
 
 
-class KvpoolConnector(KVConnectorBase_V1):
-    """vLLM KV connector (V1) over kvpool. See the module docstring."""
+_BASES = (KVConnectorBase_V1,) + ((SupportsHMA,) if SupportsHMA is not None else ())
+
+
+class KvpoolConnector(*_BASES):
+    """vLLM KV connector (V1) over kvpool, hybrid-model aware (SupportsHMA).
+    See the module docstring."""
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
         _init_base(self, vllm_config, role, kv_cache_config)
-        settings = _Settings(vllm_config)
+        settings = _Settings(vllm_config, kv_cache_config)
         self._scheduler_side = None
         self._worker_side = None
         if _is_scheduler(role):
             self._scheduler_side = _SchedulerSide(settings)
         else:
-            self._worker_side = _WorkerSide(settings, vllm_config, kv_cache_config)
+            self._worker_side = WorkerSide(settings, vllm_config, kv_cache_config)
 
     # ---- worker side ----
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
@@ -402,23 +459,30 @@ class KvpoolConnector(KVConnectorBase_V1):
         self._worker_side.start_load_kv(self._connector_metadata)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        # start_load_kv has copied every layer already.
-        return
+        self._worker_side.wait_for_layer_load(layer_name)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
                       **kwargs: Any) -> None:
-        self._worker_side.save_kv_layer(self._connector_metadata, layer_name, kv_layer)
+        self._worker_side.save_kv_layer(self._connector_metadata, layer_name)
 
     def wait_for_save(self):
         self._worker_side.wait_for_save()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[Optional[set[str]],
                                                                 Optional[set[str]]]:
-        # Loads and saves finish inside the step that issues them.
-        return None, None
+        # Saves finish inside the step; background loads when they are done.
+        recving, _ = self._worker_side.transfer_results()
+        return None, (recving or None)
+
+    def get_transfer_results(self, finished_req_ids: set[str]):
+        recving, failed = self._worker_side.transfer_results()
+        return KVConnectorTransferResults(None, recving or None, failed)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker_side.take_load_errors()
+
+    def get_kv_connector_kv_cache_events(self):
+        return self._worker_side.take_events()
 
     # ---- scheduler side ----
     def get_num_new_matched_tokens(self, request: Any,
@@ -437,6 +501,23 @@ class KvpoolConnector(KVConnectorBase_V1):
     def request_finished(self, request: Any,
                          block_ids: list[int]) -> tuple[bool, Optional[dict[str, Any]]]:
         return self._scheduler_side.request_finished(request, block_ids)
+
+    def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]
+                                    ) -> tuple[bool, Optional[dict[str, Any]]]:
+        return self._scheduler_side.request_finished(request, block_ids)
+
+    def take_events(self):
+        return self._scheduler_side.take_events() if self._scheduler_side else []
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        # A best-effort cache: a request preempted mid-load is recomputed.
+        return False
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        # Layer-wise hooks run between attention layers, outside CUDA graphs.
+        return _layerwise(extra_config)
 
     # ---- both ----
     @property

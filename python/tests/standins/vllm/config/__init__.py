@@ -40,6 +40,12 @@ class ModelConfig:
     head_dim: int = 64
     kv_lora_rank: int = 512
     qk_rope_head_dim: int = 64
+    # Hybrid models (stand-in geometry): one entry per layer, "full_attention",
+    # "sliding_attention" or "mamba"; None: every layer is full attention.
+    layer_types: Optional[tuple] = None
+    sliding_window: Optional[int] = None
+    # Shapes of a Mamba layer's state tensors (conv state, SSM state) per block.
+    mamba_state_shapes: tuple = ((3, 16), (4, 8))
 
     def get_head_size(self) -> int:
         if self.use_mla:
@@ -61,6 +67,11 @@ class CacheConfig:
     cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     num_gpu_blocks: Optional[int] = None
+    # Hybrid models: "none" (no prefix caching of Mamba state), "align" (the
+    # state at the end of each scheduled chunk, cut at a block boundary, is
+    # kept in that block) or "all".
+    mamba_cache_mode: str = "none"
+    mamba_block_size: Optional[int] = None
 
 
 @dataclass
@@ -70,13 +81,28 @@ class SchedulerConfig:
 
 
 @dataclass
+class KVEventsConfig:
+    """vllm/config/kv_events.py (ENGINES.md §6.1)."""
+
+    enable_kv_cache_events: bool = False
+    publisher: Optional[str] = None
+    endpoint: str = "tcp://*:5557"
+    replay_endpoint: Optional[str] = None
+    buffer_steps: int = 10_000
+    hwm: int = 100_000
+    max_queue_size: int = 100_000
+    topic: str = ""
+
+
+@dataclass
 class VllmConfig:
     model_config: ModelConfig = field(default_factory=ModelConfig)
     cache_config: CacheConfig = field(default_factory=CacheConfig)
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv_transfer_config: Optional[KVTransferConfig] = None
+    kv_events_config: Optional[KVEventsConfig] = None
 
 
-__all__ = ["CacheConfig", "KVTransferConfig", "ModelConfig", "ParallelConfig",
+__all__ = ["CacheConfig", "KVEventsConfig", "KVTransferConfig", "ModelConfig", "ParallelConfig",
            "SchedulerConfig", "VllmConfig"]

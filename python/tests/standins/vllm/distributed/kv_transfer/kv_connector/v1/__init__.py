@@ -5,6 +5,8 @@ stub it and load base.py directly. It re-exports the base names, as upstream
 does, so `from ...v1 import KVConnectorRole` also works.
 """
 
-from .base import KVConnectorBase_V1, KVConnectorRole, SupportsHMA, supports_hma
+from .base import (KVConnectorBase_V1, KVConnectorRole, KVConnectorTransferResults, SupportsHMA,
+                   supports_hma)
 
-__all__ = ["KVConnectorBase_V1", "KVConnectorRole", "SupportsHMA", "supports_hma"]
+__all__ = ["KVConnectorBase_V1", "KVConnectorRole", "KVConnectorTransferResults", "SupportsHMA",
+           "supports_hma"]

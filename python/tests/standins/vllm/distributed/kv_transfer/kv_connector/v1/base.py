@@ -2,13 +2,17 @@
 
 The shape of v0.11 to v0.2x (ENGINES.md §2.2, §2.3, §2.7): the constructor
 takes an optional kv_cache_config, get_num_new_matched_tokens may return
-None, get_block_ids_with_load_errors and SupportsHMA exist. Abstract methods
+None, get_block_ids_with_load_errors and SupportsHMA exist; with the 2026
+additions of ENGINES.md §6.3/§6.4: get_transfer_results returning
+KVConnectorTransferResults (by default from get_finished), and the
+requires_kv_delivery property (default: is_kv_producer). Abstract methods
 are exactly the upstream ones, so a connector that misses one fails to
 instantiate here as it would in vLLM.
 """
 
 import enum
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Optional
 
 import torch
@@ -38,6 +42,17 @@ class KVConnectorRole(enum.Enum):
 
 class KVConnectorMetadata(ABC):  # noqa: B024
     """Per-step data from the scheduler-side connector to the workers."""
+
+
+@dataclass
+class KVConnectorTransferResults:
+    """What a worker reports after each step (ENGINES.md §6.4): requests whose
+    saves and loads finished; a failed load is in both finished_recving and
+    failed_recving."""
+
+    finished_sending: Optional[set[str]] = None
+    finished_recving: Optional[set[str]] = None
+    failed_recving: set[str] = field(default_factory=set)
 
 
 class SupportsHMA(ABC):
@@ -116,6 +131,10 @@ class KVConnectorBase_V1(ABC):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[Optional[set[str]], Optional[set[str]]]:
         return None, None
 
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        sending, recving = self.get_finished(finished_req_ids)
+        return KVConnectorTransferResults(sending, recving, set())
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         return set()
 
@@ -173,3 +192,7 @@ class KVConnectorBase_V1(ABC):
     @property
     def prefer_cross_layer_blocks(self) -> bool:
         return False
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return self._kv_transfer_config.is_kv_producer
