@@ -8,6 +8,7 @@ exception. A call-level failure (the node is gone, the deadline passed, the
 client is closed) raises KvpoolError.
 """
 
+import contextlib
 import ctypes
 import enum
 import json
@@ -277,6 +278,43 @@ class Client:
         if self._remote is None and not self._copy_mode:
             return self._get_pinned(ids, n)
         return self._get_copied(ids, n)
+
+    @property
+    def maps_segment(self):
+        """True when values can be read in place (local mode, not copy mode)."""
+        return self._remote is None and not self._copy_mode
+
+    @contextlib.contextmanager
+    def acquire(self, keys):
+        """Pins the values of `keys` in the node's segment for reading in place
+        (kvpool_acquire): yields one (address, size) per key, None for a miss,
+        valid until the block ends, when they are released. The memory is
+        read-only. Local mode only (maps_segment)."""
+        ids = self.key_ids(keys)
+        n = ids.n
+        if n == 0:
+            yield []
+            return
+        if not self.maps_segment:
+            raise KvpoolError(StatusCode.FAILED_PRECONDITION,
+                              "acquire: the client does not map the segment")
+        regions = (Region * n)()
+        st = (_native.c_status * n)(*([-1] * n))
+        h = self._enter()
+        try:
+            rc = self._lib.kvpool_acquire(h, ids.ids, n, regions, st)
+            if rc != 0:
+                raise KvpoolError(rc, _last_error())
+            handles = [regions[i].handle for i in range(n) if st[i] == 0]
+            try:
+                yield [(regions[i].data, regions[i].size) if st[i] == 0 else None
+                       for i in range(n)]
+            finally:
+                if handles:
+                    self._lib.kvpool_release(h, (ctypes.c_uint64 * len(handles))(*handles),
+                                             len(handles))
+        finally:
+            self._leave()
 
     def _get_pinned(self, ids, n):
         regions = (Region * n)()

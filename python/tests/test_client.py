@@ -231,3 +231,23 @@ def test_remote_mode_reaches_a_node_over_its_peer_port(node_factory, monkeypatch
         assert c.hit_prefix(["a", "big", "miss"]) == 2
     with Client(node.socket, namespace="r") as local:
         assert local.get(["a"]) == [b"hello"]
+
+
+def test_acquire_reads_values_in_place_and_releases_them(kvpool_node):
+    with Client(kvpool_node.socket) as c, Client(kvpool_node.socket, copy_mode=True) as cc:
+        assert c.maps_segment and not cc.maps_segment
+        assert c.put(["a", "b"], [b"x" * 1000, b"y" * 3]) == [StatusCode.OK] * 2
+        with c.acquire(["a", "missing", "b"]) as regions:
+            assert regions[1] is None
+            assert [size for _, size in (regions[0], regions[2])] == [1000, 3]
+            assert ctypes.string_at(*regions[0]) == b"x" * 1000
+            assert ctypes.string_at(*regions[2]) == b"y" * 3
+            pins = c.stats()["dram"]["pinned"]
+        assert pins == 2
+        assert c.stats()["dram"]["pinned"] == 0  # released on leaving
+        with c.acquire([]) as none:
+            assert none == []
+        with pytest.raises(KvpoolError) as e:
+            with cc.acquire(["a"]):
+                pass
+        assert e.value.code == StatusCode.FAILED_PRECONDITION

@@ -335,3 +335,19 @@ def test_every_connector_honours_the_retry_interval(standins_on_path, kvpool_nod
             assert c.store() and c.hits() == 2
     finally:
         c.close()
+
+
+def test_an_open_session_registers_the_segment_or_says_why_not(kvpool_node):
+    from kvpool.integrations import _cuda
+    s = Session(SessionSettings(socket=kvpool_node.socket), "ns")
+    assert s.segment_registration.reason == "no client"
+    assert s.client() is not None
+    reg = s.segment_registration
+    if torch.cuda.is_available():
+        assert reg.registered == (reg.bytes > 0)
+    else:  # the reason is told, nothing is registered
+        assert not reg.registered and reg.bytes == 0
+        assert reg.reason == "no CUDA device: torch.cuda.is_available() is False"
+        assert _cuda.stats()["reason"] == reg.reason
+    s.close()
+    assert s.segment_registration.reason == "closed"

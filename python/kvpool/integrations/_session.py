@@ -25,6 +25,8 @@ from typing import Callable, Mapping, Optional
 
 from kvpool.client import Client
 
+from . import _cuda
+
 logger = logging.getLogger("kvpool.integrations")
 
 # Older setting name -> (name, factor from the older unit to the name's unit).
@@ -125,6 +127,7 @@ class Session:
         self._closed = False  # protected by _lock
         self._errors = 0  # protected by _lock
         self._failing = False  # protected by _lock
+        self._cuda = _cuda.SegmentRegistration(reason="no client")  # protected by _lock
 
     @property
     def namespace(self) -> str:
@@ -170,8 +173,20 @@ class Session:
                 return None
             self._client = client
             self._failing = False
+            # Copies between the segment and a GPU are DMA only from
+            # registered memory; without a GPU this logs once and is skipped.
+            try:
+                self._cuda = _cuda.register_segment(client)
+            except Exception as e:  # a bad KVPOOL_CUDA_REGISTER_CHUNK and the like
+                self._cuda = _cuda.SegmentRegistration(reason="not registered: %r" % (e,))
         self._log.info("kvpool: connected (namespace %s)", self._namespace)
         return client
+
+    @property
+    def segment_registration(self) -> "_cuda.SegmentRegistration":
+        """The open client's segment as registered with CUDA (.registered,
+        .reason, .covers(address, nbytes))."""
+        return self._cuda
 
     def call(self, fn: Callable[[Client], object], default=None, what: str = "call",
              on_error: Optional[Callable[[Exception], object]] = None):
@@ -206,8 +221,10 @@ class Session:
         """Closes the client and opens one under `namespace` now."""
         with self._lock:
             old, self._client = self._client, None
+            reg, self._cuda = self._cuda, _cuda.SegmentRegistration(reason="no client")
             self._namespace = namespace
             self._next_open = 0.0
+        reg.close()
         if old is not None:
             old.close()
         self.client()
@@ -218,5 +235,7 @@ class Session:
         with self._lock:
             self._closed = True
             client, self._client = self._client, None
+            reg, self._cuda = self._cuda, _cuda.SegmentRegistration(reason="closed")
+        reg.close()
         if client is not None:
             client.close()

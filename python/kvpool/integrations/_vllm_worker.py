@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from . import _cuda
 from . import _vllm_keys as keys_mod
 from ._session import Session
 from ._vllm_events import EventFactory, KvpoolKVEvents
@@ -213,14 +214,50 @@ class WorkerSide:
             with self._lock:
                 self.stats[name] += n
 
-    def _staging(self, slot, n, row):
-        """(n, row) host rows, reused across steps (fresh memory would cost a
-        page fault per 4 KiB on every step). Each slot belongs to one lane."""
+    def _staging(self, slot, n, row, device=None):
+        """(n, row) rows (host memory unless `device`), reused across steps
+        (fresh memory would cost a page fault per 4 KiB on every step). Each
+        slot belongs to one lane."""
         buf = self._buffers.get(slot)
         if buf is None or buf.shape[0] < n or buf.shape[1] != row:
-            buf = torch.empty((max(n, 16), row), dtype=torch.uint8)
+            buf = torch.empty((max(n, 16), row), dtype=torch.uint8, device=device)
             self._buffers[slot] = buf
         return buf[:n]
+
+    def _fetch(self, lane, unit, keys, row):
+        """The pages of `keys` as (n, row) rows and one status per key (0:
+        OK), or (None, None) when the call failed. A client that maps the
+        node's segment copies each page straight from the segment, while it is
+        pinned, into rows on the layers' device: a DMA when the segment is
+        registered with CUDA (_cuda), asynchronous on the lane's stream. Else
+        kvpool_get copies the pages into host rows."""
+        layer_devices = {layer.device for layer in unit.layers}
+        device = layer_devices.pop() if len(layer_devices) == 1 else torch.device("cpu")
+
+        def in_place(c):
+            rows = self._staging((lane, "load", unit.label, str(device)), len(keys), row, device)
+            reg = self._session.segment_registration
+            statuses, done = [], []
+            with self._device(lane, unit.layers), c.acquire(keys) as regions:
+                for j, r in enumerate(regions):
+                    if r is None or r[1] != row:
+                        statuses.append(1)
+                        continue
+                    statuses.append(0)
+                    done.append(_cuda.copy_into(rows[j], _cuda.host_view(r[0], row),
+                                                reg.covers(r[0], row)))
+                for d in done:  # before the pages are released
+                    _cuda.wait(d)
+            return rows, statuses
+
+        def copied(c):
+            rows = self._staging((lane, "load", unit.label), len(keys), row)
+            base = rows.data_ptr()
+            ptrs = [base + j * row for j in range(len(keys))]
+            return rows, c.get_ptrs(keys, ptrs, [row] * len(keys))
+
+        return self._session.call(lambda c: in_place(c) if c.maps_segment else copied(c),
+                                  (None, None), "load")
 
     @contextlib.contextmanager
     def _device(self, lane, layers):
@@ -248,20 +285,18 @@ class WorkerSide:
         keys = [self._key(unit, batch.hashes[i]) for i in idx]
         fmt = unit.fmt
         row = fmt.page_bytes
-        staging = self._staging((lane, "load", unit.label), len(keys), row)
-        base = staging.data_ptr()
-        ptrs = [base + j * row for j in range(len(keys))]
-        statuses = self._session.call(lambda c: c.get_ptrs(keys, ptrs, [row] * len(keys)), None,
-                                      "load")
+        staging, statuses = self._fetch(lane, unit, keys, row)
         if statuses is None:
             return set(range(n))
-        header_ok = (staging[:, :HEADER_BYTES] == fmt.header_rows(keys)).all(dim=1).tolist()
+        want = fmt.header_rows(keys).to(staging.device)
+        header_ok = (staging[:, :HEADER_BYTES] == want).all(dim=1).tolist()
         good = [j for j, st in enumerate(statuses) if st == 0 and header_ok[j]]
         bad.update(idx[j] for j in set(range(len(keys))) - set(good))
         if good and unit.layers:
             rows = staging
             if len(good) < len(keys):
-                rows = staging.index_select(0, torch.tensor(good, dtype=torch.long))
+                rows = staging.index_select(
+                    0, torch.tensor(good, dtype=torch.long, device=staging.device))
             with self._device(lane, unit.layers):
                 for layer in unit.layers:
                     ids = torch.tensor([batch.block_ids[idx[j]] for j in good], dtype=torch.long,
