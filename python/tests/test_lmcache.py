@@ -1,10 +1,15 @@
 """kvpool.integrations.lmcache driven the way LMCache drives a remote
-connector (stand-ins under standins/lmcache, ENGINES.md §3), against a real
-kvpool-node."""
+connector (stand-ins under standins/lmcache, ENGINES.md §3 and §6.2), against
+a real kvpool-node. Every test that takes `lm` runs twice: under the 2025
+and under the 2026 LMCache contract (a fresh import of the stand-ins and of
+the connector for each)."""
 
 import asyncio
 import hashlib
+import importlib
+import os
 import struct
+import sys
 import threading
 import time
 
@@ -18,25 +23,74 @@ LAYERS, HEADS, HEAD_SIZE, CHUNK = 2, 4, 16, 16
 MODEL = "org/test-model"
 
 
+CONTRACTS = ("2025", "2026")
+CONTRACT_ENV = "KVPOOL_LMCACHE_CONTRACT"  # read by the stand-ins (lmcache._contract)
+CONNECTOR_MODULE = "kvpool.integrations.lmcache"
+
+
 def lmcache_modules():
-    """The LMCache stand-in modules, imported under their real names."""
+    """The LMCache stand-in modules, imported under their real names, and the
+    kvpool connector module loaded under them."""
     import types
 
+    import lmcache._contract as contract
     import lmcache.utils as utils
     import lmcache.v1.config as config
     import lmcache.v1.memory_management as mm
     import lmcache.v1.metadata as metadata
     import lmcache.v1.storage_backend.connector as connector
+    import lmcache.v1.storage_backend.connector.base_connector as base_connector
     import lmcache.v1.storage_backend.local_cpu_backend as local_cpu
+    import lmcache.v1.storage_backend.remote_backend as remote_backend
     import lmcache.v1.storage_backend.storage_manager as storage_manager
-    return types.SimpleNamespace(config=config, mm=mm, metadata=metadata, connector=connector,
-                                 local_cpu=local_cpu, storage_manager=storage_manager,
-                                 utils=utils)
+    kvlm = importlib.import_module(CONNECTOR_MODULE)
+    return types.SimpleNamespace(contract=contract.CONTRACT, config=config, mm=mm,
+                                 metadata=metadata, connector=connector,
+                                 base_connector=base_connector, local_cpu=local_cpu,
+                                 remote_backend=remote_backend,
+                                 storage_manager=storage_manager, utils=utils, kvlm=kvlm)
 
 
-@pytest.fixture
-def lm(standins_on_path):
-    return lmcache_modules()
+def _lmcache_module_names():
+    return [n for n in sys.modules
+            if n == "lmcache" or n.startswith("lmcache.") or n == CONNECTOR_MODULE]
+
+
+def load_contract(contract, monkeypatch):
+    """Imports the stand-ins of `contract` and the connector under them;
+    monkeypatch puts back the modules there were before."""
+    import kvpool.integrations as integrations
+    for name in _lmcache_module_names():
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(integrations, "lmcache", None, raising=False)
+    monkeypatch.setenv(CONTRACT_ENV, contract)
+    mods = lmcache_modules()
+    assert mods.contract == contract
+    return mods
+
+
+def contract_modules(contract, monkeypatch):
+    """A fixture's body: the modules of `contract` for one test. After it the
+    modules imported during the test go; monkeypatch then puts the old ones
+    back."""
+    yield load_contract(contract, monkeypatch)
+    for name in _lmcache_module_names():
+        del sys.modules[name]
+
+
+@pytest.fixture(params=CONTRACTS)
+def lm(request, standins_on_path, monkeypatch):
+    yield from contract_modules(request.param, monkeypatch)
+
+
+def contains_answer(lm, hits, stop=True):
+    """What the connector's batched_contains answers for per-key presence
+    `hits` under lm's contract: the leading-hit count (2026), else one bool
+    per key, all False after the first miss when `stop`."""
+    n = hits.index(False) if False in hits else len(hits)
+    if lm.contract == "2026":
+        return n
+    return [True] * n + [False] * (len(hits) - n) if stop else list(hits)
 
 
 def make_config(lm, socket, plugin="kvpool", class_name="KvpoolConnectorAdapter", **settings):
@@ -80,7 +134,8 @@ class Engine:
     def __init__(self, lm, config, metadata, capacity_bytes=64 << 20, local_cpu_backend=None):
         self.lm, self.metadata = lm, metadata
         self.allocator = lm.mm.TensorMemoryAllocator(capacity_bytes)
-        cpu = local_cpu_backend or lm.local_cpu.LocalCPUBackend(config, self.allocator)
+        cpu = local_cpu_backend or lm.local_cpu.LocalCPUBackend(config, self.allocator,
+                                                                 metadata=metadata)
         self.sm = lm.storage_manager.StorageManager(config, metadata, cpu)
         self.backend = next(iter(self.sm.remote_backends.values()))
         self.connector = self.backend.connection.getWrappedConnector()
@@ -134,12 +189,17 @@ class Engine:
         self.sm.close()
 
 
-@pytest.fixture
-def engines():
+def closing_engines():
+    """A fixture's body: a list of engines, closed after the test."""
     made = []
     yield made
     for e in made:
         e.close()
+
+
+@pytest.fixture
+def engines():
+    yield from closing_engines()
 
 
 def new_engine(engines, *args, **kwargs):
@@ -177,8 +237,14 @@ def test_contains_prefix_and_batched_contains(lm, kvpool_node, engines):
     assert e.backend.contains(other[0]) is False
     c = e.connector
     assert c.exists_sync(keys[0]) is True and c.exists_sync(other[1]) is False
-    assert c.batched_contains([keys[0], other[0], keys[1]]) == [True, False, False]
-    assert c.batched_contains([keys[0], other[0], keys[1]], False) == [True, False, True]
+    mixed = [keys[0], other[0], keys[1]]
+    if lm.contract == "2026":
+        assert c.batched_contains(mixed) == 1
+    else:
+        assert c.batched_contains(mixed) == [True, False, False]
+        assert c.batched_contains(mixed, False) == [True, False, True]
+    assert e.backend.batched_contains(mixed) == 1
+    assert e.backend.batched_contains(keys) == 4
     # A lookup then a non-blocking prefetch: the found prefix, the rest released.
     fut = e.backend.batched_get_non_blocking("l4", keys[:2] + other[:1] + keys[2:])
     got = fut.result(timeout=10)
@@ -213,10 +279,9 @@ e.close()
 
 
 def test_two_processes_share_one_node(lm, kvpool_node, engines):
-    """One LMCache process writes; another, started later, loads byte-exact."""
-    import os
+    """One LMCache process writes; another, started later, loads byte-exact
+    (the writer runs the same contract: it inherits KVPOOL_LMCACHE_CONTRACT)."""
     import subprocess
-    import sys
     tests = os.path.dirname(os.path.abspath(__file__))
     out = subprocess.run([sys.executable, "-c", _WRITER % {"tests": tests,
                                                            "socket": kvpool_node.socket}],
@@ -281,7 +346,6 @@ def test_node_killed_mid_run_is_misses_then_recovers(lm, kvpool_node, engines):
 
 
 def test_hung_node_is_misses_within_the_deadline(lm, kvpool_node, engines):
-    import os
     import signal
     e = new_engine(engines, lm, make_config(lm, kvpool_node.socket, timeout_ms=500),
                    make_metadata(lm))
@@ -345,7 +409,8 @@ def test_foreign_or_broken_layouts_are_misses(lm, kvpool_node, engines):
     assert a.connector.stats["rejected_headers"] - before["rejected_headers"] == 3  # 0, 1, 4
     # Lookups agree: only 3 (a payload of the wrong size: exists cannot tell) looks stored.
     assert a.backend.batched_async_contains("x", new) == 0
-    assert a.connector.batched_contains(new, False) == [False, False, False, True, False]
+    assert a.connector.batched_contains(new, False) \
+        == contains_answer(lm, [False, False, False, True, False], stop=False)
     a.assert_no_leaks()
     raw.close()
 
@@ -361,7 +426,8 @@ def test_lookups_check_the_payload_too(lm, kvpool_node, engines):
     assert raw.remove(fmt.payload_keys(s[1], headers[1]) + fmt.payload_keys(s[3], headers[3])) \
         == [kvpool.StatusCode.OK] * 2
     assert e.backend.batched_async_contains("x", keys) == 1
-    assert e.connector.batched_contains(keys, False) == [True, False, True, False]
+    assert e.connector.batched_contains(keys, False) \
+        == contains_answer(lm, [True, False, True, False], stop=False)
     assert e.backend.contains(keys[1]) is False and e.backend.contains(keys[2]) is True
     got = e.backend.batched_get_blocking(keys)
     assert [g is not None for g in got] == [True, False, True, False]
@@ -577,8 +643,8 @@ def test_registry_routes(lm, kvpool_node, engines):
         assert type(dyn.getWrappedConnector()).__name__ == "KvpoolRemoteConnector"
         assert dyn.getWrappedConnector().settings.socket == kvpool_node.socket
         # Other schemes go elsewhere.
-        assert type(conn.CreateConnector("blackhole://", loop, cpu, cfg).getWrappedConnector()
-                    ).__name__ == "BlackholeConnector"
+        hole = conn.CreateConnector("blackhole://", loop, cpu, cfg, make_metadata(lm))
+        assert type(hole.getWrappedConnector()).__name__ == "BlackholeConnector"
         with pytest.raises(ValueError):
             conn.CreateConnector("plugin://redis", loop, cpu, cfg)
     finally:

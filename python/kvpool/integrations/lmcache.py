@@ -11,8 +11,10 @@ Enable it with LMCache's remote storage plugins (config YAML):
 or, with older LMCache, the same plugin entries plus `remote_url: kvpool://`.
 `KvpoolConnectorAdapter` accepts `kvpool://...` and `plugin://kvpool[.name]`
 URLs; `class_name: KvpoolRemoteConnector` also works (LMCache then builds
-the connector itself, without the engine metadata, so stored headers are
-only checked for self-consistency). Settings, URL query over plugin
+the connector itself, without the engine metadata: the connector takes the
+metadata of the CPU backend it is given when that has one (the worker
+role); without it (the scheduler role) stored headers are only checked for
+self-consistency). Settings, URL query over plugin
 settings over defaults, the connectors' shared names
 (kvpool.integrations._session) plus `io_threads`: `socket` (else env
 KVPOOL_SOCKET, else the library's default), `remote` (peer list: remote
@@ -29,10 +31,29 @@ puts no-ops, as in every connector (the Session: while no node was reached,
 a connect is tried every `retry_interval_ms`); no exception reaches LMCache.
 A header whose layout does not match the engine's (`metadata.kv_shape`,
 `kv_dtype`, MLA or not) is a miss. Thread-safe.
+
+Both LMCache remote connector contracts (ENGINES.md §3.2 and §6.2) are
+served, chosen by the `RemoteConnector` base class this module is loaded
+under, never by the arguments of a call:
+- 2025: no base constructor; `batched_contains(keys,
+  stop_after_first_not_exits=True) -> List[bool]`.
+- 2026: the base constructor `__init__(config, metadata)` (run when there is
+  metadata; it sets `save_chunk_meta`, `meta_shapes`, ...; kvpool writes its
+  own small header whatever `save_chunk_meta` says);
+  `batched_contains(keys) -> int`, the count of leading hits.
+`batched_async_contains` (a count) and `batched_get_non_blocking` (the
+leading hits) are the same under both.
+
+`list()` is unsupported (a node cannot list one namespace's keys) and
+raises NotImplementedError, the base class's way. `clear()`/`clear_sync()`
+drop every entry of the connector's namespace on the node (every LMCache
+instance sharing that namespace loses its chunks; other namespaces keep
+theirs).
 """
 
 import asyncio
 import concurrent.futures
+import inspect
 import logging
 import threading
 from dataclasses import dataclass
@@ -67,6 +88,21 @@ class KvpoolSettings(SessionSettings):
     io_threads: int = 4
 
     PARSERS = {**SessionSettings.PARSERS, "io_threads": int}
+
+
+def base_contains_answers_count(base) -> Optional[bool]:
+    """How `base.batched_contains` answers (ENGINES.md §6.2): False when it
+    takes `stop_after_first_not_exits` and answers one bool per key (LMCache
+    2025), True when it answers the count of leading hits (2026), None when
+    the base has no batched_contains (older LMCache: nobody calls it)."""
+    fn = getattr(base, "batched_contains", None)
+    if fn is None:
+        return None
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # no signature to read: the newer shape
+        return True
+    return "stop_after_first_not_exits" not in params
 
 
 def plugin_name_of(url: Optional[str]) -> Optional[str]:
@@ -150,17 +186,20 @@ def _object_buffer(obj: MemoryObj):
 
 
 class KvpoolRemoteConnector(RemoteConnector):
-    """LMCache `RemoteConnector` over a kvpool node (or cluster)."""
+    """LMCache `RemoteConnector` over a kvpool node (or cluster).
+
+    `metadata` None (LMCache built the connector from its class alone) takes
+    `local_cpu_backend.metadata` when the backend has one."""
+
+    # The base's batched_contains shape (see base_contains_answers_count).
+    CONTAINS_ANSWERS_COUNT = base_contains_answers_count(RemoteConnector)
 
     def __init__(self, loop=None, local_cpu_backend=None, config=None, metadata=None, *,
                  url: Optional[str] = None, plugin_name: Optional[str] = None,
                  settings: Optional[KvpoolSettings] = None):
-        if RemoteConnector.__init__ is not object.__init__:
-            # Newer LMCache's base takes (config, metadata); older has no __init__.
-            try:
-                RemoteConnector.__init__(self, config, metadata)
-            except Exception as e:
-                logger.warning("kvpool: RemoteConnector base init failed (%s)", e)
+        if metadata is None:
+            metadata = getattr(local_cpu_backend, "metadata", None)
+        self._init_base(config, metadata)
         self.loop = loop
         self.local_cpu_backend = local_cpu_backend
         self.config = config
@@ -177,6 +216,24 @@ class KvpoolRemoteConnector(RemoteConnector):
                         "store_failures": 0}
         self._session = Session(self.settings, on_open=self._opened, log=logger)
         self._session.client()  # connect now: the log says at once whether a node answers
+
+    def _init_base(self, config, metadata) -> None:
+        """LMCache 2026's base constructor `(config, metadata)` asserts the
+        metadata and sets the chunk layout fields; LMCache 2025's base has
+        none. Without metadata the base is not run and the fields say
+        "headers saved, layout unknown"."""
+        if RemoteConnector.__init__ is object.__init__:
+            return
+        if metadata is not None:
+            try:
+                RemoteConnector.__init__(self, config, metadata)
+                return
+            except Exception as e:
+                logger.warning("kvpool: RemoteConnector base init failed (%s)", e)
+        self.save_chunk_meta = True
+        self.meta_shapes, self.meta_dtypes = [], []
+        self.meta_fmt = self.full_chunk_size_bytes = self.single_token_size = None
+        self.remote_metadata_bytes = None
 
     # ---- connection ----------------------------------------------------------
     def _opened(self, client: kvpool.Client) -> None:
@@ -514,7 +571,25 @@ class KvpoolRemoteConnector(RemoteConnector):
                             on_cancel=self._hold_until_done([memory_obj]))
 
     async def list(self) -> List[str]:
-        return []  # kvpool does not enumerate keys
+        """Unsupported: a kvpool node cannot list the keys of one namespace.
+        Raises NotImplementedError, as the base class does for what a
+        connector does not support."""
+        raise NotImplementedError("kvpool cannot list the keys of a namespace")
+
+    def clear_sync(self) -> int:
+        """Drops every entry of the connector's namespace on the node (each
+        chunk is a header plus one or more payload entries) with one call;
+        every LMCache instance sharing the namespace loses its chunks, other
+        namespaces keep theirs. Answers the number of entries dropped; 0 when
+        no node answered or the call failed (logged and counted in
+        stats["errors"]), e.g. in remote mode, where kvpool cannot clear a
+        namespace."""
+        return self._session.call(lambda c: int(c.clear()), 0, "clear")
+
+    async def clear(self) -> int:
+        """clear_sync on the connector's threads."""
+        result = await self._offload(self.clear_sync)
+        return result or 0
 
     async def close(self):
         await asyncio.get_running_loop().run_in_executor(None, self.close_sync)
@@ -573,14 +648,24 @@ class KvpoolRemoteConnector(RemoteConnector):
         return objs[:n]
 
     def support_batched_contains(self) -> bool:
-        return True
+        """True wherever the base class has a batched_contains to answer."""
+        return self.CONTAINS_ANSWERS_COUNT is not None
 
-    def batched_contains(self, keys, stop_after_first_not_exits: bool = True) -> List[bool]:
-        hits = self._exists_many(list(keys))
-        if stop_after_first_not_exits and False in hits:
-            first = hits.index(False)
-            hits = hits[:first] + [False] * (len(hits) - first)
-        return hits
+    def batched_contains(self, keys, *args, **kwargs):
+        """Synchronous batch lookup, in the base class's shape:
+        - LMCache 2026 (and a base without batched_contains): the number of
+          leading keys stored (int); other arguments are ignored.
+        - LMCache 2025: one bool per key; with `stop_after_first_not_exits`
+          (the default, positional or keyword) every key after the first
+          miss answers False."""
+        keys = list(keys)
+        if self.CONTAINS_ANSWERS_COUNT is not False:
+            return self._prefix(keys)
+        stop = kwargs.get("stop_after_first_not_exits", args[0] if args else True)
+        if stop:
+            n = self._prefix(keys)
+            return [True] * n + [False] * (len(keys) - n)
+        return self._exists_many(keys)
 
     def remove_sync(self, key) -> bool:
         return self._remove(key)

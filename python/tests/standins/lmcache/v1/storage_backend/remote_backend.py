@@ -8,11 +8,18 @@ after the connector's put. Blocking gets wait `blocking_timeout_secs` and
 cancel the coroutine on timeout. With MLA and world_size > 1
 (`extra_config.remote_enable_mla_worker_id_as0`, default `metadata.use_mla`)
 ranks other than 0 skip puts and read worker 0's keys.
+
+`batched_contains(keys, pin) -> int` (ENGINES.md §6.2) asks the connector
+only when it supports batched contains: in 2026 it takes the count the
+connector answers; in 2025 (`lmcache._contract`) it counts the leading True
+of the list the connector answers. Otherwise it loops over `contains`. An
+exception counts as 0.
 """
 import asyncio
 import concurrent.futures
 from typing import List, Optional
 
+from lmcache._contract import IS_2026
 from lmcache.logging import init_logger
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory_management import MemoryObj
@@ -68,6 +75,27 @@ class RemoteBackend:
                 break
             n += 1
         return n
+
+    def batched_contains(self, keys: List[CacheEngineKey], pin: bool = False) -> int:
+        try:
+            if not self.connection.support_batched_contains():
+                n = 0
+                for key in keys:
+                    if not self.contains(key, pin):
+                        break
+                    n += 1
+                return n
+            keys = [self._read_key(k) for k in keys]
+            if IS_2026:
+                return self.connection.batched_contains(keys)
+            found = self.connection.batched_contains(keys)
+            n = 0
+            while n < len(found) and found[n]:
+                n += 1
+            return n
+        except Exception as e:
+            logger.warning("batched_contains failed: %s", e)
+            return 0
 
     def submit_put_task(self, key: CacheEngineKey, memory_obj: MemoryObj):
         if self._skip_put():

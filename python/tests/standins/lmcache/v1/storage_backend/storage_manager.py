@@ -20,7 +20,8 @@ class StorageManager:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
                                        name="lmcache-event-loop")
         self.thread.start()
-        self.local_cpu_backend = local_cpu_backend or LocalCPUBackend(config)
+        self.local_cpu_backend = local_cpu_backend or LocalCPUBackend(config,
+                                                                         metadata=metadata)
         self.remote_backends: Dict[str, RemoteBackend] = {}
         try:
             for name in config.remote_storage_plugins or []:

@@ -10,6 +10,13 @@ subclass is wrapped in `DynamicConnectorAdapter` with schema
 `plugin://<type>`), picks the first whose `can_parse(url)` is true, calls
 `create_connector(ConnectorContext)` and wraps the result in
 `InstrumentedRemoteConnector`.
+
+2026 (`lmcache._contract`, ENGINES.md §6.2): an adapter matches only with a
+non-empty schema (`schema != "" and url.startswith(schema)`), and
+`DynamicConnectorAdapter` matches `plugin://<type>` and
+`plugin://<type>.<instance>`, not `plugin://<type>x`. Both releases build
+a `RemoteConnector` subclass as `cls(loop=, local_cpu_backend=, config=)`,
+without the metadata.
 """
 import abc
 import asyncio
@@ -20,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, List, Optional
 from urllib.parse import parse_qs, urlparse
 
+from lmcache._contract import IS_2026
 from lmcache.logging import init_logger
 from lmcache.v1.memory_management import dtype_size
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
@@ -48,6 +56,8 @@ class ConnectorAdapter(abc.ABC):
         self.schema = schema
 
     def can_parse(self, url: str) -> bool:
+        if IS_2026:
+            return self.schema != "" and url.startswith(self.schema)
         return url.startswith(self.schema)
 
     @abc.abstractmethod
@@ -83,6 +93,11 @@ class DynamicConnectorAdapter(ConnectorAdapter):
     def __init__(self, plugin_type: str, connector_cls):
         super().__init__(f"plugin://{plugin_type}")
         self.connector_cls = connector_cls
+
+    def can_parse(self, url: str) -> bool:
+        if IS_2026:
+            return url == self.schema or url.startswith(self.schema + ".")
+        return super().can_parse(url)
 
     def create_connector(self, context: ConnectorContext) -> RemoteConnector:
         return self.connector_cls(loop=context.loop, local_cpu_backend=context.local_cpu_backend,

@@ -1,9 +1,12 @@
 """Stand-in of `connector/instrumented_connector.py`: the wrapper LMCache puts
 around every connector. It adds metrics and, after `put`/`batched_put`
 returns (or raises), drops the reference the serializer took: connectors do
-not release put objects themselves."""
+not release put objects themselves. `batched_contains` passes the call on in
+the shape of the release imitated (`lmcache._contract`): with the stop flag
+(2025), without it (2026)."""
 from typing import List, Optional
 
+from lmcache._contract import IS_2026
 from lmcache.observability import LMCStatsMonitor
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory_management import MemoryObj
@@ -87,8 +90,12 @@ class InstrumentedRemoteConnector(RemoteConnector):
     def support_batched_contains(self) -> bool:
         return self._connector.support_batched_contains()
 
-    def batched_contains(self, keys, stop_after_first_not_exits=True):
-        return self._connector.batched_contains(keys, stop_after_first_not_exits)
+    if IS_2026:
+        def batched_contains(self, keys) -> int:
+            return self._connector.batched_contains(keys)
+    else:
+        def batched_contains(self, keys, stop_after_first_not_exits=True) -> List[bool]:
+            return self._connector.batched_contains(keys, stop_after_first_not_exits)
 
     def remove_sync(self, key) -> bool:
         return self._connector.remove_sync(key)
