@@ -8,13 +8,20 @@
 #   sglang   KvpoolHiCacheStorage batch_set_v1/batch_get_v1 of 128-page
 #            batches vs Client.put_ptrs/get_ptrs of the same objects
 #   lmcache  the LMCache connector's batched get/put (its bench_lmcache hook)
+#   vllm     KvpoolConnector's worker side, one vLLM step per 64-block batch
+#            (bind metadata, start_load_kv, wait_for_layer_load and
+#            save_kv_layer per layer, wait_for_save) over a paged
+#            FlashAttention KV cache, vs get_ptrs/put_ptrs of the same pages
+#            plus the same block copies into and out of the KV cache
 # Medians of --reps (>= 3, default 5) reps. Ends with `metric` lines:
-# sglang_get_vs_client, sglang_set_vs_client (and lmcache_get_vs_client when
-# the LMCache hook measures it).
+# sglang_get_vs_client, sglang_set_vs_client, lmcache_get_vs_client and
+# lmcache_set_vs_client (when the LMCache hook measures them),
+# vllm_load_vs_client, vllm_save_vs_client.
 #
 # Usage: bench/compare.sh connectors [--reps N] [--keep] [-- BENCH_ARGS...]
 #   BENCH_ARGS go to connectors_bench.py (--batches, --page-size, --layers,
-#   --heads, --head-dim, --only sglang,lmcache)
+#   --heads, --head-dim, --vllm-blocks, --vllm-block-size, --vllm-heads,
+#   --only sglang,lmcache,vllm)
 # Environment: BUILD_DIR (default build), NODE_DRAM (default 2GiB).
 set -euo pipefail
 
