@@ -28,7 +28,7 @@
 #          (KV events with a subscriber that stopped reading vs none;
 #          bench/compare_kv_events.sh)
 #        bench/compare.sh connectors [--reps N] [--keep] [-- BENCH_ARGS]
-#          (SGLang/LMCache connectors vs the raw Python client;
+#          (SGLang/LMCache/vLLM connectors vs the raw Python client;
 #          bench/compare_connectors.sh)
 #   --only   comma list of memcpy,redis,kvpool (default all three)
 #   --keep   keep the temporary directory (logs, raw results)

@@ -205,7 +205,9 @@ KVPOOL_API kvpool_status kvpool_flush(kvpool_client* client);
  * the namespace while it runs may stay or go. *dropped (when non-NULL) = the
  * entries dropped. The node blocks other local requests while it walks its
  * index (and lists its SSD tier's records), so this is for resets, not the
- * data path. Local mode only: this node's entries, not a cluster's. Two
+ * data path. Local mode only, and FAILED_PRECONDITION on a node whose store
+ * is pooled with a cluster (a clear of one node would leave the namespace
+ * served by the others); a tenant's store, never pooled, can be cleared. Two
  * namespaces share a tag (common/key_id.h) with probability 2^-32; clearing
  * one then clears both. */
 KVPOOL_API kvpool_status kvpool_clear_namespace(kvpool_client* client, const void* ns,

@@ -330,10 +330,10 @@ def test_mappings_parsed_from_maps_file(tmp_path):
         "7f0010000000-7f0010200000 rw-s 00000000 00:01 13   /memfd:kvpool-dram (deleted)\n"
         "7f0020000000-7f0020001000 r--p 00000000 fe:00 9    /usr/lib/libkvpool-dram.so\n")
     assert _cuda.kvpool_mappings(maps_path=str(maps)) == [
-        _cuda.Mapping(0x7f0000000000, 64 * MiB, False, "segment"),
-        _cuda.Mapping(0x7f0010000000, 2 * MiB, True, "segment")]
+        _cuda.Mapping(0x7f0000000000, 64 * MiB, False, "segment", 11),
+        _cuda.Mapping(0x7f0010000000, 2 * MiB, True, "segment", 13)]
     assert _cuda.kvpool_mappings(True, str(maps))[1] == _cuda.Mapping(
-        0x7f0004000000, 64 * MiB, True, "staging")
+        0x7f0004000000, 64 * MiB, True, "staging", 12)
     rt = FakeRuntime()
     reg = _cuda.register_segment(None, runtime=rt, maps_path=str(maps))
     assert rt.calls == [("register", 0x7f0000000000, 64 * MiB, RO),

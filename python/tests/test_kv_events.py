@@ -110,7 +110,6 @@ def test_ssd_tier_moves_and_drops_are_told_with_their_medium(node_factory, tmp_p
         h = hashes(c, ["s%d" % i for i in range(n)])
         st = c.stats()
         ssd_entries = st["ssd"]["entries"]
-        batches = all_batches(sub, 0)
         deadline = time.monotonic() + 10
         got = []
         while time.monotonic() < deadline:

@@ -339,15 +339,35 @@ def test_every_connector_honours_the_retry_interval(standins_on_path, kvpool_nod
 
 def test_an_open_session_registers_the_segment_or_says_why_not(kvpool_node):
     from kvpool.integrations import _cuda
-    s = Session(SessionSettings(socket=kvpool_node.socket), "ns")
+    plain = Session(SessionSettings(socket=kvpool_node.socket), "ns")
+    assert plain.client() is not None
+    assert plain.segment_registration.reason == "not asked for"
+    plain.close()
+    s = Session(SessionSettings(socket=kvpool_node.socket), "ns", register_cuda=True)
     assert s.segment_registration.reason == "no client"
     assert s.client() is not None
     reg = s.segment_registration
     if torch.cuda.is_available():
-        assert reg.registered == (reg.bytes > 0)
+        assert reg.registered and reg.bytes > 0 and reg.current()
     else:  # the reason is told, nothing is registered
         assert not reg.registered and reg.bytes == 0
         assert reg.reason == "no CUDA device: torch.cuda.is_available() is False"
         assert _cuda.stats()["reason"] == reg.reason
     s.close()
     assert s.segment_registration.reason == "closed"
+
+
+def test_a_registration_of_a_replaced_segment_is_not_current(tmp_path):
+    from kvpool.integrations import _cuda
+    maps = tmp_path / "maps"
+    line = "7f0000000000-7f0004000000 r--s 00000000 00:01 %d /memfd:kvpool-dram (deleted)\n"
+    maps.write_text(line % 1111)
+    m = _cuda.kvpool_mappings(False, str(maps))
+    assert [(x.start, x.nbytes, x.inode) for x in m] == [(0x7f0000000000, 64 << 20, 1111)]
+    reg = _cuda.SegmentRegistration([(m[0].start, m[0].nbytes, m[0].inode)],
+                                    [(m[0].start, m[0].nbytes)])
+    assert reg.current(str(maps))
+    maps.write_text(line % 2222)  # the node restarted: same address, a new memfd
+    assert not reg.current(str(maps))
+    maps.write_text("")
+    assert not reg.current(str(maps))

@@ -250,7 +250,12 @@ def test_node_killed_mid_run(vllm_env, kvpool_node):
     assert b.runner.connector.worker_stats["saved_blocks"] == 11
 
 
-def test_partial_miss_reports_exactly_the_failed_blocks(vllm_env, kvpool_node):
+@pytest.mark.parametrize("one_page_chunks", [False, True])
+def test_partial_miss_reports_exactly_the_failed_blocks(vllm_env, kvpool_node, monkeypatch,
+                                                        one_page_chunks):
+    if one_page_chunks:  # a load staged one page at a time
+        from kvpool.integrations import _vllm_worker
+        monkeypatch.setattr(_vllm_worker, "_LOAD_CHUNK_BYTES", 1)
     toks = prompt(45)
     cfg = vllm_env.config(kvpool_node.socket)
     a = vllm_env.engine(cfg)

@@ -24,7 +24,7 @@ Status KvEventsOptions::Validate() const {
   if (max_queued_events < 1) return InvalidArgument("kv events: the queue must hold an event");
   if (max_batch_keys < 1) return InvalidArgument("kv events: a batch must hold a block");
   if (send_hwm < 1) return InvalidArgument("kv events: the send high-water mark must be >= 1");
-  if (!replay_endpoint.empty() && replay_endpoint == endpoint) {
+  if (!replay_endpoint.empty() && replay_endpoint == endpoint && !endpoint.ends_with(":0")) {
     return InvalidArgument("kv events: the replay endpoint must differ from the endpoint");
   }
   return Status::Ok();
@@ -55,6 +55,7 @@ struct KvEventsPublisher::Impl {
   void* ctx = nullptr;
   void* pub = nullptr;
   void* replay = nullptr;
+  std::string bound, bound_replay;  // set before the thread starts
   std::thread thread;
 
   Counter* events_sent;
@@ -136,9 +137,10 @@ struct KvEventsPublisher::Impl {
                           .count();
     Batch b{next_seq++, EncodeBatch(ts, events, opts.encoding)};
     const std::string seq = SeqFrame(b.seq);
-    // A subscriber over its high-water mark makes the send fail at once
-    // (ZMQ_XPUB_NODROP): the batch is lost to it, counted, and can be
-    // replayed.
+    // PUB never blocks: a subscriber over its high-water mark loses the
+    // batch (ZMQ drops it for that subscriber alone, uncounted: it sees the
+    // gap in sequence numbers and replays). A send that fails here is lost
+    // to every subscriber, and counted.
     if (SendFrames(pub, {opts.topic, seq, b.payload})) {
       batches_sent->Inc();
       events_sent->Inc(keys);
@@ -154,14 +156,16 @@ struct KvEventsPublisher::Impl {
   // One replay request: [identity, ..., start seq (8 bytes)].
   void ServeReplay() {
     std::vector<std::string> frames;
-    for (;;) {
+    for (;;) {  // every frame is read; at most 4 are kept
       zmq_msg_t m;
       zmq_msg_init(&m);
       if (zmq_msg_recv(&m, replay, ZMQ_DONTWAIT) < 0) {
         zmq_msg_close(&m);
         return;
       }
-      frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+      if (frames.size() < 4) {
+        frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+      }
       const bool more = zmq_msg_more(&m) != 0;
       zmq_msg_close(&m);
       if (!more) break;
@@ -230,9 +234,8 @@ Result<std::unique_ptr<KvEventsPublisher>> KvEventsPublisher::Start(const KvEven
   if (impl->ctx == nullptr) return ZmqError("context");
   impl->pub = zmq_socket(impl->ctx, ZMQ_PUB);
   if (impl->pub == nullptr) return ZmqError("PUB socket");
-  const int one = 1, zero = 0;
+  const int zero = 0;
   zmq_setsockopt(impl->pub, ZMQ_SNDHWM, &options.send_hwm, sizeof(int));
-  zmq_setsockopt(impl->pub, ZMQ_XPUB_NODROP, &one, sizeof(one));
   zmq_setsockopt(impl->pub, ZMQ_LINGER, &zero, sizeof(zero));
   if (zmq_bind(impl->pub, options.endpoint.c_str()) != 0) {
     return ZmqError(fmt::format("bind {}", options.endpoint));
@@ -241,12 +244,18 @@ Result<std::unique_ptr<KvEventsPublisher>> KvEventsPublisher::Start(const KvEven
     impl->replay = zmq_socket(impl->ctx, ZMQ_ROUTER);
     if (impl->replay == nullptr) return ZmqError("ROUTER socket");
     zmq_setsockopt(impl->replay, ZMQ_LINGER, &zero, sizeof(zero));
+    // A request is a few small frames: anything larger is refused by ZMQ
+    // before it is read (the peer is dropped).
+    const int64_t max_msg = 256;
+    zmq_setsockopt(impl->replay, ZMQ_MAXMSGSIZE, &max_msg, sizeof(max_msg));
     if (zmq_bind(impl->replay, options.replay_endpoint.c_str()) != 0) {
       return ZmqError(fmt::format("bind {}", options.replay_endpoint));
     }
   }
-  LogInfo("kv events: publishing on {}{}", LastEndpoint(impl->pub),
-          impl->replay ? fmt::format(", replay on {}", LastEndpoint(impl->replay)) : "");
+  impl->bound = LastEndpoint(impl->pub);
+  impl->bound_replay = LastEndpoint(impl->replay);
+  LogInfo("kv events: publishing on {}{}", impl->bound,
+          impl->replay ? fmt::format(", replay on {}", impl->bound_replay) : "");
   impl->pending.push_back(KvEvent{KvEvent::Type::kAllCleared, Medium::kCpu, {}});
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->Run(); });
@@ -279,9 +288,7 @@ void KvEventsPublisher::Recovered(const KeyId& key) {
   impl_->Queue(KvEvent::Type::kStored, Medium::kStorage, key, /*wait=*/true);
 }
 
-std::string KvEventsPublisher::bound_endpoint() const { return LastEndpoint(impl_->pub); }
-std::string KvEventsPublisher::bound_replay_endpoint() const {
-  return LastEndpoint(impl_->replay);
-}
+std::string KvEventsPublisher::bound_endpoint() const { return impl_->bound; }
+std::string KvEventsPublisher::bound_replay_endpoint() const { return impl_->bound_replay; }
 
 }  // namespace kvpool::events

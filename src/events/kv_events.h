@@ -7,9 +7,10 @@
 // or lost from a tier is BlockRemoved on that tier's medium. OnHoldings only
 // appends to a bounded queue; a thread batches the queue every
 // batch_interval, numbers each batch, sends it without blocking and keeps
-// the last replay_batches for the replay socket. A full queue or a
-// subscriber that does not keep up loses events, counted
-// (kvpool_kv_events_dropped_total), never slowing the store.
+// the last replay_batches for the replay socket. A full queue loses events,
+// counted (kvpool_kv_events_dropped_total); a subscriber with send_hwm
+// batches unread loses further batches (ZMQ drops them for it alone; it sees
+// the gap and replays). Neither slows the store.
 //
 // The first batch (seq 0) holds AllBlocksCleared: whatever a router knew of
 // this node before it started is gone.

@@ -29,6 +29,8 @@
 // wanted (big-endian); the answer is [topic, seq, payload] for each batch
 // still buffered with seq >= it, then the end marker ["", -1 as 8 bytes,
 // ""]. A router prefixes the requester's identity frame.
+//
+// Functions only; thread-safe.
 #pragma once
 
 #include <cstdint>

@@ -740,6 +740,13 @@ Status LocalOps::OnFlush(LocalSession& c, const FrameHeader& h, std::span<const 
 Status LocalOps::OnClear(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {
   uint32_t tag = 0;
   KVPOOL_RETURN_IF_ERROR(protocol::DecodeU32Body(body, &tag));
+  if (T(c).remote != nullptr) {
+    // The pooled store: the namespace's keys live on other nodes too, and a
+    // miss here reads them from there.
+    return FailedPrecondition(
+        "clear: this node's store is pooled with a cluster, where a clear of one node would "
+        "leave the namespace served by the others; use a new namespace instead");
+  }
   const uint64_t dropped = T(c).store->ClearNamespace(tag);
   clears_->Inc();
   cleared_->Inc(dropped);

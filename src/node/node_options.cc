@@ -32,8 +32,35 @@ ClusterOptions NodeOptions::ClusterWithEndpoints(const std::string& id) const {
   return c;
 }
 
+namespace {
+
+// A ZMQ endpoint only this host reaches: ipc://, inproc://, or tcp:// on a
+// loopback address.
+bool IsLocalEndpoint(const std::string& e) {
+  if (e.starts_with("ipc://") || e.starts_with("inproc://")) return true;
+  if (!e.starts_with("tcp://")) return false;
+  std::string host = e.substr(6, e.rfind(':') == std::string::npos ? std::string::npos
+                                                                   : e.rfind(':') - 6);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return IsLoopbackAddress(host);
+}
+
+}  // namespace
+
 Status NodeOptions::Validate() const {
   KVPOOL_RETURN_IF_ERROR(dram.Validate());
+  KVPOOL_RETURN_IF_ERROR(kv_events.Validate());
+  for (const std::string* e : {&kv_events.endpoint, &kv_events.replay_endpoint}) {
+    if (!e->empty() && !IsLocalEndpoint(*e) && !insecure) {
+      return InvalidArgument(fmt::format(
+          "KV events endpoint {} is reachable from other hosts and events are not "
+          "authenticated: bind it to a loopback address (tcp://127.0.0.1:PORT) or ipc://, or "
+          "pass --insecure",
+          *e));
+    }
+  }
   KVPOOL_RETURN_IF_ERROR(tiering.Validate());
   KVPOOL_RETURN_IF_ERROR(anti_entropy.Validate());
   if (!writable_segment && client_staging_bytes < dram.max_value_bytes) {

@@ -19,10 +19,11 @@
 // Key ids are bound to their tenant: a client sends ids it derived from
 // (namespace, key); the node stores a tenant's entry under
 // SHA-256(SHA-256("kvpool-tenant" || name) || id), truncated to 128 bits,
-// with the id's namespace tag (low 32 bits) kept. The default tenant's ids are used as sent. So the same (namespace, key)
-// of two tenants is two different entries, and no id a client can send
-// lands on another tenant's entry without a SHA-256 preimage -- on top of
-// each tenant having its own store.
+// with the id's namespace tag (low 32 bits) kept. The default tenant's ids
+// are used as sent. So the same (namespace, key) of two tenants is two
+// different entries, and no id a client can send lands on another tenant's
+// entry without a preimage of 96 bits of SHA-256 -- on top of each tenant
+// having its own store.
 #pragma once
 
 #include <sys/types.h>

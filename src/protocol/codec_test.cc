@@ -121,6 +121,24 @@ TEST(CodecTest, RepliesRoundTrip) {
   EXPECT_EQ(hback.max_frame_bytes, 80u << 20);
 }
 
+TEST(CodecTest, OneIntegerBodiesMustBeExact) {
+  std::vector<uint8_t> b;
+  EncodeU32Body(0x5e953bb2u, &b);
+  uint32_t v32 = 0;
+  ASSERT_TRUE(DecodeU32Body(b, &v32).ok());
+  EXPECT_EQ(v32, 0x5e953bb2u);
+  EXPECT_EQ(DecodeU32Body(std::span(b).first(3), &v32).code(), StatusCode::kInvalidArgument);
+  b.push_back(0);
+  EXPECT_EQ(DecodeU32Body(b, &v32).code(), StatusCode::kInvalidArgument);  // trailing byte
+  EXPECT_EQ(DecodeU32Body({}, &v32).code(), StatusCode::kInvalidArgument);
+  std::vector<uint8_t> c;
+  EncodeU64Body(1ull << 40, &c);
+  uint64_t v64 = 0;
+  ASSERT_TRUE(DecodeU64Body(c, &v64).ok());
+  EXPECT_EQ(v64, 1ull << 40);
+  EXPECT_EQ(DecodeU64Body(std::span(c).first(7), &v64).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(CodecTest, StringsAreBounded) {
   std::vector<uint8_t> body = {0xff, 0xff, 0xff, 0x7f};
   HelloRequest req;

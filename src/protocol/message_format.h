@@ -44,8 +44,10 @@ namespace kvpool::protocol {
 
 inline constexpr uint32_t kMagic = 0x3150564B;
 // 2: the hello reply carries staging_bytes (and a second fd), the hello an
-// optional tenant token.
-inline constexpr uint16_t kProtocolVersion = 2;
+// optional tenant token. 3: key ids carry their namespace's tag in their low
+// 32 bits (common/key_id.h), and Clear; a client of version 2 derives other
+// ids, so it is refused rather than left to miss.
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr uint32_t kHeaderBytes = 24;
 inline constexpr uint16_t kReplyBit = 0x8000;
 

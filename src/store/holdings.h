@@ -57,6 +57,10 @@ struct HoldingsEvent {
 
 const char* HoldingsWhyName(HoldingsEvent::Why why);
 
+// The consumers of a store's stream, each in its own slot.
+enum class HoldingsSlot : uint8_t { kCluster = 0, kEvents = 1 };
+inline constexpr size_t kHoldingsSlots = 2;
+
 // Told of every event, on the thread that caused it (a writer, an eviction
 // under the DRAM tier's lock, an SSD flush or promotion thread): quick, and
 // never calls back into the store. A kWritten or kPromoted event is told
@@ -64,10 +68,6 @@ const char* HoldingsWhyName(HoldingsEvent::Why why);
 // same key races it, the kDropped may be told first (a consumer that must be
 // exact re-checks TieredStore::Contains). Every other pair of one key's
 // events arrives in the order the store applied them.
-// The consumers of a store's stream, each in its own slot.
-enum class HoldingsSlot : uint8_t { kCluster = 0, kEvents = 1 };
-inline constexpr size_t kHoldingsSlots = 2;
-
 class HoldingsObserver {
  public:
   virtual ~HoldingsObserver() = default;

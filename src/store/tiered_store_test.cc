@@ -21,7 +21,8 @@ namespace {
 
 constexpr uint64_t kMiB = 1 << 20;
 
-KeyId K(int i) { return MakeKeyId("tier", std::to_string(i)); }
+// Keys from 1000 on are of another namespace.
+KeyId K(int i) { return MakeKeyId(i >= 1000 ? "other" : "tier", std::to_string(i)); }
 
 void Fill(uint8_t* p, int i, uint64_t n) {
   for (uint64_t j = 0; j < n; ++j) p[j] = static_cast<uint8_t>(i * 31 + j * 7);
@@ -178,6 +179,28 @@ TEST_F(TieredStoreTest, RemoveDropsBothTiers) {
   EXPECT_FALSE(tiered_->Contains(K(39)));
   EXPECT_EQ(tiered_->Remove(K(0)).code(), StatusCode::kNotFound);
   EXPECT_EQ(PromoteAndCheck(0, kMiB).code(), StatusCode::kNotFound);
+}
+
+TEST_F(TieredStoreTest, ClearNamespaceDropsItsKeysFromBothTiersAndNoOthers) {
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(Put(i, kMiB).ok());
+    ASSERT_TRUE(Put(1000 + i, kMiB).ok());
+  }
+  ASSERT_TRUE(tiered_->Flush().ok());
+  int tier_on_ssd = 0;
+  for (int i = 0; i < 20; ++i) tier_on_ssd += tiered_->NeedsPromotion(K(i)) ? 1 : 0;
+  ASSERT_GT(tier_on_ssd, 0);  // the clear reaches SSD-only entries
+  ASSERT_LT(tier_on_ssd, 20);  // and DRAM ones
+  EXPECT_EQ(tiered_->ClearNamespace(NamespaceTag("tier")), 20u);
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_FALSE(tiered_->Contains(K(i))) << i;
+    EXPECT_EQ(PromoteAndCheck(i, kMiB).code(), StatusCode::kNotFound) << i;
+  }
+  for (int i = 1000; i < 1020; ++i) EXPECT_TRUE(PromoteAndCheck(i, kMiB).ok()) << i;
+  EXPECT_EQ(tiered_->ClearNamespace(NamespaceTag("tier")), 0u);
+  EXPECT_EQ(tiered_->ClearNamespace(NamespaceTag("other")), 20u);
+  EXPECT_EQ(dram_->GetStats().entries, 0u);
+  EXPECT_EQ(ssd_->GetStats().entries, 0u);
 }
 
 TEST_F(TieredStoreTest, AdmissionSkipsEntriesReadTooRarely) {

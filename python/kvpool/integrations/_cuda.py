@@ -177,6 +177,7 @@ class Mapping:
     nbytes: int
     writable: bool
     kind: str  # "segment" or "staging"
+    inode: int = 0  # of the memfd: a node's new segment is a new inode
 
 
 def kvpool_mappings(include_staging=False, maps_path="/proc/self/maps") -> List[Mapping]:
@@ -195,7 +196,8 @@ def kvpool_mappings(include_staging=False, maps_path="/proc/self/maps") -> List[
             else:
                 continue
             lo, hi = (int(x, 16) for x in parts[0].split("-"))
-            out.append(Mapping(lo, hi - lo, parts[1][1:2] == "w", kind))
+            inode = int(parts[4]) if parts[4].isdigit() else 0
+            out.append(Mapping(lo, hi - lo, parts[1][1:2] == "w", kind, inode))
     return out
 
 
@@ -322,8 +324,8 @@ class SegmentRegistration:
         self._starts = [a for a, _ in self._chunks]
         self.reason = reason
         self.registered = bool(self._keys)
-        self.ranges = tuple(self._keys)
-        self.bytes = sum(n for _, n in self._keys)
+        self.ranges = tuple((a, n) for a, n, _ in self._keys)
+        self.bytes = sum(n for _, n, _ in self._keys)
 
     def covers(self, address, nbytes) -> bool:
         """Whether [address, address + nbytes) lies inside one registered chunk."""
@@ -332,6 +334,18 @@ class SegmentRegistration:
             return False
         a, n = self._chunks[i]
         return address + nbytes <= a + n
+
+    def current(self, maps_path="/proc/self/maps") -> bool:
+        """Whether every registered range is still the mapping it was (a client
+        whose node restarted maps the new segment, maybe at the same address:
+        the old registration then names pages that are not the segment)."""
+        if not self._keys:
+            return True
+        try:
+            now = {(m.start, m.nbytes, m.inode) for m in kvpool_mappings(True, maps_path)}
+        except OSError:
+            return False
+        return all(k in now for k in self._keys)
 
     def close(self) -> None:
         """Unregisters the ranges this registration alone still holds. Idempotent."""
@@ -406,7 +420,7 @@ def register_segment(client, *, runtime=None, chunk_bytes=None, include_staging=
     held, chunks = [], []
     with _lock:
         for m in maps:
-            key = (m.start, m.nbytes)
+            key = (m.start, m.nbytes, m.inode)
             r = _ranges.get(key)
             if r is None:
                 reason = _failed.get(key, "")

@@ -114,7 +114,7 @@ class Session:
     def __init__(self, settings: SessionSettings, namespace: Optional[str] = None,
                  on_open: Optional[Callable[[Client], None]] = None,
                  log: logging.Logger = logger, open_client: Callable[..., Client] = Client,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, register_cuda: bool = False):
         self.settings = settings
         self._namespace = (settings.namespace or "") if namespace is None else namespace
         self._on_open = on_open
@@ -127,7 +127,11 @@ class Session:
         self._closed = False  # protected by _lock
         self._errors = 0  # protected by _lock
         self._failing = False  # protected by _lock
-        self._cuda = _cuda.SegmentRegistration(reason="no client")  # protected by _lock
+        # register_cuda: the connector copies between the segment and GPUs, so
+        # the segment is registered with CUDA when a client opens.
+        self._register_cuda = register_cuda
+        self._cuda = _cuda.SegmentRegistration(  # protected by _lock
+            reason="no client" if register_cuda else "not asked for")
 
     @property
     def namespace(self) -> str:
@@ -173,20 +177,42 @@ class Session:
                 return None
             self._client = client
             self._failing = False
-            # Copies between the segment and a GPU are DMA only from
-            # registered memory; without a GPU this logs once and is skipped.
-            try:
-                self._cuda = _cuda.register_segment(client)
-            except Exception as e:  # a bad KVPOOL_CUDA_REGISTER_CHUNK and the like
-                self._cuda = _cuda.SegmentRegistration(reason="not registered: %r" % (e,))
+        if self._register_cuda:
+            self._register(client)
         self._log.info("kvpool: connected (namespace %s)", self._namespace)
         return client
+
+    def _register(self, client) -> None:
+        """Registers the client's segment with CUDA (outside the lock: it may
+        take a while). Copies between the segment and a GPU are DMA only from
+        registered memory; without a GPU this logs once and is skipped."""
+        try:
+            reg = _cuda.register_segment(client)
+        except Exception as e:  # a bad KVPOOL_CUDA_REGISTER_CHUNK and the like
+            reg = _cuda.SegmentRegistration(reason="not registered: %r" % (e,))
+        with self._lock:
+            stale = self._cuda
+            if self._client is client:
+                self._cuda = reg
+            else:  # closed or reopened meanwhile
+                stale = reg
+        stale.close()
 
     @property
     def segment_registration(self) -> "_cuda.SegmentRegistration":
         """The open client's segment as registered with CUDA (.registered,
-        .reason, .covers(address, nbytes))."""
-        return self._cuda
+        .reason, .covers(address, nbytes)). A registration that no longer
+        names the mapped segment (the node restarted and the client mapped its
+        new one) is replaced first."""
+        reg = self._cuda
+        if reg.registered and not reg.current():
+            client = self._client
+            if client is not None:
+                self._register(client)
+            reg = self._cuda
+            if reg.registered and not reg.current():
+                return _cuda.SegmentRegistration(reason="the segment changed")
+        return reg
 
     def call(self, fn: Callable[[Client], object], default=None, what: str = "call",
              on_error: Optional[Callable[[Exception], object]] = None):

@@ -87,6 +87,17 @@ class LayerLayout:
         n, h, bs, c = blocks.shape
         return blocks.reshape(n, h, bs, 2, c // 2).permute(0, 3, 2, 1, 4)
 
+    def gather_into(self, ids, out):
+        """Writes blocks `ids` into out (n, *canon_shape), in one pass where
+        the layout allows (no temporary copy of the blocks)."""
+        t = self.tensor
+        if self.kind == "kv_first" and out.device == t.device:
+            torch.index_select(t, 1, ids, out=out.transpose(0, 1))
+        elif self.kind in ("block_first", "mla", "state") and out.device == t.device:
+            torch.index_select(t, 0, ids, out=out)
+        else:
+            out.copy_(self.gather(ids))
+
     def scatter(self, ids, src):
         """Writes src (n, *canon_shape) into blocks `ids`."""
         t = self.tensor

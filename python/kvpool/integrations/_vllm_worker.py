@@ -50,6 +50,10 @@ from ._vllm_layout import HEADER_BYTES, PageFormat, detect, detect_state, infer_
 
 logger = logging.getLogger("kvpool.integrations.vllm")
 
+# Pages a load stages at once on the KV cache's device: a long hit is loaded
+# in chunks, so its staging stays this small.
+_LOAD_CHUNK_BYTES = 64 << 20
+
 
 def worker_ranks(settings, parallel_config):
     try:
@@ -125,7 +129,7 @@ class _SaveStep:
 class WorkerSide:
     def __init__(self, settings, vllm_config, kv_cache_config):
         s = self._s = settings
-        self._session = Session(s.session, s.namespace, log=logger)
+        self._session = Session(s.session, s.namespace, log=logger, register_cuda=True)
         self.tp_rank, self.pp_rank = worker_ranks(s, vllm_config.parallel_config)
         self._suffix = keys_mod.rank_suffix(s.use_mla, self.tp_rank, self.pp_rank)
         # MLA latents are identical on every TP rank: rank 0 writes them.
@@ -226,11 +230,12 @@ class WorkerSide:
 
     def _fetch(self, lane, unit, keys, row):
         """The pages of `keys` as (n, row) rows and one status per key (0:
-        OK), or (None, None) when the call failed. A client that maps the
-        node's segment copies each page straight from the segment, while it is
-        pinned, into rows on the layers' device: a DMA when the segment is
-        registered with CUDA (_cuda), asynchronous on the lane's stream. Else
-        kvpool_get copies the pages into host rows."""
+        OK), or (None, None) when the call failed. Runs in the lane's stream
+        context (_device). A client that maps the node's segment copies each
+        page straight from the segment, while it is pinned, into rows on the
+        layers' device: a DMA when the segment is registered with CUDA
+        (_cuda), asynchronous on the lane's stream, waited for before the pages
+        are released. Else kvpool_get copies the pages into host rows."""
         layer_devices = {layer.device for layer in unit.layers}
         device = layer_devices.pop() if len(layer_devices) == 1 else torch.device("cpu")
 
@@ -238,16 +243,18 @@ class WorkerSide:
             rows = self._staging((lane, "load", unit.label, str(device)), len(keys), row, device)
             reg = self._session.segment_registration
             statuses, done = [], []
-            with self._device(lane, unit.layers), c.acquire(keys) as regions:
-                for j, r in enumerate(regions):
-                    if r is None or r[1] != row:
-                        statuses.append(1)
-                        continue
-                    statuses.append(0)
-                    done.append(_cuda.copy_into(rows[j], _cuda.host_view(r[0], row),
-                                                reg.covers(r[0], row)))
-                for d in done:  # before the pages are released
-                    _cuda.wait(d)
+            with c.acquire(keys) as regions:
+                try:
+                    for j, r in enumerate(regions):
+                        if r is None or r[1] != row:
+                            statuses.append(1)
+                            continue
+                        statuses.append(0)
+                        done.append(_cuda.copy_into(rows[j], _cuda.host_view(r[0], row),
+                                                    reg.covers(r[0], row)))
+                finally:
+                    for d in done:  # before the pages are released
+                        _cuda.wait(d)
             return rows, statuses
 
         def copied(c):
@@ -261,8 +268,10 @@ class WorkerSide:
 
     @contextlib.contextmanager
     def _device(self, lane, layers):
-        """Runs GPU copies of `layers` on this lane's own stream and waits for
-        them at the end, so a finished job's blocks are in place."""
+        """Runs GPU work on `layers` on this lane's own stream, after what the
+        calling thread's stream had queued, and waits for it at the end (also
+        when it raises), so a finished job's blocks are in place and its
+        staging rows free."""
         dev = next((x.device for x in layers if x.device.type == "cuda"), None)
         if dev is None:
             yield
@@ -270,34 +279,43 @@ class WorkerSide:
         stream = self._streams.get((lane, dev))
         if stream is None:
             stream = self._streams[(lane, dev)] = torch.cuda.Stream(dev)
-        with torch.cuda.stream(stream):
-            yield
-        stream.synchronize()
+        stream.wait_stream(torch.cuda.current_stream(dev))
+        try:
+            with torch.cuda.stream(stream):
+                yield
+        finally:
+            stream.synchronize()
 
     def _read(self, lane, unit, batch):
-        """Loads the unit's pages of `batch` into its layers; the positions
-        in the batch that failed."""
+        """Loads the unit's pages of `batch` into its layers, at most
+        _LOAD_CHUNK_BYTES of pages at a time (the staging rows on the layers'
+        device stay that small); the positions in the batch that failed."""
         n = len(batch.block_ids)
         bad = {i for i, h in enumerate(batch.hashes) if h is None}
         idx = [i for i in range(n) if i not in bad]
-        if not idx:
-            return bad
+        per = max(1, _LOAD_CHUNK_BYTES // max(1, unit.fmt.page_bytes))
+        for start in range(0, len(idx), per):
+            bad |= self._read_chunk(lane, unit, batch, idx[start:start + per])
+        return bad
+
+    def _read_chunk(self, lane, unit, batch, idx):
+        """_read of the batch positions `idx`; the ones that failed."""
         keys = [self._key(unit, batch.hashes[i]) for i in idx]
         fmt = unit.fmt
         row = fmt.page_bytes
-        staging, statuses = self._fetch(lane, unit, keys, row)
-        if statuses is None:
-            return set(range(n))
-        want = fmt.header_rows(keys).to(staging.device)
-        header_ok = (staging[:, :HEADER_BYTES] == want).all(dim=1).tolist()
-        good = [j for j, st in enumerate(statuses) if st == 0 and header_ok[j]]
-        bad.update(idx[j] for j in set(range(len(keys))) - set(good))
-        if good and unit.layers:
-            rows = staging
-            if len(good) < len(keys):
-                rows = staging.index_select(
-                    0, torch.tensor(good, dtype=torch.long, device=staging.device))
-            with self._device(lane, unit.layers):
+        with self._device(lane, unit.layers):
+            staging, statuses = self._fetch(lane, unit, keys, row)
+            if statuses is None:
+                return set(idx)
+            want = fmt.header_rows(keys).to(staging.device)
+            header_ok = (staging[:, :HEADER_BYTES] == want).all(dim=1).tolist()
+            good = [j for j, st in enumerate(statuses) if st == 0 and header_ok[j]]
+            bad = {idx[j] for j in set(range(len(keys))) - set(good)}
+            if good and unit.layers:
+                rows = staging
+                if len(good) < len(keys):
+                    rows = staging.index_select(
+                        0, torch.tensor(good, dtype=torch.long, device=staging.device))
                 for layer in unit.layers:
                     ids = torch.tensor([batch.block_ids[idx[j]] for j in good], dtype=torch.long,
                                        device=layer.device)
@@ -526,7 +544,7 @@ class WorkerSide:
             for layer in layers:
                 ids = torch.tensor([b.block_ids[i] for i in keep], dtype=torch.long,
                                    device=layer.device)
-                unit.fmt.layer_view(staging, layer).copy_(layer.gather(ids))
+                layer.gather_into(ids, unit.fmt.layer_view(staging, layer))
 
     def _put_unit(self, step, unit, only=None):
         """Puts the unit's pages of the kept blocks (positions in `only`, else

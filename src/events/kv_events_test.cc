@@ -1,0 +1,192 @@
+// The KV event format (decoded back with msgpack) and the publisher's
+// sequence numbers, batching, replay and bounded queue over real ZMQ sockets.
+#include "events/kv_events.h"
+
+#include <gtest/gtest.h>
+#include <zmq.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#define MSGPACK_NO_BOOST
+#include <msgpack.hpp>
+
+#include "events/kv_events_format.h"
+
+namespace kvpool::events {
+namespace {
+
+KeyId K(int i) { return MakeKeyId("ev", std::to_string(i)); }
+
+std::string Hash(const KeyId& k) {
+  std::string b(16, '\0');
+  for (int i = 0; i < 8; ++i) {
+    b[i] = static_cast<char>(k.hi >> (56 - 8 * i));
+    b[8 + i] = static_cast<char>(k.lo >> (56 - 8 * i));
+  }
+  return b;
+}
+
+TEST(KvEventsFormat, ConsecutiveEventsOfOneTypeAndMediumMerge) {
+  std::vector<KvEvent> ev;
+  AppendEvent(&ev, KvEvent::Type::kStored, Medium::kCpu, K(1));
+  AppendEvent(&ev, KvEvent::Type::kStored, Medium::kCpu, K(2));
+  AppendEvent(&ev, KvEvent::Type::kRemoved, Medium::kCpu, K(1));
+  AppendEvent(&ev, KvEvent::Type::kStored, Medium::kStorage, K(1));
+  ASSERT_EQ(ev.size(), 3u);
+  EXPECT_EQ(ev[0].keys, (std::vector<KeyId>{K(1), K(2)}));
+  EXPECT_EQ(ev[2].medium, Medium::kStorage);
+  EXPECT_EQ(SeqFrame(258), std::string("\0\0\0\0\0\0\x01\x02", 8));
+  EXPECT_EQ(SeqFrame(-1), std::string(8, '\xff'));
+}
+
+TEST(KvEventsFormat, BatchesDecodeInBothEncodings) {
+  std::vector<KvEvent> ev;
+  AppendEvent(&ev, KvEvent::Type::kStored, Medium::kCpu, K(1));
+  AppendEvent(&ev, KvEvent::Type::kRemoved, Medium::kStorage, K(2));
+  ev.push_back(KvEvent{KvEvent::Type::kAllCleared, Medium::kCpu, {}});
+  for (Encoding enc : {Encoding::kMap, Encoding::kArray}) {
+    const std::string bytes = EncodeBatch(12.5, ev, enc);
+    msgpack::object_handle oh = msgpack::unpack(bytes.data(), bytes.size());
+    const msgpack::object& batch = oh.get();
+    ASSERT_EQ(batch.type, msgpack::type::ARRAY);
+    ASSERT_EQ(batch.via.array.size, 3u);
+    EXPECT_EQ(batch.via.array.ptr[0].as<double>(), 12.5);
+    EXPECT_TRUE(batch.via.array.ptr[2].is_nil());
+    const msgpack::object& events = batch.via.array.ptr[1];
+    ASSERT_EQ(events.via.array.size, 3u);
+    if (enc == Encoding::kMap) {
+      auto stored = events.via.array.ptr[0].as<std::map<std::string, msgpack::object>>();
+      EXPECT_EQ(stored.size(), 3u);  // type, block_hashes, medium: no defaults
+      EXPECT_EQ(stored["type"].as<std::string>(), "BlockStored");
+      EXPECT_EQ(stored["medium"].as<std::string>(), "CPU");
+      auto hashes = stored["block_hashes"].as<std::vector<std::vector<char>>>();
+      ASSERT_EQ(hashes.size(), 1u);
+      EXPECT_EQ(std::string(hashes[0].begin(), hashes[0].end()), Hash(K(1)));
+      auto removed = events.via.array.ptr[1].as<std::map<std::string, msgpack::object>>();
+      EXPECT_EQ(removed["medium"].as<std::string>(), "STORAGE");
+      auto cleared = events.via.array.ptr[2].as<std::map<std::string, msgpack::object>>();
+      EXPECT_EQ(cleared.size(), 1u);
+      EXPECT_EQ(cleared["type"].as<std::string>(), "AllBlocksCleared");
+    } else {
+      const msgpack::object& stored = events.via.array.ptr[0];
+      ASSERT_EQ(stored.via.array.size, 8u);  // tag + BlockStored's 7 fields
+      EXPECT_EQ(stored.via.array.ptr[0].as<std::string>(), "BlockStored");
+      EXPECT_TRUE(stored.via.array.ptr[2].is_nil());               // parent_block_hash
+      EXPECT_EQ(stored.via.array.ptr[3].via.array.size, 0u);       // token_ids
+      EXPECT_EQ(stored.via.array.ptr[4].as<uint64_t>(), 0u);       // block_size
+      EXPECT_EQ(stored.via.array.ptr[6].as<std::string>(), "CPU");  // medium
+      const msgpack::object& removed = events.via.array.ptr[1];
+      ASSERT_EQ(removed.via.array.size, 3u);
+      EXPECT_EQ(removed.via.array.ptr[2].as<std::string>(), "STORAGE");
+      EXPECT_EQ(events.via.array.ptr[2].via.array.size, 1u);
+    }
+  }
+}
+
+// Receives every message the replay socket answers for `start`.
+std::vector<std::vector<std::string>> Replay(void* ctx, const std::string& endpoint,
+                                             int64_t start) {
+  void* d = zmq_socket(ctx, ZMQ_DEALER);
+  EXPECT_EQ(zmq_connect(d, endpoint.c_str()), 0);
+  const std::string s = SeqFrame(start);
+  zmq_send(d, "", 0, ZMQ_SNDMORE);
+  zmq_send(d, s.data(), s.size(), 0);
+  std::vector<std::vector<std::string>> out;
+  for (;;) {
+    std::vector<std::string> frames;
+    int more = 1;
+    while (more) {
+      zmq_msg_t m;
+      zmq_msg_init(&m);
+      zmq_pollitem_t item{d, 0, ZMQ_POLLIN, 0};
+      if (zmq_poll(&item, 1, 5000) <= 0 || zmq_msg_recv(&m, d, 0) < 0) {
+        zmq_msg_close(&m);
+        ADD_FAILURE() << "replay answered no end marker";
+        zmq_close(d);
+        return out;
+      }
+      frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+      more = zmq_msg_more(&m);
+      zmq_msg_close(&m);
+    }
+    if (frames.size() == 4 && frames[2] == SeqFrame(-1)) break;
+    out.push_back(frames);
+  }
+  zmq_close(d);
+  return out;
+}
+
+TEST(KvEventsPublisher, SequenceBatchesReplayAndAFullQueueDropsCounted) {
+  MetricsRegistry metrics;
+  KvEventsOptions o;
+  o.endpoint = "tcp://127.0.0.1:0";
+  o.batch_interval = std::chrono::milliseconds(10000);  // nothing is sent by time
+  o.max_queued_events = 5;
+  o.max_batch_keys = 2;
+  auto p = KvEventsPublisher::Start(o, &metrics);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  HoldingsEvent e;
+  e.kind = HoldingsEvent::Kind::kStored;
+  for (int i = 0; i < 3; ++i) {
+    e.key = K(i);
+    (*p)->OnHoldings(e);  // 3 stored
+  }
+  e.kind = HoldingsEvent::Kind::kDropped;
+  e.why = HoldingsEvent::Why::kMovedToSsd;
+  e.key = K(0);
+  (*p)->OnHoldings(e);  // removed on CPU + stored on STORAGE: 5 queued in all
+  e.why = HoldingsEvent::Why::kEvicted;
+  e.key = K(1);
+  (*p)->OnHoldings(e);  // over the queue: dropped
+  EXPECT_EQ(metrics.ValueOf("kvpool_kv_events_dropped_total"), 1);
+  p->reset();  // sends what is queued: AllBlocksCleared + 5 blocks, 2 a batch
+  EXPECT_EQ(metrics.ValueOf("kvpool_kv_events_total"), 5);
+  EXPECT_EQ(metrics.ValueOf("kvpool_kv_events_batches_total"), 3);
+}
+
+TEST(KvEventsPublisher, ReplayAnswersTheBatchesFromAStartSeq) {
+  MetricsRegistry metrics;
+  KvEventsOptions o;
+  o.endpoint = "tcp://127.0.0.1:0";
+  o.replay_endpoint = "tcp://127.0.0.1:0";
+  o.batch_interval = std::chrono::milliseconds(1);
+  o.max_batch_keys = 1;
+  auto p = KvEventsPublisher::Start(o, &metrics);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  HoldingsEvent e;
+  for (int i = 0; i < 4; ++i) {
+    e.key = K(i);
+    (*p)->OnHoldings(e);
+  }
+  for (int i = 0; i < 200 && metrics.ValueOf("kvpool_kv_events_total") < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(metrics.ValueOf("kvpool_kv_events_total"), 4);
+  void* ctx = zmq_ctx_new();
+  auto all = Replay(ctx, (*p)->bound_replay_endpoint(), 0);
+  // One block a batch; the first also holds AllBlocksCleared.
+  ASSERT_EQ(all.size(), 4u);
+  for (size_t i = 0; i < all.size(); ++i) {
+    ASSERT_EQ(all[i].size(), 4u);  // delimiter, topic, seq, payload
+    EXPECT_EQ(all[i][0], "");
+    EXPECT_EQ(all[i][2], SeqFrame(static_cast<int64_t>(i)));
+  }
+  auto tail = Replay(ctx, (*p)->bound_replay_endpoint(), 2);
+  ASSERT_EQ(tail.size(), 2u);
+  EXPECT_EQ(tail[0], all[2]);
+  EXPECT_EQ(tail[1], all[3]);
+  // A request that is not an 8-byte seq gets nothing and the socket serves on.
+  void* d = zmq_socket(ctx, ZMQ_DEALER);
+  ASSERT_EQ(zmq_connect(d, (*p)->bound_replay_endpoint().c_str()), 0);
+  zmq_send(d, "bad", 3, 0);
+  EXPECT_EQ(Replay(ctx, (*p)->bound_replay_endpoint(), 3).size(), 1u);
+  zmq_close(d);
+  p->reset();
+  zmq_ctx_term(ctx);
+}
+
+}  // namespace
+}  // namespace kvpool::events
