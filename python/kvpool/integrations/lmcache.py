@@ -409,7 +409,7 @@ class KvpoolRemoteConnector(RemoteConnector):
         payload is harmless: readers and lookups check the payload parts."""
         if not keys or self._client is None:
             return 0
-        put_keys, ptrs, sizes, owner, keep = [], [], [], [], []
+        put_keys, ptrs, sizes, owner, keep, headers = [], [], [], [], [], []
         layouts = {}  # (shape, dtype, format, bytes) -> (header, its bytes, address), per call
         count = 0
         for key, obj in zip(keys, objs):
@@ -433,16 +433,22 @@ class KvpoolRemoteConnector(RemoteConnector):
                 continue
             s = key.to_string()
             keep.append(view)
-            spans = [(base + off, size) for off, size in fmt.part_spans(h)]
-            spans.append((header_addr, len(header)))
-            put_keys += fmt.payload_keys(s, h) + [fmt.meta_key(s)]
-            for ptr, size in spans:
-                ptrs.append(ptr)
+            put_keys += fmt.payload_keys(s, h)
+            for off, size in fmt.part_spans(h):
+                ptrs.append(base + off)
                 sizes.append(size)
                 owner.append(count)
+            headers.append((fmt.meta_key(s), header_addr, len(header), count))
             count += 1
         if not count:
             return 0
+        # The headers after every payload: a batch of payloads that fills the
+        # connection's staging area exactly is not cut in two for them.
+        for meta_key, addr, size, j in headers:
+            put_keys.append(meta_key)
+            ptrs.append(addr)
+            sizes.append(size)
+            owner.append(j)
         statuses = self._session.call(lambda c: c.put_ptrs(put_keys, ptrs, sizes), None, "put")
         if statuses is None:
             self._count("store_failures", count)
