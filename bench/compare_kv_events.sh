@@ -11,7 +11,8 @@
 #   kv_events_put_vs_off    put ops/s with events and a stalled subscriber,
 #                           over put ops/s without events (median of pairs)
 #   kv_events_get_vs_off    the same for get
-#   kv_events_dropped       blocks dropped for the stalled subscriber (median)
+#   kv_events_dropped       blocks in batches the stalled subscriber missed
+#                           (kvpool_kv_events_subscriber_dropped_total, median)
 # Usage: bench/compare.sh events [--reps N] [--duration DURATION] [--keep]
 set -euo pipefail
 
@@ -77,7 +78,8 @@ time.sleep(3600)' "tcp://127.0.0.1:$port" &
   "$BENCH" --socket "$TMP/n.sock" --op get --value-size 4KiB --batch 16 --keys 8000 \
     --populate --duration "$DURATION" --json > "$TMP/get.json"
   if [[ "$mode" == on ]]; then
-    dropped="$(curl -fsS "$READY_URL/metrics" | awk '$1 == "kvpool_kv_events_dropped_total" {print $2}')"
+    dropped="$(curl -fsS "$READY_URL/metrics" |
+      awk '$1 == "kvpool_kv_events_subscriber_dropped_total" {print $2}')"
   fi
   "$PY" -c '
 import json, sys

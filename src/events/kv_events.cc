@@ -61,6 +61,7 @@ struct KvEventsPublisher::Impl {
   Counter* events_sent;
   Counter* batches_sent;
   Counter* dropped;
+  Counter* subscriber_dropped;
   Counter* replays;
 
   std::mutex mu;
@@ -94,6 +95,11 @@ struct KvEventsPublisher::Impl {
     }
     AppendEvent(&pending, type, medium, key);
     ++pending_keys;
+  }
+
+  void SetNoDrop(bool on) {
+    const int v = on ? 1 : 0;
+    zmq_setsockopt(pub, ZMQ_XPUB_NODROP, &v, sizeof(v));
   }
 
   bool SendFrames(void* socket, const std::vector<std::string_view>& frames) {
@@ -137,11 +143,21 @@ struct KvEventsPublisher::Impl {
                           .count();
     Batch b{next_seq++, EncodeBatch(ts, events, opts.encoding)};
     const std::string seq = SeqFrame(b.seq);
-    // PUB never blocks: a subscriber over its high-water mark loses the
-    // batch (ZMQ drops it for that subscriber alone, uncounted: it sees the
-    // gap in sequence numbers and replays). A send that fails here is lost
-    // to every subscriber, and counted.
-    if (SendFrames(pub, {opts.topic, seq, b.payload})) {
+    // The PUB socket refuses a batch while any subscriber is at its
+    // high-water mark (ZMQ_XPUB_NODROP): then it is sent again lossy, which
+    // drops it for the full subscribers alone (the others get it) and is
+    // counted as dropped for a subscriber; that subscriber sees the gap in
+    // sequence numbers and replays. A send that fails even so is lost to
+    // every subscriber, and counted.
+    const std::vector<std::string_view> frames = {opts.topic, seq, b.payload};
+    bool sent = SendFrames(pub, frames);
+    if (!sent && zmq_errno() == EAGAIN) {
+      SetNoDrop(false);
+      sent = SendFrames(pub, frames);
+      SetNoDrop(true);
+      if (sent) subscriber_dropped->Inc(keys);
+    }
+    if (sent) {
       batches_sent->Inc();
       events_sent->Inc(keys);
     } else {
@@ -228,6 +244,10 @@ Result<std::unique_ptr<KvEventsPublisher>> KvEventsPublisher::Start(const KvEven
       "kvpool_kv_events_dropped_total",
       "Blocks whose KV events were dropped (queue full, or a subscriber over its high-water "
       "mark)");
+  impl->subscriber_dropped = metrics->GetCounter(
+      "kvpool_kv_events_subscriber_dropped_total",
+      "Blocks in KV event batches that a subscriber at its high-water mark missed (sent to "
+      "the others)");
   impl->replays =
       metrics->GetCounter("kvpool_kv_events_replays_total", "KV event replay requests served");
   impl->ctx = zmq_ctx_new();
@@ -237,6 +257,7 @@ Result<std::unique_ptr<KvEventsPublisher>> KvEventsPublisher::Start(const KvEven
   const int zero = 0;
   zmq_setsockopt(impl->pub, ZMQ_SNDHWM, &options.send_hwm, sizeof(int));
   zmq_setsockopt(impl->pub, ZMQ_LINGER, &zero, sizeof(zero));
+  impl->SetNoDrop(true);  // so a subscriber at its high-water mark is noticed
   if (zmq_bind(impl->pub, options.endpoint.c_str()) != 0) {
     return ZmqError(fmt::format("bind {}", options.endpoint));
   }

@@ -9,8 +9,9 @@
 // batch_interval, numbers each batch, sends it without blocking and keeps
 // the last replay_batches for the replay socket. A full queue loses events,
 // counted (kvpool_kv_events_dropped_total); a subscriber with send_hwm
-// batches unread loses further batches (ZMQ drops them for it alone; it sees
-// the gap and replays). Neither slows the store.
+// batches unread loses further batches, which the other subscribers still
+// get (counted: kvpool_kv_events_subscriber_dropped_total; it sees the gap
+// and replays). Neither slows the store.
 //
 // The first batch (seq 0) holds AllBlocksCleared: whatever a router knew of
 // this node before it started is gone.

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <zmq.h>
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -184,6 +185,74 @@ TEST(KvEventsPublisher, ReplayAnswersTheBatchesFromAStartSeq) {
   zmq_send(d, "bad", 3, 0);
   EXPECT_EQ(Replay(ctx, (*p)->bound_replay_endpoint(), 3).size(), 1u);
   zmq_close(d);
+  p->reset();
+  zmq_ctx_term(ctx);
+}
+
+TEST(KvEventsPublisher, AStalledSubscriberMissesBatchesTheOthersGetCounted) {
+  MetricsRegistry metrics;
+  KvEventsOptions o;
+  o.endpoint = "tcp://127.0.0.1:0";
+  o.batch_interval = std::chrono::milliseconds(1);
+  o.max_batch_keys = 1024;
+  o.max_queued_events = 1 << 20;
+  o.send_hwm = 2;
+  auto p = KvEventsPublisher::Start(o, &metrics);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  void* ctx = zmq_ctx_new();
+  void* stalled = zmq_socket(ctx, ZMQ_SUB);  // never reads
+  const int one = 1, small = 4096;
+  zmq_setsockopt(stalled, ZMQ_RCVHWM, &one, sizeof(one));
+  zmq_setsockopt(stalled, ZMQ_RCVBUF, &small, sizeof(small));
+  zmq_setsockopt(stalled, ZMQ_SUBSCRIBE, "", 0);
+  ASSERT_EQ(zmq_connect(stalled, (*p)->bound_endpoint().c_str()), 0);
+  void* reader = zmq_socket(ctx, ZMQ_SUB);
+  zmq_setsockopt(reader, ZMQ_SUBSCRIBE, "", 0);
+  ASSERT_EQ(zmq_connect(reader, (*p)->bound_endpoint().c_str()), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both subscribed
+  std::atomic<int64_t> last_seq{-1};
+  std::atomic<int> batches{0};
+  std::thread reading([&] {
+    for (;;) {
+      std::vector<std::string> frames;
+      int more = 1;
+      while (more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        zmq_pollitem_t item{reader, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&item, 1, 2000) <= 0 || zmq_msg_recv(&m, reader, 0) < 0) {
+          zmq_msg_close(&m);
+          return;
+        }
+        frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+        more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+      }
+      int64_t seq = 0;
+      for (unsigned char c : frames[1]) seq = (seq << 8) | c;
+      last_seq = seq;
+      ++batches;
+    }
+  });
+  const int kBatches = 200;
+  HoldingsEvent e;
+  for (int b = 0; b < kBatches; ++b) {
+    for (int i = 0; i < 1024; ++i) {
+      e.key = K(b * 1024 + i);
+      (*p)->OnHoldings(e);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  }
+  reading.join();  // ends 2 s after the last batch
+  // The reader got every batch (seq 0 .. the last, none skipped), the
+  // stalled subscriber did not, and the node counted what it missed.
+  EXPECT_EQ(batches.load(), last_seq.load() + 1);
+  EXPECT_GE(batches.load(), kBatches);
+  EXPECT_EQ(metrics.ValueOf("kvpool_kv_events_total"), kBatches * 1024);
+  EXPECT_EQ(metrics.ValueOf("kvpool_kv_events_dropped_total"), 0);
+  EXPECT_GT(metrics.ValueOf("kvpool_kv_events_subscriber_dropped_total"), 0);
+  zmq_close(stalled);
+  zmq_close(reader);
   p->reset();
   zmq_ctx_term(ctx);
 }
