@@ -87,6 +87,26 @@ TEST(KvEventsFormat, BatchesDecodeInBothEncodings) {
   }
 }
 
+// The frames of the next message on `socket`; false after timeout_ms without one.
+bool RecvMessage(void* socket, int timeout_ms, std::vector<std::string>* frames) {
+  frames->clear();
+  int more = 1;
+  while (more) {
+    zmq_pollitem_t item{socket, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&item, 1, timeout_ms) <= 0) return false;
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, socket, 0) < 0) {
+      zmq_msg_close(&m);
+      return false;
+    }
+    frames->emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+    more = zmq_msg_more(&m);
+    zmq_msg_close(&m);
+  }
+  return true;
+}
+
 // Receives every message the replay socket answers for `start`.
 std::vector<std::vector<std::string>> Replay(void* ctx, const std::string& endpoint,
                                              int64_t start) {
@@ -98,20 +118,9 @@ std::vector<std::vector<std::string>> Replay(void* ctx, const std::string& endpo
   std::vector<std::vector<std::string>> out;
   for (;;) {
     std::vector<std::string> frames;
-    int more = 1;
-    while (more) {
-      zmq_msg_t m;
-      zmq_msg_init(&m);
-      zmq_pollitem_t item{d, 0, ZMQ_POLLIN, 0};
-      if (zmq_poll(&item, 1, 5000) <= 0 || zmq_msg_recv(&m, d, 0) < 0) {
-        zmq_msg_close(&m);
-        ADD_FAILURE() << "replay answered no end marker";
-        zmq_close(d);
-        return out;
-      }
-      frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
-      more = zmq_msg_more(&m);
-      zmq_msg_close(&m);
+    if (!RecvMessage(d, 5000, &frames)) {
+      ADD_FAILURE() << "replay answered no end marker";
+      break;
     }
     if (frames.size() == 4 && frames[2] == SeqFrame(-1)) break;
     out.push_back(frames);
@@ -213,21 +222,8 @@ TEST(KvEventsPublisher, AStalledSubscriberMissesBatchesTheOthersGetCounted) {
   std::atomic<int64_t> last_seq{-1};
   std::atomic<int> batches{0};
   std::thread reading([&] {
-    for (;;) {
-      std::vector<std::string> frames;
-      int more = 1;
-      while (more) {
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        zmq_pollitem_t item{reader, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&item, 1, 2000) <= 0 || zmq_msg_recv(&m, reader, 0) < 0) {
-          zmq_msg_close(&m);
-          return;
-        }
-        frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
-        more = zmq_msg_more(&m);
-        zmq_msg_close(&m);
-      }
+    std::vector<std::string> frames;
+    while (RecvMessage(reader, 2000, &frames)) {
       int64_t seq = 0;
       for (unsigned char c : frames[1]) seq = (seq << 8) | c;
       last_seq = seq;
