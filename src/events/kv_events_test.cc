@@ -205,7 +205,7 @@ TEST(KvEventsPublisher, AStalledSubscriberMissesBatchesTheOthersGetCounted) {
   o.batch_interval = std::chrono::milliseconds(1);
   o.max_batch_keys = 1024;
   o.max_queued_events = 1 << 20;
-  o.send_hwm = 2;
+  o.send_hwm = 8;  // per subscriber: the reader may lag a few batches
   auto p = KvEventsPublisher::Start(o, &metrics);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   void* ctx = zmq_ctx_new();
@@ -240,10 +240,12 @@ TEST(KvEventsPublisher, AStalledSubscriberMissesBatchesTheOthersGetCounted) {
     std::this_thread::sleep_for(std::chrono::milliseconds(3));
   }
   reading.join();  // ends 2 s after the last batch
-  // The reader got every batch (seq 0 .. the last, none skipped), the
-  // stalled subscriber did not, and the node counted what it missed.
-  EXPECT_EQ(batches.load(), last_seq.load() + 1);
-  EXPECT_GE(batches.load(), kBatches);
+  // The reader got (nearly) every batch though the stalled subscriber is
+  // full -- were batches refused for all while one subscriber is full, it
+  // would get a handful -- and the node counted what the stalled one missed.
+  // (A reader that lags 8 batches on a busy machine misses some too.)
+  EXPECT_LE(batches.load(), last_seq.load() + 1);
+  EXPECT_GE(batches.load(), kBatches * 9 / 10);
   EXPECT_EQ(metrics.ValueOf("kvpool_kv_events_total"), kBatches * 1024);
   EXPECT_EQ(metrics.ValueOf("kvpool_kv_events_dropped_total"), 0);
   EXPECT_GT(metrics.ValueOf("kvpool_kv_events_subscriber_dropped_total"), 0);
