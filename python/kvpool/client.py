@@ -317,28 +317,8 @@ class Client:
             self._leave()
 
     def _get_pinned(self, ids, n):
-        regions = (Region * n)()
-        st = (_native.c_status * n)(*([-1] * n))
-        h = self._enter()
-        try:
-            rc = self._lib.kvpool_acquire(h, ids.ids, n, regions, st)
-            if rc != 0:
-                raise KvpoolError(rc, _last_error())
-            out = [None] * n
-            handles = []
-            try:
-                for i in range(n):
-                    if st[i] == 0:
-                        r = regions[i]
-                        handles.append(r.handle)
-                        out[i] = ctypes.string_at(r.data, r.size)
-            finally:
-                if handles:
-                    self._lib.kvpool_release(h, (ctypes.c_uint64 * len(handles))(*handles),
-                                             len(handles))
-            return out
-        finally:
-            self._leave()
+        with self.acquire(ids) as regions:
+            return [None if r is None else ctypes.string_at(*r) for r in regions]
 
     def _get_copied(self, ids, n, first_capacity=1 << 20):
         out = [None] * n
