@@ -76,6 +76,9 @@ class _Unit:
         self.names = names  # vLLM layer names of these layers
         self.commit = tag in (b"", keys_mod.layer_tag(0))
         self.label = "g%d%s" % (group.index, tag.decode())
+        self.by_name = {}  # vLLM layer name -> its LayerLayouts
+        for x in layers:
+            self.by_name.setdefault(x.name.split("#")[0], []).append(x)
 
 
 def _fence(layers):
@@ -123,6 +126,9 @@ class _SaveStep:
         self.staging = {}  # unit -> (n, page) tensor
         self.pending = {}  # unit -> layer names still to copy
         self.put_ok = {}  # unit -> list[bool] per kept position
+        self.ids = {}  # (group index, device) -> block ids tensor of the kept blocks
+        self.queue = []  # (unit, layer name, fence) told by save_kv_layer, not copied yet
+        self.draining = False  # a _drain_saves job is queued or running
         self.futures = []
 
 
@@ -473,8 +479,25 @@ class WorkerSide:
         if unit is None or unit.group.index not in step.batches:
             return
         fence = _fence(unit.layers)
-        step.futures.append(self._lane("save").submit(self._save_layer_job, step, unit,
-                                                      layer_name, fence))
+        with self._lock:
+            step.queue.append((unit, layer_name, fence))
+            if step.draining:  # the running job takes this layer too
+                return
+            step.draining = True
+        step.futures.append(self._lane("save").submit(self._drain_saves, step))
+
+    def _drain_saves(self, step):
+        """Copies the layers save_kv_layer told, in order, until none is left:
+        one job per layer while the model computes between them, one for a
+        run of layers told while the lane was busy (no per-layer hand-off)."""
+        while True:
+            with self._lock:
+                jobs, step.queue = step.queue, []
+                if not jobs:
+                    step.draining = False
+                    return
+            for unit, layer_name, fence in jobs:
+                self._save_layer_job(step, unit, layer_name, fence)
 
     def _save_step(self, meta):
         if not self._writes or self._units is None or not getattr(meta, "saves", None):
@@ -537,13 +560,15 @@ class WorkerSide:
             return
         b = step.batches[unit.group.index]
         staging = step.staging[unit]
-        layers = [x for x in unit.layers if x.name.split("#")[0] == layer_name]
+        layers = unit.by_name.get(layer_name, ())
         if fence is not None:
             fence.synchronize()
         with self._device("save", layers):
             for layer in layers:
-                ids = torch.tensor([b.block_ids[i] for i in keep], dtype=torch.long,
-                                   device=layer.device)
+                ids = step.ids.get((unit.group.index, layer.device))
+                if ids is None:
+                    ids = step.ids[(unit.group.index, layer.device)] = torch.tensor(
+                        [b.block_ids[i] for i in keep], dtype=torch.long, device=layer.device)
                 layer.gather_into(ids, unit.fmt.layer_view(staging, layer))
 
     def _put_unit(self, step, unit, only=None):
