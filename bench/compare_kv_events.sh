@@ -11,8 +11,11 @@
 #   kv_events_put_vs_off    put ops/s with events and a stalled subscriber,
 #                           over put ops/s without events (median of pairs)
 #   kv_events_get_vs_off    the same for get
-#   kv_events_dropped       blocks in batches the stalled subscriber missed
-#                           (kvpool_kv_events_subscriber_dropped_total, median)
+#   kv_events_dropped       blocks in the batches that found the subscriber
+#                           full (kvpool_kv_events_subscriber_dropped_total,
+#                           median): a lower bound of what it missed
+#   kv_events_stalls        times the node found it full
+#                           (kvpool_kv_events_subscriber_stalls_total, median)
 # Usage: bench/compare.sh events [--reps N] [--duration DURATION] [--keep]
 set -euo pipefail
 
@@ -47,7 +50,7 @@ freeport() { "$PY" "$HERE/compare_lib.py" freeport; }
 
 # run MODE REP: one node (events off or on), its bench runs, appended to RESULTS.
 run() {
-  local mode="$1" rep="$2" port extra=() rc=0 dropped=0
+  local mode="$1" rep="$2" port extra=() rc=0 dropped=0 stalls=0
   rm -f "$TMP/n.sock"
   if [[ "$mode" == on ]]; then
     port="$(freeport)"
@@ -78,17 +81,20 @@ time.sleep(3600)' "tcp://127.0.0.1:$port" &
   "$BENCH" --socket "$TMP/n.sock" --op get --value-size 4KiB --batch 16 --keys 8000 \
     --populate --duration "$DURATION" --json > "$TMP/get.json"
   if [[ "$mode" == on ]]; then
-    dropped="$(curl -fsS "$READY_URL/metrics" |
-      awk '$1 == "kvpool_kv_events_subscriber_dropped_total" {print $2}')"
+    curl -fsS "$READY_URL/metrics" > "$TMP/metrics"
+    dropped="$(awk '$1 == "kvpool_kv_events_subscriber_dropped_total" {print $2}' "$TMP/metrics")"
+    stalls="$(awk '$1 == "kvpool_kv_events_subscriber_stalls_total" {print $2}' "$TMP/metrics")"
   fi
   "$PY" -c '
 import json, sys
-mode, rep, dropped = sys.argv[1], int(sys.argv[2]), float(sys.argv[3] or 0)
-put = json.loads(open(sys.argv[4]).readline())
-get = json.loads(open(sys.argv[5]).readline())
+mode, rep = sys.argv[1], int(sys.argv[2])
+dropped, stalls = float(sys.argv[3] or 0), float(sys.argv[4] or 0)
+put = json.loads(open(sys.argv[5]).readline())
+get = json.loads(open(sys.argv[6]).readline())
 print(json.dumps({"mode": mode, "rep": rep, "put": put["ops_per_s"], "get": get["ops_per_s"],
-                  "get_misses": get["misses"], "dropped": dropped}))' \
-    "$mode" "$rep" "$dropped" "$TMP/put.json" "$TMP/get.json" | tee -a "$RESULTS" >&2
+                  "get_misses": get["misses"], "dropped": dropped, "stalls": stalls}))' \
+    "$mode" "$rep" "$dropped" "$stalls" "$TMP/put.json" "$TMP/get.json" |
+    tee -a "$RESULTS" >&2
   stop_pid "$sub_pid" subscriber KILL
   stop_pid "$node_pid" kvpool-node KILL
   PIDS=()
@@ -108,5 +114,6 @@ for op in ("put", "get"):
     ratios = [by[("on", k)][op] / by[("off", k)][op] for k in reps]
     print("%s: events on / off per pair %s" % (op, " ".join("%.3f" % x for x in ratios)))
     print("metric kv_events_%s_vs_off %.3f" % (op, statistics.median(ratios)))
-print("metric kv_events_dropped %d" % statistics.median(by[("on", k)]["dropped"] for k in reps))
+for m in ("dropped", "stalls"):
+    print("metric kv_events_%s %d" % (m, statistics.median(by[("on", k)][m] for k in reps)))
 PYEOF

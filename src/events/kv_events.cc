@@ -48,6 +48,14 @@ struct Batch {
   std::string payload;
 };
 
+// One holdings change as queued by the store's threads: a fixed-size record,
+// so queueing allocates nothing once the queue's vectors have grown.
+struct Told {
+  KeyId key;
+  KvEvent::Type type;
+  Medium medium;
+};
+
 }  // namespace
 
 struct KvEventsPublisher::Impl {
@@ -62,13 +70,21 @@ struct KvEventsPublisher::Impl {
   Counter* batches_sent;
   Counter* dropped;
   Counter* subscriber_dropped;
+  Counter* subscriber_stalls;
   Counter* replays;
 
   std::mutex mu;
   std::condition_variable cv;
   bool stopping = false;            // protected by mu
-  std::vector<KvEvent> pending;     // protected by mu
+  std::vector<Told> pending;        // protected by mu
   uint64_t pending_keys = 0;        // protected by mu
+
+  // The batching thread's own, kept for their capacity: the queue it last
+  // took, and the batch being built (events as runs of one key array).
+  std::vector<Told> taken;
+  std::vector<EventRun> runs;
+  std::vector<KeyId> keys;
+  BatchEncoder encoder;
 
   // The batching thread's own.
   int64_t next_seq = 0;
@@ -93,7 +109,7 @@ struct KvEventsPublisher::Impl {
       dropped->Inc();
       return;
     }
-    AppendEvent(&pending, type, medium, key);
+    pending.push_back(Told{key, type, medium});
     ++pending_keys;
   }
 
@@ -112,60 +128,77 @@ struct KvEventsPublisher::Impl {
 
   // Sends what is queued, in batches of at most max_batch_keys blocks.
   void Flush() {
-    std::vector<KvEvent> events;
+    taken.clear();
     {
       std::lock_guard lock(mu);
-      events.swap(pending);
+      taken.swap(pending);
       pending_keys = 0;
     }
-    std::vector<KvEvent> batch;
-    uint64_t keys = 0;
-    for (KvEvent& e : events) {
-      if (e.keys.empty()) {  // AllBlocksCleared
-        batch.push_back(std::move(e));
+    runs.clear();
+    keys.clear();
+    for (const Told& t : taken) {
+      const auto at = static_cast<uint32_t>(keys.size());
+      if (t.type == KvEvent::Type::kAllCleared) {
+        runs.push_back(EventRun{t.type, t.medium, at, at});
         continue;
       }
-      for (const KeyId& k : e.keys) {
-        AppendEvent(&batch, e.type, e.medium, k);
-        if (++keys == opts.max_batch_keys) {
-          Send(batch, keys);
-          batch.clear();
-          keys = 0;
-        }
+      keys.push_back(t.key);
+      if (runs.empty() || runs.back().type != t.type || runs.back().medium != t.medium ||
+          runs.back().end != at) {
+        runs.push_back(EventRun{t.type, t.medium, at, at});
+      }
+      runs.back().end = at + 1;
+      if (keys.size() == opts.max_batch_keys) {
+        Send();
+        runs.clear();
+        keys.clear();
       }
     }
-    if (!batch.empty()) Send(batch, keys);
+    if (!runs.empty()) Send();
   }
 
-  void Send(const std::vector<KvEvent>& events, uint64_t keys) {
+  // Sends the batch in runs and keys.
+  void Send() {
     const double ts = std::chrono::duration<double>(
                           std::chrono::system_clock::now().time_since_epoch())
                           .count();
-    Batch b{next_seq++, EncodeBatch(ts, events, opts.encoding)};
-    const std::string seq = SeqFrame(b.seq);
+    const int64_t n = next_seq++;
+    const std::string_view payload = encoder.Encode(ts, runs, keys, opts.encoding);
+    const std::string seq = SeqFrame(n);
     // The PUB socket refuses a batch while any subscriber is at its
     // high-water mark (ZMQ_XPUB_NODROP): then it is sent again lossy, which
-    // drops it for the full subscribers alone (the others get it) and is
-    // counted as dropped for a subscriber; that subscriber sees the gap in
-    // sequence numbers and replays. A send that fails even so is lost to
-    // every subscriber, and counted.
-    const std::vector<std::string_view> frames = {opts.topic, seq, b.payload};
+    // drops it for the full subscribers alone (the others get it), and the
+    // stall is counted. ZMQ then leaves that subscriber out of every batch
+    // until it has read its backlog, which the node cannot see: it sees the
+    // gap in sequence numbers and replays. A send that fails even so is
+    // lost to every subscriber, and counted.
+    const uint64_t n_keys = keys.size();
+    const std::vector<std::string_view> frames = {opts.topic, seq, payload};
     bool sent = SendFrames(pub, frames);
     if (!sent && zmq_errno() == EAGAIN) {
       SetNoDrop(false);
       sent = SendFrames(pub, frames);
       SetNoDrop(true);
-      if (sent) subscriber_dropped->Inc(keys);
+      if (sent) {
+        subscriber_stalls->Inc();
+        subscriber_dropped->Inc(n_keys);
+      }
     }
     if (sent) {
       batches_sent->Inc();
-      events_sent->Inc(keys);
+      events_sent->Inc(n_keys);
     } else {
-      dropped->Inc(keys);
+      dropped->Inc(n_keys);
     }
     if (opts.replay_batches > 0) {
+      Batch b;  // the oldest batch's buffer is reused once the buffer is full
+      if (kept.size() >= opts.replay_batches) {
+        b = std::move(kept.front());
+        kept.pop_front();
+      }
+      b.seq = n;
+      b.payload.assign(payload);
       kept.push_back(std::move(b));
-      while (kept.size() > opts.replay_batches) kept.pop_front();
     }
   }
 
@@ -246,8 +279,11 @@ Result<std::unique_ptr<KvEventsPublisher>> KvEventsPublisher::Start(const KvEven
       "mark)");
   impl->subscriber_dropped = metrics->GetCounter(
       "kvpool_kv_events_subscriber_dropped_total",
-      "Blocks in KV event batches that a subscriber at its high-water mark missed (sent to "
-      "the others)");
+      "Blocks in the KV event batches that found a subscriber at its high-water mark (sent to "
+      "the others); that subscriber then misses every batch until it has read its backlog");
+  impl->subscriber_stalls = metrics->GetCounter(
+      "kvpool_kv_events_subscriber_stalls_total",
+      "Times a KV events subscriber was found at its high-water mark and left behind");
   impl->replays =
       metrics->GetCounter("kvpool_kv_events_replays_total", "KV event replay requests served");
   impl->ctx = zmq_ctx_new();
@@ -277,7 +313,7 @@ Result<std::unique_ptr<KvEventsPublisher>> KvEventsPublisher::Start(const KvEven
   impl->bound_replay = LastEndpoint(impl->replay);
   LogInfo("kv events: publishing on {}{}", impl->bound,
           impl->replay ? fmt::format(", replay on {}", impl->bound_replay) : "");
-  impl->pending.push_back(KvEvent{KvEvent::Type::kAllCleared, Medium::kCpu, {}});
+  impl->pending.push_back(Told{KeyId{}, KvEvent::Type::kAllCleared, Medium::kCpu});
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->Run(); });
   return std::unique_ptr<KvEventsPublisher>(new KvEventsPublisher(std::move(impl)));

@@ -13,7 +13,7 @@ void PackStr(Packer& p, std::string_view s) {
   p.pack_str_body(s.data(), static_cast<uint32_t>(s.size()));
 }
 
-void PackHashes(Packer& p, const std::vector<KeyId>& keys) {
+void PackHashes(Packer& p, std::span<const KeyId> keys) {
   p.pack_array(static_cast<uint32_t>(keys.size()));
   for (const KeyId& k : keys) {
     char b[16];
@@ -35,8 +35,9 @@ const char* TypeName(KvEvent::Type t) {
   return "?";
 }
 
-void PackEvent(Packer& p, const KvEvent& e, Encoding enc) {
+void PackEvent(Packer& p, const EventRun& e, std::span<const KeyId> all, Encoding enc) {
   const char* medium = MediumName(e.medium);
+  const std::span<const KeyId> keys = all.subspan(e.begin, e.end - e.begin);
   if (enc == Encoding::kArray) {
     switch (e.type) {
       case KvEvent::Type::kStored:
@@ -44,7 +45,7 @@ void PackEvent(Packer& p, const KvEvent& e, Encoding enc) {
         //  lora_name]
         p.pack_array(8);
         PackStr(p, TypeName(e.type));
-        PackHashes(p, e.keys);
+        PackHashes(p, keys);
         p.pack_nil();
         p.pack_array(0);
         p.pack_uint64(0);
@@ -55,7 +56,7 @@ void PackEvent(Packer& p, const KvEvent& e, Encoding enc) {
       case KvEvent::Type::kRemoved:
         p.pack_array(3);
         PackStr(p, TypeName(e.type));
-        PackHashes(p, e.keys);
+        PackHashes(p, keys);
         PackStr(p, medium);
         return;
       case KvEvent::Type::kAllCleared:
@@ -73,7 +74,7 @@ void PackEvent(Packer& p, const KvEvent& e, Encoding enc) {
       PackStr(p, "type");
       PackStr(p, TypeName(e.type));
       PackStr(p, "block_hashes");
-      PackHashes(p, e.keys);
+      PackHashes(p, keys);
       PackStr(p, "medium");
       PackStr(p, medium);
       return;
@@ -97,15 +98,34 @@ void AppendEvent(std::vector<KvEvent>* events, KvEvent::Type type, Medium medium
   events->back().keys.push_back(key);
 }
 
-std::string EncodeBatch(double ts, const std::vector<KvEvent>& events, Encoding encoding) {
-  msgpack::sbuffer buf;
-  Packer p(buf);
+struct BatchEncoder::Buffer {
+  msgpack::sbuffer bytes;
+};
+
+BatchEncoder::BatchEncoder() : buf_(std::make_unique<Buffer>()) {}
+BatchEncoder::~BatchEncoder() = default;
+
+std::string_view BatchEncoder::Encode(double ts, std::span<const EventRun> runs,
+                                      std::span<const KeyId> keys, Encoding encoding) {
+  buf_->bytes.clear();
+  Packer p(buf_->bytes);
   p.pack_array(3);
   p.pack_double(ts);
-  p.pack_array(static_cast<uint32_t>(events.size()));
-  for (const KvEvent& e : events) PackEvent(p, e, encoding);
+  p.pack_array(static_cast<uint32_t>(runs.size()));
+  for (const EventRun& e : runs) PackEvent(p, e, keys, encoding);
   p.pack_nil();
-  return std::string(buf.data(), buf.size());
+  return std::string_view(buf_->bytes.data(), buf_->bytes.size());
+}
+
+std::string EncodeBatch(double ts, const std::vector<KvEvent>& events, Encoding encoding) {
+  std::vector<EventRun> runs;
+  std::vector<KeyId> keys;
+  for (const KvEvent& e : events) {
+    const auto begin = static_cast<uint32_t>(keys.size());
+    keys.insert(keys.end(), e.keys.begin(), e.keys.end());
+    runs.push_back(EventRun{e.type, e.medium, begin, static_cast<uint32_t>(keys.size())});
+  }
+  return std::string(BatchEncoder().Encode(ts, runs, keys, encoding));
 }
 
 std::string SeqFrame(int64_t seq) {

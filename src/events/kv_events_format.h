@@ -30,11 +30,14 @@
 // still buffered with seq >= it, then the end marker ["", -1 as 8 bytes,
 // ""]. A router prefixes the requester's identity frame.
 //
-// Functions only; thread-safe.
+// The functions are thread-safe; a BatchEncoder belongs to one thread.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/key_id.h"
@@ -60,6 +63,29 @@ void AppendEvent(std::vector<KvEvent>* events, KvEvent::Type type, Medium medium
 
 // One EventBatch's msgpack bytes.
 std::string EncodeBatch(double ts, const std::vector<KvEvent>& events, Encoding encoding);
+
+// One event of a batch as a run of a shared key array: keys [begin, end)
+// (none for AllBlocksCleared).
+struct EventRun {
+  KvEvent::Type type = KvEvent::Type::kStored;
+  Medium medium = Medium::kCpu;
+  uint32_t begin = 0, end = 0;
+};
+
+// Encodes batches into one buffer reused from batch to batch, so a
+// publisher allocates nothing per event. The same bytes as EncodeBatch.
+class BatchEncoder {
+ public:
+  BatchEncoder();
+  ~BatchEncoder();
+  // Valid until the next Encode.
+  std::string_view Encode(double ts, std::span<const EventRun> runs, std::span<const KeyId> keys,
+                          Encoding encoding);
+
+ private:
+  struct Buffer;
+  std::unique_ptr<Buffer> buf_;
+};
 
 // seq as 8 bytes, big-endian.
 std::string SeqFrame(int64_t seq);
