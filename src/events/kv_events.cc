@@ -1,5 +1,6 @@
 #include "events/kv_events.h"
 
+#include <fmt/format.h>
 #include <zmq.h>
 
 #include <cerrno>
@@ -9,8 +10,6 @@
 #include <mutex>
 #include <thread>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "common/log.h"
 
@@ -75,9 +74,9 @@ struct KvEventsPublisher::Impl {
 
   std::mutex mu;
   std::condition_variable cv;
-  bool stopping = false;            // protected by mu
-  std::vector<Told> pending;        // protected by mu
-  uint64_t pending_keys = 0;        // protected by mu
+  bool stopping = false;      // protected by mu
+  std::vector<Told> pending;  // protected by mu
+  uint64_t pending_keys = 0;  // protected by mu
 
   // The batching thread's own, kept for their capacity: the queue it last
   // took, and the batch being built (events as runs of one key array).
@@ -159,9 +158,8 @@ struct KvEventsPublisher::Impl {
 
   // Sends the batch in runs and keys.
   void Send() {
-    const double ts = std::chrono::duration<double>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
+    const double ts =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     const int64_t n = next_seq++;
     const std::string_view payload = encoder.Encode(ts, runs, keys, opts.encoding);
     const std::string seq = SeqFrame(n);
@@ -265,12 +263,12 @@ struct KvEventsPublisher::Impl {
 };
 
 Result<std::unique_ptr<KvEventsPublisher>> KvEventsPublisher::Start(const KvEventsOptions& options,
-                                                                   MetricsRegistry* metrics) {
+                                                                    MetricsRegistry* metrics) {
   KVPOOL_RETURN_IF_ERROR(options.Validate());
   auto impl = std::make_unique<Impl>();
   impl->opts = options;
-  impl->events_sent = metrics->GetCounter("kvpool_kv_events_total",
-                                          "Blocks told in KV events sent to routers");
+  impl->events_sent =
+      metrics->GetCounter("kvpool_kv_events_total", "Blocks told in KV events sent to routers");
   impl->batches_sent =
       metrics->GetCounter("kvpool_kv_events_batches_total", "KV event batches sent");
   impl->dropped = metrics->GetCounter(

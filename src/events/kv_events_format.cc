@@ -28,9 +28,12 @@ void PackHashes(Packer& p, std::span<const KeyId> keys) {
 
 const char* TypeName(KvEvent::Type t) {
   switch (t) {
-    case KvEvent::Type::kStored: return "BlockStored";
-    case KvEvent::Type::kRemoved: return "BlockRemoved";
-    case KvEvent::Type::kAllCleared: return "AllBlocksCleared";
+    case KvEvent::Type::kStored:
+      return "BlockStored";
+    case KvEvent::Type::kRemoved:
+      return "BlockRemoved";
+    case KvEvent::Type::kAllCleared:
+      return "AllBlocksCleared";
   }
   return "?";
 }

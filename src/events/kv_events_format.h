@@ -58,8 +58,7 @@ const char* MediumName(Medium m);
 
 // Appends `key` to the last event when it has the same type and medium,
 // else starts a new event.
-void AppendEvent(std::vector<KvEvent>* events, KvEvent::Type type, Medium medium,
-                 const KeyId& key);
+void AppendEvent(std::vector<KvEvent>* events, KvEvent::Type type, Medium medium, const KeyId& key);
 
 // One EventBatch's msgpack bytes.
 std::string EncodeBatch(double ts, const std::vector<KvEvent>& events, Encoding encoding);
