@@ -6,7 +6,7 @@ FUZZ_SECONDS ?= 60
 TEST_FUZZ_SECONDS ?= 30
 ARGS ?=
 
-.PHONY: all deps configure build run test bench fuzz format clean
+.PHONY: all deps configure build run test package bench fuzz format clean
 
 all: build
 
@@ -32,6 +32,12 @@ run: build
 test: build
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
 	@cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j2
+
+# Debian packages of this build into $(BUILD_DIR)/packages, then the same
+# checks as the package test (lintian, an install into a temporary root, the
+# service unit started as systemd would).
+package: build
+	@bash tests/package/package_test.sh $(BUILD_DIR) $(BUILD_DIR)/packages
 
 bench: build
 	@bash bench/compare.sh local

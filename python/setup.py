@@ -7,11 +7,17 @@ libkvpool.so itself is not bundled: it is found through KVPOOL_LIBRARY, the
 source checkout's build tree, or the system loader (ldconfig).
 """
 
+import os
+import sys
+
 from setuptools import find_packages, setup
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "kvpool"))
+from _package_version import from_changelog  # noqa: E402
 
 setup(
     name="kvpool",
-    version="0.1.0",
+    version=from_changelog(),
     description="Python client of the kvpool KV cache, with SGLang, vLLM and LMCache connectors",
     packages=find_packages(include=["kvpool", "kvpool.*"]),
     python_requires=">=3.9",

@@ -14,6 +14,9 @@ PACKAGES=(
   # integration tests and benchmarks
   etcd-server etcd-client redis-server redis-tools prometheus fio iperf3
   chromium curl procps iproute2 iptables util-linux
+  # Debian packages (make package) and their test: cpack's shlibdeps, lintian,
+  # systemd-analyze for the service unit
+  dpkg-dev file lintian fakeroot systemd
   # python package and connectors (pip/setuptools/wheel/venv: offline pip install ./python)
   python3 python3-numpy python3-pytest python3-torch python3-zmq python3-msgpack
   python3-pip python3-setuptools python3-wheel python3-venv

@@ -35,7 +35,8 @@
 
 namespace {
 
-int Usage() {
+// To stdout when asked for (--help), else to stderr as a usage error.
+int Usage(FILE* out = stderr) {
   std::fputs(
       "usage: kvpoolctl [--socket PATH] [--timeout DURATION] COMMAND ...\n"
       "  --timeout: deadline of each call (5s, 500ms; a bare number is milliseconds; default 5s)\n"
@@ -53,7 +54,7 @@ int Usage() {
       "  (metrics, members, shards, tenants: --token-file PATH sends the node's admin bearer "
       "token)\n"
       "exit status: 0 done, 1 a miss, 2 usage, 3 an error\n",
-      stderr);
+      out);
   return 2;
 }
 
@@ -212,7 +213,7 @@ int main(int argc, char** argv) {
       }
       timeout_ms = static_cast<uint32_t>(t->count());
     }
-    else if (a == "-h" || a == "--help") return Usage(), 0;
+    else if (a == "-h" || a == "--help") return Usage(stdout), 0;
     else args.push_back(a);
   }
   if (args.empty()) return Usage();

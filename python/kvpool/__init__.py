@@ -7,4 +7,6 @@ kvpool.integrations for the SGLang, vLLM and LMCache connectors.
 from .client import Client, KeyIds, KvpoolError, StatusCode, buffer_address, version
 
 __all__ = ["Client", "KeyIds", "KvpoolError", "StatusCode", "buffer_address", "version"]
-__version__ = "0.1.0"
+from ._package_version import package_version as _package_version
+
+__version__ = _package_version()

@@ -293,7 +293,9 @@ Status SettingsTable::ParseArgs(int argc, const char* const* argv, bool* help) {
 
 std::string SettingsTable::HelpText(std::string_view program, std::string_view summary) const {
   std::ostringstream o;
-  o << "usage: " << program << " [--config FILE] [--setting=value ...]\n\n" << summary << "\n\n";
+  o << "usage: " << program << " [--config FILE] [--setting=value ...]\n"
+    << "       " << program << " --help | --version\n\n"
+    << summary << "\n\n";
   o << "Settings (flags, or 'name = value' lines in the --config file):\n";
   for (const auto& r : rows_) {
     std::string head = fmt::format("  --{} <{}>", r.name, TypeName(r.type));

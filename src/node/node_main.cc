@@ -4,14 +4,22 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "common/log.h"
+#include "common/sd_notify.h"
 #include "common/settings.h"
 #include "node/node.h"
 #include "node/node_options.h"
 
 int main(int argc, char** argv) {
   using namespace kvpool;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--version") == 0) {
+      std::puts("kvpool-node " KVPOOL_VERSION);
+      return 0;
+    }
+  }
   NodeOptions options;
   SettingsTable table;
   BuildNodeSettings(&options, &table);
@@ -55,10 +63,16 @@ int main(int argc, char** argv) {
     LogError("cannot start: {}", node.status().ToString());
     return 1;
   }
+  // Under systemd (Type=notify): ready once the socket, the segment and the
+  // admin endpoint serve.
+  if (Status n = NotifyServiceManager("READY=1\nSTATUS=serving"); !n.ok()) {
+    LogWarn("cannot tell the service manager it is ready: {}", n.ToString());
+  }
   int sig = 0;
   while (sigwait(&set, &sig) == 0 && sig == SIGHUP) {
   }
   LogInfo("signal {}: shutting down", sig);
+  (void)NotifyServiceManager("STOPPING=1\nSTATUS=stopping");
   (*node)->Stop();
   LogInfo("stopped");
   return 0;

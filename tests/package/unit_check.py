@@ -1,0 +1,155 @@
+"""Runs inside a private mount and network namespace (unshare -m -n), as
+root: the kvpool-node.service unit of an extracted package root, checked and
+started the way systemd would start it.
+
+usage: unit_check.py ROOT SMOKE_BINARY...
+
+- The package root is laid over /usr/bin, /etc and /lib/systemd/system
+  (read-only overlays), /run is a fresh tmpfs, and /etc/passwd and
+  /etc/group gain the kvpool user and group that the package's postinst
+  would add: only this process and its children see any of it.
+- `systemd-analyze verify` must print nothing for the unit (it reports
+  unknown keys and bad values as warnings, exit code 0).
+- The unit's ExecStart line runs as written, as the unit's User and Group,
+  with $NOTIFY_SOCKET naming a datagram socket this script listens on, and
+  /run/kvpool made as RuntimeDirectory= would make it. The node must send
+  READY=1; then a C program built against the installed libkvpool-dev and
+  the installed Python package (KVPOOL_LIBRARY names the installed
+  libkvpool.so.0) put and read back values through the
+  configured socket; SIGTERM (systemd's stop) must bring STOPPING=1 and a
+  clean exit.
+"""
+
+import os
+import pwd
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+ROOT, SMOKES = sys.argv[1], sys.argv[2:]
+UNIT = os.path.join(ROOT, "lib/systemd/system/kvpool-node.service")
+UID = GID = 64999  # the kvpool user the postinst would create
+
+
+def run(*cmd, **kw):
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def fail(msg):
+    print("unit_check: FAIL: " + msg, file=sys.stderr)
+    sys.exit(1)
+
+
+def unit_values(key):
+    out = []
+    with open(UNIT) as f:
+        for line in f:
+            if line.startswith(key + "="):
+                out.append(line.split("=", 1)[1].strip())
+    return out
+
+
+def overlay(lower_first, target):
+    run("mount", "-t", "overlay", "overlay", "-o",
+        "lowerdir=%s:%s" % (lower_first, target), target)
+
+
+def main():
+    run("mount", "--make-rprivate", "/")
+    run("ip", "link", "set", "lo", "up")
+    # Accounts as the postinst makes them, over the host's.
+    extra = os.path.join(os.path.dirname(ROOT), "etc-accounts")
+    os.makedirs(extra, exist_ok=True)
+    with open("/etc/passwd") as f:
+        passwd = f.read()
+    with open("/etc/group") as f:
+        group = f.read()
+    with open(os.path.join(extra, "passwd"), "w") as f:
+        f.write(passwd + "kvpool:x:%d:%d:kvpool cache node:/var/lib/kvpool:/usr/sbin/nologin\n"
+                % (UID, GID))
+    with open(os.path.join(extra, "group"), "w") as f:
+        f.write(group + "kvpool:x:%d:\n" % GID)
+    run("mount", "-t", "overlay", "overlay", "-o",
+        "lowerdir=%s:%s:/etc" % (extra, os.path.join(ROOT, "etc")), "/etc")
+    overlay(os.path.join(ROOT, "usr/bin"), "/usr/bin")
+    overlay(os.path.join(ROOT, "lib/systemd/system"), "/lib/systemd/system")
+    run("mount", "-t", "tmpfs", "tmpfs", "/run")
+    if pwd.getpwnam("kvpool").pw_uid != UID:
+        fail("the kvpool account overlay is not in effect")
+
+    # 1. systemd-analyze verify: silent means clean.
+    v = subprocess.run(["systemd-analyze", "verify", "/lib/systemd/system/kvpool-node.service"],
+                       capture_output=True, text=True)
+    if v.returncode != 0 or v.stdout.strip() or v.stderr.strip():
+        fail("systemd-analyze verify (rc %d): %s%s" % (v.returncode, v.stdout, v.stderr))
+    print("systemd-analyze verify: clean")
+
+    # 2. The unit's ExecStart as written, with the unit's user and notify socket.
+    (exec_start,) = unit_values("ExecStart")
+    if unit_values("Type") != ["notify"] or unit_values("User") != ["kvpool"]:
+        fail("the unit is not Type=notify with User=kvpool")
+    (runtime_dir,) = unit_values("RuntimeDirectory")
+    run_dir = os.path.join("/run", runtime_dir)
+    os.makedirs(run_dir)
+    os.chown(run_dir, UID, GID)
+    os.chmod(run_dir, int(unit_values("RuntimeDirectoryMode")[0], 8))
+    notify_name = "\0kvpool-unit-check-%d" % os.getpid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(notify_name)
+    env = {"PATH": "/usr/bin:/bin", "NOTIFY_SOCKET": "@" + notify_name[1:]}
+    argv = ["setpriv", "--reuid", str(UID), "--regid", str(GID), "--clear-groups", "--"]
+    argv += shlex.split(exec_start)
+    print("ExecStart: " + exec_start)
+    log = open(os.path.join(os.path.dirname(ROOT), "node.log"), "w")
+    node = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def expect(state, within):
+        listener.settimeout(within)
+        try:
+            msg = listener.recv(4096).decode()
+        except socket.timeout:
+            node.kill()
+            with open(log.name) as f:
+                sys.stderr.write(f.read())
+            fail("no %s from the node within %d s" % (state, within))
+        if state not in msg.split("\n"):
+            fail("expected %s, got %r" % (state, msg))
+        print("notify: %r" % msg)
+
+    expect("READY=1", 120)
+    sock = os.path.join(run_dir, "kvpool.sock")
+    st = os.stat(sock)
+    if st.st_uid != UID:
+        fail("the socket does not belong to the kvpool user")
+    # 3. The installed C library (via pkg-config) and Python package against it.
+    libs = {"LD_LIBRARY_PATH": os.path.dirname(os.environ["KVPOOL_LIBRARY"])}
+    for smoke in SMOKES:  # c_api_smoke: put, get, exists round trip of fixed keys
+        run(smoke, sock, env=libs)
+        # The installed kvpoolctl drops them, so the next program stores afresh.
+        run("/usr/bin/kvpoolctl", "--socket", sock, "clear", "c-smoke", env=libs)
+    py = ("import kvpool, sys\n"
+          "c = kvpool.Client(sys.argv[1], namespace='package-test')\n"
+          "assert c.put(['k'], [b'v' * 4096]) == [kvpool.StatusCode.OK]\n"
+          "assert c.get(['k']) == [b'v' * 4096]\n"
+          "print('python3-kvpool', kvpool.__version__, 'round trip ok')\n")
+    run("/usr/bin/python3", "-c", py, sock,
+        env={"PYTHONPATH": os.path.join(ROOT, "usr/lib/python3/dist-packages"),
+             "KVPOOL_LIBRARY": os.environ["KVPOOL_LIBRARY"], "PYTHONDONTWRITEBYTECODE": "1"})
+    # 4. systemd's stop: SIGTERM, STOPPING=1, a clean exit in time.
+    node.send_signal(signal.SIGTERM)
+    expect("STOPPING=1", 30)
+    try:
+        rc = node.wait(timeout=int(unit_values("TimeoutStopSec")[0].rstrip("s")))
+    except subprocess.TimeoutExpired:
+        node.kill()
+        fail("the node did not stop within TimeoutStopSec")
+    if rc != 0:
+        fail("the node exited %d on SIGTERM" % rc)
+    print("stopped cleanly")
+
+
+if __name__ == "__main__":
+    main()
