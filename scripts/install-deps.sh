@@ -29,20 +29,34 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+# Node.js and npm validate the Kubernetes manifests (deploy/k8s); any
+# installed node and npm will do (Debian's: nodejs npm).
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  missing+=(nodejs npm)
 fi
 
-echo "install-deps: installing ${missing[*]}"
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 
-# Debian ships redis-server and etcd-server as system services; kvpool's tests
-# and benchmarks start their own instances on free ports, so the system ones
-# are not needed. Stopping them is best-effort (no init system in containers).
-for svc in redis-server etcd prometheus; do
-  $SUDO systemctl disable --now "$svc" >/dev/null 2>&1 || true
-done
+  # Debian ships redis-server and etcd-server as system services; kvpool's
+  # tests and benchmarks start their own instances on free ports, so the
+  # system ones are not needed. Stopping them is best-effort (no init system
+  # in containers).
+  for svc in redis-server etcd prometheus; do
+    $SUDO systemctl disable --now "$svc" >/dev/null 2>&1 || true
+  done
+fi
+
+# The manifest validator's npm packages, pinned by its lock file, installed
+# again only when the lock file changed.
+VALIDATE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/deploy/k8s/validate"
+if ! cmp -s "$VALIDATE/package-lock.json" "$VALIDATE/node_modules/.kvpool-lock" 2>/dev/null; then
+  echo "install-deps: npm ci in deploy/k8s/validate"
+  (cd "$VALIDATE" && npm ci --no-audit --no-fund --loglevel=error)
+  cp "$VALIDATE/package-lock.json" "$VALIDATE/node_modules/.kvpool-lock"
+fi

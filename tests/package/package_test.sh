@@ -12,7 +12,10 @@
 #   ExecStart line, run as written as the unit's user, sends READY=1 on a
 #   notify socket, serves the C program and the Python client through the
 #   configured socket, and stops cleanly on SIGTERM (unit_check.py, in a
-#   private mount and network namespace).
+#   private mount and network namespace);
+#   the container image's entrypoint (deploy/entrypoint.sh) passes flags to
+#   the node, runs other commands, and with no arguments execs the node with
+#   the packaged configuration, which serves and stops the same way.
 # usage: package_test.sh BUILD_DIR [OUT_DIR]
 #   OUT_DIR: keep the packages there (make package); default: a temporary
 #   directory, removed at the end.
@@ -104,8 +107,16 @@ assert kvpool.version() == version, kvpool.version()
 print("import kvpool:", kvpool.__version__, "from", kvpool.__file__)' "$ROOT" "$version" ||
   fail "python3-kvpool"
 
-step "the kvpool-node.service unit"
-KVPOOL_LIBRARY="$lib" unshare -m -n /usr/bin/python3 "$HERE/unit_check.py" "$ROOT" \
+step "the container image's entrypoint (deploy/entrypoint.sh)"
+entry="$SRC/deploy/entrypoint.sh"
+got="$(PATH="$ROOT/usr/bin:$PATH" KVPOOL_CONFIG="$ROOT/etc/kvpool/kvpool-node.conf" "$entry" --version)"
+[[ "$got" == "kvpool-node $version" ]] || fail "entrypoint --version said '$got'"
+PATH="$ROOT/usr/bin:$PATH" LD_LIBRARY_PATH="$LIBDIR" "$entry" kvpoolctl --help | grep -q '^usage: kvpoolctl' ||
+  fail "entrypoint kvpoolctl --help"
+echo "entrypoint: flags go to kvpool-node, commands run as given"
+
+step "the kvpool-node.service unit, then the entrypoint, started as their callers would"
+KVPOOL_LIBRARY="$lib" KVPOOL_ENTRYPOINT="$entry" unshare -m -n /usr/bin/python3 "$HERE/unit_check.py" "$ROOT" \
   "$WORK/smoke" "$WORK/cmake-user/build/smoke_cmake" || fail "the service unit"
 
 echo "package_test: ok"

@@ -18,6 +18,9 @@ usage: unit_check.py ROOT SMOKE_BINARY...
   libkvpool.so.0) put and read back values through the
   configured socket; SIGTERM (systemd's stop) must bring STOPPING=1 and a
   clean exit.
+- With $KVPOOL_ENTRYPOINT, the container image's entrypoint is run the same
+  way with no arguments (it must exec the node with the packaged
+  configuration, so that the node itself gets the SIGTERM).
 """
 
 import os
@@ -96,13 +99,28 @@ def main():
     os.makedirs(run_dir)
     os.chown(run_dir, UID, GID)
     os.chmod(run_dir, int(unit_values("RuntimeDirectoryMode")[0], 8))
-    notify_name = "\0kvpool-unit-check-%d" % os.getpid()
+    print("ExecStart: " + exec_start)
+    stop_within = int(unit_values("TimeoutStopSec")[0].rstrip("s"))
+    serve_and_stop(shlex.split(exec_start), {}, run_dir, stop_within)
+    # 3. The container image's entrypoint with no arguments: the node with
+    # the packaged configuration, exec'd (the SIGTERM reaches it).
+    entrypoint = os.environ.get("KVPOOL_ENTRYPOINT")
+    if entrypoint:
+        print("entrypoint: " + entrypoint)
+        serve_and_stop([entrypoint], {"KVPOOL_CONFIG": "/etc/kvpool/kvpool-node.conf"}, run_dir,
+                       stop_within)
+
+
+def serve_and_stop(command, extra_env, run_dir, stop_within):
+    """Runs command as the kvpool user with a notify socket: READY=1, then
+    the C programs and the Python client through the socket, then SIGTERM:
+    STOPPING=1 and exit code 0."""
+    notify_name = "\0kvpool-unit-check-%d-%d" % (os.getpid(), time.monotonic_ns())
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     listener.bind(notify_name)
     env = {"PATH": "/usr/bin:/bin", "NOTIFY_SOCKET": "@" + notify_name[1:]}
-    argv = ["setpriv", "--reuid", str(UID), "--regid", str(GID), "--clear-groups", "--"]
-    argv += shlex.split(exec_start)
-    print("ExecStart: " + exec_start)
+    env.update(extra_env)
+    argv = ["setpriv", "--reuid", str(UID), "--regid", str(GID), "--clear-groups", "--"] + command
     log = open(os.path.join(os.path.dirname(ROOT), "node.log"), "w")
     node = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -121,10 +139,9 @@ def main():
 
     expect("READY=1", 120)
     sock = os.path.join(run_dir, "kvpool.sock")
-    st = os.stat(sock)
-    if st.st_uid != UID:
+    if os.stat(sock).st_uid != UID:
         fail("the socket does not belong to the kvpool user")
-    # 3. The installed C library (via pkg-config) and Python package against it.
+    # The installed C library (via pkg-config and CMake) and Python package.
     libs = {"LD_LIBRARY_PATH": os.path.dirname(os.environ["KVPOOL_LIBRARY"])}
     for smoke in SMOKES:  # c_api_smoke: put, get, exists round trip of fixed keys
         run(smoke, sock, env=libs)
@@ -132,22 +149,24 @@ def main():
         run("/usr/bin/kvpoolctl", "--socket", sock, "clear", "c-smoke", env=libs)
     py = ("import kvpool, sys\n"
           "c = kvpool.Client(sys.argv[1], namespace='package-test')\n"
+          "c.clear()\n"
           "assert c.put(['k'], [b'v' * 4096]) == [kvpool.StatusCode.OK]\n"
           "assert c.get(['k']) == [b'v' * 4096]\n"
           "print('python3-kvpool', kvpool.__version__, 'round trip ok')\n")
     run("/usr/bin/python3", "-c", py, sock,
         env={"PYTHONPATH": os.path.join(ROOT, "usr/lib/python3/dist-packages"),
              "KVPOOL_LIBRARY": os.environ["KVPOOL_LIBRARY"], "PYTHONDONTWRITEBYTECODE": "1"})
-    # 4. systemd's stop: SIGTERM, STOPPING=1, a clean exit in time.
+    # systemd's (and Kubernetes') stop: SIGTERM, STOPPING=1, a clean exit in time.
     node.send_signal(signal.SIGTERM)
     expect("STOPPING=1", 30)
     try:
-        rc = node.wait(timeout=int(unit_values("TimeoutStopSec")[0].rstrip("s")))
+        rc = node.wait(timeout=stop_within)
     except subprocess.TimeoutExpired:
         node.kill()
-        fail("the node did not stop within TimeoutStopSec")
+        fail("the node did not stop within %d s" % stop_within)
     if rc != 0:
         fail("the node exited %d on SIGTERM" % rc)
+    listener.close()
     print("stopped cleanly")
 
 
