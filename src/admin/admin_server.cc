@@ -30,6 +30,7 @@
 
 #include "admin/dashboard_page.h"
 #include "admin/http_request.h"
+#include "admin/metrics_history.h"
 #include "common/check.h"
 #include "common/event_loop_fds.h"
 #include "common/log.h"
@@ -54,7 +55,7 @@ Status AdminOptions::Validate() const {
     return InvalidArgument("admin: max_queued_requests must be in 1..100000, got " +
                            std::to_string(max_queued_requests));
   }
-  return Status::Ok();
+  return history.Validate();
 }
 
 namespace {
@@ -76,9 +77,14 @@ constexpr char kDashboardCsp[] =
     "frame-ancestors 'none'";
 
 // The request-counter label set is fixed: every other path counts as "other".
-constexpr std::array<std::string_view, 7> kKnownPaths = {
-    "/", "/metrics", "/healthz", "/readyz", "/api/v1/status", "/api/v1/config",
-    "/api/v1/members"};
+constexpr std::array<std::string_view, 8> kKnownPaths = {"/",
+                                                         "/metrics",
+                                                         "/healthz",
+                                                         "/readyz",
+                                                         "/api/v1/status",
+                                                         "/api/v1/config",
+                                                         "/api/v1/members",
+                                                         "/api/v1/history"};
 constexpr std::string_view kOtherPath = "other";
 
 // Only GETs of short URLs are served: a head beyond this is refused (431).
@@ -187,7 +193,10 @@ struct Job {
 class HttpAdminServer final : public AdminServer {
  public:
   HttpAdminServer(const AdminOptions& options, MetricsRegistry* metrics, AdminHooks hooks)
-      : options_(options), metrics_(metrics), hooks_(std::move(hooks)) {
+      : options_(options),
+        metrics_(metrics),
+        hooks_(std::move(hooks)),
+        history_(options.history, metrics) {
     // Registered up front so every series is exported (as 0) from the start.
     for (size_t i = 0; i < kKnownPaths.size(); ++i) {
       path_counters_[i] = RegisterCounter(kKnownPaths[i]);
@@ -263,6 +272,7 @@ class HttpAdminServer final : public AdminServer {
   }
 
   void Serve() {
+    history_.Start();
     for (int i = 0; i < options_.threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
     thread_ = std::thread([this] { EventLoop(); });
   }
@@ -273,6 +283,7 @@ class HttpAdminServer final : public AdminServer {
     std::lock_guard lock(stop_mu_);
     if (stopped_) return;
     stopped_ = true;
+    history_.Stop();
     // Request threads finish what is queued (its responses are written on a
     // last pass of the loop), then the loop closes everything.
     {
@@ -693,6 +704,9 @@ class HttpAdminServer final : public AdminServer {
     } else if (path == "/api/v1/members") {
       r.content_type = kJsonContentType;
       r.body = hooks_.members_json ? hooks_.members_json() : "{}";
+    } else if (path == "/api/v1/history") {
+      r.content_type = kJsonContentType;
+      r.body = history_.Json();
     } else if (path == "/api/v1/config") {
       r.content_type = kJsonContentType;
       r.body = hooks_.config_json ? hooks_.config_json() : "{}";
@@ -710,6 +724,7 @@ class HttpAdminServer final : public AdminServer {
   const AdminOptions options_;
   MetricsRegistry* const metrics_;  // not owned; outlives this server
   const AdminHooks hooks_;
+  MetricsHistory history_;  // the charts' samples (its own thread)
   std::array<Counter*, kKnownPaths.size()> path_counters_{};
   Counter* other_counter_ = nullptr;
   Gauge* open_gauge_ = nullptr;

@@ -1,7 +1,8 @@
 // AdminServer: the node's admin HTTP endpoint (loopback by default).
 //
 // Serves /metrics (Prometheus text from the registry), /healthz, /readyz,
-// /api/v1/status, /api/v1/members and /api/v1/config (JSON from hooks the node provides), and
+// /api/v1/status, /api/v1/members and /api/v1/config (JSON from hooks the node provides),
+// /api/v1/history (the key figures of the last 15 minutes, MetricsHistory), and
 // a self-contained dashboard page at / (no network fetches). It renders what
 // it is given and holds no node logic.
 //
@@ -29,6 +30,7 @@
 #include <memory>
 #include <string>
 
+#include "admin/metrics_history.h"
 #include "common/metrics.h"
 #include "common/status.h"
 
@@ -57,6 +59,9 @@ struct AdminOptions {
   // answered 401 and counted in kvpool_admin_unauthorized_total. The
   // endpoint stays read-only either way.
   std::string bearer_token;
+  // The dashboard's charts: key figures sampled every interval over the
+  // window, served at /api/v1/history.
+  HistoryOptions history;
 
   Status Validate() const;
 };

@@ -101,7 +101,11 @@ class AdminServerTest : public ::testing::Test {
     hooks.status_json = [] { return StatusJson(); };
     hooks.config_json = [] { return std::string(R"({"admin_port":0})"); };
     hooks.ready = [this] { return ready_.load(); };
-    auto server = AdminServer::Start(AdminOptions{}, &registry_, std::move(hooks));
+    AdminOptions options;
+    // Charts that fill in a test's time: 100 samples of 100 ms.
+    options.history.interval = std::chrono::milliseconds(100);
+    options.history.window = std::chrono::seconds(10);
+    auto server = AdminServer::Start(options, &registry_, std::move(hooks));
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_ = std::move(server).value();
     ASSERT_GT(server_->port(), 0);
@@ -573,6 +577,19 @@ std::string BodyAttribute(const std::string& dom, const std::string& name) {
   return dom.substr(at, dom.find('"', at) - at);
 }
 
+// An attribute of the element with the given id in a DOM dump ("" if absent).
+std::string ElementAttribute(const std::string& dom, const std::string& id,
+                             const std::string& name) {
+  const auto at = dom.find("id=\"" + id + "\"");
+  if (at == std::string::npos) return "";
+  const auto open = dom.rfind('<', at);
+  const auto close = dom.find('>', at);
+  auto a = dom.find(" " + name + "=\"", open);
+  if (open == std::string::npos || a == std::string::npos || a > close) return "";
+  a += name.size() + 3;
+  return dom.substr(a, dom.find('"', a) - a);
+}
+
 TEST_F(AdminServerTest, DashboardRendersValuesInHeadlessChromium) {
   const char* chromium = "/usr/bin/chromium";
   if (access(chromium, X_OK) != 0) GTEST_SKIP() << "chromium not installed at " << chromium;
@@ -621,10 +638,82 @@ TEST_F(AdminServerTest, DashboardRendersValuesInHeadlessChromium) {
       << dom;
   EXPECT_NE(dom.find("node-test-2"), std::string::npos);
   EXPECT_NE(dom.find("suspect"), std::string::npos);
-  // The page asked for nothing but itself and its two data endpoints.
+  // The last 15 minutes: the charts hold the node's samples, and their
+  // latest values are the ones the cards above show from /api/v1/status and
+  // /metrics (nothing moved between samples: no rates, no ratio).
+  EXPECT_GE(std::atoi(ElementAttribute(dom, "charts", "data-samples").c_str()), 2) << dom;
+  EXPECT_EQ(ElementText(dom, "hist-dram"), ElementText(dom, "dram-used"));
+  EXPECT_EQ(ElementText(dom, "hist-dram"), "2.00 GiB");
+  EXPECT_EQ(ElementText(dom, "hist-ssd"), "\xE2\x80\x94");  // no SSD tier
+  EXPECT_EQ(ElementText(dom, "hist-ops"), ElementText(dom, "ops-rate"));
+  EXPECT_EQ(ElementText(dom, "hist-ops"), "0");
+  EXPECT_EQ(ElementText(dom, "hist-evict"), "0");
+  EXPECT_EQ(ElementText(dom, "hist-hit"), "\xE2\x80\x94");           // no reads in any interval
+  EXPECT_EQ(ElementAttribute(dom, "chart-mem", "data-lines"), "1");  // DRAM drawn, SSD absent
+  EXPECT_EQ(ElementAttribute(dom, "chart-ops", "data-lines"), "1");
+  // The page asked for nothing but itself and its three data endpoints.
   EXPECT_EQ(Requests("other"), 0);
   EXPECT_GE(Requests("/api/v1/status"), 2);
   EXPECT_GE(Requests("/metrics"), 2);
+  EXPECT_GE(Requests("/api/v1/history"), 2);
+
+  // A screenshot of the same page, kept as the test's artefact
+  // ($KVPOOL_TEST_ARTIFACTS, else test-artifacts/ in the working directory),
+  // after traffic moved for a while so that the charts show lines: a wave
+  // of gets at 90 % hits, their latencies and evictions (the status JSON is
+  // fixed, so DRAM in use stays as it says).
+  std::atomic<bool> traffic_stop{false};
+  std::thread traffic([&] {
+    Counter* gets = registry_.GetCounter("kvpool_ops_total", "", {{"op", "get"}});
+    Counter* hits = registry_.GetCounter("kvpool_hits_total", "");
+    Counter* misses = registry_.GetCounter("kvpool_misses_total", "");
+    Counter* read = registry_.GetCounter("kvpool_bytes_read_total", "");
+    Counter* evicted = registry_.GetCounter("kvpool_dram_evictions_total", "");
+    Histogram* lat = registry_.GetHistogram("kvpool_op_latency_seconds", "", {{"op", "get"}});
+    for (int step = 0; !traffic_stop.load(); ++step) {
+      const int n = 200 + static_cast<int>(150 * std::sin(step / 8.0));
+      gets->Inc(n);
+      hits->Inc(n * 9 / 10);
+      misses->Inc(n - n * 9 / 10);
+      read->Inc(static_cast<uint64_t>(n) << 16);
+      evicted->Inc(n / 20);
+      for (int i = 0; i < n; ++i) {
+        lat->Observe(0.0004 + 0.0003 * (i % 7) / 7.0 + (i % 100 == 0 ? 0.004 : 0));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  const char* dir_env = std::getenv("KVPOOL_TEST_ARTIFACTS");
+  const std::filesystem::path dir = dir_env != nullptr ? dir_env : "test-artifacts";
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path png = std::filesystem::absolute(dir / "dashboard.png");
+  std::filesystem::remove(png);
+  std::this_thread::sleep_for(std::chrono::seconds(4));  // 40 samples of it
+  // Stopped before the shot: the page's own rates run on the browser's
+  // virtual clock, so only still counters give the cards true values; the
+  // charts keep the traffic of the last seconds.
+  traffic_stop = true;
+  traffic.join();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto shot_profile = TempDir("kvpool-admin-chromium-shot");
+  ASSERT_FALSE(shot_profile.empty());
+  auto shot =
+      RunCommand("timeout 90 " + std::string(chromium) +
+                 " --headless --no-sandbox --disable-gpu --disable-extensions"
+                 " --no-first-run --disable-background-networking --hide-scrollbars"
+                 " --user-data-dir=" +
+                 shot_profile.string() +
+                 " '--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1'"
+                 " --window-size=1400,1500 --virtual-time-budget=5000 --screenshot=" +
+                 png.string() + " http://127.0.0.1:" + std::to_string(server_->port()) + "/ 2>&1");
+  std::filesystem::remove_all(shot_profile);
+  ASSERT_EQ(shot.exit_code, 0) << shot.output;
+  std::ifstream f(png, std::ios::binary);
+  std::string head(8, '\0');
+  f.read(head.data(), 8);
+  EXPECT_EQ(head, std::string("\x89PNG\r\n\x1a\n", 8));
+  EXPECT_GT(std::filesystem::file_size(png), 20000u) << png;
+  std::printf("dashboard screenshot: %s\n", png.c_str());
 }
 
 }  // namespace

@@ -44,22 +44,23 @@ double Histogram::Sum() const { return std::bit_cast<double>(sum_bits_.load()); 
 
 uint64_t Histogram::Count() const { return CumulativeCounts().back(); }
 
-double Histogram::Quantile(double q) const {
-  auto cum = CumulativeCounts();
-  uint64_t total = cum.back();
-  if (total == 0) return 0;
-  double rank = q * static_cast<double>(total);
+double Histogram::Quantile(double q) const { return QuantileOf(bounds_, CumulativeCounts(), q); }
+
+double Histogram::QuantileOf(const std::vector<double>& bounds, const std::vector<uint64_t>& cum,
+                             double q) {
+  if (cum.empty() || cum.back() == 0) return 0;
+  double rank = q * static_cast<double>(cum.back());
   for (size_t i = 0; i < cum.size(); ++i) {
     if (static_cast<double>(cum[i]) >= rank) {
-      if (i == bounds_.size()) return bounds_.empty() ? 0 : bounds_.back();
-      double lower = i == 0 ? 0 : bounds_[i - 1];
+      if (i >= bounds.size()) return bounds.empty() ? 0 : bounds.back();
+      double lower = i == 0 ? 0 : bounds[i - 1];
       uint64_t below = i == 0 ? 0 : cum[i - 1];
       uint64_t in = cum[i] - below;
       double frac = in == 0 ? 1 : (rank - static_cast<double>(below)) / static_cast<double>(in);
-      return lower + (bounds_[i] - lower) * frac;
+      return lower + (bounds[i] - lower) * frac;
     }
   }
-  return bounds_.back();
+  return bounds.empty() ? 0 : bounds.back();
 }
 
 std::vector<double> Histogram::ExponentialBounds(double start, double factor, int count) {
@@ -260,6 +261,42 @@ double MetricsRegistry::ValueOf(const std::string& name, const Labels& labels) c
     if (s->histogram) return static_cast<double>(s->histogram->Count());
   }
   return -1;
+}
+
+double MetricsRegistry::SumOf(const std::string& name) const {
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->families.find(name);
+  if (it == impl_->families.end()) return -1;
+  double sum = 0;
+  for (const auto& s : it->second.series) {
+    if (s->counter) sum += static_cast<double>(s->counter->Value());
+    if (s->gauge) sum += static_cast<double>(s->gauge->Value());
+    if (s->fn) sum += s->fn();
+  }
+  return sum;
+}
+
+bool MetricsRegistry::HistogramSumOf(const std::string& name, std::vector<double>* bounds,
+                                     std::vector<uint64_t>* cumulative) const {
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->families.find(name);
+  if (it == impl_->families.end()) return false;
+  bounds->clear();
+  cumulative->clear();
+  bool any = false;
+  for (const auto& s : it->second.series) {
+    if (!s->histogram) continue;
+    const std::vector<uint64_t> c = s->histogram->CumulativeCounts();
+    if (!any) {
+      *bounds = s->histogram->bounds();
+      cumulative->assign(c.size(), 0);
+      any = true;
+    } else if (s->histogram->bounds() != *bounds) {
+      return false;
+    }
+    for (size_t i = 0; i < c.size(); ++i) (*cumulative)[i] += c[i];
+  }
+  return any;
 }
 
 }  // namespace kvpool

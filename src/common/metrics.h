@@ -50,6 +50,10 @@ class Histogram {
   uint64_t Count() const;
   // Linear interpolation inside the bucket holding quantile q (0..1); 0 when empty.
   double Quantile(double q) const;
+  // The same over given bounds and cumulative counts (as CumulativeCounts:
+  // one per bound, then the total), e.g. the difference of two readings.
+  static double QuantileOf(const std::vector<double>& bounds, const std::vector<uint64_t>& cum,
+                           double q);
 
   // Exponential bounds: start, start*factor, ... (count bounds).
   static std::vector<double> ExponentialBounds(double start, double factor, int count);
@@ -85,6 +89,14 @@ class MetricsRegistry {
   std::string RenderPrometheus() const;
   // Value of a counter or gauge series, or -1 when it does not exist (tests, stats).
   double ValueOf(const std::string& name, const Labels& labels = {}) const;
+  // The sum of a counter or gauge family over all its label sets, or -1
+  // when it does not exist.
+  double SumOf(const std::string& name) const;
+  // A histogram family's cumulative counts (as Histogram::CumulativeCounts)
+  // summed over its label sets, and its bounds. False when it does not
+  // exist or its series have different bounds.
+  bool HistogramSumOf(const std::string& name, std::vector<double>* bounds,
+                      std::vector<uint64_t>* cumulative) const;
 
  private:
   struct Impl;
