@@ -160,6 +160,10 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
             "Reclaiming a region keeps entries read at least this often (0: never)");
   t->AddInt("ssd-admit-reads", &o->tiering.admit_min_reads, 0, 15,
             "Demote to SSD only entries read at least this often (0: all)");
+  t->AddBool("ssd-wipe-other-format", &o->ssd.wipe_other_format,
+             "Start with an SSD directory written in another on-disk format version by wiping "
+             "it (the SSD tier starts empty); without it such a directory stops the start "
+             "with a message saying so");
   t->AddDuration("ssd-insert-wait", &o->ssd.insert_wait, std::chrono::milliseconds(0),
                  std::chrono::milliseconds(10000),
                  "How long a put (or promotion) waits, before it takes the DRAM lock, for "

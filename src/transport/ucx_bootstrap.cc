@@ -226,6 +226,16 @@ void UcxTransport::Core::OnPendingReadable(int fd) {
   pending.erase(fd);
   bootstrapping_gauge->Set(static_cast<int64_t>(pending.size()));
   if (!proven.ok()) return RefuseAuth(fd, peer, reason, "authentication failed");
+  if (std::string_view(reason) == "bad_version") {
+    // A node of another kvpool version: said on both sides (a node that
+    // cannot read this refusal reports the version mismatch itself).
+    const std::string why = fmt::format(
+        "{} speaks another version of kvpool's peer protocol (this node: bootstrap version "
+        "{}); run one kvpool version across the cluster",
+        peer, kBootstrapVersion);
+    LogWarn("transport: refused peer: {}", why);
+    return Refuse(fd, reason, why);
+  }
   if (*reason != '\0') return Refuse(fd, reason, "not a kvpool peer hello");
   Welcome(fd, std::move(taken));
 }
@@ -439,6 +449,13 @@ void UcxTransport::Core::OnEndpointSocket(uint64_t ep_id, uint32_t events) {
       m.kind == BootstrapKind::kHello || m.kind == BootstrapKind::kProof ||
       (m.kind == BootstrapKind::kChallenge && (!e->auth || e->challenged))) {
     CountError("bad_welcome");
+    if (std::string_view(reason) == "bad_version") {
+      return FailEndpoint(ep_id, Unavailable(fmt::format(
+                                     "{} speaks another version of kvpool's peer protocol (this "
+                                     "node: bootstrap version {}); run one kvpool version "
+                                     "across the cluster",
+                                     e->peer, kBootstrapVersion)));
+    }
     return FailEndpoint(ep_id, Unavailable(fmt::format("{} is not a kvpool peer", e->peer)));
   }
   if (m.kind == BootstrapKind::kRefuse) {

@@ -452,6 +452,43 @@ TEST(UcxTransportTest, AConnectionStalledInTheHandshakeIsClosedAtTheDeadline) {
             1);
 }
 
+// A node of another kvpool version (another bootstrap version) is refused
+// with a message that says so, and counted.
+TEST(UcxTransportTest, APeerOfAnotherProtocolVersionIsRefusedSayingSo) {
+  MetricsRegistry metrics;
+  UcxTransportOptions so = TcpOptions();
+  so.metrics = &metrics;
+  auto server = OpenOrDie(so);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(server->port());
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)), 0);
+  BootstrapMessage hello;
+  std::vector<uint8_t> out = EncodeBootstrap(hello);
+  out[4] = kBootstrapVersion + 1;  // the version byte
+  ASSERT_EQ(send(fd, out.data(), out.size(), MSG_NOSIGNAL), static_cast<ssize_t>(out.size()));
+  std::vector<uint8_t> in;
+  uint8_t buf[4096];
+  ssize_t n;
+  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) in.insert(in.end(), buf, buf + n);
+  close(fd);
+  BootstrapMessage m;
+  size_t used = 0;
+  const char* reason = "";
+  ASSERT_EQ(ParseBootstrap(in, &m, &used, &reason), BootstrapParse::kDone);
+  EXPECT_EQ(m.kind, BootstrapKind::kRefuse);
+  const std::string why(m.body.begin(), m.body.end());
+  EXPECT_NE(why.find("speaks another version of kvpool's peer protocol (this node: bootstrap "
+                     "version " +
+                     std::to_string(kBootstrapVersion) + ")"),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(
+      metrics.ValueOf("kvpool_transport_bootstrap_refused_total", {{"reason", "bad_version"}}), 1);
+}
+
 TEST(UcxTransportTest, OversizedPayloadIsRejectedAndCounted) {
   MetricsRegistry metrics;
   UcxTransportOptions so = TcpOptions();

@@ -191,7 +191,9 @@ class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
 
   // --- recovery (ssd_recovery.cc) ---
   // Sets *cold_reason when the dir starts empty, *method to how it recovered.
-  void OpenDir(uint32_t di, std::string* cold_reason, std::string* method);
+  // FailedPrecondition: the directory holds another format version and
+  // opts_.wipe_other_format is off (the store does not open).
+  Status OpenDir(uint32_t di, std::string* cold_reason, std::string* method);
   Status WriteSuperblock(Dir& d, uint64_t ckpt_bytes, uint32_t ckpt_crc);
   bool LoadCheckpoint(uint32_t di, uint64_t ckpt_bytes, uint32_t ckpt_crc);
   void ScanDir(uint32_t di);

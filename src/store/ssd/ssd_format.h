@@ -2,7 +2,8 @@
 // `region_count` regions of `region_bytes`, each a log of packed records.
 // docs/ssd-format.md describes the same layout with the recovery rules.
 // All integers are little-endian; all structs are plain bytes (memcpy in and
-// out). Bump kSsdFormatVersion on any change: an older file starts cold.
+// out). Bump kSsdFormatVersion on any change: a file of another version is
+// refused at start (or wiped, with SsdOptions::wipe_other_format).
 //
 // File:    [Superblock, 4 KiB][region 0][region 1]...[region N-1]
 // Region:  [RegionHeader, 64 B][record][record]... (records 64 B-aligned)

@@ -78,7 +78,7 @@ Status SsdEngine::Start() {
   std::vector<std::string> cold, how;
   for (uint32_t di = 0; di < dirs_.size(); ++di) {
     std::string reason, method;
-    OpenDir(di, &reason, &method);
+    KVPOOL_RETURN_IF_ERROR(OpenDir(di, &reason, &method));
     if (!reason.empty()) cold.push_back(dirs_[di]->dir + ": " + reason);
     how.push_back(method);
   }
@@ -97,7 +97,7 @@ Status SsdEngine::Start() {
   return Status::Ok();
 }
 
-void SsdEngine::OpenDir(uint32_t di, std::string* cold_reason, std::string* method) {
+Status SsdEngine::OpenDir(uint32_t di, std::string* cold_reason, std::string* method) {
   Dir& d = *dirs_[di];
   ::mkdir(d.dir.c_str(), 0755);  // may exist; a real failure shows in the open
   auto dev = factory_(d.data_path, file_bytes_);
@@ -107,7 +107,7 @@ void SsdEngine::OpenDir(uint32_t di, std::string* cold_reason, std::string* meth
     *cold_reason = d.offline_reason;
     *method = "none";
     LogError("ssd: directory {} offline: {}", d.dir, d.offline_reason);
-    return;
+    return Status::Ok();
   }
   d.dev = std::move(dev).value();
   for (uint32_t ri = regions_per_dir_; ri-- > 0;) d.free_regions.push_back(ri);
@@ -123,6 +123,14 @@ void SsdEngine::OpenDir(uint32_t di, std::string* cold_reason, std::string* meth
     reason = "new file";
   } else if (sb.version != kSsdFormatVersion) {
     reason = fmt::format("format version {} (this build writes {})", sb.version, kSsdFormatVersion);
+    if (!opts_.wipe_other_format) {
+      return FailedPrecondition(fmt::format(
+          "ssd: {} holds an SSD tier of on-disk format version {}, which this build (format "
+          "version {}) cannot read. Its entries are a cache: to start, remove {} and {}/"
+          "kvpool-ssd.ckpt, or start once with --ssd-wipe-other-format, and the SSD tier "
+          "starts empty (docs/operations.md, Upgrades)",
+          d.dir, sb.version, kSsdFormatVersion, d.data_path, d.dir));
+    }
   } else if (sb.crc != TrailerCrc(sb)) {
     reason = "superblock checksum mismatch";
   } else if (sb.region_bytes != opts_.region_bytes || sb.region_count != regions_per_dir_ ||
@@ -139,7 +147,7 @@ void SsdEngine::OpenDir(uint32_t di, std::string* cold_reason, std::string* meth
     if (!ws.ok()) TakeOffline(d, "cannot write superblock: " + ws.ToString());
     *cold_reason = reason;
     *method = "cold";
-    return;
+    return Status::Ok();
   }
   d.uuid_hi = sb.uuid_hi;
   d.uuid_lo = sb.uuid_lo;
@@ -154,6 +162,7 @@ void SsdEngine::OpenDir(uint32_t di, std::string* cold_reason, std::string* meth
     Status ws = WriteSuperblock(d, 0, 0);  // the checkpoint is stale from now on
     if (!ws.ok()) TakeOffline(d, "cannot write superblock: " + ws.ToString());
   }
+  return Status::Ok();
 }
 
 bool SsdEngine::LoadCheckpoint(uint32_t di, uint64_t bytes, uint32_t crc) {

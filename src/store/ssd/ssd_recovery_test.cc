@@ -142,7 +142,7 @@ TEST_F(SsdRecoveryTest, GeometryChangeStartsCold) {
   EXPECT_FALSE(s->Contains(Key(1)));
 }
 
-TEST_F(SsdRecoveryTest, FormatVersionChangeStartsColdAndOldRegionsStayDead) {
+TEST_F(SsdRecoveryTest, FormatVersionChangeIsRefusedOrWipedWhenAskedAndOldRegionsStayDead) {
   SsdOptions o = Options(1, kSuperblockBytes + 8 * (1 << 20));
   {
     auto s = Open(o);
@@ -150,6 +150,18 @@ TEST_F(SsdRecoveryTest, FormatVersionChangeStartsColdAndOldRegionsStayDead) {
     ASSERT_TRUE(s->Close().ok());
   }
   File()[4] = 99;  // Superblock::version
+  // Refused, saying what and how to go on; the file is left as it was.
+  const std::vector<uint8_t> before = File();
+  auto refused = SsdStore::Open(o, &metrics_, &pool_);
+  ASSERT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  const std::string msg(refused.status().message());
+  EXPECT_NE(msg.find("/mem/d0 holds an SSD tier of on-disk format version 99"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("(format version 1)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--ssd-wipe-other-format"), std::string::npos) << msg;
+  EXPECT_TRUE(File() == before);
+  // Wiped when asked.
+  o.wipe_other_format = true;
   {
     auto s = Open(o);
     EXPECT_NE(s->GetStats().recovery.find("format version 99"), std::string::npos)

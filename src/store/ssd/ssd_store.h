@@ -49,6 +49,11 @@ struct SsdOptions {
   uint64_t max_value_bytes = 64ull << 20;
   // Test seam; empty: FileDeviceFactory().
   DeviceFactory device_factory;
+  // A directory written in another on-disk format version (ssd_format.h)
+  // cannot be read. false: the store does not open (FailedPrecondition
+  // naming the directory, both versions and how to wipe it); true: the
+  // directory is reinitialized and starts empty.
+  bool wipe_other_format = false;
 
   Status Validate() const;
 };
