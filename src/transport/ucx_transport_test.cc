@@ -411,6 +411,30 @@ TEST(UcxTransportTest, AClientTokenAllowsOnlyTheClientsMessageTypes) {
   EXPECT_EQ(principals, (std::vector<std::string>{"1:engine-7", "2:"}));
 }
 
+// A raw TCP connection to a listener on 127.0.0.1 (-1 when it fails).
+int ConnectTcp(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Everything the peer sends until it closes; closes fd.
+std::vector<uint8_t> ReadUntilClosed(int fd) {
+  std::vector<uint8_t> in;
+  uint8_t buf[4096];
+  ssize_t n;
+  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) in.insert(in.end(), buf, buf + n);
+  close(fd);
+  return in;
+}
+
 // A connection that stops inside the handshake (a hello, then silence) is
 // closed at the bootstrap deadline and never gets the worker address.
 TEST(UcxTransportTest, AConnectionStalledInTheHandshakeIsClosedAtTheDeadline) {
@@ -420,12 +444,8 @@ TEST(UcxTransportTest, AConnectionStalledInTheHandshakeIsClosedAtTheDeadline) {
   so.bootstrap_timeout = milliseconds(300);
   so.metrics = &metrics;
   auto server = OpenOrDie(so);
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(server->port());
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)), 0);
+  const int fd = ConnectTcp(server->port());
+  ASSERT_GE(fd, 0);
   AuthConnector c(TestKey(1), "a/1");
   BootstrapMessage hello;
   hello.body = *c.Hello();
@@ -459,21 +479,13 @@ TEST(UcxTransportTest, APeerOfAnotherProtocolVersionIsRefusedSayingSo) {
   UcxTransportOptions so = TcpOptions();
   so.metrics = &metrics;
   auto server = OpenOrDie(so);
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(server->port());
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)), 0);
+  const int fd = ConnectTcp(server->port());
+  ASSERT_GE(fd, 0);
   BootstrapMessage hello;
   std::vector<uint8_t> out = EncodeBootstrap(hello);
   out[4] = kBootstrapVersion + 1;  // the version byte
   ASSERT_EQ(send(fd, out.data(), out.size(), MSG_NOSIGNAL), static_cast<ssize_t>(out.size()));
-  std::vector<uint8_t> in;
-  uint8_t buf[4096];
-  ssize_t n;
-  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) in.insert(in.end(), buf, buf + n);
-  close(fd);
+  const std::vector<uint8_t> in = ReadUntilClosed(fd);
   BootstrapMessage m;
   size_t used = 0;
   const char* reason = "";
