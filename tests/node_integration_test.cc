@@ -353,7 +353,13 @@ TEST(NodeIntegration, KvpoolctlPutGetExistsStat) {
   std::string out;
   ASSERT_EQ(RunCommand({CtlBinary(), "--socket", s, "put", "demo", "greeting", "--value", "hello kv"}, &out), 0);
   ASSERT_EQ(RunCommand({CtlBinary(), "--socket", s, "get", "demo", "greeting"}, &out), 0);
-  EXPECT_EQ(out, "hello kv");
+  EXPECT_EQ(out, "hello kv");  // into a pipe: the bytes as stored
+  // On a terminal (script(1) gives it one) a newline follows the value.
+  ASSERT_EQ(RunCommand({"/usr/bin/script", "-qec",
+                        CtlBinary() + " --socket " + s + " get demo greeting", "/dev/null"},
+                       &out),
+            0);
+  EXPECT_EQ(out, "hello kv\r\n");
   std::string bin(3000, '\0');
   for (size_t i = 0; i < bin.size(); ++i) bin[i] = static_cast<char>(i * 13);
   ASSERT_EQ(RunCommand({CtlBinary(), "--socket", s, "put", "demo", "bin", "-"}, &out, false, bin), 0);
@@ -362,13 +368,43 @@ TEST(NodeIntegration, KvpoolctlPutGetExistsStat) {
   EXPECT_EQ(RunCommand({CtlBinary(), "--socket", s, "get", "demo", "nope"}, &out), 1);
   EXPECT_EQ(RunCommand({CtlBinary(), "--socket", s, "exists", "demo", "greeting", "nope"}, &out), 1);
   EXPECT_EQ(out, "greeting 1\nnope 0\nprefix 1\n");
-  ASSERT_EQ(RunCommand({CtlBinary(), "--socket", s, "stat"}, &out), 0);
+  ASSERT_EQ(RunCommand({CtlBinary(), "--socket", s, "stat", "--json"}, &out), 0);
   auto j = nlohmann::json::parse(out);
   EXPECT_EQ(j["dram"]["entries"], 2);
   EXPECT_EQ(j["node_id"], "test-node");
-  ASSERT_EQ(RunCommand({CtlBinary(), "metrics", "--admin", "127.0.0.1:" + std::to_string(node->admin_port())}, &out), 0);
+  // For people: aligned rows of the same figures.
+  ASSERT_EQ(RunCommand({CtlBinary(), "--socket", s, "stat"}, &out), 0);
+  EXPECT_EQ(
+      out.rfind(std::string("node           test-node (version ") + kvpool_version() + ")\n", 0),
+      0u)
+      << out;
+  EXPECT_NE(out.find("\ndram entries   2\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("\nhits / misses  "), std::string::npos) << out;
+  const std::string admin = "127.0.0.1:" + std::to_string(node->admin_port());
+  ASSERT_EQ(RunCommand({CtlBinary(), "metrics", "--admin", admin}, &out), 0);
   EXPECT_NE(out.find("kvpool_ops_total{op=\"reserve\"}"), std::string::npos);
+  // top: two frames, the second with rates over its interval.
+  ASSERT_EQ(
+      RunCommand({CtlBinary(), "top", "--admin", admin, "--count", "2", "--interval", "200ms"},
+                 &out),
+      0)
+      << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2 * 18) << out;
+  EXPECT_NE(out.find("\nops/s          -\n"), std::string::npos) << out;  // first frame
+  EXPECT_NE(out.find("\nops/s          0\n"), std::string::npos) << out;  // nothing since
+  // Every command has --help, on stdout, exit 0; the usage lists them all.
+  for (const char* cmd : {"put", "get", "exists", "remove", "stat", "flush", "clear", "metrics",
+                          "members", "shards", "tenants", "top"}) {
+    ASSERT_EQ(RunCommand({CtlBinary(), cmd, "--help"}, &out), 0) << cmd;
+    EXPECT_EQ(
+        out.rfind(std::string("usage: kvpoolctl [--socket PATH] [--timeout DURATION] ") + cmd, 0),
+        0u)
+        << out;
+  }
+  ASSERT_EQ(RunCommand({CtlBinary(), "--help"}, &out), 0);
+  EXPECT_NE(out.find("  top [--admin HOST:PORT]"), std::string::npos) << out;
   EXPECT_EQ(RunCommand({CtlBinary(), "bogus"}, &out), 2);
+  EXPECT_EQ(RunCommand({CtlBinary(), "get", "demo", "greeting", "--json"}, &out), 2);
 }
 
 TEST(NodeIntegration, MetricsPassPromtoolAndCountTraffic) {

@@ -4,16 +4,17 @@
 //   get NS KEY [--out FILE]                        print the value (raw bytes)
 //   exists NS KEY...                               per-key 1/0 and the hit prefix
 //   remove NS KEY...                               drop keys
-//   stat                                           the node's statistics (JSON)
+//   stat [--json]                                  the node's key figures (a table; --json: all)
 //   flush                                          write the SSD tier's open regions
 //   clear NS                                       drop every key of namespace NS
 //   metrics [--admin HOST:PORT]                    the node's Prometheus metrics
-//   members [--admin HOST:PORT]                    the cluster members the node sees
-//   shards [--admin HOST:PORT]                     shards owned per node and the balance
-//   tenants [--admin HOST:PORT]                    per tenant: quotas, use, traffic
+//   members [--admin HOST:PORT] [--json]           the cluster members the node sees
+//   shards [--admin HOST:PORT] [--json]            shards owned per node and the balance
+//   tenants [--admin HOST:PORT] [--json]           per tenant: quotas, use, traffic
+//   top [--admin HOST:PORT] [--interval D] [--count N]  key figures, refreshed
+// Every command takes --help. Durations and sizes read as the node's do.
 // Exit status: 0 done, 1 a miss, 2 usage, 3 an error.
 #include <httplib.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,7 +27,11 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/secret_file.h"
@@ -35,27 +40,66 @@
 
 namespace {
 
+// One command's synopsis and what it does, for the usage and --help.
+struct Command {
+  const char* name;
+  const char* args;
+  const char* what;
+};
+constexpr Command kCommands[] = {
+    {"put", "NS KEY (--value TEXT | --file PATH | -)", "store a value (- reads stdin)"},
+    {"get", "NS KEY [--out FILE]",
+     "print the value (raw bytes; a newline after it only on a terminal)"},
+    {"exists", "NS KEY...", "per-key 1/0 and the hit prefix"},
+    {"remove", "NS KEY...", "drop keys"},
+    {"stat", "[--json]", "the node's key figures (a table; --json: everything, as JSON)"},
+    {"flush", "", "write the SSD tier's open regions"},
+    {"clear", "NS", "drop every key of namespace NS"},
+    {"metrics", "[--admin HOST:PORT]", "Prometheus metrics (default 127.0.0.1:9710)"},
+    {"members", "[--admin HOST:PORT] [--json]", "cluster members the node sees"},
+    {"shards", "[--admin HOST:PORT] [--json]", "shards owned per node and the balance"},
+    {"tenants", "[--admin HOST:PORT] [--json]", "per tenant: quotas, use, traffic"},
+    {"top", "[--admin HOST:PORT] [--interval DURATION] [--count N]",
+     "key figures refreshed every interval (default 1s; N frames, default until ^C)"},
+};
+
+const Command* FindCommand(const std::string& name) {
+  for (const Command& c : kCommands) {
+    if (name == c.name) return &c;
+  }
+  return nullptr;
+}
+
 // To stdout when asked for (--help), else to stderr as a usage error.
 int Usage(FILE* out = stderr) {
   std::fputs(
       "usage: kvpoolctl [--socket PATH] [--timeout DURATION] COMMAND ...\n"
-      "  --timeout: deadline of each call (5s, 500ms; a bare number is milliseconds; default 5s)\n"
-      "  put NS KEY (--value TEXT | --file PATH | -)   store a value (- reads stdin)\n"
-      "  get NS KEY [--out FILE]                        print the value (raw bytes)\n"
-      "  exists NS KEY...                               per-key 1/0 and the hit prefix\n"
-      "  remove NS KEY...                               drop keys\n"
-      "  stat                                           the node's statistics (JSON)\n"
-      "  flush                                          write the SSD tier's open regions\n"
-      "  clear NS                                       drop every key of namespace NS\n"
-      "  metrics [--admin HOST:PORT]                    Prometheus metrics (default 127.0.0.1:9710)\n"
-      "  members [--admin HOST:PORT]                    cluster members the node sees\n"
-      "  shards [--admin HOST:PORT]                     shards owned per node and the balance\n"
-      "  tenants [--admin HOST:PORT]                    per tenant: quotas, use, traffic\n"
-      "  (metrics, members, shards, tenants: --token-file PATH sends the node's admin bearer "
-      "token)\n"
+      "  --timeout: deadline of each call (5s, 500ms; a bare number is milliseconds; "
+      "default 5s)\n",
+      out);
+  for (const Command& c : kCommands) {
+    const std::string synopsis = std::string(c.name) + (*c.args ? " " : "") + c.args;
+    std::fprintf(out, "  %-46s %s\n", synopsis.c_str(), c.what);
+  }
+  std::fputs(
+      "  (metrics, members, shards, tenants, top: --token-file PATH sends the node's admin "
+      "bearer token)\n"
+      "  kvpoolctl COMMAND --help: that command alone\n"
       "exit status: 0 done, 1 a miss, 2 usage, 3 an error\n",
       out);
   return 2;
+}
+
+// kvpoolctl COMMAND --help.
+int CommandHelp(const Command& c) {
+  std::printf("usage: kvpoolctl [--socket PATH] [--timeout DURATION] %s%s%s\n  %s\n", c.name,
+              *c.args ? " " : "", c.args, c.what);
+  if (std::strstr(c.args, "--admin") != nullptr) {
+    std::puts(
+        "  --admin HOST:PORT: the node's admin endpoint (default 127.0.0.1:9710)\n"
+        "  --token-file PATH: the admin bearer token, when the node has one");
+  }
+  return 0;
 }
 
 int Error(const char* what, kvpool_status st) {
@@ -188,11 +232,180 @@ int Tenants(const Admin& admin) {
   return 0;
 }
 
+std::string Duration(double seconds) {
+  auto s = static_cast<uint64_t>(seconds);
+  char out[64];
+  if (s >= 86400) {
+    std::snprintf(out, sizeof(out), "%llud %lluh", static_cast<unsigned long long>(s / 86400),
+                  static_cast<unsigned long long>(s % 86400 / 3600));
+  } else if (s >= 3600) {
+    std::snprintf(out, sizeof(out), "%lluh %llum", static_cast<unsigned long long>(s / 3600),
+                  static_cast<unsigned long long>(s % 3600 / 60));
+  } else if (s >= 60) {
+    std::snprintf(out, sizeof(out), "%llum %llus", static_cast<unsigned long long>(s / 60),
+                  static_cast<unsigned long long>(s % 60));
+  } else {
+    std::snprintf(out, sizeof(out), "%llus", static_cast<unsigned long long>(s));
+  }
+  return out;
+}
+
+std::string Bytes(uint64_t n) { return kvpool::SettingsTable::FormatBytes(n); }
+
+// "USED of CAPACITY (PCT%)" of a tier's JSON.
+std::string TierUse(const nlohmann::json& tier) {
+  if (!tier.is_object()) return "-";
+  const uint64_t used = tier.value("used_bytes", uint64_t{0});
+  const uint64_t cap = tier.value("capacity_bytes", uint64_t{0});
+  char pct[32];
+  std::snprintf(pct, sizeof(pct), " (%.1f%%)",
+                cap ? 100.0 * static_cast<double>(used) / static_cast<double>(cap) : 0.0);
+  return Bytes(used) + " of " + Bytes(cap) + pct;
+}
+
+// The node's figures as a status JSON says them, one aligned row each.
+std::vector<std::pair<std::string, std::string>> StatusRows(const nlohmann::json& j) {
+  std::vector<std::pair<std::string, std::string>> rows;
+  const auto& d = j["dram"];
+  const auto& ssd = j["ssd"];
+  uint64_t hits = 0, misses = 0, conns = 0;
+  if (j.contains("tenants") && j["tenants"].is_array()) {
+    for (const auto& t : j["tenants"]) {
+      hits += t.value("hits", uint64_t{0});
+      misses += t.value("misses", uint64_t{0});
+    }
+  }
+  conns = j.value("local_connections", uint64_t{0});
+  rows.emplace_back("node", j.value("node_id", "") + " (version " + j.value("version", "") + ")");
+  rows.emplace_back("uptime", Duration(j.value("uptime_s", 0.0)));
+  rows.emplace_back("socket", j.value("socket_path", ""));
+  rows.emplace_back("connections", std::to_string(conns));
+  rows.emplace_back("dram", TierUse(d));
+  rows.emplace_back("dram entries",
+                    std::to_string(d.is_object() ? d.value("entries", uint64_t{0}) : 0));
+  rows.emplace_back("evictions",
+                    std::to_string(d.is_object() ? d.value("evictions", uint64_t{0}) : 0));
+  rows.emplace_back("ssd", TierUse(ssd));
+  if (ssd.is_object())
+    rows.emplace_back("ssd entries", std::to_string(ssd.value("entries", uint64_t{0})));
+  char ratio[64];
+  std::snprintf(
+      ratio, sizeof(ratio), "%llu / %llu (%.1f%% hits)", static_cast<unsigned long long>(hits),
+      static_cast<unsigned long long>(misses),
+      hits + misses ? 100.0 * static_cast<double>(hits) / static_cast<double>(hits + misses) : 0.0);
+  rows.emplace_back("hits / misses", ratio);
+  std::string members = std::to_string(j.contains("members") ? j["members"].size() : 0);
+  const auto& ms = j["membership"];
+  if (ms.is_object() && ms.value("fenced", false)) members += " (this node is fenced)";
+  if (ms.is_object() && ms.value("etcd_outage", false)) members += " (etcd unreachable)";
+  rows.emplace_back("members", members);
+  rows.emplace_back("tenants", std::to_string(j.contains("tenants") ? j["tenants"].size() : 0));
+  return rows;
+}
+
+void PrintRows(const std::vector<std::pair<std::string, std::string>>& rows) {
+  size_t w = 0;
+  for (const auto& [k, v] : rows) w = std::max(w, k.size());
+  for (const auto& [k, v] : rows)
+    std::printf("%-*s  %s\n", static_cast<int>(w), k.c_str(), v.c_str());
+}
+
+// stat: the node's key figures, one aligned row each.
+int StatTable(const char* text) {
+  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    std::fprintf(stderr, "kvpoolctl: malformed statistics from the node\n");
+    return 3;
+  }
+  PrintRows(StatusRows(j));
+  return 0;
+}
+
+struct Top {
+  std::chrono::milliseconds interval{1000};
+  int count = 0;  // frames; 0: until interrupted
+};
+
+// The sum of a Prometheus family's samples in a /metrics text (-1: absent).
+double Family(const std::string& text, const std::string& name) {
+  double sum = -1;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + at, end - at);
+    at = end + 1;
+    if (line.empty() || line[0] == '#' || line.rfind(name, 0) != 0) continue;
+    const char next = line.size() > name.size() ? line[name.size()] : '\0';
+    if (next != ' ' && next != '{') continue;
+    const size_t sp = line.rfind(' ');
+    if (sp == std::string_view::npos) continue;
+    sum = (sum < 0 ? 0 : sum) + std::atof(std::string(line.substr(sp + 1)).c_str());
+  }
+  return sum;
+}
+
+// top: the key figures every interval, with rates over the interval.
+int RunTop(const Admin& admin, const Top& top) {
+  const char* counters[] = {"kvpool_ops_total",           "kvpool_hits_total",
+                            "kvpool_misses_total",        "kvpool_bytes_read_total",
+                            "kvpool_bytes_written_total", "kvpool_dram_evictions_total"};
+  std::vector<double> prev;
+  auto prev_t = std::chrono::steady_clock::now();
+  const bool tty = isatty(STDOUT_FILENO);
+  for (int frame = 0; top.count == 0 || frame < top.count; ++frame) {
+    if (frame > 0) std::this_thread::sleep_for(top.interval);
+    std::string status, metrics;
+    if (!AdminGet(admin, "/api/v1/status", &status) || !AdminGet(admin, "/metrics", &metrics)) {
+      return 3;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    auto j = nlohmann::json::parse(status, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      std::fprintf(stderr, "kvpoolctl: malformed /api/v1/status reply\n");
+      return 3;
+    }
+    std::vector<double> cur;
+    for (const char* c : counters) cur.push_back(Family(metrics, c));
+    const double dt = std::chrono::duration<double>(now - prev_t).count();
+    auto rate = [&](size_t i) {
+      return prev.empty() || dt <= 0 || cur[i] < prev[i] ? -1.0 : (cur[i] - prev[i]) / dt;
+    };
+    auto fmt_rate = [](double r) {
+      char b[32];
+      if (r < 0) return std::string("-");
+      std::snprintf(b, sizeof(b), "%.0f", r);
+      return std::string(b);
+    };
+    std::vector<std::pair<std::string, std::string>> rows = StatusRows(j);
+    const double hits = rate(1), misses = rate(2);
+    char ratio[32] = "-";
+    if (hits >= 0 && misses >= 0 && hits + misses > 0) {
+      std::snprintf(ratio, sizeof(ratio), "%.1f%%", 100.0 * hits / (hits + misses));
+    }
+    rows.emplace_back("ops/s", fmt_rate(rate(0)));
+    rows.emplace_back("hit ratio", ratio);
+    rows.emplace_back("read/s", rate(3) < 0 ? "-" : Bytes(static_cast<uint64_t>(rate(3))));
+    rows.emplace_back("written/s", rate(4) < 0 ? "-" : Bytes(static_cast<uint64_t>(rate(4))));
+    rows.emplace_back("evictions/s", fmt_rate(rate(5)));
+    if (tty) std::fputs("\033[H\033[2J", stdout);  // redraw in place
+    std::printf("kvpoolctl top: %s, every %lld ms\n", admin.address.c_str(),
+                static_cast<long long>(top.interval.count()));
+    PrintRows(rows);
+    if (!tty) std::puts("");
+    std::fflush(stdout);
+    prev = std::move(cur);
+    prev_t = now;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string socket_path;  // empty: libkvpool's default, where the node puts it
   uint32_t timeout_ms = 5000;
+  bool help = false, json = false;
   std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -212,20 +425,43 @@ int main(int argc, char** argv) {
         return 2;
       }
       timeout_ms = static_cast<uint32_t>(t->count());
-    }
-    else if (a == "-h" || a == "--help") return Usage(stdout), 0;
+    } else if (a == "-h" || a == "--help")
+      help = true;
+    else if (a == "--json" && !args.empty())
+      json = true;
     else args.push_back(a);
+  }
+  if (help) {
+    const Command* c = args.empty() ? nullptr : FindCommand(args[0]);
+    return c != nullptr ? CommandHelp(*c) : (Usage(stdout), 0);
   }
   if (args.empty()) return Usage();
   const std::string cmd = args[0];
-  if (cmd == "metrics" || cmd == "members" || cmd == "shards" || cmd == "tenants") {
+  if (json && cmd != "stat" && cmd != "members" && cmd != "shards" && cmd != "tenants") {
+    return Usage();
+  }
+  if (cmd == "metrics" || cmd == "members" || cmd == "shards" || cmd == "tenants" || cmd == "top") {
     Admin admin;
     std::string token_file;
+    Top top;
     for (size_t i = 1; i < args.size(); ++i) {
       if (args[i] == "--admin" && i + 1 < args.size()) admin.address = args[++i];
       else if (args[i].rfind("--admin=", 0) == 0) admin.address = args[i].substr(8);
       else if (args[i] == "--token-file" && i + 1 < args.size()) token_file = args[++i];
-      else return Usage();
+      else if (cmd == "top" && args[i] == "--interval" && i + 1 < args.size()) {
+        auto d = kvpool::SettingsTable::ParseDuration("interval", args[++i]);
+        if (!d.ok() || d->count() < 100) {
+          std::fprintf(stderr, "kvpoolctl: --interval: %s\n",
+                       d.ok() ? "at least 100ms" : std::string(d.status().message()).c_str());
+          return 2;
+        }
+        top.interval = *d;
+      } else if (cmd == "top" && args[i] == "--count" && i + 1 < args.size()) {
+        top.count = std::atoi(args[++i].c_str());
+        if (top.count < 1) return Usage();
+      } else {
+        return Usage();
+      }
     }
     if (!token_file.empty()) {
       std::ifstream in(token_file);
@@ -242,6 +478,23 @@ int main(int argc, char** argv) {
       admin.token = lines.front();
     }
     if (cmd == "metrics") return Metrics(admin);
+    if (cmd == "top") return RunTop(admin, top);
+    if (json) {
+      std::string body;
+      if (!AdminGet(admin, cmd == "tenants" ? "/api/v1/status" : "/api/v1/members", &body)) {
+        return 3;
+      }
+      auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded()) {
+        std::fprintf(stderr, "kvpoolctl: malformed reply from the admin endpoint\n");
+        return 3;
+      }
+      const nlohmann::json& out = cmd == "tenants"  ? j["tenants"]
+                                  : cmd == "shards" ? j["shards"]
+                                                    : j;
+      std::printf("%s\n", out.dump(2).c_str());
+      return 0;
+    }
     if (cmd == "tenants") return Tenants(admin);
     return Members(admin, cmd == "shards");
   }
@@ -309,6 +562,9 @@ int main(int argc, char** argv) {
       if (!out) return 3;
     } else {
       std::fwrite(buf.data(), 1, size, stdout);
+      // On a terminal the prompt starts on a line of its own; into a pipe or
+      // a file the bytes go exactly as stored.
+      if (isatty(STDOUT_FILENO)) std::fputc('\n', stdout);
     }
     return 0;
   }
@@ -358,8 +614,11 @@ int main(int argc, char** argv) {
       st = kvpool_stats_json(c, buf.data(), buf.size(), &len);
     }
     if (st != KVPOOL_OK) return Error("stat", st);
-    std::printf("%s\n", buf.data());
-    return 0;
+    if (json) {
+      std::printf("%s\n", buf.data());
+      return 0;
+    }
+    return StatTable(buf.data());
   }
   return Usage();
 }
