@@ -394,7 +394,7 @@ TEST(NodeIntegration, KvpoolctlPutGetExistsStat) {
   EXPECT_NE(out.find("\nops/s          0\n"), std::string::npos) << out;  // nothing since
   // Every command has --help, on stdout, exit 0; the usage lists them all.
   for (const char* cmd : {"put", "get", "exists", "remove", "stat", "flush", "clear", "metrics",
-                          "members", "shards", "tenants", "top"}) {
+                          "members", "shards", "tenants", "clients", "top"}) {
     ASSERT_EQ(RunCommand({CtlBinary(), cmd, "--help"}, &out), 0) << cmd;
     EXPECT_EQ(
         out.rfind(std::string("usage: kvpoolctl [--socket PATH] [--timeout DURATION] ") + cmd, 0),
@@ -405,6 +405,61 @@ TEST(NodeIntegration, KvpoolctlPutGetExistsStat) {
   EXPECT_NE(out.find("  top [--admin HOST:PORT]"), std::string::npos) << out;
   EXPECT_EQ(RunCommand({CtlBinary(), "bogus"}, &out), 2);
   EXPECT_EQ(RunCommand({CtlBinary(), "get", "demo", "greeting", "--json"}, &out), 2);
+}
+
+// kvpoolctl clients: the engines connected to the socket, by the name their
+// handshake gave, with their pid, user, tenant and traffic.
+TEST(NodeIntegration, KvpoolctlClientsListsConnectedEnginesAndTheirTraffic) {
+  auto node = NodeProcess::Start();
+  ASSERT_NE(node, nullptr);
+  kvpool_options o;
+  kvpool_options_init(&o);
+  const std::string socket = node->socket();
+  o.socket_path = socket.c_str();
+  o.max_connections = 1;
+  o.client_name = "test-engine tp0";
+  kvpool_status st;
+  kvpool_client* c = kvpool_open(&o, &st);
+  ASSERT_NE(c, nullptr) << kvpool_last_error();
+  auto v = Pattern(7, 1000);
+  kvpool_key_id id = Id("clients", "k");
+  const void* vp = v.data();
+  uint64_t size = v.size();
+  kvpool_status item;
+  ASSERT_EQ(kvpool_put(c, &id, &vp, &size, 1, &item), KVPOOL_OK);
+  std::vector<uint8_t> back(1000);
+  void* bp = back.data();
+  uint64_t cap = back.size(), got = 0;
+  ASSERT_EQ(kvpool_get(c, &id, &bp, &cap, 1, &got, &item), KVPOOL_OK);
+  ASSERT_EQ(back, v);
+
+  const std::string admin = "127.0.0.1:" + std::to_string(node->admin_port());
+  std::string out;
+  ASSERT_EQ(RunCommand({CtlBinary(), "clients", "--admin", admin, "--json"}, &out), 0) << out;
+  auto j = nlohmann::json::parse(out);
+  ASSERT_EQ(j.size(), 1u) << out;
+  EXPECT_EQ(j[0]["name"], "test-engine tp0");
+  EXPECT_EQ(j[0]["pid"], getpid());
+  EXPECT_EQ(j[0]["uid"], getuid());
+  EXPECT_EQ(j[0]["tenant"], "default");
+  EXPECT_EQ(j[0]["bytes_written"], 1000);
+  EXPECT_EQ(j[0]["bytes_read"], 1000);
+  // hello, reserve, commit (the put), acquire, release (the get) at least.
+  EXPECT_GE(j[0]["ops"].get<int>(), 4);
+  EXPECT_GE(j[0]["age_s"].get<double>(), 0.0);
+  ASSERT_EQ(RunCommand({CtlBinary(), "clients", "--admin", admin}, &out), 0) << out;
+  EXPECT_EQ(out.rfind("PID      USER         NAME", 0), 0u) << out;
+  EXPECT_NE(out.find(std::to_string(getpid()) + " "), std::string::npos) << out;
+  EXPECT_NE(out.find("test-engine tp0"), std::string::npos) << out;
+  EXPECT_NE(out.find("\n1 clients\n"), std::string::npos) << out;
+  kvpool_close(c);
+  // Gone with its connection.
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_EQ(RunCommand({CtlBinary(), "clients", "--admin", admin, "--json"}, &out), 0);
+    if (nlohmann::json::parse(out).empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(nlohmann::json::parse(out).size(), 0u) << out;
 }
 
 TEST(NodeIntegration, MetricsPassPromtoolAndCountTraffic) {

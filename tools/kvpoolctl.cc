@@ -11,6 +11,7 @@
 //   members [--admin HOST:PORT] [--json]           the cluster members the node sees
 //   shards [--admin HOST:PORT] [--json]            shards owned per node and the balance
 //   tenants [--admin HOST:PORT] [--json]           per tenant: quotas, use, traffic
+//   clients [--admin HOST:PORT] [--json]           connected engines and their traffic
 //   top [--admin HOST:PORT] [--interval D] [--count N]  key figures, refreshed
 // Every command takes --help. Durations and sizes read as the node's do.
 // Exit status: 0 done, 1 a miss, 2 usage, 3 an error.
@@ -59,6 +60,8 @@ constexpr Command kCommands[] = {
     {"members", "[--admin HOST:PORT] [--json]", "cluster members the node sees"},
     {"shards", "[--admin HOST:PORT] [--json]", "shards owned per node and the balance"},
     {"tenants", "[--admin HOST:PORT] [--json]", "per tenant: quotas, use, traffic"},
+    {"clients", "[--admin HOST:PORT] [--json]",
+     "connected engines: pid, user, name, tenant, connection age, ops, bytes"},
     {"top", "[--admin HOST:PORT] [--interval DURATION] [--count N]",
      "key figures refreshed every interval (default 1s; N frames, default until ^C)"},
 };
@@ -82,8 +85,8 @@ int Usage(FILE* out = stderr) {
     std::fprintf(out, "  %-46s %s\n", synopsis.c_str(), c.what);
   }
   std::fputs(
-      "  (metrics, members, shards, tenants, top: --token-file PATH sends the node's admin "
-      "bearer token)\n"
+      "  (metrics, members, shards, tenants, clients, top: --token-file PATH sends the node's "
+      "admin bearer token)\n"
       "  kvpoolctl COMMAND --help: that command alone\n"
       "exit status: 0 done, 1 a miss, 2 usage, 3 an error\n",
       out);
@@ -321,6 +324,36 @@ int StatTable(const char* text) {
   return 0;
 }
 
+// clients: one row per connected engine.
+int Clients(const Admin& admin, bool json) {
+  std::string body;
+  if (!AdminGet(admin, "/api/v1/clients", &body)) return 3;
+  auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.contains("clients") || !j["clients"].is_array()) {
+    std::fprintf(stderr, "kvpoolctl: malformed /api/v1/clients reply\n");
+    return 3;
+  }
+  if (json) {
+    std::printf("%s\n", j["clients"].dump(2).c_str());
+    return 0;
+  }
+  std::printf("%-8s %-12s %-28s %-12s %9s %12s %10s %10s\n", "PID", "USER", "NAME", "TENANT", "AGE",
+              "OPS", "READ", "WRITTEN");
+  for (const auto& c : j["clients"]) {
+    std::string name = c.value("name", "");
+    if (name.empty()) name = "-";
+    std::printf("%-8lld %-12s %-28s %-12s %9s %12llu %10s %10s\n",
+                static_cast<long long>(c.value("pid", int64_t{0})), c.value("user", "").c_str(),
+                name.c_str(), c.value("tenant", "").c_str(),
+                Duration(c.value("age_s", 0.0)).c_str(),
+                static_cast<unsigned long long>(c.value("ops", uint64_t{0})),
+                Bytes(c.value("bytes_read", uint64_t{0})).c_str(),
+                Bytes(c.value("bytes_written", uint64_t{0})).c_str());
+  }
+  std::printf("%zu clients\n", j["clients"].size());
+  return 0;
+}
+
 struct Top {
   std::chrono::milliseconds interval{1000};
   int count = 0;  // frames; 0: until interrupted
@@ -437,10 +470,12 @@ int main(int argc, char** argv) {
   }
   if (args.empty()) return Usage();
   const std::string cmd = args[0];
-  if (json && cmd != "stat" && cmd != "members" && cmd != "shards" && cmd != "tenants") {
+  if (json && cmd != "stat" && cmd != "members" && cmd != "shards" && cmd != "tenants" &&
+      cmd != "clients") {
     return Usage();
   }
-  if (cmd == "metrics" || cmd == "members" || cmd == "shards" || cmd == "tenants" || cmd == "top") {
+  if (cmd == "metrics" || cmd == "members" || cmd == "shards" || cmd == "tenants" ||
+      cmd == "clients" || cmd == "top") {
     Admin admin;
     std::string token_file;
     Top top;
@@ -479,6 +514,7 @@ int main(int argc, char** argv) {
     }
     if (cmd == "metrics") return Metrics(admin);
     if (cmd == "top") return RunTop(admin, top);
+    if (cmd == "clients") return Clients(admin, json);
     if (json) {
       std::string body;
       if (!AdminGet(admin, cmd == "tenants" ? "/api/v1/status" : "/api/v1/members", &body)) {

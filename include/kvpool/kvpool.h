@@ -121,6 +121,11 @@ typedef struct kvpool_options {
    * with PERMISSION_DENIED. NULL: the tenant this process's uid or groups
    * map to. Default NULL. */
   const char* tenant_token_file;
+  /* Local mode: the name this client gives the node in its handshake, shown
+   * by `kvpoolctl clients` with its pid, user, tenant and traffic, e.g.
+   * "vllm worker tp0". At most 256 bytes are kept. NULL: the program's name.
+   * Default NULL. */
+  const char* client_name;
 } kvpool_options;
 
 KVPOOL_API void kvpool_options_init(kvpool_options* options);

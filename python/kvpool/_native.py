@@ -38,6 +38,7 @@ class Options(ctypes.Structure):
         ("expected_server_uid", ctypes.c_int64),
         ("remote_token_file", ctypes.c_char_p),
         ("tenant_token_file", ctypes.c_char_p),
+        ("client_name", ctypes.c_char_p),
     ]
 
 

@@ -145,12 +145,14 @@ class Client:
       0600) for clusters that authenticate their peers.
     tenant_token_file: local mode, a tenant token file ("NAME HEX64", mode
       0600): the node serves this client as the token's tenant.
+    client_name: local mode, the name the node shows for this client
+      (`kvpoolctl clients`); default the program's name.
     Raises KvpoolError when the node cannot be reached.
     """
 
     def __init__(self, socket=None, *, namespace="", timeout_ms=5000, remote=None,
                  max_connections=None, copy_mode=False, remote_token_file=None,
-                 tenant_token_file=None):
+                 tenant_token_file=None, client_name=None):
         self._lib = _native.lib()
         self._ns = _as_bytes(namespace)
         self._remote = remote
@@ -167,6 +169,7 @@ class Client:
         self._remote_b = remote.encode() if remote else None
         self._token_b = os.fsencode(remote_token_file) if remote_token_file else None
         self._tenant_token_b = os.fsencode(tenant_token_file) if tenant_token_file else None
+        self._client_name_b = client_name.encode() if client_name else None
         opts.socket_path = self._socket_b
         opts.timeout_ms = int(timeout_ms)
         opts.copy_mode = 1 if copy_mode else 0
@@ -175,6 +178,7 @@ class Client:
         opts.remote_peers = self._remote_b
         opts.remote_token_file = self._token_b
         opts.tenant_token_file = self._tenant_token_b
+        opts.client_name = self._client_name_b
         status = _native.c_status(0)
         handle = self._lib.kvpool_open(ctypes.byref(opts), ctypes.byref(status))
         if not handle:

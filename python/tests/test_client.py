@@ -251,3 +251,26 @@ def test_acquire_reads_values_in_place_and_releases_them(kvpool_node):
             with cc.acquire(["a"]):
                 pass
         assert e.value.code == StatusCode.FAILED_PRECONDITION
+
+
+def test_client_name_is_what_the_node_shows_for_the_connection(kvpool_node):
+    import json
+    import urllib.request
+
+    def clients():
+        url = "http://127.0.0.1:%d/api/v1/clients" % kvpool_node.admin_port
+        return json.loads(urllib.request.urlopen(url, timeout=10).read())["clients"]
+
+    with kvpool.Client(kvpool_node.socket, namespace="n", client_name="py engine 3") as c:
+        assert c.put(["k"], [b"x" * 100]) == [kvpool.StatusCode.OK]
+        (me,) = clients()
+        assert me["name"] == "py engine 3"
+        assert me["pid"] == os.getpid()
+        assert me["bytes_written"] == 100
+    # Without a name, the program's (its argv[0]'s base name).
+    with open("/proc/self/cmdline", "rb") as f:
+        program = os.path.basename(f.read().split(b"\0")[0].decode())
+    with kvpool.Client(kvpool_node.socket, namespace="n") as c:
+        c.exists(["k"])
+        names = [x["name"] for x in clients()]  # the first may still be closing
+        assert program in names and set(names) <= {program, "py engine 3"}, names

@@ -90,6 +90,7 @@ void kvpool_options_init(kvpool_options* o) {
   o->expected_server_uid = LocalConnection::kSocketDirOwner;
   o->remote_token_file = nullptr;
   o->tenant_token_file = nullptr;
+  o->client_name = nullptr;
 }
 
 kvpool_client* kvpool_open(const kvpool_options* options, kvpool_status* status) {

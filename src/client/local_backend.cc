@@ -106,10 +106,12 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
                        ? std::string(o.socket_path)
                        : protocol::FindDefaultSocket(std::getenv("XDG_RUNTIME_DIR"), ::geteuid());
     if (o.tenant_token_file != nullptr) tenant_token_file_ = o.tenant_token_file;
+    client_name_ = o.client_name != nullptr ? o.client_name : program_invocation_short_name;
     options_.socket_path = nullptr;  // the caller's strings are not kept
     options_.remote_peers = nullptr;
     options_.remote_token_file = nullptr;
     options_.tenant_token_file = nullptr;
+    options_.client_name = nullptr;
     slots_.resize(o.max_connections);
   }
 
@@ -210,6 +212,7 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
   };
   std::map<uint16_t, Retired> retired_;  // mu_
   std::string tenant_token_file_;
+  std::string client_name_;  // told to the node in each connection's hello
   std::optional<LocalConnection::TenantToken> token_;  // set by Start
   protocol::HelloReply hello_;                               // protected by mu_
 };
@@ -239,10 +242,9 @@ void LocalBackend::RetireLocked(int slot) {
 
 // Connects slot `slot` (owned by the caller through its lease).
 Status LocalBackend::ConnectSlot(int slot, Clock::time_point deadline) {
-  KVPOOL_ASSIGN_OR_RETURN(auto link,
-                          LocalConnection::Connect(socket_path_, "libkvpool", deadline,
-                                                   options_.expected_server_uid,
-                                                   token_ ? &*token_ : nullptr));
+  KVPOOL_ASSIGN_OR_RETURN(auto link, LocalConnection::Connect(socket_path_, client_name_, deadline,
+                                                              options_.expected_server_uid,
+                                                              token_ ? &*token_ : nullptr));
   link->set_spin(std::chrono::microseconds(options_.spin_us));
   int fd = link->TakeSegmentFd();
   const uint64_t staging_bytes = link->hello().staging_bytes;

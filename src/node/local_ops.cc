@@ -223,6 +223,17 @@ Result<TieredStore::Pin> LocalOps::PinOf(TieredStore* store, CarriedPins* carrie
   return carried != nullptr ? carried->Take(store, key) : store->Acquire(key);
 }
 
+void LocalOps::Wrote(LocalSession& c, Tenant& t, uint64_t bytes) {
+  bytes_written_->Inc(bytes);
+  t.bytes_written->Inc(bytes);
+  if (c.record) c.record->bytes_written.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+void LocalOps::Read(LocalSession& c, uint64_t bytes) {
+  bytes_read_->Inc(bytes);
+  if (c.record) c.record->bytes_read.fetch_add(bytes, std::memory_order_relaxed);
+}
+
 void LocalOps::CountOp(uint16_t type, std::chrono::steady_clock::time_point start) {
   ops_[type]->Inc();
   latency_[type]->Observe(
@@ -243,6 +254,7 @@ void LocalOps::Handle(LocalSession& c, const FrameHeader& h, std::span<const uin
     c.closing = true;
     return;
   }
+  if (c.record) c.record->ops.fetch_add(1, std::memory_order_relaxed);
   Status s;
   switch (type) {
     case MessageType::kHello:
@@ -337,6 +349,10 @@ Status LocalOps::OnHello(LocalSession& c, const FrameHeader& h, std::span<const 
     c.staging = std::move(staging).value();
   }
   c.handshaked = true;
+  if (c.record) {
+    c.record->set_name(req.client_name);
+    c.record->tenant.store(c.tenant, std::memory_order_relaxed);
+  }
   protocol::HelloReply rep;
   rep.instance_id = opts_.instance_id;
   TieredStore* store = T(c).store;
@@ -425,8 +441,7 @@ Status LocalOps::CommitForwarded(LocalSession& c, const LocalSession::Reserved& 
                         Returning(t, res.forward_key));
   }
   if (s.ok()) {
-    bytes_written_->Inc(res.forward_size);
-    t.bytes_written->Inc(res.forward_size);
+    Wrote(c, t, res.forward_size);
   }
   return s;
 }
@@ -463,8 +478,7 @@ Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const
     c.reservations.erase(it);
     statuses_[i] = static_cast<int32_t>(s.code());
     if (s.ok()) {
-      bytes_written_->Inc(size);
-      t.bytes_written->Inc(size);
+      Wrote(c, t, size);
     }
   }
   out_.clear();
@@ -519,7 +533,7 @@ void LocalOps::AnswerAcquire(LocalSession& c, const FrameHeader& h, const std::v
   hits_->Inc(hits);
   misses_->Inc(keys.size() - hits);
   recent_hits_.Add(hits, keys.size());
-  bytes_read_->Inc(bytes);
+  Read(c, bytes);
   t.hits->Inc(hits);
   t.misses->Inc(keys.size() - hits);
   t.bytes_read->Inc(bytes);
@@ -608,8 +622,7 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
     if (t.remote != nullptr && t.remote->WouldForward(sized_[i].key) &&
         !t.store->Contains(sized_[i].key) &&
         t.remote->Forward(sized_[i].key, {src, sized_[i].size})) {
-      bytes_written_->Inc(sized_[i].size);
-      t.bytes_written->Inc(sized_[i].size);
+      Wrote(c, t, sized_[i].size);
       continue;
     }
     auto r = t.store->Reserve(sized_[i].key, sized_[i].size);
@@ -626,8 +639,7 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
                                Returning(t, sized_[i].key));
     statuses_[i] = static_cast<int32_t>(s.code());
     if (s.ok()) {
-      bytes_written_->Inc(sized_[i].size);
-      t.bytes_written->Inc(sized_[i].size);
+      Wrote(c, t, sized_[i].size);
     }
   }
   out_.clear();
@@ -685,7 +697,7 @@ void LocalOps::AnswerGet(LocalSession& c, const FrameHeader& h,
   out.reserve(4 + 12 * items.size() + total);
   protocol::EncodeGetItems(items, &out);
   for (const auto& p : pins) out.insert(out.end(), p.data(), p.data() + p.size());
-  bytes_read_->Inc(total);
+  Read(c, total);
   Queue(c, MessageType::kGet, h.request_id, Status::Ok(), out);
 }
 

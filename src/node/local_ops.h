@@ -38,6 +38,8 @@ namespace kvpool {
 struct LocalSession {
   int fd = -1;
   uint64_t id = 0;  // unique per connection (fds are reused)
+  // What /api/v1/clients shows of it (set by the loop at the accept).
+  std::shared_ptr<ClientRecord> record;
   // The peer's credentials (SO_PEERCRED) and the tenant they map to:
   // 0 is the default tenant, i > 0 the (i-1)th of LocalServer::Open's.
   int32_t peer_pid = 0;
@@ -135,6 +137,9 @@ class LocalOps {
   bool Park(LocalSession& c, const protocol::FrameHeader& h, ParkedReads::Kind kind);
   static Result<TieredStore::Pin> PinOf(TieredStore* store, CarriedPins* carried, const KeyId& key);
   void CountOp(uint16_t type, std::chrono::steady_clock::time_point start);
+  // Bytes a connection wrote or read: the node's, its tenant's and its own counts.
+  void Wrote(LocalSession& c, Tenant& t, uint64_t bytes);
+  void Read(LocalSession& c, uint64_t bytes);
   void Queue(LocalSession& c, protocol::MessageType type, uint64_t request_id, Status status,
              const std::vector<uint8_t>& body);
 

@@ -228,6 +228,13 @@ class LocalServerImpl final : public LocalServer {
   }
 
   int connections() const override { return num_conns_.load(); }
+  std::vector<std::shared_ptr<const ClientRecord>> clients() const override {
+    std::lock_guard lock(clients_mu_);
+    std::vector<std::shared_ptr<const ClientRecord>> out;
+    out.reserve(clients_.size());
+    for (const auto& [id, r] : clients_) out.push_back(r);
+    return out;
+  }
   std::vector<int> tenant_connections() const override {
     std::vector<int> out(tenants_.size() + 1);
     for (size_t i = 0; i < out.size(); ++i) out[i] = tenant_conns_[i].load();
@@ -329,6 +336,16 @@ class LocalServerImpl final : public LocalServer {
       c.tenant = who.tenant;
       c.counted_tenant = c.tenant;
       ++tenant_conns_[c.tenant];
+      c.record = std::make_shared<ClientRecord>();
+      c.record->id = c.id;
+      c.record->pid = who.pid;
+      c.record->uid = who.uid;
+      c.record->connected = std::chrono::system_clock::now();
+      c.record->tenant.store(c.tenant);
+      {
+        std::lock_guard lock(clients_mu_);
+        clients_.emplace(c.id, c.record);
+      }
       epoll_event ev{};
       ev.events = EPOLLIN | EPOLLRDHUP;
       ev.data.u64 = static_cast<uint64_t>(fd);
@@ -376,6 +393,10 @@ class LocalServerImpl final : public LocalServer {
     const bool was_charged = Charged(it->second.in.capacity) > 0;
     Uncharge(it->second);
     --tenant_conns_[it->second.counted_tenant];
+    {
+      std::lock_guard lock(clients_mu_);
+      clients_.erase(it->second.id);
+    }
     // Destroying the handles releases the pins and aborts the reservations.
     conns_.erase(it);
     if (was_charged) ResumeStarved();
@@ -658,6 +679,9 @@ class LocalServerImpl final : public LocalServer {
   size_t starved_conns_ = 0;  // connections with starved set
   std::atomic<bool> stop_{false};
   std::atomic<int> num_conns_{0};
+  // The open connections' records, by connection id (clients()).
+  mutable std::mutex clients_mu_;
+  std::map<uint64_t, std::shared_ptr<ClientRecord>> clients_;  // clients_mu_
   uint64_t conn_ids_ = 0;
   std::unordered_map<int, Conn> conns_;  // owned by the loop thread
   Gauge* conns_gauge_;

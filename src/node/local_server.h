@@ -19,17 +19,19 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "cluster/remote_source.h"
 #include "common/metrics.h"
 #include "common/status.h"
-#include "cluster/remote_source.h"
 #include "node/tenants.h"
 #include "store/tiered_store.h"
 
@@ -90,6 +92,34 @@ struct LocalServerOptions {
 
 // A tenant the local server serves besides the default one: who belongs
 // to it and its own store (node/tenants.h). Its entries stay on this node.
+// A connected client as /api/v1/clients (kvpoolctl clients) shows it: its
+// credentials and connect time fixed at the accept, its name (the hello's
+// client name) and tenant at the hello, its counters advanced by the loop
+// thread; any thread may read it.
+struct ClientRecord {
+  uint64_t id = 0;  // the connection's, unique for the server's life
+  int32_t pid = 0;
+  uint32_t uid = 0;
+  std::chrono::system_clock::time_point connected;
+  std::atomic<int> tenant{0};  // as LocalSession::tenant
+  std::atomic<uint64_t> ops{0};
+  std::atomic<uint64_t> bytes_read{0};
+  std::atomic<uint64_t> bytes_written{0};
+
+  void set_name(std::string name) {
+    std::lock_guard lock(mu_);
+    name_ = std::move(name);
+  }
+  std::string name() const {
+    std::lock_guard lock(mu_);
+    return name_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::string name_;
+};
+
 struct LocalTenant {
   TenantSpec spec;
   TieredStore* store = nullptr;  // outlives the server
@@ -130,6 +160,8 @@ class LocalServer {
   // Open connections per tenant: the default tenant first, then the
   // tenants in the order given to Open.
   virtual std::vector<int> tenant_connections() const = 0;
+  // The connected clients, in connection order.
+  virtual std::vector<std::shared_ptr<const ClientRecord>> clients() const = 0;
 };
 
 }  // namespace kvpool

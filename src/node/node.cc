@@ -1,5 +1,7 @@
 #include "node/node.h"
 
+#include <fmt/format.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -7,16 +9,14 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
-#include <cstring>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <thread>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "admin/admin_server.h"
 #include "cluster/anti_entropy.h"
@@ -25,13 +25,13 @@
 #include "cluster/holdings_announcer.h"
 #include "cluster/peer_server.h"
 #include "cluster/remote_reader.h"
+#include "common/executor.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/secret_file.h"
+#include "events/kv_events.h"
 #include "node/local_server.h"
 #include "node/tenants.h"
-#include "common/executor.h"
-#include "events/kv_events.h"
 #include "store/tiered_store.h"
 
 namespace kvpool {
@@ -402,6 +402,7 @@ class NodeImpl final : public Node {
     hooks.status_json = [this] { return StatusJson(); };
     hooks.config_json = [this] { return config_json_; };
     hooks.members_json = [this] { return MembersJson().dump(); };
+    hooks.clients_json = [this] { return ClientsJson().dump(); };
     hooks.ready = [this] { return !stopping_.load(); };
     KVPOOL_ASSIGN_OR_RETURN(admin_, AdminServer::Start(opts_.admin, &metrics_, std::move(hooks)));
     return Status::Ok();
@@ -451,6 +452,39 @@ class NodeImpl final : public Node {
           {"etcd_outage", cluster_ != nullptr && cluster_->etcd_outage()}}},
     };
     return j.dump();
+  }
+
+  // The engines connected to the local socket: who (pid, user, the name its
+  // hello gave, tenant), since when, and what they moved.
+  nlohmann::ordered_json ClientsJson() const {
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    if (!local_) return {{"clients", out}};
+    const auto now = std::chrono::system_clock::now();
+    for (const auto& r : local_->clients()) {
+      const int t = r->tenant.load(std::memory_order_relaxed);
+      std::string user = std::to_string(r->uid);
+      passwd pw{};
+      passwd* found = nullptr;
+      char buf[1024];
+      if (getpwuid_r(r->uid, &pw, buf, sizeof(buf), &found) == 0 && found != nullptr) {
+        user = found->pw_name;
+      }
+      out.push_back({{"id", r->id},
+                     {"pid", r->pid},
+                     {"uid", r->uid},
+                     {"user", user},
+                     {"name", r->name()},
+                     {"tenant", t == 0 || static_cast<size_t>(t) > tenants_.size()
+                                    ? std::string(kDefaultTenant)
+                                    : tenants_[static_cast<size_t>(t) - 1].spec.name},
+                     {"connected_unix_s",
+                      std::chrono::duration<double>(r->connected.time_since_epoch()).count()},
+                     {"age_s", std::chrono::duration<double>(now - r->connected).count()},
+                     {"ops", r->ops.load(std::memory_order_relaxed)},
+                     {"bytes_read", r->bytes_read.load(std::memory_order_relaxed)},
+                     {"bytes_written", r->bytes_written.load(std::memory_order_relaxed)}});
+    }
+    return {{"clients", out}};
   }
 
   // The membership view and the shard ownership it implies. Standalone: this

@@ -114,7 +114,8 @@ class Session:
     def __init__(self, settings: SessionSettings, namespace: Optional[str] = None,
                  on_open: Optional[Callable[[Client], None]] = None,
                  log: logging.Logger = logger, open_client: Callable[..., Client] = Client,
-                 clock: Callable[[], float] = time.monotonic, register_cuda: bool = False):
+                 clock: Callable[[], float] = time.monotonic, register_cuda: bool = False,
+                 client_name: Optional[str] = None):
         self.settings = settings
         self._namespace = (settings.namespace or "") if namespace is None else namespace
         self._on_open = on_open
@@ -130,6 +131,8 @@ class Session:
         # register_cuda: the connector copies between the segment and GPUs, so
         # the segment is registered with CUDA when a client opens.
         self._register_cuda = register_cuda
+        # What the node shows for this engine's connections (kvpoolctl clients).
+        self._client_name = client_name
         self._cuda = _cuda.SegmentRegistration(  # protected by _lock
             reason="no client" if register_cuda else "not asked for")
 
@@ -163,8 +166,9 @@ class Session:
             self._next_open = now + s.retry_interval_ms / 1000.0
             client = None
             try:
+                named = {"client_name": self._client_name} if self._client_name else {}
                 client = self._open_client(s.socket, namespace=self._namespace,
-                                           timeout_ms=s.timeout_ms, remote=s.remote)
+                                           timeout_ms=s.timeout_ms, remote=s.remote, **named)
                 if self._on_open is not None:
                     self._on_open(client)
             except Exception as e:  # no node, no libkvpool: run without the cache

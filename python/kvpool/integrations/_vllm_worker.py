@@ -135,8 +135,10 @@ class _SaveStep:
 class WorkerSide:
     def __init__(self, settings, vllm_config, kv_cache_config):
         s = self._s = settings
-        self._session = Session(s.session, s.namespace, log=logger, register_cuda=True)
         self.tp_rank, self.pp_rank = worker_ranks(s, vllm_config.parallel_config)
+        self._session = Session(s.session, s.namespace, log=logger, register_cuda=True,
+                                client_name="vllm worker tp%d pp%d" % (self.tp_rank,
+                                                                       self.pp_rank))
         self._suffix = keys_mod.rank_suffix(s.use_mla, self.tp_rank, self.pp_rank)
         # MLA latents are identical on every TP rank: rank 0 writes them.
         self._writes = s.save and not (s.use_mla and self.tp_rank != 0)

@@ -214,7 +214,8 @@ class KvpoolRemoteConnector(RemoteConnector):
         self._closed = False
         self._counts = {"hits": 0, "misses": 0, "rejected_headers": 0, "stored": 0,
                         "store_failures": 0}
-        self._session = Session(self.settings, on_open=self._opened, log=logger)
+        self._session = Session(self.settings, on_open=self._opened, log=logger,
+                                client_name="lmcache")
         self._session.client()  # connect now: the log says at once whether a node answers
 
     def _init_base(self, config, metadata) -> None:

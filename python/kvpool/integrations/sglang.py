@@ -248,7 +248,8 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         self._stats = KvpoolStorageStats(namespace=self.namespace)
         # No connection yet: the namespace depends on the host pool, which
         # register_mem_pool_host brings (it connects; so does a first call).
-        self._session = Session(self.settings, self.namespace, log=logger)
+        self._session = Session(self.settings, self.namespace, log=logger,
+                                client_name="sglang hicache tp%d" % self.tp_rank)
 
     # ---- naming ----------------------------------------------------------------
     def _rank_suffix(self):

@@ -208,7 +208,8 @@ def _lists(block_ids, n):
 class _SchedulerSide:
     def __init__(self, settings):
         self._s = settings
-        self._session = Session(settings.session, settings.namespace, log=logger)
+        self._session = Session(settings.session, settings.namespace, log=logger,
+                                client_name="vllm scheduler")
         self._suffixes = keys_mod.all_rank_suffixes(settings.use_mla, settings.tp_size,
                                                     settings.pp_size)
         self._reqs = {}
