@@ -53,6 +53,23 @@ TEST_F(ClusterTest, ThreeNodesSeeEachOtherAndCtlReportsThem) {
   for (const char* id : {"a ", "b ", "c "}) EXPECT_NE(out.find(id), std::string::npos) << out;
   ASSERT_EQ(RunCommand({CtlBinary(), "shards", "--admin", admin}, &out), 0) << out;
   EXPECT_NE(out.find("total 4096 shards over 3 nodes"), std::string::npos) << out;
+
+  // The cluster view (/api/v1/cluster, asked of one node): every member's
+  // figures side by side, each as that member's own status says them.
+  auto cl = nlohmann::json::parse(b->HttpGet("/api/v1/cluster"));
+  ASSERT_EQ(cl["members"].size(), 3u) << cl.dump();
+  std::map<std::string, NodeProcess*> by_id = {{"a", a.get()}, {"b", b.get()}, {"c", c.get()}};
+  for (const auto& m : cl["members"]) {
+    ASSERT_FALSE(m.contains("error")) << m.dump();
+    const std::string id = m["node_id"];
+    ASSERT_EQ(by_id.count(id), 1u) << id;
+    EXPECT_EQ(m["self"], id == "b");
+    auto own = nlohmann::json::parse(by_id[id]->HttpGet("/api/v1/status"));
+    EXPECT_EQ(m["version"], own["version"]);
+    EXPECT_EQ(m["dram"]["capacity_bytes"], own["dram"]["capacity_bytes"]) << id;
+    EXPECT_EQ(m["dram"]["entries"], own["dram"]["entries"]) << id;
+    EXPECT_GT(m["uptime_s"].get<double>(), 0) << id;
+  }
 }
 
 TEST_F(ClusterTest, DuplicateNodeIdIsRefused) {

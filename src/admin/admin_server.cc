@@ -77,15 +77,16 @@ constexpr char kDashboardCsp[] =
     "frame-ancestors 'none'";
 
 // The request-counter label set is fixed: every other path counts as "other".
-constexpr std::array<std::string_view, 9> kKnownPaths = {"/",
-                                                         "/metrics",
-                                                         "/healthz",
-                                                         "/readyz",
-                                                         "/api/v1/status",
-                                                         "/api/v1/config",
-                                                         "/api/v1/members",
-                                                         "/api/v1/history",
-                                                         "/api/v1/clients"};
+constexpr std::array<std::string_view, 10> kKnownPaths = {"/",
+                                                          "/metrics",
+                                                          "/healthz",
+                                                          "/readyz",
+                                                          "/api/v1/status",
+                                                          "/api/v1/config",
+                                                          "/api/v1/members",
+                                                          "/api/v1/history",
+                                                          "/api/v1/clients",
+                                                          "/api/v1/cluster"};
 constexpr std::string_view kOtherPath = "other";
 
 // Only GETs of short URLs are served: a head beyond this is refused (431).
@@ -705,6 +706,9 @@ class HttpAdminServer final : public AdminServer {
     } else if (path == "/api/v1/members") {
       r.content_type = kJsonContentType;
       r.body = hooks_.members_json ? hooks_.members_json() : "{}";
+    } else if (path == "/api/v1/cluster") {
+      r.content_type = kJsonContentType;
+      r.body = hooks_.cluster_json ? hooks_.cluster_json() : "{}";
     } else if (path == "/api/v1/clients") {
       r.content_type = kJsonContentType;
       r.body = hooks_.clients_json ? hooks_.clients_json() : "{}";

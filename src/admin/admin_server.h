@@ -2,7 +2,8 @@
 //
 // Serves /metrics (Prometheus text from the registry), /healthz, /readyz,
 // /api/v1/status, /api/v1/members and /api/v1/config (JSON from hooks the node provides),
-// /api/v1/clients (the connected engines), /api/v1/history (the key figures
+// /api/v1/clients (the connected engines), /api/v1/cluster (every member's
+// key figures), /api/v1/history (the key figures
 // of the last 15 minutes, MetricsHistory), and
 // a self-contained dashboard page at / (no network fetches). It renders what
 // it is given and holds no node logic.
@@ -74,6 +75,7 @@ struct AdminHooks {
   std::function<std::string()> config_json;  // /api/v1/config
   std::function<std::string()> members_json;  // /api/v1/members
   std::function<std::string()> clients_json;  // /api/v1/clients
+  std::function<std::string()> cluster_json;  // /api/v1/cluster
   // /readyz: 200 when true, else 503. Runs on the admin thread: must be quick.
   std::function<bool()> ready;
 };

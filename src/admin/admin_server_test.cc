@@ -72,6 +72,18 @@ void PopulateNodeMetrics(MetricsRegistry* r) {
       ->Inc(2);
 }
 
+// Two members: this node's figures (as its status says them) and one that
+// did not answer.
+std::string ClusterJson() {
+  return R"({"cluster":"test-cluster","members":[)"
+         R"({"node_id":"node-test-1","version":"0.1.0","uptime_s":3720,)"
+         R"("dram":{"capacity_bytes":8589934592,"used_bytes":2147483648,"entries":12345,)"
+         R"("evictions":42},"ssd":null,"local_connections":3,"ops":1500,"hits":750,)"
+         R"("misses":250,"hit_ratio_1m":0.9,"address":"127.0.0.1:7000","self":true},)"
+         R"({"node_id":"node-test-2","error":"Unavailable: no answer",)"
+         R"("address":"127.0.0.1:7001","self":false}]})";
+}
+
 std::string StatusJson() {
   nlohmann::json j = {
       {"node_id", "node-test-1"},
@@ -101,6 +113,7 @@ class AdminServerTest : public ::testing::Test {
     hooks.status_json = [] { return StatusJson(); };
     hooks.config_json = [] { return std::string(R"({"admin_port":0})"); };
     hooks.ready = [this] { return ready_.load(); };
+    hooks.cluster_json = [] { return ClusterJson(); };
     AdminOptions options;
     // Charts that fill in a test's time: 100 samples of 100 ms.
     options.history.interval = std::chrono::milliseconds(100);
@@ -651,8 +664,20 @@ TEST_F(AdminServerTest, DashboardRendersValuesInHeadlessChromium) {
   EXPECT_EQ(ElementText(dom, "hist-hit"), "\xE2\x80\x94");           // no reads in any interval
   EXPECT_EQ(ElementAttribute(dom, "chart-mem", "data-lines"), "1");  // DRAM drawn, SSD absent
   EXPECT_EQ(ElementAttribute(dom, "chart-ops", "data-lines"), "1");
-  // The page asked for nothing but itself and its three data endpoints.
+  // The cluster: each member's row as /api/v1/cluster gives it, the same
+  // figures the cards show for this node.
+  EXPECT_EQ(ElementText(dom, "cluster-name"), "\xC2\xB7 test-cluster");
+  EXPECT_EQ(ElementText(dom, "cl-node-test-1-node"), "node-test-1 (self)");
+  EXPECT_EQ(ElementText(dom, "cl-node-test-1-dram"), "2.00 GiB of 8.00 GiB");
+  EXPECT_EQ(ElementText(dom, "cl-node-test-1-entries"), ElementText(dom, "dram-entries"));
+  EXPECT_EQ(ElementText(dom, "cl-node-test-1-hit"), ElementText(dom, "hq-hit-1m"));
+  EXPECT_EQ(ElementText(dom, "cl-node-test-1-uptime"), ElementText(dom, "uptime"));
+  EXPECT_EQ(ElementText(dom, "cl-node-test-1-clients"), ElementText(dom, "connections"));
+  EXPECT_EQ(ElementText(dom, "cl-node-test-1-ops"), "1,500");
+  EXPECT_EQ(ElementText(dom, "cl-node-test-2-error"), "unreachable: Unavailable: no answer");
+  // The page asked for nothing but itself and its four data endpoints.
   EXPECT_EQ(Requests("other"), 0);
+  EXPECT_GE(Requests("/api/v1/cluster"), 2);
   EXPECT_GE(Requests("/api/v1/status"), 2);
   EXPECT_GE(Requests("/metrics"), 2);
   EXPECT_GE(Requests("/api/v1/history"), 2);
@@ -704,7 +729,7 @@ TEST_F(AdminServerTest, DashboardRendersValuesInHeadlessChromium) {
                  " --user-data-dir=" +
                  shot_profile.string() +
                  " '--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1'"
-                 " --window-size=1400,1500 --virtual-time-budget=5000 --screenshot=" +
+                 " --window-size=1400,1700 --virtual-time-budget=5000 --screenshot=" +
                  png.string() + " http://127.0.0.1:" + std::to_string(server_->port()) + "/ 2>&1");
   std::filesystem::remove_all(shot_profile);
   ASSERT_EQ(shot.exit_code, 0) << shot.output;

@@ -108,6 +108,10 @@ inline constexpr transport::MessageType kPeerMembers = 0x0105;
 inline constexpr transport::MessageType kPeerLeaseStatus = 0x0106;
 inline constexpr transport::MessageType kPeerDigest = 0x0107;
 inline constexpr transport::MessageType kPeerShardKeys = 0x0108;
+// A node's key figures for the admin cluster view: an empty request; the
+// reply's header is a JSON object of at most kMaxStatusBytes.
+inline constexpr transport::MessageType kPeerStatus = 0x0109;
+inline constexpr uint32_t kMaxStatusBytes = 16384;
 
 inline constexpr uint32_t kMaxPeerBatch = 4096;
 inline constexpr uint32_t kMaxNodeIdBytes = 128;

@@ -308,6 +308,12 @@ class NodeImpl final : public Node {
     co.registered_region = tiered_->segment();
     peer_pool_ = std::make_unique<ThreadPool>(2, "kvpool-peer");
     KVPOOL_ASSIGN_OR_RETURN(cluster_, Cluster::Open(co, peer_pool_.get(), &metrics_));
+    // The admin cluster view asks every member for its key figures.
+    cluster_->transport()->RegisterHandler(
+        cluster::kPeerStatus, [this](transport::Incoming, transport::Responder r) {
+          const std::string j = KeyFiguresJson().dump();
+          r.Respond(Status::Ok(), std::vector<uint8_t>(j.begin(), j.end()));
+        });
     cluster_thread_ = std::thread([this] { cluster_->Run(); });
     directory_ = std::make_unique<cluster::Directory>(opts_.directory, &metrics_);
     cluster::HoldingsAnnouncerOptions ao;
@@ -403,6 +409,7 @@ class NodeImpl final : public Node {
     hooks.config_json = [this] { return config_json_; };
     hooks.members_json = [this] { return MembersJson().dump(); };
     hooks.clients_json = [this] { return ClientsJson().dump(); };
+    hooks.cluster_json = [this] { return ClusterJson().dump(); };
     hooks.ready = [this] { return !stopping_.load(); };
     KVPOOL_ASSIGN_OR_RETURN(admin_, AdminServer::Start(opts_.admin, &metrics_, std::move(hooks)));
     return Status::Ok();
@@ -452,6 +459,104 @@ class NodeImpl final : public Node {
           {"etcd_outage", cluster_ != nullptr && cluster_->etcd_outage()}}},
     };
     return j.dump();
+  }
+
+  // This node's key figures, as every member's row of the cluster view
+  // shows them (kept under kPeerStatus's size limit).
+  nlohmann::ordered_json KeyFiguresJson() const {
+    DramStats d = tiered_->GetDramStats();
+    auto total = [this](const char* name) {
+      const double v = metrics_.SumOf(name);
+      return v < 0 ? 0.0 : v;
+    };
+    const double hit_1m = metrics_.ValueOf("kvpool_hit_ratio_recent", {{"window", "1m"}});
+    nlohmann::ordered_json ssd = nullptr;
+    if (tiered_->has_ssd_tier()) {
+      SsdStats s = tiered_->GetSsdStats();
+      ssd = {{"capacity_bytes", s.capacity_bytes},
+             {"used_bytes", s.used_bytes},
+             {"entries", s.entries}};
+    }
+    return {{"node_id", opts_.node_id},
+            {"version", KVPOOL_VERSION},
+            {"uptime_s", UptimeSeconds()},
+            {"dram",
+             {{"capacity_bytes", d.capacity_bytes},
+              {"used_bytes", d.used_bytes},
+              {"entries", d.entries},
+              {"evictions", d.evictions}}},
+            {"ssd", ssd},
+            {"local_connections", local_ ? local_->connections() : 0},
+            {"ops", total("kvpool_ops_total")},
+            {"hits", total("kvpool_hits_total")},
+            {"misses", total("kvpool_misses_total")},
+            {"hit_ratio_1m", std::isfinite(hit_1m) && hit_1m >= 0 ? nlohmann::ordered_json(hit_1m)
+                                                                  : nlohmann::ordered_json()},
+            {"bytes_read", total("kvpool_bytes_read_total")},
+            {"bytes_written", total("kvpool_bytes_written_total")},
+            {"fenced", cluster_ != nullptr && cluster_->fenced()}};
+  }
+
+  // Every member's key figures side by side: this node's own, the others'
+  // asked for over the peer transport (kPeerStatus, all at once, 1 s at
+  // most); a member that does not answer is listed with the error.
+  nlohmann::ordered_json ClusterJson() const {
+    nlohmann::ordered_json members = nlohmann::ordered_json::array();
+    if (!cluster_) {
+      nlohmann::ordered_json self = KeyFiguresJson();
+      self["address"] = opts_.local.socket_path;
+      self["self"] = true;
+      members.push_back(std::move(self));
+      return {{"cluster", nullptr}, {"members", members}};
+    }
+    auto view = cluster_->view();
+    struct Pending {
+      std::mutex mu;
+      std::condition_variable cv;
+      size_t left = 0;                        // mu
+      std::vector<transport::Reply> replies;  // mu
+    };
+    auto p = std::make_shared<Pending>();
+    p->replies.resize(view->members.size());
+    const auto deadline = transport::Clock::now() + std::chrono::seconds(1);
+    for (size_t i = 0; i < view->members.size(); ++i) {
+      if (view->members[i].node_id == opts_.node_id) continue;
+      {
+        std::lock_guard lock(p->mu);
+        ++p->left;
+      }
+      transport::CallArgs args;
+      args.peer = view->members[i].address;
+      args.type = cluster::kPeerStatus;
+      args.deadline = deadline;
+      cluster_->transport()->Call(args, [p, i](transport::Reply r) {
+        std::lock_guard lock(p->mu);
+        p->replies[i] = std::move(r);
+        if (--p->left == 0) p->cv.notify_all();
+      });
+    }
+    std::unique_lock lock(p->mu);
+    p->cv.wait(lock, [&] { return p->left == 0; });
+    for (size_t i = 0; i < view->members.size(); ++i) {
+      const Member& m = view->members[i];
+      nlohmann::ordered_json row;
+      if (m.node_id == opts_.node_id) {
+        row = KeyFiguresJson();
+      } else if (!p->replies[i].status.ok()) {
+        row = {{"node_id", m.node_id}, {"error", p->replies[i].status.ToString()}};
+      } else if (p->replies[i].header.size() > cluster::kMaxStatusBytes ||
+                 (row = nlohmann::ordered_json::parse(p->replies[i].header.begin(),
+                                                      p->replies[i].header.end(), nullptr,
+                                                      /*allow_exceptions=*/false))
+                     .is_discarded() ||
+                 !row.is_object()) {
+        row = {{"node_id", m.node_id}, {"error", "malformed status reply"}};
+      }
+      row["address"] = m.address;
+      row["self"] = m.node_id == opts_.node_id;
+      members.push_back(std::move(row));
+    }
+    return {{"cluster", opts_.cluster.cluster}, {"members", members}};
   }
 
   // The engines connected to the local socket: who (pid, user, the name its
