@@ -11,13 +11,29 @@ import os
 import sys
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "kvpool"))
 from _package_version import from_changelog  # noqa: E402
 
+VERSION = from_changelog()
+
+
+class BuildPyWithVersion(build_py):
+    """Writes kvpool/_version.py into the build, so an installed package
+    knows its version without the repository's changelog."""
+
+    def run(self):
+        super().run()
+        with open(os.path.join(self.build_lib, "kvpool", "_version.py"), "w") as f:
+            f.write("# Written when kvpool was built: the version of packaging/changelog.\n"
+                    "VERSION = \"%s\"\n" % VERSION)
+
+
 setup(
     name="kvpool",
-    version=from_changelog(),
+    version=VERSION,
+    cmdclass={"build_py": BuildPyWithVersion},
     description="Python client of the kvpool KV cache, with SGLang, vLLM and LMCache connectors",
     packages=find_packages(include=["kvpool", "kvpool.*"]),
     python_requires=">=3.9",
