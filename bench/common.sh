@@ -43,7 +43,9 @@ die() { log "error: $*"; exit 1; }
 
 find_bin() {  # find_bin NAME: first executable NAME under the build directory
   local p
-  p="$(find "$BUILD_DIR" -type f -name "$1" -perm -u+x 2>/dev/null | sort | head -n 1)"
+  # Not the copies cpack stages under packages/ (linked for the installed layout).
+  p="$(find "$BUILD_DIR" -path "$BUILD_DIR/packages" -prune -o -type f -name "$1" -perm -u+x \
+    -print 2>/dev/null | sort | head -n 1)"
   [[ -n "$p" ]] && printf '%s\n' "$p"
 }
 
