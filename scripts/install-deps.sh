@@ -16,7 +16,7 @@ PACKAGES=(
   chromium curl procps iproute2 iptables util-linux
   # Debian packages (make package) and their test: cpack's shlibdeps, lintian,
   # systemd-analyze for the service unit
-  dpkg-dev file lintian fakeroot systemd
+  dpkg-dev file lintian systemd
   # python package and connectors (pip/setuptools/wheel/venv: offline pip install ./python)
   python3 python3-numpy python3-pytest python3-torch python3-zmq python3-msgpack
   python3-pip python3-setuptools python3-wheel python3-venv
