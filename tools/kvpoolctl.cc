@@ -151,6 +151,21 @@ bool AdminGet(const Admin& a, const std::string& path, std::string* body) {
   return true;
 }
 
+// GETs a JSON object from the admin endpoint into *j; false (with a
+// message) when the fetch fails or the reply is not one, or lacks `field`.
+bool AdminJson(const Admin& a, const std::string& path, nlohmann::json* j,
+               const char* field = nullptr) {
+  std::string body;
+  if (!AdminGet(a, path, &body)) return false;
+  *j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j->is_discarded() || !j->is_object() || (field != nullptr && !j->contains(field))) {
+    std::fprintf(stderr, "kvpoolctl: malformed %s reply%s%s\n", path.c_str(),
+                 field != nullptr ? ": no " : "", field != nullptr ? field : "");
+    return false;
+  }
+  return true;
+}
+
 int Metrics(const Admin& admin) {
   std::string body;
   if (!AdminGet(admin, "/metrics", &body)) return 3;
@@ -161,11 +176,10 @@ int Metrics(const Admin& admin) {
 // members: one line per member; shards: owned shards per node, its share
 // of the total, and the balance (largest owner over the mean).
 int Members(const Admin& admin, bool shards) {
-  std::string body;
-  if (!AdminGet(admin, "/api/v1/members", &body)) return 3;
-  auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.contains("members") || !j.contains("shards")) {
-    std::fprintf(stderr, "kvpoolctl: malformed /api/v1/members reply\n");
+  nlohmann::json j;
+  if (!AdminJson(admin, "/api/v1/members", &j, "members")) return 3;
+  if (!j.contains("shards")) {
+    std::fprintf(stderr, "kvpoolctl: malformed /api/v1/members reply: no shards\n");
     return 3;
   }
   if (!shards) {
@@ -207,13 +221,8 @@ int Members(const Admin& admin, bool shards) {
 // tenants: one line per tenant (the default one first): connections, DRAM
 // and SSD use against the quota, evictions, and item traffic.
 int Tenants(const Admin& admin) {
-  std::string body;
-  if (!AdminGet(admin, "/api/v1/status", &body)) return 3;
-  auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.contains("tenants") || !j["tenants"].is_array()) {
-    std::fprintf(stderr, "kvpoolctl: malformed /api/v1/status reply (no tenants)\n");
-    return 3;
-  }
+  nlohmann::json j;
+  if (!AdminJson(admin, "/api/v1/status", &j, "tenants") || !j["tenants"].is_array()) return 3;
   auto size = [](const nlohmann::json& tier, const char* field) {
     if (tier.is_null()) return std::string("-");
     return kvpool::SettingsTable::FormatBytes(tier.value(field, uint64_t{0}));
@@ -326,13 +335,8 @@ int StatTable(const char* text) {
 
 // clients: one row per connected engine.
 int Clients(const Admin& admin, bool json) {
-  std::string body;
-  if (!AdminGet(admin, "/api/v1/clients", &body)) return 3;
-  auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.contains("clients") || !j["clients"].is_array()) {
-    std::fprintf(stderr, "kvpoolctl: malformed /api/v1/clients reply\n");
-    return 3;
-  }
+  nlohmann::json j;
+  if (!AdminJson(admin, "/api/v1/clients", &j, "clients") || !j["clients"].is_array()) return 3;
   if (json) {
     std::printf("%s\n", j["clients"].dump(2).c_str());
     return 0;
@@ -388,16 +392,12 @@ int RunTop(const Admin& admin, const Top& top) {
   const bool tty = isatty(STDOUT_FILENO);
   for (int frame = 0; top.count == 0 || frame < top.count; ++frame) {
     if (frame > 0) std::this_thread::sleep_for(top.interval);
-    std::string status, metrics;
-    if (!AdminGet(admin, "/api/v1/status", &status) || !AdminGet(admin, "/metrics", &metrics)) {
+    nlohmann::json j;
+    std::string metrics;
+    if (!AdminJson(admin, "/api/v1/status", &j) || !AdminGet(admin, "/metrics", &metrics)) {
       return 3;
     }
     const auto now = std::chrono::steady_clock::now();
-    auto j = nlohmann::json::parse(status, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) {
-      std::fprintf(stderr, "kvpoolctl: malformed /api/v1/status reply\n");
-      return 3;
-    }
     std::vector<double> cur;
     for (const char* c : counters) cur.push_back(Family(metrics, c));
     const double dt = std::chrono::duration<double>(now - prev_t).count();
@@ -516,13 +516,8 @@ int main(int argc, char** argv) {
     if (cmd == "top") return RunTop(admin, top);
     if (cmd == "clients") return Clients(admin, json);
     if (json) {
-      std::string body;
-      if (!AdminGet(admin, cmd == "tenants" ? "/api/v1/status" : "/api/v1/members", &body)) {
-        return 3;
-      }
-      auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded()) {
-        std::fprintf(stderr, "kvpoolctl: malformed reply from the admin endpoint\n");
+      nlohmann::json j;
+      if (!AdminJson(admin, cmd == "tenants" ? "/api/v1/status" : "/api/v1/members", &j)) {
         return 3;
       }
       const nlohmann::json& out = cmd == "tenants"  ? j["tenants"]

@@ -695,29 +695,27 @@ class HttpAdminServer final : public AdminServer {
     return Error(500, "internal error", path);
   }
 
+  // The node's hook serving a JSON path, or null for another path.
+  const std::function<std::string()>* JsonHook(const std::string& path) const {
+    if (path == "/api/v1/status") return &hooks_.status_json;
+    if (path == "/api/v1/members") return &hooks_.members_json;
+    if (path == "/api/v1/cluster") return &hooks_.cluster_json;
+    if (path == "/api/v1/clients") return &hooks_.clients_json;
+    if (path == "/api/v1/config") return &hooks_.config_json;
+    return nullptr;
+  }
+
   Response Route(const std::string& path) {
     Response r;
     if (path == "/metrics") {
       r.content_type = kMetricsContentType;
       r.body = metrics_->RenderPrometheus();
-    } else if (path == "/api/v1/status") {
+    } else if (const auto* hook = JsonHook(path); hook != nullptr) {
       r.content_type = kJsonContentType;
-      r.body = hooks_.status_json ? hooks_.status_json() : "{}";
-    } else if (path == "/api/v1/members") {
-      r.content_type = kJsonContentType;
-      r.body = hooks_.members_json ? hooks_.members_json() : "{}";
-    } else if (path == "/api/v1/cluster") {
-      r.content_type = kJsonContentType;
-      r.body = hooks_.cluster_json ? hooks_.cluster_json() : "{}";
-    } else if (path == "/api/v1/clients") {
-      r.content_type = kJsonContentType;
-      r.body = hooks_.clients_json ? hooks_.clients_json() : "{}";
+      r.body = *hook ? (*hook)() : "{}";
     } else if (path == "/api/v1/history") {
       r.content_type = kJsonContentType;
       r.body = history_.Json();
-    } else if (path == "/api/v1/config") {
-      r.content_type = kJsonContentType;
-      r.body = hooks_.config_json ? hooks_.config_json() : "{}";
     } else if (path == "/") {
       r.content_type = kHtmlContentType;
       r.body = DashboardHtml();
