@@ -246,44 +246,53 @@ class ClusterImpl final : public Cluster {
   // Asks every other member how its lease fares (EtcdMembership's fencing
   // rule). Returns by the deadline: the transport finishes every call by it.
   std::vector<PeerLeaseReport> ProbePeers(transport::Deadline deadline) {
+    std::vector<PeerLeaseReport> reports;
+    for (const MemberReply& r : AskOtherMembers(cluster::kPeerLeaseStatus, deadline)) {
+      PeerLeaseReport rep;
+      cluster::LeaseStatusReply m;
+      if (r.reply.status.ok() && cluster::DecodeLeaseStatusReply(r.reply.header, &m).ok()) {
+        // Older than a day reads as a day: no overflow, same verdict.
+        uint64_t ms = std::min<uint64_t>(m.since_renewal_ms, 86'400'000);
+        rep.answered = true;
+        rep.fenced = m.fenced;
+        rep.has_lease = m.has_lease;
+        rep.renewed_at = r.received - std::chrono::milliseconds(ms);
+      }
+      reports.push_back(rep);
+    }
+    return reports;
+  }
+
+  std::vector<MemberReply> AskOtherMembers(transport::MessageType type,
+                                           transport::Deadline deadline) override {
     struct Pending {
       std::mutex mu;
       std::condition_variable cv;
-      size_t left = 0;  // protected by mu
-      std::vector<PeerLeaseReport> reports;  // protected by mu
+      size_t left = 0;                  // protected by mu
+      std::vector<MemberReply> replies;  // protected by mu
     };
     auto view = membership_->view();
-    std::vector<std::string> peers;
-    for (const Member& m : view->members) {
-      if (m.node_id != opts_.node_id) peers.push_back(m.address);
-    }
     auto p = std::make_shared<Pending>();
-    p->left = peers.size();
-    p->reports.resize(peers.size());
-    for (size_t i = 0; i < peers.size(); ++i) {
+    for (const Member& m : view->members) {
+      if (m.node_id != opts_.node_id) p->replies.push_back(MemberReply{m, {}, {}});
+    }
+    p->left = p->replies.size();
+    for (size_t i = 0; i < p->replies.size(); ++i) {
       transport::CallArgs args;
-      args.peer = peers[i];
-      args.type = cluster::kPeerLeaseStatus;
+      args.peer = p->replies[i].member.address;
+      args.type = type;
       args.deadline = deadline;
       transport_->Call(args, [p, i](transport::Reply r) {
-        PeerLeaseReport rep;
-        cluster::LeaseStatusReply m;
-        if (r.status.ok() && cluster::DecodeLeaseStatusReply(r.header, &m).ok()) {
-          // Older than a day reads as a day: no overflow, same verdict.
-          uint64_t ms = std::min<uint64_t>(m.since_renewal_ms, 86'400'000);
-          rep.answered = true;
-          rep.fenced = m.fenced;
-          rep.has_lease = m.has_lease;
-          rep.renewed_at = std::chrono::steady_clock::now() - std::chrono::milliseconds(ms);
-        }
+        const auto now = std::chrono::steady_clock::now();
         std::lock_guard lock(p->mu);
-        p->reports[i] = rep;
+        p->replies[i].reply = std::move(r);
+        p->replies[i].received = now;
         if (--p->left == 0) p->cv.notify_all();
       });
     }
     std::unique_lock lock(p->mu);
     p->cv.wait(lock, [&] { return p->left == 0; });
-    return p->reports;
+    return std::move(p->replies);
   }
 
   double OwnedShards() const {

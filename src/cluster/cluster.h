@@ -112,6 +112,19 @@ class Cluster {
   // Immutable snapshots; never null.
   virtual std::shared_ptr<const MembershipView> view() const = 0;
   virtual std::shared_ptr<const ShardMap> shard_map() const = 0;
+
+  // One reply of AskOtherMembers: the member, its reply, when it came.
+  struct MemberReply {
+    Member member;
+    transport::Reply reply;
+    std::chrono::steady_clock::time_point received;
+  };
+  // Sends an empty request of `type` to every other member of the current
+  // view at once; returns their replies (in view order) by the deadline,
+  // which the transport holds every call to. Blocks: never call it from a
+  // transport thread.
+  virtual std::vector<MemberReply> AskOtherMembers(transport::MessageType type,
+                                                   transport::Deadline deadline) = 0;
 };
 
 }  // namespace kvpool

@@ -510,43 +510,23 @@ class NodeImpl final : public Node {
       return {{"cluster", nullptr}, {"members", members}};
     }
     auto view = cluster_->view();
-    struct Pending {
-      std::mutex mu;
-      std::condition_variable cv;
-      size_t left = 0;                        // mu
-      std::vector<transport::Reply> replies;  // mu
-    };
-    auto p = std::make_shared<Pending>();
-    p->replies.resize(view->members.size());
-    const auto deadline = transport::Clock::now() + std::chrono::seconds(1);
-    for (size_t i = 0; i < view->members.size(); ++i) {
-      if (view->members[i].node_id == opts_.node_id) continue;
-      {
-        std::lock_guard lock(p->mu);
-        ++p->left;
-      }
-      transport::CallArgs args;
-      args.peer = view->members[i].address;
-      args.type = cluster::kPeerStatus;
-      args.deadline = deadline;
-      cluster_->transport()->Call(args, [p, i](transport::Reply r) {
-        std::lock_guard lock(p->mu);
-        p->replies[i] = std::move(r);
-        if (--p->left == 0) p->cv.notify_all();
-      });
+    std::map<std::string, transport::Reply> replies;
+    for (auto& r : cluster_->AskOtherMembers(cluster::kPeerStatus,
+                                             transport::Clock::now() + std::chrono::seconds(1))) {
+      replies[r.member.node_id] = std::move(r.reply);
     }
-    std::unique_lock lock(p->mu);
-    p->cv.wait(lock, [&] { return p->left == 0; });
-    for (size_t i = 0; i < view->members.size(); ++i) {
-      const Member& m = view->members[i];
+    for (const Member& m : view->members) {
       nlohmann::ordered_json row;
+      auto it = replies.find(m.node_id);
       if (m.node_id == opts_.node_id) {
         row = KeyFiguresJson();
-      } else if (!p->replies[i].status.ok()) {
-        row = {{"node_id", m.node_id}, {"error", p->replies[i].status.ToString()}};
-      } else if (p->replies[i].header.size() > cluster::kMaxStatusBytes ||
-                 (row = nlohmann::ordered_json::parse(p->replies[i].header.begin(),
-                                                      p->replies[i].header.end(), nullptr,
+      } else if (it == replies.end()) {
+        row = {{"node_id", m.node_id}, {"error", "joined after the request"}};
+      } else if (!it->second.status.ok()) {
+        row = {{"node_id", m.node_id}, {"error", it->second.status.ToString()}};
+      } else if (it->second.header.size() > cluster::kMaxStatusBytes ||
+                 (row = nlohmann::ordered_json::parse(it->second.header.begin(),
+                                                      it->second.header.end(), nullptr,
                                                       /*allow_exceptions=*/false))
                      .is_discarded() ||
                  !row.is_object()) {
