@@ -5,14 +5,12 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
 namespace kvpool {
 
-Status NotifyServiceManager(std::string_view state) {
-  const char* name = std::getenv("NOTIFY_SOCKET");
+Status NotifyServiceManager(const char* name, std::string_view state) {
   if (name == nullptr || name[0] == '\0') return Status::Ok();
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;

@@ -65,14 +65,15 @@ int main(int argc, char** argv) {
   }
   // Under systemd (Type=notify): ready once the socket, the segment and the
   // admin endpoint serve.
-  if (Status n = NotifyServiceManager("READY=1\nSTATUS=serving"); !n.ok()) {
+  const char* notify_socket = std::getenv("NOTIFY_SOCKET");
+  if (Status n = NotifyServiceManager(notify_socket, "READY=1\nSTATUS=serving"); !n.ok()) {
     LogWarn("cannot tell the service manager it is ready: {}", n.ToString());
   }
   int sig = 0;
   while (sigwait(&set, &sig) == 0 && sig == SIGHUP) {
   }
   LogInfo("signal {}: shutting down", sig);
-  (void)NotifyServiceManager("STOPPING=1\nSTATUS=stopping");
+  (void)NotifyServiceManager(notify_socket, "STOPPING=1\nSTATUS=stopping");
   (*node)->Stop();
   LogInfo("stopped");
   return 0;
