@@ -181,7 +181,13 @@ void StartFetches(const std::shared_ptr<RemoteReader::State>& st,
     op->slots[i] = std::move(slot).value();
     to_fetch.emplace_back(i, std::move(peers));
   }
-  for (auto& [i, peers] : to_fetch) IssueFetch(st, op, i, std::move(peers));
+  // Last to first: a holder touches each value it serves, and a batch is a
+  // chain in order, so of the keys this lookup resolved the head is touched
+  // last and is the most recent there, as in a local read
+  // (LocalOps::AnswerAcquire).
+  for (auto it = to_fetch.rbegin(); it != to_fetch.rend(); ++it) {
+    IssueFetch(st, op, it->first, std::move(it->second));
+  }
   st->misses->Inc(misses);
   op->Finished(misses + finished);
 }

@@ -53,6 +53,11 @@ class GatedTransport final : public transport::Transport {
   void Call(const transport::CallArgs& args, transport::ReplyCallback done) override {
     {
       std::lock_guard lock(mu_);
+      KeyId key;
+      uint64_t max_size = 0;
+      if (args.type == kPeerFetch && DecodeFetch(args.request, &key, &max_size).ok()) {
+        fetched_.push_back(key);
+      }
       if (closed_ && args.type == kPeerLookup && args.peer == gated_peer_) {
         held_.push_back({args, std::move(done)});
         return;
@@ -63,6 +68,11 @@ class GatedTransport final : public transport::Transport {
   size_t held() {
     std::lock_guard lock(mu_);
     return held_.size();
+  }
+  // The keys of the fetches sent, in the order they were sent.
+  std::vector<KeyId> fetched() {
+    std::lock_guard lock(mu_);
+    return fetched_;
   }
   void Open() {
     std::vector<std::pair<transport::CallArgs, transport::ReplyCallback>> held;
@@ -80,6 +90,7 @@ class GatedTransport final : public transport::Transport {
   std::mutex mu_;
   bool closed_ = true;  // protected by mu_
   std::vector<std::pair<transport::CallArgs, transport::ReplyCallback>> held_;  // protected by mu_
+  std::vector<KeyId> fetched_;                                                 // protected by mu_
 };
 
 // Owns the node's transport and a FaultTransport over it (the node's own
@@ -328,6 +339,30 @@ TEST_F(RemoteReaderTest, FetchesByteExactIntoLocalSlotsAndPublishesReplicas) {
     EXPECT_TRUE(c.Fetch(homed_a).empty());
     EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(1000));
   }
+}
+
+// A batch is a block chain in order and the holder touches each value it
+// serves: the keys one lookup resolved are fetched last to first, so the
+// chain's head is the most recent of them on the holder, as after a local
+// read. (Keys of several homes are fetched per home as each answers.)
+TEST_F(RemoteReaderTest, FetchesTheKeysOfOneLookupLastToFirst) {
+  nodes_[1]->gate->Open();
+  TestNode& a = *nodes_[0];
+  TestNode& b = *nodes_[1];
+  std::vector<KeyId> keys;
+  auto map = b.cluster->shard_map();
+  for (int i = 0; keys.size() < 8; ++i) {
+    ASSERT_LT(i, 1000);
+    if (map->HomeOf(Key(500 + i))->node_id != "a") continue;  // one home: one lookup
+    keys.push_back(Key(500 + i));
+    a.Put(keys.back(), Bytes(500 + i, 4096));
+  }
+  FlushAll();
+  ASSERT_TRUE(WaitDirectoryEntries(keys.size()));
+  auto pins = b.Fetch(keys);
+  ASSERT_EQ(pins.size(), keys.size());
+  const std::vector<KeyId> want(keys.rbegin(), keys.rend());
+  EXPECT_EQ(b.gate->fetched(), want);
 }
 
 TEST_F(RemoteReaderTest, PlacementHomeMovesValuesToTheirHomeOrKeepsThemWhenItIsDown) {
