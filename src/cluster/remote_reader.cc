@@ -25,10 +25,18 @@ struct RemoteReader::State {
   Executor* executor = nullptr;
   std::unique_ptr<RouteFetcher> fetcher;
 
-  // Keys the homes' ghosts named in exists lookups (EvictedLately).
+  // Keys the homes' ghosts named in exists lookups, and keys a fetch found
+  // gone from the holder a lookup named (EvictedLately).
   mutable std::mutex lately_mu;
   std::unordered_set<KeyId, KeyIdHash> evicted_lately;  // protected by lately_mu
   std::atomic<bool> any_evicted_lately{false};          // evicted_lately is not empty
+
+  void NoteEvictedLately(const KeyId& key) {
+    std::lock_guard lock(lately_mu);
+    if (evicted_lately.size() >= opts.evicted_lately_entries) evicted_lately.clear();
+    evicted_lately.insert(key);
+    any_evicted_lately.store(true, std::memory_order_relaxed);
+  }
 
   Counter* fetch_bytes = nullptr;
   Counter* evicted_lately_found = nullptr;
@@ -143,6 +151,9 @@ void IssueFetch(const std::shared_ptr<RemoteReader::State>& st, const std::share
     }
     op->slots[i].Reset();
     st->misses->Inc();
+    // Its holder no longer has it: dropped since the lookup named it, so a
+    // write of it now is a block coming back.
+    if (s.code() == StatusCode::kNotFound) st->NoteEvictedLately(op->keys[i]);
     op->Finished(1);
   });
 }
@@ -318,12 +329,7 @@ void RemoteReader::Exists(std::vector<KeyId> keys, ExistsDone done) {
         hits.push_back(op->keys[i]);
       } else if (op->results[i].evicted_lately) {
         st->evicted_lately_found->Inc();
-        std::lock_guard lock(st->lately_mu);
-        if (st->evicted_lately.size() >= st->opts.evicted_lately_entries) {
-          st->evicted_lately.clear();
-        }
-        st->evicted_lately.insert(op->keys[i]);
-        st->any_evicted_lately.store(true, std::memory_order_relaxed);
+        st->NoteEvictedLately(op->keys[i]);
       }
     }
     op->done(std::move(hits));

@@ -52,8 +52,9 @@ struct RemoteReaderOptions {
   // Where chain notes go (placement chain's placer); null: dropped. Must
   // outlive the reader.
   HomePlacer* chain_placer = nullptr;
-  // Keys exists lookups found dropped lately (EvictedLately), kept at most
-  // (all are forgotten when full).
+  // Keys exists lookups found dropped lately, or fetches found gone from
+  // the holder their lookup named (EvictedLately), kept at most (all are
+  // forgotten when full).
   size_t evicted_lately_entries = 1u << 16;
 };
 

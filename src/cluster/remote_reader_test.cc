@@ -365,6 +365,28 @@ TEST_F(RemoteReaderTest, FetchesTheKeysOfOneLookupLastToFirst) {
   EXPECT_EQ(b.gate->fetched(), want);
 }
 
+// A key the lookup named a holder of, gone from that holder by the fetch
+// (dropped since; here the lookup was B's cached answer), was dropped
+// lately: written again, it is a block coming back.
+TEST_F(RemoteReaderTest, AKeyGoneFromTheHolderItsLookupNamedWasEvictedLately) {
+  nodes_[1]->gate->Open();
+  TestNode& a = *nodes_[0];
+  TestNode& b = *nodes_[1];
+  const std::vector<KeyId> keys = {Key(700), Key(701)};
+  for (int i = 0; i < 2; ++i) a.Put(keys[i], Bytes(700 + i, 4096));
+  FlushAll();
+  ASSERT_TRUE(WaitDirectoryEntries(keys.size()));
+  ASSERT_EQ(b.ExistsCount(keys), keys.size());
+  // A drops the first; the homes do not know yet (nothing is flushed).
+  ASSERT_TRUE(a.tiered->Remove(keys[0]).ok());
+  auto pins = b.Fetch(keys);
+  ASSERT_EQ(pins.size(), 1u);
+  EXPECT_EQ(b.Read(pins[0]), Bytes(701, 4096));
+  EXPECT_TRUE(b.reader->EvictedLately(keys[0]));
+  EXPECT_FALSE(b.reader->EvictedLately(keys[1]));  // read
+  EXPECT_FALSE(b.reader->EvictedLately(Key(799)));  // never held
+}
+
 TEST_F(RemoteReaderTest, PlacementHomeMovesValuesToTheirHomeOrKeepsThemWhenItIsDown) {
   nodes_[1]->gate->Open();
   std::vector<Member> members;

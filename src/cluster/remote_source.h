@@ -42,7 +42,8 @@ class RemoteSource {
   // refuse it later, when the bytes in flight are at their budget).
   virtual bool WouldForward(const KeyId& key) const { return false; }
   // Whether a lookup lately found key recently dropped by the node that
-  // held it (its home's ghost): a write of it is a block coming back.
+  // held it (its home's ghost), or a fetch found it gone from the holder a
+  // lookup named: a write of it is a block coming back.
   virtual bool EvictedLately(const KeyId& key) const { return false; }
 };
 

@@ -580,6 +580,7 @@ void LocalOps::AnswerExists(LocalSession& c, const FrameHeader& h, const std::ve
     c.chain_next = keys[rep.prefix_len];
     c.chain_has_before = rep.prefix_len > 0;
     if (c.chain_has_before) c.chain_before = keys[rep.prefix_len - 1];
+    if (T(c).remote != nullptr) c.chain_hits.assign(keys.begin(), keys.begin() + rep.prefix_len);
   }
   exists_prefix_hits_->Inc(rep.prefix_len);
   recent_prefix_.Add(rep.prefix_len, keys.size());
@@ -589,13 +590,22 @@ void LocalOps::AnswerExists(LocalSession& c, const FrameHeader& h, const std::ve
 }
 
 void LocalOps::NoteChain(LocalSession& c, const std::vector<protocol::SizedKey>& keys) {
-  if (!c.chain_open || keys.empty() || keys[0].key != c.chain_next) return;
-  c.chain_open = false;
+  if (!c.chain_open || keys.empty()) return;
   RemoteSource* remote = T(c).remote;
   if (remote == nullptr) return;
+  std::optional<KeyId> before;
+  if (keys[0].key == c.chain_next) {
+    if (c.chain_has_before) before = c.chain_before;
+  } else {
+    // A hit of that call was gone by the read: the rest is written from it.
+    auto it = std::find(c.chain_hits.begin(), c.chain_hits.end(), keys[0].key);
+    if (it == c.chain_hits.end()) return;
+    if (it != c.chain_hits.begin()) before = *(it - 1);
+  }
+  c.chain_open = false;
   chain_keys_.clear();
   for (const auto& k : keys) chain_keys_.push_back(k.key);
-  remote->NoteChain(c.chain_has_before ? &c.chain_before : nullptr, chain_keys_);
+  remote->NoteChain(before ? &*before : nullptr, chain_keys_);
 }
 
 Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {

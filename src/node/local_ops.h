@@ -81,6 +81,10 @@ struct LocalSession {
   bool chain_has_before = false;  // the call hit at least one key
   KeyId chain_before;  // the last key hit
   KeyId chain_next;
+  // In a cluster, the keys that call hit, in order: a hit another node
+  // dropped before the read (its lookup was a cached answer) makes the
+  // batch that writes the rest start at that key instead.
+  std::vector<KeyId> chain_hits;
   // The staging area of a client that maps the segment read-only.
   std::unique_ptr<StagingArea> staging;
   std::unordered_map<uint64_t, TieredStore::Pin> pins;

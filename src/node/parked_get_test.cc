@@ -9,6 +9,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -32,6 +34,8 @@ class FakeCluster final : public RemoteSource {
  public:
   FakeCluster(TieredStore* store, Executor* executor) : store_(store), executor_(executor) {}
   void Hold(const KeyId& key, std::vector<uint8_t> value) { values_[key] = std::move(value); }
+  // Another node dropped it (between a test's calls).
+  void Drop(const KeyId& key) { values_.erase(key); }
 
   void Fetch(std::vector<KeyId> keys, FetchDone done) override {
     executor_->Submit([this, keys = std::move(keys), done = std::move(done)] {
@@ -48,6 +52,19 @@ class FakeCluster final : public RemoteSource {
       done(std::move(pins));
     });
   }
+  void NoteChain(const KeyId* before, std::span<const KeyId> keys) override {
+    std::lock_guard lock(mu_);
+    notes_.push_back({before != nullptr ? std::optional<KeyId>(*before) : std::nullopt,
+                      std::vector<KeyId>(keys.begin(), keys.end())});
+  }
+  struct Note {
+    std::optional<KeyId> before;
+    std::vector<KeyId> keys;
+  };
+  std::vector<Note> notes() {
+    std::lock_guard lock(mu_);
+    return notes_;
+  }
   void Exists(std::vector<KeyId> keys, ExistsDone done) override {
     executor_->Submit([this, keys = std::move(keys), done = std::move(done)] {
       std::vector<KeyId> hits;
@@ -62,12 +79,25 @@ class FakeCluster final : public RemoteSource {
   TieredStore* const store_;
   Executor* const executor_;
   std::map<KeyId, std::vector<uint8_t>> values_;  // set before the test's reads
+  std::mutex mu_;
+  std::vector<Note> notes_;  // protected by mu_
 };
 
 std::vector<uint8_t> Value(int seed, size_t n) {
   std::vector<uint8_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed * 13 + i * 7);
   return v;
+}
+
+// A 16 MiB DRAM store without an SSD tier.
+Result<std::unique_ptr<TieredStore>> OpenStore(ThreadPool* pool, MetricsRegistry* metrics) {
+  DramOptions d;
+  d.capacity_bytes = 16 << 20;
+  d.slab_bytes = 1 << 20;
+  d.max_value_bytes = 1 << 20;
+  d.huge_pages = false;
+  d.prefault = false;
+  return TieredStore::Open(d, nullptr, pool, pool, TieringOptions{}, metrics);
 }
 
 class ParkedGetTest : public ::testing::TestWithParam<bool> {};
@@ -79,13 +109,7 @@ TEST_P(ParkedGetTest, DecodedOnceAndEachKeyPinnedOnce) {
   const bool copy_mode = GetParam();
   MetricsRegistry metrics;
   ThreadPool pool(2, "test-cluster");
-  DramOptions d;
-  d.capacity_bytes = 16 << 20;
-  d.slab_bytes = 1 << 20;
-  d.max_value_bytes = 1 << 20;
-  d.huge_pages = false;
-  d.prefault = false;
-  auto store = TieredStore::Open(d, nullptr, &pool, &pool, TieringOptions{}, &metrics);
+  auto store = OpenStore(&pool, &metrics);
   ASSERT_TRUE(store.ok());
   TieredStore* s = store->get();
   FakeCluster cluster(s, &pool);
@@ -169,6 +193,86 @@ TEST_P(ParkedGetTest, DecodedOnceAndEachKeyPinnedOnce) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ZeroCopyAndCopyMode, ParkedGetTest, ::testing::Bool());
+
+// The put after a hit-prefix call writes the rest of the chain, and the
+// cluster is told which key it follows: the last hit, or, when a hit was
+// gone by the read (another node dropped it after its lookup), the hit
+// before that one. A put the call did not lead to is not a chain.
+TEST(ChainNote, ThePutAfterAnExistsContinuesItsChainEvenFromAHitGoneByTheRead) {
+  MetricsRegistry metrics;
+  ThreadPool pool(2, "test-cluster");
+  auto store = OpenStore(&pool, &metrics);
+  ASSERT_TRUE(store.ok());
+  FakeCluster cluster(store->get(), &pool);
+  std::vector<kvpool_key_id> ids(9);
+  std::vector<KeyId> keys;
+  for (int i = 0; i < 9; ++i) {
+    std::string name = "c" + std::to_string(i);
+    const void* key = name.data();
+    size_t len = name.size();
+    kvpool_key_ids("chain", 5, &key, &len, 1, &ids[i]);
+    keys.push_back(KeyId{ids[i].hi, ids[i].lo});
+  }
+  // Two chains of four: the first two blocks of each held elsewhere.
+  for (int i : {0, 1, 4, 5}) cluster.Hold(keys[i], Value(i, 4096));
+
+  std::string dir = std::filesystem::temp_directory_path() /
+                    ("kvpool-chain-note-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  LocalServerOptions lo;
+  lo.socket_path = dir + "/kvpool.sock";
+  auto server =
+      LocalServer::Open(lo, store->get(), &cluster, &metrics, [] { return std::string("{}"); });
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  std::thread loop([&] { (*server)->Run(); });
+  kvpool_options o;
+  kvpool_options_init(&o);
+  o.socket_path = lo.socket_path.c_str();
+  kvpool_status st;
+  kvpool_client* client = kvpool_open(&o, &st);
+  ASSERT_NE(client, nullptr);
+
+  auto exists_prefix = [&](int first) {
+    std::vector<uint8_t> hits(4);
+    size_t prefix = 0;
+    EXPECT_EQ(kvpool_exists(client, &ids[first], 4, hits.data(), &prefix), KVPOOL_OK);
+    return prefix;
+  };
+  auto put = [&](int first, int n) {
+    std::vector<std::vector<uint8_t>> v;
+    std::vector<const void*> src;
+    std::vector<uint64_t> sizes(n, 4096);
+    std::vector<kvpool_status> statuses(n);
+    for (int i = 0; i < n; ++i) v.push_back(Value(first + i, 4096));
+    for (auto& b : v) src.push_back(b.data());
+    EXPECT_EQ(kvpool_put(client, &ids[first], src.data(), sizes.data(), n, statuses.data()),
+              KVPOOL_OK);
+  };
+
+  // The rest written right after the hits: it follows the last hit.
+  ASSERT_EQ(exists_prefix(0), 2u);
+  put(2, 2);
+  // The second hit is gone by the read: the rest is written from it, and
+  // follows the first hit.
+  ASSERT_EQ(exists_prefix(4), 2u);
+  cluster.Drop(keys[5]);
+  put(5, 3);
+  // A put no exists call led to (the call's chain was written) is no chain.
+  put(8, 1);
+
+  const auto notes = cluster.notes();
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_EQ(notes[0].before, keys[1]);
+  EXPECT_EQ(notes[0].keys, (std::vector<KeyId>{keys[2], keys[3]}));
+  EXPECT_EQ(notes[1].before, keys[4]);
+  EXPECT_EQ(notes[1].keys, (std::vector<KeyId>{keys[5], keys[6], keys[7]}));
+
+  kvpool_close(client);
+  (*server)->Stop();
+  loop.join();
+  pool.Stop();
+  std::filesystem::remove_all(dir);
+}
 
 }  // namespace
 }  // namespace kvpool
