@@ -25,7 +25,8 @@
 #          offline LRU and Belady, and a pool of three nodes;
 #          bench/compare_trace.sh)
 #        bench/compare.sh events [--reps N] [--duration DURATION] [--keep]
-#          (KV events with a subscriber that stopped reading vs none;
+#          (KV events with a subscriber that stopped reading vs one that
+#          reads and vs none;
 #          bench/compare_kv_events.sh)
 #        bench/compare.sh connectors [--reps N] [--keep] [-- BENCH_ARGS]
 #          (SGLang/LMCache/vLLM connectors vs the raw Python client;

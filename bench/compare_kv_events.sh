@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# bench/compare.sh events: what publishing KV events costs a node whose
-# subscriber stopped reading. Alternating runs of one node without events
-# and one with --kv-events-endpoint and a subscriber that connects and never
-# reads (python3-zmq), each a fresh node of 64 MiB: kvpool-bench put of 4 KiB
-# values over 100,000 keys (every put past the first 16,000 evicts: two
-# events a put), then get of a populated 8,000-key working set; batch 16.
-# The subscriber's high-water mark is made small (--kv-events-hwm 64) so
-# the node reaches the point where it drops batches for it within the run.
-# Prints per run the ops/s and the node's dropped count, then the medians:
+# bench/compare.sh events: what publishing KV events costs a node, and
+# whether a subscriber that stopped reading slows it. Alternating runs of a
+# fresh 64 MiB node in three modes: without events ("off"), with
+# --kv-events-endpoint and a subscriber that connects and never reads
+# ("stalled"), and with one that reads every message and discards it
+# ("reading"; python3-zmq, no decoding). Each run: kvpool-bench put of
+# 4 KiB values over 100,000 keys (every put past the first 16,000 evicts:
+# two events a put), then get of a populated 8,000-key working set; batch
+# 16. The high-water mark is made small (--kv-events-hwm 64) so the node
+# reaches the point where it drops batches for the stalled subscriber
+# within the run.
+# Prints per run the ops/s and the node's dropped count, then the medians
+# of the per-repetition ratios:
 #   kv_events_put_vs_off    put ops/s with events and a stalled subscriber,
-#                           over put ops/s without events (median of pairs)
+#                           over put ops/s without events
 #   kv_events_get_vs_off    the same for get
+#   kv_events_put_stalled_vs_reading
+#                           put ops/s with the stalled subscriber over put
+#                           ops/s with the reading one: what a subscriber
+#                           that stops reading costs the node
+#   kv_events_get_stalled_vs_reading  the same for get
+#   kv_events_put_reading_vs_off      what publishing costs when read
 #   kv_events_dropped       blocks in the batches that found the subscriber
 #                           full (kvpool_kv_events_subscriber_dropped_total,
 #                           median): a lower bound of what it missed
@@ -48,11 +58,12 @@ RESULTS="$TMP/results.jsonl"
 
 freeport() { "$PY" "$HERE/compare_lib.py" freeport; }
 
-# run MODE REP: one node (events off or on), its bench runs, appended to RESULTS.
+# run MODE REP: one node (events off, stalled or reading), its bench runs,
+# appended to RESULTS.
 run() {
   local mode="$1" rep="$2" port extra=() rc=0 dropped=0 stalls=0
   rm -f "$TMP/n.sock"
-  if [[ "$mode" == on ]]; then
+  if [[ "$mode" != off ]]; then
     port="$(freeport)"
     extra=(--kv-events-endpoint "tcp://127.0.0.1:$port" --kv-events-hwm 64)
   fi
@@ -63,7 +74,19 @@ run() {
   wait_node_ready "$node_pid" "$TMP/node-$mode-$rep.log" "$TMP/n.sock" || rc=$?
   [[ $rc -eq 0 ]] || die "kvpool-node did not start (see $TMP/node-$mode-$rep.log)"
   local sub_pid=""
-  if [[ "$mode" == on ]]; then
+  if [[ "$mode" == reading ]]; then
+    # Connects, subscribes to everything, and reads every message.
+    "$PY" -c '
+import sys, zmq
+s = zmq.Context().socket(zmq.SUB)
+s.setsockopt(zmq.SUBSCRIBE, b"")
+s.connect(sys.argv[1])
+while True:
+    s.recv_multipart(copy=False)' "tcp://127.0.0.1:$port" &
+    sub_pid=$!
+    PIDS+=("$sub_pid")
+    sleep 0.5
+  elif [[ "$mode" == stalled ]]; then
     # Connects, subscribes to everything, and never reads.
     "$PY" -c '
 import sys, time, zmq
@@ -80,7 +103,7 @@ time.sleep(3600)' "tcp://127.0.0.1:$port" &
     --duration "$DURATION" --json > "$TMP/put.json"
   "$BENCH" --socket "$TMP/n.sock" --op get --value-size 4KiB --batch 16 --keys 8000 \
     --populate --duration "$DURATION" --json > "$TMP/get.json"
-  if [[ "$mode" == on ]]; then
+  if [[ "$mode" != off ]]; then
     curl -fsS "$READY_URL/metrics" > "$TMP/metrics"
     dropped="$(awk '$1 == "kvpool_kv_events_subscriber_dropped_total" {print $2}' "$TMP/metrics")"
     stalls="$(awk '$1 == "kvpool_kv_events_subscriber_stalls_total" {print $2}' "$TMP/metrics")"
@@ -100,9 +123,10 @@ print(json.dumps({"mode": mode, "rep": rep, "put": put["ops_per_s"], "get": get[
   PIDS=()
 }
 
+MODES=(off stalled reading)
 for rep in $(seq 1 "$REPS"); do
-  # Which goes first alternates, so drift falls on both alike.
-  if (( rep % 2 )); then run off "$rep"; run on "$rep"; else run on "$rep"; run off "$rep"; fi
+  # Which goes first rotates, so drift falls on all alike.
+  for k in 0 1 2; do run "${MODES[$(((rep + k) % 3))]}" "$rep"; done
 done
 
 "$PY" - "$RESULTS" <<'PYEOF'
@@ -110,10 +134,14 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 by = {(r["mode"], r["rep"]): r for r in rows}
 reps = sorted({r["rep"] for r in rows})
+def ratio(op, a, b, name):
+    ratios = [by[(a, k)][op] / by[(b, k)][op] for k in reps]
+    print("%s: %s / %s per repetition %s" % (op, a, b, " ".join("%.3f" % x for x in ratios)))
+    print("metric %s %.3f" % (name, statistics.median(ratios)))
 for op in ("put", "get"):
-    ratios = [by[("on", k)][op] / by[("off", k)][op] for k in reps]
-    print("%s: events on / off per pair %s" % (op, " ".join("%.3f" % x for x in ratios)))
-    print("metric kv_events_%s_vs_off %.3f" % (op, statistics.median(ratios)))
+    ratio(op, "stalled", "off", "kv_events_%s_vs_off" % op)
+    ratio(op, "stalled", "reading", "kv_events_%s_stalled_vs_reading" % op)
+ratio("put", "reading", "off", "kv_events_put_reading_vs_off")
 for m in ("dropped", "stalls"):
-    print("metric kv_events_%s %d" % (m, statistics.median(by[("on", k)][m] for k in reps)))
+    print("metric kv_events_%s %d" % (m, statistics.median(by[("stalled", k)][m] for k in reps)))
 PYEOF
