@@ -78,7 +78,7 @@ class FakeCluster final : public RemoteSource {
  private:
   TieredStore* const store_;
   Executor* const executor_;
-  std::map<KeyId, std::vector<uint8_t>> values_;  // set before the test's reads
+  std::map<KeyId, std::vector<uint8_t>> values_;  // changed only between the test's calls
   std::mutex mu_;
   std::vector<Note> notes_;  // protected by mu_
 };
