@@ -122,9 +122,13 @@ replay() {
   [[ $rc -eq 0 || $rc -eq 3 ]] || die "replay $label failed (exit $rc)"
   printf '%s\n' "$out" | head -n 1 | "$PY" -c '
 import json, sys
-j = json.loads(sys.stdin.readline())
+line = sys.stdin.readline()
+try:
+    j = json.loads(line)
+except ValueError:
+    sys.exit("kvpool-bench printed no JSON result: %r" % line[:200])
 j["label"] = sys.argv[1]
-print(json.dumps(j))' "$label" >> "$RESULTS"
+print(json.dumps(j))' "$label" >> "$RESULTS" || die "replay $label: no result (kvpool-bench exit $rc)"
 }
 
 for pct in "${FRACTIONS[@]}"; do
