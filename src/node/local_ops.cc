@@ -575,12 +575,11 @@ void LocalOps::AnswerExists(LocalSession& c, const FrameHeader& h, const std::ve
   }
   exists_hits_->Inc(hits);
   exists_misses_->Inc(keys.size() - hits);
-  c.chain_open = rep.prefix_len < keys.size();
+  // The chain only a cluster's placement uses (NoteChain).
+  c.chain_open = T(c).remote != nullptr && rep.prefix_len < keys.size();
   if (c.chain_open) {
     c.chain_next = keys[rep.prefix_len];
-    c.chain_has_before = rep.prefix_len > 0;
-    if (c.chain_has_before) c.chain_before = keys[rep.prefix_len - 1];
-    if (T(c).remote != nullptr) c.chain_hits.assign(keys.begin(), keys.begin() + rep.prefix_len);
+    c.chain_hits.assign(keys.begin(), keys.begin() + rep.prefix_len);
   }
   exists_prefix_hits_->Inc(rep.prefix_len);
   recent_prefix_.Add(rep.prefix_len, keys.size());
@@ -593,19 +592,17 @@ void LocalOps::NoteChain(LocalSession& c, const std::vector<protocol::SizedKey>&
   if (!c.chain_open || keys.empty()) return;
   RemoteSource* remote = T(c).remote;
   if (remote == nullptr) return;
-  std::optional<KeyId> before;
-  if (keys[0].key == c.chain_next) {
-    if (c.chain_has_before) before = c.chain_before;
-  } else {
-    // A hit of that call was gone by the read: the rest is written from it.
-    auto it = std::find(c.chain_hits.begin(), c.chain_hits.end(), keys[0].key);
-    if (it == c.chain_hits.end()) return;
-    if (it != c.chain_hits.begin()) before = *(it - 1);
+  // Where the batch starts: the key the call stopped at, or a hit of it
+  // that was gone by the read (the rest is written from that hit).
+  auto at = c.chain_hits.end();
+  if (keys[0].key != c.chain_next) {
+    at = std::find(c.chain_hits.begin(), c.chain_hits.end(), keys[0].key);
+    if (at == c.chain_hits.end()) return;
   }
   c.chain_open = false;
   chain_keys_.clear();
   for (const auto& k : keys) chain_keys_.push_back(k.key);
-  remote->NoteChain(before ? &*before : nullptr, chain_keys_);
+  remote->NoteChain(at == c.chain_hits.begin() ? nullptr : &*(at - 1), chain_keys_);
 }
 
 Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {

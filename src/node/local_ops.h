@@ -74,16 +74,13 @@ struct LocalSession {
   // a batch is a block chain in order (DramStore::Commit's chain).
   uint64_t chain_batch = 0;
   DramStore::ChainPlace chain;
-  // The last exists call that stopped at a miss: its chain's first key and
-  // the key it stopped at. A put or reserve batch starting with that key
-  // writes the rest of the chain (RemoteSource::NoteChain).
+  // In a cluster, the last exists call that stopped at a miss: the key it
+  // stopped at and the keys it hit, in order. A put or reserve batch
+  // starting with that key writes the rest of the chain after the last hit
+  // (RemoteSource::NoteChain); one starting at a hit another node dropped
+  // before the read (its lookup was a cached answer) follows the hit before.
   bool chain_open = false;
-  bool chain_has_before = false;  // the call hit at least one key
-  KeyId chain_before;  // the last key hit
   KeyId chain_next;
-  // In a cluster, the keys that call hit, in order: a hit another node
-  // dropped before the read (its lookup was a cached answer) makes the
-  // batch that writes the rest start at that key instead.
   std::vector<KeyId> chain_hits;
   // The staging area of a client that maps the segment read-only.
   std::unique_ptr<StagingArea> staging;
