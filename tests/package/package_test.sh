@@ -64,7 +64,10 @@ echo "$got"
 LD_LIBRARY_PATH="$LIBDIR" "$ROOT/usr/bin/kvpoolctl" --help > "$WORK/ctl-help.txt" ||
   fail "kvpoolctl --help"
 grep -q '^usage: kvpoolctl' "$WORK/ctl-help.txt" || fail "kvpoolctl --help printed no usage"
-LD_LIBRARY_PATH="$LIBDIR" ldd "$ROOT/usr/bin/kvpoolctl" | grep -q "libkvpool.so.0 => $LIBDIR/" ||
+# Output taken whole before grep reads it: `grep -q` quits at the first
+# match, and under pipefail the writer's SIGPIPE would fail the check.
+linked="$(LD_LIBRARY_PATH="$LIBDIR" ldd "$ROOT/usr/bin/kvpoolctl")"
+grep -q "libkvpool.so.0 => $LIBDIR/" <<< "$linked" ||
   fail "kvpoolctl does not link the installed libkvpool.so.0"
 echo "kvpoolctl --help: ok (libkvpool.so.0 from the root)"
 
@@ -111,8 +114,9 @@ step "the container image's entrypoint (deploy/entrypoint.sh)"
 entry="$SRC/deploy/entrypoint.sh"
 got="$(PATH="$ROOT/usr/bin:$PATH" KVPOOL_CONFIG="$ROOT/etc/kvpool/kvpool-node.conf" "$entry" --version)"
 [[ "$got" == "kvpool-node $version" ]] || fail "entrypoint --version said '$got'"
-PATH="$ROOT/usr/bin:$PATH" LD_LIBRARY_PATH="$LIBDIR" "$entry" kvpoolctl --help | grep -q '^usage: kvpoolctl' ||
+help="$(PATH="$ROOT/usr/bin:$PATH" LD_LIBRARY_PATH="$LIBDIR" "$entry" kvpoolctl --help)" ||
   fail "entrypoint kvpoolctl --help"
+grep -q '^usage: kvpoolctl' <<< "$help" || fail "entrypoint kvpoolctl --help printed no usage"
 echo "entrypoint: flags go to kvpool-node, commands run as given"
 
 step "the kvpool-node.service unit, then the entrypoint, started as their callers would"
