@@ -13,12 +13,19 @@
 #            save_kv_layer per layer, wait_for_save) over a paged
 #            FlashAttention KV cache, vs get_ptrs/put_ptrs of the same pages
 #            plus the same block copies into and out of the KV cache
+# The bench process runs on one CPU (--cpu N, default the highest the
+# process may use; --cpu all: unpinned), so the connector's worker threads
+# and the raw client's calling thread run on the same core: on a shared VM
+# the vCPUs' copy bandwidths differ (by a quarter on 2-core CI hosts), and
+# unpinned the scheduler tends to keep the calling thread on one vCPU and
+# the connector's threads on another, which measures the vCPUs, not the
+# connector. The node is not pinned.
 # Medians of --reps (>= 3, default 5) reps. Ends with `metric` lines:
 # sglang_get_vs_client, sglang_set_vs_client, lmcache_get_vs_client and
 # lmcache_set_vs_client (when the LMCache hook measures them),
 # vllm_load_vs_client, vllm_save_vs_client.
 #
-# Usage: bench/compare.sh connectors [--reps N] [--keep] [-- BENCH_ARGS...]
+# Usage: bench/compare.sh connectors [--reps N] [--cpu N|all] [--keep] [-- BENCH_ARGS...]
 #   BENCH_ARGS go to connectors_bench.py (--batches, --page-size, --layers,
 #   --heads, --head-dim, --vllm-blocks, --vllm-block-size, --vllm-heads,
 #   --only sglang,lmcache,vllm)
@@ -32,7 +39,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 REPS=5
 KEEP=0
 EXTRA=()
-parse_flags "--reps --keep --" "$@"
+CPU=""
+parse_flags "--reps --cpu --keep --" "$@"
 NODE_DRAM="${NODE_DRAM:-2GiB}"
 
 NODE="$(find_bin kvpool-node || true)"
@@ -42,7 +50,15 @@ LIB="$BUILD_DIR/src/client/libkvpool.so"
 if [[ -n "$PY" ]] && ! "$PY" -c 'import torch' 2>/dev/null; then
   missing+=("torch for $PY (apt-get install python3-torch)")
 fi
+command -v taskset >/dev/null || missing+=("taskset (apt-get install util-linux)")
 check_missing
+[[ -n "$CPU" ]] || CPU="$("$PY" -c 'import os; print(max(os.sched_getaffinity(0)))')"
+PIN=()
+if [[ "$CPU" != all ]]; then
+  "$PY" -c 'import os, sys; sys.exit(sys.argv[1] not in map(str, os.sched_getaffinity(0)))' \
+    "$CPU" || die "--cpu takes all or a CPU this process may run on, not '$CPU'"
+  PIN=(taskset -c "$CPU")
+fi
 
 WORK="$(mktemp -d /tmp/kvpool-connectors-XXXXXX)"
 NODE_PID=""
@@ -66,7 +82,7 @@ for _ in $(seq 1 1200); do
   sleep 0.1
 done
 grep -q 'admin http://' "$WORK/node.log" || die "kvpool-node not ready after 120 s"
-log "kvpool-node $NODE_DRAM on $SOCK"
+log "kvpool-node $NODE_DRAM on $SOCK; bench on CPU $CPU"
 
-KVPOOL_LIBRARY="$LIB" PYTHONDONTWRITEBYTECODE=1 \
+KVPOOL_LIBRARY="$LIB" PYTHONDONTWRITEBYTECODE=1 "${PIN[@]}" \
   "$PY" "$HERE/connectors_bench.py" --socket "$SOCK" --reps "$REPS" "${EXTRA[@]}"

@@ -14,7 +14,8 @@ only queues work:
          wait_for_layer_load(name) waits for that layer's job only.
   save   this step's saves: save_kv_layer queues the copy of the layer's
          blocks (and, layer-wise, the put of its pages); wait_for_save
-         queues the rest and waits for all of it.
+         waits for what was queued, then does the rest on the calling
+         thread, which waits for it anyway (a hop would only add a wake-up).
   async  loads vLLM asked for with load_kv_async (the request waits outside
          the batch); finished requests are reported by get_finished /
          get_transfer_results, in the same step as their failed blocks.
@@ -629,14 +630,16 @@ class WorkerSide:
                 self._events.extend(events)
 
     def wait_for_save(self):
+        """Waits for the save lane's jobs of this step, then copies the layers
+        never told and puts the remaining pages on this thread."""
         self._join_loads()
         step, self._save = self._save, None
         if step is None:
             return
         fence = _fence([x for gi in step.batches for u in self._units[gi] for x in u.layers])
-        step.futures.append(self._lane("save").submit(self._finish_save_job, step, fence))
         for f in step.futures:
             f.result()
+        self._finish_save_job(step, fence)
 
     # ---- events, shutdown ----
     def take_events(self):
