@@ -28,7 +28,7 @@
 #          (KV events with a subscriber that stopped reading vs one that
 #          reads and vs none;
 #          bench/compare_kv_events.sh)
-#        bench/compare.sh connectors [--reps N] [--keep] [-- BENCH_ARGS]
+#        bench/compare.sh connectors [--reps N] [--cpu N|all] [--keep] [-- BENCH_ARGS]
 #          (SGLang/LMCache/vLLM connectors vs the raw Python client;
 #          bench/compare_connectors.sh)
 #   --only   comma list of memcpy,redis,kvpool (default all three)
