@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -42,10 +43,17 @@ std::string LastEndpoint(void* socket) {
   return std::string(buf, len > 0 && buf[len - 1] == '\0' ? len - 1 : len);
 }
 
+// A batch's bytes are shared between the replay buffer and the PUB socket,
+// which sends them without a copy and lets go of them once every
+// subscriber's queue has (ReleasePayload, on a ZMQ thread).
+using Payload = std::shared_ptr<std::string>;
+
 struct Batch {
   int64_t seq;
-  std::string payload;
+  Payload payload;
 };
+
+void ReleasePayload(void* /*data*/, void* hint) { delete static_cast<Payload*>(hint); }
 
 // One holdings change as queued by the store's threads: a fixed-size record,
 // so queueing allocates nothing once the queue's vectors have grown.
@@ -83,11 +91,11 @@ struct KvEventsPublisher::Impl {
   std::vector<Told> taken;
   std::vector<EventRun> runs;
   std::vector<KeyId> keys;
-  BatchEncoder encoder;
 
   // The batching thread's own.
   int64_t next_seq = 0;
   std::deque<Batch> kept;
+  Payload spare;  // the last batch's bytes when none are kept for replay
 
   ~Impl() {
     if (pub != nullptr) zmq_close(pub);
@@ -123,6 +131,33 @@ struct KvEventsPublisher::Impl {
       if (zmq_send(socket, frames[i].data(), frames[i].size(), flags) < 0) return false;
     }
     return true;
+  }
+
+  // [topic, seq, payload] on the PUB socket, the payload without a copy.
+  bool SendBatch(const std::string& seq, const Payload& payload) {
+    if (zmq_send(pub, opts.topic.data(), opts.topic.size(), ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0 ||
+        zmq_send(pub, seq.data(), seq.size(), ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0) {
+      return false;
+    }
+    zmq_msg_t m;
+    zmq_msg_init_data(&m, payload->data(), payload->size(), ReleasePayload, new Payload(payload));
+    if (zmq_msg_send(&m, pub, ZMQ_DONTWAIT) >= 0) return true;
+    zmq_msg_close(&m);  // releases it
+    return false;
+  }
+
+  // A buffer to encode the next batch into: the oldest kept batch's when the
+  // replay buffer is full and the socket has let go of it, else a new one.
+  Payload TakeBuffer() {
+    Payload b;
+    if (opts.replay_batches == 0) {
+      b = std::move(spare);
+    } else if (kept.size() >= opts.replay_batches) {
+      b = std::move(kept.front().payload);
+      kept.pop_front();
+    }
+    if (b != nullptr && b.use_count() == 1) return b;
+    return std::make_shared<std::string>();
   }
 
   // Sends what is queued, in batches of at most max_batch_keys blocks.
@@ -161,7 +196,8 @@ struct KvEventsPublisher::Impl {
     const double ts =
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     const int64_t n = next_seq++;
-    const std::string_view payload = encoder.Encode(ts, runs, keys, opts.encoding);
+    Payload payload = TakeBuffer();
+    EncodeBatchInto(payload.get(), ts, runs, keys, opts.encoding);
     const std::string seq = SeqFrame(n);
     // The PUB socket refuses a batch while any subscriber is at its
     // high-water mark (ZMQ_XPUB_NODROP): then it is sent again lossy, which
@@ -171,11 +207,10 @@ struct KvEventsPublisher::Impl {
     // gap in sequence numbers and replays. A send that fails even so is
     // lost to every subscriber, and counted.
     const uint64_t n_keys = keys.size();
-    const std::vector<std::string_view> frames = {opts.topic, seq, payload};
-    bool sent = SendFrames(pub, frames);
+    bool sent = SendBatch(seq, payload);
     if (!sent && zmq_errno() == EAGAIN) {
       SetNoDrop(false);
-      sent = SendFrames(pub, frames);
+      sent = SendBatch(seq, payload);
       SetNoDrop(true);
       if (sent) {
         subscriber_stalls->Inc();
@@ -189,14 +224,9 @@ struct KvEventsPublisher::Impl {
       dropped->Inc(n_keys);
     }
     if (opts.replay_batches > 0) {
-      Batch b;  // the oldest batch's buffer is reused once the buffer is full
-      if (kept.size() >= opts.replay_batches) {
-        b = std::move(kept.front());
-        kept.pop_front();
-      }
-      b.seq = n;
-      b.payload.assign(payload);
-      kept.push_back(std::move(b));
+      kept.push_back(Batch{n, std::move(payload)});
+    } else {
+      spare = std::move(payload);
     }
   }
 
@@ -231,7 +261,7 @@ struct KvEventsPublisher::Impl {
     };
     for (const Batch& b : kept) {
       if (b.seq < start) continue;
-      if (!reply(opts.topic, SeqFrame(b.seq), b.payload)) return;
+      if (!reply(opts.topic, SeqFrame(b.seq), *b.payload)) return;
     }
     reply("", SeqFrame(-1), "");
   }

@@ -6,8 +6,9 @@
 // CPU and BlockStored on STORAGE, and an entry evicted, removed, handed off
 // or lost from a tier is BlockRemoved on that tier's medium. OnHoldings only
 // appends to a bounded queue; a thread batches the queue every
-// batch_interval, numbers each batch, sends it without blocking and keeps
-// the last replay_batches for the replay socket. A full queue loses events,
+// batch_interval, numbers each batch, sends it without blocking (and without
+// copying it: the socket shares the buffer) and keeps the last replay_batches
+// for the replay socket. A full queue loses events,
 // counted (kvpool_kv_events_dropped_total); a subscriber with send_hwm
 // batches unread loses further batches, which the other subscribers still
 // get (counted: kvpool_kv_events_subscriber_dropped_total; it sees the gap

@@ -6,7 +6,13 @@
 namespace kvpool::events {
 namespace {
 
-using Packer = msgpack::packer<msgpack::sbuffer>;
+// Appends what msgpack writes to a string.
+struct StringSink {
+  std::string* out;
+  void write(const char* data, size_t n) { out->append(data, n); }
+};
+
+using Packer = msgpack::packer<StringSink>;
 
 void PackStr(Packer& p, std::string_view s) {
   p.pack_str(static_cast<uint32_t>(s.size()));
@@ -101,23 +107,19 @@ void AppendEvent(std::vector<KvEvent>* events, KvEvent::Type type, Medium medium
   events->back().keys.push_back(key);
 }
 
-struct BatchEncoder::Buffer {
-  msgpack::sbuffer bytes;
-};
-
-BatchEncoder::BatchEncoder() : buf_(std::make_unique<Buffer>()) {}
-BatchEncoder::~BatchEncoder() = default;
-
-std::string_view BatchEncoder::Encode(double ts, std::span<const EventRun> runs,
-                                      std::span<const KeyId> keys, Encoding encoding) {
-  buf_->bytes.clear();
-  Packer p(buf_->bytes);
+void EncodeBatchInto(std::string* out, double ts, std::span<const EventRun> runs,
+                     std::span<const KeyId> keys, Encoding encoding) {
+  out->clear();
+  // At most 64 bytes an event besides its keys and 18 a key (bin 8 header
+  // and 16 bytes): one allocation for a new buffer, none for a reused one.
+  out->reserve(16 + 64 * runs.size() + 18 * keys.size());
+  StringSink sink{out};
+  Packer p(sink);
   p.pack_array(3);
   p.pack_double(ts);
   p.pack_array(static_cast<uint32_t>(runs.size()));
   for (const EventRun& e : runs) PackEvent(p, e, keys, encoding);
   p.pack_nil();
-  return std::string_view(buf_->bytes.data(), buf_->bytes.size());
 }
 
 std::string EncodeBatch(double ts, const std::vector<KvEvent>& events, Encoding encoding) {
@@ -128,7 +130,9 @@ std::string EncodeBatch(double ts, const std::vector<KvEvent>& events, Encoding 
     keys.insert(keys.end(), e.keys.begin(), e.keys.end());
     runs.push_back(EventRun{e.type, e.medium, begin, static_cast<uint32_t>(keys.size())});
   }
-  return std::string(BatchEncoder().Encode(ts, runs, keys, encoding));
+  std::string out;
+  EncodeBatchInto(&out, ts, runs, keys, encoding);
+  return out;
 }
 
 std::string SeqFrame(int64_t seq) {

@@ -30,11 +30,10 @@
 // still buffered with seq >= it, then the end marker ["", -1 as 8 bytes,
 // ""]. A router prefixes the requester's identity frame.
 //
-// The functions are thread-safe; a BatchEncoder belongs to one thread.
+// The functions are thread-safe.
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -71,20 +70,12 @@ struct EventRun {
   uint32_t begin = 0, end = 0;
 };
 
-// Encodes batches into one buffer reused from batch to batch, so a
-// publisher allocates nothing per event. The same bytes as EncodeBatch.
-class BatchEncoder {
- public:
-  BatchEncoder();
-  ~BatchEncoder();
-  // Valid until the next Encode.
-  std::string_view Encode(double ts, std::span<const EventRun> runs, std::span<const KeyId> keys,
-                          Encoding encoding);
-
- private:
-  struct Buffer;
-  std::unique_ptr<Buffer> buf_;
-};
+// One EventBatch's msgpack bytes in *out, which is cleared first and whose
+// capacity is reused: a publisher that encodes into the buffers it keeps
+// allocates nothing per batch once they have grown. The same bytes as
+// EncodeBatch.
+void EncodeBatchInto(std::string* out, double ts, std::span<const EventRun> runs,
+                     std::span<const KeyId> keys, Encoding encoding);
 
 // seq as 8 bytes, big-endian.
 std::string SeqFrame(int64_t seq);

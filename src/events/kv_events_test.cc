@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -197,6 +198,90 @@ TEST(KvEventsPublisher, ReplayAnswersTheBatchesFromAStartSeq) {
   zmq_send(d, "bad", 3, 0);
   EXPECT_EQ(Replay(ctx, (*p)->bound_replay_endpoint(), batches - 1).size(), 1u);
   zmq_close(d);
+  p->reset();
+  zmq_ctx_term(ctx);
+}
+
+// The stored blocks' hashes a batch's payload tells, in order.
+std::vector<std::string> StoredHashes(const std::string& payload) {
+  msgpack::object_handle h = msgpack::unpack(payload.data(), payload.size());
+  std::vector<std::string> out;
+  const msgpack::object& events = h.get().via.array.ptr[1];
+  for (uint32_t i = 0; i < events.via.array.size; ++i) {
+    auto ev = events.via.array.ptr[i].as<std::map<std::string, msgpack::object>>();
+    if (ev["type"].as<std::string>() != "BlockStored") continue;
+    for (const auto& b : ev["block_hashes"].as<std::vector<std::vector<char>>>()) {
+      out.emplace_back(b.begin(), b.end());
+    }
+  }
+  return out;
+}
+
+// The PUB socket sends a batch's bytes without copying them, from the
+// buffers the replay socket keeps, and those buffers are reused once the
+// replay buffer is full: a batch a slow subscriber has not read yet must
+// still arrive as it was sent, however many batches came after it.
+TEST(KvEventsPublisher, BatchesQueuedForASlowSubscriberKeepTheirBytesAfterTheReplayBufferWraps) {
+  MetricsRegistry metrics;
+  KvEventsOptions o;
+  o.endpoint = "tcp://127.0.0.1:0";
+  o.replay_endpoint = "tcp://127.0.0.1:0";
+  o.batch_interval = std::chrono::milliseconds(1);
+  o.max_batch_keys = 512;
+  o.max_queued_events = 1 << 20;
+  o.replay_batches = 2;  // wraps every two batches
+  o.send_hwm = 100000;   // the slow subscriber is never dropped
+  auto p = KvEventsPublisher::Start(o, &metrics);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  void* ctx = zmq_ctx_new();
+  void* slow = zmq_socket(ctx, ZMQ_SUB);
+  const int small = 4096;
+  zmq_setsockopt(slow, ZMQ_RCVBUF, &small, sizeof(small));
+  zmq_setsockopt(slow, ZMQ_SUBSCRIBE, "", 0);
+  ASSERT_EQ(zmq_connect(slow, (*p)->bound_endpoint().c_str()), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // subscribed
+  // About 19 MB of batches, unread until all are sent: more than the
+  // kernel's socket buffers take, so most wait in the socket's queue.
+  constexpr int kKeys = 2000 * 512;
+  HoldingsEvent e;
+  for (int i = 0; i < kKeys; ++i) {
+    e.key = K(i);
+    (*p)->OnHoldings(e);
+    if (i % 512 == 511) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  for (int i = 0; i < 400 && metrics.ValueOf("kvpool_kv_events_total") < kKeys; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(metrics.ValueOf("kvpool_kv_events_total"), kKeys);
+  const auto batches = static_cast<int64_t>(metrics.ValueOf("kvpool_kv_events_batches_total"));
+  ASSERT_GE(batches, kKeys / 512);
+  // Now the subscriber reads: every batch since it subscribed (the first,
+  // AllBlocksCleared, may have gone before), in order, each with its own
+  // blocks.
+  std::vector<std::string> live(batches), hashes;
+  std::vector<std::string> frames;
+  int64_t expect = -1;
+  while (expect < batches) {
+    ASSERT_TRUE(RecvMessage(slow, 5000, &frames)) << "after batch " << expect - 1;
+    ASSERT_EQ(frames.size(), 3u);
+    if (expect < 0) {
+      ASSERT_TRUE(frames[1] == SeqFrame(0) || frames[1] == SeqFrame(1));
+      expect = frames[1] == SeqFrame(0) ? 0 : 1;
+    }
+    ASSERT_EQ(frames[1], SeqFrame(expect));
+    for (auto& h : StoredHashes(frames[2])) hashes.push_back(std::move(h));
+    live[expect++] = frames[2];
+  }
+  ASSERT_EQ(hashes.size(), static_cast<size_t>(kKeys));
+  for (int i = 0; i < kKeys; ++i) ASSERT_EQ(hashes[i], Hash(K(i))) << "block " << i;
+  EXPECT_EQ(metrics.ValueOf("kvpool_kv_events_subscriber_dropped_total"), 0);
+  // The replay socket answers the last two, the same bytes.
+  auto tail = Replay(ctx, (*p)->bound_replay_endpoint(), 0);
+  ASSERT_EQ(tail.size(), 2u);
+  EXPECT_EQ(tail[0][2], SeqFrame(batches - 2));
+  EXPECT_EQ(tail[0][3], live[batches - 2]);
+  EXPECT_EQ(tail[1][3], live[batches - 1]);
+  zmq_close(slow);
   p->reset();
   zmq_ctx_term(ctx);
 }
