@@ -142,7 +142,9 @@ struct KvEventsPublisher::Impl {
     zmq_msg_t m;
     zmq_msg_init_data(&m, payload->data(), payload->size(), ReleasePayload, new Payload(payload));
     if (zmq_msg_send(&m, pub, ZMQ_DONTWAIT) >= 0) return true;
-    zmq_msg_close(&m);  // releases it
+    const int err = zmq_errno();  // the caller reads it (EAGAIN: a subscriber is full)
+    zmq_msg_close(&m);            // releases the payload
+    errno = err;
     return false;
   }
 
