@@ -16,10 +16,10 @@
 # The bench process runs on one CPU (--cpu N, default the highest the
 # process may use; --cpu all: unpinned), so the connector's worker threads
 # and the raw client's calling thread run on the same core: on a shared VM
-# the vCPUs' copy bandwidths differ (by a quarter on 2-core CI hosts), and
-# unpinned the scheduler tends to keep the calling thread on one vCPU and
-# the connector's threads on another, which measures the vCPUs, not the
-# connector. The node is not pinned.
+# the vCPUs' copy bandwidths can differ (by a quarter on the 2-core
+# development VM), and unpinned the scheduler tends to keep the calling
+# thread on one vCPU and the connector's threads on another, which
+# measures the vCPUs, not the connector. The node is not pinned.
 # Medians of --reps (>= 3, default 5) reps. Ends with `metric` lines:
 # sglang_get_vs_client, sglang_set_vs_client, lmcache_get_vs_client and
 # lmcache_set_vs_client (when the LMCache hook measures them),
