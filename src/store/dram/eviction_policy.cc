@@ -127,7 +127,8 @@ class S3FifoPolicy final : public EvictionPolicy {
 // times the store's entries of such evictions: ghost_bloom.h), and one that
 // returns while remembered, or that the writer says left the cache lately
 // (Insert's `returning`: another node's eviction, from the directory),
-// enters protected at once.
+// enters protected at once (just colder than its chain's previous entry
+// when that one is protected, so a chain coming back keeps its order).
 // Victims come from probation's cold end, then protected's.
 class PrefixPolicy final : public EvictionPolicy {
  public:
@@ -137,6 +138,14 @@ class PrefixPolicy final : public EvictionPolicy {
   void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than, bool returning) override {
     SlotMeta& m = alloc_.meta(slot);
     if (returning || ghost_.Contains(m.key)) {
+      // A chain coming back keeps its order in protected too: each entry
+      // just colder than the one before it when that one is protected.
+      if (colder_than != kNoSlot && colder_than != kColdEnd &&
+          alloc_.class_of(colder_than) == cls && alloc_.meta(colder_than).queue == kQueueMain) {
+        m.queue = kQueueMain;
+        lists_[cls].main.InsertBefore(alloc_, colder_than, slot);
+        return;
+      }
       Protect(slot, cls);
       return;
     }

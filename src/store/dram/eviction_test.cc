@@ -173,6 +173,28 @@ TEST(PrefixPolicyTest, AReturningKeyIsProtectedLikeAGhostHit) {
   EXPECT_EQ(Present(*store, 0, 2), "10");
 }
 
+// A chain coming back (ghost hits, or returning keys) is protected in its
+// order too: its tail is the first of it to go.
+TEST(PrefixPolicyTest, AReturningChainLeavesProtectedFromItsTail) {
+  auto store = Open("prefix");
+  DramStore::ChainPlace chain;
+  for (uint64_t k = 0; k < 10; ++k) {
+    auto r = store->Reserve(Key(k), kValue);
+    ASSERT_TRUE(r.ok()) << k;
+    ASSERT_TRUE(store->Commit(std::move(r).value(), &chain, /*returning=*/true).ok()) << k;
+  }
+  for (uint64_t k = 100; k < 346; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
+  for (uint64_t k = 100; k < 346; ++k) Touch(*store, k);  // all 256 protected
+  // The next write enforces protected's share (179): its 77 least recently
+  // used go back to probation, the chain first, and the coldest of them
+  // leaves: the chain's tail, then the block before it.
+  ASSERT_TRUE(Put(*store, Key(1000), kValue).ok());
+  EXPECT_EQ(Present(*store, 0, 10), "1111111110");
+  ASSERT_TRUE(Put(*store, Key(1001), kValue).ok());
+  EXPECT_EQ(Present(*store, 0, 10), "1111111100");
+  EXPECT_EQ(Present(*store, 100, 346), std::string(246, '1'));
+}
+
 TEST(PrefixPolicyTest, AReplicaIsFirstInLineToGo) {
   auto store = Open("prefix");
   for (uint64_t k = 0; k < 256; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
