@@ -100,6 +100,48 @@ Result<std::unique_ptr<TieredStore>> OpenStore(ThreadPool* pool, MetricsRegistry
   return TieredStore::Open(d, nullptr, pool, pool, TieringOptions{}, metrics);
 }
 
+// A LocalServer over the store and the fake cluster, on a socket in a fresh
+// directory, run on its own thread; and a client of it. Stop() before the
+// cluster's pool stops.
+class Served {
+ public:
+  void Start(const std::string& name, TieredStore* store, FakeCluster* cluster,
+             MetricsRegistry* metrics, bool copy_mode) {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kvpool-" + name + "-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+    LocalServerOptions lo;
+    lo.socket_path = dir_ + "/kvpool.sock";
+    auto server = LocalServer::Open(lo, store, cluster, metrics, [] { return std::string("{}"); });
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    server_ = std::move(server).value();
+    loop_ = std::thread([this] { server_->Run(); });
+    kvpool_options o;
+    kvpool_options_init(&o);
+    o.socket_path = lo.socket_path.c_str();
+    o.copy_mode = copy_mode ? 1 : 0;
+    kvpool_status st;
+    client_ = kvpool_open(&o, &st);
+    ASSERT_NE(client_, nullptr);
+  }
+  kvpool_client* client() const { return client_; }
+  void Stop() {
+    if (client_ != nullptr) kvpool_close(client_);
+    client_ = nullptr;
+    if (server_ != nullptr) server_->Stop();
+    if (loop_.joinable()) loop_.join();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+    dir_.clear();
+  }
+  ~Served() { Stop(); }
+
+ private:
+  std::string dir_;
+  std::unique_ptr<LocalServer> server_;
+  std::thread loop_;
+  kvpool_client* client_ = nullptr;
+};
+
 class ParkedGetTest : public ::testing::TestWithParam<bool> {};
 
 // Two keys held here and two held only elsewhere, read in one request
@@ -133,22 +175,10 @@ TEST_P(ParkedGetTest, DecodedOnceAndEachKeyPinnedOnce) {
     }
   }
 
-  std::string dir = std::filesystem::temp_directory_path() /
-                    ("kvpool-parked-" + std::to_string(::getpid()) + (copy_mode ? "-c" : "-z"));
-  std::filesystem::create_directories(dir);
-  LocalServerOptions lo;
-  lo.socket_path = dir + "/kvpool.sock";
-  auto server = LocalServer::Open(lo, s, &cluster, &metrics, [] { return std::string("{}"); });
-  ASSERT_TRUE(server.ok()) << server.status().ToString();
-  std::thread loop([&] { (*server)->Run(); });
-
-  kvpool_options o;
-  kvpool_options_init(&o);
-  o.socket_path = lo.socket_path.c_str();
-  o.copy_mode = copy_mode ? 1 : 0;
-  kvpool_status st;
-  kvpool_client* client = kvpool_open(&o, &st);
-  ASSERT_NE(client, nullptr);
+  Served served;
+  ASSERT_NO_FATAL_FAILURE(
+      served.Start(copy_mode ? "parked-c" : "parked-z", s, &cluster, &metrics, copy_mode));
+  kvpool_client* client = served.client();
 
   const double pins_before = metrics.ValueOf("kvpool_dram_hits_total");
   const double items_before = metrics.ValueOf("kvpool_items_total");
@@ -185,14 +215,100 @@ TEST_P(ParkedGetTest, DecodedOnceAndEachKeyPinnedOnce) {
   EXPECT_EQ(metrics.ValueOf("kvpool_items_total") - items_before, 4);
   EXPECT_EQ(metrics.ValueOf("kvpool_remote_waits_total"), 1);
 
-  kvpool_close(client);
-  (*server)->Stop();
-  loop.join();
+  served.Stop();
   pool.Stop();
-  std::filesystem::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(ZeroCopyAndCopyMode, ParkedGetTest, ::testing::Bool());
+
+// A get that parks pins the keys held here while it waits; each pin is a
+// hit, and they are taken last to first, so the chain's head is its most
+// recent block and its tail the first to go, as after a get that does not
+// wait.
+TEST(ParkedGet, TheKeysHeldHereAreHitLastToFirst) {
+  MetricsRegistry metrics;
+  ThreadPool pool(2, "test-cluster");
+  auto store = OpenStore(&pool, &metrics);
+  ASSERT_TRUE(store.ok());
+  TieredStore* s = store->get();
+  FakeCluster cluster(s, &pool);
+  constexpr size_t kValue = 64 << 10;
+  auto id = [](const std::string& name) {
+    const void* key = name.data();
+    size_t len = name.size();
+    kvpool_key_id out;
+    kvpool_key_ids("order", 5, &key, &len, 1, &out);
+    return out;
+  };
+  auto key = [&](const std::string& name) {
+    kvpool_key_id i = id(name);
+    return KeyId{i.hi, i.lo};
+  };
+  auto put = [&](const std::string& name) {
+    auto r = s->Reserve(key(name), kValue);
+    ASSERT_TRUE(r.ok()) << name;
+    std::memset(r->data(), 1, kValue);
+    ASSERT_TRUE(s->Commit(std::move(r).value()).ok()) << name;
+  };
+  auto touch = [&](const std::string& name) { ASSERT_TRUE(s->Acquire(key(name)).ok()) << name; };
+  auto chain_present = [&] {
+    std::string out;
+    for (int i = 0; i < 10; ++i) out += s->Contains(key("c" + std::to_string(i))) ? '1' : '0';
+    return out;
+  };
+
+  // The store's slots of this size: all but one filled, the chain's ten
+  // last; one more block of the chain is held elsewhere.
+  put("c0");
+  const DramStats stats = s->GetDramStats();
+  uint64_t slot_bytes = 0;
+  for (const auto& c : stats.classes) {
+    if (c.entries == 1) slot_bytes = c.slot_bytes;
+  }
+  ASSERT_GT(slot_bytes, 0u);
+  const uint64_t slots = stats.capacity_bytes / slot_bytes;
+  ASSERT_GT(slots, 64u);
+  const uint64_t fillers = slots - 11;
+  for (uint64_t i = 0; i < fillers; ++i) put("f" + std::to_string(i));
+  for (int i = 1; i < 10; ++i) put("c" + std::to_string(i));
+  cluster.Hold(key("c10"), std::vector<uint8_t>(kValue, 2));
+
+  Served served;
+  ASSERT_NO_FATAL_FAILURE(served.Start("parked-order", s, &cluster, &metrics, /*copy_mode=*/true));
+  kvpool_client* client = served.client();
+
+  // The chain read in one get: c10 is fetched, so the get parks and pins
+  // c0..c9 while it waits. The store is full then.
+  std::vector<kvpool_key_id> ids;
+  for (int i = 0; i <= 10; ++i) ids.push_back(id("c" + std::to_string(i)));
+  std::vector<std::vector<uint8_t>> bufs(11, std::vector<uint8_t>(kValue));
+  std::vector<void*> dst;
+  for (auto& b : bufs) dst.push_back(b.data());
+  std::vector<uint64_t> caps(11, kValue), sizes(11, 0);
+  std::vector<kvpool_status> statuses(11);
+  ASSERT_EQ(
+      kvpool_get(client, ids.data(), dst.data(), caps.data(), 11, sizes.data(), statuses.data()),
+      KVPOOL_OK);
+  for (int i = 0; i <= 10; ++i) ASSERT_EQ(statuses[i], KVPOOL_OK) << i;
+  EXPECT_EQ(metrics.ValueOf("kvpool_remote_waits_total"), 1);
+  ASSERT_EQ(s->GetDramStats().entries, slots);
+
+  // Every filler hit after the chain: the chain is protected's coldest.
+  for (uint64_t i = 0; i < fillers; ++i) touch("f" + std::to_string(i));
+  // The next write enforces protected's share: its least recently used,
+  // the chain first, go back to probation behind the fetched copy, which
+  // leaves first; the write after that takes the chain's coldest block.
+  put("n0");
+  EXPECT_FALSE(s->Contains(key("c10")));
+  EXPECT_EQ(chain_present(), "1111111111");
+  put("n1");
+  EXPECT_EQ(chain_present(), "1111111110");
+  put("n2");
+  EXPECT_EQ(chain_present(), "1111111100");
+
+  served.Stop();
+  pool.Stop();
+}
 
 // The put after a hit-prefix call writes the rest of the chain, and the
 // cluster is told which key it follows: the last hit, or, when a hit was
@@ -216,21 +332,10 @@ TEST(ChainNote, ThePutAfterAnExistsContinuesItsChainEvenFromAHitGoneByTheRead) {
   // Two chains of four: the first two blocks of each held elsewhere.
   for (int i : {0, 1, 4, 5}) cluster.Hold(keys[i], Value(i, 4096));
 
-  std::string dir = std::filesystem::temp_directory_path() /
-                    ("kvpool-chain-note-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  LocalServerOptions lo;
-  lo.socket_path = dir + "/kvpool.sock";
-  auto server =
-      LocalServer::Open(lo, store->get(), &cluster, &metrics, [] { return std::string("{}"); });
-  ASSERT_TRUE(server.ok()) << server.status().ToString();
-  std::thread loop([&] { (*server)->Run(); });
-  kvpool_options o;
-  kvpool_options_init(&o);
-  o.socket_path = lo.socket_path.c_str();
-  kvpool_status st;
-  kvpool_client* client = kvpool_open(&o, &st);
-  ASSERT_NE(client, nullptr);
+  Served served;
+  ASSERT_NO_FATAL_FAILURE(
+      served.Start("chain-note", store->get(), &cluster, &metrics, /*copy_mode=*/false));
+  kvpool_client* client = served.client();
 
   auto exists_prefix = [&](int first) {
     std::vector<uint8_t> hits(4);
@@ -267,11 +372,8 @@ TEST(ChainNote, ThePutAfterAnExistsContinuesItsChainEvenFromAHitGoneByTheRead) {
   EXPECT_EQ(notes[1].before, keys[4]);
   EXPECT_EQ(notes[1].keys, (std::vector<KeyId>{keys[5], keys[6], keys[7]}));
 
-  kvpool_close(client);
-  (*server)->Stop();
-  loop.join();
+  served.Stop();
   pool.Stop();
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -34,10 +34,12 @@ bool ParkedReads::Park(Kind kind, Request* request) {
   p.request = std::move(*request);
   // The keys already in DRAM are pinned while the request waits, before
   // any promotion starts, so the promotions and fetches of the others
-  // cannot evict them. These pins answer the request.
+  // cannot evict them. These pins answer the request. A pin is a hit, and
+  // a batch is a chain in order: pinned last to first, its head is the
+  // most recent, as in a read that does not wait (LocalOps::AnswerAcquire).
   if (kind == Kind::kRead) {
     const std::vector<KeyId>& held = p.request.keys;
-    for (size_t i = 0; i < held.size(); ++i) {
+    for (size_t i = held.size(); i-- > 0;) {
       if (is_cold[i]) continue;  // pinned by its promotion below
       auto pin = tiered_->Hold(held[i]);
       if (pin.ok()) p.request.pins.push_back(std::move(pin).value());
