@@ -1,0 +1,169 @@
+#!/usr/bin/python3
+"""A model of the prefix policy and of chain placement, replaying a trace.
+
+It runs the rules of docs/eviction.md on plain Python lists instead of a
+node, to tell what the design keeps from what the real nodes keep:
+
+- one store, or N stores of a third (an Nth) of the capacity each;
+- per store: probation and protected LRU lists (protected at most 70 % of
+  the store's entries; its overflow goes back to probation's warm end),
+  victims from probation's cold end, then protected's;
+- a ghost of probation's evictions (exact, two generations of `window`
+  keys each, as the Bloom filter pair remembers the last 1-2 windows): one
+  per store, or one for the whole pool (the key homes' directory ghosts
+  together), sized --ghost-window times the capacity;
+- per request, as kvpool-bench --trace: the leading run of blocks held
+  anywhere is hit (touched last to first, so the head is the most recent),
+  the missing blocks after it are written, blocks held behind the first
+  miss are neither written nor touched;
+- written blocks enter probation (or protected, when the ghost remembers
+  them) each just colder than the one before, on the store holding the
+  block before them; a chain with no block before it goes to the store its
+  writer has fed fewest blocks (writers take requests round-robin), or,
+  with --balance global, the store fed fewest by all writers together;
+- with --reader-slots, a read of blocks held by another store first frees
+  as many slots on the writer's store (evicting), as a node does when it
+  reserves a slot for each block it fetches.
+
+Usage: bench/pool_model.py [--trace FILE] [--capacity N] [--nodes N]
+         [--ghost shared|local] [--ghost-window X] [--reader-slots]
+         [--balance writer|global]
+Prints the block hit ratio of one store of the whole capacity and of the
+pool, and their ratio.
+"""
+import argparse
+import json
+import os
+from collections import OrderedDict
+
+
+class Ghost:
+    def __init__(self, window):
+        self.window = max(1, int(window))
+        self.now, self.before = set(), set()
+
+    def add(self, key):
+        self.now.add(key)
+        if len(self.now) >= self.window:
+            self.before, self.now = self.now, set()
+
+    def __contains__(self, key):
+        return key in self.now or key in self.before
+
+
+class Store:
+    def __init__(self, entries, ghost):
+        self.entries = entries
+        self.protected_max = entries * 7 // 10
+        self.probation = OrderedDict()  # coldest first
+        self.protected = OrderedDict()
+        self.ghost = ghost
+
+    def __contains__(self, key):
+        return key in self.probation or key in self.protected
+
+    def size(self):
+        return len(self.probation) + len(self.protected)
+
+    def _overflow(self):
+        while len(self.protected) > self.protected_max:
+            key, _ = self.protected.popitem(last=False)
+            self.probation[key] = True
+
+    def touch(self, key):
+        if key in self.probation:
+            del self.probation[key]
+        else:
+            del self.protected[key]
+        self.protected[key] = True
+        self._overflow()
+
+    def evict_one(self):
+        if self.probation:
+            key, _ = self.probation.popitem(last=False)
+            self.ghost.add(key)
+        else:
+            self.protected.popitem(last=False)
+
+    def make_room(self, free):
+        while self.size() > self.entries - free:
+            self.evict_one()
+
+    def insert_chain(self, keys):
+        # Each block just colder than the one before: put in reverse at the
+        # warm end, the chain's head ends warmest.
+        back = [k for k in keys if k in self.ghost]
+        new = [k for k in keys if k not in self.ghost]
+        for k in reversed(new):
+            self.probation[k] = True
+        for k in reversed(back):
+            self.protected[k] = True
+        self._overflow()
+        self.make_room(0)
+
+
+def replay(trace, capacity, nodes, args):
+    shared = Ghost(capacity * args.ghost_window)
+    stores = [
+        Store(capacity // nodes,
+              shared if args.ghost == "shared" else Ghost(capacity // nodes * args.ghost_window))
+        for _ in range(nodes)
+    ]
+    where = {}
+    fed = [[0] * nodes for _ in range(nodes)]  # fed[writer][store]
+    hits = refs = 0
+    for ri, blocks in enumerate(trace):
+        writer = ri % nodes
+        refs += len(blocks)
+        p = 0
+        while p < len(blocks) and blocks[p] in where and blocks[p] in where[blocks[p]]:
+            p += 1
+        hits += p
+        if args.reader_slots and nodes > 1:
+            remote = sum(1 for b in blocks[:p] if where[b] is not stores[writer])
+            if remote:
+                stores[writer].make_room(remote)
+        for b in reversed(blocks[:p]):
+            where[b].touch(b)
+        new = [b for b in blocks[p:] if not (b in where and b in where[b])]
+        if not new:
+            continue
+        if p > 0:
+            target = stores.index(where[blocks[p - 1]])
+        elif args.balance == "global":
+            target = min(range(nodes), key=lambda s: sum(f[s] for f in fed))
+        else:
+            target = min(range(nodes), key=lambda s: fed[writer][s])
+        fed[writer][target] += len(blocks) - p
+        for b in new:
+            where[b] = stores[target]
+        stores[target].insert_chain(new)
+    return hits / refs
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", default=os.path.join(here, "..", "..", "shared", "traces",
+                                                    "synthetic_trace.jsonl"))
+    ap.add_argument("--capacity", type=int, default=4416, help="entries of the whole pool")
+    ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--ghost", choices=["shared", "local"], default="shared")
+    ap.add_argument("--ghost-window", type=float, default=4.0,
+                    help="ghost generation, times the capacity (4: --directory-ghost's default)")
+    ap.add_argument("--reader-slots", action="store_true")
+    ap.add_argument("--balance", choices=["writer", "global"], default="writer")
+    args = ap.parse_args()
+    with open(args.trace) as f:
+        trace = [json.loads(line)["hash_ids"] for line in f if line.strip()]
+    one_args = argparse.Namespace(**vars(args))
+    one_args.ghost_window = 1.0  # one node's own ghost: 1-2 times its entries
+    one = replay(trace, args.capacity, 1, one_args)
+    pool = replay(trace, args.capacity, args.nodes, args)
+    print("one store of %d entries: %.4f" % (args.capacity, one))
+    print("%d stores of %d: %.4f" % (args.nodes, args.capacity // args.nodes, pool))
+    print("metric model_pool_hit_vs_single %.3f" % (pool / one))
+
+
+if __name__ == "__main__":
+    main()
