@@ -137,24 +137,27 @@ class PrefixPolicy final : public EvictionPolicy {
 
   void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than, bool returning) override {
     SlotMeta& m = alloc_.meta(slot);
+    // The list the chain's previous entry is on (kQueueNone: no such entry
+    // of this class): the new entry goes just colder than it when it enters
+    // the same list, so a chain keeps its order there.
+    const uint8_t prev_queue =
+        colder_than != kNoSlot && colder_than != kColdEnd && alloc_.class_of(colder_than) == cls
+            ? alloc_.meta(colder_than).queue
+            : uint8_t{kQueueNone};
     if (returning || ghost_.Contains(m.key)) {
-      // A chain coming back keeps its order in protected too: each entry
-      // just colder than the one before it when that one is protected.
-      if (colder_than != kNoSlot && colder_than != kColdEnd &&
-          alloc_.class_of(colder_than) == cls && alloc_.meta(colder_than).queue == kQueueMain) {
+      if (prev_queue == kQueueMain) {
         m.queue = kQueueMain;
         lists_[cls].main.InsertBefore(alloc_, colder_than, slot);
-        return;
+      } else {
+        Protect(slot, cls);
       }
-      Protect(slot, cls);
       return;
     }
     m.queue = kQueueSmall;
     SlotList& probation = lists_[cls].small;
     if (colder_than == kColdEnd && probation.head != kNoSlot) {
       probation.InsertBefore(alloc_, probation.head, slot);
-    } else if (colder_than != kNoSlot && colder_than != kColdEnd &&
-               alloc_.class_of(colder_than) == cls && alloc_.meta(colder_than).queue == kQueueSmall) {
+    } else if (prev_queue == kQueueSmall) {
       probation.InsertBefore(alloc_, colder_than, slot);
     } else {
       probation.PushTail(alloc_, slot);
