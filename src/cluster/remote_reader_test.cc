@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -146,6 +147,8 @@ struct TestNode {
   std::unique_ptr<PeerServer> server;
   std::unique_ptr<RemoteReader> reader;
   GatedTransport* gate = nullptr;  // owned by cluster; null unless gated
+  // What the reader takes for its DRAM's eviction age (0: not known).
+  std::atomic<int64_t> eviction_age_ms{0};
   FaultyTransport* faulty = nullptr;  // owned by cluster; null unless asked for
 
   // gate_lookups_to: an address whose lookups from this node are held
@@ -192,6 +195,7 @@ struct TestNode {
     ro.lookup_timeout = milliseconds(300);
     ro.fetch_timeout = milliseconds(300);
     if (gate != nullptr) ro.lookup_timeout = milliseconds(10000);  // held, not lost
+    ro.eviction_age = [this] { return milliseconds(eviction_age_ms.load()); };
     reader = std::make_unique<RemoteReader>(ro, cluster.get(), directory.get(), tiered.get(),
                                             pool.get(), &metrics, clock);
     announcer->Start();
@@ -385,6 +389,60 @@ TEST_F(RemoteReaderTest, AKeyGoneFromTheHolderItsLookupNamedWasEvictedLately) {
   EXPECT_TRUE(b.reader->EvictedLately(keys[0]));
   EXPECT_FALSE(b.reader->EvictedLately(keys[1]));  // read
   EXPECT_FALSE(b.reader->EvictedLately(Key(799)));  // never held
+}
+
+// A positive lookup answer is reused for --peer-lookup-cache-ttl (1 s), or
+// for a sixteenth of how long entries last before eviction when that is
+// shorter: under churn a cached answer would name values dropped since.
+TEST_F(RemoteReaderTest, ALookupAnswerIsReusedForAtMostASixteenthOfTheEvictionAge) {
+  nodes_[1]->gate->Open();
+  TestNode& a = *nodes_[0];
+  TestNode& b = *nodes_[1];
+  std::vector<KeyId> keys;
+  auto map = b.cluster->shard_map();
+  for (int i = 0; keys.size() < 6; ++i) {
+    ASSERT_LT(i, 1000);
+    if (map->HomeOf(Key(900 + i))->node_id == "b") continue;  // remote homes only
+    keys.push_back(Key(900 + i));
+    a.Put(keys.back(), Bytes(900 + i, 4096));
+  }
+  FlushAll();
+  ASSERT_TRUE(WaitDirectoryEntries(keys.size()));
+  Counter* cached = b.metrics.GetCounter("kvpool_remote_lookup_cache_hits_total", "");
+  Counter* capped = b.metrics.GetCounter("kvpool_remote_lookup_cache_churn_capped_total", "");
+  const uint64_t n = keys.size();
+
+  // Eviction age not known: the TTL as configured.
+  ASSERT_EQ(b.ExistsCount(keys), n);
+  EXPECT_EQ(cached->Value(), 0u);
+  clock_.Advance(milliseconds(900));
+  ASSERT_EQ(b.ExistsCount(keys), n);
+  EXPECT_EQ(cached->Value(), n);
+  clock_.Advance(milliseconds(200));  // past the second
+  ASSERT_EQ(b.ExistsCount(keys), n);
+  EXPECT_EQ(cached->Value(), n);
+  EXPECT_EQ(capped->Value(), 0u);
+
+  // Entries last 20 s: 1.25 s would be the bound, the TTL stays 1 s.
+  b.eviction_age_ms = 20000;
+  clock_.Advance(milliseconds(1100));
+  ASSERT_EQ(b.ExistsCount(keys), n);  // asked again, cached for 1 s
+  EXPECT_EQ(capped->Value(), 0u);
+  clock_.Advance(milliseconds(900));
+  ASSERT_EQ(b.ExistsCount(keys), n);
+  EXPECT_EQ(cached->Value(), 2 * n);
+
+  // Entries last 800 ms: answers are reused for 50 ms.
+  b.eviction_age_ms = 800;
+  clock_.Advance(milliseconds(1100));
+  ASSERT_EQ(b.ExistsCount(keys), n);
+  EXPECT_GE(capped->Value(), 1u);
+  clock_.Advance(milliseconds(40));
+  ASSERT_EQ(b.ExistsCount(keys), n);
+  EXPECT_EQ(cached->Value(), 3 * n);
+  clock_.Advance(milliseconds(20));  // 60 ms after the lookup
+  ASSERT_EQ(b.ExistsCount(keys), n);
+  EXPECT_EQ(cached->Value(), 3 * n);  // asked the homes again
 }
 
 TEST_F(RemoteReaderTest, PlacementHomeMovesValuesToTheirHomeOrKeepsThemWhenItIsDown) {

@@ -28,6 +28,7 @@ struct RouteFetcher::State {
   Counter* fetch_errors = nullptr;
   Counter* cooldowns = nullptr;
   Counter* cache_hits = nullptr;
+  Counter* churn_capped = nullptr;
 
   struct Cached {
     LookupResult result;
@@ -59,11 +60,22 @@ struct RouteFetcher::State {
     *out = it->second.result;
     return true;
   }
-  void CachePut(const KeyId& key, const LookupResult& r) {
-    if (opts.lookup_cache_ttl.count() == 0 || r.holders.empty()) return;
+  // How long an answer got now is reused: lookup_cache_ttl, or less when
+  // entries are evicted sooner than kTtlPerEvictionAge times that.
+  Clock::duration CacheTtl() const {
+    const Clock::duration ttl = opts.lookup_cache_ttl;
+    if (ttl.count() == 0 || !opts.eviction_age) return ttl;
+    const auto age = opts.eviction_age();
+    if (age.count() <= 0) return ttl;
+    const Clock::duration bound = age / RouteFetcherOptions::kTtlPerEvictionAge;
+    if (bound < ttl) churn_capped->Inc();
+    return std::min(ttl, bound);
+  }
+  void CachePut(const KeyId& key, const LookupResult& r, Clock::duration ttl) {
+    if (ttl.count() <= 0 || r.holders.empty()) return;
     std::lock_guard lock(mu);
     if (cache.size() >= opts.lookup_cache_entries) cache.clear();  // crude but bounded
-    cache[key] = {r, clock->Now() + opts.lookup_cache_ttl};
+    cache[key] = {r, clock->Now() + ttl};
   }
   void CacheDrop(const KeyId& key) {
     if (opts.lookup_cache_ttl.count() == 0) return;
@@ -120,6 +132,10 @@ RouteFetcher::RouteFetcher(const RouteFetcherOptions& options, transport::Transp
                                  {{"op", "fetch"}});
   s.cache_hits = m->GetCounter("kvpool_remote_lookup_cache_hits_total",
                                "Keys answered from the short-lived lookup cache");
+  s.churn_capped = m->GetCounter(
+      "kvpool_remote_lookup_cache_churn_capped_total",
+      "Lookup replies cached for less than --peer-lookup-cache-ttl because entries are evicted "
+      "sooner than 16 times that");
   s.cooldowns = m->GetCounter("kvpool_peer_cooldowns_total",
                               "Times a peer was set aside after Unavailable or a timeout");
 }
@@ -182,8 +198,9 @@ void RouteFetcher::Lookup(const Routes& routes, const std::shared_ptr<LookupBatc
         Status s = r.status;
         if (s.ok()) s = DecodeLookupReply(r.payload, part.size(), &res);
         if (s.ok()) {
+          const Clock::duration ttl = st->CacheTtl();
           for (size_t j = 0; j < part.size(); ++j) {
-            st->CachePut(batch->keys[part[j]], res[j]);
+            st->CachePut(batch->keys[part[j]], res[j], ttl);
             batch->results[part[j]] = std::move(res[j]);
           }
         } else {

@@ -48,6 +48,14 @@ struct RouteFetcherOptions {
   std::chrono::milliseconds lookup_cache_ttl{1000};
   // Entries cached at most (the cache is cleared when full).
   size_t lookup_cache_entries = 1u << 16;
+  // How long entries currently last before they are evicted (0: not
+  // known), when given: an answer is then reused for at most
+  // 1/kTtlPerEvictionAge of it, so that when the cache churns faster than
+  // lookup_cache_ttl (a small or busy pool) a cached answer does not name a
+  // value its holder has dropped since. The node gives its own DRAM's
+  // recent eviction age, as a pool's members churn alike.
+  std::function<std::chrono::microseconds()> eviction_age;
+  static constexpr int kTtlPerEvictionAge = 16;
 };
 
 // Where keys live, as of one membership view.
