@@ -23,6 +23,7 @@
 #   trace_hit_vs_lru_10pct, trace_hit_vs_belady_10pct
 #   trace_hit_{POLICY}_{N}pct          each run's block hit ratio
 #   pool_hit_vs_single                 3 nodes of C/3 vs 1 node of C, round-robin, 10 %
+#                                      (median of POOL_REPS pools)
 #   pool_hit_vs_single_chain           the same with --placement chain
 #   trace_wrong_bytes                  over every run (must be 0)
 #   trace_requests_per_s, trace_requests_per_s_s3fifo
@@ -37,6 +38,7 @@
 #            beside the repository)
 #   --reps   runs of the 10 % replays, for requests/s (default 5)
 # Environment: BUILD_DIR (default build), VALUE_SIZE (default 16KiB),
+#   POOL_REPS (pools per placement, default 3; the pool metrics are medians),
 #   POLICIES (default "prefix lru s3fifo"; the first is the one judged),
 #   SSD_ADMISSIONS (default "none all reads1 reads2 reinsert1": no SSD tier,
 #   every eviction written (the default), only entries read at least 1 or 2
@@ -52,6 +54,8 @@ REPS=5
 KEEP=0
 parse_flags "--trace --reps --keep" "$@"
 VALUE_SIZE="${VALUE_SIZE:-16KiB}"
+POOL_REPS="${POOL_REPS:-3}"
+[[ "$POOL_REPS" =~ ^[1-9][0-9]*$ ]] || die "POOL_REPS must be a positive integer (got '$POOL_REPS')"
 read -r -a POLICY_LIST <<< "${POLICIES:-prefix lru s3fifo}"
 FRACTIONS=(5 10 20 40)
 
@@ -153,18 +157,22 @@ for rep in $(seq 2 "$REPS"); do
 done
 log "replay speed: $REPS alternating runs each"
 
-# Three nodes of a third each, one static cluster, round-robin; per placement.
+# Three nodes of a third each, one static cluster, round-robin; per placement,
+# POOL_REPS fresh pools in alternation (the nodes work concurrently, so a
+# pool's replay is not deterministic: the figure is the median).
 mib="$(capacity_mib 10 3)"
-for placement in local chain; do
-  ports=("$(freeport)" "$(freeport)" "$(freeport)")
-  peers="n0=127.0.0.1:${ports[0]},n1=127.0.0.1:${ports[1]},n2=127.0.0.1:${ports[2]}"
-  for i in 0 1 2; do
-    start "n$i" "$mib" --eviction "${POLICY_LIST[0]}" --node-id "n$i" --peers "$peers" \
-      --peer-port "${ports[$i]}" --placement "$placement"
+for rep in $(seq 1 "$POOL_REPS"); do
+  for placement in local chain; do
+    ports=("$(freeport)" "$(freeport)" "$(freeport)")
+    peers="n0=127.0.0.1:${ports[0]},n1=127.0.0.1:${ports[1]},n2=127.0.0.1:${ports[2]}"
+    for i in 0 1 2; do
+      start "n$i" "$mib" --eviction "${POLICY_LIST[0]}" --node-id "n$i" --peers "$peers" \
+        --peer-port "${ports[$i]}" --placement "$placement"
+    done
+    replay "pool-$placement/10/$rep" "$TMP/n0.sock,$TMP/n1.sock,$TMP/n2.sock"
+    stop_all
+    log "pool of three, placement $placement, run $rep of $POOL_REPS, done ($mib MiB each)"
   done
-  replay "pool-$placement/10/1" "$TMP/n0.sock,$TMP/n1.sock,$TMP/n2.sock"
-  stop_all
-  log "pool of three, placement $placement, done ($mib MiB each)"
 done
 
 # The SSD tier under a DRAM of 5 %: one node per admission setting.
@@ -227,10 +235,10 @@ for pct in (5, 10, 20, 40):
 print("metric trace_hit_vs_lru_min %.3f" % min(ratios.values()))
 ten = by[(judged, 10)][0]
 print("metric trace_hit_vs_belady_10pct %.3f" % (ten["block_hit_ratio"] / ten["offline_belady_block_hit_ratio"]))
-pool = by[("pool-local", 10)][0]
-print("metric pool_hit_vs_single %.3f" % (pool["block_hit_ratio"] / ten["block_hit_ratio"]))
-pool = by[("pool-chain", 10)][0]
-print("metric pool_hit_vs_single_chain %.3f" % (pool["block_hit_ratio"] / ten["block_hit_ratio"]))
+for placement, name in (("local", "pool_hit_vs_single"), ("chain", "pool_hit_vs_single_chain")):
+    runs = [r["block_hit_ratio"] for r in by[("pool-" + placement, 10)]]
+    print("pool of three, placement %s: %s" % (placement, ", ".join("%.4f" % h for h in runs)))
+    print("metric %s %.3f" % (name, statistics.median(runs) / ten["block_hit_ratio"]))
 print("metric trace_wrong_bytes %d" % sum(r["wrong_bytes"] for r in rows))
 print("metric trace_failed_items %d" % sum(r["failed_items"] for r in rows))
 print("metric trace_requests_per_s %.1f" % statistics.median(r["requests_per_s"] for r in by[(judged, 10)]))
