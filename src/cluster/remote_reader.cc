@@ -219,10 +219,6 @@ RemoteReader::RemoteReader(const RemoteReaderOptions& options, Cluster* cluster,
   fo.cooldown = options.cooldown;
   fo.lookup_cache_ttl = options.lookup_cache_ttl;
   fo.lookup_cache_entries = options.lookup_cache_entries;
-  fo.eviction_age = options.eviction_age;
-  if (!fo.eviction_age && store != nullptr) {
-    fo.eviction_age = [store] { return store->RecentDramEvictionAge(); };
-  }
   s.fetcher = std::make_unique<RouteFetcher>(fo, cluster->transport(), m, clock);
   s.evicted_lately_found =
       m->GetCounter("kvpool_remote_evicted_lately_total",

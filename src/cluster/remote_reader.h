@@ -19,7 +19,6 @@
 #pragma once
 
 #include <chrono>
-#include <functional>
 #include <memory>
 
 #include "cluster/cluster.h"
@@ -46,10 +45,6 @@ struct RemoteReaderOptions {
   std::chrono::milliseconds lookup_cache_ttl{1000};
   // Entries cached at most (the cache is cleared when full).
   size_t lookup_cache_entries = 1u << 16;
-  // How long entries last here before they are evicted, which bounds how
-  // long a lookup answer is reused (RouteFetcherOptions::eviction_age).
-  // Empty: the store's DRAM recent eviction age.
-  std::function<std::chrono::microseconds()> eviction_age;
   // Keep what a read fetched as a local replica (false: the fetched value
   // is served to the read that asked and then dropped, so copies never take
   // the room of what this node holds alone).

@@ -6,7 +6,6 @@
 
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -146,9 +145,7 @@ struct TestNode {
   std::unique_ptr<HoldingsAnnouncer> announcer;
   std::unique_ptr<PeerServer> server;
   std::unique_ptr<RemoteReader> reader;
-  GatedTransport* gate = nullptr;  // owned by cluster; null unless gated
-  // What the reader takes for its DRAM's eviction age (0: not known).
-  std::atomic<int64_t> eviction_age_ms{0};
+  GatedTransport* gate = nullptr;     // owned by cluster; null unless gated
   FaultyTransport* faulty = nullptr;  // owned by cluster; null unless asked for
 
   // gate_lookups_to: an address whose lookups from this node are held
@@ -195,7 +192,6 @@ struct TestNode {
     ro.lookup_timeout = milliseconds(300);
     ro.fetch_timeout = milliseconds(300);
     if (gate != nullptr) ro.lookup_timeout = milliseconds(10000);  // held, not lost
-    ro.eviction_age = [this] { return milliseconds(eviction_age_ms.load()); };
     reader = std::make_unique<RemoteReader>(ro, cluster.get(), directory.get(), tiered.get(),
                                             pool.get(), &metrics, clock);
     announcer->Start();
@@ -391,10 +387,12 @@ TEST_F(RemoteReaderTest, AKeyGoneFromTheHolderItsLookupNamedWasEvictedLately) {
   EXPECT_FALSE(b.reader->EvictedLately(Key(799)));  // never held
 }
 
-// A positive lookup answer is reused for --peer-lookup-cache-ttl (1 s), or
-// for a sixteenth of how long entries last before eviction when that is
-// shorter: under churn a cached answer would name values dropped since.
-TEST_F(RemoteReaderTest, ALookupAnswerIsReusedForAtMostASixteenthOfTheEvictionAge) {
+// A positive lookup answer is reused for --peer-lookup-cache-ttl (1 s) while
+// fetches find what answers name. A fetch that finds every holder a cached
+// answer named without the value halves that time, and each fetch served
+// grows it by 1/4096: a pool that churns fast reads fewer values dropped
+// since their lookup, and one whose values stay put keeps the whole TTL.
+TEST_F(RemoteReaderTest, AStaleCachedAnswerHalvesHowLongAnswersAreReused) {
   nodes_[1]->gate->Open();
   TestNode& a = *nodes_[0];
   TestNode& b = *nodes_[1];
@@ -408,41 +406,49 @@ TEST_F(RemoteReaderTest, ALookupAnswerIsReusedForAtMostASixteenthOfTheEvictionAg
   }
   FlushAll();
   ASSERT_TRUE(WaitDirectoryEntries(keys.size()));
+  Gauge* ttl = b.metrics.GetGauge("kvpool_remote_lookup_cache_ttl_microseconds", "");
   Counter* cached = b.metrics.GetCounter("kvpool_remote_lookup_cache_hits_total", "");
-  Counter* capped = b.metrics.GetCounter("kvpool_remote_lookup_cache_churn_capped_total", "");
-  const uint64_t n = keys.size();
+  Counter* stale = b.metrics.GetCounter("kvpool_remote_lookup_stale_answers_total", "");
+  EXPECT_EQ(ttl->Value(), 1000000);
 
-  // Eviction age not known: the TTL as configured.
-  ASSERT_EQ(b.ExistsCount(keys), n);
-  EXPECT_EQ(cached->Value(), 0u);
+  // Answers reused for the whole second: served fetches change nothing.
+  ASSERT_EQ(b.ExistsCount(keys), keys.size());
   clock_.Advance(milliseconds(900));
-  ASSERT_EQ(b.ExistsCount(keys), n);
-  EXPECT_EQ(cached->Value(), n);
-  clock_.Advance(milliseconds(200));  // past the second
-  ASSERT_EQ(b.ExistsCount(keys), n);
-  EXPECT_EQ(cached->Value(), n);
-  EXPECT_EQ(capped->Value(), 0u);
+  ASSERT_EQ(b.ExistsCount(keys), keys.size());
+  EXPECT_EQ(cached->Value(), keys.size());
+  auto pins = b.Fetch({keys[1]});
+  ASSERT_EQ(pins.size(), 1u);
+  EXPECT_EQ(b.Read(pins[0]), Bytes(901, 4096));
+  pins.clear();
+  EXPECT_EQ(ttl->Value(), 1000000);
+  EXPECT_EQ(stale->Value(), 0u);
 
-  // Entries last 20 s: 1.25 s would be the bound, the TTL stays 1 s.
-  b.eviction_age_ms = 20000;
-  clock_.Advance(milliseconds(1100));
-  ASSERT_EQ(b.ExistsCount(keys), n);  // asked again, cached for 1 s
-  EXPECT_EQ(capped->Value(), 0u);
-  clock_.Advance(milliseconds(900));
-  ASSERT_EQ(b.ExistsCount(keys), n);
-  EXPECT_EQ(cached->Value(), 2 * n);
+  // A drops keys[0]; its home does not know yet (nothing is flushed), and
+  // B's cached answer still names A.
+  ASSERT_TRUE(a.tiered->Remove(keys[0]).ok());
+  EXPECT_TRUE(b.Fetch({keys[0]}).empty());
+  EXPECT_EQ(stale->Value(), 1u);
+  EXPECT_EQ(ttl->Value(), 500000);
 
-  // Entries last 800 ms: answers are reused for 50 ms.
-  b.eviction_age_ms = 800;
+  // Answers now last half a second.
+  const std::vector<KeyId> rest(keys.begin() + 2, keys.end());
+  const uint64_t before = cached->Value();
   clock_.Advance(milliseconds(1100));
-  ASSERT_EQ(b.ExistsCount(keys), n);
-  EXPECT_GE(capped->Value(), 1u);
-  clock_.Advance(milliseconds(40));
-  ASSERT_EQ(b.ExistsCount(keys), n);
-  EXPECT_EQ(cached->Value(), 3 * n);
-  clock_.Advance(milliseconds(20));  // 60 ms after the lookup
-  ASSERT_EQ(b.ExistsCount(keys), n);
-  EXPECT_EQ(cached->Value(), 3 * n);  // asked the homes again
+  ASSERT_EQ(b.ExistsCount(rest), rest.size());  // asked the homes
+  EXPECT_EQ(cached->Value(), before);
+  clock_.Advance(milliseconds(450));
+  ASSERT_EQ(b.ExistsCount(rest), rest.size());
+  EXPECT_EQ(cached->Value(), before + rest.size());
+  clock_.Advance(milliseconds(100));  // 550 ms after the homes answered
+  ASSERT_EQ(b.ExistsCount(rest), rest.size());
+  EXPECT_EQ(cached->Value(), before + rest.size());  // asked again
+
+  // Each fetch served grows it by 1/4096 (at the whole TTL it stays: above).
+  pins = b.Fetch(rest);
+  ASSERT_EQ(pins.size(), rest.size());
+  int64_t want = 500000;
+  for (size_t i = 0; i < rest.size(); ++i) want += want / 4096;
+  EXPECT_EQ(ttl->Value(), want);
 }
 
 TEST_F(RemoteReaderTest, PlacementHomeMovesValuesToTheirHomeOrKeepsThemWhenItIsDown) {

@@ -1,11 +1,12 @@
 #include "cluster/route_fetch.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <unordered_map>
-
-#include <fmt/format.h>
 
 #include "common/log.h"
 #include "common/thread_annotations.h"
@@ -28,12 +29,16 @@ struct RouteFetcher::State {
   Counter* fetch_errors = nullptr;
   Counter* cooldowns = nullptr;
   Counter* cache_hits = nullptr;
-  Counter* churn_capped = nullptr;
 
   struct Cached {
     LookupResult result;
-    Clock::time_point expiry;
+    Clock::time_point at;  // when the home answered
   };
+  // How long an answer is reused now, in microseconds (see
+  // RouteFetcherOptions: halved by stale answers, grown by fetches served).
+  std::atomic<int64_t> ttl_us{0};
+  Gauge* ttl_gauge = nullptr;
+  Counter* stale_answers = nullptr;
   std::mutex mu;
   // Peers avoided until the time point.
   std::unordered_map<std::string, Clock::time_point> cooling GUARDED_BY(mu);
@@ -53,34 +58,48 @@ struct RouteFetcher::State {
       const Member* m = view.Find(h.node_id);
       return m == nullptr || (m->incarnation != 0 && m->incarnation != h.incarnation);
     });
-    if (clock->Now() >= it->second.expiry || it->second.result.holders.empty()) {
+    const auto ttl = std::chrono::microseconds(ttl_us.load(std::memory_order_relaxed));
+    if (clock->Now() >= it->second.at + ttl || it->second.result.holders.empty()) {
       cache.erase(it);
       return false;
     }
     *out = it->second.result;
     return true;
   }
-  // How long an answer got now is reused: lookup_cache_ttl, or less when
-  // entries are evicted sooner than kTtlPerEvictionAge times that.
-  Clock::duration CacheTtl() const {
-    const Clock::duration ttl = opts.lookup_cache_ttl;
-    if (ttl.count() == 0 || !opts.eviction_age) return ttl;
-    const auto age = opts.eviction_age();
-    if (age.count() <= 0) return ttl;
-    const Clock::duration bound = age / RouteFetcherOptions::kTtlPerEvictionAge;
-    if (bound < ttl) churn_capped->Inc();
-    return std::min(ttl, bound);
-  }
-  void CachePut(const KeyId& key, const LookupResult& r, Clock::duration ttl) {
-    if (ttl.count() <= 0 || r.holders.empty()) return;
+  void CachePut(const KeyId& key, const LookupResult& r) {
+    if (opts.lookup_cache_ttl.count() == 0 || r.holders.empty()) return;
     std::lock_guard lock(mu);
     if (cache.size() >= opts.lookup_cache_entries) cache.clear();  // crude but bounded
-    cache[key] = {r, clock->Now() + ttl};
+    cache[key] = {r, clock->Now()};
   }
-  void CacheDrop(const KeyId& key) {
-    if (opts.lookup_cache_ttl.count() == 0) return;
+  // Drops key's answer; true when there was one.
+  bool CacheDrop(const KeyId& key) {
+    if (opts.lookup_cache_ttl.count() == 0) return false;
     std::lock_guard lock(mu);
-    cache.erase(key);
+    return cache.erase(key) > 0;
+  }
+  void SetTtl(int64_t us) {
+    ttl_us.store(us, std::memory_order_relaxed);
+    ttl_gauge->Set(us);
+  }
+  // Every holder an answer named had dropped the value: answers are
+  // reused for half as long. (Concurrent updates may lose one another;
+  // the TTL only needs to settle, not to count exactly.)
+  void NoteStale() {
+    stale_answers->Inc();
+    const int64_t floor =
+        std::chrono::duration_cast<std::chrono::microseconds>(opts.lookup_cache_ttl).count() /
+        RouteFetcherOptions::kTtlFloorDivisor;
+    SetTtl(std::max<int64_t>(floor, ttl_us.load(std::memory_order_relaxed) / 2));
+  }
+  // A fetch served: answers are reused a little longer, up to the TTL.
+  void NoteServed() {
+    const int64_t full =
+        std::chrono::duration_cast<std::chrono::microseconds>(opts.lookup_cache_ttl).count();
+    const int64_t now = ttl_us.load(std::memory_order_relaxed);
+    if (now >= full) return;
+    SetTtl(
+        std::min(full, now + std::max<int64_t>(1, now / RouteFetcherOptions::kTtlGrowthDivisor)));
   }
 
   bool Cooling(const std::string& address) {
@@ -132,10 +151,13 @@ RouteFetcher::RouteFetcher(const RouteFetcherOptions& options, transport::Transp
                                  {{"op", "fetch"}});
   s.cache_hits = m->GetCounter("kvpool_remote_lookup_cache_hits_total",
                                "Keys answered from the short-lived lookup cache");
-  s.churn_capped = m->GetCounter(
-      "kvpool_remote_lookup_cache_churn_capped_total",
-      "Lookup replies cached for less than --peer-lookup-cache-ttl because entries are evicted "
-      "sooner than 16 times that");
+  s.stale_answers = m->GetCounter(
+      "kvpool_remote_lookup_stale_answers_total",
+      "Fetches that found every holder a cached lookup answer named without the value");
+  s.ttl_gauge = m->GetGauge("kvpool_remote_lookup_cache_ttl_microseconds",
+                            "How long a lookup answer is reused now: --peer-lookup-cache-ttl, "
+                            "less after stale answers");
+  s.SetTtl(std::chrono::duration_cast<std::chrono::microseconds>(options.lookup_cache_ttl).count());
   s.cooldowns = m->GetCounter("kvpool_peer_cooldowns_total",
                               "Times a peer was set aside after Unavailable or a timeout");
 }
@@ -198,9 +220,8 @@ void RouteFetcher::Lookup(const Routes& routes, const std::shared_ptr<LookupBatc
         Status s = r.status;
         if (s.ok()) s = DecodeLookupReply(r.payload, part.size(), &res);
         if (s.ok()) {
-          const Clock::duration ttl = st->CacheTtl();
           for (size_t j = 0; j < part.size(); ++j) {
-            st->CachePut(batch->keys[part[j]], res[j], ttl);
+            st->CachePut(batch->keys[part[j]], res[j]);
             batch->results[part[j]] = std::move(res[j]);
           }
         } else {
@@ -290,6 +311,7 @@ void RouteFetcher::Attempt(const std::shared_ptr<Walk>& walk) {
       s = Corruption("fetch reply size does not match the directory's");
     }
     if (s.ok()) {
+      st.NoteServed();
       walk->done(s, got);
       return;
     }
@@ -299,7 +321,7 @@ void RouteFetcher::Attempt(const std::shared_ptr<Walk>& walk) {
     bool too_small = req.expected_size == 0 && s.code() == StatusCode::kResourceExhausted;
     if (too_small || walk->attempt + 1 >= req.peers.size()) {
       // Every holder failed: ask the home next time.
-      if (!too_small) st.CacheDrop(req.key);
+      if (!too_small && st.CacheDrop(req.key) && s.code() == StatusCode::kNotFound) st.NoteStale();
       walk->done(s, 0);
       return;
     }

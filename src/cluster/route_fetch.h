@@ -48,14 +48,15 @@ struct RouteFetcherOptions {
   std::chrono::milliseconds lookup_cache_ttl{1000};
   // Entries cached at most (the cache is cleared when full).
   size_t lookup_cache_entries = 1u << 16;
-  // How long entries currently last before they are evicted (0: not
-  // known), when given: an answer is then reused for at most
-  // 1/kTtlPerEvictionAge of it, so that when the cache churns faster than
-  // lookup_cache_ttl (a small or busy pool) a cached answer does not name a
-  // value its holder has dropped since. The node gives its own DRAM's
-  // recent eviction age, as a pool's members churn alike.
-  std::function<std::chrono::microseconds()> eviction_age;
-  static constexpr int kTtlPerEvictionAge = 16;
+  // The reuse time adapts: each time a fetch finds that every holder a
+  // cached answer named has dropped the value since, it halves (down to
+  // lookup_cache_ttl / kTtlFloorDivisor); each fetch served grows it by
+  // 1/kTtlGrowthDivisor, up to lookup_cache_ttl. It so settles where about
+  // one fetch in 2,800 meets a stale answer: when a pool churns faster than
+  // lookup_cache_ttl, answers are reused for less, and a pool whose values
+  // stay put keeps the whole TTL.
+  static constexpr int kTtlFloorDivisor = 1024;
+  static constexpr int kTtlGrowthDivisor = 4096;
 };
 
 // Where keys live, as of one membership view.

@@ -274,8 +274,8 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddDuration("peer-lookup-cache-ttl", &o->remote.lookup_cache_ttl, std::chrono::milliseconds(0),
                  std::chrono::milliseconds(60000),
                  "How long a positive directory answer is reused (0: ask the home every time); "
-                 "at most a sixteenth of this node's recent DRAM eviction age, when that is "
-                 "shorter");
+                 "halved each time a fetch finds the value gone from the holders a cached answer "
+                 "named, grown back by fetches served");
   t->AddInt("directory-ghost", &o->directory.ghost_ratio, 0, 16,
             "Each key home remembers keys no node holds any more over a window of this many "
             "times the keys it lists (2 bytes a key), and a writer that puts one again keeps it "

@@ -168,7 +168,6 @@ class TieredStore {
   uint64_t max_value_bytes() const { return dram_->max_value_bytes(); }
   bool touch_chains_head_last() const { return dram_->touch_chains_head_last(); }
   DramStats GetDramStats() const { return dram_->GetStats(); }
-  std::chrono::microseconds RecentDramEvictionAge() const { return dram_->RecentEvictionAge(); }
   // REQUIRES: has_ssd_tier().
   SsdStats GetSsdStats() const;
 

@@ -41,7 +41,6 @@
 #include "store/dram/dram_store.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -272,12 +271,6 @@ class DramStoreImpl final : public DramStore {
   void SetEvictionListener(EvictionListener listener) override {
     std::lock_guard lock(mu_);
     listener_ = std::move(listener);
-  }
-
-  std::chrono::microseconds RecentEvictionAge() const override {
-    const double us = recent_age_us_.Ratio(60);
-    return std::isnan(us) ? std::chrono::microseconds(0)
-                          : std::chrono::microseconds(static_cast<int64_t>(us));
   }
 
   DramStats GetStats() const override {

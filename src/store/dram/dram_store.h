@@ -11,7 +11,6 @@
 // they must not outlive the store.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -156,10 +155,6 @@ class DramStore {
   virtual void ListEntries(const std::function<void(const KeyId&, uint64_t)>& fn) const = 0;
 
   virtual DramStats GetStats() const = 0;
-  // Mean time from an entry's last use to its eviction over the last minute
-  // (kvpool_dram_eviction_age_recent_seconds{window="1m"}); 0 when no sampled
-  // entry was evicted then. Takes only the age window's own lock.
-  virtual std::chrono::microseconds RecentEvictionAge() const = 0;
 
  protected:
   // Called by the handles.
