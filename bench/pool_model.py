@@ -23,11 +23,20 @@ node, to tell what the design keeps from what the real nodes keep:
   with --balance global, the store fed fewest by all writers together;
 - with --reader-slots, a read of blocks held by another store first frees
   as many slots on the writer's store (evicting), as a node does when it
-  reserves a slot for each block it fetches.
+  reserves a slot for each block it fetches;
+- with --placement hash, each block lives on the store its id hashes to
+  (a key home, as --placement home), a request's new blocks written there
+  in chain order, each store with its own ghost (a key always comes back
+  to the same store).
+
+--sweep replays seven capacities around --capacity (0.88 to 1.13 times)
+and prints the mean, smallest and largest ratio: a pool's ratio moves by a
+few per cent between neighbouring capacities, so one capacity says little
+about a change of the rules.
 
 Usage: bench/pool_model.py [--trace FILE] [--capacity N] [--nodes N]
          [--ghost shared|local] [--ghost-window X] [--reader-slots]
-         [--balance writer|global]
+         [--balance writer|global] [--placement chain|hash] [--sweep]
 Prints the block hit ratio of one store of the whole capacity and of the
 pool, and their ratio.
 """
@@ -102,11 +111,17 @@ class Store:
         self.make_room(0)
 
 
+def hash_store(block, nodes):
+    x = (block * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    return (x ^ (x >> 29)) % nodes
+
+
 def replay(trace, capacity, nodes, args):
     shared = Ghost(capacity * args.ghost_window)
+    own_ghost = args.ghost == "local" or args.placement == "hash"
     stores = [
         Store(capacity // nodes,
-              shared if args.ghost == "shared" else Ghost(capacity // nodes * args.ghost_window))
+              Ghost(capacity // nodes * args.ghost_window) if own_ghost else shared)
         for _ in range(nodes)
     ]
     where = {}
@@ -119,7 +134,7 @@ def replay(trace, capacity, nodes, args):
         while p < len(blocks) and blocks[p] in where and blocks[p] in where[blocks[p]]:
             p += 1
         hits += p
-        if args.reader_slots and nodes > 1:
+        if args.reader_slots and nodes > 1 and args.placement == "chain":
             remote = sum(1 for b in blocks[:p] if where[b] is not stores[writer])
             if remote:
                 stores[writer].make_room(remote)
@@ -127,6 +142,15 @@ def replay(trace, capacity, nodes, args):
             where[b].touch(b)
         new = [b for b in blocks[p:] if not (b in where and b in where[b])]
         if not new:
+            continue
+        if args.placement == "hash" and nodes > 1:
+            parts = {}
+            for b in new:
+                parts.setdefault(hash_store(b, nodes), []).append(b)
+            for target, keys in parts.items():
+                for b in keys:
+                    where[b] = stores[target]
+                stores[target].insert_chain(keys)
             continue
         if p > 0:
             target = stores.index(where[blocks[p - 1]])
@@ -153,16 +177,29 @@ def main():
                     help="ghost generation, times the capacity (4: --directory-ghost's default)")
     ap.add_argument("--reader-slots", action="store_true")
     ap.add_argument("--balance", choices=["writer", "global"], default="writer")
+    ap.add_argument("--placement", choices=["chain", "hash"], default="chain",
+                    help="chain placement's rules, or each block on the store its id hashes to")
+    ap.add_argument("--sweep", action="store_true",
+                    help="seven capacities around --capacity; mean, smallest and largest ratio")
     args = ap.parse_args()
     with open(args.trace) as f:
         trace = [json.loads(line)["hash_ids"] for line in f if line.strip()]
     one_args = argparse.Namespace(**vars(args))
     one_args.ghost_window = 1.0  # one node's own ghost: 1-2 times its entries
-    one = replay(trace, args.capacity, 1, one_args)
-    pool = replay(trace, args.capacity, args.nodes, args)
-    print("one store of %d entries: %.4f" % (args.capacity, one))
-    print("%d stores of %d: %.4f" % (args.nodes, args.capacity // args.nodes, pool))
-    print("metric model_pool_hit_vs_single %.3f" % (pool / one))
+    capacities = [args.capacity]
+    if args.sweep:
+        capacities = [round(args.capacity * f) for f in (0.88, 0.93, 0.97, 1.0, 1.04, 1.09, 1.13)]
+    ratios = []
+    for capacity in capacities:
+        one = replay(trace, capacity, 1, one_args)
+        pool = replay(trace, capacity, args.nodes, args)
+        print("one store of %d entries: %.4f; %d stores of %d: %.4f (%.3f)" %
+              (capacity, one, args.nodes, capacity // args.nodes, pool, pool / one))
+        ratios.append(pool / one)
+    print("metric model_pool_hit_vs_single %.3f" % (sum(ratios) / len(ratios)))
+    if args.sweep:
+        print("metric model_pool_hit_vs_single_min %.3f" % min(ratios))
+        print("metric model_pool_hit_vs_single_max %.3f" % max(ratios))
 
 
 if __name__ == "__main__":
