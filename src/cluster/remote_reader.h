@@ -39,9 +39,10 @@ struct RemoteReaderOptions {
   std::chrono::milliseconds fetch_timeout{2000};
   // How long a peer that failed Unavailable/DeadlineExceeded is avoided.
   std::chrono::milliseconds cooldown{2000};
-  // How long a positive lookup answer from a remote home is reused (0: not
-  // cached). Longer saves round trips (exists then get); a stale answer
-  // costs a failed fetch, after which the entry is dropped.
+  // How long a positive lookup answer from a remote home is reused at most
+  // (0: not cached; less after stale answers: RouteFetcherOptions). Longer
+  // saves round trips (exists then get); a stale answer costs a failed
+  // fetch, after which the entry is dropped.
   std::chrono::milliseconds lookup_cache_ttl{1000};
   // Entries cached at most (the cache is cleared when full).
   size_t lookup_cache_entries = 1u << 16;
