@@ -37,6 +37,7 @@ struct RouteFetcher::State {
   // How long an answer is reused now, in microseconds (see
   // RouteFetcherOptions: halved by stale answers, grown by fetches served).
   std::atomic<int64_t> ttl_us{0};
+  int64_t full_ttl_us = 0;  // lookup_cache_ttl
   Gauge* ttl_gauge = nullptr;
   Counter* stale_answers = nullptr;
   std::mutex mu;
@@ -87,19 +88,15 @@ struct RouteFetcher::State {
   // the TTL only needs to settle, not to count exactly.)
   void NoteStale() {
     stale_answers->Inc();
-    const int64_t floor =
-        std::chrono::duration_cast<std::chrono::microseconds>(opts.lookup_cache_ttl).count() /
-        RouteFetcherOptions::kTtlFloorDivisor;
+    const int64_t floor = full_ttl_us / RouteFetcherOptions::kTtlFloorDivisor;
     SetTtl(std::max<int64_t>(floor, ttl_us.load(std::memory_order_relaxed) / 2));
   }
   // A fetch served: answers are reused a little longer, up to the TTL.
   void NoteServed() {
-    const int64_t full =
-        std::chrono::duration_cast<std::chrono::microseconds>(opts.lookup_cache_ttl).count();
     const int64_t now = ttl_us.load(std::memory_order_relaxed);
-    if (now >= full) return;
-    SetTtl(
-        std::min(full, now + std::max<int64_t>(1, now / RouteFetcherOptions::kTtlGrowthDivisor)));
+    if (now >= full_ttl_us) return;
+    SetTtl(std::min(full_ttl_us,
+                    now + std::max<int64_t>(1, now / RouteFetcherOptions::kTtlGrowthDivisor)));
   }
 
   bool Cooling(const std::string& address) {
@@ -157,7 +154,9 @@ RouteFetcher::RouteFetcher(const RouteFetcherOptions& options, transport::Transp
   s.ttl_gauge = m->GetGauge("kvpool_remote_lookup_cache_ttl_microseconds",
                             "How long a lookup answer is reused now: --peer-lookup-cache-ttl, "
                             "less after stale answers");
-  s.SetTtl(std::chrono::duration_cast<std::chrono::microseconds>(options.lookup_cache_ttl).count());
+  s.full_ttl_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(options.lookup_cache_ttl).count();
+  s.SetTtl(s.full_ttl_us);
   s.cooldowns = m->GetCounter("kvpool_peer_cooldowns_total",
                               "Times a peer was set aside after Unavailable or a timeout");
 }
