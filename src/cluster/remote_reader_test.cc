@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <map>
 #include <mutex>
@@ -257,6 +258,19 @@ class RemoteReaderTest : public ::testing::Test {
       if (n) n->announcer->Flush();
     }
   }
+  // Puts on A the first n keys from Key(first) whose home (a node id)
+  // `take` accepts, each Bytes(i, 4096), and returns them in order.
+  std::vector<KeyId> PutOnA(uint64_t first, size_t n,
+                            const std::function<bool(const std::string& home)>& take) {
+    std::vector<KeyId> keys;
+    auto map = nodes_[1]->cluster->shard_map();
+    for (uint64_t i = first; keys.size() < n && i < first + 1000; ++i) {
+      if (!take(map->HomeOf(Key(i))->node_id)) continue;
+      keys.push_back(Key(i));
+      nodes_[0]->Put(keys.back(), Bytes(i, 4096));
+    }
+    return keys;
+  }
   // Publishing crosses the network thread: wait (bounded) for the homes.
   bool WaitDirectoryEntries(uint64_t n) {
     for (int i = 0; i < 200; ++i) {
@@ -347,16 +361,10 @@ TEST_F(RemoteReaderTest, FetchesByteExactIntoLocalSlotsAndPublishesReplicas) {
 // read. (Keys of several homes are fetched per home as each answers.)
 TEST_F(RemoteReaderTest, FetchesTheKeysOfOneLookupLastToFirst) {
   nodes_[1]->gate->Open();
-  TestNode& a = *nodes_[0];
   TestNode& b = *nodes_[1];
-  std::vector<KeyId> keys;
-  auto map = b.cluster->shard_map();
-  for (int i = 0; keys.size() < 8; ++i) {
-    ASSERT_LT(i, 1000);
-    if (map->HomeOf(Key(500 + i))->node_id != "a") continue;  // one home: one lookup
-    keys.push_back(Key(500 + i));
-    a.Put(keys.back(), Bytes(500 + i, 4096));
-  }
+  // One home: one lookup.
+  const auto keys = PutOnA(500, 8, [](const std::string& home) { return home == "a"; });
+  ASSERT_EQ(keys.size(), 8u);
   FlushAll();
   ASSERT_TRUE(WaitDirectoryEntries(keys.size()));
   auto pins = b.Fetch(keys);
@@ -396,14 +404,9 @@ TEST_F(RemoteReaderTest, AStaleCachedAnswerHalvesHowLongAnswersAreReused) {
   nodes_[1]->gate->Open();
   TestNode& a = *nodes_[0];
   TestNode& b = *nodes_[1];
-  std::vector<KeyId> keys;
-  auto map = b.cluster->shard_map();
-  for (int i = 0; keys.size() < 6; ++i) {
-    ASSERT_LT(i, 1000);
-    if (map->HomeOf(Key(900 + i))->node_id == "b") continue;  // remote homes only
-    keys.push_back(Key(900 + i));
-    a.Put(keys.back(), Bytes(900 + i, 4096));
-  }
+  // Remote homes only: B caches their answers.
+  const auto keys = PutOnA(900, 6, [](const std::string& home) { return home != "b"; });
+  ASSERT_EQ(keys.size(), 6u);
   FlushAll();
   ASSERT_TRUE(WaitDirectoryEntries(keys.size()));
   Gauge* ttl = b.metrics.GetGauge("kvpool_remote_lookup_cache_ttl_microseconds", "");
