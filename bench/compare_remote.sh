@@ -10,9 +10,10 @@
 #            GET a hit; best of -c 1 / -c 4 / -c 4 -P 4, plus -c N -P 16 when
 #            kvpool's remote get runs N = GET_THREADS > 1 client threads
 #            (N connections x batch 16 in flight, as kvpool has)
-#   kvpool   nodes A (large DRAM) and B (small DRAM, so fetched replicas are
-#            evicted and reads stay remote) in a static --peers cluster,
-#            UCX_TLS=tcp UCX_NET_DEVICES=lo. Keys are put through A's socket;
+#   kvpool   nodes A (large DRAM) and B (small DRAM, so the replicas it
+#            keeps of values fetched again are evicted and reads stay
+#            remote) in a static --peers cluster, UCX_TLS=tcp
+#            UCX_NET_DEVICES=lo. Keys are put through A's socket;
 #            B then reads them: get (1 MiB, batch 16, GET_THREADS client
 #            threads, each with its own connection), zero-copy get (acquire
 #            into B's segment, read in place), exists (batch 128),

@@ -60,8 +60,9 @@ struct HomePlacerOptions {
   uint64_t max_inflight_bytes = 64ull << 20;
   // Values waiting for the budget (16 + 8 bytes each).
   size_t max_queued = 65536;
-  // Placement "chain": target the home of the value's chain head
-  // (NoteChain), not the key's own home.
+  // Placement "chain": target the node NoteChain picked for the value (the
+  // one holding the block before it, or the least fed for a new chain), not
+  // the key's own home.
   bool by_chain = false;
   // Chain notes kept for values not yet committed (32 bytes each; all are
   // dropped when full).

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -38,7 +39,37 @@ struct RemoteReader::State {
     any_evicted_lately.store(true, std::memory_order_relaxed);
   }
 
+  // Replicas::kRepeat: the last replica_window keys fetched, and how many
+  // times each is among them.
+  std::mutex fetched_mu;
+  std::deque<KeyId> fetched_order;                               // protected by fetched_mu
+  std::unordered_map<KeyId, uint32_t, KeyIdHash> fetched_count;  // protected by fetched_mu
+
+  // Whether the value of key, just fetched, is kept as a replica.
+  bool KeepReplica(const KeyId& key) {
+    switch (opts.replicas) {
+      case RemoteReaderOptions::Replicas::kAll:
+        return true;
+      case RemoteReaderOptions::Replicas::kNone:
+        return false;
+      case RemoteReaderOptions::Replicas::kRepeat:
+        break;
+    }
+    std::lock_guard lock(fetched_mu);
+    uint32_t& n = fetched_count[key];
+    bool again = n > 0;
+    ++n;
+    fetched_order.push_back(key);
+    while (fetched_order.size() > opts.replica_window) {
+      auto it = fetched_count.find(fetched_order.front());
+      if (--it->second == 0) fetched_count.erase(it);
+      fetched_order.pop_front();
+    }
+    return again;
+  }
+
   Counter* fetch_bytes = nullptr;
+  Counter* replicas_kept = nullptr;
   Counter* evicted_lately_found = nullptr;
   Counter* hits = nullptr;
   Counter* misses = nullptr;
@@ -136,11 +167,12 @@ void IssueFetch(const std::shared_ptr<RemoteReader::State>& st, const std::share
   };
   st->fetcher->Fetch(std::move(req), retry, [st, op, i](const Status& s, uint64_t got) {
     if (s.ok()) {
-      auto pin = st->opts.keep_replicas
-                     ? st->store->CommitAndAcquire(std::move(op->slots[i]), WriteOrigin::kCopy)
-                     : st->store->PinUncommitted(std::move(op->slots[i]));
+      bool keep = st->KeepReplica(op->keys[i]);
+      auto pin = keep ? st->store->CommitAndAcquire(std::move(op->slots[i]), WriteOrigin::kCopy)
+                      : st->store->PinUncommitted(std::move(op->slots[i]));
       if (pin.ok()) {
         st->hits->Inc();
+        if (keep) st->replicas_kept->Inc();
         st->fetch_bytes->Inc(got);
         op->AddPin(std::move(pin).value());
       } else {
@@ -225,6 +257,10 @@ RemoteReader::RemoteReader(const RemoteReaderOptions& options, Cluster* cluster,
                     "Exists items no node holds that their home saw dropped lately (written "
                     "again, they are kept as returning blocks)");
   s.fetch_bytes = m->GetCounter("kvpool_remote_fetch_bytes_total", "Value bytes fetched from peers");
+  s.replicas_kept =
+      m->GetCounter("kvpool_remote_replicas_kept_total",
+                    "Values fetched from peers kept here as replicas (--read-replicas); the rest "
+                    "of kvpool_remote_hits_total were dropped after their read");
   s.hits = m->GetCounter("kvpool_remote_hits_total", "Local misses served from a peer");
   s.misses = m->GetCounter("kvpool_remote_misses_total", "Local misses no peer could serve");
 }

@@ -3,8 +3,9 @@
 // directory when the home is this node; positive answers are reused for a
 // short TTL), then fetches each found key from a
 // live holder straight into a reserved local DRAM slot (the transport's
-// sink), commits and pins it (a kCopy write: the holdings stream publishes
-// the new local replica). The lookups, the choice of holders, the fetches
+// sink) and pins it: committed as a replica (a kCopy write: the holdings
+// stream publishes it) when RemoteReaderOptions::replicas says so, else
+// pinned uncommitted for the read alone. The lookups, the choice of holders, the fetches
 // and the cool-downs are RouteFetcher's (route_fetch.h); the slots and
 // replicas are the reader's.
 //
@@ -46,10 +47,17 @@ struct RemoteReaderOptions {
   std::chrono::milliseconds lookup_cache_ttl{1000};
   // Entries cached at most (the cache is cleared when full).
   size_t lookup_cache_entries = 1u << 16;
-  // Keep what a read fetched as a local replica (false: the fetched value
-  // is served to the read that asked and then dropped, so copies never take
-  // the room of what this node holds alone).
-  bool keep_replicas = true;
+  // Which values a read fetched are kept here as replicas (committed,
+  // published, first in line to go): every one (kAll); those this node had
+  // fetched already within its last replica_window fetched values
+  // (kRepeat: values read here again soon, such as a shared system prompt,
+  // spread to their readers); or none (kNone). A value not kept is served
+  // to the read that asked and dropped when released, so a copy read once
+  // never takes the room of what this node holds alone.
+  enum class Replicas { kAll, kRepeat, kNone };
+  Replicas replicas = Replicas::kRepeat;
+  // kRepeat: fetched values remembered (about 100 bytes each).
+  size_t replica_window = 256;
   // Where chain notes go (placement chain's placer); null: dropped. Must
   // outlive the reader.
   HomePlacer* chain_placer = nullptr;

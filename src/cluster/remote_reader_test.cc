@@ -146,6 +146,8 @@ struct TestNode {
   std::unique_ptr<HoldingsAnnouncer> announcer;
   std::unique_ptr<PeerServer> server;
   std::unique_ptr<RemoteReader> reader;
+  RemoteReaderOptions reader_options;
+  const Clock* reader_clock = nullptr;
   GatedTransport* gate = nullptr;     // owned by cluster; null unless gated
   FaultyTransport* faulty = nullptr;  // owned by cluster; null unless asked for
 
@@ -189,13 +191,23 @@ struct TestNode {
                                                     tiered.get(), pool.get(), &metrics, clock);
     server = std::make_unique<PeerServer>(cluster.get(), directory.get(), announcer.get(),
                                           tiered.get(), pool.get());
-    RemoteReaderOptions ro;
-    ro.lookup_timeout = milliseconds(300);
-    ro.fetch_timeout = milliseconds(300);
-    if (gate != nullptr) ro.lookup_timeout = milliseconds(10000);  // held, not lost
-    reader = std::make_unique<RemoteReader>(ro, cluster.get(), directory.get(), tiered.get(),
-                                            pool.get(), &metrics, clock);
+    reader_options.lookup_timeout = milliseconds(300);
+    reader_options.fetch_timeout = milliseconds(300);
+    if (gate != nullptr) reader_options.lookup_timeout = milliseconds(10000);  // held, not lost
+    reader_clock = clock;
+    reader = std::make_unique<RemoteReader>(reader_options, cluster.get(), directory.get(),
+                                            tiered.get(), pool.get(), &metrics, clock);
     announcer->Start();
+  }
+
+  // Replaces the reader by one that keeps replicas as `replicas` says.
+  void SetReplicas(RemoteReaderOptions::Replicas replicas, size_t window = 256) {
+    reader->Stop();
+    reader.reset();
+    reader_options.replicas = replicas;
+    reader_options.replica_window = window;
+    reader = std::make_unique<RemoteReader>(reader_options, cluster.get(), directory.get(),
+                                            tiered.get(), pool.get(), &metrics, reader_clock);
   }
 
   // The node's shutdown order (node.cc).
@@ -289,7 +301,9 @@ class RemoteReaderTest : public ::testing::Test {
   std::vector<std::unique_ptr<TestNode>> nodes_;
 };
 
-TEST_F(RemoteReaderTest, FetchesByteExactIntoLocalSlotsAndPublishesReplicas) {
+// Under the default (Replicas::kRepeat) a value fetched once is served to
+// its read and dropped; fetched again within the window it is kept.
+TEST_F(RemoteReaderTest, FetchesByteExactAndKeepsReplicasOfValuesFetchedAgain) {
   nodes_[1]->gate->Open();
   TestNode& a = *nodes_[0];
   TestNode& b = *nodes_[1];
@@ -297,19 +311,34 @@ TEST_F(RemoteReaderTest, FetchesByteExactIntoLocalSlotsAndPublishesReplicas) {
   const int kN = 40;
   std::vector<KeyId> keys;
   std::vector<std::vector<uint8_t>> vals;
+  std::map<KeyId, int> index;
   for (int i = 0; i < kN; ++i) {
     keys.push_back(Key(i));
     vals.push_back(Bytes(i, 1 + i * 997));
+    index[keys.back()] = i;
     a.Put(keys.back(), vals.back());
   }
   FlushAll();
   ASSERT_TRUE(WaitDirectoryEntries(kN));
   EXPECT_EQ(b.ExistsCount(keys), static_cast<size_t>(kN));
+  Counter* hits = b.metrics.GetCounter("kvpool_remote_hits_total", "");
+  Counter* kept = b.metrics.GetCounter("kvpool_remote_replicas_kept_total", "");
 
   auto pins = b.Fetch(keys);
   ASSERT_EQ(pins.size(), static_cast<size_t>(kN)) << b.metrics.RenderPrometheus();
-  EXPECT_EQ(b.metrics.GetCounter("kvpool_remote_hits_total", "")->Value(),
-            static_cast<uint64_t>(kN));
+  EXPECT_EQ(hits->Value(), static_cast<uint64_t>(kN));
+  EXPECT_EQ(kept->Value(), 0u);
+  for (const auto& p : pins) EXPECT_EQ(b.Read(p), vals[index.at(p.key())]);
+  pins.clear();
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_EQ(b.tiered->Hold(keys[i]).status().code(), StatusCode::kNotFound) << i;
+  }
+  EXPECT_EQ(b.tiered->GetDramStats().pinned, 0u);
+
+  pins = b.Fetch(keys);  // again: kept this time
+  ASSERT_EQ(pins.size(), static_cast<size_t>(kN));
+  EXPECT_EQ(hits->Value(), static_cast<uint64_t>(2 * kN));
+  EXPECT_EQ(kept->Value(), static_cast<uint64_t>(kN));
   pins.clear();
   for (int i = 0; i < kN; ++i) {
     auto p = b.tiered->Hold(keys[i]);  // a local replica now
@@ -353,6 +382,48 @@ TEST_F(RemoteReaderTest, FetchesByteExactIntoLocalSlotsAndPublishesReplicas) {
     EXPECT_TRUE(c.Fetch(homed_a).empty());
     EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(1000));
   }
+}
+
+// Which fetched values stay as replicas: all of them (kAll), none even when
+// fetched again (kNone), and under kRepeat those fetched within the last
+// `window` fetched values, counted exactly.
+TEST_F(RemoteReaderTest, ReplicasAreKeptAsTheSettingSays) {
+  nodes_[1]->gate->Open();
+  TestNode& b = *nodes_[1];
+  std::vector<KeyId> keys = PutOnA(7000, 8, [](const std::string&) { return true; });
+  ASSERT_EQ(keys.size(), 8u);
+  FlushAll();
+  ASSERT_TRUE(WaitDirectoryEntries(keys.size()));
+  Counter* kept = b.metrics.GetCounter("kvpool_remote_replicas_kept_total", "");
+  // Fetches key k alone; whether B holds it after the read.
+  auto fetch_one = [&](const KeyId& k) {
+    EXPECT_EQ(b.Fetch({k}).size(), 1u);
+    bool is_held = b.tiered->Hold(k).ok();  // the pin is released at once
+    if (is_held) {
+      EXPECT_TRUE(b.tiered->Remove(k).ok());  // the next read fetches again
+    }
+    return is_held;
+  };
+
+  b.SetReplicas(RemoteReaderOptions::Replicas::kNone);
+  EXPECT_FALSE(fetch_one(keys[0]));
+  EXPECT_FALSE(fetch_one(keys[0]));
+  EXPECT_EQ(kept->Value(), 0u);
+
+  b.SetReplicas(RemoteReaderOptions::Replicas::kAll);
+  EXPECT_TRUE(fetch_one(keys[1]));
+  EXPECT_EQ(kept->Value(), 1u);
+
+  // Window of 4: after keys 2..7 it remembers 4, 5, 6, 7.
+  b.SetReplicas(RemoteReaderOptions::Replicas::kRepeat, 4);
+  for (size_t i = 2; i < 8; ++i) EXPECT_FALSE(fetch_one(keys[i])) << i;
+  EXPECT_TRUE(fetch_one(keys[4]));   // 4 remembered; now 5, 6, 7, 4
+  EXPECT_FALSE(fetch_one(keys[3]));  // 3 forgotten; now 6, 7, 4, 3
+  EXPECT_TRUE(fetch_one(keys[3]));   // 3 remembered; now 7, 4, 3, 3
+  EXPECT_FALSE(fetch_one(keys[6]));  // 6 forgotten
+  EXPECT_EQ(kept->Value(), 3u);
+  EXPECT_EQ(b.metrics.GetCounter("kvpool_remote_hits_total", "")->Value(), 13u);
+  EXPECT_EQ(b.tiered->GetDramStats().pinned, 0u);
 }
 
 // A batch is a block chain in order and the holder touches each value it
@@ -561,6 +632,7 @@ TEST_F(RemoteReaderTest, APublishTheHomeDidNotTakeIsSentAgain) {
 TEST_F(RemoteReaderTest, FetchesStartWhileOtherHomesAreStillAnswering) {
   TestNode& a = *nodes_[0];
   TestNode& b = *nodes_[1];
+  b.SetReplicas(RemoteReaderOptions::Replicas::kAll);  // read back below
   auto map = b.cluster->shard_map();
   std::vector<KeyId> keys;
   std::vector<std::vector<uint8_t>> vals;

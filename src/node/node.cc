@@ -344,8 +344,12 @@ class NodeImpl final : public Node {
         &metrics_);
     anti_entropy_->Start();
     cluster::RemoteReaderOptions ro = opts_.remote;
+    using Replicas = cluster::RemoteReaderOptions::Replicas;
+    ro.replicas = opts_.read_replicas == "all"    ? Replicas::kAll
+                  : opts_.read_replicas == "none" ? Replicas::kNone
+                                                  : Replicas::kRepeat;
     if (opts_.placement == "chain") {
-      ro.keep_replicas = false;
+      ro.replicas = Replicas::kNone;
       ro.chain_placer = announcer_->placer();
     }
     reader_ = std::make_unique<cluster::RemoteReader>(ro, cluster_.get(), directory_.get(),

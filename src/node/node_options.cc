@@ -287,9 +287,18 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
                  "a key");
   t->AddEnum("placement", &o->placement, {"local", "home", "chain"},
              "Where a put is stored: the writer's node (local), the key's home node (home), or "
-             "the home of the first key of its prefix chain, with reads of other nodes' values "
+             "the node holding the rest of its prefix chain, with reads of other nodes' values "
              "kept no longer than the read (chain: a pool that keeps what one cache would; "
              "docs/eviction.md)");
+  t->AddEnum("read-replicas", &o->read_replicas, {"all", "repeat", "none"},
+             "Which values a read fetches from other nodes are kept here as replicas (first in "
+             "line to go): every one (all), those this node fetched already within its last "
+             "--read-replica-window fetched values (repeat: values read here again soon, such "
+             "as a shared prompt), or none; a value not kept is dropped after its read. "
+             "Placement chain keeps none");
+  t->AddInt("read-replica-window", &o->remote.replica_window, 1, 1 << 20,
+            "--read-replicas repeat: how many of the last fetched values are remembered "
+            "(about 100 bytes each)");
   t->AddBytes("placement-max-inflight", &o->placement_max_inflight, 1ull << 20, 1ull << 40,
               "Placement home and chain: value bytes being handed to other nodes at once; a put "
               "beyond it stays "

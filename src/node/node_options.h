@@ -60,9 +60,13 @@ struct NodeOptions {
   std::string etcd_urls;  // comma-separated; empty: no etcd
   int peer_port = 0;      // copied to cluster.peer_port
   // Where a put is stored: "local" (the writer's node, published to the
-  // key's home), "home" (the key's home node) or "chain" (the home of the
-  // first key of its prefix chain; reads keep no replicas).
+  // key's home), "home" (the key's home node) or "chain" (the node holding
+  // the rest of its prefix chain; reads keep no replicas).
   std::string placement = "local";
+  // Which values fetched from peers a read keeps as replicas: "all",
+  // "repeat" (those fetched here already lately) or "none"; copied to
+  // remote.replicas ("none" under placement chain).
+  std::string read_replicas = "repeat";
   // Placement home: bytes of hand-offs to homes in flight at once; a value
   // put beyond it stays on the writer, as with placement local.
   uint64_t placement_max_inflight = 64ull << 20;
