@@ -24,6 +24,13 @@ node, to tell what the design keeps from what the real nodes keep:
 - with --reader-slots, a read of blocks held by another store first frees
   as many slots on the writer's store (evicting), as a node does when it
   reserves a slot for each block it fetches;
+- with --placement writer, a request's new blocks go to the store of the
+  node it was sent to (placement local, reads keeping no replica);
+- with --victims pool, a store that needs room evicts the pool's coldest
+  entry (the least recently used among the stores' next victims, wherever
+  it is), so the pool's victims go in one order of recency, as one
+  store's would, and each store may hold more or less than its share:
+  what eviction coordinated across the pool would do at best;
 - with --placement hash, each block lives on the store its id hashes to
   (a key home, as --placement home), a request's new blocks written there
   in chain order, each store with its own ghost (a key always comes back
@@ -36,7 +43,8 @@ about a change of the rules.
 
 Usage: bench/pool_model.py [--trace FILE] [--capacity N] [--nodes N]
          [--ghost shared|local] [--ghost-window X] [--reader-slots]
-         [--balance writer|global] [--placement chain|hash] [--sweep]
+         [--balance writer|global] [--placement chain|hash|writer]
+         [--victims store|pool] [--sweep]
 Prints the block hit ratio of one store of the whole capacity and of the
 pool, and their ratio.
 """
@@ -61,8 +69,11 @@ class Ghost:
 
 
 class Store:
-    def __init__(self, entries, ghost):
+    def __init__(self, entries, ghost, clock):
         self.entries = entries
+        self.clock = clock  # [now], shared by the stores of a pool
+        self.last = {}  # key -> when last committed or hit
+        self.pool = None  # --victims pool: every store of the pool
         self.protected_max = entries * 7 // 10
         self.probation = OrderedDict()  # coldest first
         self.protected = OrderedDict()
@@ -79,7 +90,19 @@ class Store:
             key, _ = self.protected.popitem(last=False)
             self.probation[key] = True
 
+    def _stamp(self, key):
+        self.clock[0] += 1
+        self.last[key] = self.clock[0]
+
+    def coldest(self):
+        """When this store's next victim was last used."""
+        d = self.probation if self.probation else self.protected
+        return self.last[next(iter(d))]
+
     def touch(self, key):
+        if key not in self:
+            return  # evicted since the request found it (--victims pool: by another store's room)
+        self._stamp(key)
         if key in self.probation:
             del self.probation[key]
         else:
@@ -92,15 +115,23 @@ class Store:
             key, _ = self.probation.popitem(last=False)
             self.ghost.add(key)
         else:
-            self.protected.popitem(last=False)
+            key, _ = self.protected.popitem(last=False)
+        del self.last[key]
 
     def make_room(self, free):
-        while self.size() > self.entries - free:
-            self.evict_one()
+        if self.pool is None:
+            while self.size() > self.entries - free:
+                self.evict_one()
+            return
+        room = sum(s.entries for s in self.pool) - free
+        while sum(s.size() for s in self.pool) > room:
+            min((s for s in self.pool if s.size()), key=Store.coldest).evict_one()
 
     def insert_chain(self, keys):
         # Each block just colder than the one before: put in reverse at the
         # warm end, the chain's head ends warmest.
+        for k in reversed(keys):  # the head most recent
+            self._stamp(k)
         back = [k for k in keys if k in self.ghost]
         new = [k for k in keys if k not in self.ghost]
         for k in reversed(new):
@@ -119,11 +150,15 @@ def hash_store(block, nodes):
 def replay(trace, capacity, nodes, args):
     shared = Ghost(capacity * args.ghost_window)
     own_ghost = args.ghost == "local" or args.placement == "hash"
+    clock = [0]
     stores = [
         Store(capacity // nodes,
-              Ghost(capacity // nodes * args.ghost_window) if own_ghost else shared)
+              Ghost(capacity // nodes * args.ghost_window) if own_ghost else shared, clock)
         for _ in range(nodes)
     ]
+    if args.victims == "pool" and nodes > 1:
+        for s in stores:
+            s.pool = stores
     where = {}
     fed = [[0] * nodes for _ in range(nodes)]  # fed[writer][store]
     hits = refs = 0
@@ -134,7 +169,7 @@ def replay(trace, capacity, nodes, args):
         while p < len(blocks) and blocks[p] in where and blocks[p] in where[blocks[p]]:
             p += 1
         hits += p
-        if args.reader_slots and nodes > 1 and args.placement == "chain":
+        if args.reader_slots and nodes > 1 and args.placement in ("chain", "writer"):
             remote = sum(1 for b in blocks[:p] if where[b] is not stores[writer])
             if remote:
                 stores[writer].make_room(remote)
@@ -152,7 +187,9 @@ def replay(trace, capacity, nodes, args):
                     where[b] = stores[target]
                 stores[target].insert_chain(keys)
             continue
-        if p > 0:
+        if args.placement == "writer":
+            target = writer
+        elif p > 0:
             target = stores.index(where[blocks[p - 1]])
         elif args.balance == "global":
             target = min(range(nodes), key=lambda s: sum(f[s] for f in fed))
@@ -177,8 +214,11 @@ def main():
                     help="ghost generation, times the capacity (4: --directory-ghost's default)")
     ap.add_argument("--reader-slots", action="store_true")
     ap.add_argument("--balance", choices=["writer", "global"], default="writer")
-    ap.add_argument("--placement", choices=["chain", "hash"], default="chain",
-                    help="chain placement's rules, or each block on the store its id hashes to")
+    ap.add_argument("--placement", choices=["chain", "hash", "writer"], default="chain",
+                    help="chain placement's rules, each block on the store its id hashes to, "
+                    "or on its writer's store")
+    ap.add_argument("--victims", choices=["store", "pool"], default="store",
+                    help="each store evicts its own coldest entry, or the pool's coldest")
     ap.add_argument("--sweep", action="store_true",
                     help="seven capacities around --capacity; mean, smallest and largest ratio")
     args = ap.parse_args()
