@@ -645,6 +645,9 @@ def remote_summarize(path):
     line("kvpool", "directory bytes per entry", node.get("directory_bytes_per_entry", nan), 1,
          "kvpool_directory_bytes / kvpool_directory_entries, A and B (%d entries)" % node.get("directory_entries", 0),
          fmt="%10.1f")
+    line("kvpool", "directory ghost bytes per entry", node.get("directory_ghost_bytes_per_entry", nan), 1,
+         "kvpool_directory_ghost_bytes / kvpool_directory_entries, A and B (--directory-ghost)",
+         fmt="%10.1f")
     print("(medians over repetitions; GB/s = 1e9 bytes/s)")
     print()
     # Ratios pair each repetition's figures, taken back to back (the median
@@ -670,6 +673,7 @@ def remote_summarize(path):
         ("lookup_share_of_batch_get", "%.3f" % ls64),
         ("lookup_share_of_batch_get_1m", "%.3f" % ls1m),
         ("directory_bytes_per_entry", "%.1f" % node.get("directory_bytes_per_entry", nan)),
+        ("directory_ghost_bytes_per_entry", "%.1f" % node.get("directory_ghost_bytes_per_entry", nan)),
         ("remote_zc_get_1m_vs_iperf", "%.3f" % paired(zc, iperf, zc_gbps)),
         ("remote_get_1m_gbps", "%.3f" % get_g),
         ("remote_zc_get_1m_gbps", "%.3f" % zc_g),

@@ -294,9 +294,11 @@ run_kvpool() {
 
   local dbytes=$(( $(metric_of "$A_URL" kvpool_directory_bytes) + $(metric_of "$B_URL" kvpool_directory_bytes) ))
   local dent=$(( $(metric_of "$A_URL" kvpool_directory_entries) + $(metric_of "$B_URL" kvpool_directory_entries) ))
-  "$PY" -c 'import json,sys; b,e=int(sys.argv[1]),int(sys.argv[2]); print(json.dumps({"system":"node",
+  local gbytes=$(( $(metric_of "$A_URL" kvpool_directory_ghost_bytes) + $(metric_of "$B_URL" kvpool_directory_ghost_bytes) ))
+  "$PY" -c 'import json,sys; b,e,g=int(sys.argv[1]),int(sys.argv[2]),int(sys.argv[5]); print(json.dumps({"system":"node",
     "directory_bytes":b,"directory_entries":e,"directory_bytes_per_entry":b/e if e else float("nan"),
-    "cpus":int(sys.argv[3]),"put_note":sys.argv[4]}))' "$dbytes" "$dent" "$(nproc)" "${PUT_NOTE:-}" >> "$RESULTS"
+    "directory_ghost_bytes_per_entry":g/e if e else float("nan"),
+    "cpus":int(sys.argv[3]),"put_note":sys.argv[4]}))' "$dbytes" "$dent" "$(nproc)" "${PUT_NOTE:-}" "$gbytes" >> "$RESULTS"
   log "directories: $dbytes bytes for $dent entries"
 
   if [[ $PLACEMENT_HOME -eq 1 ]]; then

@@ -265,8 +265,15 @@ Directory::Directory(const DirectoryOptions& options, MetricsRegistry* m)
                                      "Keys looked up that had a holder");
   m->AddCallbackGauge("kvpool_directory_entries", "Keys in this node's directory", {},
                       [this] { return static_cast<double>(entries()); }, this);
-  m->AddCallbackGauge("kvpool_directory_bytes", "Memory of this node's directory (table and holder names)", {},
-                      [this] { return static_cast<double>(bytes()); }, this);
+  m->AddCallbackGauge(
+      "kvpool_directory_bytes",
+      "Memory of this node's directory (table and holder names; the ghost is "
+      "kvpool_directory_ghost_bytes)",
+      {}, [this] { return static_cast<double>(bytes()); }, this);
+  m->AddCallbackGauge(
+      "kvpool_directory_ghost_bytes",
+      "Memory of the directory's ghost of keys dropped lately (--directory-ghost)", {},
+      [this] { return static_cast<double>(ghost_bytes()); }, this);
 }
 
 Directory::~Directory() { impl_->metrics->RemoveCallbacks(this); }
@@ -279,6 +286,11 @@ uint64_t Directory::entries() const {
 uint64_t Directory::bytes() const {
   std::lock_guard lock(impl_->mu);
   return impl_->bytes();
+}
+
+uint64_t Directory::ghost_bytes() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->ghost != nullptr ? impl_->ghost->bytes() : 0;
 }
 
 void Directory::Apply(const PublishBatch& batch) {

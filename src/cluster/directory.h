@@ -13,7 +13,7 @@
 // full: 40-80 bytes per key. The slot of a key is found from the top bits
 // of its id, so a shard's keys sit in one run of the table and are listed
 // without a full scan. Memory is reported (kvpool_directory_entries,
-// kvpool_directory_bytes).
+// kvpool_directory_bytes, and kvpool_directory_ghost_bytes for the ghost).
 //
 // Anti-entropy: per (holder, shard) the directory keeps the count and the
 // sum of ShardDigestOf() of the keys the holder claims, updated with every
@@ -88,6 +88,8 @@ class Directory {
   uint64_t entries() const;
   // Memory held: the slot table and the interned holders.
   uint64_t bytes() const;
+  // Memory of the ghost of keys dropped lately (0 when it is off).
+  uint64_t ghost_bytes() const;
 
  private:
   struct Impl;

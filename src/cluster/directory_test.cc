@@ -112,11 +112,16 @@ TEST(Directory, AKeyItsLastHolderDroppedIsEvictedLately) {
   // Listed again: no longer evicted.
   dir.Apply({"b", 1, {{K(1), PublishOp::kAdd, 10}}});
   EXPECT_FALSE(dir.Lookup(keys)[0].evicted_lately);
+  // The ghost's memory, apart from the table's: two generations of its
+  // first window (1,024 keys) at 16 bits a key.
+  EXPECT_EQ(dir.ghost_bytes(), 2u * 1024 * 16 / 8);
+  EXPECT_EQ(m.ValueOf("kvpool_directory_ghost_bytes"), 4096.0);
   // Off: nothing is remembered.
   Directory off(DirectoryOptions{.ghost_ratio = 0}, &m);
   off.Apply({"a", 1, {{K(1), PublishOp::kAdd, 10}}});
   off.Apply({"a", 1, {{K(1), PublishOp::kRemove, 0}}});
   EXPECT_FALSE(off.Lookup(keys)[0].evicted_lately);
+  EXPECT_EQ(off.ghost_bytes(), 0u);
 }
 
 TEST(Directory, AddRemovePruneAndBound) {
