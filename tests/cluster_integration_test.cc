@@ -375,8 +375,8 @@ TEST_F(ClusterTest, PlacementHomeSpreadsValuesOverTheHomes) {
 }
 
 // Placement chain: a writer's exists call names a chain; the blocks it
-// then puts go, whole, to the home of the chain's first key, and blocks
-// added to the chain later follow them there. Reads through other nodes
+// then puts go, whole, to one node (the least fed by this writer for a new
+// chain), and blocks added to the chain later follow them there. Reads through other nodes
 // are byte-exact and keep no replica. Both put paths: values inline (put)
 // and through reservations (reserve, write, commit).
 TEST(StaticClusterTest, PlacementChainKeepsEachChainOnOneNodeAndReadsKeepNoReplicas) {

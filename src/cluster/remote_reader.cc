@@ -168,11 +168,14 @@ void IssueFetch(const std::shared_ptr<RemoteReader::State>& st, const std::share
   st->fetcher->Fetch(std::move(req), retry, [st, op, i](const Status& s, uint64_t got) {
     if (s.ok()) {
       bool keep = st->KeepReplica(op->keys[i]);
+      const uint64_t slot = op->slots[i].offset();
       auto pin = keep ? st->store->CommitAndAcquire(std::move(op->slots[i]), WriteOrigin::kCopy)
                       : st->store->PinUncommitted(std::move(op->slots[i]));
       if (pin.ok()) {
         st->hits->Inc();
-        if (keep) st->replicas_kept->Inc();
+        // Not when another writer committed the key first (its entry, in
+        // another slot, is what the pin holds).
+        if (keep && pin->offset() == slot) st->replicas_kept->Inc();
         st->fetch_bytes->Inc(got);
         op->AddPin(std::move(pin).value());
       } else {

@@ -48,7 +48,7 @@ struct RemoteReaderOptions {
   // Entries cached at most (the cache is cleared when full).
   size_t lookup_cache_entries = 1u << 16;
   // Which values a read fetched are kept here as replicas (committed,
-  // published, first in line to go): every one (kAll); those this node had
+  // published; first in line to go under the prefix policy): every one (kAll); those this node had
   // fetched already within its last replica_window fetched values
   // (kRepeat: values read here again soon, such as a shared system prompt,
   // spread to their readers); or none (kNone). A value not kept is served

@@ -8,7 +8,8 @@
 //
 // It knows the transport, the membership view and shard map it is handed,
 // and the message formats; not the store. Its users: the node's
-// RemoteReader (which stores what it fetched as a local replica) and
+// RemoteReader (which fetches into local slots, kept as replicas when
+// --read-replicas says so) and
 // libkvpool's remote mode (RemoteClient, which fetches into the caller's
 // buffers).
 //

@@ -292,10 +292,11 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
              "docs/eviction.md)");
   t->AddEnum("read-replicas", &o->read_replicas, {"all", "repeat", "none"},
              "Which values a read fetches from other nodes are kept here as replicas (first in "
-             "line to go): every one (all), those this node fetched already within its last "
+             "line to go under the prefix policy): every one (all), those this node fetched "
+             "already within its last "
              "--read-replica-window fetched values (repeat: values read here again soon, such "
              "as a shared prompt), or none; a value not kept is dropped after its read. "
-             "Placement chain keeps none");
+             "Placement chain keeps none, whatever this says");
   t->AddInt("read-replica-window", &o->remote.replica_window, 1, 1 << 20,
             "--read-replicas repeat: how many of the last fetched values are remembered "
             "(about 100 bytes each)");
