@@ -100,8 +100,6 @@ class Store:
         return self.last[next(iter(d))]
 
     def touch(self, key):
-        if key not in self:
-            return  # evicted since the request found it (--victims pool: by another store's room)
         self._stamp(key)
         if key in self.probation:
             del self.probation[key]
@@ -169,12 +167,14 @@ def replay(trace, capacity, nodes, args):
         while p < len(blocks) and blocks[p] in where and blocks[p] in where[blocks[p]]:
             p += 1
         hits += p
-        if args.reader_slots and nodes > 1 and args.placement in ("chain", "writer"):
-            remote = sum(1 for b in blocks[:p] if where[b] is not stores[writer])
-            if remote:
-                stores[writer].make_room(remote)
+        remote = sum(1 for b in blocks[:p] if where[b] is not stores[writer])
+        # The hits first: a node pins the blocks it holds before it
+        # reserves slots for the ones it fetches, and each holder touches
+        # what it serves; the reservation then evicts none of them.
         for b in reversed(blocks[:p]):
             where[b].touch(b)
+        if args.reader_slots and nodes > 1 and args.placement in ("chain", "writer") and remote:
+            stores[writer].make_room(remote)
         new = [b for b in blocks[p:] if not (b in where and b in where[b])]
         if not new:
             continue
