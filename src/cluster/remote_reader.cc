@@ -1,5 +1,6 @@
 #include "cluster/remote_reader.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -133,6 +134,20 @@ struct FetchOp : LookupBatch {
   // `done` never runs inside Fetch().
   std::atomic<size_t> pending{0};
   RemoteSource::FetchDone done;
+  // The keys the homes resolved so far; fetched once all have answered.
+  std::mutex resolved_mu;
+  std::vector<size_t> resolved;  // protected by resolved_mu
+
+  // Adds the keys one home resolved; true with every key of the batch in
+  // *all (ascending) once the last home has answered.
+  bool AllResolved(const std::vector<size_t>& idx, std::vector<size_t>* all) {
+    std::lock_guard lock(resolved_mu);
+    resolved.insert(resolved.end(), idx.begin(), idx.end());
+    if (resolved.size() < keys.size()) return false;
+    std::sort(resolved.begin(), resolved.end());
+    all->swap(resolved);
+    return true;
+  }
 
   void AddPin(TieredStore::Pin pin) {
     std::lock_guard lock(mu);
@@ -228,9 +243,11 @@ void StartFetches(const std::shared_ptr<RemoteReader::State>& st,
     to_fetch.emplace_back(i, std::move(peers));
   }
   // Last to first: a holder touches each value it serves, and a batch is a
-  // chain in order, so of the keys this lookup resolved the head is touched
-  // last and is the most recent there, as in a local read
-  // (LocalOps::AnswerAcquire).
+  // chain in order, so the head is touched last and is the most recent
+  // there, as in a local read (LocalOps::AnswerAcquire). idx is the whole
+  // batch, whichever homes resolved its keys: a chain's keys have different
+  // homes, and fetching each home's share as it answered would touch a
+  // holder's blocks of the chain in the order the answers came.
   for (auto it = to_fetch.rbegin(); it != to_fetch.rend(); ++it) {
     IssueFetch(st, op, it->first, std::move(it->second));
   }
@@ -283,23 +300,26 @@ void RemoteReader::Fetch(std::vector<KeyId> keys, FetchDone done) {
   op->slots.resize(op->keys.size());
   op->done = std::move(done);
   op->pending.store(op->keys.size() + 1, std::memory_order_relaxed);
-  StartLookup(st, op, st->CurrentRoutes(), [st, op](std::vector<size_t> idx, const Status&,
-                                                    ResolvedOn on) {
-    if (on == ResolvedOn::kCaller) return StartFetches(st, op, idx);  // inside the gate
-    if (!st->store->has_ssd_tier() && st->Enter()) {
-      // Without an SSD tier a Reserve never waits: start on this transport
-      // thread and save a hand-off per read.
-      StartFetches(st, op, idx);
-      st->Leave();
-      return;
-    }
-    st->Continue(
-        st, [st, op, idx] { StartFetches(st, op, idx); },
-        [st, op, n = idx.size()] {
-          st->misses->Inc(n);
-          op->Finished(n);
-        });
-  });
+  StartLookup(st, op, st->CurrentRoutes(),
+              [st, op](std::vector<size_t> part, const Status&, ResolvedOn on) {
+                // Fetched once every home has answered, the whole chain last to first.
+                std::vector<size_t> idx;
+                if (!op->AllResolved(part, &idx)) return;
+                if (on == ResolvedOn::kCaller) return StartFetches(st, op, idx);  // inside the gate
+                if (!st->store->has_ssd_tier() && st->Enter()) {
+                  // Without an SSD tier a Reserve never waits: start on this transport
+                  // thread and save a hand-off per read.
+                  StartFetches(st, op, idx);
+                  st->Leave();
+                  return;
+                }
+                st->Continue(
+                    st, [st, op, idx] { StartFetches(st, op, idx); },
+                    [st, op, n = idx.size()] {
+                      st->misses->Inc(n);
+                      op->Finished(n);
+                    });
+              });
   // The extra count is dropped from the executor, so done never runs here.
   st->Continue(st, [op] { op->Finished(1); }, [op] { op->Finished(1); });
   st->Leave();

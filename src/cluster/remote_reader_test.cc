@@ -13,6 +13,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "cluster/holdings_announcer.h"
@@ -428,15 +429,19 @@ TEST_F(RemoteReaderTest, ReplicasAreKeptAsTheSettingSays) {
 }
 
 // A batch is a block chain in order and the holder touches each value it
-// serves: the keys one lookup resolved are fetched last to first, so the
-// chain's head is the most recent of them on the holder, as after a local
-// read. (Keys of several homes are fetched per home as each answers.)
-TEST_F(RemoteReaderTest, FetchesTheKeysOfOneLookupLastToFirst) {
+// serves: the keys are fetched last to first, whichever homes resolved
+// them, so the chain's head is the most recent of them on the holder, as
+// after a local read.
+TEST_F(RemoteReaderTest, FetchesTheWholeBatchLastToFirst) {
   nodes_[1]->gate->Open();
   TestNode& b = *nodes_[1];
-  // One home: one lookup.
-  const auto keys = PutOnA(500, 8, [](const std::string& home) { return home == "a"; });
-  ASSERT_EQ(keys.size(), 8u);
+  // Keys of every home: B's own directory and two remote lookups.
+  const auto keys = PutOnA(500, 12, [](const std::string&) { return true; });
+  ASSERT_EQ(keys.size(), 12u);
+  auto map = b.cluster->shard_map();
+  std::set<std::string> homes;
+  for (const KeyId& k : keys) homes.insert(map->HomeOf(k)->node_id);
+  ASSERT_EQ(homes.size(), 3u);
   FlushAll();
   ASSERT_TRUE(WaitDirectoryEntries(keys.size()));
   auto pins = b.Fetch(keys);
@@ -627,10 +632,11 @@ TEST_F(RemoteReaderTest, APublishTheHomeDidNotTakeIsSentAgain) {
   EXPECT_EQ(a.metrics.ValueOf("kvpool_publish_dropped_total"), 0);
 }
 
-// A read does not wait for the slowest home before fetching: keys whose
-// home answered (here: B's own directory) are fetched while the lookup at
-// another home (C, held) is still out, and the read completes once C answers.
-TEST_F(RemoteReaderTest, FetchesStartWhileOtherHomesAreStillAnswering) {
+// A read fetches once every home has answered its lookup, so the whole
+// chain is fetched last to first (above): while the lookup at C is held, no
+// key is fetched, not even those B's own directory resolved at once; the
+// read completes once C answers.
+TEST_F(RemoteReaderTest, FetchesWaitForEveryHomesAnswer) {
   TestNode& a = *nodes_[0];
   TestNode& b = *nodes_[1];
   b.SetReplicas(RemoteReaderOptions::Replicas::kAll);  // read back below
@@ -657,11 +663,13 @@ TEST_F(RemoteReaderTest, FetchesStartWhileOtherHomesAreStillAnswering) {
   auto f = done.get_future();
   b.reader->Fetch(keys, [&](std::vector<TieredStore::Pin> pins) { done.set_value(std::move(pins)); });
   Counter* hits = b.metrics.GetCounter("kvpool_remote_hits_total", "");
-  for (int i = 0; i < 500 && hits->Value() < homed_b; ++i) {
+  for (int i = 0; i < 500 && b.gate->held() < 1; ++i) {
     std::this_thread::sleep_for(milliseconds(10));
   }
-  EXPECT_EQ(hits->Value(), homed_b);  // B-homed keys are in, C's lookup still held
-  EXPECT_EQ(b.gate->held(), 1u);
+  ASSERT_EQ(b.gate->held(), 1u);  // C's lookup
+  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_EQ(b.gate->fetched().size(), 0u);  // B resolved its 12 at once, and waits
+  EXPECT_EQ(hits->Value(), 0u);
   EXPECT_EQ(f.wait_for(milliseconds(0)), std::future_status::timeout);
 
   b.gate->Open();
@@ -669,6 +677,7 @@ TEST_F(RemoteReaderTest, FetchesStartWhileOtherHomesAreStillAnswering) {
   auto pins = f.get();
   ASSERT_EQ(pins.size(), keys.size());
   EXPECT_EQ(hits->Value(), keys.size());
+  EXPECT_EQ(b.gate->fetched(), std::vector<KeyId>(keys.rbegin(), keys.rend()));
   for (size_t i = 0; i < keys.size(); ++i) {
     auto p = b.tiered->Hold(keys[i]);
     ASSERT_TRUE(p.ok()) << i;
