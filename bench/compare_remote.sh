@@ -215,7 +215,8 @@ populate_a() {  # populate_a NAMESPACE KEYS VALUE_SIZE: put through A's socket, 
     || { cat "$TMP/populate.err" >&2; die "populate $ns on A failed"; }
   grep -q " $keys stored" "$TMP/populate.err" || { cat "$TMP/populate.err" >&2; die "populate $ns: not all $keys keys stored on A"; }
   log "A: $(grep -o 'populated.*' "$TMP/populate.err")"
-  # Wait until the homes' directories know every key (published in 5 ms batches).
+  # Wait until the homes' directories know every key (each put's are sent before
+  # its answer, and arrive on the peer thread).
   want=$((DIR_ENTRIES + keys))
   for _ in $(seq 100); do
     have=$(( $(metric_of "$A_URL" kvpool_directory_entries) + $(metric_of "$B_URL" kvpool_directory_entries) ))

@@ -367,6 +367,13 @@ bool RemoteReader::EvictedLately(const KeyId& key) const {
   return state_->evicted_lately.count(key) > 0;
 }
 
+void RemoteReader::PublishNow() {
+  auto& st = state_;
+  if (!st->opts.publish_now || !st->Enter()) return;
+  st->opts.publish_now();
+  st->Leave();
+}
+
 bool RemoteReader::WouldForward(const KeyId& key) const {
   return state_->opts.chain_placer != nullptr && state_->opts.chain_placer->WouldForward(key);
 }

@@ -65,6 +65,9 @@ struct RemoteReaderOptions {
   // the holder their lookup named (EvictedLately), kept at most (all are
   // forgotten when full).
   size_t evicted_lately_entries = 1u << 16;
+  // What PublishNow runs: the node's HoldingsAnnouncer::Flush. Null: nothing
+  // (the announcer's schedule publishes).
+  std::function<void()> publish_now;
 };
 
 class RemoteReader final : public RemoteSource {
@@ -82,6 +85,7 @@ class RemoteReader final : public RemoteSource {
   bool Forward(const KeyId& key, std::span<const uint8_t> value) override;
   bool WouldForward(const KeyId& key) const override;
   bool EvictedLately(const KeyId& key) const override;
+  void PublishNow() override;
 
   // New reads miss at once; waits for running stages to leave the transport.
   void Stop();

@@ -195,6 +195,7 @@ struct TestNode {
     reader_options.lookup_timeout = milliseconds(300);
     reader_options.fetch_timeout = milliseconds(300);
     if (gate != nullptr) reader_options.lookup_timeout = milliseconds(10000);  // held, not lost
+    reader_options.publish_now = [this] { announcer->Flush(); };               // as the node does
     reader_clock = clock;
     reader = std::make_unique<RemoteReader>(reader_options, cluster.get(), directory.get(),
                                             tiered.get(), pool.get(), &metrics, clock);
@@ -426,6 +427,33 @@ TEST_F(RemoteReaderTest, ReplicasAreKeptAsTheSettingSays) {
   EXPECT_EQ(kept->Value(), 4u);
   EXPECT_EQ(b.metrics.GetCounter("kvpool_remote_hits_total", "")->Value(), 14u);
   EXPECT_EQ(b.tiered->GetDramStats().pinned, 0u);
+}
+
+// PublishNow (a put that stored values calls it before its answer) sends
+// what the node queued for the homes at once: puts, and drops as well.
+TEST_F(RemoteReaderTest, PublishNowSendsWhatIsQueued) {
+  nodes_[1]->gate->Open();
+  TestNode& a = *nodes_[0];
+  std::vector<KeyId> keys;
+  for (int i = 0; i < 24; ++i) {
+    keys.push_back(Key(3000 + i));
+    a.Put(keys.back(), Bytes(3000 + i, 4096));
+  }
+  auto listed = [&] {
+    uint64_t n = 0;
+    for (auto& node : nodes_) n += node->directory->entries();
+    return n;
+  };
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_EQ(listed(), 0u);  // queued only: the tests' announcers have no schedule
+  a.reader->PublishNow();
+  ASSERT_TRUE(WaitDirectoryEntries(keys.size()));
+  EXPECT_EQ(nodes_[2]->ExistsCount(keys), keys.size());
+  for (int i = 0; i < 12; ++i) ASSERT_TRUE(a.tiered->Remove(keys[i]).ok());
+  a.reader->PublishNow();
+  ASSERT_TRUE(WaitDirectoryEntries(12));
+  // B asks (C would reuse its cached answers: --peer-lookup-cache-ttl).
+  EXPECT_EQ(nodes_[1]->ExistsCount(keys), 12u);
 }
 
 // A batch is a block chain in order and the holder touches each value it

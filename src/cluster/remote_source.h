@@ -1,7 +1,8 @@
 // RemoteSource: what the local server asks of the cluster. Reads of keys
 // missing here go to their holders (via the keys' home nodes). (What this
 // node stores and drops reaches the homes through the store's holdings
-// stream, not through this interface.)
+// stream, not through this interface; PublishNow only asks that it be sent
+// at once.)
 //
 // Thread-safe. The done callbacks run exactly once, on some cluster thread
 // (never inside the call), no later than the source's call deadlines.
@@ -45,6 +46,11 @@ class RemoteSource {
   // held it (its home's ghost), or a fetch found it gone from the holder a
   // lookup named: a write of it is a block coming back.
   virtual bool EvictedLately(const KeyId& key) const { return false; }
+  // A put stored values here: what this node queued for the keys' homes is
+  // sent now, before the put is answered, so a request that another node
+  // gets right after it (a conversation's next turn) finds them. Quick (it
+  // queues the sends); no callback.
+  virtual void PublishNow() {}
 };
 
 }  // namespace kvpool

@@ -451,6 +451,7 @@ Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const
   items_->Inc(handles_.size());
   statuses_.assign(handles_.size(), 0);
   Tenant& t = T(c);
+  bool stored = false;  // here: published before the answer (PublishNow)
   for (size_t i = 0; i < handles_.size(); ++i) {
     auto it = c.reservations.find(handles_[i]);
     if (it == c.reservations.end()) {
@@ -479,8 +480,10 @@ Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const
     statuses_[i] = static_cast<int32_t>(s.code());
     if (s.ok()) {
       Wrote(c, t, size);
+      stored = true;
     }
   }
+  if (stored && t.remote != nullptr) t.remote->PublishNow();
   out_.clear();
   protocol::EncodeStatuses(statuses_, &out_);
   Queue(c, MessageType::kCommit, h.request_id, Status::Ok(), out_);
@@ -621,6 +624,7 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
   statuses_.assign(sized_.size(), 0);
   uint64_t off = 0;
   Tenant& t = T(c);
+  bool stored = false;          // here: published before the answer (PublishNow)
   DramStore::ChainPlace chain;  // the batch is a chain (DramStore::Commit)
   for (size_t i = 0; i < sized_.size(); ++i) {
     const uint8_t* src = data.data() + off;
@@ -647,8 +651,10 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
     statuses_[i] = static_cast<int32_t>(s.code());
     if (s.ok()) {
       Wrote(c, t, sized_[i].size);
+      stored = true;
     }
   }
+  if (stored && t.remote != nullptr) t.remote->PublishNow();
   out_.clear();
   protocol::EncodeStatuses(statuses_, &out_);
   Queue(c, MessageType::kPut, h.request_id, Status::Ok(), out_);

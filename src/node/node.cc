@@ -348,6 +348,7 @@ class NodeImpl final : public Node {
     ro.replicas = opts_.read_replicas == "all"    ? Replicas::kAll
                   : opts_.read_replicas == "none" ? Replicas::kNone
                                                   : Replicas::kRepeat;
+    ro.publish_now = [announcer = announcer_.get()] { announcer->Flush(); };
     if (opts_.placement == "chain") {
       ro.replicas = Replicas::kNone;
       ro.chain_placer = announcer_->placer();

@@ -65,6 +65,15 @@ class FakeCluster final : public RemoteSource {
     std::lock_guard lock(mu_);
     return notes_;
   }
+  // Each call, with the entries the store held then.
+  void PublishNow() override {
+    std::lock_guard lock(mu_);
+    published_.push_back(store_->GetDramStats().entries);
+  }
+  std::vector<uint64_t> published() {
+    std::lock_guard lock(mu_);
+    return published_;
+  }
   void Exists(std::vector<KeyId> keys, ExistsDone done) override {
     executor_->Submit([this, keys = std::move(keys), done = std::move(done)] {
       std::vector<KeyId> hits;
@@ -81,12 +90,37 @@ class FakeCluster final : public RemoteSource {
   std::map<KeyId, std::vector<uint8_t>> values_;  // changed only between the test's calls
   std::mutex mu_;
   std::vector<Note> notes_;  // protected by mu_
+  std::vector<uint64_t> published_;  // protected by mu_
 };
 
 std::vector<uint8_t> Value(int seed, size_t n) {
   std::vector<uint8_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seed * 13 + i * 7);
   return v;
+}
+
+// The ids of keys PREFIX0 .. PREFIX(n-1) in namespace ns.
+std::vector<kvpool_key_id> NamedIds(const std::string& ns, const std::string& prefix, int n) {
+  std::vector<kvpool_key_id> ids(n);
+  for (int i = 0; i < n; ++i) {
+    std::string name = prefix + std::to_string(i);
+    const void* key = name.data();
+    size_t len = name.size();
+    kvpool_key_ids(ns.data(), ns.size(), &key, &len, 1, &ids[i]);
+  }
+  return ids;
+}
+
+// Puts ids[first..first+n) with values Value(first + i, 4096).
+void PutValues(kvpool_client* client, const kvpool_key_id* ids, int first, int n) {
+  std::vector<std::vector<uint8_t>> v;
+  std::vector<const void*> src;
+  std::vector<uint64_t> sizes(n, 4096);
+  std::vector<kvpool_status> statuses(n);
+  for (int i = 0; i < n; ++i) v.push_back(Value(first + i, 4096));
+  for (auto& b : v) src.push_back(b.data());
+  EXPECT_EQ(kvpool_put(client, &ids[first], src.data(), sizes.data(), n, statuses.data()),
+            KVPOOL_OK);
 }
 
 // A 16 MiB DRAM store without an SSD tier.
@@ -320,15 +354,9 @@ TEST(ChainNote, ThePutAfterAnExistsContinuesItsChainEvenFromAHitGoneByTheRead) {
   auto store = OpenStore(&pool, &metrics);
   ASSERT_TRUE(store.ok());
   FakeCluster cluster(store->get(), &pool);
-  std::vector<kvpool_key_id> ids(9);
+  const std::vector<kvpool_key_id> ids = NamedIds("chain", "c", 9);
   std::vector<KeyId> keys;
-  for (int i = 0; i < 9; ++i) {
-    std::string name = "c" + std::to_string(i);
-    const void* key = name.data();
-    size_t len = name.size();
-    kvpool_key_ids("chain", 5, &key, &len, 1, &ids[i]);
-    keys.push_back(KeyId{ids[i].hi, ids[i].lo});
-  }
+  for (const kvpool_key_id& id : ids) keys.push_back(KeyId{id.hi, id.lo});
   // Two chains of four: the first two blocks of each held elsewhere.
   for (int i : {0, 1, 4, 5}) cluster.Hold(keys[i], Value(i, 4096));
 
@@ -343,16 +371,7 @@ TEST(ChainNote, ThePutAfterAnExistsContinuesItsChainEvenFromAHitGoneByTheRead) {
     EXPECT_EQ(kvpool_exists(client, &ids[first], 4, hits.data(), &prefix), KVPOOL_OK);
     return prefix;
   };
-  auto put = [&](int first, int n) {
-    std::vector<std::vector<uint8_t>> v;
-    std::vector<const void*> src;
-    std::vector<uint64_t> sizes(n, 4096);
-    std::vector<kvpool_status> statuses(n);
-    for (int i = 0; i < n; ++i) v.push_back(Value(first + i, 4096));
-    for (auto& b : v) src.push_back(b.data());
-    EXPECT_EQ(kvpool_put(client, &ids[first], src.data(), sizes.data(), n, statuses.data()),
-              KVPOOL_OK);
-  };
+  auto put = [&](int first, int n) { PutValues(client, ids.data(), first, n); };
 
   // The rest written right after the hits: it follows the last hit.
   ASSERT_EQ(exists_prefix(0), 2u);
@@ -371,6 +390,48 @@ TEST(ChainNote, ThePutAfterAnExistsContinuesItsChainEvenFromAHitGoneByTheRead) {
   EXPECT_EQ(notes[0].keys, (std::vector<KeyId>{keys[2], keys[3]}));
   EXPECT_EQ(notes[1].before, keys[4]);
   EXPECT_EQ(notes[1].keys, (std::vector<KeyId>{keys[5], keys[6], keys[7]}));
+
+  served.Stop();
+  pool.Stop();
+}
+
+// A put or commit that stored values has the cluster publish them before it
+// is answered (a request another node gets right after it finds them); one
+// that stored nothing does not.
+TEST(PublishNow, APutThatStoredIsPublishedBeforeItsAnswer) {
+  MetricsRegistry metrics;
+  ThreadPool pool(2, "test-cluster");
+  auto store = OpenStore(&pool, &metrics);
+  ASSERT_TRUE(store.ok());
+  FakeCluster cluster(store->get(), &pool);
+  const std::vector<kvpool_key_id> ids = NamedIds("publish", "p", 6);
+  Served served;
+  ASSERT_NO_FATAL_FAILURE(
+      served.Start("publish-now", store->get(), &cluster, &metrics, /*copy_mode=*/false));
+  kvpool_client* client = served.client();
+  auto put = [&](int first, int n) { PutValues(client, ids.data(), first, n); };
+
+  put(0, 3);
+  EXPECT_EQ(cluster.published(), (std::vector<uint64_t>{3}));  // after the 3, before the answer
+  put(0, 3);                                                   // all stored already
+  EXPECT_EQ(cluster.published(), (std::vector<uint64_t>{3}));
+
+  // Reserve and commit: published when the commit stored them.
+  std::vector<uint64_t> sizes(3, 4096);
+  std::vector<kvpool_region> regions(3);
+  std::vector<kvpool_status> statuses(3);
+  ASSERT_EQ(kvpool_reserve(client, &ids[3], sizes.data(), 3, regions.data(), statuses.data()),
+            KVPOOL_OK);
+  std::vector<uint64_t> handles;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(statuses[i], KVPOOL_OK);
+    auto v = Value(3 + i, 4096);
+    std::memcpy(regions[i].data, v.data(), v.size());
+    handles.push_back(regions[i].handle);
+  }
+  EXPECT_EQ(cluster.published(), (std::vector<uint64_t>{3}));
+  ASSERT_EQ(kvpool_commit(client, handles.data(), 3, statuses.data()), KVPOOL_OK);
+  EXPECT_EQ(cluster.published(), (std::vector<uint64_t>{3, 6}));
 
   served.Stop();
   pool.Stop();
