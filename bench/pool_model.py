@@ -34,7 +34,12 @@ node, to tell what the design keeps from what the real nodes keep:
 - with --placement hash, each block lives on the store its id hashes to
   (a key home, as --placement home), a request's new blocks written there
   in chain order, each store with its own ghost (a key always comes back
-  to the same store).
+  to the same store);
+- with --policy lru, every store is a plain LRU list (no protected list,
+  no ghost; hits touched and blocks written first to last, as a node with
+  --eviction lru does: one store then keeps exactly what kvpool-bench's
+  offline LRU keeps), for what the placements cost a pool of plain LRU
+  caches.
 
 --sweep replays seven capacities around --capacity (0.88 to 1.13 times)
 and prints the mean, smallest and largest ratio: a pool's ratio moves by a
@@ -44,7 +49,7 @@ about a change of the rules.
 Usage: bench/pool_model.py [--trace FILE] [--capacity N] [--nodes N]
          [--ghost shared|local] [--ghost-window X] [--reader-slots]
          [--balance writer|global] [--placement chain|hash|writer]
-         [--victims store|pool] [--sweep]
+         [--victims store|pool] [--policy prefix|lru] [--sweep]
 Prints the block hit ratio of one store of the whole capacity and of the
 pool, and their ratio.
 """
@@ -69,12 +74,13 @@ class Ghost:
 
 
 class Store:
-    def __init__(self, entries, ghost, clock):
+    def __init__(self, entries, ghost, clock, lru=False):
         self.entries = entries
+        self.lru = lru  # protected holds nothing, the ghost is never asked
         self.clock = clock  # [now], shared by the stores of a pool
         self.last = {}  # key -> when last committed or hit
         self.pool = None  # --victims pool: every store of the pool
-        self.protected_max = entries * 7 // 10
+        self.protected_max = 0 if lru else entries * 7 // 10
         self.probation = OrderedDict()  # coldest first
         self.protected = OrderedDict()
         self.ghost = ghost
@@ -127,12 +133,13 @@ class Store:
 
     def insert_chain(self, keys):
         # Each block just colder than the one before: put in reverse at the
-        # warm end, the chain's head ends warmest.
-        for k in reversed(keys):  # the head most recent
+        # warm end, the chain's head ends warmest (lru: in order, the tail
+        # warmest).
+        for k in (keys if self.lru else reversed(keys)):
             self._stamp(k)
-        back = [k for k in keys if k in self.ghost]
-        new = [k for k in keys if k not in self.ghost]
-        for k in reversed(new):
+        back = [] if self.lru else [k for k in keys if k in self.ghost]
+        new = keys if self.lru else [k for k in keys if k not in self.ghost]
+        for k in (new if self.lru else reversed(new)):
             self.probation[k] = True
         for k in reversed(back):
             self.protected[k] = True
@@ -151,7 +158,8 @@ def replay(trace, capacity, nodes, args):
     clock = [0]
     stores = [
         Store(capacity // nodes,
-              Ghost(capacity // nodes * args.ghost_window) if own_ghost else shared, clock)
+              Ghost(capacity // nodes * args.ghost_window) if own_ghost else shared, clock,
+              args.policy == "lru")
         for _ in range(nodes)
     ]
     if args.victims == "pool" and nodes > 1:
@@ -171,7 +179,7 @@ def replay(trace, capacity, nodes, args):
         # The hits first: a node pins the blocks it holds before it
         # reserves slots for the ones it fetches, and each holder touches
         # what it serves; the reservation then evicts none of them.
-        for b in reversed(blocks[:p]):
+        for b in (blocks[:p] if args.policy == "lru" else reversed(blocks[:p])):
             where[b].touch(b)
         if args.reader_slots and nodes > 1 and args.placement in ("chain", "writer") and remote:
             stores[writer].make_room(remote)
@@ -219,6 +227,8 @@ def main():
                     "or on its writer's store")
     ap.add_argument("--victims", choices=["store", "pool"], default="store",
                     help="each store evicts its own coldest entry, or the pool's coldest")
+    ap.add_argument("--policy", choices=["prefix", "lru"], default="prefix",
+                    help="every store's policy: the prefix policy's rules, or plain LRU")
     ap.add_argument("--sweep", action="store_true",
                     help="seven capacities around --capacity; mean, smallest and largest ratio")
     args = ap.parse_args()
