@@ -10,7 +10,9 @@
 #
 # Then three nodes of a third of the 10 % capacity each, a static cluster,
 # requests sent round-robin: what they keep together against the one node,
-# with the default placement (local) and with --placement chain.
+# with the default placement (local) and with --placement chain; and, for
+# scale, three nodes with --eviction lru against the one lru node (what the
+# pool's machinery costs a plain LRU cache).
 #
 # Then the SSD tier's admission: DRAM of 5 % and SSD of 40 % of the distinct
 # blocks, the default policy, for each admission setting (SSD_ADMISSIONS):
@@ -25,6 +27,8 @@
 #   pool_hit_vs_single                 3 nodes of C/3 vs 1 node of C, round-robin, 10 %
 #                                      (median of POOL_REPS pools)
 #   pool_hit_vs_single_chain           the same with --placement chain
+#   pool_hit_vs_single_lru             the same, placement local, every node --eviction lru,
+#                                      against the one lru node (when POLICIES has lru)
 #   trace_wrong_bytes                  over every run (must be 0)
 #   trace_requests_per_s, trace_requests_per_s_s3fifo
 #                                      replay speed at 10 %, median of --reps runs
@@ -161,17 +165,21 @@ log "replay speed: $REPS alternating runs each"
 # POOL_REPS fresh pools in alternation (the nodes work concurrently, so a
 # pool's replay is not deterministic: the figure is the median).
 mib="$(capacity_mib 10 3)"
+pools=(local chain)
+[[ " ${POLICY_LIST[*]} " == *" lru "* ]] && pools+=(lru)
 for rep in $(seq 1 "$POOL_REPS"); do
-  for placement in local chain; do
+  for pool in "${pools[@]}"; do
+    placement="$pool" eviction="${POLICY_LIST[0]}"
+    [[ $pool == lru ]] && placement=local eviction=lru
     ports=("$(freeport)" "$(freeport)" "$(freeport)")
     peers="n0=127.0.0.1:${ports[0]},n1=127.0.0.1:${ports[1]},n2=127.0.0.1:${ports[2]}"
     for i in 0 1 2; do
-      start "n$i" "$mib" --eviction "${POLICY_LIST[0]}" --node-id "n$i" --peers "$peers" \
+      start "n$i" "$mib" --eviction "$eviction" --node-id "n$i" --peers "$peers" \
         --peer-port "${ports[$i]}" --placement "$placement"
     done
-    replay "pool-$placement/10/$rep" "$TMP/n0.sock,$TMP/n1.sock,$TMP/n2.sock"
+    replay "pool-$pool/10/$rep" "$TMP/n0.sock,$TMP/n1.sock,$TMP/n2.sock"
     stop_all
-    log "pool of three, placement $placement, run $rep of $POOL_REPS, done ($mib MiB each)"
+    log "pool of three, placement $placement, --eviction $eviction, run $rep of $POOL_REPS, done ($mib MiB each)"
   done
 done
 
@@ -235,10 +243,16 @@ for pct in (5, 10, 20, 40):
 print("metric trace_hit_vs_lru_min %.3f" % min(ratios.values()))
 ten = by[(judged, 10)][0]
 print("metric trace_hit_vs_belady_10pct %.3f" % (ten["block_hit_ratio"] / ten["offline_belady_block_hit_ratio"]))
-for placement, name in (("local", "pool_hit_vs_single"), ("chain", "pool_hit_vs_single_chain")):
-    runs = [r["block_hit_ratio"] for r in by[("pool-" + placement, 10)]]
-    print("pool of three, placement %s: %s" % (placement, ", ".join("%.4f" % h for h in runs)))
-    print("metric %s %.3f" % (name, statistics.median(runs) / ten["block_hit_ratio"]))
+for pool, name, single in (("local", "pool_hit_vs_single", judged),
+                           ("chain", "pool_hit_vs_single_chain", judged),
+                           ("lru", "pool_hit_vs_single_lru", "lru")):
+    if ("pool-" + pool, 10) not in by:
+        continue
+    runs = [r["block_hit_ratio"] for r in by[("pool-" + pool, 10)]]
+    print("pool of three, placement %s: %s" % (pool if pool != "lru" else "local, --eviction lru",
+                                               ", ".join("%.4f" % h for h in runs)))
+    one = by[(single, 10)][0]["block_hit_ratio"]
+    print("metric %s %.3f" % (name, statistics.median(runs) / one))
 print("metric trace_wrong_bytes %d" % sum(r["wrong_bytes"] for r in rows))
 print("metric trace_failed_items %d" % sum(r["failed_items"] for r in rows))
 print("metric trace_requests_per_s %.1f" % statistics.median(r["requests_per_s"] for r in by[(judged, 10)]))
