@@ -46,10 +46,11 @@ class RemoteSource {
   // held it (its home's ghost), or a fetch found it gone from the holder a
   // lookup named: a write of it is a block coming back.
   virtual bool EvictedLately(const KeyId& key) const { return false; }
-  // A put stored values here: what this node queued for the keys' homes is
-  // sent now, before the put is answered, so a request that another node
-  // gets right after it (a conversation's next turn) finds them. Quick (it
-  // queues the sends); no callback.
+  // Puts stored values here: what this node queued for the keys' homes is
+  // sent now, before the puts are answered, so a request that another node
+  // gets right after them (a conversation's next turn) finds them. Quick
+  // (it queues the sends); no callback. The local server calls it at most
+  // once per read of a client's frames (LocalOps::PublishStored).
   virtual void PublishNow() {}
 };
 

@@ -451,7 +451,7 @@ Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const
   items_->Inc(handles_.size());
   statuses_.assign(handles_.size(), 0);
   Tenant& t = T(c);
-  bool stored = false;  // here: published before the answer (PublishNow)
+  bool stored = false;  // here: published before the answer (PublishStored)
   for (size_t i = 0; i < handles_.size(); ++i) {
     auto it = c.reservations.find(handles_[i]);
     if (it == c.reservations.end()) {
@@ -483,7 +483,7 @@ Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const
       stored = true;
     }
   }
-  if (stored && t.remote != nullptr) t.remote->PublishNow();
+  if (stored && t.remote != nullptr) publish_due_ = t.remote;  // PublishStored
   out_.clear();
   protocol::EncodeStatuses(statuses_, &out_);
   Queue(c, MessageType::kCommit, h.request_id, Status::Ok(), out_);
@@ -591,6 +591,12 @@ void LocalOps::AnswerExists(LocalSession& c, const FrameHeader& h, const std::ve
   Queue(c, MessageType::kExists, h.request_id, Status::Ok(), out_);
 }
 
+void LocalOps::PublishStored() {
+  if (publish_due_ == nullptr) return;
+  publish_due_->PublishNow();
+  publish_due_ = nullptr;
+}
+
 void LocalOps::NoteChain(LocalSession& c, const std::vector<protocol::SizedKey>& keys) {
   if (!c.chain_open || keys.empty()) return;
   RemoteSource* remote = T(c).remote;
@@ -624,7 +630,7 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
   statuses_.assign(sized_.size(), 0);
   uint64_t off = 0;
   Tenant& t = T(c);
-  bool stored = false;          // here: published before the answer (PublishNow)
+  bool stored = false;          // here: published before the answer (PublishStored)
   DramStore::ChainPlace chain;  // the batch is a chain (DramStore::Commit)
   for (size_t i = 0; i < sized_.size(); ++i) {
     const uint8_t* src = data.data() + off;
@@ -654,7 +660,7 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
       stored = true;
     }
   }
-  if (stored && t.remote != nullptr) t.remote->PublishNow();
+  if (stored && t.remote != nullptr) publish_due_ = t.remote;  // PublishStored
   out_.clear();
   protocol::EncodeStatuses(statuses_, &out_);
   Queue(c, MessageType::kPut, h.request_id, Status::Ok(), out_);

@@ -104,6 +104,12 @@ class LocalOps {
   void Handle(LocalSession& s, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   // Parked requests whose waits all finished (their connection may be gone).
   std::vector<ParkedReads::Request> TakeReady();
+  // Has the cluster publish, once, what the puts and commits handled since
+  // the last call stored (RemoteSource::PublishNow): the server calls it
+  // after the frames of one read, before their replies are written, so a
+  // request another node gets after a put's answer finds its values, and a
+  // client's pipelined commits cost one publish.
+  void PublishStored();
   // The tenant (LocalSession::tenant) of a peer with these credentials.
   int TenantOf(uint32_t uid, const std::vector<uint32_t>& gids) const;
   // Whether any tenant besides the default one is served.
@@ -191,6 +197,7 @@ class LocalOps {
   std::vector<KeyId> chain_keys_;
   std::vector<uint64_t> handles_;
   std::vector<int32_t> statuses_;
+  RemoteSource* publish_due_ = nullptr;  // PublishStored: a put or commit stored values
   std::vector<protocol::RegionItem> regions_;
   std::vector<uint8_t> out_;
 

@@ -586,6 +586,7 @@ class LocalServerImpl final : public LocalServer {
       if (c.closing) break;
       if (c.out_bytes > opts_.max_output_bytes) break;
     }
+    handlers_->PublishStored();  // before the replies are written
     if (pos > 0) {
       c.in.Consume(pos);
       // What is left began arriving with the last read: a new frame's clock.

@@ -348,7 +348,12 @@ class NodeImpl final : public Node {
     ro.replicas = opts_.read_replicas == "all"    ? Replicas::kAll
                   : opts_.read_replicas == "none" ? Replicas::kNone
                                                   : Replicas::kRepeat;
-    ro.publish_now = [announcer = announcer_.get()] { announcer->Flush(); };
+    // Placement home: a put's values are findable once their homes store
+    // them (a home publishes what is placed on it before it answers); the
+    // writer's interim copies are left to the schedule.
+    if (opts_.placement != "home") {
+      ro.publish_now = [announcer = announcer_.get()] { announcer->Flush(); };
+    }
     if (opts_.placement == "chain") {
       ro.replicas = Replicas::kNone;
       ro.chain_placer = announcer_->placer();
