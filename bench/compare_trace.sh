@@ -28,7 +28,8 @@
 #                                      (median of POOL_REPS pools)
 #   pool_hit_vs_single_chain           the same with --placement chain
 #   pool_hit_vs_single_lru             the same, placement local, every node --eviction lru,
-#                                      against the one lru node (when POLICIES has lru)
+#                                      against the one lru node (when POLICIES has lru
+#                                      after the judged policy)
 #   trace_wrong_bytes                  over every run (must be 0)
 #   trace_requests_per_s, trace_requests_per_s_s3fifo
 #                                      replay speed at 10 %, median of --reps runs
@@ -166,7 +167,7 @@ log "replay speed: $REPS alternating runs each"
 # pool's replay is not deterministic: the figure is the median).
 mib="$(capacity_mib 10 3)"
 pools=(local chain)
-[[ " ${POLICY_LIST[*]} " == *" lru "* ]] && pools+=(lru)
+[[ " ${POLICY_LIST[*]} " == *" lru "* && ${POLICY_LIST[0]} != lru ]] && pools+=(lru)
 for rep in $(seq 1 "$POOL_REPS"); do
   for pool in "${pools[@]}"; do
     placement="$pool" eviction="${POLICY_LIST[0]}"

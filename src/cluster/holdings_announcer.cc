@@ -8,6 +8,7 @@ HoldingsAnnouncer::HoldingsAnnouncer(const HoldingsAnnouncerOptions& options, Cl
                                      const Clock* clock)
     : opts_(options),
       store_(store),
+      executor_(executor),
       publisher_(options.publish, cluster, local_directory, executor, metrics, clock) {
   if (opts_.placement) {
     placer_ = std::make_unique<HomePlacer>(
@@ -99,6 +100,11 @@ void HoldingsAnnouncer::OnHoldings(const HoldingsEvent& e) {
   }
   if (e.tier == HoldingTier::kSsd && e.why != W::kRemoved) ssd_unpublished_->Inc();
   publisher_.Remove(e.key);
+}
+
+void HoldingsAnnouncer::FlushNow() {
+  if (publisher_.FlushIfQuick(4 * size_t{opts_.publish.max_batch})) return;
+  executor_->Submit([this] { publisher_.Flush(); });
 }
 
 void HoldingsAnnouncer::OnKept(const KeyId& key, uint64_t size, bool announced) {

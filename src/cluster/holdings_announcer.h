@@ -86,12 +86,17 @@ class HoldingsAnnouncer final : public HoldingsObserver {
   size_t queued() { return publisher_.queued(); }
   // Sends the queue now (the schedule does it every publish_interval).
   void Flush() { publisher_.Flush(); }
+  // Sends the queue now on this thread when that is quick (no flush
+  // running, a few batches queued), else soon on the executor: for a
+  // caller that must not wait (a put's PublishNow, on the local loop).
+  void FlushNow();
 
  private:
   void OnKept(const KeyId& key, uint64_t size, bool announced);
 
   const HoldingsAnnouncerOptions opts_;
   TieredStore* const store_;
+  Executor* const executor_;
   Publisher publisher_;
   std::unique_ptr<HomePlacer> placer_;  // placement home and chain only
   Counter* ssd_unpublished_;

@@ -52,6 +52,21 @@ size_t Publisher::queued() {
 
 void Publisher::Flush() {
   std::lock_guard flush_lock(flush_mu_);
+  FlushLocked();
+}
+
+bool Publisher::FlushIfQuick(size_t max_items) {
+  std::unique_lock flush_lock(flush_mu_, std::try_to_lock);
+  if (!flush_lock.owns_lock()) return false;
+  {
+    std::lock_guard lock(mu_);
+    if (queue_.size() > max_items) return false;
+  }
+  FlushLocked();
+  return true;
+}
+
+void Publisher::FlushLocked() {
   std::vector<PublishItem> fresh;
   {
     std::lock_guard lock(mu_);

@@ -50,11 +50,16 @@ class Publisher {
   void Add(const KeyId& key, uint64_t size);
   void Remove(const KeyId& key);
   void Flush();
+  // Flush() on this thread when no flush is running and at most max_items
+  // are queued; false (nothing done) otherwise. For a caller that must not
+  // wait (the local server's loop).
+  bool FlushIfQuick(size_t max_items);
   // Items waiting for the next Flush.
   size_t queued();
 
  private:
   void Enqueue(const PublishItem& item);
+  void FlushLocked();  // REQUIRES: flush_mu_ held
 
   // Items of failed batches, waiting for their next try. Shared with the
   // transport callbacks, which may outlive the publisher.

@@ -123,8 +123,8 @@ struct ExistsOp : LookupBatch {
   RemoteSource::ExistsDone done;
 };
 
-// A fetch: each key is fetched from its live holders in turn into a
-// reserved local DRAM slot as soon as its home answered.
+// A fetch: once every key's home has answered, each key is fetched from
+// its live holders in turn into a reserved local DRAM slot.
 struct FetchOp : LookupBatch {
   using LookupBatch::LookupBatch;
   std::vector<TieredStore::Reservation> slots;
@@ -248,8 +248,12 @@ void StartFetches(const std::shared_ptr<RemoteReader::State>& st,
   // batch, whichever homes resolved its keys: a chain's keys have different
   // homes, and fetching each home's share as it answered would touch a
   // holder's blocks of the chain in the order the answers came.
-  for (auto it = to_fetch.rbegin(); it != to_fetch.rend(); ++it) {
-    IssueFetch(st, op, it->first, std::move(it->second));
+  if (st->store->touch_chains_head_last()) {
+    for (auto it = to_fetch.rbegin(); it != to_fetch.rend(); ++it) {
+      IssueFetch(st, op, it->first, std::move(it->second));
+    }
+  } else {  // a policy that touches a batch first to last (lru, s3fifo)
+    for (auto& [i, peers] : to_fetch) IssueFetch(st, op, i, std::move(peers));
   }
   st->misses->Inc(misses);
   op->Finished(misses + finished);

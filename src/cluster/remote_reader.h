@@ -65,8 +65,8 @@ struct RemoteReaderOptions {
   // the holder their lookup named (EvictedLately), kept at most (all are
   // forgotten when full).
   size_t evicted_lately_entries = 1u << 16;
-  // What PublishNow runs: the node's HoldingsAnnouncer::Flush. Null: nothing
-  // (the announcer's schedule publishes).
+  // What PublishNow runs: the node's HoldingsAnnouncer::FlushNow. Null:
+  // nothing (the announcer's schedule publishes).
   std::function<void()> publish_now;
 };
 

@@ -195,7 +195,7 @@ struct TestNode {
     reader_options.lookup_timeout = milliseconds(300);
     reader_options.fetch_timeout = milliseconds(300);
     if (gate != nullptr) reader_options.lookup_timeout = milliseconds(10000);  // held, not lost
-    reader_options.publish_now = [this] { announcer->Flush(); };               // as the node does
+    reader_options.publish_now = [this] { announcer->FlushNow(); };            // as the node does
     reader_clock = clock;
     reader = std::make_unique<RemoteReader>(reader_options, cluster.get(), directory.get(),
                                             tiered.get(), pool.get(), &metrics, clock);

@@ -47,10 +47,11 @@ class RemoteSource {
   // lookup named: a write of it is a block coming back.
   virtual bool EvictedLately(const KeyId& key) const { return false; }
   // Puts stored values here: what this node queued for the keys' homes is
-  // sent now, before the puts are answered, so a request that another node
-  // gets right after them (a conversation's next turn) finds them. Quick
-  // (it queues the sends); no callback. The local server calls it at most
-  // once per read of a client's frames (LocalOps::PublishStored).
+  // sent now, before the puts are answered (when another flush is running
+  // or much is queued, soon after, from another thread), so a request that
+  // another node gets right after them (a conversation's next turn) mostly
+  // finds them. Quick, never waits; no callback. The local server calls it
+  // at most once per read of a client's frames (LocalOps::PublishStored).
   virtual void PublishNow() {}
 };
 

@@ -197,8 +197,8 @@ void RouteFetcher::Lookup(const Routes& routes, const std::shared_ptr<LookupBatc
     for (size_t j = 0; j < res.size(); ++j) batch->results[local_idx[j]] = std::move(res[j]);
     now.insert(now.end(), local_idx.begin(), local_idx.end());
   }
-  // The remote lookups go out first: their round trips overlap the fetches
-  // of the keys resolved here.
+  // The remote lookups go out first: their round trips overlap the local
+  // lookups and the caller's handling of the keys resolved here.
   for (auto& [address, keys_idx] : groups) {
     for (size_t start = 0; start < keys_idx.size(); start += kMaxPeerBatch) {
       size_t end = std::min(keys_idx.size(), start + kMaxPeerBatch);

@@ -124,8 +124,8 @@ class RouteFetcher {
   // (REQUIRED when routes.self is set) or the cache, and those with no live
   // home, at once on the caller's thread after the remote lookups went
   // out; each remote home's keys on a transport thread when it answers or
-  // fails. So a read can start fetching some keys while the lookups of
-  // others are still out.
+  // fails. (RemoteReader's reads wait for every group before fetching, so
+  // a chain is fetched in one order; exists calls count the groups.)
   void Lookup(const Routes& routes, const std::shared_ptr<LookupBatch>& batch,
               const std::vector<size_t>& idx, transport::Deadline deadline,
               const LocalLookup& local, Resolved resolved);

@@ -439,6 +439,7 @@ Status LocalOps::CommitForwarded(LocalSession& c, const LocalSession::Reserved& 
     std::memcpy(r->data(), value.data(), value.size());
     s = t.store->Commit(std::move(r).value(), WriteOrigin::kPut, nullptr,
                         Returning(t, res.forward_key));
+    if (s.ok()) publish_due_ = t.remote;  // stored here after all (PublishStored)
   }
   if (s.ok()) {
     Wrote(c, t, res.forward_size);

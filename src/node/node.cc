@@ -352,7 +352,7 @@ class NodeImpl final : public Node {
     // them (a home publishes what is placed on it before it answers); the
     // writer's interim copies are left to the schedule.
     if (opts_.placement != "home") {
-      ro.publish_now = [announcer = announcer_.get()] { announcer->Flush(); };
+      ro.publish_now = [announcer = announcer_.get()] { announcer->FlushNow(); };
     }
     if (opts_.placement == "chain") {
       ro.replicas = Replicas::kNone;

@@ -65,8 +65,10 @@ class FakeCluster final : public RemoteSource {
     std::lock_guard lock(mu_);
     return notes_;
   }
-  // Each call, with the entries the store held then.
+  // Each call, with the entries the store held then; it takes 20 ms, so a
+  // put answered before it had returned finds nothing recorded yet.
   void PublishNow() override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
     std::lock_guard lock(mu_);
     published_.push_back(store_->GetDramStats().entries);
   }
