@@ -155,17 +155,19 @@ struct TestNode {
   // gate_lookups_to: an address whose lookups from this node are held
   // (see GatedTransport; reachable through `gate`).
   // faults: the node's calls go through a FaultTransport (`faulty`).
+  // eviction: the DRAM policy (the fetch order follows it).
   // clock: the reader's (cool-downs, lookup cache TTL).
   TestNode(transport::InProcessNetwork* net, const std::string& id,
            const std::vector<Member>& members, const Clock* clock,
            const std::string& gate_lookups_to = "", bool faults = false,
-           bool placement_home = false) {
+           bool placement_home = false, const std::string& eviction = "prefix") {
     DramOptions d;
     d.capacity_bytes = 64u << 20;  // room for every size class the test uses
     d.slab_bytes = 1u << 20;
     d.max_value_bytes = 1u << 20;
     d.huge_pages = false;
     d.prefault = false;
+    d.eviction = eviction;
     pool = std::make_unique<ThreadPool>(2, "test-peer");
     tiered = TieredStore::Open(d, nullptr, pool.get(), pool.get(), TieringOptions{}, &metrics)
                  .value();
@@ -476,6 +478,40 @@ TEST_F(RemoteReaderTest, FetchesTheWholeBatchLastToFirst) {
   ASSERT_EQ(pins.size(), keys.size());
   const std::vector<KeyId> want(keys.rbegin(), keys.rend());
   EXPECT_EQ(b.gate->fetched(), want);
+}
+
+// Under a policy that touches a batch first to last (lru), a read fetches
+// first to last, as a local read touches it: the holder keeps the order
+// its own reads would.
+TEST(RemoteReaderLruTest, FetchesFirstToLastUnderLru) {
+  ManualClock clock;
+  transport::InProcessNetwork net;
+  std::vector<Member> members;
+  for (const char* id : {"a", "b", "c"}) members.push_back({id, std::string(id) + ":1", 0, 1.0});
+  std::vector<std::unique_ptr<TestNode>> nodes;
+  for (const char* id : {"a", "b", "c"}) {
+    nodes.push_back(std::make_unique<TestNode>(
+        &net, id, members, &clock, std::string(id) == "b" ? "c:1" : "", false, false, "lru"));
+  }
+  TestNode& a = *nodes[0];
+  TestNode& b = *nodes[1];
+  b.gate->Open();  // only to record the fetches
+  std::vector<KeyId> keys;
+  for (int i = 0; i < 12; ++i) {
+    keys.push_back(Key(600 + i));
+    a.Put(keys.back(), Bytes(600 + i, 4096));
+  }
+  for (auto& n : nodes) n->announcer->Flush();
+  uint64_t listed = 0;
+  for (int i = 0; i < 200 && listed < keys.size(); ++i) {
+    listed = 0;
+    for (auto& n : nodes) listed += n->directory->entries();
+    if (listed < keys.size()) std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_EQ(listed, keys.size());
+  auto pins = b.Fetch(keys);
+  ASSERT_EQ(pins.size(), keys.size());
+  EXPECT_EQ(b.gate->fetched(), keys);
 }
 
 // A key the lookup named a holder of, gone from that holder by the fetch
