@@ -374,8 +374,11 @@ TEST(PeerPort, IdleTricklingAndStalledConnectionsCostBoundedSlotsForABoundedTime
   kvpool_client* cb = OpenLocal(b, /*copy_mode=*/true);
   ASSERT_NE(ca, nullptr);
   ASSERT_NE(cb, nullptr);
+  // Gets per window. The p99 of a window is its 10th-slowest get: with fewer,
+  // it is decided by three or four scheduler pauses of the shared cores.
+  constexpr int kGets = 1000;
   std::vector<double> base, during;
-  for (int i = 0; i < 400; ++i) {
+  for (int i = 0; i < kGets; ++i) {
     double ms = RemoteReadMs(cb, ca, "base-" + std::to_string(i));
     ASSERT_GE(ms, 0) << i;
     base.push_back(ms);
@@ -412,7 +415,7 @@ TEST(PeerPort, IdleTricklingAndStalledConnectionsCostBoundedSlotsForABoundedTime
   });
   auto flood_t0 = std::chrono::steady_clock::now();
   std::vector<double> healthz;
-  for (int i = 0; i < 400; ++i) {
+  for (int i = 0; i < kGets; ++i) {
     double ms = RemoteReadMs(cb, ca, "flood-" + std::to_string(i));
     EXPECT_GE(ms, 0) << i;
     during.push_back(ms);
