@@ -61,7 +61,10 @@ class NodeProcess:
     def start(self, timeout_s=20.0):
         if self.proc is not None:
             raise RuntimeError("node already running")
+        # No read room: the segment is exactly the capacity, whose size the
+        # tests of segment registration count in.
         args = [node_binary(), "--socket", self.socket, "--dram-capacity", self.dram,
+                "--dram-read-room", "0",
                 "--slab-size", "1MiB", "--admin-port", "0", "--node-id", "py-test-node",
                 "--log-level", "info"] + self.extra_args
         log = open(self.log_path, "ab")

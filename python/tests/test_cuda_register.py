@@ -18,7 +18,7 @@ from kvpool import _native
 from kvpool.integrations import _cuda
 
 MiB = 1 << 20
-SEGMENT = 64 * MiB  # conftest's nodes run with --dram-capacity 64MiB
+SEGMENT = 64 * MiB  # conftest's nodes: --dram-capacity 64MiB, --dram-read-room 0
 RO = _cuda.HOST_REGISTER_PORTABLE | _cuda.HOST_REGISTER_READ_ONLY
 RW = _cuda.HOST_REGISTER_PORTABLE
 NO_GPU = "no CUDA device: torch.cuda.is_available() is False"

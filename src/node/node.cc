@@ -140,9 +140,9 @@ class NodeImpl final : public Node {
     std::optional<SsdOptions> so;
     if (!opts_.ssd_dirs.empty()) so = opts_.SsdWithDirs();
     opts_.dram.seal_client_writes = !opts_.writable_segment;
-    KVPOOL_ASSIGN_OR_RETURN(tiered_, TieredStore::Open(opts_.dram, so ? &*so : nullptr,
-                                                       io_pool_.get(), flush_pool_.get(),
-                                                       opts_.tiering, &metrics_));
+    KVPOOL_ASSIGN_OR_RETURN(
+        tiered_, TieredStore::Open(opts_.DramFor(opts_.dram.capacity_bytes), so ? &*so : nullptr,
+                                   io_pool_.get(), flush_pool_.get(), opts_.tiering, &metrics_));
     return Status::Ok();
   }
   void CloseStore() {
@@ -195,9 +195,7 @@ class NodeImpl final : public Node {
   // are kept in its own registry and exported per tenant.
   Status OpenTenantStores() {
     for (auto& t : tenants_) {
-      DramOptions d = opts_.dram;
-      d.capacity_bytes = t.spec.dram_bytes;
-      d.max_value_bytes = std::min(d.max_value_bytes, t.spec.dram_bytes);
+      DramOptions d = opts_.DramFor(t.spec.dram_bytes);
       std::optional<SsdOptions> so;
       if (t.spec.ssd_bytes > 0) {
         so = opts_.SsdWithDirs();

@@ -114,6 +114,15 @@ SsdOptions NodeOptions::SsdWithDirs() const {
   return so;
 }
 
+DramOptions NodeOptions::DramFor(uint64_t capacity_bytes) const {
+  DramOptions d = dram;
+  d.capacity_bytes = capacity_bytes;
+  d.max_value_bytes = std::min(d.max_value_bytes, capacity_bytes);
+  const uint64_t room = std::min(dram_read_room, capacity_bytes / 8);
+  d.read_room_bytes = (room + d.slab_bytes - 1) / d.slab_bytes * d.slab_bytes;
+  return d;
+}
+
 void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddString("node-id", &o->node_id, "This node's name in the cluster (default: the host name)");
   t->AddEnum("log-level", &o->log_level, {"debug", "info", "warn", "error"}, "Log verbosity");
@@ -129,7 +138,12 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
              "Allow the socket in a world-writable directory such as /tmp, where another user "
              "can take its name first");
   t->AddBytes("dram-capacity", &o->dram.capacity_bytes, 16ull << 20, 1ull << 42,
-              "Size of the shared DRAM segment (pre-faulted at start)");
+              "DRAM the cache holds values in (the shared segment is this plus the read room; "
+              "pre-faulted at start)");
+  t->AddBytes("dram-read-room", &o->dram_read_room, 0, 1ull << 40,
+              "DRAM beyond the capacity for values in flight: a read of a value another node "
+              "holds, or a write not yet committed, takes a free slot there before it evicts "
+              "anything; at most an eighth of the capacity, rounded up to whole slabs (0: none)");
   t->AddBytes("slab-size", &o->dram.slab_bytes, 1ull << 20, 1ull << 30,
               "Unit of memory moved between size classes");
   t->AddBytes("max-value-size", &o->dram.max_value_bytes, 4096, 1ull << 30,

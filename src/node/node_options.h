@@ -43,6 +43,10 @@ struct NodeOptions {
   bool writable_segment = false;
   uint64_t client_staging_bytes = 64ull << 20;
   DramOptions dram;
+  // Most memory beyond a DRAM store's capacity for values in flight
+  // (DramOptions::read_room_bytes): at most an eighth of the capacity,
+  // rounded up to whole slabs; 0: none. See ReadRoomFor.
+  uint64_t dram_read_room = 64ull << 20;
   // Comma-separated SSD directories; empty: DRAM only.
   std::string ssd_dirs;
   SsdOptions ssd;  // dirs filled from ssd_dirs
@@ -84,6 +88,10 @@ struct NodeOptions {
   Status Validate() const;
   // The SSD options with dirs split out of ssd_dirs.
   SsdOptions SsdWithDirs() const;
+  // The DRAM options of a store of capacity_bytes (the node's own or a
+  // tenant's), with its read room: dram_read_room, at most an eighth of the
+  // capacity, rounded up to whole slabs.
+  DramOptions DramFor(uint64_t capacity_bytes) const;
   // The cluster options with node id, etcd endpoints and port filled in.
   ClusterOptions ClusterWithEndpoints(const std::string& node_id) const;
 };

@@ -63,6 +63,10 @@ Status DramOptions::Validate() const {
   if (capacity_bytes < slab_bytes || capacity_bytes % slab_bytes != 0) {
     return InvalidArgument("dram: capacity_bytes must be a positive multiple of slab_bytes");
   }
+  if (read_room_bytes % slab_bytes != 0 || read_room_bytes > capacity_bytes) {
+    return InvalidArgument(
+        "dram: read_room_bytes must be a multiple of slab_bytes, at most capacity_bytes");
+  }
   if (min_class_bytes == 0 || min_class_bytes > slab_bytes) {
     return InvalidArgument("dram: min_class_bytes must be in [1, slab_bytes]");
   }
@@ -80,7 +84,7 @@ Status DramOptions::Validate() const {
                                                                    slab_bytes).front();
   uint32_t bits = 0;
   while ((uint64_t{1} << bits) < max_slots) ++bits;
-  if (((capacity_bytes / slab_bytes) << bits) >= dram::kNoSlot) {
+  if ((((capacity_bytes + read_room_bytes) / slab_bytes) << bits) >= dram::kNoSlot) {
     return InvalidArgument(
         "dram: too many slots for 32-bit slot ids; raise min_class_bytes or slab_bytes");
   }
@@ -102,11 +106,13 @@ class DramStoreImpl final : public DramStore {
         owned_metrics_(metrics == nullptr ? std::make_unique<MetricsRegistry>() : nullptr),
         metrics_(metrics != nullptr ? metrics : owned_metrics_.get()),
         decay_bytes_(options.capacity_bytes / 2),
+        cache_bytes_(options.capacity_bytes),
+        cache_slabs_(options.capacity_bytes / options.slab_bytes),
+        cache_share_(cache_slabs_ << 32),
         time_(options.clock != nullptr ? options.clock : SystemClock::Get()),
         recent_age_us_(time_),
-        alloc_(options.capacity_bytes, options.slab_bytes,
-               BuildSizeClasses(options.min_class_bytes, options.class_growth,
-                                options.slab_bytes)),
+        alloc_(options.capacity_bytes + options.read_room_bytes, options.slab_bytes,
+               BuildSizeClasses(options.min_class_bytes, options.class_growth, options.slab_bytes)),
         policy_(EvictionPolicy::Create(options.eviction, &alloc_)),
         chains_(policy_ != nullptr && policy_->TouchChainsHeadLast()),
         class_entries_(alloc_.num_classes(), 0),
@@ -276,7 +282,8 @@ class DramStoreImpl final : public DramStore {
   DramStats GetStats() const override {
     std::lock_guard lock(mu_);
     DramStats s;
-    s.capacity_bytes = segment_->bytes();
+    s.capacity_bytes = cache_bytes_;
+    s.read_room_bytes = segment_->bytes() - cache_bytes_;
     s.used_bytes = used_bytes_;
     s.allocated_bytes = allocated_bytes_;
     s.entries = entries_;
@@ -327,6 +334,43 @@ class DramStoreImpl final : public DramStore {
     --entries_;
     --class_entries_[cls];
     used_bytes_ -= alloc_.meta(slot).size;
+    committed_share_ -= SlabShare(slot);
+  }
+
+  // Makes the committed entries leave room in the capacity for one more of
+  // class cls (share), the way AllocateSlot makes a slot when memory is
+  // full: a slab of a class that may donate, else the class's own victim,
+  // else the oldest free-able slab of any class. Gives up when everything
+  // is pinned or reserved (the entry then stays in the room until
+  // evictions bring the cache back under). *colder_than: a chain's previous
+  // entry, kNoSlot if it went.
+  void FitCapacity(uint16_t cls, uint64_t share, uint32_t* colder_than) {
+    while (committed_share_ + share > cache_share_) {
+      uint32_t slab = TakeSlab(cls, /*any_donor=*/false);
+      if (slab == kNoSlab && !EvictFrom(cls)) {
+        slab = TakeSlab(cls, /*any_donor=*/true);
+        if (slab == kNoSlab) break;
+      }
+      if (slab != kNoSlab) {
+        alloc_.AssignSlab(slab, cls);
+        alloc_.TouchSlab(slab, clock_);
+        OnCapacityChange();
+      }
+      if (*colder_than < kColdEnd && alloc_.meta(*colder_than).state != SlotState::kCommitted) {
+        *colder_than = kNoSlot;
+      }
+    }
+  }
+
+  // The part of the memory a committed entry in slot takes, in units of
+  // 2^-32 slab: one slot of its slab's (slot bytes and a share of the slab's
+  // tail), or the whole run. Rounded down: without a read room the cap in
+  // CommitLocked never evicts, and with one a full cache holds at most
+  // slabs x slots_per_slab^2 / 2^32 entries more than its slabs would.
+  uint64_t SlabShare(uint32_t slot) const {
+    const uint16_t cls = alloc_.class_of(slot);
+    if (cls == alloc_.large_class()) return alloc_.SlotBytes(slot) / alloc_.slab_bytes() << 32;
+    return (uint64_t{1} << 32) / alloc_.slots_per_slab(cls);
   }
 
   // REQUIRES: mu_ held; slot reserved for key. colder_than: a committed
@@ -342,6 +386,11 @@ class DramStoreImpl final : public DramStore {
       return AlreadyExists("dram: another writer committed the key first");
     }
     const uint16_t cls = alloc_.class_of(slot);
+    // Entries stay within the capacity; the read room is for values in
+    // flight only. Without a read room this never evicts: every slot,
+    // this one included, is inside the capacity's slabs.
+    const uint64_t share = SlabShare(slot);
+    if (committed_share_ + share > cache_share_) FitCapacity(cls, share, &colder_than);
     m.state = SlotState::kCommitted;
     index_.Insert(key, slot);
     policy_->Insert(slot, cls, colder_than, returning);
@@ -350,6 +399,7 @@ class DramStoreImpl final : public DramStore {
     ++entries_;
     ++class_entries_[cls];
     used_bytes_ += m.size;
+    committed_share_ += share;
     return Status::Ok();
   }
 
@@ -513,7 +563,7 @@ class DramStoreImpl final : public DramStore {
   // assigned slabs (runs count one), scaled to all slabs.
   uint64_t CapacityEntries() const {
     const uint64_t assigned = alloc_.assigned_slabs();
-    return assigned == 0 ? 0 : alloc_.total_slots() * alloc_.num_slabs() / assigned;
+    return assigned == 0 ? 0 : alloc_.total_slots() * cache_slabs_ / assigned;
   }
 
   uint64_t IndexBytes() const {
@@ -648,8 +698,12 @@ class DramStoreImpl final : public DramStore {
           },
           this);
     };
-    gauge("kvpool_dram_capacity_bytes", "Bytes of the DRAM segment.",
-          [this] { return segment_->bytes(); });
+    gauge("kvpool_dram_capacity_bytes",
+          "Bytes of slots committed entries may take (the segment is this plus the read room).",
+          [this] { return cache_bytes_; });
+    gauge("kvpool_dram_read_room_bytes",
+          "Bytes of the segment beyond the capacity, for values in flight (--dram-read-room).",
+          [this] { return segment_->bytes() - cache_bytes_; });
     gauge("kvpool_dram_used_bytes", "Bytes of committed values.", [this] { return used_bytes_; });
     gauge("kvpool_dram_allocated_bytes", "Bytes of slots holding committed or reserved values.",
           [this] { return allocated_bytes_; });
@@ -681,6 +735,9 @@ class DramStoreImpl final : public DramStore {
   const std::unique_ptr<MetricsRegistry> owned_metrics_;  // when none was given
   MetricsRegistry* const metrics_;
   const uint64_t decay_bytes_;  // read_bytes_ halve after this much traffic
+  const uint64_t cache_bytes_;  // DramOptions::capacity_bytes
+  const uint64_t cache_slabs_;  // cache_bytes_ in slabs
+  const uint64_t cache_share_;  // cache_slabs_ in SlabShare units
   Counter* evictions_metric_ = nullptr;
   Counter* slab_moves_metric_ = nullptr;
   Counter* hits_ = nullptr;
@@ -701,6 +758,7 @@ class DramStoreImpl final : public DramStore {
   uint64_t clock_ = 0;                   // bytes committed and hit: stamps slabs (NoteUse)
   EvictionListener listener_;
   uint64_t used_bytes_ = 0;
+  uint64_t committed_share_ = 0;  // SlabShare of the committed entries
   uint64_t allocated_bytes_ = 0;
   uint64_t entries_ = 0;
   uint64_t reserved_ = 0;
@@ -717,7 +775,7 @@ Result<std::unique_ptr<DramStore>> DramStore::Open(const DramOptions& options,
                                                    MetricsRegistry* metrics) {
   KVPOOL_RETURN_IF_ERROR(options.Validate());
   dram::SegmentOptions so;
-  so.bytes = options.capacity_bytes;
+  so.bytes = options.capacity_bytes + options.read_room_bytes;
   so.huge_pages = options.huge_pages;
   so.prefault = options.prefault;
   so.seal_writes = options.seal_client_writes;

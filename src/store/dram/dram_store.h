@@ -26,8 +26,15 @@
 namespace kvpool {
 
 struct DramOptions {
-  // Size of the shared segment. More caches more; it is pre-faulted at start.
+  // What the cache holds: committed entries never take more slot bytes
+  // than this. More caches more.
   uint64_t capacity_bytes = 1ull << 30;
+  // Memory beyond capacity_bytes for values in flight: a reservation (a
+  // write not yet committed, or a value fetched from a peer for one read
+  // and dropped when it is released) takes a free slot there before it
+  // makes another entry go. A multiple of slab_bytes; 0: none. The shared
+  // segment is capacity_bytes + read_room_bytes; it is pre-faulted at start.
+  uint64_t read_room_bytes = 0;
   // Unit of memory moved between size classes. Larger wastes less on big
   // values; smaller lets the class mix adapt with finer steps.
   uint64_t slab_bytes = 4ull << 20;
@@ -59,7 +66,8 @@ struct DramClassStats {
 };
 
 struct DramStats {
-  uint64_t capacity_bytes = 0;
+  uint64_t capacity_bytes = 0;   // DramOptions::capacity_bytes
+  uint64_t read_room_bytes = 0;  // DramOptions::read_room_bytes
   uint64_t used_bytes = 0;       // sum of committed value sizes
   uint64_t allocated_bytes = 0;  // bytes of slots holding committed or reserved values
   uint64_t entries = 0;

@@ -54,6 +54,13 @@ TEST(DramStoreTest, ValidatesOptions) {
   EXPECT_TRUE(o.Validate().ok());
   o.max_value_bytes = 4ull << 30;
   EXPECT_EQ(o.Validate().code(), StatusCode::kInvalidArgument);
+  o = SmallOptions();
+  o.read_room_bytes = 16 * MiB;
+  EXPECT_TRUE(o.Validate().ok());
+  o.read_room_bytes = MiB + 4096;  // not whole slabs
+  EXPECT_EQ(o.Validate().code(), StatusCode::kInvalidArgument);
+  o.read_room_bytes = 17 * MiB;  // more than the capacity
+  EXPECT_EQ(o.Validate().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(DramStoreTest, PutGetThroughSegmentAndClientMapping) {
@@ -606,6 +613,98 @@ TEST(DramStoreTest, AnUncommittedPinIsReadableButNeverAnEntryAndItsSlotComesBack
   EXPECT_EQ(std::memcmp(store->segment_base() + offset, zero.data(), kSize), 0);
   ASSERT_TRUE(Put(*store, k, kSize).ok());
   EXPECT_TRUE(store->Contains(k));
+}
+
+// Values in flight (reserved, or fetched for one read and pinned
+// uncommitted) take free slots of the read room before anything is evicted,
+// and committed entries stay within the capacity's slabs whether there is a
+// room or not.
+TEST(DramStoreTest, TheReadRoomTakesValuesInFlightBeforeAnyEviction) {
+  constexpr uint64_t kSize = 16 * KiB;
+  constexpr int kPuts = 1000;
+  DramOptions o = SmallOptions(4 * MiB);
+  o.eviction = "lru";
+  DramOptions roomy = o;
+  roomy.read_room_bytes = MiB;
+  auto plain = OpenStore(o);
+  auto store = OpenStore(roomy);
+  EXPECT_EQ(store->segment_bytes(), 5 * MiB);
+  DramStats s = store->GetStats();
+  EXPECT_EQ(s.capacity_bytes, 4 * MiB);
+  EXPECT_EQ(s.read_room_bytes, MiB);
+  EXPECT_EQ(plain->GetStats().read_room_bytes, 0u);
+
+  // Filled far past the capacity, both hold the newest n keys: 4 slabs' worth.
+  for (int i = 0; i < kPuts; ++i) {
+    ASSERT_TRUE(Put(*plain, Key(i), kSize).ok()) << i;
+    ASSERT_TRUE(Put(*store, Key(i), kSize).ok()) << i;
+  }
+  const uint64_t n = plain->GetStats().entries;
+  ASSERT_EQ(n % 4, 0u);
+  const uint64_t per_slab = n / 4;
+  ASSERT_GT(per_slab, 50u);
+  EXPECT_EQ(store->GetStats().entries, n);
+  const int oldest = kPuts - static_cast<int>(n);
+  for (int i = oldest - 1; i < kPuts; ++i) EXPECT_EQ(store->Contains(Key(i)), i >= oldest) << i;
+  const uint64_t evicted = store->GetStats().evictions;
+  EXPECT_EQ(evicted, static_cast<uint64_t>(kPuts) - n);
+
+  // A slab's worth of values fetched for a read: all in the room, nothing goes.
+  std::vector<DramStore::Pin> in_flight;
+  auto fetch = [&](DramStore& st, uint64_t id) {
+    auto r = st.Reserve(Key(id), kSize);
+    if (!r.ok()) return false;
+    FillPattern(Key(id), r->data(), kSize);
+    auto pin = st.PinUncommitted(std::move(r).value());
+    if (!pin.ok() || !CheckPattern(Key(id), st.segment_base() + pin->offset(), kSize)) return false;
+    in_flight.push_back(std::move(pin).value());
+    return true;
+  };
+  for (uint64_t k = 0; k < per_slab; ++k) ASSERT_TRUE(fetch(*store, 5000 + k)) << k;
+  s = store->GetStats();
+  EXPECT_EQ(s.evictions, evicted);
+  EXPECT_EQ(s.entries, n);
+  EXPECT_EQ(s.pinned, per_slab);
+  for (int i = oldest; i < kPuts; ++i) EXPECT_TRUE(store->Contains(Key(i))) << i;
+
+  // With the room full, the next one makes the least recent entry go...
+  ASSERT_TRUE(fetch(*store, 6000));
+  EXPECT_EQ(store->GetStats().evictions, evicted + 1);
+  EXPECT_FALSE(store->Contains(Key(oldest)));
+  EXPECT_TRUE(store->Contains(Key(oldest + 1)));
+  // ...as the first one does in a store without a room.
+  const uint64_t plain_evicted = plain->GetStats().evictions;
+  ASSERT_TRUE(fetch(*plain, 5000));
+  EXPECT_EQ(plain->GetStats().evictions, plain_evicted + 1);
+  EXPECT_FALSE(plain->Contains(Key(oldest)));
+
+  // That value sits in a slot of the cache, so a put now makes the next
+  // entry go for its own slot: n - 1 entries while it is in flight.
+  ASSERT_TRUE(Put(*store, Key(7000), kSize).ok());
+  s = store->GetStats();
+  EXPECT_EQ(s.evictions, evicted + 2);
+  EXPECT_EQ(s.entries, n - 1);
+  EXPECT_FALSE(store->Contains(Key(oldest + 1)));
+  // Once the reads release their values, only the entries' slots are taken;
+  // a put fills the cache back to n, and the one after it makes an entry
+  // go: the cache holds n, not n plus the room.
+  in_flight.clear();
+  s = store->GetStats();
+  EXPECT_EQ(s.pinned, 0u);
+  uint64_t slot_bytes = 0;
+  for (const DramClassStats& c : s.classes) slot_bytes += c.entries > 0 ? c.slot_bytes : 0;
+  EXPECT_EQ(s.allocated_bytes, (n - 1) * slot_bytes);
+  ASSERT_TRUE(Put(*store, Key(7001), kSize).ok());
+  EXPECT_EQ(store->GetStats().evictions, evicted + 2);
+  EXPECT_EQ(store->GetStats().entries, n);
+  ASSERT_TRUE(Put(*store, Key(7002), kSize).ok());
+  s = store->GetStats();
+  EXPECT_EQ(s.evictions, evicted + 3);
+  EXPECT_EQ(s.entries, n);
+  EXPECT_FALSE(store->Contains(Key(oldest + 2)));
+  for (int i = oldest + 3; i < kPuts; ++i) EXPECT_TRUE(Get(*store, Key(i), kSize).ok()) << i;
+  for (uint64_t id : {7000, 7001, 7002}) EXPECT_TRUE(Get(*store, Key(id), kSize).ok()) << id;
+  for (uint64_t k = 0; k < per_slab; ++k) EXPECT_FALSE(store->Contains(Key(5000 + k)));
 }
 
 }  // namespace
