@@ -57,7 +57,7 @@ struct RemoteReaderOptions {
   enum class Replicas { kAll, kRepeat, kNone };
   Replicas replicas = Replicas::kRepeat;
   // kRepeat: fetched values remembered (about 100 bytes each).
-  size_t replica_window = 256;
+  size_t replica_window = 64;
   // Where chain notes go (placement chain's placer); null: dropped. Must
   // outlive the reader.
   HomePlacer* chain_placer = nullptr;
