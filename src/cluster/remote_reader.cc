@@ -225,7 +225,7 @@ void StartFetches(const std::shared_ptr<RemoteReader::State>& st,
       ++misses;
       continue;
     }
-    auto slot = st->store->Reserve(key, r.size);
+    auto slot = st->store->ReserveForRead(key, r.size);
     if (!slot.ok()) {
       // Stored here meanwhile (by a writer or another fetch): serve that.
       auto pin = slot.status().code() == StatusCode::kAlreadyExists

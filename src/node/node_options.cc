@@ -141,9 +141,9 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
               "DRAM the cache holds values in (the shared segment is this plus the read room; "
               "pre-faulted at start)");
   t->AddBytes("dram-read-room", &o->dram_read_room, 0, 1ull << 40,
-              "DRAM beyond the capacity for values in flight: a read of a value another node "
-              "holds, or a write not yet committed, takes a free slot there before it evicts "
-              "anything; at most an eighth of the capacity, rounded up to whole slabs (0: none)");
+              "DRAM beyond the capacity for values read from other nodes: such a value, "
+              "fetched for one read, takes a free slot there before it evicts anything; at "
+              "most an eighth of the capacity, rounded up to whole slabs (0: none)");
   t->AddBytes("slab-size", &o->dram.slab_bytes, 1ull << 20, 1ull << 30,
               "Unit of memory moved between size classes");
   t->AddBytes("max-value-size", &o->dram.max_value_bytes, 4096, 1ull << 30,

@@ -43,8 +43,8 @@ struct NodeOptions {
   bool writable_segment = false;
   uint64_t client_staging_bytes = 64ull << 20;
   DramOptions dram;
-  // Most memory beyond a DRAM store's capacity for values in flight
-  // (DramOptions::read_room_bytes): at most an eighth of the capacity,
+  // Most memory beyond a DRAM store's capacity for values read from other
+  // nodes (DramOptions::read_room_bytes): at most an eighth of the capacity,
   // rounded up to whole slabs; 0: none. See ReadRoomFor.
   uint64_t dram_read_room = 64ull << 20;
   // Comma-separated SSD directories; empty: DRAM only.

@@ -307,6 +307,16 @@ void TieredStore::SetHoldingsObserver(HoldingsObserver* observer, HoldingsSlot s
 }
 
 Result<TieredStore::Reservation> TieredStore::Reserve(const KeyId& key, uint64_t size) {
+  KVPOOL_RETURN_IF_ERROR(BeforeReserve(key, size));
+  return dram_->Reserve(key, size);
+}
+
+Result<TieredStore::Reservation> TieredStore::ReserveForRead(const KeyId& key, uint64_t size) {
+  KVPOOL_RETURN_IF_ERROR(BeforeReserve(key, size));
+  return dram_->ReserveForRead(key, size);
+}
+
+Status TieredStore::BeforeReserve(const KeyId& key, uint64_t size) {
   if (ssd_ != nullptr) {
     if (ssd_->Contains(key)) return AlreadyExists("key is stored (on SSD)");
     // The Reserve may evict, and evictions are demoted under the DRAM lock
@@ -316,7 +326,7 @@ Result<TieredStore::Reservation> TieredStore::Reserve(const KeyId& key, uint64_t
     // On timeout the put goes on and its evictions may be dropped.
     ssd_->WaitForRoom(size);
   }
-  return dram_->Reserve(key, size);
+  return Status::Ok();
 }
 
 Result<TieredStore::Pin> TieredStore::Acquire(const KeyId& key) {

@@ -75,6 +75,9 @@ class TieredStore {
   // With an SSD tier, first waits (bounded) until it has room for a
   // demotion, so the evictions under the DRAM lock never wait for I/O.
   Result<Reservation> Reserve(const KeyId& key, uint64_t size);
+  // As Reserve, for a value fetched from another node for one read
+  // (DramStore::ReserveForRead: it takes the read room before evicting).
+  Result<Reservation> ReserveForRead(const KeyId& key, uint64_t size);
   // Publishes the reserved bytes (DramStore::Commit, with its chain place);
   // told to the observer as written by `origin`.
   Status Commit(Reservation reservation, WriteOrigin origin = WriteOrigin::kPut,
@@ -174,6 +177,9 @@ class TieredStore {
  private:
   struct Impl;
   void Promote(const KeyId& key, PromoteDone done);
+  // AlreadyExists when the key is on SSD; else waits (bounded) for room
+  // for a demotion (see Reserve).
+  Status BeforeReserve(const KeyId& key, uint64_t size);
 
   std::unique_ptr<DramStore> owned_dram_;  // set by Open
   std::unique_ptr<SsdStore> owned_ssd_;    // set by Open with an SSD tier

@@ -136,12 +136,30 @@ class DramStoreImpl final : public DramStore {
   bool touch_chains_head_last() const override { return chains_; }
 
   Result<Reservation> Reserve(const KeyId& key, uint64_t size) override {
+    return ReserveLocked(key, size, /*for_read=*/false);
+  }
+  Result<Reservation> ReserveForRead(const KeyId& key, uint64_t size) override {
+    return ReserveLocked(key, size, /*for_read=*/true);
+  }
+
+  Result<Reservation> ReserveLocked(const KeyId& key, uint64_t size, bool for_read) {
     if (size == 0 || size > max_value_bytes_) {
       return InvalidArgument(size == 0 ? "dram: empty value" : "dram: value over max_value_bytes");
     }
     std::lock_guard lock(mu_);
     if (Find(key) != kNoSlot) return AlreadyExists("dram: key committed");
     const uint16_t cls = alloc_.ClassFor(size);
+    const uint64_t share = cls == alloc_.large_class()
+                               ? (size + alloc_.slab_bytes() - 1) / alloc_.slab_bytes() << 32
+                               : (uint64_t{1} << 32) / alloc_.slots_per_slab(cls);
+    // With a read room, a write makes room within the capacity first, as
+    // the allocation would without one, and leaves the room to reads.
+    // (Without one the allocation does it: every slot lies inside the
+    // capacity's slabs.)
+    if (!for_read && cache_share_ < alloc_.num_slabs() * (uint64_t{1} << 32) &&
+        counted_share_ + share > cache_share_) {
+      FitCapacity(cls, share, nullptr);
+    }
     KVPOOL_ASSIGN_OR_RETURN(const uint32_t slot,
                             cls == alloc_.large_class() ? AllocateRun(size) : AllocateSlot(cls));
     SlotMeta& m = alloc_.meta(slot);
@@ -151,10 +169,21 @@ class DramStoreImpl final : public DramStore {
     m.freq = 0;
     m.queue = kQueueNone;
     m.state = SlotState::kReserved;
+    m.for_read = for_read;
+    if (!for_read) counted_share_ += SlabShare(slot);
     ++alloc_.slab(alloc_.slab_of(slot)).busy;
     ++reserved_;
     allocated_bytes_ += alloc_.SlotBytes(slot);
     return Reservation(this, slot, key, alloc_.offset(slot), size);
+  }
+
+  // A reservation leaving the reserved state: its share stops counting.
+  void Unreserve(uint32_t slot) {
+    SlotMeta& m = alloc_.meta(slot);
+    if (!m.for_read) counted_share_ -= SlabShare(slot);
+    m.for_read = 0;
+    --reserved_;
+    --alloc_.slab(alloc_.slab_of(slot)).busy;
   }
 
   Status Commit(Reservation reservation, ChainPlace* chain, bool returning) override {
@@ -195,6 +224,8 @@ class DramStoreImpl final : public DramStore {
     SlotMeta& m = alloc_.meta(slot);
     KVPOOL_CHECK(m.state == SlotState::kReserved && m.key == key && m.pins == 0);
     // Reserved and pinned both keep the slab busy: the count stays.
+    if (!m.for_read) counted_share_ -= SlabShare(slot);
+    m.for_read = 0;
     --reserved_;
     ++pinned_;
     m.pins = 1;
@@ -306,8 +337,7 @@ class DramStoreImpl final : public DramStore {
   void AbortReservation(uint32_t slot) override {
     std::lock_guard lock(mu_);
     KVPOOL_CHECK(alloc_.meta(slot).state == SlotState::kReserved);
-    --reserved_;
-    --alloc_.slab(alloc_.slab_of(slot)).busy;
+    Unreserve(slot);
     FreeSlot(slot);
   }
 
@@ -334,29 +364,30 @@ class DramStoreImpl final : public DramStore {
     --entries_;
     --class_entries_[cls];
     used_bytes_ -= alloc_.meta(slot).size;
-    committed_share_ -= SlabShare(slot);
+    counted_share_ -= SlabShare(slot);
   }
 
-  // Makes the committed entries leave room in the capacity for one more of
-  // class cls (share), the way AllocateSlot makes a slot when memory is
-  // full: a slab of a class that may donate, else the class's own victim,
-  // else the oldest free-able slab of any class. Gives up when everything
-  // is pinned or reserved (the entry then stays in the room until
-  // evictions bring the cache back under). *colder_than: a chain's previous
-  // entry, kNoSlot if it went.
+  // Makes the entries and writes in progress leave room in the capacity
+  // for one more of class cls (share), the way AllocateSlot makes a slot
+  // when memory is full: a slab of a class that may donate, else the
+  // class's own victim, else the oldest free-able slab of any class. Gives
+  // up when everything is pinned or reserved (the value then takes a slot of
+  // the room until evictions bring the cache back under). *colder_than (if
+  // given): a chain's previous entry, kNoSlot if it went.
   void FitCapacity(uint16_t cls, uint64_t share, uint32_t* colder_than) {
-    while (committed_share_ + share > cache_share_) {
+    while (counted_share_ + share > cache_share_) {
       uint32_t slab = TakeSlab(cls, /*any_donor=*/false);
       if (slab == kNoSlab && !EvictFrom(cls)) {
         slab = TakeSlab(cls, /*any_donor=*/true);
         if (slab == kNoSlab) break;
       }
-      if (slab != kNoSlab) {
+      if (slab != kNoSlab && cls != alloc_.large_class()) {  // a run finds it free
         alloc_.AssignSlab(slab, cls);
         alloc_.TouchSlab(slab, clock_);
         OnCapacityChange();
       }
-      if (*colder_than < kColdEnd && alloc_.meta(*colder_than).state != SlotState::kCommitted) {
+      if (colder_than != nullptr && *colder_than < kColdEnd &&
+          alloc_.meta(*colder_than).state != SlotState::kCommitted) {
         *colder_than = kNoSlot;
       }
     }
@@ -379,18 +410,17 @@ class DramStoreImpl final : public DramStore {
                       bool returning = false) {
     SlotMeta& m = alloc_.meta(slot);
     KVPOOL_CHECK(m.state == SlotState::kReserved && m.key == key);
-    --reserved_;
-    --alloc_.slab(alloc_.slab_of(slot)).busy;
+    Unreserve(slot);
     if (Find(key) != kNoSlot) {
       FreeSlot(slot);
       return AlreadyExists("dram: another writer committed the key first");
     }
     const uint16_t cls = alloc_.class_of(slot);
-    // Entries stay within the capacity; the read room is for values in
-    // flight only. Without a read room this never evicts: every slot,
-    // this one included, is inside the capacity's slabs.
+    // Entries stay within the capacity, the read room is for values in
+    // flight: a write made room when it reserved, a value reserved for a
+    // read and kept (a replica) makes it now.
     const uint64_t share = SlabShare(slot);
-    if (committed_share_ + share > cache_share_) FitCapacity(cls, share, &colder_than);
+    if (counted_share_ + share > cache_share_) FitCapacity(cls, share, &colder_than);
     m.state = SlotState::kCommitted;
     index_.Insert(key, slot);
     policy_->Insert(slot, cls, colder_than, returning);
@@ -399,7 +429,7 @@ class DramStoreImpl final : public DramStore {
     ++entries_;
     ++class_entries_[cls];
     used_bytes_ += m.size;
-    committed_share_ += share;
+    counted_share_ += share;
     return Status::Ok();
   }
 
@@ -758,7 +788,9 @@ class DramStoreImpl final : public DramStore {
   uint64_t clock_ = 0;                   // bytes committed and hit: stamps slabs (NoteUse)
   EvictionListener listener_;
   uint64_t used_bytes_ = 0;
-  uint64_t committed_share_ = 0;  // SlabShare of the committed entries
+  // SlabShare of the committed entries and of the reservations not made
+  // for a read: kept within cache_share_ (FitCapacity).
+  uint64_t counted_share_ = 0;
   uint64_t allocated_bytes_ = 0;
   uint64_t entries_ = 0;
   uint64_t reserved_ = 0;

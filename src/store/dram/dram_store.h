@@ -29,11 +29,12 @@ struct DramOptions {
   // What the cache holds: committed entries never take more slot bytes
   // than this. More caches more.
   uint64_t capacity_bytes = 1ull << 30;
-  // Memory beyond capacity_bytes for values in flight: a reservation (a
-  // write not yet committed, or a value fetched from a peer for one read
-  // and dropped when it is released) takes a free slot there before it
-  // makes another entry go. A multiple of slab_bytes; 0: none. The shared
-  // segment is capacity_bytes + read_room_bytes; it is pre-faulted at start.
+  // Memory beyond capacity_bytes for values read from elsewhere: a value
+  // fetched from a peer for one read (ReserveForRead; dropped when it is
+  // released) takes a free slot there before it makes an entry go. Writes
+  // make room within the capacity as without one. A multiple of
+  // slab_bytes; 0: none. The shared segment is capacity_bytes +
+  // read_room_bytes; it is pre-faulted at start.
   uint64_t read_room_bytes = 0;
   // Unit of memory moved between size classes. Larger wastes less on big
   // values; smaller lets the class mix adapt with finer steps.
@@ -105,6 +106,12 @@ class DramStore {
   // committed; InvalidArgument for size 0 or over max_value_bytes;
   // ResourceExhausted when nothing can be evicted to make room.
   virtual Result<Reservation> Reserve(const KeyId& key, uint64_t size) = 0;
+  // As Reserve, for a value read from elsewhere for one read (a fetch from
+  // another node): it takes a free slot of the read room before anything is
+  // evicted, and counts against the capacity only if it is committed (a
+  // replica). A plain Reserve makes room within the capacity first, so the
+  // read room is left to these.
+  virtual Result<Reservation> ReserveForRead(const KeyId& key, uint64_t size) = 0;
   // The entry a batch committed last, so the next one of the same batch can
   // be placed relative to it in the eviction order (Commit). A place made
   // by After(key) names only the key (a chain whose previous block was

@@ -615,11 +615,11 @@ TEST(DramStoreTest, AnUncommittedPinIsReadableButNeverAnEntryAndItsSlotComesBack
   EXPECT_TRUE(store->Contains(k));
 }
 
-// Values in flight (reserved, or fetched for one read and pinned
-// uncommitted) take free slots of the read room before anything is evicted,
-// and committed entries stay within the capacity's slabs whether there is a
-// room or not.
-TEST(DramStoreTest, TheReadRoomTakesValuesInFlightBeforeAnyEviction) {
+// Values reserved for a read (fetched from another node, pinned
+// uncommitted) take free slots of the read room before anything is evicted;
+// writes make room within the capacity as they would without a room, and
+// committed entries stay within the capacity's slabs.
+TEST(DramStoreTest, TheReadRoomTakesValuesReadFromElsewhereBeforeAnyEviction) {
   constexpr uint64_t kSize = 16 * KiB;
   constexpr int kPuts = 1000;
   DramOptions o = SmallOptions(4 * MiB);
@@ -646,13 +646,32 @@ TEST(DramStoreTest, TheReadRoomTakesValuesInFlightBeforeAnyEviction) {
   EXPECT_EQ(store->GetStats().entries, n);
   const int oldest = kPuts - static_cast<int>(n);
   for (int i = oldest - 1; i < kPuts; ++i) EXPECT_EQ(store->Contains(Key(i)), i >= oldest) << i;
+  EXPECT_EQ(store->GetStats().evictions, static_cast<uint64_t>(kPuts) - n);
+
+  // A write in progress makes room at once, room or not: the least recent
+  // entry goes, as in the store without one.
+  {
+    auto w = store->Reserve(Key(4000), kSize);
+    ASSERT_TRUE(w.ok());
+    auto pw = plain->Reserve(Key(4000), kSize);
+    ASSERT_TRUE(pw.ok());
+    EXPECT_EQ(store->GetStats().evictions, static_cast<uint64_t>(kPuts) - n + 1);
+    EXPECT_EQ(plain->GetStats().evictions, static_cast<uint64_t>(kPuts) - n + 1);
+    EXPECT_FALSE(store->Contains(Key(oldest)));
+    EXPECT_FALSE(plain->Contains(Key(oldest)));
+    // Aborted, it gives the place back: the next write takes it.
+  }
+  ASSERT_TRUE(Put(*store, Key(oldest), kSize).ok());
+  ASSERT_TRUE(Put(*plain, Key(oldest), kSize).ok());
+  EXPECT_EQ(store->GetStats().evictions, static_cast<uint64_t>(kPuts) - n + 1);
+  EXPECT_EQ(plain->GetStats().evictions, static_cast<uint64_t>(kPuts) - n + 1);
   const uint64_t evicted = store->GetStats().evictions;
-  EXPECT_EQ(evicted, static_cast<uint64_t>(kPuts) - n);
+  // Key(oldest) is now the most recent; Key(oldest + 1) the least.
 
   // A slab's worth of values fetched for a read: all in the room, nothing goes.
   std::vector<DramStore::Pin> in_flight;
   auto fetch = [&](DramStore& st, uint64_t id) {
-    auto r = st.Reserve(Key(id), kSize);
+    auto r = st.ReserveForRead(Key(id), kSize);
     if (!r.ok()) return false;
     FillPattern(Key(id), r->data(), kSize);
     auto pin = st.PinUncommitted(std::move(r).value());
@@ -670,13 +689,13 @@ TEST(DramStoreTest, TheReadRoomTakesValuesInFlightBeforeAnyEviction) {
   // With the room full, the next one makes the least recent entry go...
   ASSERT_TRUE(fetch(*store, 6000));
   EXPECT_EQ(store->GetStats().evictions, evicted + 1);
-  EXPECT_FALSE(store->Contains(Key(oldest)));
-  EXPECT_TRUE(store->Contains(Key(oldest + 1)));
+  EXPECT_FALSE(store->Contains(Key(oldest + 1)));
+  EXPECT_TRUE(store->Contains(Key(oldest + 2)));
   // ...as the first one does in a store without a room.
   const uint64_t plain_evicted = plain->GetStats().evictions;
   ASSERT_TRUE(fetch(*plain, 5000));
   EXPECT_EQ(plain->GetStats().evictions, plain_evicted + 1);
-  EXPECT_FALSE(plain->Contains(Key(oldest)));
+  EXPECT_FALSE(plain->Contains(Key(oldest + 1)));
 
   // That value sits in a slot of the cache, so a put now makes the next
   // entry go for its own slot: n - 1 entries while it is in flight.
@@ -684,7 +703,7 @@ TEST(DramStoreTest, TheReadRoomTakesValuesInFlightBeforeAnyEviction) {
   s = store->GetStats();
   EXPECT_EQ(s.evictions, evicted + 2);
   EXPECT_EQ(s.entries, n - 1);
-  EXPECT_FALSE(store->Contains(Key(oldest + 1)));
+  EXPECT_FALSE(store->Contains(Key(oldest + 2)));
   // Once the reads release their values, only the entries' slots are taken;
   // a put fills the cache back to n, and the one after it makes an entry
   // go: the cache holds n, not n plus the room.
@@ -701,9 +720,9 @@ TEST(DramStoreTest, TheReadRoomTakesValuesInFlightBeforeAnyEviction) {
   s = store->GetStats();
   EXPECT_EQ(s.evictions, evicted + 3);
   EXPECT_EQ(s.entries, n);
-  EXPECT_FALSE(store->Contains(Key(oldest + 2)));
-  for (int i = oldest + 3; i < kPuts; ++i) EXPECT_TRUE(Get(*store, Key(i), kSize).ok()) << i;
-  for (uint64_t id : {7000, 7001, 7002}) EXPECT_TRUE(Get(*store, Key(id), kSize).ok()) << id;
+  EXPECT_FALSE(store->Contains(Key(oldest + 3)));
+  for (int i = oldest + 4; i < kPuts; ++i) EXPECT_TRUE(Get(*store, Key(i), kSize).ok()) << i;
+  for (int id : {oldest, 7000, 7001, 7002}) EXPECT_TRUE(Get(*store, Key(id), kSize).ok()) << id;
   for (uint64_t k = 0; k < per_slab; ++k) EXPECT_FALSE(store->Contains(Key(5000 + k)));
 }
 

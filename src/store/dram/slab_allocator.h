@@ -38,6 +38,9 @@ struct SlotMeta {
   SlotState state = SlotState::kFree;
   uint8_t freq : 2 = 0;   // S3-FIFO access count, saturating at 3
   uint8_t queue : 2 = kQueueNone;
+  // Reserved for a value read from elsewhere (DramStore::ReserveForRead):
+  // not counted against the capacity until it is committed.
+  uint8_t for_read : 1 = 0;
 };
 static_assert(sizeof(SlotMeta) == 32);
 
