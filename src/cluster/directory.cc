@@ -65,6 +65,7 @@ struct Directory::Impl {
   std::unique_ptr<dram::GhostBloom> ghost;
   uint64_t ghost_added = 0;
   Counter* dropped = nullptr;
+  uint64_t departures = 0;  // Directory::departures
   Counter* applied = nullptr;
   Counter* stale = nullptr;
   Counter* lookups = nullptr;
@@ -283,6 +284,11 @@ uint64_t Directory::entries() const {
   return impl_->full;
 }
 
+uint64_t Directory::departures() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->departures;
+}
+
 uint64_t Directory::bytes() const {
   std::lock_guard lock(impl_->mu);
   return impl_->bytes();
@@ -357,6 +363,7 @@ void Directory::Apply(const PublishBatch& batch) {
         if (s->holders[i] == ref) {
           impl_->DropListed(*s, i);
           listed = true;
+          ++impl_->departures;
           break;
         }
       }

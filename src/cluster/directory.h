@@ -86,6 +86,10 @@ class Directory {
   void Clear();
 
   uint64_t entries() const;
+  // Holders that unpublished a key listed here, since the start: with
+  // entries(), how long a key stays listed (RemoteReader bounds the reuse
+  // of lookup answers by it).
+  uint64_t departures() const;
   // Memory held: the slot table and the interned holders.
   uint64_t bytes() const;
   // Memory of the ghost of keys dropped lately (0 when it is off).

@@ -69,6 +69,37 @@ struct RemoteReader::State {
     return again;
   }
 
+  // Lookup answers are reused at most a sixteenth of how long a key stays
+  // listed at this node's directory (its entries over the departures per
+  // second, sampled every kChurnSample): a pool whose values stay put keeps
+  // the whole TTL, one that churns reuses answers for less. (An answer
+  // gone stale is seen by a fetch, which halves the TTL, but not by an
+  // exists call: a writer told a block is cached does not write it.)
+  static constexpr auto kChurnSample = std::chrono::milliseconds(250);
+  static constexpr int kChurnDivisor = 16;
+  const kvpool::Clock* clock = nullptr;
+  std::mutex churn_mu;
+  Clock::time_point churn_at;     // protected by churn_mu
+  uint64_t churn_departures = 0;  // protected by churn_mu
+  void SampleChurn() {
+    const Clock::time_point now = clock->Now();
+    std::unique_lock lock(churn_mu, std::try_to_lock);
+    if (!lock.owns_lock() || now < churn_at + kChurnSample) return;
+    const uint64_t departures = directory->departures();
+    if (churn_at != Clock::time_point{}) {
+      const uint64_t gone = departures - churn_departures;
+      const double secs = std::chrono::duration<double>(now - churn_at).count();
+      const double stay_us = gone == 0 ? 0
+                                       : static_cast<double>(directory->entries()) * secs * 1e6 /
+                                             static_cast<double>(gone);
+      fetcher->BoundReuse(
+          gone == 0 ? std::chrono::microseconds::max()
+                    : std::chrono::microseconds(static_cast<int64_t>(stay_us / kChurnDivisor)));
+    }
+    churn_at = now;
+    churn_departures = departures;
+  }
+
   Counter* fetch_bytes = nullptr;
   Counter* replicas_kept = nullptr;
   Counter* evicted_lately_found = nullptr;
@@ -108,6 +139,7 @@ using ResolvedOn = RouteFetcher::ResolvedOn;
 void StartLookup(const std::shared_ptr<RemoteReader::State>& st,
                  const std::shared_ptr<LookupBatch>& batch, const Routes& routes,
                  RouteFetcher::Resolved resolved) {
+  st->SampleChurn();
   std::vector<size_t> all(batch->keys.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
   st->fetcher->Lookup(
@@ -276,6 +308,7 @@ RemoteReader::RemoteReader(const RemoteReaderOptions& options, Cluster* cluster,
   fo.lookup_cache_ttl = options.lookup_cache_ttl;
   fo.lookup_cache_entries = options.lookup_cache_entries;
   s.fetcher = std::make_unique<RouteFetcher>(fo, cluster->transport(), m, clock);
+  s.clock = clock != nullptr ? clock : SystemClock::Get();
   s.evicted_lately_found =
       m->GetCounter("kvpool_remote_evicted_lately_total",
                     "Exists items no node holds that their home saw dropped lately (written "

@@ -595,6 +595,56 @@ TEST_F(RemoteReaderTest, AStaleCachedAnswerHalvesHowLongAnswersAreReused) {
   EXPECT_EQ(ttl->Value(), want);
 }
 
+// Answers are reused at most a sixteenth of how long keys stay listed at
+// the reader's own directory (its entries over the departures per second,
+// sampled every 250 ms): where values churn, a cached answer would name a
+// holder that dropped the value, and an exists call believing it would stop
+// a writer from writing the block again.
+TEST_F(RemoteReaderTest, ChurnAtTheReadersDirectoryBoundsHowLongAnswersAreReused) {
+  nodes_[1]->gate->Open();
+  TestNode& a = *nodes_[0];
+  TestNode& b = *nodes_[1];
+  const auto keys = PutOnA(1000, 6, [](const std::string& home) { return home != "b"; });
+  const auto listed_at_b = PutOnA(1200, 8, [](const std::string& home) { return home == "b"; });
+  ASSERT_EQ(keys.size(), 6u);
+  ASSERT_EQ(listed_at_b.size(), 8u);
+  FlushAll();
+  ASSERT_TRUE(WaitDirectoryEntries(keys.size() + listed_at_b.size()));
+  ASSERT_EQ(b.directory->entries(), 8u);
+  Gauge* ttl = b.metrics.GetGauge("kvpool_remote_lookup_cache_ttl_microseconds", "");
+  Counter* cached = b.metrics.GetCounter("kvpool_remote_lookup_cache_hits_total", "");
+
+  ASSERT_EQ(b.ExistsCount(keys), keys.size());  // the first sample; answers cached
+  EXPECT_EQ(cached->Value(), 0u);
+  // A drops 4 of the 8 keys listed at B: 4 listed, 4 gone in 250 ms, so a
+  // key stays listed about 250 ms and answers are reused 15.625 ms.
+  for (size_t i = 0; i < 4; ++i) ASSERT_TRUE(a.tiered->Remove(listed_at_b[i]).ok());
+  FlushAll();
+  for (int i = 0; i < 200 && b.directory->entries() != 4; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_EQ(b.directory->entries(), 4u);
+  EXPECT_EQ(b.directory->departures(), 4u);
+  clock_.Advance(milliseconds(250));
+  ASSERT_EQ(b.ExistsCount(keys), keys.size());  // 250 ms old: asked the homes
+  EXPECT_EQ(cached->Value(), 0u);
+  EXPECT_EQ(ttl->Value(), 15625);
+  clock_.Advance(milliseconds(15));
+  ASSERT_EQ(b.ExistsCount(keys), keys.size());  // reused
+  EXPECT_EQ(cached->Value(), keys.size());
+  clock_.Advance(milliseconds(1));  // 16 ms after the homes answered
+  ASSERT_EQ(b.ExistsCount(keys), keys.size());
+  EXPECT_EQ(cached->Value(), keys.size());  // asked again
+
+  // A quarter of a second without departures: the whole TTL again.
+  clock_.Advance(milliseconds(250));
+  ASSERT_EQ(b.ExistsCount(keys), keys.size());
+  EXPECT_EQ(ttl->Value(), 1000000);
+  clock_.Advance(milliseconds(900));
+  ASSERT_EQ(b.ExistsCount(keys), keys.size());
+  EXPECT_EQ(cached->Value(), 2 * keys.size());
+}
+
 TEST_F(RemoteReaderTest, PlacementHomeMovesValuesToTheirHomeOrKeepsThemWhenItIsDown) {
   nodes_[1]->gate->Open();
   std::vector<Member> members;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -37,6 +38,8 @@ struct RouteFetcher::State {
   // How long an answer is reused now, in microseconds (see
   // RouteFetcherOptions: halved by stale answers, grown by fetches served).
   std::atomic<int64_t> ttl_us{0};
+  // RouteFetcher::BoundReuse.
+  std::atomic<int64_t> reuse_bound_us{std::numeric_limits<int64_t>::max()};
   int64_t full_ttl_us = 0;  // lookup_cache_ttl
   Gauge* ttl_gauge = nullptr;
   Counter* stale_answers = nullptr;
@@ -59,7 +62,8 @@ struct RouteFetcher::State {
       const Member* m = view.Find(h.node_id);
       return m == nullptr || (m->incarnation != 0 && m->incarnation != h.incarnation);
     });
-    const auto ttl = std::chrono::microseconds(ttl_us.load(std::memory_order_relaxed));
+    const auto ttl = std::chrono::microseconds(std::min(
+        ttl_us.load(std::memory_order_relaxed), reuse_bound_us.load(std::memory_order_relaxed)));
     if (clock->Now() >= it->second.at + ttl || it->second.result.holders.empty()) {
       cache.erase(it);
       return false;
@@ -81,7 +85,7 @@ struct RouteFetcher::State {
   }
   void SetTtl(int64_t us) {
     ttl_us.store(us, std::memory_order_relaxed);
-    ttl_gauge->Set(us);
+    ttl_gauge->Set(std::min(us, reuse_bound_us.load(std::memory_order_relaxed)));
   }
   // Every holder an answer named had dropped the value: answers are
   // reused for half as long. (Concurrent updates may lose one another;
@@ -255,6 +259,12 @@ std::vector<std::string> RouteFetcher::Candidates(const Routes& routes, const Lo
     out.push_back(m->address);
   }
   return out;
+}
+
+void RouteFetcher::BoundReuse(std::chrono::microseconds bound) {
+  State& s = *state_;
+  s.reuse_bound_us.store(bound.count(), std::memory_order_relaxed);
+  s.ttl_gauge->Set(std::min(bound.count(), s.ttl_us.load(std::memory_order_relaxed)));
 }
 
 std::vector<std::string> RouteFetcher::CachedCandidates(const Routes& routes, const KeyId& key) {

@@ -136,6 +136,10 @@ class RouteFetcher {
   std::vector<std::string> Candidates(const Routes& routes, const LookupResult& r);
   // Candidates of key's cached lookup answer; empty when none is cached.
   std::vector<std::string> CachedCandidates(const Routes& routes, const KeyId& key);
+  // Answers are reused at most this long, whatever the TTL has grown to
+  // (RemoteReader: a fraction of how long keys stay listed at this node's
+  // directory); max(): no bound.
+  void BoundReuse(std::chrono::microseconds bound);
 
   // Fetches request.key from its peers in turn until one serves it; `done`
   // runs once, on a transport thread (or on the thread `retry` runs steps
