@@ -109,6 +109,7 @@ class DramStoreImpl final : public DramStore {
         cache_bytes_(options.capacity_bytes),
         cache_slabs_(options.capacity_bytes / options.slab_bytes),
         cache_share_(cache_slabs_ << 32),
+        has_read_room_(options.read_room_bytes > 0),
         time_(options.clock != nullptr ? options.clock : SystemClock::Get()),
         recent_age_us_(time_),
         alloc_(options.capacity_bytes + options.read_room_bytes, options.slab_bytes,
@@ -136,28 +137,25 @@ class DramStoreImpl final : public DramStore {
   bool touch_chains_head_last() const override { return chains_; }
 
   Result<Reservation> Reserve(const KeyId& key, uint64_t size) override {
-    return ReserveLocked(key, size, /*for_read=*/false);
+    return ReserveSlot(key, size, /*for_read=*/false);
   }
   Result<Reservation> ReserveForRead(const KeyId& key, uint64_t size) override {
-    return ReserveLocked(key, size, /*for_read=*/true);
+    return ReserveSlot(key, size, /*for_read=*/true);
   }
 
-  Result<Reservation> ReserveLocked(const KeyId& key, uint64_t size, bool for_read) {
+  Result<Reservation> ReserveSlot(const KeyId& key, uint64_t size, bool for_read) {
     if (size == 0 || size > max_value_bytes_) {
       return InvalidArgument(size == 0 ? "dram: empty value" : "dram: value over max_value_bytes");
     }
     std::lock_guard lock(mu_);
     if (Find(key) != kNoSlot) return AlreadyExists("dram: key committed");
     const uint16_t cls = alloc_.ClassFor(size);
-    const uint64_t share = cls == alloc_.large_class()
-                               ? (size + alloc_.slab_bytes() - 1) / alloc_.slab_bytes() << 32
-                               : (uint64_t{1} << 32) / alloc_.slots_per_slab(cls);
+    const uint64_t share = ShareOf(cls, size);
     // With a read room, a write makes room within the capacity first, as
     // the allocation would without one, and leaves the room to reads.
     // (Without one the allocation does it: every slot lies inside the
     // capacity's slabs.)
-    if (!for_read && cache_share_ < alloc_.num_slabs() * (uint64_t{1} << 32) &&
-        counted_share_ + share > cache_share_) {
+    if (!for_read && has_read_room_ && counted_share_ + share > cache_share_) {
       FitCapacity(cls, share, nullptr);
     }
     KVPOOL_ASSIGN_OR_RETURN(const uint32_t slot,
@@ -224,9 +222,8 @@ class DramStoreImpl final : public DramStore {
     SlotMeta& m = alloc_.meta(slot);
     KVPOOL_CHECK(m.state == SlotState::kReserved && m.key == key && m.pins == 0);
     // Reserved and pinned both keep the slab busy: the count stays.
-    if (!m.for_read) counted_share_ -= SlabShare(slot);
-    m.for_read = 0;
-    --reserved_;
+    Unreserve(slot);
+    ++alloc_.slab(alloc_.slab_of(slot)).busy;
     ++pinned_;
     m.pins = 1;
     m.state = SlotState::kZombie;  // freed (and cleared) by the Unpin
@@ -399,9 +396,12 @@ class DramStoreImpl final : public DramStore {
   // CommitLocked never evicts, and with one a full cache holds at most
   // slabs x slots_per_slab^2 / 2^32 entries more than its slabs would.
   uint64_t SlabShare(uint32_t slot) const {
-    const uint16_t cls = alloc_.class_of(slot);
-    if (cls == alloc_.large_class()) return alloc_.SlotBytes(slot) / alloc_.slab_bytes() << 32;
-    return (uint64_t{1} << 32) / alloc_.slots_per_slab(cls);
+    return ShareOf(alloc_.class_of(slot), alloc_.SlotBytes(slot));
+  }
+  // The same for a value of `bytes` in class cls, before it has a slot.
+  uint64_t ShareOf(uint16_t cls, uint64_t bytes) const {
+    if (cls != alloc_.large_class()) return (uint64_t{1} << 32) / alloc_.slots_per_slab(cls);
+    return (bytes + alloc_.slab_bytes() - 1) / alloc_.slab_bytes() << 32;
   }
 
   // REQUIRES: mu_ held; slot reserved for key. colder_than: a committed
@@ -768,6 +768,7 @@ class DramStoreImpl final : public DramStore {
   const uint64_t cache_bytes_;  // DramOptions::capacity_bytes
   const uint64_t cache_slabs_;  // cache_bytes_ in slabs
   const uint64_t cache_share_;  // cache_slabs_ in SlabShare units
+  const bool has_read_room_;    // DramOptions::read_room_bytes > 0
   Counter* evictions_metric_ = nullptr;
   Counter* slab_moves_metric_ = nullptr;
   Counter* hits_ = nullptr;
