@@ -192,7 +192,10 @@ template <typename Done>
 void TieredStore::AcquireOrPromote(const KeyId& key, Done&& done) {
   auto pin = Acquire(key);
   if (pin.ok()) return done(Status::Ok(), std::move(pin).value());
-  if (!NeedsPromotion(key)) return done(std::move(pin).TakeStatus(), Pin());
+  // Not NeedsPromotion: a promotion may have finished since the Acquire
+  // above, and a key on SSD is promoted, or pinned where it now lies in
+  // DRAM, by Promote.
+  if (ssd_ == nullptr || !ssd_->Contains(key)) return done(std::move(pin).TakeStatus(), Pin());
   using D = std::decay_t<Done>;
   if constexpr (std::is_copy_constructible_v<D>) {
     Promote(key, PromoteDone(std::forward<Done>(done)));
