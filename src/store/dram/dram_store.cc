@@ -226,7 +226,10 @@ class DramStoreImpl final : public DramStore {
     ++alloc_.slab(alloc_.slab_of(slot)).busy;
     ++pinned_;
     m.pins = 1;
-    m.state = SlotState::kZombie;  // freed (and cleared) by the Unpin
+    // Freed by the Unpin, not cleared: the bytes are a value this store's
+    // clients may read, like an evicted entry's until its slot is reused,
+    // and clearing them would hold the lock for a pass over every byte.
+    m.state = SlotState::kUnlisted;
     return Pin(this, slot, key, alloc_.offset(slot), m.size);
   }
 
@@ -346,6 +349,8 @@ class DramStoreImpl final : public DramStore {
     --pinned_;
     --alloc_.slab(alloc_.slab_of(slot)).busy;
     if (m.state == SlotState::kZombie) ClearAndFreeSlot(slot);
+    else if (m.state == SlotState::kUnlisted)
+      FreeSlot(slot);
   }
 
  private:

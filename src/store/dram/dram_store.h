@@ -142,8 +142,10 @@ class DramStore {
   virtual Result<Pin> CommitAndAcquire(Reservation reservation, bool replica = false) = 0;
   // Pins a reservation's bytes for reading without committing them: the
   // value is never in the index (no reader finds it, it is not evicted, and
-  // it is not an access), and its slot is freed when the pin is released. A
-  // read-through copy of a value another node holds, not kept here.
+  // it is not an access), and its slot is freed when the pin is released
+  // (its bytes stay until the slot is reused, as an evicted entry's do; a
+  // removal's are cleared). A read-through copy of a value another node
+  // holds, not kept here.
   virtual Result<Pin> PinUncommitted(Reservation reservation) = 0;
   // Pins the committed entry for reading. NotFound on a miss.
   virtual Result<Pin> Acquire(const KeyId& key) = 0;

@@ -24,7 +24,10 @@ inline constexpr uint32_t kNoSlab = UINT32_MAX;
 inline constexpr uint16_t kNoClass = UINT16_MAX;  // slab not assigned
 inline constexpr uint16_t kRunTail = UINT16_MAX - 1;  // slab inside a run, not its head
 
-enum class SlotState : uint8_t { kFree, kReserved, kCommitted, kZombie /* removed, pinned */ };
+// kZombie: removed while pinned (cleared and freed by the last Unpin);
+// kUnlisted: a pinned copy never in the index (PinUncommitted; freed by the
+// last Unpin, its bytes left as an evicted entry's are).
+enum class SlotState : uint8_t { kFree, kReserved, kCommitted, kZombie, kUnlisted };
 enum QueueId : uint8_t { kQueueNone = 0, kQueueSmall = 1, kQueueMain = 2 };
 
 // 32 bytes per slot. prev/next link the slot into its class's free list while
