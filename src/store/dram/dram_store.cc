@@ -348,9 +348,11 @@ class DramStoreImpl final : public DramStore {
     if (--m.pins > 0) return;
     --pinned_;
     --alloc_.slab(alloc_.slab_of(slot)).busy;
-    if (m.state == SlotState::kZombie) ClearAndFreeSlot(slot);
-    else if (m.state == SlotState::kUnlisted)
+    if (m.state == SlotState::kZombie) {
+      ClearAndFreeSlot(slot);
+    } else if (m.state == SlotState::kUnlisted) {
       FreeSlot(slot);
+    }
   }
 
  private:
