@@ -28,6 +28,9 @@
 #          (KV events with a subscriber that stopped reading vs one that
 #          reads and vs none;
 #          bench/compare_kv_events.sh)
+#        bench/compare.sh builds --a DIR --b DIR [--mode MODE] [--rounds N] [--tolerance PCT] [--keep] [-- MODE_ARGS]
+#          (two builds side by side in alternating rounds of one mode, e.g.
+#          a change against the commit before it; bench/compare_builds.sh)
 #        bench/compare.sh connectors [--reps N] [--cpu N|all] [--keep] [-- BENCH_ARGS]
 #          (SGLang/LMCache/vLLM connectors vs the raw Python client;
 #          bench/compare_connectors.sh)
@@ -45,6 +48,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 if [[ "${1:-}" == "remote" ]]; then
   shift
   exec "$HERE/compare_remote.sh" "$@"
+fi
+if [[ "${1:-}" == "builds" ]]; then
+  shift
+  exec "$HERE/compare_builds.sh" "$@"
 fi
 if [[ "${1:-}" == "connectors" ]]; then
   shift

@@ -39,9 +39,17 @@ Remote mode (bench/compare_remote.sh):
                                 (remote fetches, hits, lookups) and the CPU
                                 seconds of node A, node B and the client
   remote-summarize RESULTS.jsonl   print the remote table and metric lines
+Builds mode (bench/compare_builds.sh):
+  builds-summarize METRICS.tsv TOLERANCE   read "ROUND\tA|B\tNAME\tVALUE" lines,
+                                print per metric both builds' medians, B/A, the
+                                median per-round ratio and the rounds B did
+                                better in; exit 1 when a kvpool metric is worse
+                                in B by more than TOLERANCE percent (medians)
 """
 import csv
 import json
+import math
+import re
 import statistics
 import sys
 
@@ -689,6 +697,60 @@ def remote_summarize(path):
     return 1 if errors or misses or peer_errors else 0
 
 
+# Metrics where less is better; every other judged metric is a rate or ratio
+# where more is better.
+_LOWER_BETTER = re.compile(
+    r"(_per_entry|_errors|wrong_bytes|failed_items|_s_per_gib|_ms|_cost_.*|_write_per_hit_byte_.*)$")
+# Metrics of the machine or of the other systems in the run (memcpy, Redis,
+# iperf3, fio) and counts that describe the run: shown, never judged.
+_NOT_JUDGED = re.compile(r"^(memcpy|redis|iperf3|fio)_|_threads$|^ssd_(entries|used_bytes)$|_share$|_total$")
+
+
+def builds_summarize(path, tolerance):
+    tol = float(tolerance) / 100.0
+    vals = {}  # name -> label -> {round: value}
+    for line in open(path):
+        parts = line.rstrip("\n").split("\t")
+        if len(parts) != 4:
+            continue
+        rnd, label, name, value = parts
+        try:
+            v = float(value)
+        except ValueError:
+            continue
+        if math.isnan(v):
+            continue
+        vals.setdefault(name, {}).setdefault(label, {})[rnd] = v
+    print("%-40s %12s %12s %7s %7s %8s  %s" % ("metric", "A median", "B median", "B/A", "paired", "B better", "verdict"))
+    flagged = []
+    for name in sorted(vals):
+        a, b = vals[name].get("A", {}), vals[name].get("B", {})
+        if not a or not b:
+            continue
+        ma, mb = statistics.median(a.values()), statistics.median(b.values())
+        rounds = sorted(set(a) & set(b))
+        lower = bool(_LOWER_BETTER.search(name))
+        ratios = [b[r] / a[r] for r in rounds if a[r]]
+        better = sum(1 for r in rounds if (b[r] < a[r] if lower else b[r] > a[r]))
+        ratio = mb / ma if ma else (1.0 if mb == ma else math.inf)
+        if _NOT_JUDGED.search(name):
+            verdict = "not judged"
+        else:
+            worse = ratio - 1.0 if lower else 1.0 - ratio
+            verdict = ("lower is better; " if lower else "") + (
+                "WORSE by %.1f %%" % (100 * worse) if worse > tol else "within %g %%" % (100 * tol))
+            if worse > tol:
+                flagged.append(name)
+        print("%-40s %12.5g %12.5g %7.3f %7s %8s  %s" % (
+            name, ma, mb, ratio, "%.3f" % statistics.median(ratios) if ratios else "-",
+            "%d/%d" % (better, len(rounds)), verdict))
+    if flagged:
+        print("worse than A by more than %g %%: %s" % (100 * tol, " ".join(flagged)))
+        return 1
+    print("no judged metric worse than A by more than %g %%" % (100 * tol))
+    return 0
+
+
 def main(argv):
     if len(argv) < 2:
         sys.exit(__doc__)
@@ -731,6 +793,8 @@ def main(argv):
         return remote_run(*args[:sep], args[sep + 1:])
     elif cmd == "remote-summarize":
         return remote_summarize(args[0])
+    elif cmd == "builds-summarize":
+        return builds_summarize(args[0], args[1])
     else:
         sys.exit("unknown subcommand %r\n%s" % (cmd, __doc__))
     return 0
