@@ -700,7 +700,7 @@ def remote_summarize(path):
 # Metrics where less is better; every other judged metric is a rate or ratio
 # where more is better.
 _LOWER_BETTER = re.compile(
-    r"(_per_entry|_errors|wrong_bytes|failed_items|_s_per_gib|_ms|_cost_.*|_write_per_hit_byte_.*)$")
+    r"(_per_entry|_errors|wrong_bytes|failed_items|_s_per_gib|_ms|_cost_.*|_write_per_hit_byte_.*|_share_of_.*)$")
 # Metrics of the machine or of the other systems in the run (memcpy, Redis,
 # iperf3, fio) and counts that describe the run: shown, never judged.
 _NOT_JUDGED = re.compile(r"^(memcpy|redis|iperf3|fio)_|_threads$|^ssd_(entries|used_bytes)$|_share$|_total$")

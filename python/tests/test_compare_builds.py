@@ -29,6 +29,9 @@ def test_medians_paired_ratios_and_verdicts(tmp_path):
     # The machine's own figure: shown, never judged, however far it moves.
     for rnd in "12":
         rows += [(rnd, "A", "memcpy_1m_gbps", 8.0), (rnd, "B", "memcpy_1m_gbps", 4.0)]
+    # A lookup's share of a get: less is better, so 0.06 against 0.07 is B doing better.
+    for rnd in "12":
+        rows += [(rnd, "A", "lookup_share_of_batch_get", 0.07), (rnd, "B", "lookup_share_of_batch_get", 0.06)]
     # A run that could not compute a ratio prints nan: left out, not a zero.
     rows += [("1", "A", "local_get_1m_vs_redis", "nan"), ("1", "B", "local_get_1m_vs_redis", "nan")]
     rc, lines, last = summarize(tmp_path, rows)
@@ -40,6 +43,8 @@ def test_medians_paired_ratios_and_verdicts(tmp_path):
     assert "lower is better; within 5 %" in lines["index_bytes_per_entry"]
     assert lines["index_bytes_per_entry"].split()[5] == "0/2"
     assert lines["memcpy_1m_gbps"].endswith("not judged")
+    assert "lower is better; within 5 %" in lines["lookup_share_of_batch_get"]
+    assert lines["lookup_share_of_batch_get"].split()[5] == "2/2"
     assert "local_get_1m_vs_redis" not in lines
     assert last == "no judged metric worse than A by more than 5 %"
 
