@@ -39,6 +39,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -692,6 +693,10 @@ int main(int argc, char** argv) {
       rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
     }
     if (cfg.ops.empty()) return usage("--op: empty");
+  }
+  // No --socket: $KVPOOL_SOCKET, as the Python package and kvpoolctl read it.
+  if (cfg.socket.empty()) {
+    if (const char* env = std::getenv("KVPOOL_SOCKET"); env != nullptr) cfg.socket = env;
   }
   // Sizes and durations are read by the node's own parsers, so a value means
   // the same here as in kvpool-node's flags (a bare duration is milliseconds).

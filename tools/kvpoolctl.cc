@@ -77,6 +77,7 @@ const Command* FindCommand(const std::string& name) {
 int Usage(FILE* out = stderr) {
   std::fputs(
       "usage: kvpoolctl [--socket PATH] [--timeout DURATION] COMMAND ...\n"
+      "  --socket: the node's socket (default $KVPOOL_SOCKET, else where the node puts it)\n"
       "  --timeout: deadline of each call (5s, 500ms; a bare number is milliseconds; "
       "default 5s)\n",
       out);
@@ -465,11 +466,25 @@ int main(int argc, char** argv) {
     else args.push_back(a);
   }
   if (help) {
-    const Command* c = args.empty() ? nullptr : FindCommand(args[0]);
-    return c != nullptr ? CommandHelp(*c) : (Usage(stdout), 0);
+    if (args.empty()) return Usage(stdout), 0;
+    const Command* c = FindCommand(args[0]);
+    if (c == nullptr) {
+      std::fprintf(stderr, "kvpoolctl: unknown command '%s'\n", args[0].c_str());
+      return Usage();
+    }
+    return CommandHelp(*c);
+  }
+  // Where no --socket names it: $KVPOOL_SOCKET, as the Python package reads
+  // it, else libkvpool's default.
+  if (socket_path.empty()) {
+    if (const char* env = std::getenv("KVPOOL_SOCKET"); env != nullptr) socket_path = env;
   }
   if (args.empty()) return Usage();
   const std::string cmd = args[0];
+  if (FindCommand(cmd) == nullptr) {
+    std::fprintf(stderr, "kvpoolctl: unknown command '%s'\n", cmd.c_str());
+    return Usage();
+  }
   if (json && cmd != "stat" && cmd != "members" && cmd != "shards" && cmd != "tenants" &&
       cmd != "clients") {
     return Usage();

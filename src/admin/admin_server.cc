@@ -77,10 +77,11 @@ constexpr char kDashboardCsp[] =
     "frame-ancestors 'none'";
 
 // The request-counter label set is fixed: every other path counts as "other".
-constexpr std::array<std::string_view, 10> kKnownPaths = {"/",
+constexpr std::array<std::string_view, 11> kKnownPaths = {"/",
                                                           "/metrics",
                                                           "/healthz",
                                                           "/readyz",
+                                                          "/readyz/cluster",
                                                           "/api/v1/status",
                                                           "/api/v1/config",
                                                           "/api/v1/members",
@@ -523,11 +524,23 @@ class HttpAdminServer final : public AdminServer {
       r.body = "ok";
       return Respond(id, c, r, head_only);
     }
-    if (head.path == "/readyz") {
+    if (head.path == "/readyz" || head.path == "/readyz/cluster") {
+      // /readyz: local work (engines on the socket); /readyz/cluster: remote
+      // work too. The detail says what is still missing.
       Response r;
       const bool ready = !hooks_.ready || hooks_.ready();
-      r.status = ready ? 200 : 503;
-      r.body = ready ? "ready" : "not ready";
+      const std::string missing = ready && hooks_.cluster_missing ? hooks_.cluster_missing() : "";
+      if (!ready) {
+        r.status = 503;
+        r.body = "not ready";
+      } else if (missing.empty()) {
+        r.body = "ready";
+      } else if (head.path == "/readyz") {
+        r.body = "ready for local work; not yet for cluster work: " + missing;
+      } else {
+        r.status = 503;
+        r.body = "not ready for cluster work: " + missing;
+      }
       return Respond(id, c, r, head_only);
     }
     if (!Authorized(head)) {

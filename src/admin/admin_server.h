@@ -78,6 +78,10 @@ struct AdminHooks {
   std::function<std::string()> cluster_json;  // /api/v1/cluster
   // /readyz: 200 when true, else 503. Runs on the admin thread: must be quick.
   std::function<bool()> ready;
+  // What keeps the node from cluster work (joining, fenced), empty when
+  // nothing does: /readyz still answers 200 and says it, /readyz/cluster
+  // answers 503. Runs on the admin thread: must be quick.
+  std::function<std::string()> cluster_missing;
 };
 
 class AdminServer {

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include <fmt/format.h>
+#include <openssl/crypto.h>
 
 #include "cluster/peer_messages_format.h"
 #include "common/log.h"
@@ -71,6 +72,13 @@ Status ClusterOptions::Validate() const {
 namespace {
 
 std::string OrNone(const std::string& s) { return s.empty() ? "(none)" : s; }
+
+// A registration's proof under one key: "KEYID:MAC", both lowercase hex.
+std::string ProofOf(const transport::ClusterKey& key, const std::string& record) {
+  std::string out = fmt::format("{:016x}:", key.id);
+  for (uint8_t b : transport::MemberProofMac(key, record)) out += fmt::format("{:02x}", b);
+  return out;
+}
 
 std::string HostNameOr(const std::string& fallback) {
   char buf[256] = {};
@@ -150,6 +158,34 @@ class ClusterImpl final : public Cluster {
       eo.lease_ttl = opts_.lease_ttl;
       eo.request_timeout = std::min(std::chrono::milliseconds(1000), opts_.lease_ttl / 4);
       eo.probe_peers = [this](transport::Deadline deadline) { return ProbePeers(deadline); };
+      eo.old_lease_wait = EtcdMembershipOptions::OldLeaseWait::kInRun;
+      eo.on_refused = opts_.on_refused;
+      if (!opts_.cluster_keys.empty()) {
+        // Registrations prove holding the cluster key: one proof per key
+        // held (both while a new key is rolled out), "KEYID:MAC" in hex;
+        // one good proof under any key held here is enough.
+        std::vector<transport::ClusterKey> keys;
+        for (const auto& k : opts_.cluster_keys) {
+          if (k.principal.empty()) keys.push_back(k);
+        }
+        eo.prove = [keys](const std::string& record) {
+          std::vector<std::string> out;
+          for (const auto& k : keys) out.push_back(ProofOf(k, record));
+          return out;
+        };
+        eo.verify = [keys](const std::string& record, const std::vector<std::string>& proofs) {
+          for (const auto& k : keys) {
+            const std::string want = ProofOf(k, record);
+            for (const auto& p : proofs) {
+              if (p.size() == want.size() &&
+                  CRYPTO_memcmp(p.data(), want.data(), want.size()) == 0) {
+                return true;
+              }
+            }
+          }
+          return false;
+        };
+      }
       std::unique_ptr<EtcdMembership> em;
       KVPOOL_ASSIGN_OR_RETURN(em, EtcdMembership::Open(eo, metrics));
       etcd_ = em.get();
@@ -212,6 +248,10 @@ class ClusterImpl final : public Cluster {
   uint64_t incarnation() const override { return membership_->incarnation(); }
   bool fenced() const override { return membership_->fenced(); }
   bool etcd_outage() const override { return etcd_ != nullptr && etcd_->etcd_outage(); }
+  bool joining() const override { return etcd_ != nullptr && etcd_->joining(); }
+  std::string joining_reason() const override {
+    return etcd_ != nullptr ? etcd_->joining_reason() : std::string();
+  }
   std::string address() const override { return transport_->address(); }
   transport::Transport* transport() const override { return transport_.get(); }
   Membership* membership() const override { return membership_.get(); }

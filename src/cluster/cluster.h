@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -70,6 +71,12 @@ struct ClusterOptions {
   // needs cluster_keys.
   bool peer_encryption = false;
 
+  // With etcd: called once, from the membership loop, when this node's id
+  // stays registered by a live process after the restart wait
+  // (EtcdMembershipOptions::OldLeaseWait::kInRun); the node then stays out
+  // of the cluster. Empty: logged only.
+  std::function<void(const Status&)> on_refused;
+
   bool enabled() const { return !etcd.empty() || !peers.empty(); }
   Status Validate() const;
 };
@@ -101,6 +108,11 @@ class Cluster {
   // True while etcd is down for this node and its peers alike and the node
   // serves with its last view instead of fencing (membership/etcd_membership.h).
   virtual bool etcd_outage() const = 0;
+  // True while a restarted node waits for its previous registration's lease
+  // before it joins (fenced() is true meanwhile: local work only);
+  // joining_reason() says why, or that the id was refused.
+  virtual bool joining() const = 0;
+  virtual std::string joining_reason() const = 0;
   // "host:port" peers reach this node at.
   virtual std::string address() const = 0;
   virtual transport::Transport* transport() const = 0;

@@ -194,10 +194,12 @@ void HomePlacer::Send(const std::string& address, const KeyId& key, const Target
   std::vector<uint8_t> request;
   EncodeStore(key, value.size(), target.after ? &*target.after : nullptr,
               target.returning ? kStoreReturning : 0, &request);
+  std::vector<uint8_t> header;
+  EncodeTenantScope(opts_.tenant, request, &header);
   transport::CallArgs args;
   args.peer = address;
-  args.type = kPeerStore;
-  args.request = request;
+  args.type = ScopedType(kPeerStore, opts_.tenant);
+  args.request = header;
   args.payload = value;
   args.deadline = transport::Clock::now() + opts_.timeout;
   cluster_->transport()->Call(args, std::move(done));

@@ -67,6 +67,9 @@ struct HomePlacerOptions {
   // Chain notes kept for values not yet committed (32 bytes each; all are
   // dropped when full).
   size_t max_chain_notes = 65536;
+  // The tenant whose values these are (empty: the default tenant); its
+  // hand-offs go as kPeerTenantStore.
+  std::string tenant;
 };
 
 class HomePlacer {

@@ -4,6 +4,9 @@
 #include <bit>
 #include <map>
 
+#include <fmt/format.h>
+
+#include "common/check.h"
 #include "protocol/codec.h"
 
 namespace kvpool::cluster {
@@ -126,6 +129,38 @@ void EncodeFetch(const KeyId& key, uint64_t max_size, std::vector<uint8_t>* out)
   BodyWriter w(out);
   w.Key(key);
   w.U64(max_size);
+}
+
+transport::MessageType ScopedType(transport::MessageType base, const std::string& tenant) {
+  if (tenant.empty()) return base;
+  switch (base) {
+    case kPeerPublish: return kPeerTenantPublish;
+    case kPeerLookup: return kPeerTenantLookup;
+    case kPeerFetch: return kPeerTenantFetch;
+    case kPeerStore: return kPeerTenantStore;
+    default: break;
+  }
+  KVPOOL_CHECK(false && "only publish, lookup, fetch and store are tenant-scoped");
+  return base;
+}
+
+void EncodeTenantScope(const std::string& tenant, std::span<const uint8_t> rest,
+                       std::vector<uint8_t>* out) {
+  if (!tenant.empty()) BodyWriter(out).Str(tenant);
+  out->insert(out->end(), rest.begin(), rest.end());
+}
+
+Status DecodeTenantScope(std::span<const uint8_t> header, std::string* tenant,
+                         std::span<const uint8_t>* rest) {
+  BodyReader r(header);
+  if (!r.Str(kMaxTenantNameBytes, tenant) || tenant->empty()) {
+    return InvalidArgument(fmt::format("malformed tenant scope: {}",
+                                       r.ok() ? "empty tenant name" : r.error()));
+  }
+  std::span<const uint8_t> left;
+  r.Bytes(r.remaining(), &left);
+  *rest = left;
+  return Status::Ok();
 }
 
 Status DecodeFetch(std::span<const uint8_t> body, KeyId* key, uint64_t* max_size) {

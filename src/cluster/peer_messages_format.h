@@ -85,6 +85,20 @@
 // (index into the list to start at), u32 count (<=4096), count × u32 shard.
 // Reply payload: u32 next (index to ask from next; == count when done),
 // u32 keys (<= kMaxShardKeys), keys × key id. Whole shards per reply.
+//
+// Tenant-scoped messages (a tenant defined on every node is one tenant
+// across the cluster; node/tenants.h). kPeerTenantPublish, ...Lookup,
+// ...Fetch and ...Store are kPeerPublish, ...Lookup, ...Fetch and ...Store
+// about one tenant's keys: the request header is
+// | field        | type        | meaning                                          |
+// |--------------|-------------|--------------------------------------------------|
+// | tenant       | str (<=32)  | the tenant's name, as in the tenants file         |
+// | rest         | bytes       | the unscoped message's request header             |
+// and the payload and the reply are the unscoped message's. Key ids are
+// the tenant's bound ids (node/tenants.h), so one tenant's entries never
+// meet another's. Only members send them (a client token's connection may
+// not: its tenant comes from its token); a node without that tenant answers
+// FailedPrecondition.
 #pragma once
 
 #include <cstdint>
@@ -112,6 +126,23 @@ inline constexpr transport::MessageType kPeerShardKeys = 0x0108;
 // reply's header is a JSON object of at most kMaxStatusBytes.
 inline constexpr transport::MessageType kPeerStatus = 0x0109;
 inline constexpr uint32_t kMaxStatusBytes = 16384;
+inline constexpr transport::MessageType kPeerTenantPublish = 0x0111;
+inline constexpr transport::MessageType kPeerTenantLookup = 0x0112;
+inline constexpr transport::MessageType kPeerTenantFetch = 0x0113;
+inline constexpr transport::MessageType kPeerTenantStore = 0x0114;
+inline constexpr uint32_t kMaxTenantNameBytes = 32;
+
+// The type that carries `base` (kPeerPublish, kPeerLookup, kPeerFetch or
+// kPeerStore) for `tenant`: base itself for the default tenant (empty).
+transport::MessageType ScopedType(transport::MessageType base, const std::string& tenant);
+// The request header of a tenant-scoped message: `tenant`, then `rest`.
+// An empty tenant writes `rest` alone (the unscoped message).
+void EncodeTenantScope(const std::string& tenant, std::span<const uint8_t> rest,
+                       std::vector<uint8_t>* out);
+// Splits a tenant-scoped request header into the tenant and the rest (a
+// view into `header`).
+Status DecodeTenantScope(std::span<const uint8_t> header, std::string* tenant,
+                         std::span<const uint8_t>* rest);
 
 inline constexpr uint32_t kMaxPeerBatch = 4096;
 inline constexpr uint32_t kMaxNodeIdBytes = 128;

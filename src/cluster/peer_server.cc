@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "cluster/peer_messages_format.h"
+#include <fmt/format.h>
+
 #include "common/log.h"
 
 namespace kvpool::cluster {
@@ -75,10 +77,12 @@ void PeerServer::TenantLookup(const ClientTenant& t, std::vector<KeyId> keys, Re
 
 PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer* announcer,
                        TieredStore* store, Executor* executor, Executor* list_executor,
-                       MetricsRegistry* metrics, ClientTenants client_tenants)
+                       MetricsRegistry* metrics, ClientTenants client_tenants,
+                       ClusterTenants cluster_tenants)
     : cluster_(cluster),
       directory_(directory),
       client_tenants_(std::move(client_tenants)),
+      cluster_tenants_(std::move(cluster_tenants)),
       announcer_(announcer),
       store_(store),
       executor_(executor),
@@ -88,40 +92,40 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
                         ->GetCounter("kvpool_publish_ssd_replayed_total",
                                      "Entries held only on SSD published again to their homes "
                                      "(at start, for moved shards, after re-registration)")),
+      tenant_refused_((metrics != nullptr ? metrics : owned_metrics_.get())
+                          ->GetCounter("kvpool_peer_tenant_refused_total",
+                                       "Tenant-scoped peer requests refused: a tenant this node "
+                                       "does not define, or a malformed scope")),
       last_map_(cluster->shard_map()),
       last_incarnation_(cluster->incarnation()) {
   // The directory learns each member's newest incarnation from the views,
   // the first one included.
-  directory_->Prune(*cluster_->view());
-  transport::Transport* t = cluster_->transport();
-  t->RegisterHandler(kPeerPublish, [this](Incoming in, Responder r) {
-    if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
+  for (const Scope& sc : Scopes()) sc.directory->Prune(*cluster_->view());
+  HandleScoped(kPeerPublish, [this](const Scope& sc, Incoming in, Responder r) {
     PublishBatch batch;
     Status s = DecodePublish(in.payload, &batch);
     if (s.ok()) {
       cluster_->ObservePeer(batch.node_id, batch.incarnation);
-      directory_->Apply(batch);
+      sc.directory->Apply(batch);
     }
     r.Respond(s);
   });
-  t->RegisterHandler(kPeerLookup, [this](Incoming in, Responder r) {
-    if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
+  HandleScoped(kPeerLookup, [this](const Scope& sc, Incoming in, Responder r) {
     std::vector<KeyId> keys;
     Status s = DecodeLookup(in.payload, &keys);
     if (!s.ok()) return r.Respond(s);
-    if (const ClientTenant* t = TenantOf(in)) {
+    if (const ClientTenant* t = sc.tenant ? nullptr : TenantOf(in)) {
       return TenantLookup(*t, std::move(keys), std::move(r));
     }
-    auto results = directory_->Lookup(keys);
+    auto results = sc.directory->Lookup(keys);
     RespondWithBody(r, [&](std::vector<uint8_t>* body) { EncodeLookupReply(results, body); });
   });
-  t->RegisterHandler(kPeerFetch, [this](Incoming in, Responder r) {
-    if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
+  HandleScoped(kPeerFetch, [this](const Scope& sc, Incoming in, Responder r) {
     KeyId key;
     uint64_t max_size = 0;
     Status s = DecodeFetch(in.request, &key, &max_size);
     if (!s.ok()) return r.Respond(s);
-    TieredStore* store = StoreFor(in, &key);
+    TieredStore* store = sc.tenant ? sc.store : StoreFor(in, &key);
     // Called from DRAM at once, or (only on SSD) after its promotion.
     auto answer = [r = std::move(r), max_size](Status ps, TieredStore::Pin p) mutable {
       if (!ps.ok() || !p.valid()) return r.Respond(NotFound("not held here"));
@@ -130,8 +134,7 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
     };
     store->AcquireOrPromote(key, std::move(answer));
   });
-  t->RegisterHandler(kPeerStore, [this](Incoming in, Responder r) {
-    if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
+  HandleScoped(kPeerStore, [this](const Scope& sc, Incoming in, Responder r) {
     KeyId key;
     uint64_t size = 0;
     std::optional<KeyId> after;
@@ -139,7 +142,7 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
     Status s = DecodeStore(in.request, &key, &size, &after, &flags);
     if (s.ok() && size != in.payload.size()) s = InvalidArgument("store: payload size mismatch");
     if (!s.ok()) return r.Respond(s);
-    TieredStore* store = StoreFor(in, &key);
+    TieredStore* store = sc.tenant ? sc.store : StoreFor(in, &key);
     auto slot = store->Reserve(key, size);
     if (!slot.ok()) {
       // Already here: the home holds it, which is all the writer asks.
@@ -160,7 +163,7 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
     r.Respond(s);
   });
   // Remote-mode clients learn the membership from any node.
-  t->RegisterHandler(kPeerMembers, [this](Incoming, Responder r) {
+  cluster_->transport()->RegisterHandler(kPeerMembers, [this](Incoming, Responder r) {
     if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
     RespondWithBody(r, [&](std::vector<uint8_t>* body) {
       EncodeMembersReply(*cluster_->view(), body);
@@ -171,7 +174,8 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
   // its entries may list keys their holders dropped. It starts empty; the
   // holders replay to it when it is back under a new incarnation.
   fence_sub_ = cluster_->membership()->SubscribeFence([this](bool fenced) {
-    if (fenced) directory_->Clear();
+    if (!fenced) return;
+    for (const Scope& sc : Scopes()) sc.directory->Clear();
   });
   sub_ = cluster_->membership()->SubscribeViews(
       [this](const std::shared_ptr<const MembershipView>& view) {
@@ -187,7 +191,49 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
       });
   // What the SSD tier recovered (checkpoint or scan) is held from the start
   // but no home has heard of it yet.
-  ReplaySsd(std::vector<bool>(kNumShards, true), {});
+  for (const Scope& sc : Scopes()) ReplaySsd(sc, std::vector<bool>(kNumShards, true), {});
+}
+
+std::vector<PeerServer::Scope> PeerServer::Scopes() const {
+  std::vector<Scope> out = {Scope{store_, directory_, announcer_, false}};
+  for (const auto& [name, t] : cluster_tenants_) {
+    out.push_back(Scope{t.store, t.directory, t.announcer, true});
+  }
+  return out;
+}
+
+void PeerServer::HandleScoped(transport::MessageType base, ScopedHandler fn) {
+  transport::Transport* t = cluster_->transport();
+  auto shared = std::make_shared<ScopedHandler>(std::move(fn));
+  t->RegisterHandler(base, [this, shared](Incoming in, Responder r) {
+    if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
+    (*shared)(Scope{store_, directory_, announcer_, false}, std::move(in), std::move(r));
+  });
+  t->RegisterHandler(ScopedType(base, "tenant"), [this, shared](Incoming in, Responder r) {
+    if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
+    // A client's tenant is its token's; only members name one.
+    if (!in.principal.empty()) {
+      tenant_refused_->Inc();
+      return r.Respond(PermissionDenied("tenant-scoped requests are for members only"));
+    }
+    std::string tenant;
+    std::span<const uint8_t> rest;
+    if (Status s = DecodeTenantScope(in.request, &tenant, &rest); !s.ok()) {
+      tenant_refused_->Inc();
+      return r.Respond(s);
+    }
+    auto it = cluster_tenants_.find(tenant);
+    if (it == cluster_tenants_.end()) {
+      tenant_refused_->Inc();
+      return r.Respond(FailedPrecondition(fmt::format(
+          "tenant '{}' is not defined on node {} (every node of a tenant needs it in its "
+          "--tenants-file)",
+          tenant, cluster_->node_id())));
+    }
+    in.request = rest;
+    const ClusterTenant& ct = it->second;
+    (*shared)(Scope{ct.store, ct.directory, ct.announcer, true}, std::move(in), std::move(r));
+  });
 }
 
 // The membership (and its subscription) is gone by now: see the header.
@@ -198,20 +244,20 @@ void PeerServer::RunGated(std::function<void()> fn) {
   list_executor_->Submit([gate = gate_, fn = std::move(fn)] { gate->Run(fn); });
 }
 
-void PeerServer::ReplaySsd(std::vector<bool> shards, std::vector<KeyId> skip) {
-  if (!store_->has_ssd_tier()) return;
+void PeerServer::ReplaySsd(const Scope& sc, std::vector<bool> shards, std::vector<KeyId> skip) {
+  if (!sc.store->has_ssd_tier()) return;
   std::sort(skip.begin(), skip.end());
-  RunGated([this, shards = std::move(shards), skip = std::move(skip)] {
+  RunGated([this, sc, shards = std::move(shards), skip = std::move(skip)] {
     uint64_t n = 0;
-    store_->ListSsd([&](uint64_t key_hi) { return shards[ShardOf(KeyId{key_hi, 0})]; },
+    sc.store->ListSsd([&](uint64_t key_hi) { return shards[ShardOf(KeyId{key_hi, 0})]; },
                     [&](const std::vector<SsdEntry>& batch) {
                       uint64_t added = 0;
                       for (const SsdEntry& e : batch) {
                         if (std::binary_search(skip.begin(), skip.end(), e.key)) continue;
-                        announcer_->Relist(e.key, e.size);
+                        sc.announcer->Relist(e.key, e.size);
                         ++added;
                       }
-                      WaitForPublisher();
+                      WaitForPublisher(sc.announcer);
                       n += added;
                       ssd_replayed_->Inc(added);
                       return !gate_->closed();
@@ -223,7 +269,6 @@ void PeerServer::ReplaySsd(std::vector<bool> shards, std::vector<KeyId> skip) {
 void PeerServer::OnView(std::shared_ptr<const ShardMap> before,
                         std::shared_ptr<const ShardMap> after,
                         std::shared_ptr<const MembershipView> view, bool replay_all) {
-  directory_->Prune(*view);
   // Entries of shards this node is no longer the home of: nobody asks here
   // for them, and kept they would be stale when a later view brings the
   // shard back (removes went to the other home meanwhile).
@@ -232,7 +277,10 @@ void PeerServer::OnView(std::shared_ptr<const ShardMap> before,
     const Member* h = after->Home(s);
     owned[s] = h != nullptr && h->node_id == cluster_->node_id();
   }
-  directory_->RetainShards(owned);
+  for (const Scope& sc : Scopes()) {
+    sc.directory->Prune(*view);
+    sc.directory->RetainShards(owned);
+  }
   // Shards whose home changed: their new homes know nothing of what this
   // node holds, so tell them again.
   std::vector<uint32_t> moved = ShardMap::Moved(*before, *after);
@@ -241,29 +289,32 @@ void PeerServer::OnView(std::shared_ptr<const ShardMap> before,
   for (uint32_t s : moved) is_moved[s] = true;
   // The replay runs on the list executor, where a large inventory may wait
   // for the publisher's queue to drain, never on the peer handlers' threads.
-  RunGated([this, is_moved = std::move(is_moved), epoch = view->epoch, n = moved.size()]() mutable {
-    // Listed a few thousand slots per hold of the store's lock, so local
-    // puts and gets never wait for the whole scan of a large DRAM tier.
-    std::vector<KeyId> published;
-    store_->ListDram([&](const KeyId& key, uint64_t size) {
-      if (!is_moved[ShardOf(key)]) return;
-      announcer_->Relist(key, size);
-      published.push_back(key);
-      if (published.size() % 1024 == 0) WaitForPublisher();
+  for (const Scope& sc : Scopes()) {
+    RunGated([this, sc, is_moved, epoch = view->epoch, n = moved.size()]() mutable {
+      // Listed a few thousand slots per hold of the store's lock, so local
+      // puts and gets never wait for the whole scan of a large DRAM tier.
+      std::vector<KeyId> published;
+      sc.store->ListDram([&](const KeyId& key, uint64_t size) {
+        if (!is_moved[ShardOf(key)]) return;
+        sc.announcer->Relist(key, size);
+        published.push_back(key);
+        if (published.size() % 1024 == 0) WaitForPublisher(sc.announcer);
+      });
+      LogDebug("view {}: {} shards moved, {} DRAM entries republished", epoch, n,
+               published.size());
+      // Then the SSD tier's entries of those shards, but for the ones just
+      // published: skipping exactly those (not whatever DRAM holds when the
+      // listing gets there) also covers a key promoted or demoted meanwhile.
+      if (!sc.store->has_ssd_tier()) return;
+      ReplaySsd(sc, std::move(is_moved), std::move(published));
     });
-    LogDebug("view {}: {} shards moved, {} DRAM entries republished", epoch, n, published.size());
-    // Then the SSD tier's entries of those shards, but for the ones just
-    // published: skipping exactly those (not whatever DRAM holds when the
-    // listing gets there) also covers a key promoted or demoted meanwhile.
-    if (!store_->has_ssd_tier()) return;
-    ReplaySsd(std::move(is_moved), std::move(published));
-  });
+  }
 }
 
-void PeerServer::WaitForPublisher() {
+void PeerServer::WaitForPublisher(HoldingsAnnouncer* announcer) {
   // Well under the publisher's bound (PublisherOptions::max_queue).
   constexpr size_t kMaxBacklog = 64 * 1024;
-  while (announcer_->queued() >= kMaxBacklog && !gate_->closed()) {
+  while (announcer->queued() >= kMaxBacklog && !gate_->closed()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }

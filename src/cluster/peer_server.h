@@ -61,6 +61,19 @@ struct ClientTenant {
 // listed uses the default tenant: the cluster.
 using ClientTenants = std::unordered_map<std::string, ClientTenant>;
 
+// A tenant across the cluster (node/tenants.h: the same name on every
+// node): its store, its directory and its announcer on this node. Members'
+// tenant-scoped messages (peer_messages_format.h) about it reach these, as
+// the unscoped ones reach the default tenant's; a tenant not listed here is
+// refused (FailedPrecondition). Its keys arrive bound to it already.
+struct ClusterTenant {
+  TieredStore* store = nullptr;           // must outlive the server
+  Directory* directory = nullptr;         // must outlive the server
+  HoldingsAnnouncer* announcer = nullptr;  // must outlive the server
+};
+// By tenant name.
+using ClusterTenants = std::unordered_map<std::string, ClusterTenant>;
+
 class PeerServer {
  public:
   // Registers the handlers and subscribes to views. All pointers must
@@ -69,12 +82,29 @@ class PeerServer {
   // the counters are kept but not exported.
   PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer* announcer, TieredStore* store,
              Executor* executor, Executor* list_executor = nullptr,
-             MetricsRegistry* metrics = nullptr, ClientTenants client_tenants = {});
+             MetricsRegistry* metrics = nullptr, ClientTenants client_tenants = {},
+             ClusterTenants cluster_tenants = {});
   ~PeerServer();
   PeerServer(const PeerServer&) = delete;
   PeerServer& operator=(const PeerServer&) = delete;
 
  private:
+  // What one request is about: the default tenant's or a cluster tenant's
+  // store, directory and announcer.
+  struct Scope {
+    TieredStore* store = nullptr;
+    Directory* directory = nullptr;
+    HoldingsAnnouncer* announcer = nullptr;
+    bool tenant = false;  // a cluster tenant's (its keys come bound)
+  };
+  using ScopedHandler = std::function<void(const Scope&, transport::Incoming, transport::Responder)>;
+  // Registers `base` for the default tenant and its tenant-scoped type for
+  // the cluster's tenants (the scope taken off the request header); both
+  // answer Unavailable while this node is fenced.
+  void HandleScoped(transport::MessageType base, ScopedHandler fn);
+  // The default tenant's scope, then every cluster tenant's.
+  std::vector<Scope> Scopes() const;
+
   // The tenant of a client's request; null for members and default-tenant
   // clients.
   const ClientTenant* TenantOf(const transport::Incoming& in) const;
@@ -92,22 +122,24 @@ class PeerServer {
   // Queues a listing of the SSD tier's entries of the shards marked in
   // `shards` (kNumShards flags) and publishes them, but for the keys in
   // `skip` (published from DRAM just before). No-op without SSD.
-  void ReplaySsd(std::vector<bool> shards, std::vector<KeyId> skip);
+  void ReplaySsd(const Scope& scope, std::vector<bool> shards, std::vector<KeyId> skip);
   // On the list executor: waits while the publisher's queue holds a large
   // replay's backlog (so a replay of millions of entries is not dropped at
   // the queue's bound), until the server stops.
-  void WaitForPublisher();
+  void WaitForPublisher(HoldingsAnnouncer* announcer);
 
 
   Cluster* const cluster_;
   Directory* const directory_;
   const ClientTenants client_tenants_;
+  const ClusterTenants cluster_tenants_;
   HoldingsAnnouncer* const announcer_;
   TieredStore* const store_;
   Executor* const executor_;
   Executor* const list_executor_;
   std::unique_ptr<MetricsRegistry> owned_metrics_;  // when none was given
   Counter* ssd_replayed_;
+  Counter* tenant_refused_;
   // Shared with queued listings, which may run after the server is gone.
   std::shared_ptr<Gate> gate_ = Gate::Shared();
   uint64_t sub_ = 0;

@@ -125,9 +125,12 @@ void Publisher::FlushLocked() {
       for (const Retry& r : *part) msg.items.push_back(r.item);
       auto payload = std::make_shared<std::vector<uint8_t>>();
       EncodePublish(msg, payload.get());
+      std::vector<uint8_t> scope;  // copied by Call
+      EncodeTenantScope(opts_.tenant, {}, &scope);
       transport::CallArgs args;
       args.peer = address;
-      args.type = kPeerPublish;
+      args.type = ScopedType(kPeerPublish, opts_.tenant);
+      args.request = scope;
       args.payload = *payload;
       args.deadline = transport::Clock::now() + opts_.timeout;
       // The callback may outlive the publisher: it touches only metrics and

@@ -18,6 +18,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "cluster/cluster.h"
@@ -37,6 +38,9 @@ struct PublisherOptions {
   std::chrono::milliseconds timeout{1000};
   uint32_t max_retries = 5;
   std::chrono::milliseconds retry_delay{200};
+  // The tenant whose holdings these are (empty: the default tenant); its
+  // batches go as kPeerTenantPublish.
+  std::string tenant;
 };
 
 class Publisher {

@@ -307,6 +307,7 @@ RemoteReader::RemoteReader(const RemoteReaderOptions& options, Cluster* cluster,
   fo.cooldown = options.cooldown;
   fo.lookup_cache_ttl = options.lookup_cache_ttl;
   fo.lookup_cache_entries = options.lookup_cache_entries;
+  fo.tenant = options.tenant;
   s.fetcher = std::make_unique<RouteFetcher>(fo, cluster->transport(), m, clock);
   s.clock = clock != nullptr ? clock : SystemClock::Get();
   s.evicted_lately_found =

@@ -68,6 +68,9 @@ struct RemoteReaderOptions {
   // What PublishNow runs: the node's HoldingsAnnouncer::FlushNow. Null:
   // nothing (the announcer's schedule publishes).
   std::function<void()> publish_now;
+  // The tenant whose keys this reader reads (empty: the default tenant):
+  // its store, directory and peer messages are that tenant's.
+  std::string tenant;
 };
 
 class RemoteReader final : public RemoteSource {

@@ -189,7 +189,11 @@ struct TestNode {
     directory = std::make_unique<Directory>(DirectoryOptions{}, &metrics);
     HoldingsAnnouncerOptions ao;
     ao.publish_interval = milliseconds(0);  // the tests flush
-    if (placement_home) ao.placement = HomePlacerOptions{.timeout = milliseconds(300)};
+    if (placement_home) {
+      HomePlacerOptions po;
+      po.timeout = milliseconds(300);
+      ao.placement = po;
+    }
     announcer = std::make_unique<HoldingsAnnouncer>(ao, cluster.get(), directory.get(),
                                                     tiered.get(), pool.get(), &metrics, clock);
     server = std::make_unique<PeerServer>(cluster.get(), directory.get(), announcer.get(),

@@ -212,9 +212,12 @@ void RouteFetcher::Lookup(const Routes& routes, const std::shared_ptr<LookupBatc
       for (size_t i : part) keys.push_back(batch->keys[i]);
       auto payload = std::make_shared<std::vector<uint8_t>>();
       EncodeLookup(keys, payload.get());
+      std::vector<uint8_t> scope;  // copied by Call
+      EncodeTenantScope(st->opts.tenant, {}, &scope);
       transport::CallArgs args;
       args.peer = address;
-      args.type = kPeerLookup;
+      args.type = ScopedType(kPeerLookup, st->opts.tenant);
+      args.request = scope;
       args.payload = *payload;
       args.deadline = deadline;
       st->transport->Call(args, [st, batch, payload, part = std::move(part), address,
@@ -295,11 +298,12 @@ void RouteFetcher::Attempt(const std::shared_ptr<Walk>& walk) {
   const FetchRequest& req = walk->req;
   const std::string& peer = req.peers[walk->attempt];
   uint64_t max_size = req.expected_size > 0 ? req.expected_size : req.sink.size();
-  std::vector<uint8_t> request;
-  EncodeFetch(req.key, max_size, &request);
+  std::vector<uint8_t> fetch, request;
+  EncodeFetch(req.key, max_size, &fetch);
+  EncodeTenantScope(st.opts.tenant, fetch, &request);
   transport::CallArgs args;
   args.peer = peer;
-  args.type = kPeerFetch;
+  args.type = ScopedType(kPeerFetch, st.opts.tenant);
   args.request = request;
   args.sink = req.sink;
   args.deadline = req.deadline;

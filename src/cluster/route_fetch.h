@@ -56,6 +56,10 @@ struct RouteFetcherOptions {
   // one fetch in 2,800 meets a stale answer: when a pool churns faster than
   // lookup_cache_ttl, answers are reused for less, and a pool whose values
   // stay put keeps the whole TTL.
+  // The tenant whose keys are read (empty: the default tenant): its
+  // lookups and fetches go as kPeerTenantLookup and kPeerTenantFetch.
+  // Members only (a client's tenant comes from its token).
+  std::string tenant;
   static constexpr int kTtlFloorDivisor = 1024;
   static constexpr int kTtlGrowthDivisor = 4096;
 };

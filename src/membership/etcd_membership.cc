@@ -32,18 +32,38 @@ bool ValidName(const std::string& s) {
          std::none_of(s.begin(), s.end(), [](char c) { return c <= ' ' || c == 0x7f; });
 }
 
-// The member record stored as the value of a member key.
-std::string EncodeMember(const Member& m) {
+// Proofs a registration may carry at most, and their length each.
+constexpr size_t kMaxProofs = 4;
+constexpr size_t kMaxProofChars = 256;
+
+// The member record stored as the value of a member key; "proofs" only when
+// the node proves holding the cluster key.
+std::string EncodeMember(const Member& m, const std::vector<std::string>& proofs) {
   nlohmann::json j = {{"node_id", m.node_id},
                       {"address", m.address},
                       {"incarnation", m.incarnation},
                       {"weight", m.weight}};
+  if (!proofs.empty()) j["proofs"] = proofs;
   return j.dump();
 }
 
-bool DecodeMember(const std::string& value, Member* m) {
+// *proofs: the record's proofs (empty when it has none, or they are malformed).
+bool DecodeMember(const std::string& value, Member* m, std::vector<std::string>* proofs = nullptr) {
   nlohmann::json j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return false;
+  if (proofs != nullptr) {
+    proofs->clear();
+    auto p = j.find("proofs");
+    if (p != j.end() && p->is_array() && p->size() <= kMaxProofs) {
+      for (const auto& e : *p) {
+        if (!e.is_string() || e.get_ref<const std::string&>().size() > kMaxProofChars) {
+          proofs->clear();
+          break;
+        }
+        proofs->push_back(e.get<std::string>());
+      }
+    }
+  }
   auto id = j.find("node_id");
   auto addr = j.find("address");
   auto inc = j.find("incarnation");
@@ -61,6 +81,11 @@ bool DecodeMember(const std::string& value, Member* m) {
 }
 
 }  // namespace
+
+std::string MemberRecord(const std::string& cluster, const Member& m) {
+  return fmt::format("{}\n{}\n{}\n{}\n{}", cluster, m.node_id, m.incarnation, m.address,
+                     m.weight);
+}
 
 LeaseVerdict JudgeLease(std::span<const PeerLeaseReport> reports, Clock::time_point failing_since,
                         std::string* why) {
@@ -115,6 +140,19 @@ struct EtcdMembership::Impl {
   Counter dummy_renewals;
   Counter dummy_registrations;
   Gauge* outage_gauge = nullptr;
+  Gauge* unproven_gauge = nullptr;
+  Counter* unproven_seen = nullptr;
+  // Registrations left out for want of a valid proof: id -> incarnation.
+  std::map<std::string, uint64_t> unproven;
+
+  // Joining (OldLeaseWait::kInRun): the previous registration's lease, and
+  // how long it is waited for.
+  std::atomic<bool> joining{false};
+  bool refused = false;
+  int64_t join_holder = 0;
+  Clock::time_point join_deadline;
+  mutable std::mutex reason_mu;
+  std::string join_reason;  // protected by reason_mu
 
   // Owned by the loop (and by Open before it).
   EtcdLease lease;                // id 0: none held
@@ -157,7 +195,22 @@ struct EtcdMembership::Impl {
                                    "kvpool_membership_etcd_outage",
                                    "1 while etcd is unreachable for this node and its peers alike "
                                    "and the node serves with its last view.")
-                             : nullptr) {}
+                             : nullptr),
+        unproven_gauge(metrics ? metrics->GetGauge(
+                                     "kvpool_membership_unproven_members",
+                                     "Registrations in etcd left out of the view: they carry no "
+                                     "valid proof of holding the cluster key.")
+                               : nullptr),
+        unproven_seen(metrics ? metrics->GetCounter(
+                                    "kvpool_membership_unproven_registrations_total",
+                                    "Registrations (node id and incarnation) seen without a "
+                                    "valid proof of holding the cluster key.")
+                              : &dummy_registrations) {}
+
+  void SetJoinReason(std::string why) {
+    std::lock_guard<std::mutex> l(reason_mu);
+    join_reason = std::move(why);
+  }
 
   void SetRenewed(Clock::time_point sent) {
     last_renewal = sent;
@@ -248,6 +301,69 @@ struct EtcdMembership::Impl {
     }
   }
 
+  // OldLeaseWait::kInRun's Open: registers now when the id is free, else
+  // leaves the node joining (fenced: no remote work) for the loop.
+  Status RegisterOrJoinLater() {
+    KVPOOL_ASSIGN_OR_RETURN(EtcdRange existing, client.Get(member_key));
+    int64_t holder = existing.kvs.empty() ? 0 : existing.kvs[0].lease;
+    if (holder != 0) {
+      Result<int64_t> left = client.LeaseTimeToLive(holder);
+      if (!left.ok() && left.status().code() != StatusCode::kNotFound) return left.status();
+      if (left.ok()) {
+        StartJoining(holder, std::chrono::seconds(*left));
+        return Status::Ok();
+      }
+    }
+    Status st = Register();
+    if (st.code() != StatusCode::kFailedPrecondition) return st;
+    // Taken between the look and the txn: wait for it in the loop.
+    StartJoining(holder, options.lease_ttl);
+    return Status::Ok();
+  }
+
+  void StartJoining(int64_t holder, milliseconds left) {
+    join_holder = holder;
+    join_deadline = Clock::now() + left + options.live_id_margin;
+    next_register = Clock::now() + options.retry_interval;
+    joining.store(true);
+    self->SetFenced(true);
+    std::string why = fmt::format(
+        "node id {} is still registered (lease {:x}, {} ms left): local clients are served; "
+        "the cluster is joined once it expires",
+        options.node_id, holder, left.count());
+    LogWarn("membership: {}", why);
+    SetJoinReason(std::move(why));
+  }
+
+  // While joining: register once the previous registration is gone; refuse
+  // (once) when it is still renewed past the bound.
+  void TryJoin() {
+    Result<EtcdRange> existing = client.Get(member_key);
+    if (!existing.ok()) return;  // etcd away: later
+    int64_t holder = existing->kvs.empty() ? 0 : existing->kvs[0].lease;
+    if (holder == 0) {
+      Status st = Register();
+      if (st.ok()) {
+        joining.store(false);
+        SetJoinReason("");
+        need_resync = true;
+        self->SetFenced(false);
+        LogInfo("membership: {} joined the cluster (its previous registration expired)",
+                options.node_id);
+      }
+      return;
+    }
+    if (Clock::now() < join_deadline || refused) return;
+    refused = true;
+    Status st = FailedPrecondition(fmt::format(
+        "node id already live: {} (its lease {:x} is still renewed after waiting for it to "
+        "expire)",
+        options.node_id, holder));
+    SetJoinReason(std::string(st.message()));
+    LogError("membership: {}", st.ToString());
+    if (options.on_refused) options.on_refused(st);
+  }
+
   Status RegisterWithLease(const EtcdLease& granted) {
     // A few tries: another node may bump the counter between our read and
     // our txn (the compare on mod_revision makes that a retry, not a dup).
@@ -263,11 +379,13 @@ struct EtcdMembership::Impl {
       }
       Member me{options.node_id, options.address, current + 1, options.weight,
                 MemberState::kAlive};
+      std::vector<std::string> proofs;
+      if (options.prove) proofs = options.prove(MemberRecord(options.cluster, me));
       Result<EtcdTxnResult> txn = client.Txn(
           {{member_key, EtcdCompare::Target::kCreateRevision, 0},
            {incarnation_key, EtcdCompare::Target::kModRevision, counter_mod}},
           {{incarnation_key, std::to_string(current + 1), 0},
-           {member_key, EncodeMember(me), granted.id}});
+           {member_key, EncodeMember(me, proofs), granted.id}});
       if (txn.ok() && txn->succeeded) {
         self->SetIncarnation(me.incarnation);
         registered_revision = txn->revision;
@@ -303,7 +421,9 @@ struct EtcdMembership::Impl {
   Status Resync() {
     KVPOOL_ASSIGN_OR_RETURN(EtcdRange range, client.RangePrefix(prefix));
     members.clear();
+    unproven.clear();
     for (const EtcdKv& kv : range.kvs) ApplyPut(kv);
+    SetUnprovenGauge();
     watch_revision = range.revision + 1;
     need_resync = false;
     PublishMembers(range.revision);
@@ -312,12 +432,32 @@ struct EtcdMembership::Impl {
 
   void ApplyPut(const EtcdKv& kv) {
     Member m;
+    std::vector<std::string> proofs;
     std::string id = kv.key.substr(prefix.size());
-    if (!DecodeMember(kv.value, &m) || m.node_id != id) {
+    if (!DecodeMember(kv.value, &m, &proofs) || m.node_id != id) {
       LogWarn("membership: ignoring malformed member record under {}", kv.key);
       return;
     }
+    if (options.verify && !options.verify(MemberRecord(options.cluster, m), proofs)) {
+      // Not a key holder (or not this cluster's key): it takes no shard home.
+      auto [it, added] = unproven.try_emplace(id, m.incarnation);
+      if (added || it->second != m.incarnation) {
+        it->second = m.incarnation;
+        unproven_seen->Inc();
+        LogWarn("membership: ignoring {} (incarnation {}, {}): its registration carries no valid "
+                "proof of holding the cluster key",
+                id, m.incarnation, m.address);
+      }
+      members.erase(id);
+      SetUnprovenGauge();
+      return;
+    }
+    if (unproven.erase(id) > 0) SetUnprovenGauge();
     members[id] = std::move(m);
+  }
+
+  void SetUnprovenGauge() {
+    if (unproven_gauge != nullptr) unproven_gauge->Set(static_cast<double>(unproven.size()));
   }
 
   void ApplyEvents(const std::vector<EtcdEvent>& events) {
@@ -330,6 +470,7 @@ struct EtcdMembership::Impl {
         continue;
       }
       members.erase(e.kv.key.substr(prefix.size()));
+      if (unproven.erase(e.kv.key.substr(prefix.size())) > 0) SetUnprovenGauge();
       // Our current registration is gone (expired early, or deleted by
       // hand): we hold no membership any more. Deletes of an older
       // registration of ours (revoked when coming back) do not count.
@@ -423,18 +564,24 @@ struct EtcdMembership::Impl {
     while (!Stopping()) {
       Clock::time_point now = Clock::now();
       Clock::time_point slice_end = now + kMaxSlice;
-      if (!self->fenced()) {
+      if (joining.load()) {
+        if (now >= next_register) {
+          TryJoin();
+          next_register = Clock::now() + options.retry_interval;
+        }
+        if (joining.load()) slice_end = std::min(slice_end, next_register);
+      } else if (!self->fenced()) {
         if (now >= next_keepalive) KeepAlive();
         if (!self->fenced() && Clock::now() >= FenceCheckAt()) FenceOrRideOut();
       }
-      if (self->fenced()) {
+      if (self->fenced() && !joining.load()) {
         if (Clock::now() >= next_register) {
           TryRecover();
           next_register = Clock::now() + options.retry_interval;
         }
         if (self->fenced()) slice_end = std::min(slice_end, next_register);
       }
-      if (!self->fenced()) {
+      if (!self->fenced() && !joining.load()) {
         slice_end = std::min({slice_end, next_keepalive, FenceCheckAt()});
       }
       if (Stopping()) break;
@@ -498,7 +645,11 @@ Result<std::unique_ptr<EtcdMembership>> EtcdMembership::Open(const EtcdMembershi
       m->impl_->WaitUntil(Clock::now() + options.retry_interval);
     }
   };
-  KVPOOL_RETURN_IF_ERROR(patiently("registering", [&] { return m->impl_->RegisterWhenFree(); }));
+  KVPOOL_RETURN_IF_ERROR(patiently("registering", [&] {
+    return options.old_lease_wait == EtcdMembershipOptions::OldLeaseWait::kInRun
+               ? m->impl_->RegisterOrJoinLater()
+               : m->impl_->RegisterWhenFree();
+  }));
   // The destructor revokes the lease if this fails.
   KVPOOL_RETURN_IF_ERROR(patiently("reading the members", [&] { return m->impl_->Resync(); }));
   return m;
@@ -516,6 +667,13 @@ EtcdMembership::LeaseState EtcdMembership::lease_state() const {
 }
 
 bool EtcdMembership::etcd_outage() const { return impl_->outage.load(); }
+
+bool EtcdMembership::joining() const { return impl_->joining.load(); }
+
+std::string EtcdMembership::joining_reason() const {
+  std::lock_guard<std::mutex> l(impl_->reason_mu);
+  return impl_->join_reason;
+}
 
 void EtcdMembership::Stop(LeaveMode mode) {
   {

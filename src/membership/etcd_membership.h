@@ -23,6 +23,17 @@
 // incarnation, so no peer ever takes a request meant for the incarnation it
 // may already have given up on. Then the flag clears.
 //
+// Restart inside the old lease (OldLeaseWait): Open() either waits for the
+// previous registration's lease, or (kInRun, the node's choice) returns at
+// once with the node joining -- fenced, so it does no remote work while its
+// local clients are served -- and the loop registers once the old lease is
+// gone.
+//
+// Proofs (prove/verify): with a cluster key, each registration carries
+// HMACs of its record under the keys its node holds, and registrations
+// without a valid one are left out of the view, so a node without the key
+// never becomes a shard's home even where etcd lets it register.
+//
 // etcd unreachable: the last view stays as it is (nobody is dropped for
 // etcd's sake). When etcd returns, leases that expired meanwhile take their
 // keys with them and the owners re-register as above, so a member can leave
@@ -65,6 +76,10 @@ enum class LeaseVerdict {
 
 // The fencing rule, given the peers' reports and when this node's renewals
 // began to fail. `why` gets a sentence for the log.
+// What a registration's proofs are made over: cluster, node id,
+// incarnation, address and weight, one per line.
+std::string MemberRecord(const std::string& cluster, const Member& m);
+
 LeaseVerdict JudgeLease(std::span<const PeerLeaseReport> reports,
                         std::chrono::steady_clock::time_point failing_since, std::string* why);
 
@@ -101,6 +116,24 @@ struct EtcdMembershipOptions {
   // Asked before fencing (see the top of this file); empty: fence at once.
   // Called on the membership loop's thread.
   PeerLeaseProbe probe_peers;
+  // Where a restart inside the previous registration's lease waits for it.
+  // kInOpen: Open() waits (see live_id_margin). kInRun: Open() returns at
+  // once with the node joining (joining() and fenced() true: no remote
+  // work), and Run() registers as soon as the old lease is gone; if the id
+  // is still live after the same bound, on_refused is called once with
+  // FailedPrecondition and the node stays out of the cluster. The node uses
+  // kInRun so that its local clients are served from its first second.
+  enum class OldLeaseWait { kInOpen, kInRun };
+  OldLeaseWait old_lease_wait = OldLeaseWait::kInOpen;
+  std::function<void(const Status&)> on_refused;  // on the loop's thread
+  // Proof of holding the cluster key. `prove` gives the proofs stored with
+  // this node's registration for its record (MemberRecord); `verify` says
+  // whether another registration's proofs are good for its record. A
+  // registration that fails `verify` is left out of every view (it takes
+  // no shard home) and counted (kvpool_membership_unproven_members). Both
+  // empty: no proofs are written or asked for (a cluster without keys).
+  std::function<std::vector<std::string>(const std::string& record)> prove;
+  std::function<bool(const std::string& record, const std::vector<std::string>& proofs)> verify;
 
   Status Validate() const;
 };
@@ -137,6 +170,11 @@ class EtcdMembership final : public Membership {
   // True while etcd is unreachable for this node and its peers alike and
   // the node serves with its last view.
   bool etcd_outage() const;
+  // True from an Open() under OldLeaseWait::kInRun that found the id still
+  // registered until Run() registers (or the id is refused).
+  bool joining() const;
+  // Why the node is not (yet) a member, for readiness views; empty when it is.
+  std::string joining_reason() const;
 
  private:
   struct Impl;

@@ -50,7 +50,7 @@ LocalOps::LocalOps(const LocalServerOptions& o, TieredStore* tiered, RemoteSourc
   };
   add(kDefaultTenant, tiered, remote);
   for (const auto& t : tenants) {
-    add(t.spec.name, t.store, nullptr);
+    add(t.spec.name, t.store, t.remote);
     specs_.push_back(t.spec);
     for (const auto& [name, secret] : t.token_secrets) {
       token_tenants_[name] = {secret, static_cast<int>(tenants_.size() - 1)};

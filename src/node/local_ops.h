@@ -91,7 +91,7 @@ class LocalOps {
  public:
   // All pointers must outlive the object; remote may be null (standalone).
   // store and remote serve the default tenant; each of tenants is served
-  // from its own store, without the cluster.
+  // from its own store and its own remote reads (LocalTenant::remote).
   LocalOps(const LocalServerOptions& options, TieredStore* store, RemoteSource* remote, int wake_fd,
            MetricsRegistry* metrics, std::function<std::string()> stats_json,
            const std::vector<LocalTenant>& tenants = {});
@@ -128,7 +128,7 @@ class LocalOps {
   struct Tenant {
     std::string name;
     TieredStore* store = nullptr;
-    RemoteSource* remote = nullptr;  // the default tenant's only
+    RemoteSource* remote = nullptr;  // null: this node's store alone
     std::unique_ptr<ParkedReads> parked;
     TenantKeys keys{""};
     Counter* hits = nullptr;

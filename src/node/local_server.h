@@ -126,6 +126,9 @@ struct LocalTenant {
   // The secrets of the spec's tokens that --client-token-file holds, by
   // name: a hello presenting one joins this tenant.
   std::map<std::string, std::array<uint8_t, 32>> token_secrets;
+  // In a cluster, the tenant's remote reads (the same tenant on the other
+  // nodes); null: this node's store alone. Outlives the server.
+  RemoteSource* remote = nullptr;
 };
 
 class LocalServer {

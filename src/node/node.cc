@@ -51,8 +51,12 @@ uint64_t NewInstanceId() {
 
 class NodeImpl final : public Node {
  public:
-  NodeImpl(const NodeOptions& o, std::string config_json)
-      : opts_(o), config_json_(std::move(config_json)), started_(std::chrono::steady_clock::now()) {
+  NodeImpl(const NodeOptions& o, std::string config_json,
+           std::function<void(const Status&)> on_fatal)
+      : opts_(o),
+        config_json_(std::move(config_json)),
+        on_fatal_(std::move(on_fatal)),
+        started_(std::chrono::steady_clock::now()) {
     if (opts_.node_id.empty()) opts_.node_id = HostName();
     instance_id_ = NewInstanceId();
   }
@@ -174,7 +178,7 @@ class NodeImpl final : public Node {
             "(--ssd-dirs)",
             opts_.tenants_file, t.name));
       }
-      TenantStore ts{t, nullptr, nullptr, {}};
+      TenantStore ts{t, nullptr, nullptr, {}, nullptr, nullptr, nullptr};
       for (const auto& token : t.tokens) {
         auto k = std::find_if(client_tokens_.begin(), client_tokens_.end(),
                               [&](const transport::ClusterKey& c) { return c.principal == token; });
@@ -304,6 +308,9 @@ class NodeImpl final : public Node {
     co.cluster_keys = cluster_keys_;
     co.client_tokens = client_tokens_;
     co.registered_region = tiered_->segment();
+    co.on_refused = [this](const Status& s) {
+      if (on_fatal_) on_fatal_(s);
+    };
     peer_pool_ = std::make_unique<ThreadPool>(2, "kvpool-peer");
     KVPOOL_ASSIGN_OR_RETURN(cluster_, Cluster::Open(co, peer_pool_.get(), &metrics_));
     // The admin cluster view asks every member for its key figures.
@@ -334,9 +341,23 @@ class NodeImpl final : public Node {
                                cluster::ClientTenant{t.store.get(), TenantKeys(t.spec.name)});
       }
     }
+    // Each tenant is one tenant across the cluster (every node that defines
+    // it): a directory, an announcer and a reader of its own, over its store,
+    // their figures in its registry.
+    cluster::ClusterTenants cluster_tenants;
+    for (auto& t : tenants_) {
+      t.directory = std::make_unique<cluster::Directory>(opts_.directory, t.metrics.get());
+      cluster::HoldingsAnnouncerOptions tao = ao;
+      tao.publish.tenant = t.spec.name;
+      if (tao.placement) tao.placement->tenant = t.spec.name;
+      t.announcer = std::make_unique<cluster::HoldingsAnnouncer>(
+          tao, cluster_.get(), t.directory.get(), t.store.get(), peer_pool_.get(), t.metrics.get());
+      cluster_tenants.emplace(t.spec.name, cluster::ClusterTenant{t.store.get(), t.directory.get(),
+                                                                  t.announcer.get()});
+    }
     peer_server_ = std::make_unique<cluster::PeerServer>(
         cluster_.get(), directory_.get(), announcer_.get(), tiered_.get(), peer_pool_.get(),
-        list_pool_.get(), &metrics_, std::move(client_tenants));
+        list_pool_.get(), &metrics_, std::move(client_tenants), std::move(cluster_tenants));
     anti_entropy_ = std::make_unique<cluster::AntiEntropy>(
         opts_.anti_entropy, cluster_.get(), directory_.get(), announcer_.get(), tiered_.get(),
         &metrics_);
@@ -359,6 +380,18 @@ class NodeImpl final : public Node {
     reader_ = std::make_unique<cluster::RemoteReader>(ro, cluster_.get(), directory_.get(),
                                                       tiered_.get(), peer_pool_.get(), &metrics_);
     announcer_->Start();
+    for (auto& t : tenants_) {
+      cluster::RemoteReaderOptions tro = ro;
+      tro.tenant = t.spec.name;
+      if (opts_.placement != "home") {
+        tro.publish_now = [announcer = t.announcer.get()] { announcer->FlushNow(); };
+      }
+      if (opts_.placement == "chain") tro.chain_placer = t.announcer->placer();
+      t.reader = std::make_unique<cluster::RemoteReader>(tro, cluster_.get(), t.directory.get(),
+                                                         t.store.get(), peer_pool_.get(),
+                                                         t.metrics.get());
+      t.announcer->Start();
+    }
     return Status::Ok();
   }
   void StopCluster() {
@@ -367,6 +400,10 @@ class NodeImpl final : public Node {
     // callbacks may still reach the local server, so that goes later.
     announcer_->Stop();
     reader_->Stop();
+    for (auto& t : tenants_) {
+      if (t.announcer) t.announcer->Stop();
+      if (t.reader) t.reader->Stop();
+    }
     anti_entropy_->Stop();
     cluster_->Stop();
     if (cluster_thread_.joinable()) cluster_thread_.join();
@@ -378,6 +415,11 @@ class NodeImpl final : public Node {
     reader_.reset();
     announcer_.reset();  // after the transport: the placer's callbacks use it
     directory_.reset();
+    for (auto& t : tenants_) {
+      t.reader.reset();
+      t.announcer.reset();
+      t.directory.reset();
+    }
   }
 
   Status OpenLocal() {
@@ -385,7 +427,9 @@ class NodeImpl final : public Node {
     lo.instance_id = instance_id_;
     lo.client_staging_bytes = opts_.writable_segment ? 0 : opts_.client_staging_bytes;
     std::vector<LocalTenant> tenants;
-    for (auto& t : tenants_) tenants.push_back({t.spec, t.store.get(), t.token_secrets});
+    for (auto& t : tenants_) {
+      tenants.push_back({t.spec, t.store.get(), t.token_secrets, t.reader.get()});
+    }
     KVPOOL_ASSIGN_OR_RETURN(local_, LocalServer::Open(lo, tiered_.get(), reader_.get(), &metrics_,
                                                       [this] { return StatusJson(); },
                                                       std::move(tenants)));
@@ -419,6 +463,7 @@ class NodeImpl final : public Node {
     hooks.clients_json = [this] { return ClientsJson().dump(); };
     hooks.cluster_json = [this] { return ClusterJson().dump(); };
     hooks.ready = [this] { return !stopping_.load(); };
+    hooks.cluster_missing = [this] { return ClusterMissing(); };
     KVPOOL_ASSIGN_OR_RETURN(admin_, AdminServer::Start(opts_.admin, &metrics_, std::move(hooks)));
     return Status::Ok();
   }
@@ -430,6 +475,27 @@ class NodeImpl final : public Node {
  private:
   double UptimeSeconds() const {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  }
+
+  // What keeps this node from cluster work; empty when nothing does (or
+  // standalone).
+  std::string ClusterMissing() const {
+    if (!cluster_) return "";
+    if (cluster_->joining()) return "joining: " + cluster_->joining_reason();
+    if (cluster_->fenced()) return "fenced: its membership lease could not be renewed in time";
+    return "";
+  }
+
+  // Local work is served from the start; cluster work once membership
+  // admits this incarnation.
+  nlohmann::ordered_json ReadinessJson() const {
+    const char* cluster = !cluster_             ? "standalone"
+                          : cluster_->joining() ? "joining"
+                          : cluster_->fenced()  ? "fenced"
+                                                : "ready";
+    return {{"local", local_ != nullptr && !stopping_.load() ? "ready" : "not ready"},
+            {"cluster", cluster},
+            {"detail", ClusterMissing()}};
   }
 
   std::string StatusJson() const {
@@ -464,7 +530,9 @@ class NodeImpl final : public Node {
         {"members", MembersJson()["members"]},
         {"membership",
          {{"fenced", cluster_ != nullptr && cluster_->fenced()},
+          {"joining", cluster_ != nullptr && cluster_->joining()},
           {"etcd_outage", cluster_ != nullptr && cluster_->etcd_outage()}}},
+        {"readiness", ReadinessJson()},
     };
     return j.dump();
   }
@@ -691,6 +759,7 @@ class NodeImpl final : public Node {
 
   NodeOptions opts_;
   const std::string config_json_;
+  const std::function<void(const Status&)> on_fatal_;
   const std::chrono::steady_clock::time_point started_;
   uint64_t instance_id_ = 0;
   MetricsRegistry metrics_;  // outlives every component below
@@ -705,6 +774,11 @@ class NodeImpl final : public Node {
     std::unique_ptr<TieredStore> store;
     // The secrets of spec.tokens that --client-token-file holds, by name.
     std::map<std::string, std::array<uint8_t, 32>> token_secrets;
+    // In a cluster: the tenant's directory (the keys this node is home of),
+    // its announcer and its reader. Null when standalone.
+    std::unique_ptr<cluster::Directory> directory;
+    std::unique_ptr<cluster::HoldingsAnnouncer> announcer;
+    std::unique_ptr<cluster::RemoteReader> reader;
   };
   std::vector<TenantStore> tenants_;
   std::unique_ptr<ThreadPool> peer_pool_;  // peer request handlers
@@ -729,9 +803,10 @@ class NodeImpl final : public Node {
 
 }  // namespace
 
-Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options, std::string config_json) {
+Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options, std::string config_json,
+                                          std::function<void(const Status&)> on_fatal) {
   KVPOOL_RETURN_IF_ERROR(options.Validate());
-  auto node = std::make_unique<NodeImpl>(options, std::move(config_json));
+  auto node = std::make_unique<NodeImpl>(options, std::move(config_json), std::move(on_fatal));
   KVPOOL_RETURN_IF_ERROR(node->Open());
   return std::unique_ptr<Node>(std::move(node));
 }

@@ -6,6 +6,7 @@
 // Thread-safe: Stop() may be called from any thread (e.g. a signal waiter).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -18,7 +19,11 @@ class Node {
  public:
   // Opens every component and starts serving. `config_json` is what
   // /api/v1/config serves (the settings table's rendering).
-  static Result<std::unique_ptr<Node>> Start(const NodeOptions& options, std::string config_json);
+  // `on_fatal` is called (once, from any thread) when the node can no
+  // longer do what it was started for and should be stopped: its node id
+  // stays registered by a live process, so it cannot join its cluster.
+  static Result<std::unique_ptr<Node>> Start(const NodeOptions& options, std::string config_json,
+                                             std::function<void(const Status&)> on_fatal = {});
   virtual ~Node() = default;
 
   // Drains and stops every component. Idempotent.

@@ -1,6 +1,9 @@
 // kvpool-node: the cache daemon. Runs standalone with no flags.
 #include <signal.h>
 #include <sys/resource.h>
+#include <unistd.h>
+
+#include <atomic>
 
 #include <cstdio>
 #include <cstdlib>
@@ -58,7 +61,14 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  auto node = Node::Start(options, table.ToJson());
+  // A node that cannot go on (its id is live elsewhere) stops as SIGTERM
+  // would stop it, and exits 1.
+  static std::atomic<bool> fatal{false};
+  auto node = Node::Start(options, table.ToJson(), [](const Status& why) {
+    LogError("stopping: {}", why.ToString());
+    fatal.store(true);
+    ::kill(::getpid(), SIGTERM);
+  });
   if (!node.ok()) {
     LogError("cannot start: {}", node.status().ToString());
     return 1;
@@ -72,9 +82,9 @@ int main(int argc, char** argv) {
   int sig = 0;
   while (sigwait(&set, &sig) == 0 && sig == SIGHUP) {
   }
-  LogInfo("signal {}: shutting down", sig);
+  if (!fatal.load()) LogInfo("signal {}: shutting down", sig);
   (void)NotifyServiceManager(notify_socket, "STOPPING=1\nSTATUS=stopping");
   (*node)->Stop();
   LogInfo("stopped");
-  return 0;
+  return fatal.load() ? 1 : 0;
 }

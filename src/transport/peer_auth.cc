@@ -52,6 +52,15 @@ Status ParseHexKey(std::string_view hex, std::array<uint8_t, kClusterKeyBytes>* 
   return Status::Ok();
 }
 
+std::array<uint8_t, kAuthMacBytes> Hmac(const ClusterKey& key, std::span<const uint8_t> msg) {
+  std::array<uint8_t, kAuthMacBytes> mac{};
+  unsigned int len = 0;
+  KVPOOL_CHECK(HMAC(EVP_sha256(), key.bytes.data(), static_cast<int>(key.bytes.size()),
+                    msg.data(), msg.size(), mac.data(), &len) != nullptr);
+  KVPOOL_CHECK(len == mac.size());
+  return mac;
+}
+
 // HMAC-SHA256(key, label | transcript): the MACs and the message keys.
 std::array<uint8_t, kAuthMacBytes> TranscriptMac(const ClusterKey& key, std::string_view label,
                                                  const AuthHello& hello,
@@ -68,12 +77,7 @@ std::array<uint8_t, kAuthMacBytes> TranscriptMac(const ClusterKey& key, std::str
   w.Str(listener_identity);
   w.U8(hello.flags);
   w.U8(listener_flags);
-  std::array<uint8_t, kAuthMacBytes> mac{};
-  unsigned int len = 0;
-  KVPOOL_CHECK(HMAC(EVP_sha256(), key.bytes.data(), static_cast<int>(key.bytes.size()),
-                    msg.data(), msg.size(), mac.data(), &len) != nullptr);
-  KVPOOL_CHECK(len == mac.size());
-  return mac;
+  return Hmac(key, msg);
 }
 
 template <size_t N>
@@ -235,6 +239,13 @@ SessionKeys DeriveSessionKeys(const ClusterKey& key, const AuthHello& hello,
   k.listener_to_connector =
       TranscriptMac(key, kSealL2CLabel, hello, nonce_l, listener_identity, listener_flags);
   return k;
+}
+
+std::array<uint8_t, kAuthMacBytes> MemberProofMac(const ClusterKey& key, std::string_view record) {
+  constexpr std::string_view kLabel = "kvpool member proof v1";
+  std::vector<uint8_t> msg(kLabel.begin(), kLabel.end());
+  msg.insert(msg.end(), record.begin(), record.end());
+  return Hmac(key, msg);
 }
 
 bool MacEqual(std::span<const uint8_t, kAuthMacBytes> a, std::span<const uint8_t, kAuthMacBytes> b) {

@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -129,6 +130,13 @@ std::array<uint8_t, kAuthMacBytes> AuthMac(const ClusterKey& key, bool listener,
 SessionKeys DeriveSessionKeys(const ClusterKey& key, const AuthHello& hello,
                               std::span<const uint8_t, kAuthNonceBytes> nonce_l,
                               const std::string& listener_identity, uint8_t listener_flags);
+// A member's proof of holding a cluster key, carried in its membership
+// registration (membership/etcd_membership.h):
+//   HMAC-SHA256(key, "kvpool member proof v1" | record)
+// where record names the registration (cluster, node id, incarnation,
+// address, weight; EtcdMembership builds it). Only key holders can make one;
+// a copied proof is good for that one registration only.
+std::array<uint8_t, kAuthMacBytes> MemberProofMac(const ClusterKey& key, std::string_view record);
 // Constant-time comparison.
 bool MacEqual(std::span<const uint8_t, kAuthMacBytes> a, std::span<const uint8_t, kAuthMacBytes> b);
 

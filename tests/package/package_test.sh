@@ -21,14 +21,20 @@
 #   directory, removed at the end.
 set -euo pipefail
 
+fail() { echo "package_test: FAIL: $*" >&2; exit 1; }
+step() { echo "== $*"; }
+[[ $# -ge 1 && -d "$1" ]] || fail "usage: package_test.sh BUILD_DIR [OUT_DIR] (no build directory '${1:-}')"
 BUILD="$(cd "$1" && pwd)"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SRC="$(cd "$HERE/../.." && pwd)"
 WORK="$(mktemp -d /tmp/kvpool-package-test.XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
+# OUT_DIR as the caller named it, relative to the caller's directory (make
+# package passes build/packages): made absolute before anything changes
+# directory.
 OUT="${2:-$WORK/debs}"
-fail() { echo "package_test: FAIL: $*" >&2; exit 1; }
-step() { echo "== $*"; }
+mkdir -p "$OUT" || fail "cannot create the output directory $OUT"
+OUT="$(cd "$OUT" && pwd)"
 
 version="$(sed -n '1s/^kvpool (\([0-9.]*\)).*/\1/p' "$SRC/packaging/changelog")"
 [[ -n "$version" ]] || fail "no version at the top of packaging/changelog"
@@ -39,8 +45,9 @@ rm -rf "$OUT/_CPack_Packages"
 rm -rf "$OUT/_CPack_Packages"
 debs=()
 for p in kvpool-node kvpool-tools libkvpool0 libkvpool-dev python3-kvpool; do
-  f="$(ls "$OUT/${p}_${version}_"*.deb 2>/dev/null | head -n 1)"
-  [[ -n "$f" ]] || fail "no $p package for $version in $OUT"
+  f=""
+  for g in "$OUT/${p}_${version}_"*.deb; do [[ -e "$g" ]] && { f="$g"; break; }; done
+  [[ -n "$f" ]] || fail "no $p package for $version in $OUT (cpack wrote: $(cd "$OUT" && echo *))"
   debs+=("$f")
   echo "$(basename "$f"): Depends: $(dpkg-deb -f "$f" Depends)"
 done
