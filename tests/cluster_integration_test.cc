@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <sys/stat.h>
+
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -117,6 +121,132 @@ TEST_F(ClusterTest, KilledNodeLeavesWithinTtlAndRejoinsWithNewIncarnation) {
       << "\nlog of a:\n" << a->Log() << "\nlog of b:\n" << b->Log();
   EXPECT_GT(Members(*a)["c"], old_inc);
   EXPECT_EQ(Members(*a), Members(*c));
+}
+
+// A node killed and started again inside its old lease serves its local
+// clients from its first moment; it joins (remote work, /readyz/cluster)
+// once the old lease is gone, and what it stored meanwhile is published
+// then: a peer reads it.
+TEST_F(ClusterTest, ARestartedNodeServesLocalClientsAtOnceAndJoinsOnceItsOldLeaseExpires) {
+  auto a = StartNode("a"), b = StartNode("b");
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] {
+    return Members(*a).size() == 2 && Members(*b).size() == 2;
+  }));
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] { return PeerCallsOk(*b) >= 1; }));
+  const uint64_t old_inc = Members(*a)["b"];
+  b->Stop(SIGKILL);  // its lease (2 s) stays in etcd
+
+  const auto t0 = steady_clock::now();
+  b = StartNode("b");
+  ASSERT_NE(b, nullptr);
+  auto ids = NumberedKeys("restart", "k", 8);
+  ByteValues vals;
+  for (size_t i = 0; i < ids.size(); ++i) vals.push_back(Pattern(900 + i, 4096 + i));
+  kvpool_client* cb = OpenLocal(*b, /*copy_mode=*/true);
+  ASSERT_NE(cb, nullptr);
+  std::vector<kvpool_status> st(ids.size(), KVPOOL_OK);
+  ASSERT_EQ(PutValues(cb, ids, vals, &st), KVPOOL_OK) << kvpool_last_error();
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(GetValues(cb, ids, 1 << 16), vals));
+  const int64_t first_get_ms = MsSince(t0);
+  std::printf("metric restart_first_local_get_ms %lld\n", static_cast<long long>(first_get_ms));
+  EXPECT_LT(first_get_ms, 1000) << b->Log();
+  // Still joining: local work yes, cluster work not yet.
+  int code = 0;
+  std::string body = b->HttpGet("/readyz", &code);
+  EXPECT_EQ(code, 200);
+  std::string cluster_body = b->HttpGet("/readyz/cluster", &code);
+  if (MsSince(t0) < 1000) {  // the old lease had 2 s when b was killed
+    EXPECT_EQ(code, 503) << cluster_body;
+    EXPECT_NE(body.find("not yet for cluster work: joining"), std::string::npos) << body;
+    auto status = nlohmann::json::parse(b->HttpGet("/api/v1/status"));
+    EXPECT_EQ(status["readiness"]["local"], "ready") << status["readiness"].dump();
+    EXPECT_EQ(status["readiness"]["cluster"], "joining") << status["readiness"].dump();
+  }
+  // Joined within the old lease's TTL plus the margin, as a new incarnation.
+  EXPECT_TRUE(WaitFor(milliseconds(5000), [&] {
+    int c = 0;
+    b->HttpGet("/readyz/cluster", &c);
+    return c == 200;
+  })) << b->Log();
+  const int64_t joined_ms = MsSince(t0);
+  std::printf("metric restart_cluster_ready_ms %lld\n", static_cast<long long>(joined_ms));
+  EXPECT_LT(joined_ms, 2000 + 2000 + 500);
+  ASSERT_TRUE(WaitFor(milliseconds(3000), [&] { return Members(*a)["b"] > old_inc; }));
+  // What b stored while joining was published when it joined.
+  kvpool_client* ca = OpenLocal(*a, /*copy_mode=*/true);
+  ASSERT_NE(ca, nullptr);
+  MaybeByteValues got;
+  EXPECT_TRUE(WaitFor(milliseconds(3000), [&] {
+    got = GetValues(ca, ids, 1 << 16);
+    return AllHit(got);
+  }));
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(got, vals));
+  kvpool_close(ca);
+  kvpool_close(cb);
+}
+
+// With a cluster key, registrations carry proofs of holding it: a node that
+// registers in the same etcd without the key is left out of the members'
+// views and takes no shard home, so every value put on one member reads
+// from the other.
+TEST_F(ClusterTest, ANodeRegisteredWithoutTheClusterKeyTakesNoShardHome) {
+  char tmpl[] = "/tmp/kvpool-proof-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::string key = dir + "/cluster.key";
+  {
+    std::FILE* f = std::fopen(key.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b6b\n", f);
+    std::fclose(f);
+    chmod(key.c_str(), 0600);
+  }
+  auto with_key = [&](const std::string& id) {
+    auto args = Args(id);
+    args.insert(args.end(), {"--cluster-key-file", key});
+    return StartNodeWith(args);
+  };
+  auto a = with_key("a"), b = with_key("b");
+  auto x = StartNode("x");  // the same etcd and cluster, no key
+  ASSERT_TRUE(a && b && x);
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] { return Members(*x).size() == 3; }))
+      << x->HttpGet("/api/v1/members");
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] {
+    return Members(*a).size() == 2 && Members(*b).size() == 2;
+  }));
+  for (NodeProcess* n : {a.get(), b.get()}) {
+    EXPECT_EQ(Members(*n).count("x"), 0u) << n->HttpGet("/api/v1/members");
+    EXPECT_EQ(n->Metric("kvpool_membership_unproven_members"), 1);
+    EXPECT_EQ(n->Metric("kvpool_membership_unproven_registrations_total"), 1);
+    auto shards = MembersJson(*n)["shards"]["owned"];
+    EXPECT_FALSE(shards.contains("x")) << shards.dump();
+  }
+  EXPECT_EQ(x->Metric("kvpool_membership_unproven_members"), 0);  // it checks nothing
+  ASSERT_TRUE(WaitFor(milliseconds(5000), [&] { return PeerCallsOk(*b) >= 1; }));
+  const size_t kN = 100;
+  auto ids = NumberedKeys("proof", "k", kN);
+  ByteValues vals;
+  for (size_t i = 0; i < kN; ++i) vals.push_back(Pattern(7000 + i, 2048));
+  kvpool_client* ca = OpenLocal(*a, true);
+  kvpool_client* cb = OpenLocal(*b, true);
+  ASSERT_TRUE(ca != nullptr && cb != nullptr);
+  std::vector<kvpool_status> st(kN, KVPOOL_OK);
+  ASSERT_EQ(PutValues(ca, ids, vals, &st), KVPOOL_OK);
+  auto got = GetValues(cb, ids, 1 << 16);
+  size_t hits = 0;
+  for (const auto& g : got) hits += g.has_value();
+  std::printf("metric keyless_member_puts_read_from_peer_pct %g\n", 100.0 * hits / kN);
+  EXPECT_EQ(hits, kN);
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(got, vals));
+  kvpool_close(ca);
+  kvpool_close(cb);
+  // The proof-less node stopping changes nothing for the members' views.
+  x->Stop();
+  EXPECT_TRUE(WaitFor(milliseconds(4000), [&] {
+    return a->Metric("kvpool_membership_unproven_members") == 0;
+  }));
+  EXPECT_EQ(Members(*a).size(), 2u);
+  std::filesystem::remove_all(dir);
 }
 
 // A client of one node's local socket.
