@@ -32,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/key_id.h"
+#include "harness/cluster_harness.h"
 #include "harness/node_process.h"
 #include "kvpool/kvpool.h"
 #include "common/tenant_keys.h"
@@ -626,6 +627,104 @@ std::string WriteFile(const std::string& path, const std::string& text, uid_t ui
   chown(path.c_str(), uid, kSocketGid);
   chmod(path.c_str(), mode);
   return path;
+}
+
+// A tenant defined on two nodes is one tenant across them: its client's
+// value put on A reads byte-exact for the same tenant on B (through B's
+// remote reads, tenant-scoped), and no other tenant and not the default one
+// reads it on either node. A node that does not define a tenant refuses
+// the tenant's peer requests (counted), and the tenant keeps its local
+// service on the node that does.
+TEST_F(TenantTest, ATenantIsOneTenantAcrossNodesAndNoOtherTenantReadsItThere) {
+  StaticCluster c;
+  ASSERT_TRUE(c.PickPorts({"a", "b"}));
+  // a defines alpha only; b alpha and bee.
+  const std::string tenants_a = WriteFile(
+      dir_ + "/tenants-a", "tenant alpha dram=32MiB uids=" + std::to_string(kAlphaUid) + "\n", 0,
+      0644);
+  auto start = [&](const std::string& id, int port, const std::string& tenants) {
+    std::string log;
+    auto n = NodeProcess::Start({"--tenants-file", tenants, "--socket-group", "nogroup",
+                                 "--node-id", id, "--peers", c.members, "--peer-port",
+                                 std::to_string(port)},
+                                dir_ + "/" + id + "/kvpool.sock", &log);
+    EXPECT_NE(n, nullptr) << log;
+    return n;
+  };
+  const std::string tenants_b =
+      WriteFile(dir_ + "/tenants-b",
+                "tenant alpha dram=32MiB uids=" + std::to_string(kAlphaUid) + "\n" +
+                    "tenant bee dram=16MiB uids=" + std::to_string(kBeeUid) + "\n",
+                0, 0644);
+  auto a = start("a", c.ports[0], tenants_a);
+  auto b = start("b", c.ports[1], tenants_b);
+  ASSERT_TRUE(a && b);
+  const std::string sa = a->socket(), sb = b->socket();
+  constexpr int kN = 16;
+  constexpr size_t kSize = 256 << 10;
+  std::vector<kvpool_key_id> ids;
+  for (int i = 0; i < kN; ++i) ids.push_back(C(Id("fleet-" + std::to_string(i))));
+  EXPECT_EQ(AsUser(kAlphaUid, [&] {
+              kvpool_client* cl = Open(sa);
+              if (cl == nullptr) return std::string("open failed");
+              int ok = PutMany(cl, "alpha", "fleet-", kN, kSize);
+              kvpool_close(cl);
+              return std::to_string(ok);
+            }),
+            std::to_string(kN));
+  // Alpha on b: every value, byte-exact (a read may come before a's publish
+  // reaches the key's home: read until all hit, for 5 s at most).
+  std::string r = AsUser(kAlphaUid, [&] {
+    kvpool_client* cl = Open(sb);
+    if (cl == nullptr) return std::string("open failed");
+    int read = 0;
+    for (int attempt = 0; attempt < 100 && read < kN; ++attempt) {
+      read = 0;
+      for (int i = 0; i < kN; ++i) {
+        read += Reads(cl, "fleet-" + std::to_string(i), Value("alpha", i, kSize));
+      }
+      if (read < kN) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    kvpool_close(cl);
+    return std::to_string(read);
+  });
+  EXPECT_EQ(r, std::to_string(kN)) << "a:\n" << a->Log() << "\nb:\n" << b->Log();
+  Metric("tenant_cross_node_reads", std::stoi(r));
+  // Nobody else reads any of it, on either node: bee (b's tenant; the
+  // default one on a) and the default tenant (this root process).
+  for (const std::string& sock : {sa, sb}) {
+    EXPECT_EQ(AsUser(kBeeUid, [&] {
+                kvpool_client* cl = Open(sock);
+                if (cl == nullptr) return std::string("open failed");
+                int hits = Hits(cl, ids);
+                kvpool_close(cl);
+                return std::to_string(hits);
+              }),
+              "0")
+        << sock;
+    kvpool_client* cl = Open(sock);
+    ASSERT_NE(cl, nullptr);
+    EXPECT_EQ(Hits(cl, ids), 0) << sock;
+    kvpool_close(cl);
+  }
+  // bee's values put on b: those homed at a are refused there (a has no bee),
+  // and bee still reads them all on b.
+  EXPECT_EQ(AsUser(kBeeUid, [&] {
+              kvpool_client* cl = Open(sb);
+              if (cl == nullptr) return std::string("open failed");
+              int ok = PutMany(cl, "bee", "bee-", kN, 4096);
+              int read = 0;
+              for (int i = 0; i < kN; ++i) {
+                read += Reads(cl, "bee-" + std::to_string(i), Value("bee", i, 4096));
+              }
+              kvpool_close(cl);
+              return std::to_string(ok) + " " + std::to_string(read);
+            }),
+            std::to_string(kN) + " " + std::to_string(kN));
+  EXPECT_TRUE(WaitFor(std::chrono::milliseconds(3000), [&] {
+    return a->Metric("kvpool_peer_tenant_refused_total") > 0;
+  })) << a->Log();
+  EXPECT_EQ(b->Metric("kvpool_peer_tenant_refused_total"), 0);
 }
 
 TEST_F(TenantTest, ATenantTokenInTheHandshakePutsAClientInItsTenantAndAWrongOneIsRefused) {

@@ -83,6 +83,46 @@ TEST(PeerMessagesFormat, StoreWithAndWithoutTheKeyBefore) {
   EXPECT_EQ(DecodeStore(buf, &key, &size, &after, &flags).code(), StatusCode::kInvalidArgument);
 }
 
+// A tenant's scope is the tenant's name before the unscoped header; the
+// default tenant's messages are the unscoped ones, byte for byte.
+TEST(PeerMessagesFormat, TenantScopeRoundTripAndRefusesBadInput) {
+  EXPECT_EQ(ScopedType(kPeerFetch, ""), kPeerFetch);
+  EXPECT_EQ(ScopedType(kPeerPublish, "alpha"), kPeerTenantPublish);
+  EXPECT_EQ(ScopedType(kPeerLookup, "alpha"), kPeerTenantLookup);
+  EXPECT_EQ(ScopedType(kPeerFetch, "alpha"), kPeerTenantFetch);
+  EXPECT_EQ(ScopedType(kPeerStore, "alpha"), kPeerTenantStore);
+  std::vector<uint8_t> fetch, scoped, plain;
+  EncodeFetch(K(7), 4096, &fetch);
+  EncodeTenantScope("", fetch, &plain);
+  EXPECT_EQ(plain, fetch);
+  EncodeTenantScope("alpha", fetch, &scoped);
+  EXPECT_EQ(scoped.size(), 4 + 5 + fetch.size());
+  std::string tenant;
+  std::span<const uint8_t> rest;
+  ASSERT_TRUE(DecodeTenantScope(scoped, &tenant, &rest).ok());
+  EXPECT_EQ(tenant, "alpha");
+  KeyId key;
+  uint64_t max_size = 0;
+  ASSERT_TRUE(DecodeFetch(rest, &key, &max_size).ok());
+  EXPECT_EQ(key, K(7));
+  EXPECT_EQ(max_size, 4096u);
+  // An empty scope (publish, lookup) leaves nothing after the name.
+  scoped.clear();
+  EncodeTenantScope("bee", {}, &scoped);
+  ASSERT_TRUE(DecodeTenantScope(scoped, &tenant, &rest).ok());
+  EXPECT_EQ(tenant, "bee");
+  EXPECT_TRUE(rest.empty());
+  // Empty, too long, truncated: refused.
+  std::vector<uint8_t> empty_name = {0, 0, 0, 0};
+  EXPECT_EQ(DecodeTenantScope(empty_name, &tenant, &rest).code(), StatusCode::kInvalidArgument);
+  scoped.clear();
+  EncodeTenantScope(std::string(kMaxTenantNameBytes + 1, 'a'), {}, &scoped);
+  EXPECT_EQ(DecodeTenantScope(scoped, &tenant, &rest).code(), StatusCode::kInvalidArgument);
+  std::vector<uint8_t> cut = {5, 0, 0, 0, 'a', 'l'};
+  EXPECT_EQ(DecodeTenantScope(cut, &tenant, &rest).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeTenantScope({}, &tenant, &rest).code(), StatusCode::kInvalidArgument);
+}
+
 // A key whose last holder dropped it is remembered (the ghost) and said so
 // in lookups, also through the wire format; one another node still holds,
 // or never seen, is not.

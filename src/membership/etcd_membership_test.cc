@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <thread>
@@ -187,6 +188,118 @@ TEST_F(EtcdMembershipTest, RestartInsideTheTtlWaitsForTheOldLease) {
   EXPECT_GT((*again)->incarnation(), old_incarnation);
   ASSERT_NE((*again)->view()->Find("a"), nullptr);
   EXPECT_EQ((*again)->view()->Find("a")->incarnation, (*again)->incarnation());
+}
+
+// Under OldLeaseWait::kInRun, Open() returns at once with the node joining
+// (fenced: no remote work), and the loop registers as soon as the old lease
+// is gone.
+TEST_F(EtcdMembershipTest, UnderInRunARestartJoinsInTheLoopOnceTheOldLeaseExpires) {
+  auto a = StartNode("a");
+  ASSERT_NE(a, nullptr);
+  uint64_t old_incarnation = a->m->incarnation();
+  a->Stop(EtcdMembership::LeaveMode::kAbandonLease);
+  EtcdMembershipOptions o = Options("a");
+  o.old_lease_wait = EtcdMembershipOptions::OldLeaseWait::kInRun;
+  int refused = 0;
+  o.on_refused = [&](const Status&) { ++refused; };
+  auto t0 = Clock::now();
+  auto again = EtcdMembership::Open(o, &metrics_);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_LT(Clock::now() - t0, milliseconds(500));
+  Node n;
+  n.m = std::move(again).value();
+  EXPECT_TRUE(n.m->joining());
+  EXPECT_TRUE(n.m->fenced());
+  EXPECT_NE(n.m->joining_reason().find("node id a is still registered"), std::string::npos)
+      << n.m->joining_reason();
+  n.Start();
+  ASSERT_TRUE(WaitFor([&] { return !n.m->joining(); }, kTtl + o.live_id_margin));
+  EXPECT_GT(Clock::now() - t0, milliseconds(500));  // the old lease had most of its TTL left
+  EXPECT_FALSE(n.m->fenced());
+  EXPECT_EQ(n.m->joining_reason(), "");
+  EXPECT_GT(n.m->incarnation(), old_incarnation);
+  ASSERT_TRUE(WaitFor([&] { return n.Sees("a"); }, milliseconds(2000)));
+  EXPECT_EQ(n.m->view()->Find("a")->incarnation, n.m->incarnation());
+  EXPECT_EQ(refused, 0);
+}
+
+// Under kInRun a duplicate id of a live process is refused once the wait is
+// over: on_refused once, the node stays out, the live member is untouched.
+TEST_F(EtcdMembershipTest, UnderInRunALiveDuplicateIsRefusedOnceAfterTheWait) {
+  auto a = StartNode("a");
+  ASSERT_NE(a, nullptr);
+  EtcdMembershipOptions o = Options("a");
+  o.old_lease_wait = EtcdMembershipOptions::OldLeaseWait::kInRun;
+  o.live_id_margin = milliseconds(300);
+  std::atomic<int> refused{0};
+  std::string why;
+  o.on_refused = [&](const Status& s) {
+    why = s.ToString();
+    ++refused;
+  };
+  auto dup = EtcdMembership::Open(o, nullptr);
+  ASSERT_TRUE(dup.ok()) << dup.status().ToString();
+  Node n;
+  n.m = std::move(dup).value();
+  n.Start();
+  ASSERT_TRUE(WaitFor([&] { return refused.load() > 0; }, kTtl + o.live_id_margin + milliseconds(1000)));
+  std::this_thread::sleep_for(milliseconds(600));  // two more retry rounds: still once
+  EXPECT_EQ(refused.load(), 1);
+  EXPECT_NE(why.find("node id already live: a"), std::string::npos) << why;
+  EXPECT_TRUE(n.m->joining());
+  EXPECT_TRUE(n.m->fenced());
+  EXPECT_TRUE(a->Sees("a"));
+  EXPECT_FALSE(a->m->fenced());
+}
+
+// Registrations prove holding a key: one without a valid proof (none, or
+// made with another key) is left out of every prover's view and counted;
+// it sees everyone (it checks nothing).
+TEST_F(EtcdMembershipTest, RegistrationsWithoutAValidProofAreLeftOutOfTheView) {
+  auto proven = [&](const std::string& id, const std::string& key) {
+    EtcdMembershipOptions o = Options(id);
+    o.prove = [key](const std::string& record) { return std::vector<std::string>{key + record}; };
+    o.verify = [key](const std::string& record, const std::vector<std::string>& proofs) {
+      return std::find(proofs.begin(), proofs.end(), key + record) != proofs.end();
+    };
+    auto m = EtcdMembership::Open(o, &metrics_);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    auto n = std::make_unique<Node>();
+    n->m = std::move(m).value();
+    n->Start();
+    return n;
+  };
+  auto a = proven("a", "K1:");
+  auto b = proven("b", "K1:");
+  MetricsRegistry other;
+  auto x_opts = Options("x");  // no proof
+  auto xm = EtcdMembership::Open(x_opts, &other);
+  ASSERT_TRUE(xm.ok());
+  Node x;
+  x.m = std::move(xm).value();
+  x.Start();
+  EtcdMembershipOptions y_opts = Options("y");  // another key's proof
+  y_opts.prove = [](const std::string& record) { return std::vector<std::string>{"K2:" + record}; };
+  auto ym = EtcdMembership::Open(y_opts, nullptr);
+  ASSERT_TRUE(ym.ok());
+  Node y;
+  y.m = std::move(ym).value();
+  y.Start();
+  ASSERT_TRUE(WaitFor([&] { return x.Members() == 4; }, milliseconds(3000)));
+  ASSERT_TRUE(WaitFor([&] { return metrics_.ValueOf("kvpool_membership_unproven_members") == 2; },
+                      milliseconds(3000)));
+  for (Node* n : {a.get(), b.get()}) {
+    EXPECT_EQ(n->Members(), 2u);
+    EXPECT_TRUE(n->Sees("a") && n->Sees("b"));
+    EXPECT_FALSE(n->Sees("x") || n->Sees("y"));
+  }
+  // a and b each counted x and y once (one registry for both here).
+  EXPECT_EQ(metrics_.ValueOf("kvpool_membership_unproven_registrations_total"), 4);
+  y.Stop();
+  x.Stop();
+  EXPECT_TRUE(WaitFor([&] { return metrics_.ValueOf("kvpool_membership_unproven_members") == 0; },
+                      milliseconds(3000)));
+  EXPECT_EQ(a->Members(), 2u);
 }
 
 TEST_F(EtcdMembershipTest, IncarnationsIncreaseAcrossRestarts) {
