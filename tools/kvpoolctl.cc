@@ -312,6 +312,15 @@ std::vector<std::pair<std::string, std::string>> StatusRows(const nlohmann::json
   if (ms.is_object() && ms.value("fenced", false)) members += " (this node is fenced)";
   if (ms.is_object() && ms.value("etcd_outage", false)) members += " (etcd unreachable)";
   rows.emplace_back("members", members);
+  // Local work is served from the start; cluster work once membership
+  // admits this incarnation (a restart waits for its old lease).
+  const auto& rd = j["readiness"];
+  if (rd.is_object()) {
+    std::string r = "local " + rd.value("local", "") + ", cluster " + rd.value("cluster", "");
+    const std::string detail = rd.value("detail", "");
+    if (!detail.empty()) r += " (" + detail + ")";
+    rows.emplace_back("readiness", r);
+  }
   rows.emplace_back("tenants", std::to_string(j.contains("tenants") ? j["tenants"].size() : 0));
   return rows;
 }

@@ -113,6 +113,10 @@ class AdminServerTest : public ::testing::Test {
     hooks.status_json = [] { return StatusJson(); };
     hooks.config_json = [] { return std::string(R"({"admin_port":0})"); };
     hooks.ready = [this] { return ready_.load(); };
+    hooks.cluster_missing = [this] {
+      std::lock_guard lock(missing_mu_);
+      return missing_;
+    };
     hooks.cluster_json = [] { return ClusterJson(); };
     AdminOptions options;
     // Charts that fill in a test's time: 100 samples of 100 ms.
@@ -131,6 +135,8 @@ class AdminServerTest : public ::testing::Test {
 
   MetricsRegistry registry_;
   std::atomic<bool> ready_{false};
+  std::mutex missing_mu_;
+  std::string missing_;  // protected by missing_mu_
   std::unique_ptr<AdminServer> server_;
   std::unique_ptr<httplib::Client> client_;
 };
@@ -170,6 +176,37 @@ TEST_F(AdminServerTest, ReadyzFollowsHook) {
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);
   EXPECT_EQ(res->body, "ready");
+}
+
+// /readyz is local work, /readyz/cluster remote work too: while the node
+// joins, the first says so with 200 and the second answers 503.
+TEST_F(AdminServerTest, ReadyzClusterWaitsForClusterWork) {
+  ready_ = true;
+  {
+    std::lock_guard lock(missing_mu_);
+    missing_ = "joining: node id b is still registered";
+  }
+  auto res = client_->Get("/readyz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->body,
+            "ready for local work; not yet for cluster work: joining: node id b is still "
+            "registered");
+  res = client_->Get("/readyz/cluster");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 503);
+  EXPECT_EQ(res->body, "not ready for cluster work: joining: node id b is still registered");
+  {
+    std::lock_guard lock(missing_mu_);
+    missing_.clear();
+  }
+  res = client_->Get("/readyz/cluster");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->body, "ready");
+  ready_ = false;  // stopping: neither is ready
+  EXPECT_EQ(client_->Get("/readyz/cluster")->status, 503);
+  EXPECT_EQ(client_->Get("/readyz")->status, 503);
 }
 
 TEST_F(AdminServerTest, JsonEndpointsServeHooks) {

@@ -16,6 +16,11 @@
 // restarted node recovered is published. (What the store gains and drops
 // from then on reaches the homes through the holdings stream.)
 //
+// Every tenant across the cluster (ClusterTenant) has its own store,
+// directory and announcer here: the tenant-scoped types of Publish, Lookup,
+// Fetch and Store reach them, and views and fences act on each tenant as on
+// the default one.
+//
 // A view also drops the entries of shards this node no longer owns, and a
 // fence drops every entry (the node missed updates; holders replay to its new
 // incarnation). Anti-entropy (anti_entropy.h) repairs what replays miss.

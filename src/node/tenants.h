@@ -10,8 +10,11 @@
 // ("8GiB"); a uid or gid is a number or a user or group name. A local
 // client whose uid is listed belongs to that tenant, else one whose
 // primary or supplementary group is listed; anyone else belongs to the
-// default tenant, the node's own store (--dram-capacity, --ssd), which is
-// also the only one the cluster pools. A remote-mode client authenticated
+// default tenant, the node's own store (--dram-capacity, --ssd). A tenant
+// defined on every node of a cluster under the same name is one tenant
+// across them (its own directory, announcer and remote reads on each node;
+// tenant-scoped peer messages, cluster/peer_messages_format.h), with its
+// quotas per node. A remote-mode client authenticated
 // with a client token (--client-token-file) whose name is listed in
 // tokens= belongs to that tenant: its keys are kept in the tenant's store
 // on each key's home node. '#' starts a comment.
