@@ -625,7 +625,8 @@ int main(int argc, char** argv) {
   std::string warmup_text = "200ms";
   std::string buffer_text = "1GiB";
   std::string zc_read_text = "copy";
-  app.add_option("--socket", cfg.socket, "Unix socket of the node (default: the node's default)");
+  app.add_option("--socket", cfg.socket,
+                 "Unix socket of the node (default: $KVPOOL_SOCKET, else the node's default)");
   app.add_option("--op", ops_text,
                  "put|get|exists|zc-get|zc-put; a comma-separated list runs each in turn, "
                  "--repeat times before the next (an op may appear more than once)")

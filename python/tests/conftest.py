@@ -3,6 +3,7 @@
 kvpool_node: a real kvpool-node (binary from env KVPOOL_NODE, else
   <repo>/build/src/node/kvpool-node) on a temporary socket and data dir with
   a free admin port; stopped after the test.
+tool_binary(name): kvpoolctl / kvpool-bench of the same build tree.
 node_factory: starts more nodes (each is a NodeProcess like kvpool_node).
 standins_on_path: puts python/tests/standins first on sys.path (engine
   stand-ins importable under their real module names).
@@ -35,6 +36,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 def node_binary():
     return os.environ.get("KVPOOL_NODE") or os.path.join(REPO, "build", "src", "node", "kvpool-node")
+
+
+def tool_binary(name):
+    """build/tools/<name> (kvpoolctl, kvpool-bench) of the build tree that
+    node_binary() comes from (<build>/src/node/kvpool-node)."""
+    build = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(node_binary()))))
+    return os.path.join(build, "tools", name)
 
 
 _ADMIN_RE = re.compile(r"admin http://[0-9.]+:([0-9]+)")
