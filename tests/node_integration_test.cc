@@ -389,7 +389,7 @@ TEST(NodeIntegration, KvpoolctlPutGetExistsStat) {
                  &out),
       0)
       << out;
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2 * 18) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2 * 19) << out;
   EXPECT_NE(out.find("\nops/s          -\n"), std::string::npos) << out;  // first frame
   EXPECT_NE(out.find("\nops/s          0\n"), std::string::npos) << out;  // nothing since
   // Every command has --help, on stdout, exit 0; the usage lists them all.

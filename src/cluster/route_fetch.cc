@@ -46,6 +46,29 @@ struct RouteFetcher::State {
   std::mutex mu;
   // Peers avoided until the time point.
   std::unordered_map<std::string, Clock::time_point> cooling GUARDED_BY(mu);
+  // The last view's incarnation per member address, and that view's epoch:
+  // a member seen under a new incarnation, or again after it left the view
+  // (restarted, or joined after waiting for its old lease), is a new
+  // process, and a cool-down earned by the old one, or by it while it was
+  // still joining, is dropped.
+  std::atomic<uint64_t> seen_epoch{0};
+  std::unordered_map<std::string, uint64_t> incarnations GUARDED_BY(mu);
+
+  void NoteView(const MembershipView& view) {
+    if (seen_epoch.load(std::memory_order_acquire) == view.epoch) return;
+    std::lock_guard lock(mu);
+    std::unordered_map<std::string, uint64_t> now;
+    for (const Member& m : view.members) {
+      now[m.address] = m.incarnation;
+      auto before = incarnations.find(m.address);
+      // New in this view, or back under another incarnation.
+      if (before == incarnations.end() || before->second != m.incarnation) {
+        cooling.erase(m.address);
+      }
+    }
+    incarnations = std::move(now);
+    seen_epoch.store(view.epoch, std::memory_order_release);
+  }
   // Positive lookup answers from remote homes, until their expiry: an
   // exists followed by a get asks the home once.
   std::unordered_map<KeyId, Cached, KeyIdHash> cache GUARDED_BY(mu);
@@ -174,6 +197,7 @@ void RouteFetcher::Lookup(const Routes& routes, const std::shared_ptr<LookupBatc
                           const LocalLookup& local, Resolved resolved) {
   const std::shared_ptr<State>& st = state_;
   st->lookups->Inc(idx.size());
+  st->NoteView(*routes.view);
   std::map<std::string, std::vector<size_t>> groups;  // home address -> key indexes
   std::vector<KeyId> local_keys;
   std::vector<size_t> local_idx, now, no_home, cooling;

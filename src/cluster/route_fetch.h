@@ -42,6 +42,8 @@ struct RouteFetcherOptions {
   // How long a peer that failed Unavailable/DeadlineExceeded is avoided
   // (0: never). Longer spares calls to a dead peer; shorter finds a
   // recovered one sooner.
+  // A member that a later view lists under a new incarnation (restarted, or
+  // joined after its old lease) is not avoided for what its old life did.
   std::chrono::milliseconds cooldown{2000};
   // How long a positive lookup answer from a remote home is reused (0: not
   // cached). Longer saves round trips (exists then get); a stale answer

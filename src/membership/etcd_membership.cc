@@ -26,6 +26,8 @@ constexpr milliseconds kKeepAliveRetry{200};
 constexpr milliseconds kOutageRecheck{250};
 // The longest one ask of the peers may take.
 constexpr milliseconds kProbeBudget{500};
+// While joining after a restart: how often the old registration is looked at.
+constexpr milliseconds kJoinPoll{100};
 
 bool ValidName(const std::string& s) {
   return !s.empty() && s.find('/') == std::string::npos &&
@@ -324,7 +326,7 @@ struct EtcdMembership::Impl {
   void StartJoining(int64_t holder, milliseconds left) {
     join_holder = holder;
     join_deadline = Clock::now() + left + options.live_id_margin;
-    next_register = Clock::now() + options.retry_interval;
+    next_register = Clock::now() + std::min(options.retry_interval, kJoinPoll);
     joining.store(true);
     self->SetFenced(true);
     std::string why = fmt::format(
@@ -567,7 +569,9 @@ struct EtcdMembership::Impl {
       if (joining.load()) {
         if (now >= next_register) {
           TryJoin();
-          next_register = Clock::now() + options.retry_interval;
+          // A quick look (one read) while the old registration is about to
+          // go: joining sooner is local service turning into cluster service.
+          next_register = Clock::now() + std::min(options.retry_interval, kJoinPoll);
         }
         if (joining.load()) slice_end = std::min(slice_end, next_register);
       } else if (!self->fenced()) {

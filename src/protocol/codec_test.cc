@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <random>
+#include <regex>
+#include <sstream>
 
 #include "protocol/codec_test_util.h"
 
@@ -39,6 +42,22 @@ TEST(CodecTest, HeaderRejectsBadMagicVersionAndSize) {
   buf[0] ^= 1;
   buf[4] = 9;
   EXPECT_NE(DecodeHeader(std::span(buf, kHeaderBytes), 5000, &out).message().find("version"), std::string::npos);
+}
+
+// docs/protocol.md's frame table names the version this code speaks: the
+// first number of its "version" row is kProtocolVersion.
+TEST(CodecTest, TheProtocolDocNamesTheCodesVersion) {
+  std::ifstream in(std::string(KVPOOL_DOCS_DIR) + "/protocol.md");
+  ASSERT_TRUE(in.good()) << KVPOOL_DOCS_DIR;
+  std::stringstream text;
+  text << in.rdbuf();
+  std::smatch m;
+  const std::string doc = text.str();
+  ASSERT_TRUE(std::regex_search(doc, m, std::regex(R"(\| 4 \| 2 \| version \| (\d+))")))
+      << "no version row in docs/protocol.md";
+  EXPECT_EQ(std::stoi(m[1].str()), kProtocolVersion)
+      << "docs/protocol.md says version " << m[1].str() << ", the code speaks "
+      << kProtocolVersion;
 }
 
 TEST(CodecTest, KeysRoundTripAndLimits) {
