@@ -6,7 +6,7 @@ FUZZ_SECONDS ?= 60
 TEST_FUZZ_SECONDS ?= 30
 ARGS ?=
 
-.PHONY: all deps configure build run test package bench fuzz format clean
+.PHONY: all deps configure build run test test-deploy package bench fuzz format clean
 
 all: build
 
@@ -38,6 +38,15 @@ test: build
 # service unit started as systemd would).
 package: build
 	@bash tests/package/package_test.sh $(BUILD_DIR) $(BUILD_DIR)/packages
+
+# Deploying as the README says (tests/deploy/deploy_test.sh, also ctest
+# deploy_test): make package, then apt-get install -y ./$(BUILD_DIR)/packages/*.deb
+# in a private mount namespace over overlays (the host is left unchanged),
+# and a two-host cluster in network namespaces run from the installed
+# packages as their unit starts the node. Needs root; make package inside
+# it installs deps and builds.
+test-deploy:
+	@bash tests/deploy/deploy_test.sh $(BUILD_DIR)
 
 bench: build
 	@bash bench/compare.sh local

@@ -41,6 +41,11 @@ version="$(sed -n '1s/^kvpool (\([0-9.]*\)).*/\1/p' "$SRC/packaging/changelog")"
 
 step "cpack: the packages of $version"
 rm -rf "$OUT/_CPack_Packages"
+# Other versions' packages left by an earlier build would be installed
+# alongside by the README's `apt install ./build/packages/*.deb`.
+for p in kvpool-node kvpool-tools libkvpool0 libkvpool-dev python3-kvpool; do
+  rm -f "$OUT/${p}_"*.deb
+done
 (cd "$BUILD" && cpack -B "$OUT" > "$WORK/cpack.log" 2>&1) || { cat "$WORK/cpack.log"; fail "cpack"; }
 rm -rf "$OUT/_CPack_Packages"
 debs=()
