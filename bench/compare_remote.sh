@@ -83,7 +83,7 @@ TMP="$(mktemp -d -t kvpool-remote.XXXXXX)"
 PEER_SECURITY="${PEER_SECURITY:-none}"
 PEER_ARGS=()
 case "$PEER_SECURITY" in
-  none) ;;
+  none) PEER_ARGS=(--insecure) ;;  # loopback without the key needs --insecure
   keyed | encrypted)
     openssl rand -hex 32 > "$TMP/cluster.key"
     chmod 600 "$TMP/cluster.key"
@@ -182,7 +182,7 @@ probe_placement() {
   port="$(freeport)"
   out="$(timeout 5 "$NODE" --node-id probe --peers "probe=127.0.0.1:$port" --peer-port "$port" \
     --peer-address 127.0.0.1 --placement home --dram-capacity 16MiB --slab-size 1MiB --admin=false \
-    --socket "$TMP/probe.sock" 2>&1 || true)"
+    --socket "$TMP/probe.sock" "${PEER_ARGS[@]}" 2>&1 || true)"
   if grep -q 'serving' <<< "$out"; then
     PLACEMENT_HOME=1
   else

@@ -103,6 +103,7 @@ chmod 600 "$TMP/cluster.key"
 # encrypted); prints GB/s.
 remote_get() {
   local auth=() pa pb peers out
+  auth=(--insecure)  # plain: loopback without the key needs --insecure
   [[ $1 != plain ]] && auth=(--cluster-key-file "$TMP/cluster.key")
   [[ $1 == encrypted ]] && auth+=(--peer-encryption)
   pa="$(freeport)"; pb="$(freeport)"

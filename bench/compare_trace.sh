@@ -176,7 +176,7 @@ for rep in $(seq 1 "$POOL_REPS"); do
     peers="n0=127.0.0.1:${ports[0]},n1=127.0.0.1:${ports[1]},n2=127.0.0.1:${ports[2]}"
     for i in 0 1 2; do
       start "n$i" "$mib" --eviction "$eviction" --node-id "n$i" --peers "$peers" \
-        --peer-port "${ports[$i]}" --placement "$placement"
+        --peer-port "${ports[$i]}" --placement "$placement" --insecure
     done
     replay "pool-$pool/10/$rep" "$TMP/n0.sock,$TMP/n1.sock,$TMP/n2.sock"
     stop_all

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
+#include <vector>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -171,6 +173,127 @@ TEST(ClientLifecycle, ReconnectsAfterNodeRestart) {
   kvpool_close(c);
 }
 
+// One get of `id` into a buffer; 1 when it returned exactly `want`, 0 when
+// it returned other bytes; -1 when the call failed.
+int GetIs(kvpool_client* c, const kvpool_key_id& id, const std::vector<uint8_t>& want) {
+  std::vector<uint8_t> buf(want.size() + 64);
+  void* b = buf.data();
+  uint64_t cap = buf.size(), size = 0;
+  kvpool_status item = KVPOOL_OK;
+  if (kvpool_get(c, &id, &b, &cap, 1, &size, &item) != KVPOOL_OK || item != KVPOOL_OK) return -1;
+  return size == want.size() && std::memcmp(buf.data(), want.data(), size) == 0 ? 1 : 0;
+}
+
+// A client opened before fork() and used by parent and child at once, on
+// one connection (max_connections 1): each process gets only its own
+// replies. The child's calls go over connections of its own; the parent's
+// are untouched. 10 forks, 3,000 gets each side.
+TEST(ClientLifecycle, AClientUsedAcrossForkNeverReturnsAnotherRequestsBytes) {
+  std::string log;
+  auto node = NodeProcess::Start({}, "", &log);
+  ASSERT_NE(node, nullptr) << log;
+  kvpool_options o;
+  kvpool_options_init(&o);
+  o.socket_path = node->socket().c_str();
+  o.max_connections = 1;
+  kvpool_status st;
+  kvpool_client* c = kvpool_open(&o, &st);
+  ASSERT_NE(c, nullptr) << kvpool_last_error();
+  kvpool_key_id ids[2];
+  const void* keys[2] = {"a", "b"};
+  size_t lens[2] = {1, 1};
+  kvpool_key_ids("fork", 4, keys, lens, 2, ids);
+  const std::vector<uint8_t> va = Pattern(11, 4096), vb = Pattern(22, 4096);
+  const void* vals[2] = {va.data(), vb.data()};
+  uint64_t sizes[2] = {va.size(), vb.size()};
+  kvpool_status items[2];
+  ASSERT_EQ(kvpool_put(c, ids, vals, sizes, 2, items), KVPOOL_OK);
+  const double accepted_before = node->Metric("kvpool_accepted_connections_total");
+  constexpr int kForks = 10, kGets = 3000;
+  int parent_wrong = 0, parent_errors = 0, child_wrong = 0, child_errors = 0, children_ok = 0;
+  for (int f = 0; f < kForks; ++f) {
+    int p[2];
+    ASSERT_EQ(pipe(p), 0);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      close(p[0]);
+      int counts[2] = {0, 0};  // wrong, errors
+      for (int i = 0; i < kGets; ++i) {
+        int r = GetIs(c, ids[1], vb);
+        counts[0] += r == 0;
+        counts[1] += r < 0;
+      }
+      kvpool_close(c);  // the child's part only
+      ssize_t w = write(p[1], counts, sizeof(counts));
+      _exit(w == sizeof(counts) ? 0 : 1);
+    }
+    close(p[1]);
+    for (int i = 0; i < kGets; ++i) {
+      int r = GetIs(c, ids[0], va);
+      parent_wrong += r == 0;
+      parent_errors += r < 0;
+    }
+    int counts[2] = {-1, -1};
+    ASSERT_EQ(read(p[0], counts, sizeof(counts)), static_cast<ssize_t>(sizeof(counts)));
+    close(p[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    children_ok += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    child_wrong += counts[0];
+    child_errors += counts[1];
+  }
+  std::printf("metric fork_wrong_values %d\n", parent_wrong + child_wrong);
+  EXPECT_EQ(children_ok, kForks);
+  EXPECT_EQ(parent_wrong, 0);
+  EXPECT_EQ(child_wrong, 0);
+  EXPECT_EQ(parent_errors, 0) << kvpool_last_error();
+  EXPECT_EQ(child_errors, 0);
+  // Each child opened a connection of its own (and the parent none).
+  EXPECT_EQ(node->Metric("kvpool_accepted_connections_total") - accepted_before, kForks);
+  EXPECT_EQ(GetIs(c, ids[1], vb), 1);  // the parent's client goes on
+  kvpool_close(c);
+}
+
+// KVPOOL_AFTER_FORK_FAIL: a child's calls on a client opened before fork()
+// fail with FAILED_PRECONDITION and touch nothing; the parent is unaffected.
+TEST(ClientLifecycle, AfterForkFailRefusesTheChildsCalls) {
+  std::string log;
+  auto node = NodeProcess::Start({}, "", &log);
+  ASSERT_NE(node, nullptr) << log;
+  kvpool_options o;
+  kvpool_options_init(&o);
+  o.socket_path = node->socket().c_str();
+  o.after_fork = KVPOOL_AFTER_FORK_FAIL;
+  kvpool_status st;
+  kvpool_client* c = kvpool_open(&o, &st);
+  ASSERT_NE(c, nullptr) << kvpool_last_error();
+  kvpool_key_id id;
+  const void* key = "k";
+  size_t len = 1;
+  kvpool_key_ids("fork", 4, &key, &len, 1, &id);
+  const std::vector<uint8_t> v = Pattern(33, 1000);
+  const void* vp = v.data();
+  uint64_t size = v.size();
+  kvpool_status item;
+  ASSERT_EQ(kvpool_put(c, &id, &vp, &size, 1, &item), KVPOOL_OK);
+  const double accepted_before = node->Metric("kvpool_accepted_connections_total");
+  const std::string got = InChild([&] {
+    std::vector<uint8_t> buf(2000);
+    void* b = buf.data();
+    uint64_t cap = buf.size(), size_got = 0;
+    kvpool_status s = kvpool_get(c, &id, &b, &cap, 1, &size_got, &item);
+    std::string out = std::string(kvpool_status_name(s)) + "|" + kvpool_last_error();
+    kvpool_close(c);
+    return out;
+  });
+  EXPECT_EQ(got.substr(0, got.find('|')), "FailedPrecondition") << got;
+  EXPECT_NE(got.find("opened before fork()"), std::string::npos) << got;
+  EXPECT_EQ(node->Metric("kvpool_accepted_connections_total"), accepted_before);
+  EXPECT_EQ(GetIs(c, id, v), 1);
+  kvpool_close(c);
+}
+
 TEST(ClientLifecycle, MissingNodeIsAFastClearError) {
   auto start = std::chrono::steady_clock::now();
   kvpool_options o;
@@ -211,7 +334,8 @@ TEST(ClientLifecycle, StoppedNodeTimesOutWithinTheDeadline) {
 }
 
 TEST(ClientLifecycle, ConnectionLimitRefusesAndCounts) {
-  auto node = NodeProcess::Start({"--max-connections", "4"});
+  // The node's own cap (one uid here; the per-uid cap is tenant_test's).
+  auto node = NodeProcess::Start({"--max-connections", "4", "--max-connections-per-uid", "4"});
   ASSERT_NE(node, nullptr);
   kvpool_client* legit = Open(node->socket());  // one connection
   ASSERT_NE(legit, nullptr);

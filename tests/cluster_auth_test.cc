@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -449,6 +450,30 @@ TEST_F(ClusterAuthTest, AHandshakeRecordedAndReplayedToANodeIsRefused) {
   Metric("replayed_handshakes_accepted", accepted);
 }
 
+// A local user of another uid, without the key, reaching the peer port on
+// loopback (the way around the socket's permissions) gets nothing.
+TEST_F(ClusterAuthTest, ALocalUserWithoutTheKeyIsRefusedAtTheLoopbackPeerPort) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run the client as another uid";
+  StaticCluster c;
+  NodeProcess *a = nullptr, *b = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartKeyedPair(&c, &a, &b));
+  auto ids = NumberedKeys("auth", "u", 8);
+  PutAll(*a, ids, Values(ids.size(), 4096, 9));
+  const std::string peers = c.addrs[0] + "," + c.addrs[1];
+  const std::string got = AsUser(65534, [&] {
+    kvpool_options o;
+    kvpool_options_init(&o);
+    o.remote_peers = peers.c_str();
+    o.timeout_ms = 2000;
+    kvpool_status st = KVPOOL_OK;
+    kvpool_client* rc = kvpool_open(&o, &st);
+    if (rc != nullptr) kvpool_close(rc);
+    return std::string(kvpool_status_name(st));
+  });
+  EXPECT_EQ(got, "PermissionDenied");
+  EXPECT_GE(Refused(*a, "auth_required") + Refused(*b, "auth_required"), 1);
+}
+
 TEST_F(ClusterAuthTest, AnUnauthenticatedRemoteClientReadsAndWritesNothing) {
   StaticCluster c;
   NodeProcess *a = nullptr, *b = nullptr;
@@ -554,8 +579,10 @@ TEST_F(ClusterAuthTest, RemoteClientsOfATenantShareOnlyTheirTenantsKeys) {
   std::string tenants = KeyFile("tenants", {"tenant alpha dram=32MiB tokens=engine-a",
                                             "tenant beta dram=32MiB tokens=engine-b"},
                                 0644);
-  std::vector<std::string> args = {"--cluster-key-file", key, "--client-token-file", tokens,
-                                   "--tenants-file", tenants};
+  // Each tenant's figures are shown with the admin token (docs/tenants.md).
+  std::string admin = KeyFile("admin.token", {"cluster-auth-test-admin-token-42"});
+  std::vector<std::string> args = {"--cluster-key-file", key,     "--client-token-file", tokens,
+                                   "--tenants-file",     tenants, "--admin-token-file",  admin};
   NodeProcess* a = Start("a", c.members, c.ports[0], args);
   NodeProcess* b = Start("b", c.members, c.ports[1], args);
   ASSERT_TRUE(a && b);
@@ -633,7 +660,7 @@ TEST_F(ClusterAuthTest, ALooseOrMissingKeyFileStopsTheStartSayingWhatToFix) {
   }
   // Encryption takes its keys from the cluster-key handshake.
   std::string log;
-  EXPECT_EQ(Start("a", c.members, c.ports[0], {"--peer-encryption"}, &log), nullptr);
+  EXPECT_EQ(Start("a", c.members, c.ports[0], {"--peer-encryption", "--insecure"}, &log), nullptr);
   EXPECT_NE(log.find("--peer-encryption needs --cluster-key-file"), std::string::npos) << log;
 }
 

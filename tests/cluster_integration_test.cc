@@ -83,6 +83,7 @@ TEST_F(ClusterTest, DuplicateNodeIdIsRefused) {
                                    a->dir() + "/second.sock", "--admin-port", "0",
                                    "--dram-capacity", "64MiB", "--slab-size", "1MiB"};
   for (auto& s : Args("dup")) argv.push_back(s);
+  argv.insert(argv.end(), {"--cluster-key-file", TestClusterKeyFile()});
   std::string out;
   int rc = RunCommand(argv, &out, /*merge_stderr=*/true);
   EXPECT_EQ(rc, 1) << (rc == 124 ? "the duplicate node kept running: " : "") << out;
@@ -207,7 +208,9 @@ TEST_F(ClusterTest, ANodeRegisteredWithoutTheClusterKeyTakesNoShardHome) {
     return StartNodeWith(args);
   };
   auto a = with_key("a"), b = with_key("b");
-  auto x = StartNode("x");  // the same etcd and cluster, no key
+  auto x_args = Args("x");  // the same etcd and cluster, no key
+  x_args.push_back("--insecure");
+  auto x = StartNodeWith(x_args);
   ASSERT_TRUE(a && b && x);
   ASSERT_TRUE(WaitFor(milliseconds(5000), [&] { return Members(*x).size() == 3; }))
       << x->HttpGet("/api/v1/members");
@@ -813,6 +816,31 @@ TEST(NodeOptionsTest, NonLoopbackPeerAddressNeedsAClusterKeyOrInsecure) {
   EXPECT_EQ(rc, 1) << out;  // refused at start, before anything binds
   EXPECT_NE(out.find("--cluster-key-file"), std::string::npos) << out;
   EXPECT_NE(out.find("--insecure"), std::string::npos) << out;
+}
+
+// Loopback too: a peer port on a multi-user host serves any local user, so
+// it needs the cluster key or --insecure; the error says how to make a key.
+TEST(NodeOptionsTest, ALoopbackPeerPortNeedsAClusterKeyOrInsecure) {
+  const int port = FreePort();
+  ASSERT_GT(port, 0);
+  char tmpl[] = "/tmp/kvpool-loopback-key-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::vector<std::string> base = {"/usr/bin/timeout", "20", NodeBinary(), "--peers",
+                                         "a=127.0.0.1:" + std::to_string(port), "--node-id", "a",
+                                         "--peer-port", std::to_string(port), "--admin-port", "0",
+                                         "--socket", dir + "/node.sock"};
+  std::string out;
+  EXPECT_EQ(RunCommand(base, &out, /*merge_stderr=*/true), 1) << out;
+  EXPECT_NE(out.find("needs the cluster key, loopback included"), std::string::npos) << out;
+  EXPECT_NE(out.find("openssl rand -hex 32"), std::string::npos) << out;
+  EXPECT_NE(out.find("--insecure"), std::string::npos) << out;
+  // --insecure starts it (stopped by timeout's SIGTERM: exit 0 after 2 s).
+  std::vector<std::string> insecure = base;
+  insecure[1] = "2";
+  insecure.push_back("--insecure");
+  EXPECT_EQ(RunCommand(insecure, &out, /*merge_stderr=*/true), 124) << out;
+  EXPECT_NE(out.find("serving"), std::string::npos) << out;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

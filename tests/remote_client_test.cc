@@ -101,7 +101,9 @@ struct Cluster3 {
   bool Start() {
     StaticCluster sc;
     bool ok = sc.PickPorts({"a", "b", "c"}) &&
-              sc.StartNodes({"a", "b", "c"}, {"--dram-capacity", "128MiB"});
+              // Remote-mode clients without a token: the nodes run without the
+              // cluster key (cluster_auth_test has the keyed and token cases).
+              sc.StartNodes({"a", "b", "c"}, {"--dram-capacity", "128MiB", "--insecure"});
     nodes = std::move(sc.nodes);
     addrs = sc.addrs;
     peers = addrs[0] + "," + addrs[1] + "," + addrs[2];

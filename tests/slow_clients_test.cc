@@ -326,7 +326,9 @@ class SlowClientsTest : public ::testing::Test {
 TEST_F(SlowClientsTest, HealthAndClientsHoldUnderIdleAndTricklingConnections) {
   constexpr int kEach = 2000;
   constexpr int kLocalCap = 512;
+  // One uid floods the node's own cap (the per-uid cap is tenant_test's).
   auto node = Node::Start(dir_, {"--socket", dir_ + "/node.sock", "--max-connections",
+                                 std::to_string(kLocalCap), "--max-connections-per-uid",
                                  std::to_string(kLocalCap), "--idle-timeout", "2s",
                                  "--frame-timeout", "3s", "--handshake-timeout", "3s",
                                  "--admin-request-timeout", "2s", "--admin-max-connections",
@@ -514,7 +516,7 @@ TEST_F(SlowClientsTest, HealthAndClientsHoldUnderIdleAndTricklingConnections) {
 TEST_F(SlowClientsTest, AnnouncedBodiesCannotTakeMoreThanTheBufferBudget) {
   auto node = Node::Start(dir_, {"--socket", dir_ + "/node.sock", "--max-value-size", "8MiB",
                                  "--max-frame", "17MiB", "--max-buffered", "40MiB",
-                                 "--frame-timeout", "2s"});
+                                 "--frame-timeout", "2s", "--max-connections-per-uid", "256"});
   ASSERT_TRUE(node->serving()) << node->Log();
   const int port = node->admin_port();
   kvpool_status st;
@@ -749,11 +751,34 @@ TEST_F(SocketPlacementTest, DefaultLocationFallsBackWithoutRoot) {
   // The client's default search finds it (unless a node serves /run/kvpool).
   struct stat run_sock;
   if (::lstat("/run/kvpool/kvpool.sock", &run_sock) != 0) {
+    // As nobody (the directory's owner: a per-user directory serves only
+    // its own user), in a child.
+    pid_t child = fork();
+    if (child == 0) {
+      if (setgid(kNobody) != 0 || setuid(kNobody) != 0) _exit(2);
+      ::setenv("XDG_RUNTIME_DIR", xdg.c_str(), 1);
+      kvpool_status st;
+      kvpool_client* c = OpenClient("", &st);
+      if (c == nullptr) {
+        std::fprintf(stderr, "%s\n", kvpool_last_error());
+        _exit(1);
+      }
+      kvpool_close(c);
+      _exit(0);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    // Root's own client is refused: the directory is nobody's, not root's.
     ::setenv("XDG_RUNTIME_DIR", xdg.c_str(), 1);
     kvpool_status st;
     kvpool_client* c = OpenClient("", &st);
     ::unsetenv("XDG_RUNTIME_DIR");
-    EXPECT_NE(c, nullptr) << kvpool_last_error();
+    EXPECT_EQ(c, nullptr);
+    EXPECT_NE(std::string(kvpool_last_error()).find("is a per-user socket directory and must be "
+                                                    "owned by this user (uid 0) with mode 0700"),
+              std::string::npos)
+        << kvpool_last_error();
     if (c != nullptr) kvpool_close(c);
   }
   node.reset();

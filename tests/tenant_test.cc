@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/stat.h>
@@ -51,40 +52,6 @@ const char* kNs = "sys";
 void Metric(const std::string& name, double value) {
   std::printf("metric %s %g\n", name.c_str(), value);
   std::fflush(stdout);
-}
-
-// Runs fn in a child process as uid (group kSocketGid, no others); returns
-// what fn returned, or "died:SIGNAL".
-std::string AsUser(uid_t uid, const std::function<std::string()>& fn) {
-  int p[2];
-  if (pipe(p) != 0) return "pipe failed";
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(p[0]);
-    std::string out;
-    if (setgroups(0, nullptr) != 0 || setresgid(kSocketGid, kSocketGid, kSocketGid) != 0 ||
-        setresuid(uid, uid, uid) != 0) {
-      out = "cannot drop to the test uid";
-    } else {
-      out = fn();
-    }
-    size_t off = 0;
-    while (off < out.size()) {
-      ssize_t w = write(p[1], out.data() + off, out.size() - off);
-      if (w <= 0) break;
-      off += static_cast<size_t>(w);
-    }
-    _exit(0);
-  }
-  close(p[1]);
-  std::string got;
-  char buf[4096];
-  for (ssize_t r; (r = read(p[0], buf, sizeof(buf))) > 0;) got.append(buf, static_cast<size_t>(r));
-  close(p[0]);
-  int st = 0;
-  waitpid(pid, &st, 0);
-  if (WIFSIGNALED(st)) return "died:" + std::to_string(WTERMSIG(st));
-  return got;
 }
 
 // Runs fn in a forked child; true when the child was killed by SIGSEGV or
@@ -247,6 +214,10 @@ class TenantTest : public ::testing::Test {
                             << "tenant alpha dram=32MiB ssd=64MiB uids=" << kAlphaUid << "\n"
                             << "tenant bee dram=16MiB ssd=32MiB uids=" << kBeeUid << "\n";
     chmod(tenants_.c_str(), 0644);
+    // Each tenant's figures and the clients are shown with the admin token.
+    token_ = dir_ + "/admin.token";
+    std::ofstream(token_) << "tenant-test-admin-token-0123456789\n";
+    chmod(token_.c_str(), 0600);
   }
   void TearDown() override {
     node_.reset();
@@ -256,7 +227,7 @@ class TenantTest : public ::testing::Test {
     std::string log;
     node_ = NodeProcess::Start({"--tenants-file", tenants_, "--socket-group", "nogroup", "--ssd",
                                 dir_ + "/ssd", "--ssd-capacity", "128MiB", "--ssd-region-size",
-                                "4MiB"},
+                                "4MiB", "--admin-token-file", token_},
                                dir_ + "/sock/kvpool.sock", &log);
     ASSERT_NE(node_, nullptr) << log;
   }
@@ -270,6 +241,7 @@ class TenantTest : public ::testing::Test {
 
   std::string dir_;
   std::string tenants_;
+  std::string token_;
   std::unique_ptr<NodeProcess> node_;
 };
 
@@ -542,6 +514,24 @@ TEST_F(TenantTest, EachTenantsFiguresShowInKvpoolctlMetricsAndStatusAndOthersAre
     return std::to_string(ok) + " " + std::to_string(hits) + " " + seen;
   });
   EXPECT_EQ(r, "3 2 alpha,");
+  // The stats' DRAM and SSD figures are its tenant's too, not the node's.
+  r = AsUser(kAlphaUid, [&] {
+    kvpool_client* c = Open(sock);
+    if (c == nullptr) return std::string("open failed");
+    std::vector<char> buf(1 << 20);
+    size_t len = 0;
+    std::string out = "none";
+    if (kvpool_stats_json(c, buf.data(), buf.size(), &len) == KVPOOL_OK) {
+      auto j = nlohmann::json::parse(std::string(buf.data(), len), nullptr, false);
+      out = std::to_string(j["dram"].value("capacity_bytes", uint64_t{0})) + " " +
+            std::to_string(j["dram"].value("entries", uint64_t{0})) + " " +
+            std::to_string(j["ssd"].value("quota_bytes", uint64_t{0})) + " " +
+            (std::string(buf.data(), len).find("bee") == std::string::npos ? "no-bee" : "bee");
+    }
+    kvpool_close(c);
+    return out;
+  });
+  EXPECT_EQ(r, std::to_string(32 << 20) + " 3 " + std::to_string(64 << 20) + " no-bee");
   // A uid in no tenant is the default tenant.
   r = AsUser(64099, [&] {
     kvpool_client* c = Open(sock);
@@ -569,7 +559,8 @@ TEST_F(TenantTest, EachTenantsFiguresShowInKvpoolctlMetricsAndStatusAndOthersAre
 
   std::string out;
   ASSERT_EQ(RunCommand({CtlBinary(), "tenants", "--admin",
-                        "127.0.0.1:" + std::to_string(node_->admin_port())},
+                        "127.0.0.1:" + std::to_string(node_->admin_port()), "--token-file",
+                        token_},
                        &out),
             0);
   std::istringstream lines(out);
@@ -627,6 +618,197 @@ std::string WriteFile(const std::string& path, const std::string& text, uid_t ui
   chown(path.c_str(), uid, kSocketGid);
   chmod(path.c_str(), mode);
   return path;
+}
+
+// Opens n raw connections to the socket as the calling user and keeps
+// them; returns how many the node kept open after its refusals (a refused
+// one is told RESOURCE_EXHAUSTED and closed), and the first refusal's text.
+std::pair<int, std::string> HoldConnections(const std::string& sock, int n, std::vector<int>* fds) {
+  for (int i = 0; i < n; ++i) {
+    int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, sock.c_str(), sizeof(addr.sun_path) - 1);
+    if (s < 0 || connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      if (s >= 0) close(s);
+      continue;
+    }
+    fds->push_back(s);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the node's accepts (a real socket)
+  int open = 0;
+  std::string refusal;
+  for (int s : *fds) {
+    char buf[512];
+    ssize_t r = recv(s, buf, sizeof(buf), MSG_DONTWAIT);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      ++open;  // nothing said, still open: kept
+    } else if (r > static_cast<ssize_t>(protocol::kHeaderBytes) && refusal.empty()) {
+      refusal.assign(buf + protocol::kHeaderBytes + 4, static_cast<size_t>(r) - protocol::kHeaderBytes - 4);
+    }
+  }
+  return {open, refusal};
+}
+
+// One uid opening 1,000 connections takes at most its cap; another uid of
+// the default tenant and another tenant's client are still served, and
+// their gets' p99 is reported. A tenant's own cap holds the same way.
+TEST_F(TenantTest, OneUidsThousandConnectionsLeaveOtherUidsAndTenantsServed) {
+  std::string log;
+  node_ = NodeProcess::Start({"--tenants-file", tenants_, "--socket-group", "nogroup", "--ssd",
+                              dir_ + "/ssd", "--ssd-capacity", "128MiB", "--ssd-region-size",
+                              "4MiB", "--admin-token-file", token_, "--max-connections", "512"},
+                             dir_ + "/sock/kvpool.sock", &log);
+  ASSERT_NE(node_, nullptr) << log;
+  const std::string sock = node_->socket();
+  constexpr uid_t kFlooder = 64090, kNeighbour = 64091;
+  // The flooder holds its connections in a child until told to let go.
+  int ready[2], release[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(release), 0);
+  pid_t flooder = fork();
+  if (flooder == 0) {
+    close(ready[0]);
+    close(release[1]);
+    rlimit nofile{4096, 4096};
+    setrlimit(RLIMIT_NOFILE, &nofile);
+    std::string out = "cannot drop";
+    std::vector<int> fds;
+    if (setgroups(0, nullptr) == 0 && setresgid(kSocketGid, kSocketGid, kSocketGid) == 0 &&
+        setresuid(kFlooder, kFlooder, kFlooder) == 0) {
+      auto [open, refusal] = HoldConnections(sock, 1000, &fds);
+      out = std::to_string(open) + "|" + refusal;
+    }
+    ssize_t w = write(ready[1], out.data(), out.size());
+    char c;
+    ssize_t got = read(release[0], &c, 1);
+    _exit(w > 0 && got >= 0 ? 0 : 1);
+  }
+  close(ready[1]);
+  close(release[0]);
+  char buf[1024];
+  ssize_t r = read(ready[0], buf, sizeof(buf));
+  ASSERT_GT(r, 0);
+  const std::string held(buf, static_cast<size_t>(r));
+  EXPECT_EQ(held.substr(0, held.find('|')), "256") << held;  // 512 / 2
+  EXPECT_NE(held.find("too many connections for uid 64090 (limit 256)"), std::string::npos) << held;
+  EXPECT_EQ(node_->Metric("kvpool_local_connections_refused_total{cap=\"uid\"}"), 1000 - 256);
+  // The others are served, with their latencies.
+  auto served = [&](uid_t uid, const std::string& owner) {
+    return AsUser(uid, [&] {
+      kvpool_client* c = Open(sock);
+      if (c == nullptr) return std::string("open failed: ") + kvpool_last_error();
+      if (PutMany(c, owner, "cap-", 1, 4096) != 1) return std::string("put failed");
+      std::vector<double> us;
+      const auto want = Value(owner, 0, 4096);
+      int ok = 0;
+      for (int i = 0; i < 2000; ++i) {
+        auto t0 = std::chrono::steady_clock::now();
+        ok += Reads(c, "cap-0", want);
+        us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                         .count());
+      }
+      kvpool_close(c);
+      std::sort(us.begin(), us.end());
+      return std::to_string(ok) + " " + std::to_string(us[us.size() * 99 / 100]);
+    });
+  };
+  const std::string neighbour = served(kNeighbour, "neighbour");
+  const std::string alpha = served(kAlphaUid, "alpha");
+  EXPECT_EQ(neighbour.substr(0, neighbour.find(' ')), "2000") << neighbour;
+  EXPECT_EQ(alpha.substr(0, alpha.find(' ')), "2000") << alpha;
+  Metric("cap_neighbour_get_p99_us", std::stod(neighbour.substr(neighbour.find(' ') + 1)));
+  Metric("cap_other_tenant_get_p99_us", std::stod(alpha.substr(alpha.find(' ') + 1)));
+  ssize_t w = write(release[1], "x", 1);
+  (void)w;
+  waitpid(flooder, nullptr, 0);
+  close(ready[0]);
+  close(release[1]);
+
+  // A tenant's cap: alpha's uid may hold 300, the tenant 200.
+  node_.reset();
+  node_ = NodeProcess::Start({"--tenants-file", tenants_, "--socket-group", "nogroup", "--ssd",
+                              dir_ + "/ssd", "--ssd-capacity", "128MiB", "--ssd-region-size",
+                              "4MiB", "--admin-token-file", token_, "--max-connections", "512",
+                              "--max-connections-per-uid", "300",
+                              "--max-connections-per-tenant", "200"},
+                             dir_ + "/sock/kvpool.sock", &log);
+  ASSERT_NE(node_, nullptr) << log;
+  std::string t = AsUser(kAlphaUid, [&] {
+    rlimit nofile{4096, 4096};
+    setrlimit(RLIMIT_NOFILE, &nofile);
+    std::vector<int> fds;
+    auto [open, refusal] = HoldConnections(node_->socket(), 250, &fds);
+    for (int fd : fds) close(fd);
+    return std::to_string(open) + "|" + refusal;
+  });
+  EXPECT_EQ(t.substr(0, t.find('|')), "200") << t;
+  EXPECT_NE(t.find("too many connections for tenant alpha (limit 200)"), std::string::npos) << t;
+  EXPECT_EQ(node_->Metric("kvpool_local_connections_refused_total{cap=\"tenant\"}"), 50);
+}
+
+// Without the admin token the admin endpoint of a node with tenants shows
+// the node's figures summed, and nothing of any tenant or client; with the
+// token it shows each tenant and every client.
+TEST_F(TenantTest, UntokenedAdminViewsShowAggregatesOnlyAndTheTokenShowsEverything) {
+  std::string log;
+  const std::string dram_only = WriteFile(
+      dir_ + "/tenants-dram", "tenant alpha dram=32MiB uids=" + std::to_string(kAlphaUid) +
+                                  "\ntenant bee dram=16MiB uids=" + std::to_string(kBeeUid) + "\n",
+      0, 0644);
+  auto open_node = NodeProcess::Start({"--tenants-file", dram_only, "--socket-group", "nogroup"},
+                                      dir_ + "/open/kvpool.sock", &log);
+  ASSERT_NE(open_node, nullptr) << log;
+  StartNode();  // the same tenants, with the admin token
+  for (NodeProcess* n : {open_node.get(), node_.get()}) {
+    const std::string sock = n->socket();
+    EXPECT_EQ(AsUser(kAlphaUid, [&] {
+                kvpool_client* c = Open(sock);
+                if (c == nullptr) return std::string("open failed");
+                int ok = PutMany(c, "alpha", "v-", 4, 4096);
+                kvpool_close(c);
+                return std::to_string(ok);
+              }),
+              "4");
+  }
+  // Untokened (no token configured): aggregates only.
+  int code = 0;
+  const std::string status = open_node->HttpGet("/api/v1/status", &code);
+  EXPECT_EQ(code, 200);
+  auto j = nlohmann::json::parse(status);
+  EXPECT_EQ(j["tenants"].size(), 0u) << status;
+  EXPECT_TRUE(j.contains("tenants_hidden")) << status;
+  EXPECT_EQ(j["dram"]["capacity_bytes"], (64 + 32 + 16) << 20) << status;  // summed over the stores
+  EXPECT_EQ(j["dram"]["entries"], 4);
+  for (const char* name : {"\"alpha\"", "\"bee\""}) {
+    EXPECT_EQ(status.find(name), std::string::npos) << status;
+  }
+  const std::string clients = open_node->HttpGet("/api/v1/clients", &code);
+  EXPECT_EQ(code, 200);
+  auto cj = nlohmann::json::parse(clients);
+  EXPECT_EQ(cj["clients"].size(), 0u) << clients;
+  EXPECT_TRUE(cj.contains("hidden")) << clients;
+  const std::string metrics = open_node->HttpGet("/metrics", &code);
+  EXPECT_EQ(code, 200);
+  EXPECT_EQ(metrics.find("tenant=\""), std::string::npos);
+  EXPECT_EQ(metrics.find("kvpool_tenant_"), std::string::npos);
+  EXPECT_NE(metrics.find("kvpool_ops_total"), std::string::npos);  // the node's own figures stay
+  std::string out;
+  EXPECT_EQ(RunCommand({CtlBinary(), "tenants", "--admin",
+                        "127.0.0.1:" + std::to_string(open_node->admin_port())},
+                       &out, /*merge_stderr=*/true),
+            3)
+      << out;
+  EXPECT_NE(out.find("only with the admin token"), std::string::npos) << out;
+  // The tokened node: without the token nothing but health; with it everything.
+  node_->HttpGetWithoutToken("/api/v1/status", &code);
+  EXPECT_EQ(code, 401);
+  auto full = nlohmann::json::parse(node_->HttpGet("/api/v1/status"));
+  EXPECT_EQ(full["tenants"].size(), 3u);
+  EXPECT_EQ(Tenant("alpha")["dram"]["entries"], 4);
+  EXPECT_EQ(node_->Metric("kvpool_tenant_dram_entries{tenant=\"alpha\"}"), 4);
+  auto all_clients = nlohmann::json::parse(node_->HttpGet("/api/v1/clients"));
+  EXPECT_FALSE(all_clients.contains("hidden"));
 }
 
 // A tenant defined on two nodes is one tenant across them: its client's
@@ -737,7 +919,7 @@ TEST_F(TenantTest, ATenantTokenInTheHandshakePutsAClientInItsTenantAndAWrongOneI
       WriteFile(dir_ + "/client.tokens", std::string("alpha-jobs ") + kSecret + "\n", 0, 0600);
   std::string log;
   node_ = NodeProcess::Start({"--tenants-file", tenants_, "--socket-group", "nogroup",
-                              "--client-token-file", tokens},
+                              "--client-token-file", tokens, "--admin-token-file", token_},
                              dir_ + "/sock/kvpool.sock", &log);
   ASSERT_NE(node_, nullptr) << log;
   const std::string sock = node_->socket();

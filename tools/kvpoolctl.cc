@@ -224,6 +224,10 @@ int Members(const Admin& admin, bool shards) {
 int Tenants(const Admin& admin) {
   nlohmann::json j;
   if (!AdminJson(admin, "/api/v1/status", &j, "tenants") || !j["tenants"].is_array()) return 3;
+  if (j.contains("tenants_hidden")) {
+    std::fprintf(stderr, "kvpoolctl: tenants: %s\n", j.value("tenants_hidden", "").c_str());
+    return 3;
+  }
   auto size = [](const nlohmann::json& tier, const char* field) {
     if (tier.is_null()) return std::string("-");
     return kvpool::SettingsTable::FormatBytes(tier.value(field, uint64_t{0}));
@@ -347,6 +351,11 @@ int StatTable(const char* text) {
 int Clients(const Admin& admin, bool json) {
   nlohmann::json j;
   if (!AdminJson(admin, "/api/v1/clients", &j, "clients") || !j["clients"].is_array()) return 3;
+  if (j.contains("hidden")) {
+    std::fprintf(stderr, "kvpoolctl: clients: %s (%lld connected)\n",
+                 j.value("hidden", "").c_str(), static_cast<long long>(j.value("count", int64_t{0})));
+    return 3;
+  }
   if (json) {
     std::printf("%s\n", j["clients"].dump(2).c_str());
     return 0;

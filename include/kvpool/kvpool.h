@@ -104,8 +104,16 @@ typedef struct kvpool_options {
   uint32_t remote_refresh_ms;
   /* The uid the node must run as, checked (SO_PEERCRED) before anything is
    * sent to it or mapped from it; a node of another uid is refused with
-   * FAILED_PRECONDITION. -1: the owner of the socket's directory (or root).
-   * Default -1. */
+   * FAILED_PRECONDITION. -1 (the default): what the socket's directory
+   * promises, checked before connecting, as the node checks it: a per-user
+   * directory ($XDG_RUNTIME_DIR/kvpool, /tmp/kvpool-<uid>) must be a real
+   * directory owned by this user with mode 0700, and its node must run as
+   * this user; any other directory (/run/kvpool, an explicit path) must be
+   * a real directory owned by root, by this user or by the service user
+   * "kvpool", not writable by others, and its node must run as its owner
+   * (or root). A directory that breaks these rules (another user may have
+   * made it to take the socket's name) is refused with FAILED_PRECONDITION
+   * naming the path, its owner and mode, and nothing is sent. */
   int64_t expected_server_uid;
   /* Remote mode: a client token file, "NAME HEX64" on its first line (mode
    * 0600, owned by this user), for clusters whose nodes hold a cluster key:
@@ -126,9 +134,33 @@ typedef struct kvpool_options {
    * "vllm worker tp0". At most 256 bytes are kept. NULL: the program's name.
    * Default NULL. */
   const char* client_name;
+  /* What a client opened before fork() does in the child (see "Fork" below):
+   * KVPOOL_AFTER_FORK_RECONNECT (the default): the child's first call opens
+   * connections of its own, and the child never uses the parent's;
+   * KVPOOL_AFTER_FORK_FAIL: every call in the child fails with
+   * FAILED_PRECONDITION (the child opens its own client). */
+  uint32_t after_fork;
 } kvpool_options;
 
+#define KVPOOL_AFTER_FORK_RECONNECT 0u
+#define KVPOOL_AFTER_FORK_FAIL 1u
+
 KVPOOL_API void kvpool_options_init(kvpool_options* options);
+
+/* Fork. A client may be used by one process only: a child of fork() never
+ * uses its parent's connections, mapped segment, staging areas, regions or
+ * handles. In the child the library closes the parent's connections and
+ * unmaps the parent's mappings (pthread_atfork) before the child runs on; a
+ * client opened in the parent then, at the child's first call on it, opens
+ * connections of its own to the same socket with the same settings
+ * (KVPOOL_SOCKET and the other options as given to kvpool_open), or fails
+ * with FAILED_PRECONDITION under KVPOOL_AFTER_FORK_FAIL. The parent is not
+ * affected. Regions and handles obtained before the fork are invalid in the
+ * child (their memory is unmapped there); kvpool_close in the child frees
+ * only the child's part. A remote-mode client cannot follow a fork: its
+ * calls in the child fail with FAILED_PRECONDITION (open a new client).
+ * No kvpool call is async-signal-safe: call none from a signal handler, nor
+ * between fork() and exec() in a child of a multi-threaded process. */
 
 /* Connects to the node (remote mode: asks the remote_peers for the
  * membership). On failure returns NULL with *status set (UNAVAILABLE

@@ -39,6 +39,7 @@ class Options(ctypes.Structure):
         ("remote_token_file", ctypes.c_char_p),
         ("tenant_token_file", ctypes.c_char_p),
         ("client_name", ctypes.c_char_p),
+        ("after_fork", ctypes.c_uint32),
     ]
 
 

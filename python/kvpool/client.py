@@ -147,12 +147,19 @@ class Client:
       0600): the node serves this client as the token's tenant.
     client_name: local mode, the name the node shows for this client
       (`kvpoolctl clients`); default the program's name.
+    after_fork: what the client does in a child of os.fork() (multiprocessing
+      with the fork start method, worker pools): "reconnect" (default) opens
+      the child's own connections at its first call, so parent and child
+      never share one; "fail" makes every call in the child raise
+      KvpoolError (FAILED_PRECONDITION).
     Raises KvpoolError when the node cannot be reached.
     """
 
     def __init__(self, socket=None, *, namespace="", timeout_ms=5000, remote=None,
                  max_connections=None, copy_mode=False, remote_token_file=None,
-                 tenant_token_file=None, client_name=None):
+                 tenant_token_file=None, client_name=None, after_fork="reconnect"):
+        if after_fork not in ("reconnect", "fail"):
+            raise ValueError('after_fork must be "reconnect" or "fail"')
         self._lib = _native.lib()
         self._ns = _as_bytes(namespace)
         self._remote = remote
@@ -179,6 +186,7 @@ class Client:
         opts.remote_token_file = self._token_b
         opts.tenant_token_file = self._tenant_token_b
         opts.client_name = self._client_name_b
+        opts.after_fork = 1 if after_fork == "fail" else 0
         status = _native.c_status(0)
         handle = self._lib.kvpool_open(ctypes.byref(opts), ctypes.byref(status))
         if not handle:

@@ -75,6 +75,17 @@ class NodeProcess:
                 "--dram-read-room", "0",
                 "--slab-size", "1MiB", "--admin-port", "0", "--node-id", "py-test-node",
                 "--log-level", "info"] + self.extra_args
+        # A node with a peer port needs the cluster key (or --insecure): a
+        # test's cluster node gets one of its own unless the test chose.
+        if (("--peers" in self.extra_args or "--etcd" in self.extra_args)
+                and "--cluster-key-file" not in self.extra_args
+                and "--insecure" not in self.extra_args):
+            key = os.path.join(self.dir, "cluster.key")
+            if not os.path.exists(key):
+                fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                os.write(fd, os.urandom(32).hex().encode() + b"\n")
+                os.close(fd)
+            args += ["--cluster-key-file", key]
         log = open(self.log_path, "ab")
         self._log_offset = log.tell()
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,

@@ -221,8 +221,9 @@ def test_remote_mode_reaches_a_node_over_its_peer_port(node_factory, monkeypatch
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
+    # A remote client without a token: the node runs without the cluster key.
     node = node_factory(["--node-id", "n1", "--peers", "n1=127.0.0.1:%d" % port,
-                         "--peer-port", str(port)])
+                         "--peer-port", str(port), "--insecure"])
     big = pattern(4, 3 << 20)  # over the first 1 MiB guess: a second, exact-size round
     with Client(remote="127.0.0.1:%d" % port, namespace="r") as c:
         assert c.put(["a", "big"], [b"hello", big]) == [OK, OK]

@@ -710,19 +710,43 @@ class HttpAdminServer final : public AdminServer {
 
   // The node's hook serving a JSON path, or null for another path.
   const std::function<std::string()>* JsonHook(const std::string& path) const {
-    if (path == "/api/v1/status") return &hooks_.status_json;
+    const bool untokened = PublicView();
+    if (path == "/api/v1/status") return untokened ? &hooks_.untokened->status_json : &hooks_.status_json;
     if (path == "/api/v1/members") return &hooks_.members_json;
     if (path == "/api/v1/cluster") return &hooks_.cluster_json;
-    if (path == "/api/v1/clients") return &hooks_.clients_json;
+    if (path == "/api/v1/clients") {
+      return untokened ? &hooks_.untokened->clients_json : &hooks_.clients_json;
+    }
     if (path == "/api/v1/config") return &hooks_.config_json;
     return nullptr;
+  }
+
+  // Whether requests see the untokened view: the node asks for one and
+  // no request carries a token (with a token configured, requests without
+  // it are refused before they get here).
+  bool PublicView() const { return hooks_.untokened.has_value() && options_.bearer_token.empty(); }
+
+  // The registry's text, less the lines the untokened view hides.
+  std::string MetricsText() const {
+    std::string all = metrics_->RenderPrometheus();
+    if (!PublicView() || !hooks_.untokened->metric_line_visible) return all;
+    std::string out;
+    out.reserve(all.size());
+    for (size_t at = 0; at < all.size();) {
+      size_t end = all.find('\n', at);
+      end = end == std::string::npos ? all.size() : end + 1;
+      std::string_view line(all.data() + at, end - at);
+      if (hooks_.untokened->metric_line_visible(line)) out.append(line);
+      at = end;
+    }
+    return out;
   }
 
   Response Route(const std::string& path) {
     Response r;
     if (path == "/metrics") {
       r.content_type = kMetricsContentType;
-      r.body = metrics_->RenderPrometheus();
+      r.body = MetricsText();
     } else if (const auto* hook = JsonHook(path); hook != nullptr) {
       r.content_type = kJsonContentType;
       r.body = *hook ? (*hook)() : "{}";

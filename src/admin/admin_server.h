@@ -30,6 +30,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string_view>
 #include <string>
 
 #include "admin/metrics_history.h"
@@ -82,6 +84,19 @@ struct AdminHooks {
   // nothing does: /readyz still answers 200 and says it, /readyz/cluster
   // answers 503. Runs on the admin thread: must be quick.
   std::function<std::string()> cluster_missing;
+  // What a request without the admin token may see, where that differs
+  // (a node with tenants: aggregate figures, no tenant's and no client's).
+  // Used when the server has no bearer_token (with one, such requests are
+  // refused): the node should then be given --admin-token-file for the
+  // details. Unset: every request sees everything.
+  struct Untokened {
+    std::function<std::string()> status_json;   // /api/v1/status
+    std::function<std::string()> clients_json;  // /api/v1/clients
+    // Whether a /metrics series line (or its # HELP / # TYPE line, given
+    // with the metric's name) is shown.
+    std::function<bool(std::string_view line)> metric_line_visible;
+  };
+  std::optional<Untokened> untokened;
 };
 
 class AdminServer {

@@ -2,6 +2,7 @@
 // calls the client's backend (client/backend.h: the local node or remote
 // mode) and turns its results into the ABI's status codes and last-error
 // text.
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -10,12 +11,19 @@
 #include <fmt/format.h>
 
 #include "client/backend.h"
+#include "client/fork_guard.h"
 #include "client/local_connection.h"
 #include "common/key_id.h"
 #include "kvpool/kvpool.h"
 
 struct kvpool_client {
   std::unique_ptr<kvpool::client::ClientBackend> backend;
+  // The fork generation (client/fork_guard.h) the backend belongs to: a
+  // call in a forked child sees another and replaces the backend first.
+  std::atomic<uint64_t> generation{0};
+  // What kvpool_open was given, kept to open the same backend in a child.
+  kvpool_options options{};
+  std::string socket_path, remote_peers, remote_token_file, tenant_token_file, client_name;
 };
 
 namespace kvpool {
@@ -44,15 +52,55 @@ std::span<const KeyId> AsKeys(const kvpool_key_id* ids, size_t n) {
   return {reinterpret_cast<const KeyId*>(ids), n};
 }
 
-// The local node's operations of a client, or null (with the error set)
-// when its backend has none: remote mode has no shared segment, no
-// node-side handles and no node of its own.
-client::LocalNodeOps* NodeOps(kvpool_client* c, const char* call, kvpool_status* status) {
+const char* OrNull(const std::string& s) { return s.empty() ? nullptr : s.c_str(); }
+
+// In a forked child: the parent's backend is left alone (its connections
+// and mappings are closed in the child already, client/fork_guard.h) and
+// leaked, and a backend of the child's own is opened, or the call fails
+// as the options ask. REQUIRES: c's generation is not the current one.
+Status FollowFork(kvpool_client* c) {
+  std::lock_guard lock(client::ForkReopenMutex());
+  const uint64_t now = client::ForkGeneration();
+  if (c->generation.load(std::memory_order_acquire) == now) return Status::Ok();  // another thread did
+  if (c->options.remote_peers != nullptr) {
+    return FailedPrecondition(
+        "this remote-mode client was opened before fork(): a child must open its own client");
+  }
+  if (c->options.after_fork == KVPOOL_AFTER_FORK_FAIL) {
+    return FailedPrecondition(
+        "this client was opened before fork() (KVPOOL_AFTER_FORK_FAIL): a child must open its own "
+        "client");
+  }
+  auto backend = client::OpenLocalBackend(c->options);
+  if (!backend.ok()) return backend.status();
+  (void)c->backend.release();  // the parent's: never destroyed here
+  c->backend = std::move(backend).value();
+  c->generation.store(now, std::memory_order_release);
+  return Status::Ok();
+}
+
+// The client's backend in this process, or null (with the error set).
+client::ClientBackend* Backend(kvpool_client* c, kvpool_status* status) {
   if (c == nullptr) {
     *status = Fail(InvalidArgument("client is NULL"));
     return nullptr;
   }
-  client::LocalNodeOps* ops = c->backend->node_ops();
+  if (c->generation.load(std::memory_order_acquire) != client::ForkGeneration()) {
+    if (Status s = FollowFork(c); !s.ok()) {
+      *status = Fail(s);
+      return nullptr;
+    }
+  }
+  return c->backend.get();
+}
+
+// The local node's operations of a client, or null (with the error set)
+// when its backend has none: remote mode has no shared segment, no
+// node-side handles and no node of its own.
+client::LocalNodeOps* NodeOps(kvpool_client* c, const char* call, kvpool_status* status) {
+  client::ClientBackend* b = Backend(c, status);
+  if (b == nullptr) return nullptr;
+  client::LocalNodeOps* ops = b->node_ops();
   if (ops == nullptr) {
     *status = Fail(FailedPrecondition(fmt::format("{} is not available in remote mode", call)));
   }
@@ -91,6 +139,7 @@ void kvpool_options_init(kvpool_options* o) {
   o->remote_token_file = nullptr;
   o->tenant_token_file = nullptr;
   o->client_name = nullptr;
+  o->after_fork = KVPOOL_AFTER_FORK_RECONNECT;
 }
 
 kvpool_client* kvpool_open(const kvpool_options* options, kvpool_status* status) {
@@ -119,12 +168,33 @@ kvpool_client* kvpool_open(const kvpool_options* options, kvpool_status* status)
     return nullptr;
   }
   auto c = std::make_unique<kvpool_client>();
+  c->generation.store(client::ForkGeneration());
   c->backend = std::move(backend).value();
+  c->options = o;
+  auto keep = [](const char* s, std::string* into) {
+    if (s != nullptr) *into = s;
+  };
+  keep(o.socket_path, &c->socket_path);
+  keep(o.remote_peers, &c->remote_peers);
+  keep(o.remote_token_file, &c->remote_token_file);
+  keep(o.tenant_token_file, &c->tenant_token_file);
+  keep(o.client_name, &c->client_name);
+  c->options.socket_path = OrNull(c->socket_path);
+  c->options.remote_peers = o.remote_peers != nullptr ? c->remote_peers.c_str() : nullptr;
+  c->options.remote_token_file = OrNull(c->remote_token_file);
+  c->options.tenant_token_file = OrNull(c->tenant_token_file);
+  c->options.client_name = OrNull(c->client_name);
   *status = KVPOOL_OK;
   return c.release();
 }
 
 void kvpool_close(kvpool_client* client) {
+  if (client == nullptr) return;
+  // In a forked child the backend may be the parent's: it is not ours to
+  // close (its connections were closed in the child already).
+  if (client->generation.load(std::memory_order_acquire) != client::ForkGeneration()) {
+    (void)client->backend.release();
+  }
   // Closing the connections makes the node release every pin and reservation.
   delete client;
 }
@@ -185,8 +255,10 @@ kvpool_status kvpool_release(kvpool_client* c, const uint64_t* handles, size_t n
 
 kvpool_status kvpool_put(kvpool_client* c, const kvpool_key_id* ids, const void* const* values,
                          const uint64_t* sizes, size_t n, kvpool_status* statuses) {
-  if (c == nullptr) return Fail(InvalidArgument("client is NULL"));
-  Status s = c->backend->Put(AsKeys(ids, n), values, sizes, statuses);
+  kvpool_status st;
+  client::ClientBackend* b = Backend(c, &st);
+  if (b == nullptr) return st;
+  Status s = b->Put(AsKeys(ids, n), values, sizes, statuses);
   if (!s.ok()) return Fail(s);
   return Overall(statuses, n, /*existing_ok=*/true);
 }
@@ -194,15 +266,19 @@ kvpool_status kvpool_put(kvpool_client* c, const kvpool_key_id* ids, const void*
 kvpool_status kvpool_get(kvpool_client* c, const kvpool_key_id* ids, void* const* buffers,
                          const uint64_t* capacities, size_t n, uint64_t* sizes,
                          kvpool_status* statuses) {
-  if (c == nullptr) return Fail(InvalidArgument("client is NULL"));
-  Status s = c->backend->Get(AsKeys(ids, n), buffers, capacities, sizes, statuses);
+  kvpool_status st;
+  client::ClientBackend* b = Backend(c, &st);
+  if (b == nullptr) return st;
+  Status s = b->Get(AsKeys(ids, n), buffers, capacities, sizes, statuses);
   return s.ok() ? KVPOOL_OK : Fail(s);
 }
 
 kvpool_status kvpool_exists(kvpool_client* c, const kvpool_key_id* ids, size_t n, uint8_t* hits,
                             size_t* prefix_len) {
-  if (c == nullptr) return Fail(InvalidArgument("client is NULL"));
-  Status s = c->backend->Exists(AsKeys(ids, n), hits, prefix_len);
+  kvpool_status st;
+  client::ClientBackend* b = Backend(c, &st);
+  if (b == nullptr) return st;
+  Status s = b->Exists(AsKeys(ids, n), hits, prefix_len);
   return s.ok() ? KVPOOL_OK : Fail(s);
 }
 
@@ -253,8 +329,9 @@ kvpool_status kvpool_clear_namespace(kvpool_client* c, const void* ns, size_t ns
 }
 
 uint64_t kvpool_max_value_size(kvpool_client* c) {
-  if (c == nullptr) return 0;
-  return c->backend->MaxValueBytes();
+  kvpool_status st;
+  client::ClientBackend* b = Backend(c, &st);
+  return b == nullptr ? 0 : b->MaxValueBytes();
 }
 
 }  // extern "C"

@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "client/backend.h"
+#include "client/fork_guard.h"
 #include "client/local_connection.h"
 #include "common/key_id.h"
 #include "protocol/codec.h"
@@ -43,6 +44,7 @@ struct Mapping {
   dev_t dev = 0;
   ino_t ino = 0;
   ~Mapping() {
+    UnregisterForkMapping(base);
     if (base != nullptr) ::munmap(base, size);
   }
 };
@@ -105,6 +107,8 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
     socket_path_ = o.socket_path != nullptr
                        ? std::string(o.socket_path)
                        : protocol::FindDefaultSocket(std::getenv("XDG_RUNTIME_DIR"), ::geteuid());
+    private_dir_ = protocol::IsPrivateSocketDir(protocol::SocketDirOf(socket_path_),
+                                                std::getenv("XDG_RUNTIME_DIR"), ::geteuid());
     if (o.tenant_token_file != nullptr) tenant_token_file_ = o.tenant_token_file;
     client_name_ = o.client_name != nullptr ? o.client_name : program_invocation_short_name;
     options_.socket_path = nullptr;  // the caller's strings are not kept
@@ -199,6 +203,7 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
 
   kvpool_options options_{};
   std::string socket_path_;
+  bool private_dir_ = false;  // socket_path_ is in one of this user's own default directories
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Slot> slots_;                                  // protected by mu_
@@ -244,7 +249,8 @@ void LocalBackend::RetireLocked(int slot) {
 Status LocalBackend::ConnectSlot(int slot, Clock::time_point deadline) {
   KVPOOL_ASSIGN_OR_RETURN(auto link, LocalConnection::Connect(socket_path_, client_name_, deadline,
                                                               options_.expected_server_uid,
-                                                              token_ ? &*token_ : nullptr));
+                                                              token_ ? &*token_ : nullptr,
+                                                              private_dir_));
   link->set_spin(std::chrono::microseconds(options_.spin_us));
   int fd = link->TakeSegmentFd();
   const uint64_t staging_bytes = link->hello().staging_bytes;
@@ -263,6 +269,8 @@ Status LocalBackend::ConnectSlot(int slot, Clock::time_point deadline) {
       staging = std::make_shared<Mapping>();
       staging->base = static_cast<uint8_t*>(p);
       staging->size = staging_bytes;
+      // A forked child must never write into this connection's staging.
+      RegisterForkMapping(p, staging_bytes);
     } else {
       ::close(sfd);
     }
@@ -300,6 +308,7 @@ Status LocalBackend::ConnectSlot(int slot, Clock::time_point deadline) {
       return ErrnoStatus("mmap of the node's segment", err);
     }
     m->base = static_cast<uint8_t*>(p);
+    RegisterForkMapping(p, m->size);
     mapping = m;
   }
   if (fd >= 0) ::close(fd);

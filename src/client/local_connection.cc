@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "client/fork_guard.h"
 #include "protocol/socket_path.h"
 
 namespace kvpool {
@@ -60,34 +61,31 @@ Status ConnectionErrorStatus(const FrameHeader& h, std::span<const uint8_t> body
 
 // Refuses a server that does not run as the expected uid: another user
 // could have bound the path (a squatted socket) and would otherwise be
-// handed requests and hand back a segment to map.
-Status CheckServerCredentials(int fd, const std::string& socket_path, int64_t expected_uid) {
+// handed requests and hand back a segment to map. `root_ok`: root may
+// serve it too (a shared directory; it could act as anyone anyway).
+Status CheckServerCredentials(int fd, const std::string& socket_path, int64_t expected_uid,
+                              bool root_ok) {
   ucred cred{};
   socklen_t len = sizeof(cred);
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
     return ErrnoStatus(fmt::format("SO_PEERCRED on {}", socket_path), errno);
   }
-  if (expected_uid == LocalConnection::kSocketDirOwner) {
-    const std::string dir = protocol::SocketDirOf(socket_path);
-    struct stat st;
-    if (::stat(dir.c_str(), &st) != 0) {
-      return ErrnoStatus(fmt::format("socket directory {}", dir), errno);
-    }
-    if (cred.uid == st.st_uid || cred.uid == 0) return Status::Ok();
-    return FailedPrecondition(fmt::format(
-        "refusing the server at {}: it runs as uid {} (pid {}), but {} belongs to uid {}; "
-        "another user may have taken the socket's name",
-        socket_path, cred.uid, cred.pid, dir, st.st_uid));
+  if (static_cast<int64_t>(cred.uid) == expected_uid || (root_ok && cred.uid == 0)) {
+    return Status::Ok();
   }
-  if (static_cast<int64_t>(cred.uid) == expected_uid) return Status::Ok();
   return FailedPrecondition(fmt::format(
-      "refusing the server at {}: it runs as uid {} (pid {}), not the expected uid {}",
+      "refusing the server at {}: it runs as uid {} (pid {}), not the expected uid {}; another "
+      "user may have taken the socket's name",
       socket_path, cred.uid, cred.pid, expected_uid));
 }
 
 }  // namespace
 
+// The socket is the parent's alone after a fork (client/fork_guard.h).
+LocalConnection::LocalConnection(int fd) : fd_(fd) { client::RegisterForkFd(fd); }
+
 LocalConnection::~LocalConnection() {
+  client::UnregisterForkFd(fd_);
   if (fd_ >= 0) ::close(fd_);
   if (segment_fd_ >= 0) ::close(segment_fd_);
   if (staging_fd_ >= 0) ::close(staging_fd_);
@@ -121,6 +119,7 @@ Status LocalConnection::TakeRefusal(Status fallback) {
 }
 
 Status LocalConnection::Break(Status s) {
+  client::UnregisterForkFd(fd_);
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   return s;
@@ -131,7 +130,16 @@ Result<std::unique_ptr<LocalConnection>> LocalConnection::Connect(const std::str
                                                                   const std::string& client_name,
                                                                   Clock::time_point deadline,
                                                                   int64_t expected_server_uid,
-                                                                  const TenantToken* token) {
+                                                                  const TenantToken* token,
+                                                                  bool private_dir) {
+  // Who may serve this path, judged from its directory before anything is
+  // sent (a caller that names the uid has judged it itself).
+  bool root_ok = false;
+  if (expected_server_uid == kSocketDirOwner) {
+    KVPOOL_ASSIGN_OR_RETURN(expected_server_uid, protocol::CheckSocketDirForClient(
+                                                     socket_path, private_dir, ::geteuid()));
+    root_ok = !private_dir;
+  }
   sockaddr_un addr{};
   if (socket_path.size() >= sizeof(addr.sun_path)) return InvalidArgument("socket path too long");
   addr.sun_family = AF_UNIX;
@@ -152,7 +160,7 @@ Result<std::unique_ptr<LocalConnection>> LocalConnection::Connect(const std::str
       return Unavailable(fmt::format("no kvpool node at {}: {}", socket_path, std::strerror(errno)));
     }
   }
-  KVPOOL_RETURN_IF_ERROR(CheckServerCredentials(fd, socket_path, expected_server_uid));
+  KVPOOL_RETURN_IF_ERROR(CheckServerCredentials(fd, socket_path, expected_server_uid, root_ok));
   int buf = 4 << 20;
   setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));

@@ -22,11 +22,15 @@ using Clock = std::chrono::steady_clock;
 
 class LocalConnection {
  public:
-  // The uid the server must run as: kSocketDirOwner is the owner of the
-  // socket's directory (root is accepted too: it could act as anyone).
+  // The uid the server must run as: kSocketDirOwner is what the socket's
+  // directory promises (protocol::CheckSocketDirForClient: this user for a
+  // private directory; the directory's owner, or root, for a shared one),
+  // checked before connecting.
   static constexpr int64_t kSocketDirOwner = -1;
 
-  // Connects, checks the server's credentials (SO_PEERCRED) before sending
+  // Connects, checks the socket's directory (kSocketDirOwner; `private_dir`:
+  // one of this user's own default directories) and the server's
+  // credentials (SO_PEERCRED) before sending
   // or taking anything, and completes the handshake. Unavailable when no
   // node listens, FailedPrecondition when the process behind the socket is
   // not the expected uid, DeadlineExceeded when it does not answer in time,
@@ -39,7 +43,8 @@ class LocalConnection {
   };
   static Result<std::unique_ptr<LocalConnection>> Connect(
       const std::string& socket_path, const std::string& client_name, Clock::time_point deadline,
-      int64_t expected_server_uid = kSocketDirOwner, const TenantToken* token = nullptr);
+      int64_t expected_server_uid = kSocketDirOwner, const TenantToken* token = nullptr,
+      bool private_dir = false);
   ~LocalConnection();
   LocalConnection(const LocalConnection&) = delete;
   LocalConnection& operator=(const LocalConnection&) = delete;
@@ -70,7 +75,7 @@ class LocalConnection {
   void set_spin(std::chrono::microseconds spin) { spin_ = spin; }
 
  private:
-  explicit LocalConnection(int fd) : fd_(fd) {}
+  explicit LocalConnection(int fd);
   Status WriteFrame(protocol::MessageType type, uint64_t request_id, std::span<const iovec> body,
                     Clock::time_point deadline);
   Status ReadReply(uint64_t request_id, Clock::time_point deadline, protocol::FrameHeader* h,

@@ -337,6 +337,12 @@ Status LocalOps::OnHello(LocalSession& c, const FrameHeader& h, std::span<const 
           "in --client-token-file)",
           req.token_name.substr(0, 64)));
     }
+    if (it->second.tenant != c.tenant && admit_tenant_) {
+      if (Status s = admit_tenant_(it->second.tenant); !s.ok()) {
+        c.closing = true;
+        return s;
+      }
+    }
     c.tenant = it->second.tenant;
   }
   if (opts_.client_staging_bytes > 0) {
@@ -740,12 +746,17 @@ Status LocalOps::OnStats(LocalSession& c, const FrameHeader& h, std::span<const 
   if (!body.empty()) return InvalidArgument("malformed stats request: body must be empty");
   std::string json = stats_json_ ? stats_json_() : "{}";
   if (has_tenants()) {
-    // A client sees its own tenant's figures, not the others'.
-    auto j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+    // A client sees its own tenant's figures, not the others': its row,
+    // and its store's DRAM, SSD and connections in place of the node's.
+    auto j = nlohmann::ordered_json::parse(json, nullptr, /*allow_exceptions=*/false);
     if (!j.is_discarded() && j.contains("tenants") && j["tenants"].is_array()) {
-      nlohmann::json own = nlohmann::json::array();
+      nlohmann::ordered_json own = nlohmann::ordered_json::array();
       for (const auto& t : j["tenants"]) {
-        if (t.value("name", "") == T(c).name) own.push_back(t);
+        if (t.value("name", "") != T(c).name) continue;
+        j["dram"] = t["dram"];
+        j["ssd"] = t["ssd"];
+        j["local_connections"] = t["connections"];
+        own.push_back(t);
       }
       j["tenants"] = std::move(own);
       json = j.dump();

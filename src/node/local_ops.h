@@ -112,6 +112,9 @@ class LocalOps {
   void PublishStored();
   // The tenant (LocalSession::tenant) of a peer with these credentials.
   int TenantOf(uint32_t uid, const std::vector<uint32_t>& gids) const;
+  // Asked when a hello's tenant token moves a connection to another tenant:
+  // a refusal (that tenant's connection cap) fails the hello with it.
+  void set_admit_tenant(std::function<Status(int tenant)> admit) { admit_tenant_ = std::move(admit); }
   // Whether any tenant besides the default one is served.
   bool has_tenants() const { return tenants_.size() > 1; }
   size_t num_tenants() const { return tenants_.size(); }
@@ -189,6 +192,7 @@ class LocalOps {
   };
   std::unordered_map<std::string, TokenTenant> token_tenants_;
   bool parked_now_ = false;  // the request being handled was parked
+  std::function<Status(int tenant)> admit_tenant_;
   MetricsRegistry* const metrics_;
   const std::function<std::string()> stats_json_;
   // Scratch vectors reused to avoid allocating per request.

@@ -124,6 +124,12 @@ class LocalServerImpl final : public LocalServer {
     rejected_ = m->GetCounter("kvpool_rejected_connections_total",
                               "Local connections refused at the max-connections limit (told "
                               "RESOURCE_EXHAUSTED: too many connections) or out of descriptors");
+    for (int r = 0; r < kNumRefusedReasons; ++r) {
+      refused_[r] = m->GetCounter("kvpool_local_connections_refused_total",
+                                  "Local connections refused at a connection cap, by cap (node: "
+                                  "--max-connections; uid, tenant: per uid, per tenant)",
+                                  {{"cap", kRefusedReasonNames[r]}});
+    }
     for (int r = 0; r < kNumReapReasons; ++r) {
       reaped_[r] = m->GetCounter("kvpool_local_connections_reaped_total",
                                  "Local connections closed by the node, by deadline missed",
@@ -148,6 +154,13 @@ class LocalServerImpl final : public LocalServer {
     handlers_ =
         std::make_unique<LocalOps>(opts_, tiered_, remote_, wake_fd_, metrics_, stats_json_,
                                    tenants_);
+    // A tenant token moves a connection to its tenant: that tenant's cap
+    // counts it from the hello on.
+    handlers_->set_admit_tenant([this](int tenant) {
+      Status s = AdmitTenant(tenant);
+      if (!s.ok()) refused_[kRefusedTenant]->Inc();
+      return s;
+    });
     KVPOOL_RETURN_IF_ERROR(Bind());
     WatchListenerAndWake(epoll_fd_, listen_fd_, kListenTag, wake_fd_, kWakeTag);
     return Status::Ok();
@@ -277,6 +290,35 @@ class LocalServerImpl final : public LocalServer {
   // reply with request id 0 (a connection-level error), then closes it. The
   // reply is small and the socket's buffer empty or nearly, so a
   // non-blocking send takes it; if not, the close alone tells.
+  enum RefusedReason { kRefusedNode, kRefusedUid, kRefusedTenant, kNumRefusedReasons };
+  static constexpr const char* kRefusedReasonNames[kNumRefusedReasons] = {"node", "uid", "tenant"};
+
+  uint32_t PerUidCap() const {
+    return opts_.max_connections_per_uid > 0 ? opts_.max_connections_per_uid
+                                             : std::max<uint32_t>(1, opts_.max_connections / 2);
+  }
+  uint32_t PerTenantCap() const {
+    return opts_.max_connections_per_tenant > 0
+               ? opts_.max_connections_per_tenant
+               : std::max<uint32_t>(1, opts_.max_connections * 3 / 4);
+  }
+  // Whether one more connection of tenant t fits its cap (only with
+  // tenants: a single-tenant node has the node's cap alone).
+  Status AdmitTenant(int t) const {
+    if (!handlers_->has_tenants()) return Status::Ok();
+    if (tenant_conns_[t].load() < static_cast<int>(PerTenantCap())) return Status::Ok();
+    return ResourceExhausted(fmt::format("too many connections for tenant {} (limit {})",
+                                         t == 0 ? std::string(kDefaultTenant)
+                                                : tenants_[static_cast<size_t>(t) - 1].spec.name,
+                                         PerTenantCap()));
+  }
+  void Refuse(int fd, RefusedReason why, const Status& s) {
+    SendConnectionError(fd, s);
+    rejected_->Inc();
+    refused_[why]->Inc();
+    ::close(fd);
+  }
+
   void SendConnectionError(int fd, const Status& s) {
     std::vector<uint8_t> body;
     protocol::EncodeString(s.message(), &body);
@@ -307,10 +349,9 @@ class LocalServerImpl final : public LocalServer {
         return;
       }
       if (conns_.size() >= opts_.max_connections) {
-        SendConnectionError(fd, ResourceExhausted(fmt::format("too many connections (limit {})",
-                                                              opts_.max_connections)));
-        rejected_->Inc();
-        ::close(fd);
+        Refuse(fd, kRefusedNode,
+               ResourceExhausted(
+                   fmt::format("too many connections (limit {})", opts_.max_connections)));
         continue;
       }
       PeerIdentity who;
@@ -320,6 +361,16 @@ class LocalServerImpl final : public LocalServer {
                                                  "(SO_PEERCRED) to find its tenant"));
         rejected_->Inc();
         ::close(fd);
+        continue;
+      }
+      if (uid_conns_[who.uid] >= static_cast<int>(PerUidCap())) {
+        Refuse(fd, kRefusedUid,
+               ResourceExhausted(fmt::format("too many connections for uid {} (limit {})", who.uid,
+                                             PerUidCap())));
+        continue;
+      }
+      if (Status t = AdmitTenant(who.tenant); !t.ok()) {
+        Refuse(fd, kRefusedTenant, t);
         continue;
       }
       int buf = 4 << 20;
@@ -336,6 +387,7 @@ class LocalServerImpl final : public LocalServer {
       c.tenant = who.tenant;
       c.counted_tenant = c.tenant;
       ++tenant_conns_[c.tenant];
+      ++uid_conns_[c.peer_uid];
       c.record = std::make_shared<ClientRecord>();
       c.record->id = c.id;
       c.record->pid = who.pid;
@@ -393,6 +445,9 @@ class LocalServerImpl final : public LocalServer {
     const bool was_charged = Charged(it->second.in.capacity) > 0;
     Uncharge(it->second);
     --tenant_conns_[it->second.counted_tenant];
+    if (auto u = uid_conns_.find(it->second.peer_uid); u != uid_conns_.end() && --u->second <= 0) {
+      uid_conns_.erase(u);
+    }
     {
       std::lock_guard lock(clients_mu_);
       clients_.erase(it->second.id);
@@ -693,6 +748,8 @@ class LocalServerImpl final : public LocalServer {
   static constexpr const char* kReapReasonNames[kNumReapReasons] = {"handshake_timeout",
                                                                     "frame_timeout", "idle"};
   Counter* reaped_[kNumReapReasons] = {};
+  Counter* refused_[kNumRefusedReasons] = {};
+  std::unordered_map<uint32_t, int> uid_conns_;  // open connections per uid; loop thread only
   Gauge* buffered_gauge_;
   Counter* starved_;
 };

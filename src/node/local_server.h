@@ -54,6 +54,14 @@ struct LocalServerOptions {
   // More connections are answered "RESOURCE_EXHAUSTED: too many
   // connections", counted, and closed.
   uint32_t max_connections = 256;
+  // Connections one uid may hold at once, and one tenant (with a tenants
+  // file; a tenant token's connection counts under its token's tenant):
+  // more are answered "RESOURCE_EXHAUSTED: too many connections for uid U"
+  // (or "... for tenant T"), counted, and closed, so one user or tenant
+  // cannot take every slot from the others. 0: half of max_connections per
+  // uid and three quarters per tenant.
+  uint32_t max_connections_per_uid = 0;
+  uint32_t max_connections_per_tenant = 0;
   // Items per request; larger batches are refused with InvalidArgument.
   uint32_t max_batch = 4096;
   // Largest frame body after the handshake (copy-mode puts carry values).

@@ -464,6 +464,26 @@ class NodeImpl final : public Node {
     hooks.cluster_json = [this] { return ClusterJson().dump(); };
     hooks.ready = [this] { return !stopping_.load(); };
     hooks.cluster_missing = [this] { return ClusterMissing(); };
+    if (!tenants_.empty()) {
+      // Tenants do not see each other's figures or clients over HTTP either.
+      AdminHooks::Untokened u;
+      u.status_json = [this] { return AggregateStatusJson(); };
+      u.clients_json = [this] {
+        return nlohmann::ordered_json{{"clients", nlohmann::ordered_json::array()},
+                                      {"count", local_ ? local_->connections() : 0},
+                                      {"hidden", kDetailsNeedToken}}
+            .dump();
+      };
+      u.metric_line_visible = [](std::string_view line) {
+        return line.find("kvpool_tenant_") == std::string_view::npos &&
+               line.find("tenant=\"") == std::string_view::npos;
+      };
+      hooks.untokened = std::move(u);
+      if (opts_.admin_token_file.empty()) {
+        LogWarn("admin: tenants without --admin-token-file: the admin endpoint shows aggregate "
+                "figures only (give it a token to see each tenant's and the clients)");
+      }
+    }
     KVPOOL_ASSIGN_OR_RETURN(admin_, AdminServer::Start(opts_.admin, &metrics_, std::move(hooks)));
     return Status::Ok();
   }
@@ -498,7 +518,48 @@ class NodeImpl final : public Node {
             {"detail", ClusterMissing()}};
   }
 
-  std::string StatusJson() const {
+  std::string StatusJson() const { return StatusObject().dump(); }
+
+  // What a request without the admin token sees on a node with tenants
+  // (AdminHooks::untokened): the node's figures summed over every tenant's
+  // store, and no tenant's or client's own.
+  std::string AggregateStatusJson() const {
+    nlohmann::ordered_json j = StatusObject();
+    uint64_t cap = 0, used = 0, entries = 0, evictions = 0;
+    uint64_t ssd_cap = 0, ssd_used = 0, ssd_entries = 0;
+    bool any_ssd = false;
+    auto add = [&](const TieredStore* store) {
+      DramStats d = store->GetDramStats();
+      cap += d.capacity_bytes;
+      used += d.used_bytes;
+      entries += d.entries;
+      evictions += d.evictions;
+      if (!store->has_ssd_tier()) return;
+      SsdStats st = store->GetSsdStats();
+      any_ssd = true;
+      ssd_cap += st.capacity_bytes;
+      ssd_used += st.used_bytes;
+      ssd_entries += st.entries;
+    };
+    add(tiered_.get());
+    for (const auto& t : tenants_) add(t.store.get());
+    j["dram"] = {{"capacity_bytes", cap},
+                 {"used_bytes", used},
+                 {"entries", entries},
+                 {"evictions", evictions}};
+    j["ssd"] = any_ssd ? nlohmann::ordered_json{{"capacity_bytes", ssd_cap},
+                                                {"used_bytes", ssd_used},
+                                                {"entries", ssd_entries}}
+                       : nlohmann::ordered_json();
+    j["tenants"] = nlohmann::ordered_json::array();
+    j["tenants_hidden"] = kDetailsNeedToken;
+    return j.dump();
+  }
+  static constexpr const char* kDetailsNeedToken =
+      "this node serves tenants: each tenant's figures and the connected clients are shown "
+      "only with the admin token (--admin-token-file)";
+
+  nlohmann::ordered_json StatusObject() const {
     DramStats st = tiered_->GetDramStats();
     nlohmann::ordered_json classes = nlohmann::ordered_json::array();
     for (const auto& c : st.classes) {
@@ -534,7 +595,7 @@ class NodeImpl final : public Node {
           {"etcd_outage", cluster_ != nullptr && cluster_->etcd_outage()}}},
         {"readiness", ReadinessJson()},
     };
-    return j.dump();
+    return j;
   }
 
   // This node's key figures, as every member's row of the cluster view

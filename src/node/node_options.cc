@@ -86,11 +86,15 @@ Status NodeOptions::Validate() const {
   ClusterOptions co = ClusterWithEndpoints(node_id.empty() ? "node" : node_id);
   if (co.enabled()) {
     KVPOOL_RETURN_IF_ERROR(co.Validate());
-    if (!IsLoopbackAddress(co.peer_address) && cluster_key_file.empty() && !insecure) {
+    // Loopback included: on a multi-user host any local user reaches a
+    // loopback peer port, past the socket's permissions.
+    if (cluster_key_file.empty() && !insecure) {
       return InvalidArgument(fmt::format(
-          "--peer-address {} is not loopback: give the cluster key (--cluster-key-file) so "
-          "peers are authenticated, or pass --insecure to run without",
-          co.peer_address));
+          "a node with a peer port ({} on {}) needs the cluster key, loopback included, or any "
+          "local user can read and write through it: make one with `openssl rand -hex 32 > "
+          "/etc/kvpool/cluster.key && chmod 600 /etc/kvpool/cluster.key`, give every node the "
+          "same file with --cluster-key-file, or pass --insecure to run without",
+          co.peers.empty() ? "--etcd" : "--peers", co.peer_address));
     }
     if (co.peer_encryption && cluster_key_file.empty()) {
       return InvalidArgument(
@@ -191,6 +195,12 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
 
   t->AddInt("max-connections", &o->local.max_connections, 1, 65536,
             "Local client connections accepted at once; more are refused and counted");
+  t->AddInt("max-connections-per-uid", &o->local.max_connections_per_uid, 0, 65536,
+            "Local connections one uid may hold at once (0: half of --max-connections); "
+            "more are refused with RESOURCE_EXHAUSTED and counted");
+  t->AddInt("max-connections-per-tenant", &o->local.max_connections_per_tenant, 0, 65536,
+            "With tenants: local connections one tenant may hold at once (0: three quarters "
+            "of --max-connections); more are refused with RESOURCE_EXHAUSTED and counted");
   t->AddInt("max-batch", &o->local.max_batch, 1, 4096, "Items per request");
   t->AddBytes("max-frame", &o->local.max_frame_bytes, 64 * 1024, 2ull << 30,
               "Largest request body after the handshake (copy-mode puts carry values)");

@@ -1,6 +1,11 @@
 #include "protocol/socket_path.h"
 
+#include <pwd.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <fmt/format.h>
 
 namespace kvpool::protocol {
 
@@ -31,6 +36,66 @@ std::string SocketDirOf(const std::string& socket_path) {
   if (slash == std::string::npos) return ".";
   if (slash == 0) return "/";
   return socket_path.substr(0, slash);
+}
+
+bool IsPrivateSocketDir(const std::string& dir, const char* xdg_runtime_dir, uid_t uid) {
+  const std::vector<std::string> dirs = DefaultSocketDirs(xdg_runtime_dir, uid);
+  for (size_t i = 1; i < dirs.size(); ++i) {
+    if (dir == dirs[i]) return true;
+  }
+  return false;
+}
+
+int64_t ServiceUid() {
+  passwd pw{};
+  passwd* found = nullptr;
+  char buf[1024];
+  if (getpwnam_r("kvpool", &pw, buf, sizeof(buf), &found) != 0 || found == nullptr) return -1;
+  return found->pw_uid;
+}
+
+Result<int64_t> CheckSocketDirForClient(const std::string& socket_path, bool private_dir,
+                                        uid_t client_uid) {
+  const std::string dir = SocketDirOf(socket_path);
+  struct stat st;
+  if (::lstat(socket_path.c_str(), &st) != 0 && errno == ENOENT) {
+    return Unavailable(fmt::format("no kvpool node at {}: no socket there", socket_path));
+  }
+  if (::lstat(dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) {
+      return Unavailable(fmt::format("no kvpool node at {}: {} does not exist", socket_path, dir));
+    }
+    return ErrnoStatus(fmt::format("socket directory {}", dir), errno);
+  }
+  auto refuse = [&](const std::string& why) {
+    return FailedPrecondition(fmt::format(
+        "refusing the socket {}: its directory {} (owner uid {}, mode {:o}) {}; another user "
+        "may have taken its name, so nothing was sent to it",
+        socket_path, dir, st.st_uid, st.st_mode & 07777, why));
+  };
+  if (S_ISLNK(st.st_mode)) return refuse("is a symbolic link");
+  if (!S_ISDIR(st.st_mode)) return refuse("is not a directory");
+  if (private_dir) {
+    if (st.st_uid != client_uid || (st.st_mode & 077) != 0) {
+      return refuse(fmt::format(
+          "is a per-user socket directory and must be owned by this user (uid {}) with mode 0700",
+          client_uid));
+    }
+    return static_cast<int64_t>(client_uid);
+  }
+  const int64_t service = ServiceUid();
+  if (st.st_uid != 0 && st.st_uid != client_uid && static_cast<int64_t>(st.st_uid) != service) {
+    return refuse(fmt::format(
+        "must belong to root, to this user (uid {}){}; set kvpool_options.expected_server_uid "
+        "to trust another user's node",
+        client_uid, service >= 0 ? fmt::format(" or to the service user kvpool (uid {})", service)
+                                 : std::string()));
+  }
+  if ((st.st_mode & S_IWOTH) != 0) {
+    return refuse(
+        "is writable by others; set kvpool_options.expected_server_uid to trust such a node");
+  }
+  return static_cast<int64_t>(st.st_uid);
 }
 
 }  // namespace kvpool::protocol

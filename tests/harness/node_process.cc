@@ -2,12 +2,16 @@
 
 #include <fcntl.h>
 #include <httplib.h>
+#include <grp.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstring>
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -28,6 +32,23 @@ std::string ReadFile(const std::string& path) {
 }
 }  // namespace
 
+std::string TestClusterKeyFile() {
+  static const std::string path = [] {
+    char tmpl[] = "/tmp/kvpool-test-key-XXXXXX";
+    const std::string dir = mkdtemp(tmpl);
+    const std::string file = dir + "/cluster.key";
+    std::ofstream(file) << "7465737420636c7573746572206b6579206f6620746865206861726e65737321\n";
+    chmod(file.c_str(), 0600);
+    // Removed with the process (each test binary makes its own).
+    static struct Remover {
+      std::string dir;
+      ~Remover() { std::filesystem::remove_all(dir); }
+    } remover{dir};
+    return file;
+  }();
+  return path;
+}
+
 std::unique_ptr<NodeProcess> NodeProcess::Start(const std::vector<std::string>& extra_args,
                                                 const std::string& socket_path, std::string* log) {
   std::unique_ptr<NodeProcess> n(new NodeProcess());
@@ -38,6 +59,14 @@ std::unique_ptr<NodeProcess> NodeProcess::Start(const std::vector<std::string>& 
   std::vector<std::string> args = {NodeBinary(), "--socket", n->socket_, "--dram-capacity", "64MiB", "--slab-size", "1MiB",
                                     "--admin-port", "0", "--node-id", "test-node"};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
+  // A node with a peer port needs the cluster key (or --insecure): a test's
+  // cluster gets the harness's, unless the test chose a key or none.
+  auto has = [&](const char* flag) {
+    return std::find(extra_args.begin(), extra_args.end(), flag) != extra_args.end();
+  };
+  if ((has("--peers") || has("--etcd")) && !has("--cluster-key-file") && !has("--insecure")) {
+    args.insert(args.end(), {"--cluster-key-file", TestClusterKeyFile()});
+  }
   pid_t pid = fork();
   if (pid == 0) {
     int fd = ::open(n->log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -58,6 +87,11 @@ std::unique_ptr<NodeProcess> NodeProcess::Start(const std::vector<std::string>& 
     std::smatch m;
     if (std::regex_search(text, m, re)) {
       n->admin_port_ = std::stoi(m[1]);
+      for (size_t i = 0; i + 1 < extra_args.size(); ++i) {
+        if (extra_args[i] != "--admin-token-file") continue;
+        std::string token = ReadFile(extra_args[i + 1]);
+        n->admin_token_ = token.substr(0, token.find('\n'));
+      }
       return n;
     }
     int st;
@@ -89,10 +123,21 @@ int NodeProcess::Stop(int sig) {
 
 std::string NodeProcess::Log() const { return ReadFile(log_path_); }
 
-std::string NodeProcess::HttpGet(const std::string& path, int* status) const {
+std::string NodeProcess::HttpGetWithoutToken(const std::string& path, int* status) const {
   httplib::Client c("127.0.0.1", admin_port_);
   c.set_connection_timeout(5);
   c.set_read_timeout(5);
+  auto res = c.Get(path.c_str());
+  if (status != nullptr) *status = res ? res->status : 0;
+  return res ? res->body : "";
+}
+
+std::string NodeProcess::HttpGet(const std::string& path, int* status) const {
+  if (admin_token_.empty()) return HttpGetWithoutToken(path, status);
+  httplib::Client c("127.0.0.1", admin_port_);
+  c.set_connection_timeout(5);
+  c.set_read_timeout(5);
+  c.set_bearer_token_auth(admin_token_);
   auto res = c.Get(path.c_str());
   if (status != nullptr) *status = res ? res->status : 0;
   return res ? res->body : "";
@@ -148,6 +193,42 @@ int RunCommand(const std::vector<std::string>& argv, std::string* out, bool merg
   int st = 0;
   waitpid(pid, &st, 0);
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+std::string InChild(const std::function<std::string()>& fn) {
+  int p[2];
+  if (pipe(p) != 0) return "pipe failed";
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(p[0]);
+    const std::string out = fn();
+    size_t off = 0;
+    while (off < out.size()) {
+      ssize_t w = write(p[1], out.data() + off, out.size() - off);
+      if (w <= 0) break;
+      off += static_cast<size_t>(w);
+    }
+    _exit(0);
+  }
+  close(p[1]);
+  std::string got;
+  char buf[4096];
+  for (ssize_t r; (r = read(p[0], buf, sizeof(buf))) > 0;) got.append(buf, static_cast<size_t>(r));
+  close(p[0]);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  if (WIFSIGNALED(st)) return "died:" + std::to_string(WTERMSIG(st));
+  return got;
+}
+
+std::string AsUser(uid_t uid, const std::function<std::string()>& fn, gid_t gid) {
+  return InChild([&] {
+    if (setgroups(0, nullptr) != 0 || setresgid(gid, gid, gid) != 0 ||
+        setresuid(uid, uid, uid) != 0) {
+      return "cannot become uid " + std::to_string(uid);
+    }
+    return fn();
+  });
 }
 
 std::vector<uint8_t> Pattern(uint64_t seed, size_t size) {

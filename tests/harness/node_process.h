@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +15,11 @@ namespace kvpool::testing {
 std::string NodeBinary();
 std::string CtlBinary();
 std::string CSmokeBinary();
+
+// The cluster key file every test cluster shares (one per test process,
+// mode 0600): NodeProcess::Start gives it to a node with --peers or --etcd
+// unless the arguments name a key file or --insecure.
+std::string TestClusterKeyFile();
 
 class NodeProcess {
  public:
@@ -34,7 +40,10 @@ class NodeProcess {
   std::string Log() const;
 
   // GET on the admin endpoint; *status gets the HTTP status (0 on failure).
+  // With the node's admin token when it was started with
+  // --admin-token-file (its first line); HttpGetWithoutToken never sends it.
   std::string HttpGet(const std::string& path, int* status = nullptr) const;
+  std::string HttpGetWithoutToken(const std::string& path, int* status = nullptr) const;
   // The value of one exact series line in /metrics ("name{labels}"), or -1.
   double Metric(const std::string& series) const;
 
@@ -45,6 +54,7 @@ class NodeProcess {
   std::string socket_;
   std::string log_path_;
   int admin_port_ = 0;
+  std::string admin_token_;  // from --admin-token-file, when given
   bool own_dir_ = true;
 };
 
@@ -52,6 +62,13 @@ class NodeProcess {
 // when merge_stderr).
 int RunCommand(const std::vector<std::string>& argv, std::string* out, bool merge_stderr = false,
                const std::string& stdin_data = "");
+
+// Runs fn in a forked child and returns the string it returned (its
+// output through a pipe), or "died:SIGNAL" when the child was killed.
+std::string InChild(const std::function<std::string()>& fn);
+// InChild as uid, group gid (65534, nogroup) and no supplementary groups:
+// a client of another user. "cannot become uid U" when the drop fails.
+std::string AsUser(uid_t uid, const std::function<std::string()>& fn, gid_t gid = 65534);
 
 // A deterministic byte pattern for (seed, size): values verify without an oracle.
 std::vector<uint8_t> Pattern(uint64_t seed, size_t size);
