@@ -46,14 +46,16 @@ def decode_batch(payload):
 
 
 def flatten(events):
-    """[(type, medium, 16-byte hash)] in order; AllBlocksCleared as (type, None, None)."""
+    """[(type, medium, hash)] in order (an int hash, the node's default, or the
+    16-byte key id under --kv-events-hash bytes); AllBlocksCleared as (type,
+    None, None)."""
     out = []
     for e in events:
         if e["type"] == "AllBlocksCleared":
             out.append((e["type"], None, None))
             continue
         for h in e["block_hashes"]:
-            out.append((e["type"], e["medium"], bytes(h)))
+            out.append((e["type"], e["medium"], h if isinstance(h, int) else bytes(h)))
     return out
 
 

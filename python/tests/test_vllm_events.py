@@ -4,6 +4,8 @@ get_kv_connector_kv_cache_events through KVConnectorOutput to the
 scheduler side's take_events (collected per step by the stand-in scheduler
 in kv_event_batches)."""
 
+import pytest
+
 from vllm_util import BS, env, prompt  # noqa: F401
 
 PLAIN = dict(layer_types=None)
@@ -126,6 +128,45 @@ def test_tp2_events_are_those_every_rank_stored(env, kvpool_node):
     a.run([ra])
     # Each rank stored its shard of blocks 0-2: one event per block, not two.
     assert a.scheduler.kv_event_batches == [[_stored(ra, i) for i in range(3)]]
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tp_events_through_vllms_aggregator_are_each_yielded_once(env, kvpool_node, tp):
+    # The stand-in engine merges the workers' containers as vLLM's
+    # KVOutputAggregator does (add_events, increment_workers): no
+    # AttributeError, and each block every rank stored is told once.
+    toks = prompt(13)
+    a = env.engine(env.config(kvpool_node.socket, events=True, tp=tp, **PLAIN))
+    ra = env.Request("a", toks, max_tokens=1)
+    a.run([ra])
+    assert a.scheduler.kv_event_batches == [[_stored(ra, i) for i in range(3)]]
+
+
+def test_the_container_is_vllms_kind_and_follows_its_aggregator(env):
+    from vllm.distributed.kv_events import KVConnectorKVEvents
+    from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+    from kvpool.integrations._vllm_events import KvpoolKVEvents, common_events
+
+    assert issubclass(KvpoolKVEvents, KVConnectorKVEvents)
+    x, y, z = ("e1",), ("e2",), ("e3",)
+    workers = [KvpoolKVEvents([("save", x), ("save", y), ("load", z)]),
+               KvpoolKVEvents([("save", x), ("load", z)]),
+               KvpoolKVEvents([("save", x), ("save", y), ("load", z)])]
+    combined = KVOutputAggregator.aggregate_events(workers)
+    assert combined is workers[0] and combined.get_number_of_workers() == 3
+    assert common_events(combined) == [x, z]  # y: one rank did not store it
+    assert combined.get_number_of_workers() == 1  # aggregate() reset it
+    # MLA: only rank 0 writes; its stores count, loads need every rank.
+    mla = [KvpoolKVEvents([("save", x), ("load", z)]),
+           KvpoolKVEvents([("load", z)], writer=False),
+           KvpoolKVEvents([("load", z)], writer=False)]
+    assert common_events(KVOutputAggregator.aggregate_events(mla)) == [x, z]
+    # A negative control: without the ABC's methods the aggregator fails.
+    class Bare:
+        def get_all_events(self):
+            return []
+    with pytest.raises(AttributeError):
+        KVOutputAggregator.aggregate_events([Bare(), Bare()])
 
 
 def test_aggregate_keeps_events_every_worker_reported():

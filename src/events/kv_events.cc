@@ -24,6 +24,10 @@ Status KvEventsOptions::Validate() const {
   if (max_queued_events < 1) return InvalidArgument("kv events: the queue must hold an event");
   if (max_batch_keys < 1) return InvalidArgument("kv events: a batch must hold a block");
   if (send_hwm < 1) return InvalidArgument("kv events: the send high-water mark must be >= 1");
+  if (!ValidTopic(topic)) {
+    return InvalidArgument(fmt::format(
+        "kv events topic '{}': a kv@ topic names the pod and the model, kv@<pod>@<model>", topic));
+  }
   if (!replay_endpoint.empty() && replay_endpoint == endpoint && !endpoint.ends_with(":0")) {
     return InvalidArgument("kv events: the replay endpoint must differ from the endpoint");
   }
@@ -199,7 +203,7 @@ struct KvEventsPublisher::Impl {
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     const int64_t n = next_seq++;
     Payload payload = TakeBuffer();
-    EncodeBatchInto(payload.get(), ts, runs, keys, opts.encoding);
+    EncodeBatchInto(payload.get(), ts, runs, keys, opts.encoding, opts.hash_type);
     const std::string seq = SeqFrame(n);
     // The PUB socket refuses a batch while any subscriber is at its
     // high-water mark (ZMQ_XPUB_NODROP): then it is sent again lossy, which
@@ -255,10 +259,13 @@ struct KvEventsPublisher::Impl {
     for (unsigned char c : frames.back()) start = (start << 8) | c;
     const std::string& who = frames.front();
     const bool delimited = frames.size() >= 3 && frames[frames.size() - 2].empty();
+    // [topic, seq, payload], or [seq, payload] for the older subscribers.
+    const bool two = opts.replay_framing == ReplayFraming::kTwoFrames;
     auto reply = [&](std::string_view a, std::string_view b, std::string_view c) {
       std::vector<std::string_view> out = {who};
       if (delimited) out.push_back("");
-      out.insert(out.end(), {a, b, c});
+      if (!two) out.push_back(a);
+      out.insert(out.end(), {b, c});
       return SendFrames(replay, out);
     };
     for (const Batch& b : kept) {

@@ -38,8 +38,15 @@ struct KvEventsOptions {
   std::string endpoint;
   // ROUTER socket for replaying missed batches; empty: no replay.
   std::string replay_endpoint;
+  // The topic frame. Routers that index pods (llm-d) read it as
+  // kv@<pod>@<model>: set it so, with this node as the pod.
   std::string topic;
   Encoding encoding = Encoding::kMap;
+  // How blocks are named (kv_events_format.h): ints for vLLM's int mode and
+  // Dynamo, or the 16-byte key ids.
+  HashType hash_type = HashType::kInt64;
+  // Replay answers in today's three frames or the older subscribers' two.
+  ReplayFraming replay_framing = ReplayFraming::kThreeFrames;
   // How long events gather into one batch: longer makes fewer, larger
   // messages and later news.
   std::chrono::milliseconds batch_interval{10};

@@ -19,9 +19,13 @@ void PackStr(Packer& p, std::string_view s) {
   p.pack_str_body(s.data(), static_cast<uint32_t>(s.size()));
 }
 
-void PackHashes(Packer& p, std::span<const KeyId> keys) {
+void PackHashes(Packer& p, std::span<const KeyId> keys, HashType type) {
   p.pack_array(static_cast<uint32_t>(keys.size()));
   for (const KeyId& k : keys) {
+    if (type == HashType::kInt64) {
+      p.pack_uint64(EventHashOf(k));
+      continue;
+    }
     char b[16];
     for (int i = 0; i < 8; ++i) {
       b[i] = static_cast<char>(k.hi >> (56 - 8 * i));
@@ -44,7 +48,8 @@ const char* TypeName(KvEvent::Type t) {
   return "?";
 }
 
-void PackEvent(Packer& p, const EventRun& e, std::span<const KeyId> all, Encoding enc) {
+void PackEvent(Packer& p, const EventRun& e, std::span<const KeyId> all, Encoding enc,
+               HashType hash_type) {
   const char* medium = MediumName(e.medium);
   const std::span<const KeyId> keys = all.subspan(e.begin, e.end - e.begin);
   if (enc == Encoding::kArray) {
@@ -54,7 +59,7 @@ void PackEvent(Packer& p, const EventRun& e, std::span<const KeyId> all, Encodin
         //  lora_name]
         p.pack_array(8);
         PackStr(p, TypeName(e.type));
-        PackHashes(p, keys);
+        PackHashes(p, keys, hash_type);
         p.pack_nil();
         p.pack_array(0);
         p.pack_uint64(0);
@@ -65,7 +70,7 @@ void PackEvent(Packer& p, const EventRun& e, std::span<const KeyId> all, Encodin
       case KvEvent::Type::kRemoved:
         p.pack_array(3);
         PackStr(p, TypeName(e.type));
-        PackHashes(p, keys);
+        PackHashes(p, keys, hash_type);
         PackStr(p, medium);
         return;
       case KvEvent::Type::kAllCleared:
@@ -74,18 +79,40 @@ void PackEvent(Packer& p, const EventRun& e, std::span<const KeyId> all, Encodin
         return;
     }
   }
-  // A map without default-valued fields (parent_block_hash, lora_id and
-  // lora_name are nil, token_ids empty, block_size 0).
+  // A map with every field vLLM's decoder requires (a missing one fails
+  // the whole batch there), at its default where the node has no value.
   switch (e.type) {
     case KvEvent::Type::kStored:
-    case KvEvent::Type::kRemoved:
-      p.pack_map(3);
+      p.pack_map(9);
       PackStr(p, "type");
       PackStr(p, TypeName(e.type));
       PackStr(p, "block_hashes");
-      PackHashes(p, keys);
+      PackHashes(p, keys, hash_type);
+      PackStr(p, "parent_block_hash");
+      p.pack_nil();
+      PackStr(p, "token_ids");
+      p.pack_array(0);
+      PackStr(p, "block_size");
+      p.pack_uint64(0);
+      PackStr(p, "lora_id");
+      p.pack_nil();
       PackStr(p, "medium");
       PackStr(p, medium);
+      PackStr(p, "lora_name");
+      p.pack_nil();
+      PackStr(p, "locality");
+      PackStr(p, "LOCAL");
+      return;
+    case KvEvent::Type::kRemoved:
+      p.pack_map(4);
+      PackStr(p, "type");
+      PackStr(p, TypeName(e.type));
+      PackStr(p, "block_hashes");
+      PackHashes(p, keys, hash_type);
+      PackStr(p, "medium");
+      PackStr(p, medium);
+      PackStr(p, "locality");
+      PackStr(p, "LOCAL");
       return;
     case KvEvent::Type::kAllCleared:
       p.pack_map(1);
@@ -107,22 +134,31 @@ void AppendEvent(std::vector<KvEvent>* events, KvEvent::Type type, Medium medium
   events->back().keys.push_back(key);
 }
 
+bool ValidTopic(std::string_view topic) {
+  if (!topic.starts_with("kv@")) return true;
+  const std::string_view rest = topic.substr(3);
+  const size_t at = rest.find('@');
+  return at != std::string_view::npos && at > 0 && at + 1 < rest.size() &&
+         rest.find('@', at + 1) == std::string_view::npos;
+}
+
 void EncodeBatchInto(std::string* out, double ts, std::span<const EventRun> runs,
-                     std::span<const KeyId> keys, Encoding encoding) {
+                     std::span<const KeyId> keys, Encoding encoding, HashType hash_type) {
   out->clear();
-  // At most 64 bytes an event besides its keys and 18 a key (bin 8 header
+  // At most 160 bytes an event besides its keys and 18 a key (bin 8 header
   // and 16 bytes): one allocation for a new buffer, none for a reused one.
-  out->reserve(16 + 64 * runs.size() + 18 * keys.size());
+  out->reserve(16 + 160 * runs.size() + 18 * keys.size());
   StringSink sink{out};
   Packer p(sink);
   p.pack_array(3);
   p.pack_double(ts);
   p.pack_array(static_cast<uint32_t>(runs.size()));
-  for (const EventRun& e : runs) PackEvent(p, e, keys, encoding);
+  for (const EventRun& e : runs) PackEvent(p, e, keys, encoding, hash_type);
   p.pack_nil();
 }
 
-std::string EncodeBatch(double ts, const std::vector<KvEvent>& events, Encoding encoding) {
+std::string EncodeBatch(double ts, const std::vector<KvEvent>& events, Encoding encoding,
+                        HashType hash_type) {
   std::vector<EventRun> runs;
   std::vector<KeyId> keys;
   for (const KvEvent& e : events) {
@@ -131,7 +167,7 @@ std::string EncodeBatch(double ts, const std::vector<KvEvent>& events, Encoding 
     runs.push_back(EventRun{e.type, e.medium, begin, static_cast<uint32_t>(keys.size())});
   }
   std::string out;
-  EncodeBatchInto(&out, ts, runs, keys, encoding);
+  EncodeBatchInto(&out, ts, runs, keys, encoding, hash_type);
   return out;
 }
 

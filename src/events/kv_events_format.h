@@ -13,22 +13,35 @@
 //   data_parallel_rank    nil (a node is not a DP rank)
 //
 // An event is a map (encoding "map") or an array whose first item is the
-// type name (encoding "array"), fields in this order, default-valued fields
-// left out of a map:
-//   BlockStored:  block_hashes, parent_block_hash, token_ids, block_size,
-//                 lora_id, medium, lora_name
-//   BlockRemoved: block_hashes, medium
-//   AllBlocksCleared: (no fields)
-// block_hashes holds one hash per block: the 16-byte key id (big-endian hi
-// then lo) as msgpack bin, since a node knows keys, not tokens; token_ids
-// is empty and block_size 0. medium is "CPU" for the DRAM tier and
-// "STORAGE" for the SSD tier. Consecutive events of one type and medium are
-// merged into one event with several hashes, in order.
+// type name (encoding "array"). What the real decoders accept is in
+// ../shared ENGINES.md part 7 (docs/kv-events.md): a msgspec field without
+// a default is required even under omit_defaults, so a map carries every
+// required field, at its default where the node has nothing to say:
+//   BlockStored:  type, block_hashes, parent_block_hash (nil), token_ids
+//                 ([]), block_size (0), lora_id (nil), medium, lora_name
+//                 (nil), and the optional locality ("LOCAL")
+//   BlockRemoved: type, block_hashes, medium, locality ("LOCAL")
+//   AllBlocksCleared: type
+// An array is positional, required fields only, in declaration order:
+//   ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
+//    lora_id, medium, lora_name]
+//   ["BlockRemoved", block_hashes, medium]
+//   ["AllBlocksCleared"]
+// block_hashes holds one hash per block, named by its key id, since a node
+// knows keys, not an engine's tokens: HashType::kInt64 (the default, as
+// vLLM's int mode and Dynamo's router need) writes the key id's high 64
+// bits as an unsigned msgpack int; kBytes writes the 16-byte key id (hi
+// then lo, big-endian) as bin. medium is "CPU" for the DRAM tier and
+// "STORAGE" for the SSD tier, locality "LOCAL" (this node holds it).
+// Consecutive events of one type and medium are merged into one event with
+// several hashes, in order.
 //
-// Replay (ROUTER socket): a request is one frame of 8 bytes, the first seq
-// wanted (big-endian); the answer is [topic, seq, payload] for each batch
-// still buffered with seq >= it, then the end marker ["", -1 as 8 bytes,
-// ""]. A router prefixes the requester's identity frame.
+// Replay (ROUTER socket): a request's last frame is 8 bytes, the first seq
+// wanted (big-endian); the answer is, for each batch still buffered with
+// seq >= it, [topic, seq, payload] (ReplayFraming::kThreeFrames, today's
+// vLLM subscriber) or [seq, payload] (kTwoFrames, older subscribers), then
+// the end marker ["", -1 as 8 bytes, ""] or [-1 as 8 bytes, ""]. A router
+// prefixes the requester's identity frame.
 //
 // The functions are thread-safe.
 #pragma once
@@ -45,6 +58,8 @@ namespace kvpool::events {
 
 enum class Medium : uint8_t { kCpu = 0, kStorage = 1 };
 enum class Encoding : uint8_t { kMap = 0, kArray = 1 };
+enum class HashType : uint8_t { kInt64 = 0, kBytes = 1 };
+enum class ReplayFraming : uint8_t { kThreeFrames = 0, kTwoFrames = 1 };
 
 struct KvEvent {
   enum class Type : uint8_t { kStored, kRemoved, kAllCleared };
@@ -60,7 +75,8 @@ const char* MediumName(Medium m);
 void AppendEvent(std::vector<KvEvent>* events, KvEvent::Type type, Medium medium, const KeyId& key);
 
 // One EventBatch's msgpack bytes.
-std::string EncodeBatch(double ts, const std::vector<KvEvent>& events, Encoding encoding);
+std::string EncodeBatch(double ts, const std::vector<KvEvent>& events, Encoding encoding,
+                        HashType hash_type = HashType::kInt64);
 
 // One event of a batch as a run of a shared key array: keys [begin, end)
 // (none for AllBlocksCleared).
@@ -75,7 +91,16 @@ struct EventRun {
 // allocates nothing per batch once they have grown. The same bytes as
 // EncodeBatch.
 void EncodeBatchInto(std::string* out, double ts, std::span<const EventRun> runs,
-                     std::span<const KeyId> keys, Encoding encoding);
+                     std::span<const KeyId> keys, Encoding encoding,
+                     HashType hash_type = HashType::kInt64);
+
+// The hash a block is named by in events (HashType::kInt64).
+inline uint64_t EventHashOf(const KeyId& key) { return key.hi; }
+
+// Whether a topic is one a router can read: empty, any topic not starting
+// "kv@", or exactly kv@<pod>@<model> with both parts non-empty and no
+// further '@' (llm-d takes the pod and model from it).
+bool ValidTopic(std::string_view topic);
 
 // seq as 8 bytes, big-endian.
 std::string SeqFrame(int64_t seq);

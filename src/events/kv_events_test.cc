@@ -44,48 +44,83 @@ TEST(KvEventsFormat, ConsecutiveEventsOfOneTypeAndMediumMerge) {
   EXPECT_EQ(SeqFrame(-1), std::string(8, '\xff'));
 }
 
+// Every field vLLM's decoder requires is present in a map (a missing one
+// fails the whole batch there, ENGINES.md 7.1), arrays are positional, and
+// hashes are ints by default or the 16-byte key ids.
 TEST(KvEventsFormat, BatchesDecodeInBothEncodings) {
   std::vector<KvEvent> ev;
   AppendEvent(&ev, KvEvent::Type::kStored, Medium::kCpu, K(1));
   AppendEvent(&ev, KvEvent::Type::kRemoved, Medium::kStorage, K(2));
   ev.push_back(KvEvent{KvEvent::Type::kAllCleared, Medium::kCpu, {}});
-  for (Encoding enc : {Encoding::kMap, Encoding::kArray}) {
-    const std::string bytes = EncodeBatch(12.5, ev, enc);
-    msgpack::object_handle oh = msgpack::unpack(bytes.data(), bytes.size());
-    const msgpack::object& batch = oh.get();
-    ASSERT_EQ(batch.type, msgpack::type::ARRAY);
-    ASSERT_EQ(batch.via.array.size, 3u);
-    EXPECT_EQ(batch.via.array.ptr[0].as<double>(), 12.5);
-    EXPECT_TRUE(batch.via.array.ptr[2].is_nil());
-    const msgpack::object& events = batch.via.array.ptr[1];
-    ASSERT_EQ(events.via.array.size, 3u);
-    if (enc == Encoding::kMap) {
-      auto stored = events.via.array.ptr[0].as<std::map<std::string, msgpack::object>>();
-      EXPECT_EQ(stored.size(), 3u);  // type, block_hashes, medium: no defaults
-      EXPECT_EQ(stored["type"].as<std::string>(), "BlockStored");
-      EXPECT_EQ(stored["medium"].as<std::string>(), "CPU");
-      auto hashes = stored["block_hashes"].as<std::vector<std::vector<char>>>();
-      ASSERT_EQ(hashes.size(), 1u);
-      EXPECT_EQ(std::string(hashes[0].begin(), hashes[0].end()), Hash(K(1)));
-      auto removed = events.via.array.ptr[1].as<std::map<std::string, msgpack::object>>();
-      EXPECT_EQ(removed["medium"].as<std::string>(), "STORAGE");
-      auto cleared = events.via.array.ptr[2].as<std::map<std::string, msgpack::object>>();
-      EXPECT_EQ(cleared.size(), 1u);
-      EXPECT_EQ(cleared["type"].as<std::string>(), "AllBlocksCleared");
-    } else {
-      const msgpack::object& stored = events.via.array.ptr[0];
-      ASSERT_EQ(stored.via.array.size, 8u);  // tag + BlockStored's 7 fields
-      EXPECT_EQ(stored.via.array.ptr[0].as<std::string>(), "BlockStored");
-      EXPECT_TRUE(stored.via.array.ptr[2].is_nil());               // parent_block_hash
-      EXPECT_EQ(stored.via.array.ptr[3].via.array.size, 0u);       // token_ids
-      EXPECT_EQ(stored.via.array.ptr[4].as<uint64_t>(), 0u);       // block_size
-      EXPECT_EQ(stored.via.array.ptr[6].as<std::string>(), "CPU");  // medium
-      const msgpack::object& removed = events.via.array.ptr[1];
-      ASSERT_EQ(removed.via.array.size, 3u);
-      EXPECT_EQ(removed.via.array.ptr[2].as<std::string>(), "STORAGE");
-      EXPECT_EQ(events.via.array.ptr[2].via.array.size, 1u);
+  for (HashType ht : {HashType::kInt64, HashType::kBytes}) {
+    auto hash_is = [&](const msgpack::object& h, const KeyId& k) {
+      if (ht == HashType::kInt64) {
+        return h.type == msgpack::type::POSITIVE_INTEGER && h.as<uint64_t>() == k.hi;
+      }
+      return h.type == msgpack::type::BIN && std::string(h.via.bin.ptr, h.via.bin.size) == Hash(k);
+    };
+    for (Encoding enc : {Encoding::kMap, Encoding::kArray}) {
+      const std::string bytes = EncodeBatch(12.5, ev, enc, ht);
+      msgpack::object_handle oh = msgpack::unpack(bytes.data(), bytes.size());
+      const msgpack::object& batch = oh.get();
+      ASSERT_EQ(batch.type, msgpack::type::ARRAY);
+      ASSERT_EQ(batch.via.array.size, 3u);
+      EXPECT_EQ(batch.via.array.ptr[0].as<double>(), 12.5);
+      EXPECT_TRUE(batch.via.array.ptr[2].is_nil());
+      const msgpack::object& events = batch.via.array.ptr[1];
+      ASSERT_EQ(events.via.array.size, 3u);
+      if (enc == Encoding::kMap) {
+        auto stored = events.via.array.ptr[0].as<std::map<std::string, msgpack::object>>();
+        EXPECT_EQ(stored.size(), 9u);
+        for (const char* f : {"type", "block_hashes", "parent_block_hash", "token_ids",
+                              "block_size", "lora_id", "medium", "lora_name", "locality"}) {
+          EXPECT_EQ(stored.count(f), 1u) << f;
+        }
+        EXPECT_EQ(stored["type"].as<std::string>(), "BlockStored");
+        EXPECT_EQ(stored["medium"].as<std::string>(), "CPU");
+        EXPECT_EQ(stored["locality"].as<std::string>(), "LOCAL");
+        EXPECT_TRUE(stored["parent_block_hash"].is_nil());
+        EXPECT_TRUE(stored["lora_id"].is_nil());
+        EXPECT_TRUE(stored["lora_name"].is_nil());
+        EXPECT_EQ(stored["token_ids"].via.array.size, 0u);
+        EXPECT_EQ(stored["block_size"].as<uint64_t>(), 0u);
+        ASSERT_EQ(stored["block_hashes"].via.array.size, 1u);
+        EXPECT_TRUE(hash_is(stored["block_hashes"].via.array.ptr[0], K(1)));
+        auto removed = events.via.array.ptr[1].as<std::map<std::string, msgpack::object>>();
+        EXPECT_EQ(removed.size(), 4u);
+        EXPECT_EQ(removed["medium"].as<std::string>(), "STORAGE");
+        EXPECT_EQ(removed["locality"].as<std::string>(), "LOCAL");
+        EXPECT_TRUE(hash_is(removed["block_hashes"].via.array.ptr[0], K(2)));
+        auto cleared = events.via.array.ptr[2].as<std::map<std::string, msgpack::object>>();
+        EXPECT_EQ(cleared.size(), 1u);
+        EXPECT_EQ(cleared["type"].as<std::string>(), "AllBlocksCleared");
+      } else {
+        const msgpack::object& stored = events.via.array.ptr[0];
+        ASSERT_EQ(stored.via.array.size, 8u);  // tag + BlockStored's 7 required fields
+        EXPECT_EQ(stored.via.array.ptr[0].as<std::string>(), "BlockStored");
+        EXPECT_TRUE(hash_is(stored.via.array.ptr[1].via.array.ptr[0], K(1)));
+        EXPECT_TRUE(stored.via.array.ptr[2].is_nil());               // parent_block_hash
+        EXPECT_EQ(stored.via.array.ptr[3].via.array.size, 0u);       // token_ids
+        EXPECT_EQ(stored.via.array.ptr[4].as<uint64_t>(), 0u);       // block_size
+        EXPECT_EQ(stored.via.array.ptr[6].as<std::string>(), "CPU");  // medium
+        const msgpack::object& removed = events.via.array.ptr[1];
+        ASSERT_EQ(removed.via.array.size, 3u);
+        EXPECT_EQ(removed.via.array.ptr[2].as<std::string>(), "STORAGE");
+        EXPECT_EQ(events.via.array.ptr[2].via.array.size, 1u);
+      }
     }
   }
+}
+
+TEST(KvEventsFormat, KvTopicsNameThePodAndTheModel) {
+  for (const char* ok : {"", "kvpool", "kv@node-7@llama-3-70b"}) EXPECT_TRUE(ValidTopic(ok)) << ok;
+  for (const char* bad : {"kv@", "kv@pod", "kv@pod@", "kv@@model", "kv@a@b@c"}) {
+    EXPECT_FALSE(ValidTopic(bad)) << bad;
+  }
+  KvEventsOptions o;
+  o.endpoint = "tcp://127.0.0.1:0";
+  o.topic = "kv@pod";
+  EXPECT_EQ(o.Validate().code(), StatusCode::kInvalidArgument);
 }
 
 // The frames of the next message on `socket`; false after timeout_ms without one.
@@ -130,9 +165,53 @@ std::vector<std::vector<std::string>> Replay(void* ctx, const std::string& endpo
   return out;
 }
 
+// Older subscribers unpack two frames a reply: [seq, payload], and the end
+// marker [-1, ""].
+TEST(KvEventsPublisher, ReplayInTwoFramesForOlderSubscribers) {
+  MetricsRegistry metrics;
+  KvEventsOptions o;
+  o.endpoint = "tcp://127.0.0.1:0";
+  o.replay_endpoint = "tcp://127.0.0.1:0";
+  o.topic = "kv@node-a@model-x";
+  o.batch_interval = std::chrono::milliseconds(1);
+  o.replay_framing = ReplayFraming::kTwoFrames;
+  auto p = KvEventsPublisher::Start(o, &metrics);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  HoldingsEvent e;
+  e.key = K(7);
+  (*p)->OnHoldings(e);
+  for (int i = 0; i < 200 && metrics.ValueOf("kvpool_kv_events_total") < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  void* ctx = zmq_ctx_new();
+  void* d = zmq_socket(ctx, ZMQ_DEALER);
+  ASSERT_EQ(zmq_connect(d, (*p)->bound_replay_endpoint().c_str()), 0);
+  const std::string s = SeqFrame(0);
+  zmq_send(d, "", 0, ZMQ_SNDMORE);
+  zmq_send(d, s.data(), s.size(), 0);
+  std::vector<std::string> frames;
+  int64_t seq = 0;
+  for (;;) {
+    ASSERT_TRUE(RecvMessage(d, 5000, &frames));
+    ASSERT_EQ(frames.size(), 3u);  // delimiter, seq, payload: no topic
+    EXPECT_EQ(frames[0], "");
+    if (frames[1] == SeqFrame(-1)) {
+      EXPECT_EQ(frames[2], "");
+      break;
+    }
+    EXPECT_EQ(frames[1], SeqFrame(seq++));
+    EXPECT_FALSE(frames[2].empty());
+  }
+  EXPECT_GE(seq, 1);
+  zmq_close(d);
+  p->reset();
+  zmq_ctx_term(ctx);
+}
+
 TEST(KvEventsPublisher, SequenceBatchesReplayAndAFullQueueDropsCounted) {
   MetricsRegistry metrics;
   KvEventsOptions o;
+  o.hash_type = HashType::kBytes;  // the 16-byte key ids these tests read back
   o.endpoint = "tcp://127.0.0.1:0";
   o.batch_interval = std::chrono::milliseconds(10000);  // nothing is sent by time
   o.max_queued_events = 5;
@@ -161,6 +240,7 @@ TEST(KvEventsPublisher, SequenceBatchesReplayAndAFullQueueDropsCounted) {
 TEST(KvEventsPublisher, ReplayAnswersTheBatchesFromAStartSeq) {
   MetricsRegistry metrics;
   KvEventsOptions o;
+  o.hash_type = HashType::kBytes;  // the 16-byte key ids these tests read back
   o.endpoint = "tcp://127.0.0.1:0";
   o.replay_endpoint = "tcp://127.0.0.1:0";
   o.batch_interval = std::chrono::milliseconds(1);
@@ -224,6 +304,7 @@ std::vector<std::string> StoredHashes(const std::string& payload) {
 TEST(KvEventsPublisher, BatchesQueuedForASlowSubscriberKeepTheirBytesAfterTheReplayBufferWraps) {
   MetricsRegistry metrics;
   KvEventsOptions o;
+  o.hash_type = HashType::kBytes;  // the 16-byte key ids these tests read back
   o.endpoint = "tcp://127.0.0.1:0";
   o.replay_endpoint = "tcp://127.0.0.1:0";
   o.batch_interval = std::chrono::milliseconds(1);
@@ -289,6 +370,7 @@ TEST(KvEventsPublisher, BatchesQueuedForASlowSubscriberKeepTheirBytesAfterTheRep
 TEST(KvEventsPublisher, AStalledSubscriberMissesBatchesTheOthersGetCounted) {
   MetricsRegistry metrics;
   KvEventsOptions o;
+  o.hash_type = HashType::kBytes;  // the 16-byte key ids these tests read back
   o.endpoint = "tcp://127.0.0.1:0";
   o.batch_interval = std::chrono::milliseconds(1);
   o.max_batch_keys = 1024;

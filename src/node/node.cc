@@ -118,6 +118,11 @@ class NodeImpl final : public Node {
     if (!opts_.kv_events.enabled()) return Status::Ok();
     opts_.kv_events.encoding =
         opts_.kv_events_encoding == "array" ? events::Encoding::kArray : events::Encoding::kMap;
+    opts_.kv_events.hash_type =
+        opts_.kv_events_hash == "bytes" ? events::HashType::kBytes : events::HashType::kInt64;
+    opts_.kv_events.replay_framing = opts_.kv_events_replay_frames == "2"
+                                         ? events::ReplayFraming::kTwoFrames
+                                         : events::ReplayFraming::kThreeFrames;
     KVPOOL_ASSIGN_OR_RETURN(kv_events_, events::KvEventsPublisher::Start(opts_.kv_events,
                                                                          &metrics_));
     tiered_->SetHoldingsObserver(kv_events_.get(), HoldingsSlot::kEvents);

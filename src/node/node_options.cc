@@ -335,7 +335,15 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddString("kv-events-replay-endpoint", &o->kv_events.replay_endpoint,
                "ZMQ endpoint of the KV events replay socket, from which a subscriber fetches "
                "batches it missed (empty: no replay)");
-  t->AddString("kv-events-topic", &o->kv_events.topic, "Topic frame of every KV event message");
+  t->AddString("kv-events-topic", &o->kv_events.topic,
+               "Topic frame of every KV event message; routers that index pods (llm-d) read "
+               "kv@<pod>@<model>");
+  t->AddEnum("kv-events-hash", &o->kv_events_hash, {"int64", "bytes"},
+             "How KV events name blocks: an unsigned 64-bit int (vLLM's int mode, Dynamo) or "
+             "the 16-byte key id");
+  t->AddEnum("kv-events-replay-frames", &o->kv_events_replay_frames, {"3", "2"},
+             "KV events replay answers as [topic, seq, payload] (3, today's vLLM subscriber) or "
+             "[seq, payload] (2, older subscribers)");
   t->AddEnum("kv-events-encoding", &o->kv_events_encoding, {"map", "array"},
              "KV events as maps of their fields (vLLM 0.26+) or as arrays in field order");
   t->AddDuration("kv-events-batch-interval", &o->kv_events.batch_interval,

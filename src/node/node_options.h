@@ -79,6 +79,8 @@ struct NodeOptions {
   // KV events for cache-aware routers (off unless an endpoint is given).
   events::KvEventsOptions kv_events;
   std::string kv_events_encoding = "map";  // "map" or "array"; copied to kv_events
+  std::string kv_events_hash = "int64";     // "int64" or "bytes"; copied to kv_events
+  std::string kv_events_replay_frames = "3";  // "3" or "2"; copied to kv_events
   // How often holders and homes compare directory digests.
   cluster::AntiEntropyOptions anti_entropy;
   // The key homes' memory of keys dropped lately (cluster::DirectoryOptions).

@@ -21,10 +21,12 @@ routers learn what kvpool's tier has:
                      client API does not tell which tier served a page.
   locality           "LOCAL" with a node on this host, "REMOTE" in remote mode.
 
-The worker hands a KvpoolKVEvents to vLLM (get_kv_connector_kv_cache_events);
-vLLM merges the workers' objects with aggregate(), and the scheduler side's
-take_events() yields the events every worker reported (a block counts as
-stored once every shard stored it; with MLA only the writing ranks count).
+The worker hands a KvpoolKVEvents (a vLLM KVConnectorKVEvents where vLLM is
+importable) to vLLM (get_kv_connector_kv_cache_events); vLLM's
+KVOutputAggregator merges the workers' objects (add_events,
+increment_workers), and the scheduler side's take_events() yields the events
+every worker reported (a block counts as stored once every shard stored it;
+with MLA only the writing ranks count), each once.
 
 Pure functions and a plain container; not thread-safe.
 """
@@ -106,30 +108,85 @@ class EventFactory:
         return self._cls(**{k: v for k, v in values.items() if k in self._fields})
 
 
-class KvpoolKVEvents:
-    """The events of one step from one worker, or from several once merged
-    with aggregate(). Events of blocks stored count toward the writing
-    workers, events of blocks loaded toward all workers."""
+try:  # vLLM's container ABC where vLLM is importable (ENGINES.md 7.4)
+    from vllm.distributed.kv_events import KVConnectorKVEvents as _EventsBase
+except Exception:
+    _EventsBase = object
+
+
+class _Reported(list):
+    """get_all_events()'s list: the events themselves, carrying which of them
+    were stores and whether their worker writes, so that add_events() on
+    another container counts them the way this one does."""
+
+    saves = frozenset()
+    writer = True
+
+
+class KvpoolKVEvents(_EventsBase):
+    """The events of one step from one worker, or of several merged.
+
+    vLLM merges the TP workers' objects in KVOutputAggregator: the first
+    worker's is the accumulator, and for each further worker it calls
+    add_events(theirs.get_all_events()) and increment_workers(1). aggregate()
+    then keeps the events every worker reported (stores: every writing
+    worker; with MLA only the writing ranks store) and returns self, as
+    vLLM's reference container does. Events of blocks loaded count toward
+    every worker."""
 
     def __init__(self, events=(), writer=True):
         self.workers = 1
         self.writers = 1 if writer else 0
+        self._writer = bool(writer)
         self._seen = {}  # (kind, repr(event)) -> [event, count], in first-report order
         for kind, ev in events:
             self._seen.setdefault((kind, repr(ev)), [ev, 0])[1] += 1
 
-    def aggregate(self, other):
-        """Merges another worker's events into this object; returns it."""
-        if other is None:
-            return self
-        self.workers += other.workers
-        self.writers += other.writers
-        for key, (ev, n) in other._seen.items():
-            self._seen.setdefault(key, [ev, 0])[1] += n
-        return self
+    # ---- vLLM's KVConnectorKVEvents ----
+    def add_events(self, events):
+        """Another worker's events (its get_all_events()): each counts once."""
+        saves = getattr(events, "saves", frozenset())
+        if getattr(events, "writer", True) and isinstance(events, _Reported):
+            self.writers += 1
+        for ev in events:
+            kind = "save" if repr(ev) in saves else "load"
+            self._seen.setdefault((kind, repr(ev)), [ev, 0])[1] += 1
+
+    def increment_workers(self, count=1):
+        self.workers += count
+
+    def get_number_of_workers(self):
+        return self.workers
 
     def get_all_events(self):
-        return [ev for ev, _ in self._seen.values()]
+        out = _Reported(ev for ev, _ in self._seen.values())
+        out.saves = frozenset(r for (kind, r) in self._seen if kind == "save")
+        out.writer = self._writer
+        return out
+
+    def clear_events(self):
+        self._seen.clear()
+
+    def merge(self, other):
+        self.add_events(other.get_all_events())
+        return self
+
+    def aggregate(self, other=None):
+        """With no argument: keeps only the events every worker reported,
+        with the worker count reset to one, and returns self. With another
+        container (engines that merge pairwise): merges it in first."""
+        if other is not None:
+            self.add_events(other.get_all_events())
+            self.increment_workers(other.get_number_of_workers())
+            self.writers += max(0, other.writers - (1 if other._writer else 0))
+            return self
+        common = [(kind, r, ev) for (kind, r), (ev, n) in self._seen.items()
+                  if n >= (self.writers if kind == "save" else self.workers)]
+        self._seen = {(kind, r): [ev, 1] for kind, r, ev in common}
+        self.workers = 1
+        self.writers = 1
+        self._writer = True
+        return self
 
     def get_common_events(self):
         """Events every worker that could report them reported."""
@@ -147,6 +204,8 @@ def common_events(obj):
     """The events to publish from what KVConnectorOutput.kv_cache_events holds."""
     if obj is None:
         return []
+    if isinstance(obj, KvpoolKVEvents):
+        return list(obj.aggregate().get_all_events())
     if hasattr(obj, "get_common_events"):
         return list(obj.get_common_events())
     return list(obj)

@@ -3,6 +3,7 @@
 by class name). Fields in upstream's declaration order.
 """
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
@@ -54,3 +55,37 @@ class KVEventBatch:
     ts: float
     events: list[Any]
     data_parallel_rank: Optional[int] = None
+
+
+class KVConnectorKVEvents(ABC):
+    """A connector's KV events of one step (ENGINES.md 7.4): the workers'
+    objects are merged by KVOutputAggregator (add_events, increment_workers)
+    and reduced by aggregate() on the scheduler side."""
+
+    @abstractmethod
+    def add_events(self, events):
+        ...
+
+    @abstractmethod
+    def aggregate(self):
+        ...
+
+    @abstractmethod
+    def increment_workers(self, count=1):
+        ...
+
+    @abstractmethod
+    def get_all_events(self):
+        ...
+
+    @abstractmethod
+    def get_number_of_workers(self):
+        ...
+
+    @abstractmethod
+    def clear_events(self):
+        ...
+
+    def merge(self, other):
+        self.add_events(other.get_all_events())
+        return self

@@ -5,7 +5,7 @@ With one rank the model runner lives in this process (as vLLM's uniprocess
 executor); with more, MultiprocExecutor runs one process per rank. The
 outputs of the ranks are merged as vLLM merges KVConnectorOutput: the
 invalid block ids of all ranks; a request finished receiving once every
-rank reported it; the KV events through their aggregate(); the sampled
+rank reported it; the KV events through KVOutputAggregator; the sampled
 tokens of rank 0.
 
 The KVCacheConfig follows model_config.layer_types: one full-attention (or
@@ -22,6 +22,7 @@ from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCach
                                         KVCacheTensor, MambaSpec, MLAAttentionSpec,
                                         SlidingWindowSpec)
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.v1.outputs import KVConnectorOutput
 
 
@@ -85,7 +86,10 @@ class EngineCore:
             outs = self.executor.execute_model(so)
         merged = outs[0]
         if merged.kv_connector_output is not None:
-            invalid, recving, events = set(), set(), None
+            invalid, recving = set(), set()
+            # The workers' KV events merged as vLLM's KVOutputAggregator does.
+            events = KVOutputAggregator.aggregate_events(
+                [o.kv_connector_output.kv_cache_events for o in outs])
             for o in outs:
                 kvo = o.kv_connector_output
                 invalid |= kvo.invalid_block_ids
@@ -94,9 +98,6 @@ class EngineCore:
                     if self._recv_counts[rid] == len(outs):
                         del self._recv_counts[rid]
                         recving.add(rid)
-                if kvo.kv_cache_events is not None:
-                    events = (kvo.kv_cache_events if events is None
-                              else events.aggregate(kvo.kv_cache_events))
             merged.kv_connector_output = KVConnectorOutput(
                 finished_sending=merged.kv_connector_output.finished_sending,
                 finished_recving=recving or None, invalid_block_ids=invalid,

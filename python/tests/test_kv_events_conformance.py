@@ -1,0 +1,138 @@
+"""A real kvpool-node's KV events against test decoders of the real
+consumers (event_decoders: vLLM's msgspec rules, llm-d's indexer, Dynamo's
+router, from ENGINES.md part 7), in both encodings: a scripted sequence of
+puts, evictions, SSD demotion and promotion, a remove and a namespace clear
+decodes with 0 batches rejected by any of them. Negative controls: the
+node's encoding before this (maps of three fields, 16-byte bin hashes) is
+rejected by each decoder that must reject it."""
+
+import time
+
+import msgpack
+import pytest
+import zmq
+
+import kvpool
+from event_decoders import DECODERS, Rejected, dynamo, dynamo_tier, llmd, msgspec_vllm
+from kv_events_util import free_port, seq_of
+
+VALUE = 256 * 1024
+TOPIC = b"kv@node-a@model-x"
+
+
+def run_script(node_factory, tmp_path, encoding):
+    """Runs the sequence on a fresh node; returns (live frames, replayed
+    payloads, the int hashes of the keys put)."""
+    pub, rep = free_port(), free_port()
+    node = node_factory(extra_args=[
+        "--kv-events-endpoint", "tcp://127.0.0.1:%d" % pub,
+        "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % rep,
+        "--kv-events-encoding", encoding, "--kv-events-batch-interval", "2ms",
+        "--kv-events-topic", TOPIC.decode(), "--eviction", "lru",
+        "--ssd", str(tmp_path / encoding), "--ssd-capacity", "64MiB",
+        "--ssd-region-size", "1MiB"], dram="16MiB")
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv@")  # as llm-d subscribes
+    sub.connect("tcp://127.0.0.1:%d" % pub)
+    time.sleep(0.3)
+    c = kvpool.Client(node.socket, namespace="conf")
+    keys = ["k%d" % i for i in range(90)]  # 22 MiB into 16 MiB of DRAM: demotions
+    for i, k in enumerate(keys):
+        assert c.put([k], [bytes([i % 251]) * VALUE]) == [kvpool.StatusCode.OK]
+    c.flush()
+    assert c.get([keys[0]]) == [bytes([0]) * VALUE]  # from SSD: promoted
+    assert c.remove([keys[-1]]) == [kvpool.StatusCode.OK]
+    c2 = kvpool.Client(node.socket, namespace="gone")
+    assert c2.put(["x"], [b"y" * 4096]) == [kvpool.StatusCode.OK]
+    assert c2.clear() == 1  # the namespace clear: its entry is told removed
+    c2.close()
+    ids = c.key_ids(keys)
+    hashes = [ids.ids[i].hi for i in range(ids.n)]
+    time.sleep(0.3)
+    live = []
+    while sub.poll(200):
+        live.append(sub.recv_multipart())
+    # Every batch from seq 0, through the replay socket (3 frames a reply).
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect("tcp://127.0.0.1:%d" % rep)
+    dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+    replayed = []
+    while True:
+        assert dealer.poll(5000), "no end marker"
+        frames = dealer.recv_multipart()
+        assert len(frames) == 4, frames[:1]
+        if seq_of(frames[2]) == -1:
+            break
+        assert frames[1] == TOPIC
+        replayed.append(frames[3])
+    c.close()
+    sub.close(0)
+    dealer.close(0)
+    ctx.term()
+    return live, replayed, hashes
+
+
+@pytest.mark.parametrize("encoding", ["map", "array"])
+def test_every_batch_decodes_under_every_consumers_rules(node_factory, tmp_path, encoding):
+    live, replayed, hashes = run_script(node_factory, tmp_path, encoding)
+    assert replayed, "no batches"
+    assert all(f[0] == TOPIC and len(f) == 3 for f in live)  # kv@<pod>@<model>, 3 frames
+    rejected = {name: 0 for name in DECODERS}
+    decoded = {}
+    for payload in replayed:
+        for name, decode in DECODERS.items():
+            try:
+                decoded.setdefault(name, []).extend(decode(payload))
+            except Rejected:
+                rejected[name] += 1
+        if encoding == "array":  # llm-d's release without map support
+            llmd(payload, maps=False)
+    assert rejected == {name: 0 for name in DECODERS}
+    events = decoded["vllm"]
+    assert events[0]["type"] == "AllBlocksCleared"
+    stored = [(e["medium"], h) for e in events if e["type"] == "BlockStored"
+              for h in e["block_hashes"]]
+    removed = [(e["medium"], h) for e in events if e["type"] == "BlockRemoved"
+               for h in e["block_hashes"]]
+    # Every key put was told stored on CPU; demotions stored on STORAGE;
+    # the promotion stored the first key on CPU again; the remove is told.
+    assert {h for m, h in stored if m == "CPU"} >= set(hashes)
+    assert any(m == "STORAGE" for m, _ in stored)
+    assert [m for m, h in stored if h == hashes[0]].count("CPU") >= 2
+    assert any(h == hashes[-1] for _, h in removed)
+    assert {dynamo_tier(m) for m, _ in stored} == {"HostPinned", "Disk"}
+    for e in events:
+        if e["type"] != "AllBlocksCleared":
+            assert e.get("locality", "LOCAL") == "LOCAL"
+            assert all(isinstance(h, int) for h in e["block_hashes"])
+
+
+def old_batch(encoding):
+    """A batch as the node encoded it before: maps of type, block_hashes and
+    medium only; 16-byte bin hashes in both encodings."""
+    h = bytes(range(16))
+    if encoding == "map":
+        events = [{"type": "BlockStored", "block_hashes": [h], "medium": "CPU"},
+                  {"type": "BlockRemoved", "block_hashes": [h], "medium": "CPU"}]
+    else:
+        events = [["BlockStored", [h], None, [], 0, None, "CPU", None],
+                  ["BlockRemoved", [h], "CPU"]]
+    return msgpack.packb([1.0, events, None], use_bin_type=True)
+
+
+def test_negative_controls_the_old_encoding_is_rejected():
+    old_map, old_array = old_batch("map"), old_batch("array")
+    with pytest.raises(Rejected, match="missing required field `parent_block_hash`"):
+        msgspec_vllm(old_map)
+    with pytest.raises(Rejected, match="token_ids"):
+        llmd(old_map)
+    with pytest.raises(Rejected, match="tagged union"):
+        llmd(old_map, maps=False)
+    with pytest.raises(Rejected):
+        dynamo(old_map)
+    with pytest.raises(Rejected, match="not an integer"):
+        dynamo(old_array)  # bytes hashes: the whole batch
+    # The positional old batch was fine for vLLM and llm-d.
+    assert len(msgspec_vllm(old_array)) == 2
+    assert len(llmd(old_array, maps=False)) == 2
