@@ -252,6 +252,39 @@ TEST_F(ClusterTest, ANodeRegisteredWithoutTheClusterKeyTakesNoShardHome) {
   std::filesystem::remove_all(dir);
 }
 
+// A key rotation as docs/cluster.md describes it keeps every member proven:
+// a registration proves every key its node holds, so nodes holding the old
+// and the new key, and one holding only the new key, all see each other.
+TEST_F(ClusterTest, MembershipProofsHoldThroughAKeyRotation) {
+  char tmpl[] = "/tmp/kvpool-rotate-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::string k1 = "1111111111111111111111111111111111111111111111111111111111111111";
+  const std::string k2 = "2222222222222222222222222222222222222222222222222222222222222222";
+  auto key_file = [&](const std::string& name, const std::vector<std::string>& keys) {
+    const std::string path = dir + "/" + name;
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    for (const auto& k : keys) std::fprintf(f, "%s\n", k.c_str());
+    std::fclose(f);
+    chmod(path.c_str(), 0600);
+    return path;
+  };
+  auto start = [&](const std::string& id, const std::string& key) {
+    auto args = Args(id);
+    args.insert(args.end(), {"--cluster-key-file", key});
+    return StartNodeWith(args);
+  };
+  auto a = start("a", key_file("old-first", {k1, k2}));
+  auto b = start("b", key_file("new-first", {k2, k1}));
+  auto c = start("c", key_file("new-only", {k2}));
+  ASSERT_TRUE(a && b && c);
+  for (NodeProcess* n : {a.get(), b.get(), c.get()}) {
+    EXPECT_TRUE(WaitFor(milliseconds(5000), [&] { return Members(*n).size() == 3; }))
+        << n->HttpGet("/api/v1/members");
+    EXPECT_EQ(n->Metric("kvpool_membership_unproven_members"), 0);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // A client of one node's local socket.
 class Conn {
  public:
