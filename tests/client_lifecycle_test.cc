@@ -294,6 +294,63 @@ TEST(ClientLifecycle, AfterForkFailRefusesTheChildsCalls) {
   kvpool_close(c);
 }
 
+// A handle the parent got before fork() means nothing in the child: the
+// child's own connection starts its handles over, and a parent's handle
+// released there must not release the child's own pin of the same number.
+TEST(ClientLifecycle, AParentsHandleReleasedInTheChildLeavesTheChildsPin) {
+  std::string log;
+  auto node = NodeProcess::Start({}, "", &log);
+  ASSERT_NE(node, nullptr) << log;
+  kvpool_options o;
+  kvpool_options_init(&o);
+  o.socket_path = node->socket().c_str();
+  o.max_connections = 1;
+  kvpool_status st;
+  kvpool_client* c = kvpool_open(&o, &st);
+  ASSERT_NE(c, nullptr) << kvpool_last_error();
+  kvpool_key_id id, other;
+  const void* keys[2] = {"pinned", "others"};
+  size_t lens[2] = {6, 6};
+  kvpool_key_id ids[2];
+  kvpool_key_ids("fork", 4, keys, lens, 2, ids);
+  id = ids[0];
+  other = ids[1];
+  const std::vector<uint8_t> v = Pattern(44, 8192);
+  const void* vals[2] = {v.data(), v.data()};
+  uint64_t sizes[2] = {v.size(), v.size()};
+  kvpool_status items[2], item;
+  // Written by another client: c's first handle is its acquire's, the same
+  // number the child's first acquire gets on its own new connection.
+  kvpool_client* w = kvpool_open(&o, &st);
+  ASSERT_NE(w, nullptr);
+  ASSERT_EQ(kvpool_put(w, ids, vals, sizes, 2, items), KVPOOL_OK);
+  kvpool_close(w);
+  kvpool_region parent{};
+  ASSERT_EQ(kvpool_acquire(c, &id, 1, &parent, &item), KVPOOL_OK);
+  ASSERT_EQ(item, KVPOOL_OK);
+  auto pinned = [&] { return Stats(*node)["dram"]["pinned"].get<int>(); };
+  ASSERT_EQ(pinned(), 1);
+  const std::string got = InChild([&] {
+    kvpool_region mine{};
+    kvpool_status it = KVPOOL_OK;
+    if (kvpool_acquire(c, &other, 1, &mine, &it) != KVPOOL_OK || it != KVPOOL_OK) {
+      return std::string("acquire failed");
+    }
+    const int both = pinned();  // the parent's entry and the child's
+    kvpool_release(c, &parent.handle, 1);  // the parent's handle: not the child's pin
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a release is one-way
+    const int after = pinned();
+    kvpool_release(c, &mine.handle, 1);
+    kvpool_close(c);
+    return std::to_string(both) + " " + std::to_string(after);
+  });
+  EXPECT_EQ(got, "2 2");
+  EXPECT_TRUE(Eventually([&] { return pinned() == 1; }));  // the child's went with it
+  EXPECT_EQ(kvpool_release(c, &parent.handle, 1), KVPOOL_OK);
+  EXPECT_TRUE(Eventually([&] { return pinned() == 0; }));
+  kvpool_close(c);
+}
+
 TEST(ClientLifecycle, MissingNodeIsAFastClearError) {
   auto start = std::chrono::steady_clock::now();
   kvpool_options o;

@@ -776,7 +776,7 @@ TEST_F(SocketPlacementTest, DefaultLocationFallsBackWithoutRoot) {
     ::unsetenv("XDG_RUNTIME_DIR");
     EXPECT_EQ(c, nullptr);
     EXPECT_NE(std::string(kvpool_last_error()).find("is a per-user socket directory and must be "
-                                                    "owned by this user (uid 0) with mode 0700"),
+                                                    "owned by this user (uid 0)"),
               std::string::npos)
         << kvpool_last_error();
     if (c != nullptr) kvpool_close(c);

@@ -792,6 +792,15 @@ TEST_F(TenantTest, UntokenedAdminViewsShowAggregatesOnlyAndTheTokenShowsEverythi
   EXPECT_EQ(code, 200);
   EXPECT_EQ(metrics.find("tenant=\""), std::string::npos);
   EXPECT_EQ(metrics.find("kvpool_tenant_"), std::string::npos);
+  // Nor the default tenant's store alone (the sum less it is the others').
+  EXPECT_EQ(metrics.find("kvpool_dram_"), std::string::npos);
+  EXPECT_EQ(metrics.find("kvpool_ssd_"), std::string::npos);
+  const std::string history = open_node->HttpGet("/api/v1/history", &code);
+  EXPECT_EQ(code, 200);
+  EXPECT_EQ(history.find("dram_used_bytes"), std::string::npos) << history.substr(0, 300);
+  EXPECT_NE(history.find("ops_per_s"), std::string::npos);
+  auto cluster = nlohmann::json::parse(open_node->HttpGet("/api/v1/cluster"));
+  EXPECT_EQ(cluster["members"][0]["dram"]["capacity_bytes"], (64 + 32 + 16) << 20);
   EXPECT_NE(metrics.find("kvpool_ops_total"), std::string::npos);  // the node's own figures stay
   std::string out;
   EXPECT_EQ(RunCommand({CtlBinary(), "tenants", "--admin",

@@ -107,11 +107,11 @@ typedef struct kvpool_options {
    * FAILED_PRECONDITION. -1 (the default): what the socket's directory
    * promises, checked before connecting, as the node checks it: a per-user
    * directory ($XDG_RUNTIME_DIR/kvpool, /tmp/kvpool-<uid>) must be a real
-   * directory owned by this user with mode 0700, and its node must run as
-   * this user; any other directory (/run/kvpool, an explicit path) must be
-   * a real directory owned by root, by this user or by the service user
-   * "kvpool", not writable by others, and its node must run as its owner
-   * (or root). A directory that breaks these rules (another user may have
+   * directory owned by this user (/tmp/kvpool-<uid> with mode 0700), and
+   * its node must run as this user; any other directory (/run/kvpool, an
+   * explicit path) must be a real directory owned by root, by this user or
+   * by the service user "kvpool", not writable by others, and its node must
+   * run as its owner or root (a root-owned one: also the service user). A directory that breaks these rules (another user may have
    * made it to take the socket's name) is refused with FAILED_PRECONDITION
    * naming the path, its owner and mode, and nothing is sent. */
   int64_t expected_server_uid;

@@ -14,6 +14,7 @@ import enum
 import json
 import os
 import threading
+import weakref
 
 from . import _native
 from ._native import KeyId, Region
@@ -131,6 +132,25 @@ def _as_bytes(key):
     return bytes(key)
 
 
+# Clients of this process, reset in a forked child (their locks and in-flight
+# counts are the parent's); the library itself gives the child connections
+# of its own (kvpool.h, "Fork").
+_clients = weakref.WeakSet()
+
+
+def _track_for_fork(client):
+    _clients.add(client)
+
+
+def _reset_clients_in_child():
+    for c in list(_clients):
+        c._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_clients_in_child)
+
+
 class Client:
     """A connection to the local kvpool-node (or, with `remote`, to a cluster).
 
@@ -192,6 +212,13 @@ class Client:
         if not handle:
             raise KvpoolError(status.value or StatusCode.UNAVAILABLE, _last_error())
         self._handle = handle
+        _track_for_fork(self)
+
+    def _after_fork_in_child(self):
+        # Only this thread exists in the child: calls other threads had in
+        # progress at the fork never return here, and their lock may be held.
+        self._cv = threading.Condition(threading.Lock())
+        self._inflight = 0
 
     # ---- lifecycle -----------------------------------------------------------
     def close(self):

@@ -97,3 +97,23 @@ def test_after_fork_fail_refuses_the_childs_calls(kvpool_node):
 def test_after_fork_takes_only_the_two_modes(kvpool_node):
     with pytest.raises(ValueError):
         kvpool.Client(kvpool_node.socket, after_fork="share")
+
+
+def _close_in_child(_):
+    _client.close()  # must not wait for the parent's call in progress
+    return "closed"
+
+
+def test_a_call_in_progress_in_the_parent_does_not_hang_the_child(kvpool_node):
+    global _client
+    _client = kvpool.Client(kvpool_node.socket, namespace="fork")
+    try:
+        _client._inflight += 1  # as if another thread were inside a call at the fork
+        ctx = multiprocessing.get_context("fork")
+        with ctx.Pool(1) as pool:
+            assert pool.map_async(_close_in_child, [0]).get(timeout=20) == ["closed"]
+        _client._inflight -= 1
+        assert _client.get(["nothing"]) == [None]
+    finally:
+        _client.close()
+        _client = None

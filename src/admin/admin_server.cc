@@ -753,6 +753,13 @@ class HttpAdminServer final : public AdminServer {
     } else if (path == "/api/v1/history") {
       r.content_type = kJsonContentType;
       r.body = history_.Json();
+      if (PublicView() && !hooks_.untokened->history_hidden.empty()) {
+        nlohmann::json h = nlohmann::json::parse(r.body, nullptr, /*allow_exceptions=*/false);
+        if (h.is_object() && h.contains("series") && h["series"].is_object()) {
+          for (const auto& name : hooks_.untokened->history_hidden) h["series"].erase(name);
+          r.body = h.dump();
+        }
+      }
     } else if (path == "/") {
       r.content_type = kHtmlContentType;
       r.body = DashboardHtml();

@@ -33,6 +33,7 @@
 #include <optional>
 #include <string_view>
 #include <string>
+#include <vector>
 
 #include "admin/metrics_history.h"
 #include "common/metrics.h"
@@ -95,6 +96,8 @@ struct AdminHooks {
     // Whether a /metrics series line (or its # HELP / # TYPE line, given
     // with the metric's name) is shown.
     std::function<bool(std::string_view line)> metric_line_visible;
+    // /api/v1/history series left out (figures of one store).
+    std::vector<std::string> history_hidden;
   };
   std::optional<Untokened> untokened;
 };

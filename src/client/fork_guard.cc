@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -52,16 +53,18 @@ Registry& R() {
 
 uint64_t ForkGeneration() { return R().generation.load(std::memory_order_acquire); }
 
-void RegisterForkFd(int fd) {
-  if (fd < 0) return;
+int OpenForkSafeSocket(int domain, int type, int protocol) {
   std::lock_guard lock(R().mu);
-  R().fds.insert(fd);
+  const int fd = ::socket(domain, type, protocol);
+  if (fd >= 0) R().fds.insert(fd);
+  return fd;
 }
 
-void UnregisterForkFd(int fd) {
+void CloseForkSafe(int fd) {
   if (fd < 0) return;
   std::lock_guard lock(R().mu);
   R().fds.erase(fd);
+  ::close(fd);
 }
 
 void RegisterForkMapping(void* base, size_t size) {

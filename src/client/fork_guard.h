@@ -23,9 +23,11 @@ namespace kvpool::client {
 // Changes in the child of every fork() (0 in a process that never forked).
 uint64_t ForkGeneration();
 
-// A connection's socket, closed in a forked child. Unregister before closing.
-void RegisterForkFd(int fd);
-void UnregisterForkFd(int fd);
+// A connection's socket, closed in a forked child: made and registered,
+// and unregistered and closed, each under the registry's lock, so no fork
+// between the two steps leaves the child a copy of the parent's socket.
+int OpenForkSafeSocket(int domain, int type, int protocol);
+void CloseForkSafe(int fd);
 // A mapping, unmapped in a forked child. Unregister before unmapping.
 void RegisterForkMapping(void* base, size_t size);
 void UnregisterForkMapping(void* base);

@@ -54,7 +54,11 @@ struct Mapping {
 // connection is recognised by its generation and ignored.
 constexpr int kSlotShift = 56;
 constexpr int kGenShift = 48;
-constexpr uint64_t kNodeHandleMask = (1ull << kGenShift) - 1;
+// 8 bits of the fork generation (client/fork_guard.h) the handle's backend
+// belongs to: a handle a parent got is never taken for one of its forked
+// child's own connections, whose slots and generations start over.
+constexpr int kForkShift = 40;
+constexpr uint64_t kNodeHandleMask = (1ull << kForkShift) - 1;
 
 struct Slot {
   std::unique_ptr<LocalConnection> link;
@@ -67,9 +71,9 @@ struct Slot {
   int64_t outstanding = 0;  // handles of this generation not yet returned
 };
 
-uint64_t MakeHandle(int slot, uint8_t gen, uint64_t node_handle) {
+uint64_t MakeHandle(int slot, uint8_t gen, uint8_t fork_tag, uint64_t node_handle) {
   return (static_cast<uint64_t>(slot) << kSlotShift) | (static_cast<uint64_t>(gen) << kGenShift) |
-         (node_handle & kNodeHandleMask);
+         (static_cast<uint64_t>(fork_tag) << kForkShift) | (node_handle & kNodeHandleMask);
 }
 
 std::vector<uint8_t> EncodeIds(std::span<const KeyId> keys) {
@@ -107,8 +111,8 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
     socket_path_ = o.socket_path != nullptr
                        ? std::string(o.socket_path)
                        : protocol::FindDefaultSocket(std::getenv("XDG_RUNTIME_DIR"), ::geteuid());
-    private_dir_ = protocol::IsPrivateSocketDir(protocol::SocketDirOf(socket_path_),
-                                                std::getenv("XDG_RUNTIME_DIR"), ::geteuid());
+    dir_kind_ = protocol::KindOfSocketDir(protocol::SocketDirOf(socket_path_),
+                                          std::getenv("XDG_RUNTIME_DIR"), ::geteuid());
     if (o.tenant_token_file != nullptr) tenant_token_file_ = o.tenant_token_file;
     client_name_ = o.client_name != nullptr ? o.client_name : program_invocation_short_name;
     options_.socket_path = nullptr;  // the caller's strings are not kept
@@ -202,8 +206,10 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
                     kvpool_status* statuses);
 
   kvpool_options options_{};
+  const uint8_t fork_tag_ = static_cast<uint8_t>(ForkGeneration());  // stamped on handles
   std::string socket_path_;
-  bool private_dir_ = false;  // socket_path_ is in one of this user's own default directories
+  // Whether socket_path_ is in one of this user's own default directories.
+  protocol::SocketDirKind dir_kind_ = protocol::SocketDirKind::kShared;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Slot> slots_;                                  // protected by mu_
@@ -250,7 +256,7 @@ Status LocalBackend::ConnectSlot(int slot, Clock::time_point deadline) {
   KVPOOL_ASSIGN_OR_RETURN(auto link, LocalConnection::Connect(socket_path_, client_name_, deadline,
                                                               options_.expected_server_uid,
                                                               token_ ? &*token_ : nullptr,
-                                                              private_dir_));
+                                                              dir_kind_));
   link->set_spin(std::chrono::microseconds(options_.spin_us));
   int fd = link->TakeSegmentFd();
   const uint64_t staging_bytes = link->hello().staging_bytes;
@@ -381,9 +387,16 @@ Status LocalBackend::WithConnection(Fn&& fn) {
 template <typename Fn, typename Dead>
 Status LocalBackend::ForEachConnection(std::span<const uint64_t> handles, Fn&& fn, Dead&& dead) {
   std::map<uint16_t, std::vector<size_t>> by_conn;
+  std::vector<size_t> foreign;  // another process's (a parent's before a fork)
   for (size_t i = 0; i < handles.size(); ++i) {
-    if (handles[i] != 0) by_conn[static_cast<uint16_t>(handles[i] >> kGenShift)].push_back(i);
+    if (handles[i] == 0) continue;
+    if (static_cast<uint8_t>(handles[i] >> kForkShift) != fork_tag_) {
+      foreign.push_back(i);
+      continue;
+    }
+    by_conn[static_cast<uint16_t>(handles[i] >> kGenShift)].push_back(i);
   }
+  if (!foreign.empty()) dead(foreign);
   auto deadline = DeadlineOf();
   for (auto& [key, idx] : by_conn) {
     int slot = key >> 8;
@@ -454,7 +467,7 @@ Status LocalBackend::RegionCall(Lease& lease, Clock::time_point deadline, Messag
       return Internal("node returned a region outside the segment");
     }
     regions[i].data = base + items[i].offset;
-    regions[i].handle = MakeHandle(lease.slot(), lease.s().gen, items[i].handle);
+    regions[i].handle = MakeHandle(lease.slot(), lease.s().gen, fork_tag_, items[i].handle);
     ++handed;
   }
   AddOutstanding(lease.slot(), handed);

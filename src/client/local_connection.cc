@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -59,34 +60,34 @@ Status ConnectionErrorStatus(const FrameHeader& h, std::span<const uint8_t> body
   return Status(code, "node: " + msg);
 }
 
-// Refuses a server that does not run as the expected uid: another user
-// could have bound the path (a squatted socket) and would otherwise be
-// handed requests and hand back a segment to map. `root_ok`: root may
-// serve it too (a shared directory; it could act as anyone anyway).
-Status CheckServerCredentials(int fd, const std::string& socket_path, int64_t expected_uid,
-                              bool root_ok) {
+// Refuses a server that does not run as one of the expected uids: another
+// user could have bound the path (a squatted socket) and would otherwise be
+// handed requests and hand back a segment to map.
+Status CheckServerCredentials(int fd, const std::string& socket_path,
+                              const std::vector<int64_t>& expected) {
   ucred cred{};
   socklen_t len = sizeof(cred);
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
     return ErrnoStatus(fmt::format("SO_PEERCRED on {}", socket_path), errno);
   }
-  if (static_cast<int64_t>(cred.uid) == expected_uid || (root_ok && cred.uid == 0)) {
+  if (std::find(expected.begin(), expected.end(), static_cast<int64_t>(cred.uid)) !=
+      expected.end()) {
     return Status::Ok();
   }
   return FailedPrecondition(fmt::format(
       "refusing the server at {}: it runs as uid {} (pid {}), not the expected uid {}; another "
       "user may have taken the socket's name",
-      socket_path, cred.uid, cred.pid, expected_uid));
+      socket_path, cred.uid, cred.pid, expected.front()));
 }
 
 }  // namespace
 
-// The socket is the parent's alone after a fork (client/fork_guard.h).
-LocalConnection::LocalConnection(int fd) : fd_(fd) { client::RegisterForkFd(fd); }
+// The socket was made by OpenForkSafeSocket: the parent's alone after a
+// fork (client/fork_guard.h).
+LocalConnection::LocalConnection(int fd) : fd_(fd) {}
 
 LocalConnection::~LocalConnection() {
-  client::UnregisterForkFd(fd_);
-  if (fd_ >= 0) ::close(fd_);
+  client::CloseForkSafe(fd_);
   if (segment_fd_ >= 0) ::close(segment_fd_);
   if (staging_fd_ >= 0) ::close(staging_fd_);
 }
@@ -119,8 +120,7 @@ Status LocalConnection::TakeRefusal(Status fallback) {
 }
 
 Status LocalConnection::Break(Status s) {
-  client::UnregisterForkFd(fd_);
-  if (fd_ >= 0) ::close(fd_);
+  client::CloseForkSafe(fd_);
   fd_ = -1;
   return s;
 }
@@ -131,20 +131,19 @@ Result<std::unique_ptr<LocalConnection>> LocalConnection::Connect(const std::str
                                                                   Clock::time_point deadline,
                                                                   int64_t expected_server_uid,
                                                                   const TenantToken* token,
-                                                                  bool private_dir) {
+                                                                  protocol::SocketDirKind dir_kind) {
   // Who may serve this path, judged from its directory before anything is
   // sent (a caller that names the uid has judged it itself).
-  bool root_ok = false;
+  std::vector<int64_t> servers = {expected_server_uid};
   if (expected_server_uid == kSocketDirOwner) {
-    KVPOOL_ASSIGN_OR_RETURN(expected_server_uid, protocol::CheckSocketDirForClient(
-                                                     socket_path, private_dir, ::geteuid()));
-    root_ok = !private_dir;
+    KVPOOL_ASSIGN_OR_RETURN(servers, protocol::CheckSocketDirForClient(socket_path, dir_kind,
+                                                                       ::geteuid()));
   }
   sockaddr_un addr{};
   if (socket_path.size() >= sizeof(addr.sun_path)) return InvalidArgument("socket path too long");
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, socket_path.data(), socket_path.size());
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int fd = client::OpenForkSafeSocket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return ErrnoStatus("socket", errno);
   std::unique_ptr<LocalConnection> c(new LocalConnection(fd));
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
@@ -160,7 +159,7 @@ Result<std::unique_ptr<LocalConnection>> LocalConnection::Connect(const std::str
       return Unavailable(fmt::format("no kvpool node at {}: {}", socket_path, std::strerror(errno)));
     }
   }
-  KVPOOL_RETURN_IF_ERROR(CheckServerCredentials(fd, socket_path, expected_server_uid, root_ok));
+  KVPOOL_RETURN_IF_ERROR(CheckServerCredentials(fd, socket_path, servers));
   int buf = 4 << 20;
   setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));

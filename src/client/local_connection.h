@@ -15,6 +15,7 @@
 
 #include "common/status.h"
 #include "protocol/codec.h"
+#include "protocol/socket_path.h"
 
 namespace kvpool {
 
@@ -28,8 +29,8 @@ class LocalConnection {
   // checked before connecting.
   static constexpr int64_t kSocketDirOwner = -1;
 
-  // Connects, checks the socket's directory (kSocketDirOwner; `private_dir`:
-  // one of this user's own default directories) and the server's
+  // Connects, checks the socket's directory (kSocketDirOwner; `dir_kind`:
+  // whether it is one of this user's own default directories) and the server's
   // credentials (SO_PEERCRED) before sending
   // or taking anything, and completes the handshake. Unavailable when no
   // node listens, FailedPrecondition when the process behind the socket is
@@ -44,7 +45,7 @@ class LocalConnection {
   static Result<std::unique_ptr<LocalConnection>> Connect(
       const std::string& socket_path, const std::string& client_name, Clock::time_point deadline,
       int64_t expected_server_uid = kSocketDirOwner, const TenantToken* token = nullptr,
-      bool private_dir = false);
+      protocol::SocketDirKind dir_kind = protocol::SocketDirKind::kShared);
   ~LocalConnection();
   LocalConnection(const LocalConnection&) = delete;
   LocalConnection& operator=(const LocalConnection&) = delete;

@@ -70,6 +70,11 @@ struct ClusterOptions {
   // Encrypt every peer connection (UcxTransportOptions::peer_encryption);
   // needs cluster_keys.
   bool peer_encryption = false;
+  // With etcd and cluster keys: also count registrations that carry no
+  // proof at all (nodes of a version before membership proofs), for a
+  // rolling upgrade from such a version; a registration whose proofs are
+  // wrong is left out still. Off: only proven registrations count.
+  bool accept_unproven_members = false;
 
   // With etcd: called once, from the membership loop, when this node's id
   // stays registered by a live process after the restart wait

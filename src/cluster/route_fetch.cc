@@ -51,12 +51,16 @@ struct RouteFetcher::State {
   // (restarted, or joined after waiting for its old lease), is a new
   // process, and a cool-down earned by the old one, or by it while it was
   // still joining, is dropped.
-  std::atomic<uint64_t> seen_epoch{0};
+  std::atomic<int64_t> seen_epoch{-1};  // none yet
   std::unordered_map<std::string, uint64_t> incarnations GUARDED_BY(mu);
 
   void NoteView(const MembershipView& view) {
-    if (seen_epoch.load(std::memory_order_acquire) == view.epoch) return;
+    // Views only move forward: an older one a lookup still carries changes
+    // nothing (or a dead peer would lose its cool-down at each interleave).
+    const auto epoch = static_cast<int64_t>(view.epoch);
+    if (epoch <= seen_epoch.load(std::memory_order_acquire)) return;
     std::lock_guard lock(mu);
+    if (epoch <= seen_epoch.load(std::memory_order_relaxed)) return;
     std::unordered_map<std::string, uint64_t> now;
     for (const Member& m : view.members) {
       now[m.address] = m.incarnation;
@@ -67,7 +71,7 @@ struct RouteFetcher::State {
       }
     }
     incarnations = std::move(now);
-    seen_epoch.store(view.epoch, std::memory_order_release);
+    seen_epoch.store(epoch, std::memory_order_release);
   }
   // Positive lookup answers from remote homes, until their expiry: an
   // exists followed by a get asks the home once.

@@ -343,7 +343,16 @@ struct EtcdMembership::Impl {
     Result<EtcdRange> existing = client.Get(member_key);
     if (!existing.ok()) return;  // etcd away: later
     int64_t holder = existing->kvs.empty() ? 0 : existing->kvs[0].lease;
-    if (holder == 0) {
+    // A registration of ours whose answer timed out (its lease abandoned)
+    // is not a live process: RegisterWithLease clears it.
+    const bool ours = std::find(abandoned_leases.begin(), abandoned_leases.end(), holder) !=
+                      abandoned_leases.end();
+    if (holder != join_holder && holder != 0 && !ours) {
+      // Another registration took the id meanwhile: wait for it as long.
+      join_holder = holder;
+      join_deadline = Clock::now() + options.lease_ttl + options.live_id_margin;
+    }
+    if (holder == 0 || ours) {
       Status st = Register();
       if (st.ok()) {
         joining.store(false);

@@ -479,10 +479,16 @@ class NodeImpl final : public Node {
                                       {"hidden", kDetailsNeedToken}}
             .dump();
       };
+      // Each tenant's series, and the default tenant's store figures (the
+      // node's sum minus them would be the other tenants').
       u.metric_line_visible = [](std::string_view line) {
-        return line.find("kvpool_tenant_") == std::string_view::npos &&
-               line.find("tenant=\"") == std::string_view::npos;
+        for (std::string_view hidden : {"kvpool_tenant_", "tenant=\"", "kvpool_dram_",
+                                        "kvpool_ssd_", "kvpool_tier_"}) {
+          if (line.find(hidden) != std::string_view::npos) return false;
+        }
+        return true;
       };
+      u.history_hidden = {"dram_used_bytes", "ssd_used_bytes", "evictions_per_s"};
       hooks.untokened = std::move(u);
       if (opts_.admin_token_file.empty()) {
         LogWarn("admin: tenants without --admin-token-file: the admin endpoint shows aggregate "
@@ -606,7 +612,15 @@ class NodeImpl final : public Node {
   // This node's key figures, as every member's row of the cluster view
   // shows them (kept under kPeerStatus's size limit).
   nlohmann::ordered_json KeyFiguresJson() const {
+    // The node's figures: with tenants, summed over every tenant's store.
     DramStats d = tiered_->GetDramStats();
+    for (const auto& t : tenants_) {
+      DramStats td = t.store->GetDramStats();
+      d.capacity_bytes += td.capacity_bytes;
+      d.used_bytes += td.used_bytes;
+      d.entries += td.entries;
+      d.evictions += td.evictions;
+    }
     auto total = [this](const char* name) {
       const double v = metrics_.SumOf(name);
       return v < 0 ? 0.0 : v;
@@ -615,6 +629,13 @@ class NodeImpl final : public Node {
     nlohmann::ordered_json ssd = nullptr;
     if (tiered_->has_ssd_tier()) {
       SsdStats s = tiered_->GetSsdStats();
+      for (const auto& t : tenants_) {
+        if (!t.store->has_ssd_tier()) continue;
+        SsdStats ts = t.store->GetSsdStats();
+        s.capacity_bytes += ts.capacity_bytes;
+        s.used_bytes += ts.used_bytes;
+        s.entries += ts.entries;
+      }
       ssd = {{"capacity_bytes", s.capacity_bytes},
              {"used_bytes", s.used_bytes},
              {"entries", s.entries}};

@@ -239,6 +239,10 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddString("cluster-key-file", &o->cluster_key_file,
                "File with the cluster key (64 hex digits; a second line during rotation), mode "
                "0600; every peer connection is authenticated with it");
+  t->AddBool("accept-unproven-members", &o->cluster.accept_unproven_members,
+             "With etcd and a cluster key: also count members whose registration carries no "
+             "proof of the key (nodes of a version before proofs), for a rolling upgrade from "
+             "such a version; turn off once every node is upgraded");
   t->AddBool("peer-encryption", &o->cluster.peer_encryption,
              "Encrypt peer connections (AES-256-GCM, keys from the cluster-key handshake); a "
              "connection is encrypted when either side asks");

@@ -38,24 +38,25 @@ std::string SocketDirOf(const std::string& socket_path) {
   return socket_path.substr(0, slash);
 }
 
-bool IsPrivateSocketDir(const std::string& dir, const char* xdg_runtime_dir, uid_t uid) {
+SocketDirKind KindOfSocketDir(const std::string& dir, const char* xdg_runtime_dir, uid_t uid) {
   const std::vector<std::string> dirs = DefaultSocketDirs(xdg_runtime_dir, uid);
-  for (size_t i = 1; i < dirs.size(); ++i) {
-    if (dir == dirs[i]) return true;
-  }
-  return false;
+  if (dirs.size() == 3 && dir == dirs[1]) return SocketDirKind::kXdg;
+  if (dir == dirs.back()) return SocketDirKind::kTmp;
+  return SocketDirKind::kShared;
 }
 
 int64_t ServiceUid() {
   passwd pw{};
   passwd* found = nullptr;
-  char buf[1024];
-  if (getpwnam_r("kvpool", &pw, buf, sizeof(buf), &found) != 0 || found == nullptr) return -1;
+  std::vector<char> buf(16384);  // large NSS entries need room
+  if (getpwnam_r("kvpool", &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+    return -1;
+  }
   return found->pw_uid;
 }
 
-Result<int64_t> CheckSocketDirForClient(const std::string& socket_path, bool private_dir,
-                                        uid_t client_uid) {
+Result<std::vector<int64_t>> CheckSocketDirForClient(const std::string& socket_path,
+                                                     SocketDirKind kind, uid_t client_uid) {
   const std::string dir = SocketDirOf(socket_path);
   struct stat st;
   if (::lstat(socket_path.c_str(), &st) != 0 && errno == ENOENT) {
@@ -75,13 +76,14 @@ Result<int64_t> CheckSocketDirForClient(const std::string& socket_path, bool pri
   };
   if (S_ISLNK(st.st_mode)) return refuse("is a symbolic link");
   if (!S_ISDIR(st.st_mode)) return refuse("is not a directory");
-  if (private_dir) {
-    if (st.st_uid != client_uid || (st.st_mode & 077) != 0) {
+  if (kind != SocketDirKind::kShared) {
+    const bool tmp = kind == SocketDirKind::kTmp;
+    if (st.st_uid != client_uid || (tmp && (st.st_mode & 077) != 0)) {
       return refuse(fmt::format(
-          "is a per-user socket directory and must be owned by this user (uid {}) with mode 0700",
-          client_uid));
+          "is a per-user socket directory and must be owned by this user (uid {}){}", client_uid,
+          tmp ? " with mode 0700" : ""));
     }
-    return static_cast<int64_t>(client_uid);
+    return std::vector<int64_t>{static_cast<int64_t>(client_uid)};
   }
   const int64_t service = ServiceUid();
   if (st.st_uid != 0 && st.st_uid != client_uid && static_cast<int64_t>(st.st_uid) != service) {
@@ -95,7 +97,9 @@ Result<int64_t> CheckSocketDirForClient(const std::string& socket_path, bool pri
     return refuse(
         "is writable by others; set kvpool_options.expected_server_uid to trust such a node");
   }
-  return static_cast<int64_t>(st.st_uid);
+  std::vector<int64_t> servers = {static_cast<int64_t>(st.st_uid), 0};
+  if (st.st_uid == 0 && service >= 0) servers.push_back(service);
+  return servers;
 }
 
 }  // namespace kvpool::protocol

@@ -35,10 +35,12 @@ std::string FindDefaultSocket(const char* xdg_runtime_dir, uid_t uid);
 // The directory part of a socket path ("." when it has none).
 std::string SocketDirOf(const std::string& socket_path);
 
-// Whether `dir` is one of this uid's private default directories
-// ($XDG_RUNTIME_DIR/kvpool or /tmp/kvpool-<uid>), which only that user's
-// node may serve.
-bool IsPrivateSocketDir(const std::string& dir, const char* xdg_runtime_dir, uid_t uid);
+// Whether `dir` is one of this uid's private default directories, which
+// only that user's node may serve: kXdg ($XDG_RUNTIME_DIR/kvpool, inside a
+// directory the spec makes the user's alone) or kTmp (/tmp/kvpool-<uid>,
+// which must be 0700 itself); kShared for any other.
+enum class SocketDirKind { kShared, kXdg, kTmp };
+SocketDirKind KindOfSocketDir(const std::string& dir, const char* xdg_runtime_dir, uid_t uid);
 
 // The node's service user (the packages' "kvpool"), or -1 when there is none.
 int64_t ServiceUid();
@@ -46,16 +48,17 @@ int64_t ServiceUid();
 // A client's check of a socket's directory before it connects, mirroring
 // the node's own rules (node/socket_dir.cc), so that a directory another
 // user made (a squatter) is refused before anything is sent. Returns the
-// uid whose node may serve the socket: the server's SO_PEERCRED uid must be
-// it (or root, for a shared directory owned by root).
-//   private (IsPrivateSocketDir): a real directory (not a symbolic link)
-//     owned by client_uid with mode 0700; the node must be client_uid.
-//   shared (/run/kvpool, or any other explicit path): a real directory,
+// uids whose node may serve the socket (the server's SO_PEERCRED uid must
+// be one of them):
+//   kXdg, kTmp: a real directory (not a symbolic link) owned by client_uid,
+//     with mode 0700 for kTmp; the node must be client_uid.
+//   kShared (/run/kvpool, or any other explicit path): a real directory,
 //     owned by root, by client_uid or by the service user, and not writable
-//     by others; the node must be its owner (or root).
+//     by others; the node must be its owner or root (a root-owned one: also
+//     the service user, as systemd's RuntimeDirectory= may leave it).
 // FailedPrecondition naming the path, the directory's owner and mode and
 // what was expected.
-Result<int64_t> CheckSocketDirForClient(const std::string& socket_path, bool private_dir,
-                                        uid_t client_uid);
+Result<std::vector<int64_t>> CheckSocketDirForClient(const std::string& socket_path,
+                                                     SocketDirKind kind, uid_t client_uid);
 
 }  // namespace kvpool::protocol
