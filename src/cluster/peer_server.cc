@@ -164,7 +164,7 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
   });
   // Remote-mode clients learn the membership from any node.
   cluster_->transport()->RegisterHandler(kPeerMembers, [this](Incoming, Responder r) {
-    if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
+    if (cluster_->fenced()) return r.Respond(NotServing());
     RespondWithBody(r, [&](std::vector<uint8_t>* body) {
       EncodeMembersReply(*cluster_->view(), body);
     });
@@ -194,6 +194,13 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
   for (const Scope& sc : Scopes()) ReplaySsd(sc, std::vector<bool>(kNumShards, true), {});
 }
 
+Status PeerServer::NotServing() const {
+  // A node still joining after a restart is alive and about to serve: its
+  // callers miss without avoiding it (a cool-down follows Unavailable only).
+  if (cluster_->joining()) return Aborted("node is joining the cluster");
+  return Unavailable("node is fenced");
+}
+
 std::vector<PeerServer::Scope> PeerServer::Scopes() const {
   std::vector<Scope> out = {Scope{store_, directory_, announcer_, false}};
   for (const auto& [name, t] : cluster_tenants_) {
@@ -206,11 +213,11 @@ void PeerServer::HandleScoped(transport::MessageType base, ScopedHandler fn) {
   transport::Transport* t = cluster_->transport();
   auto shared = std::make_shared<ScopedHandler>(std::move(fn));
   t->RegisterHandler(base, [this, shared](Incoming in, Responder r) {
-    if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
+    if (cluster_->fenced()) return r.Respond(NotServing());
     (*shared)(Scope{store_, directory_, announcer_, false}, std::move(in), std::move(r));
   });
   t->RegisterHandler(ScopedType(base, "tenant"), [this, shared](Incoming in, Responder r) {
-    if (cluster_->fenced()) return r.Respond(Unavailable("node is fenced"));
+    if (cluster_->fenced()) return r.Respond(NotServing());
     // A client's tenant is its token's; only members name one.
     if (!in.principal.empty()) {
       tenant_refused_->Inc();

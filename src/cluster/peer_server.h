@@ -107,6 +107,9 @@ class PeerServer {
   // the cluster's tenants (the scope taken off the request header); both
   // answer Unavailable while this node is fenced.
   void HandleScoped(transport::MessageType base, ScopedHandler fn);
+  // What a fenced node answers: Aborted while it is joining (its callers do
+  // not cool it down), else Unavailable.
+  Status NotServing() const;
   // The default tenant's scope, then every cluster tenant's.
   std::vector<Scope> Scopes() const;
 

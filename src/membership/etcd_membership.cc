@@ -355,10 +355,12 @@ struct EtcdMembership::Impl {
     if (holder == 0 || ours) {
       Status st = Register();
       if (st.ok()) {
+        // Unfenced first: a peer whose view shows the new registration
+        // already is served, never told "fenced" (which it would avoid).
+        self->SetFenced(false);
         joining.store(false);
         SetJoinReason("");
         need_resync = true;
-        self->SetFenced(false);
         LogInfo("membership: {} joined the cluster (its previous registration expired)",
                 options.node_id);
       }
