@@ -184,6 +184,19 @@ int GetIs(kvpool_client* c, const kvpool_key_id& id, const std::vector<uint8_t>&
   return size == want.size() && std::memcmp(buf.data(), want.data(), size) == 0 ? 1 : 0;
 }
 
+// A client of `node` with these settings (the socket's string must outlive
+// the open only: the library keeps its own copies).
+kvpool_client* OpenWith(const NodeProcess& node, uint32_t max_connections,
+                        uint32_t after_fork = KVPOOL_AFTER_FORK_RECONNECT) {
+  kvpool_options o;
+  kvpool_options_init(&o);
+  o.socket_path = node.socket().c_str();
+  o.max_connections = max_connections;
+  o.after_fork = after_fork;
+  kvpool_status st;
+  return kvpool_open(&o, &st);
+}
+
 // A client opened before fork() and used by parent and child at once, on
 // one connection (max_connections 1): each process gets only its own
 // replies. The child's calls go over connections of its own; the parent's
@@ -192,12 +205,7 @@ TEST(ClientLifecycle, AClientUsedAcrossForkNeverReturnsAnotherRequestsBytes) {
   std::string log;
   auto node = NodeProcess::Start({}, "", &log);
   ASSERT_NE(node, nullptr) << log;
-  kvpool_options o;
-  kvpool_options_init(&o);
-  o.socket_path = node->socket().c_str();
-  o.max_connections = 1;
-  kvpool_status st;
-  kvpool_client* c = kvpool_open(&o, &st);
+  kvpool_client* c = OpenWith(*node, 1);
   ASSERT_NE(c, nullptr) << kvpool_last_error();
   kvpool_key_id ids[2];
   const void* keys[2] = {"a", "b"};
@@ -261,12 +269,7 @@ TEST(ClientLifecycle, AfterForkFailRefusesTheChildsCalls) {
   std::string log;
   auto node = NodeProcess::Start({}, "", &log);
   ASSERT_NE(node, nullptr) << log;
-  kvpool_options o;
-  kvpool_options_init(&o);
-  o.socket_path = node->socket().c_str();
-  o.after_fork = KVPOOL_AFTER_FORK_FAIL;
-  kvpool_status st;
-  kvpool_client* c = kvpool_open(&o, &st);
+  kvpool_client* c = OpenWith(*node, 8, KVPOOL_AFTER_FORK_FAIL);
   ASSERT_NE(c, nullptr) << kvpool_last_error();
   kvpool_key_id id;
   const void* key = "k";
@@ -301,12 +304,7 @@ TEST(ClientLifecycle, AParentsHandleReleasedInTheChildLeavesTheChildsPin) {
   std::string log;
   auto node = NodeProcess::Start({}, "", &log);
   ASSERT_NE(node, nullptr) << log;
-  kvpool_options o;
-  kvpool_options_init(&o);
-  o.socket_path = node->socket().c_str();
-  o.max_connections = 1;
-  kvpool_status st;
-  kvpool_client* c = kvpool_open(&o, &st);
+  kvpool_client* c = OpenWith(*node, 1);
   ASSERT_NE(c, nullptr) << kvpool_last_error();
   kvpool_key_id id, other;
   const void* keys[2] = {"pinned", "others"};
@@ -321,7 +319,7 @@ TEST(ClientLifecycle, AParentsHandleReleasedInTheChildLeavesTheChildsPin) {
   kvpool_status items[2], item;
   // Written by another client: c's first handle is its acquire's, the same
   // number the child's first acquire gets on its own new connection.
-  kvpool_client* w = kvpool_open(&o, &st);
+  kvpool_client* w = OpenWith(*node, 1);
   ASSERT_NE(w, nullptr);
   ASSERT_EQ(kvpool_put(w, ids, vals, sizes, 2, items), KVPOOL_OK);
   kvpool_close(w);
