@@ -7,12 +7,13 @@
 //   stat [--json]                                  the node's key figures (a table; --json: all)
 //   flush                                          write the SSD tier's open regions
 //   clear NS                                       drop every key of namespace NS
-//   metrics [--admin HOST:PORT]                    the node's Prometheus metrics
-//   members [--admin HOST:PORT] [--json]           the cluster members the node sees
-//   shards [--admin HOST:PORT] [--json]            shards owned per node and the balance
-//   tenants [--admin HOST:PORT] [--json]           per tenant: quotas, use, traffic
-//   clients [--admin HOST:PORT] [--json]           connected engines and their traffic
-//   top [--admin HOST:PORT] [--interval D] [--count N]  key figures, refreshed
+//   lookup HASH... [--json]                        which nodes hold the longest run of these engine
+//   blocks metrics [--admin HOST:PORT]                    the node's Prometheus metrics members
+//   [--admin HOST:PORT] [--json]           the cluster members the node sees shards [--admin
+//   HOST:PORT] [--json]            shards owned per node and the balance tenants [--admin
+//   HOST:PORT] [--json]           per tenant: quotas, use, traffic clients [--admin HOST:PORT]
+//   [--json]           connected engines and their traffic top [--admin HOST:PORT] [--interval D]
+//   [--count N]  key figures, refreshed
 // Every command takes --help. Durations and sizes read as the node's do.
 // Exit status: 0 done, 1 a miss, 2 usage, 3 an error.
 #include <httplib.h>
@@ -56,6 +57,9 @@ constexpr Command kCommands[] = {
     {"stat", "[--json]", "the node's key figures (a table; --json: everything, as JSON)"},
     {"flush", "", "write the SSD tier's open regions"},
     {"clear", "NS", "drop every key of namespace NS"},
+    {"lookup", "HASH... [--json]",
+     "a router's prefix lookup: the nodes holding the longest leading run of these engine "
+     "block hashes (decimal or 0x hex), and in which tier (1: none holds the first)"},
     {"metrics", "[--admin HOST:PORT]", "Prometheus metrics (default 127.0.0.1:9710)"},
     {"members", "[--admin HOST:PORT] [--json]", "cluster members the node sees"},
     {"shards", "[--admin HOST:PORT] [--json]", "shards owned per node and the balance"},
@@ -165,6 +169,62 @@ bool AdminJson(const Admin& a, const std::string& path, nlohmann::json* j,
     return false;
   }
   return true;
+}
+
+// A hash as a router writes it: decimal, or 0x and hex (its last 16 digits).
+bool ParseHash(const std::string& s, uint64_t* out) {
+  const bool hex = s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X');
+  if (s.empty() || (hex ? s.size() > 66 : s.size() > 20)) return false;
+  unsigned __int128 v = 0;
+  for (size_t i = hex ? 2 : 0; i < s.size(); ++i) {
+    const char c = s[i];
+    int d = c >= '0' && c <= '9'          ? c - '0'
+            : hex && c >= 'a' && c <= 'f' ? c - 'a' + 10
+            : hex && c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                          : -1;
+    if (d < 0) return false;
+    v = hex ? ((v << 4) | static_cast<unsigned>(d)) & UINT64_MAX
+            : v * 10 + static_cast<unsigned>(d);
+  }
+  if (v > UINT64_MAX) return false;
+  *out = static_cast<uint64_t>(v);
+  return true;
+}
+
+// kvpoolctl lookup: exit 0 when a node holds the first block, 1 when none does.
+int Lookup(kvpool_client* c, const std::vector<uint64_t>& hashes, bool json) {
+  std::vector<char> buf(4096 + 64 * hashes.size());
+  size_t len = 0;
+  kvpool_status st =
+      kvpool_lookup_prefix(c, hashes.data(), hashes.size(), 0, buf.data(), buf.size(), &len);
+  if (st == KVPOOL_RESOURCE_EXHAUSTED && len + 1 > buf.size()) {
+    buf.resize(len + 1);
+    st = kvpool_lookup_prefix(c, hashes.data(), hashes.size(), 0, buf.data(), buf.size(), &len);
+  }
+  if (st != KVPOOL_OK) return Error("lookup", st);
+  nlohmann::json j = nlohmann::json::parse(buf.data(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    std::fprintf(stderr, "kvpoolctl: malformed lookup answer\n");
+    return 3;
+  }
+  if (json) {
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("%-24s %-24s %8s %8s %8s  %s\n", "NODE", "ADDRESS", "BLOCKS", "DRAM", "SSD",
+                "TIERS");
+    for (const auto& h : j.value("holders", nlohmann::json::array())) {
+      std::printf("%-24s %-24s %8u %8u %8u  %s\n", h.value("node", "").c_str(),
+                  h.value("address", "").c_str(), h.value("blocks", 0u), h.value("dram", 0u),
+                  h.value("ssd", 0u), h.value("tiers", "").c_str());
+    }
+    std::printf("longest %u of %u blocks", j.value("longest", 0u), j.value("blocks", 0u));
+    if (j.value("homes_failed", 0u) > 0) {
+      std::printf(" (%u of %u index homes did not answer)", j.value("homes_failed", 0u),
+                  j.value("homes", 0u));
+    }
+    std::printf("\n");
+  }
+  return j.value("longest", 0u) > 0 ? 0 : 1;
 }
 
 int Metrics(const Admin& admin) {
@@ -504,7 +564,7 @@ int main(int argc, char** argv) {
     return Usage();
   }
   if (json && cmd != "stat" && cmd != "members" && cmd != "shards" && cmd != "tenants" &&
-      cmd != "clients") {
+      cmd != "clients" && cmd != "lookup") {
     return Usage();
   }
   if (cmd == "metrics" || cmd == "members" || cmd == "shards" || cmd == "tenants" ||
@@ -564,8 +624,21 @@ int main(int argc, char** argv) {
   }
 
   if (cmd != "put" && cmd != "get" && cmd != "exists" && cmd != "remove" && cmd != "stat" &&
-      cmd != "flush" && cmd != "clear") {
+      cmd != "flush" && cmd != "clear" && cmd != "lookup") {
     return Usage();
+  }
+  std::vector<uint64_t> hashes;
+  if (cmd == "lookup") {
+    if (args.size() < 2) return Usage();
+    for (size_t i = 1; i < args.size(); ++i) {
+      uint64_t h = 0;
+      if (!ParseHash(args[i], &h)) {
+        std::fprintf(stderr, "kvpoolctl: '%s' is not a 64-bit hash (decimal or 0x hex)\n",
+                     args[i].c_str());
+        return 2;
+      }
+      hashes.push_back(h);
+    }
   }
   kvpool_options opts;
   kvpool_options_init(&opts);
@@ -577,6 +650,7 @@ int main(int argc, char** argv) {
   if (c == nullptr) return Error("cannot connect", st);
   std::unique_ptr<kvpool_client, void (*)(kvpool_client*)> guard(c, kvpool_close);
 
+  if (cmd == "lookup") return Lookup(c, hashes, json);
   if (cmd == "put") {
     if (args.size() < 4) return Usage();
     std::string value;

@@ -196,6 +196,28 @@ KVPOOL_API kvpool_status kvpool_exists(kvpool_client* client, const kvpool_key_i
 KVPOOL_API kvpool_status kvpool_remove(kvpool_client* client, const kvpool_key_id* ids, size_t n,
                                        kvpool_status* statuses);
 
+/* ---- Block descriptors. -------------------------------------------------
+ * A put or reserve may say, per key, which engine block the value is, so
+ * the node's KV events (docs/kv-events.md) name it the way the engine's
+ * own events do: its block hash, parent hash, token ids, block size, group,
+ * LoRA name and cache spec kind. A descriptor is a byte string in the
+ * format of docs/kv-events.md ("Block descriptors"; at most 16,896 bytes).
+ * The node keeps it with the entry while a tier holds it (where events are
+ * on; else it is checked and dropped). A malformed descriptor fails its
+ * item with INVALID_ARGUMENT and its value is not stored: a value is
+ * stored with the descriptor it came with or not at all. Remote mode drops
+ * descriptors (no node keeps them). */
+typedef struct kvpool_descriptor {
+  const void* data;
+  uint64_t size; /* 0: this key has none */
+} kvpool_descriptor;
+
+/* kvpool_put with descs[i] the descriptor of ids[i] (descs may be NULL). */
+KVPOOL_API kvpool_status kvpool_put_described(kvpool_client* client, const kvpool_key_id* ids,
+                                              const void* const* values, const uint64_t* sizes,
+                                              const kvpool_descriptor* descs, size_t n,
+                                              kvpool_status* statuses);
+
 /* ---- Zero-copy: read the shared segment in place; write a reservation
  * where the node says (the connection's staging area, or the segment
  * itself with --writable-segment). ---------------------------------------- */
@@ -213,6 +235,12 @@ typedef struct kvpool_region {
 KVPOOL_API kvpool_status kvpool_reserve(kvpool_client* client, const kvpool_key_id* ids,
                                         const uint64_t* sizes, size_t n, kvpool_region* regions,
                                         kvpool_status* statuses);
+/* kvpool_reserve with descs[i] the descriptor of ids[i] (descs may be
+ * NULL), kept for the commit. */
+KVPOOL_API kvpool_status kvpool_reserve_described(kvpool_client* client, const kvpool_key_id* ids,
+                                                  const uint64_t* sizes,
+                                                  const kvpool_descriptor* descs, size_t n,
+                                                  kvpool_region* regions, kvpool_status* statuses);
 /* Publishes reserved slots. statuses[i]: OK, ALREADY_EXISTS (another writer
  * committed first; this slot is freed), INVALID_ARGUMENT (unknown handle). */
 KVPOOL_API kvpool_status kvpool_commit(kvpool_client* client, const uint64_t* handles, size_t n,
@@ -249,6 +277,23 @@ KVPOOL_API kvpool_status kvpool_flush(kvpool_client* client);
  * one then clears both. */
 KVPOOL_API kvpool_status kvpool_clear_namespace(kvpool_client* client, const void* ns,
                                                 size_t ns_len, uint64_t* dropped);
+/* A router's prefix lookup (docs/kv-events.md, "Prefix lookups"): which
+ * nodes of the cluster hold the longest leading run of the engine block
+ * hashes hashes[0..n) (in request order; as the engine's events name its
+ * blocks, 64-bit ints), how long it is and in which tier, as a
+ * NUL-terminated JSON object in buf (at most cap bytes; *len gets its
+ * length, and RESOURCE_EXHAUSTED when cap is too small):
+ *   {"blocks": n, "longest": k, "holders": [{"node", "address", "blocks",
+ *    "dram", "ssd", "tiers": "DDS"}], "homes": h, "homes_failed": f}
+ * Only blocks put with descriptors (kvpool_put_described) are known. The
+ * node waits for the cluster up to timeout_ms (0: the node's
+ * --lookup-timeout), within this client's own timeout. Local mode only;
+ * INVALID_ARGUMENT beyond the node's --lookup-max-hashes; UNAVAILABLE
+ * while the node is out of the cluster (fenced); FAILED_PRECONDITION for a
+ * tenant's client (the index covers the default tenant). */
+KVPOOL_API kvpool_status kvpool_lookup_prefix(kvpool_client* client, const uint64_t* hashes,
+                                              size_t n, uint32_t timeout_ms, char* buf, size_t cap,
+                                              size_t* len);
 /* Largest value the node accepts, in bytes (0 when not connected; remote
  * mode: the peer transport's limit, 64 MiB). */
 KVPOOL_API uint64_t kvpool_max_value_size(kvpool_client* client);

@@ -5,8 +5,10 @@ kvpool.integrations for the SGLang, vLLM and LMCache connectors.
 """
 
 from .client import Client, KeyIds, KvpoolError, StatusCode, buffer_address, version
+from .descriptor import BlockDescriptor
 
-__all__ = ["Client", "KeyIds", "KvpoolError", "StatusCode", "buffer_address", "version"]
+__all__ = ["BlockDescriptor", "Client", "KeyIds", "KvpoolError", "StatusCode", "buffer_address",
+           "version"]
 from ._package_version import package_version as _package_version
 
 __version__ = _package_version()

@@ -22,6 +22,10 @@ class Region(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("size", ctypes.c_uint64), ("handle", ctypes.c_uint64)]
 
 
+class Descriptor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("size", ctypes.c_uint64)]
+
+
 class Options(ctypes.Structure):
     # Field order and types mirror struct kvpool_options; struct_size tells
     # the library which fields this binding knows.
@@ -71,6 +75,12 @@ _SIGNATURES = {
     "kvpool_flush": (c_status, [_vp]),
     "kvpool_clear_namespace": (c_status, [_vp, _vp, _sz, _u64p]),
     "kvpool_max_value_size": (ctypes.c_uint64, [_vp]),
+    "kvpool_put_described": (c_status, [_vp, _P(KeyId), _P(_vp), _u64p, _P(Descriptor), _sz,
+                                        _stp]),
+    "kvpool_reserve_described": (c_status, [_vp, _P(KeyId), _u64p, _P(Descriptor), _sz,
+                                            _P(Region), _stp]),
+    "kvpool_lookup_prefix": (c_status, [_vp, _u64p, _sz, ctypes.c_uint32, ctypes.c_char_p, _sz,
+                                        _P(_sz)]),
 }
 
 _lock = threading.Lock()
@@ -111,7 +121,9 @@ def lib():
                 tried.append("%s (%s)" % (path, e))
                 continue
             for name, (res, args) in _SIGNATURES.items():
-                fn = getattr(handle, name)
+                fn = getattr(handle, name, None)
+                if fn is None:  # an older library: its callers say so when used
+                    continue
                 fn.restype = res
                 fn.argtypes = args
             _lib = handle

@@ -17,6 +17,7 @@ import threading
 import weakref
 
 from . import _native
+from . import descriptor as _descriptor
 from ._native import KeyId, Region
 
 _vp = ctypes.c_void_p
@@ -136,6 +137,30 @@ def _as_bytes(key):
 # counts are the parent's); the library itself gives the child connections
 # of its own (kvpool.h, "Fork").
 _clients = weakref.WeakSet()
+
+
+def _descriptor_list(keys, descriptors):
+    """Each key's descriptor bytes (b"": none), or None when there are none."""
+    if descriptors is None:
+        return None
+    if isinstance(keys, KeyIds):
+        if hasattr(descriptors, "keys"):
+            raise ValueError("descriptors by key need the keys, not KeyIds")
+    if hasattr(descriptors, "keys"):  # a mapping key -> descriptor
+        position = {}
+        for i, k in enumerate(keys):
+            position.setdefault(_as_bytes(k), i)
+        out = [b""] * len(keys)
+        for k, d in descriptors.items():
+            at = position.get(_as_bytes(k))
+            if at is None:
+                raise ValueError("a descriptor for key %r, which is not in the put" % (k,))
+            out[at] = _descriptor.as_bytes(d)
+    else:
+        out = [_descriptor.as_bytes(d) for d in descriptors]
+        if len(out) != len(keys):
+            raise ValueError("%d keys but %d descriptors" % (len(keys), len(out)))
+    return out if any(out) else None
 
 
 def _track_for_fork(client):
@@ -293,9 +318,15 @@ class Client:
             raise KvpoolError(rc, _last_error())
 
     # ---- copy calls ----------------------------------------------------------
-    def put(self, keys, values):
+    def put(self, keys, values, descriptors=None):
         """Stores values (bytes-like). Returns one StatusCode per key; OK also
-        for a key that already existed (the first value is kept)."""
+        for a key that already existed (the first value is kept).
+        descriptors (optional): block descriptors for the node's KV events
+        (kvpool.descriptor.BlockDescriptor or its bytes), a sequence parallel
+        to keys (None: that key has none) or a mapping key -> descriptor; a
+        mapping naming a key that is not in the put raises ValueError and
+        nothing is stored. An item whose descriptor the node finds malformed
+        is INVALID_ARGUMENT and not stored."""
         n = len(keys)
         if len(values) != n:
             raise ValueError("%d keys but %d values" % (n, len(values)))
@@ -306,7 +337,7 @@ class Client:
             p, nb = buffer_address(v)
             ptrs.append(p)
             sizes.append(nb)
-        return self.put_ptrs(keys, ptrs, sizes)
+        return self.put_ptrs(keys, ptrs, sizes, descriptors)
 
     def get(self, keys):
         """Values as bytes, None for a key that misses (or fails)."""
@@ -431,14 +462,26 @@ class Client:
         return (ids, (_vp * n)(*ptrs), (ctypes.c_uint64 * n)(*sizes),
                 (_native.c_status * n)(*([-1] * n)))
 
-    def put_ptrs(self, keys, ptrs, sizes):
+    def put_ptrs(self, keys, ptrs, sizes, descriptors=None):
         """Stores sizes[i] bytes read from address ptrs[i] (ints). One
-        StatusCode per key; ALREADY_EXISTS is reported as OK."""
+        StatusCode per key; ALREADY_EXISTS is reported as OK. descriptors:
+        as put's."""
+        descs = _descriptor_list(keys, descriptors)
         ids, parr, sarr, st = self._ptr_batch(keys, ptrs, sizes)
         n = ids.n
         if n == 0:
             return []
-        rc = self._native_call(self._lib.kvpool_put, ids.ids, parr, sarr, n, st)
+        if descs is not None:
+            darr = (_native.Descriptor * n)()
+            for i, b in enumerate(descs):
+                if b:
+                    darr[i].data = ctypes.cast(ctypes.c_char_p(b), _vp)
+                    darr[i].size = len(b)
+            # descs keeps the bytes alive for the call
+            rc = self._native_call(self._lib.kvpool_put_described, ids.ids, parr, sarr, darr, n,
+                                   st)
+        else:
+            rc = self._native_call(self._lib.kvpool_put, ids.ids, parr, sarr, n, st)
         self._check_call(rc, st, n)
         return [_OK if s == 2 else _code(s) for s in st[:n]]
 
@@ -476,6 +519,29 @@ class Client:
                 raise KvpoolError(rc, _last_error())
             return json.loads(buf.value.decode())
         raise KvpoolError(StatusCode.RESOURCE_EXHAUSTED, "stats kept growing")
+
+    def lookup_prefix(self, hashes, timeout_ms=0):
+        """A router's prefix lookup: which nodes hold the longest leading run
+        of the engine block hashes (ints, in request order), as a dict:
+        {"blocks", "longest", "holders": [{"node", "address", "blocks",
+        "dram", "ssd", "tiers"}], "homes", "homes_failed"}. timeout_ms 0:
+        the node's --lookup-timeout. Raises KvpoolError (INVALID_ARGUMENT for
+        too many hashes, UNAVAILABLE while the node is out of its cluster)."""
+        n = len(hashes)
+        arr = (ctypes.c_uint64 * max(n, 1))(*[int(h) & ((1 << 64) - 1) for h in hashes])
+        cap = 4096 + 64 * n
+        for _ in range(3):
+            buf = ctypes.create_string_buffer(cap)
+            ln = ctypes.c_size_t(0)
+            rc = self._native_call(self._lib.kvpool_lookup_prefix, arr, n, int(timeout_ms), buf,
+                                   cap, ctypes.byref(ln))
+            if rc == 0:
+                return json.loads(buf.value.decode("utf-8"))
+            if rc == StatusCode.RESOURCE_EXHAUSTED and ln.value + 1 > cap:
+                cap = ln.value + 1
+                continue
+            raise KvpoolError(rc, _last_error())
+        raise KvpoolError(StatusCode.INTERNAL, "the lookup's answer kept growing")
 
     def flush(self):
         """Durability barrier for the node's SSD tier (kvpool_flush)."""

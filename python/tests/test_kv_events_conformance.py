@@ -2,9 +2,13 @@
 consumers (event_decoders: vLLM's msgspec rules, llm-d's indexer, Dynamo's
 router, from ENGINES.md part 7), in both encodings: a scripted sequence of
 puts, evictions, SSD demotion and promotion, a remove and a namespace clear
-decodes with 0 batches rejected by any of them. Negative controls: the
-node's encoding before this (maps of three fields, 16-byte bin hashes) is
-rejected by each decoder that must reject it."""
+decodes with 0 batches rejected by any of them. The even keys are put with
+block descriptors (kvpool.BlockDescriptor): each event about one names the
+engine hash, parent, tokens and block size that were put, on the right
+medium, and Dynamo's and llm-d's rules index exactly those blocks.
+Negative controls: the node's encoding before this (maps of three fields,
+16-byte bin hashes) is rejected by each decoder that must reject it, and a
+block named by its key id (no descriptor) is indexed by neither router."""
 
 import time
 
@@ -18,6 +22,42 @@ from kv_events_util import free_port, seq_of
 
 VALUE = 256 * 1024
 TOPIC = b"kv@node-a@model-x"
+BLOCK = 16  # tokens per block, as the router's kv_block_size
+
+
+def engine_block(i):
+    """What an engine says of the block the i-th key holds (even keys): a
+    chain of int hashes, 16 tokens each."""
+    if i % 2:
+        return None
+    parent = None if i == 0 else 0x5EED0000 + i - 2
+    return {"hash": 0x5EED0000 + i, "parent": parent,
+            "tokens": list(range(i * BLOCK, (i + 1) * BLOCK))}
+
+
+def descriptor(i):
+    b = engine_block(i)
+    if b is None:
+        return None
+    return kvpool.BlockDescriptor(hash=b["hash"], parent=b["parent"], token_ids=b["tokens"],
+                                  block_size=BLOCK, group_idx=0, spec_kind="full")
+
+
+def indexed(events, router):
+    """The hashes a router indexes from BlockStored events: Dynamo needs its
+    own block size and every block's tokens (7.3); llm-d re-hashes the
+    tokens and indexes nothing from an event without them (7.2)."""
+    out = set()
+    for e in events:
+        if e["type"] != "BlockStored":
+            continue
+        n = len(e["block_hashes"])
+        if router == "dynamo" and (e["block_size"] != BLOCK or len(e["token_ids"]) != n * BLOCK):
+            continue  # "Block not published"
+        if router == "llm-d" and not e["token_ids"]:
+            continue
+        out.update(e["block_hashes"])
+    return out
 
 
 def run_script(node_factory, tmp_path, encoding):
@@ -39,10 +79,11 @@ def run_script(node_factory, tmp_path, encoding):
     c = kvpool.Client(node.socket, namespace="conf")
     keys = ["k%d" % i for i in range(90)]  # 22 MiB into 16 MiB of DRAM: demotions
     for i, k in enumerate(keys):
-        assert c.put([k], [bytes([i % 251]) * VALUE]) == [kvpool.StatusCode.OK]
+        assert c.put([k], [bytes([i % 251]) * VALUE], descriptors=[descriptor(i)]) == \
+            [kvpool.StatusCode.OK]
     c.flush()
     assert c.get([keys[0]]) == [bytes([0]) * VALUE]  # from SSD: promoted
-    assert c.remove([keys[-1]]) == [kvpool.StatusCode.OK]
+    assert c.remove([keys[-2], keys[-1]]) == [kvpool.StatusCode.OK] * 2
     c2 = kvpool.Client(node.socket, namespace="gone")
     assert c2.put(["x"], [b"y" * 4096]) == [kvpool.StatusCode.OK]
     assert c2.clear() == 1  # the namespace clear: its entry is told removed
@@ -97,11 +138,39 @@ def test_every_batch_decodes_under_every_consumers_rules(node_factory, tmp_path,
                for h in e["block_hashes"]]
     # Every key put was told stored on CPU; demotions stored on STORAGE;
     # the promotion stored the first key on CPU again; the remove is told.
-    assert {h for m, h in stored if m == "CPU"} >= set(hashes)
+    assert {h for m, h in stored if m == "CPU"} >= \
+        {h for i, h in enumerate(hashes) if i % 2} | {engine_block(i)["hash"] for i in range(0, 90, 2)}
     assert any(m == "STORAGE" for m, _ in stored)
-    assert [m for m, h in stored if h == hashes[0]].count("CPU") >= 2
-    assert any(h == hashes[-1] for _, h in removed)
+    assert any(h == hashes[-1] for _, h in removed)  # key 89: undescribed
     assert {dynamo_tier(m) for m, _ in stored} == {"HostPinned", "Disk"}
+    # Described keys: every event names the block as it was put, on each
+    # medium it went through; no event names one by its key id.
+    engine = {engine_block(i)["hash"]: engine_block(i) for i in range(0, 90, 2)}
+    key_hashes = {h for i, h in enumerate(hashes) if i % 2 == 0}
+    seen = {"CPU": set(), "STORAGE": set()}
+    for e in events:
+        if e["type"] == "AllBlocksCleared":
+            continue
+        assert not key_hashes & set(e["block_hashes"])
+        if e["type"] != "BlockStored" or e["block_hashes"][0] not in engine:
+            continue
+        assert len(e["block_hashes"]) == 1  # one event a described block
+        b = engine[e["block_hashes"][0]]
+        assert e["parent_block_hash"] == b["parent"]
+        assert e["token_ids"] == b["tokens"]
+        assert e["block_size"] == BLOCK
+        if encoding == "map":
+            assert e["group_idx"] == 0 and e["kv_cache_spec_kind"] == "full"
+        seen[e["medium"]].add(e["block_hashes"][0])
+    assert seen["CPU"] == set(engine)
+    assert seen["STORAGE"], "no described block told on STORAGE"
+    assert engine_block(0)["hash"] in {h for m, h in stored if m == "CPU"}
+    assert [m for m, h in stored if h == engine_block(0)["hash"]].count("CPU") >= 2  # promoted
+    assert (0x5EED0000 + 88) in {h for _, h in removed}  # key 88's remove, by its engine hash
+    # The routers index exactly the described blocks (the undescribed keys,
+    # the negative control, are named by key ids they cannot use).
+    for router in ("dynamo", "llm-d"):
+        assert indexed(decoded[router], router) == set(engine), router
     for e in events:
         if e["type"] != "AllBlocksCleared":
             assert e.get("locality", "LOCAL") == "LOCAL"

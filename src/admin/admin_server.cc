@@ -77,7 +77,7 @@ constexpr char kDashboardCsp[] =
     "frame-ancestors 'none'";
 
 // The request-counter label set is fixed: every other path counts as "other".
-constexpr std::array<std::string_view, 11> kKnownPaths = {"/",
+constexpr std::array<std::string_view, 12> kKnownPaths = {"/",
                                                           "/metrics",
                                                           "/healthz",
                                                           "/readyz",
@@ -87,11 +87,14 @@ constexpr std::array<std::string_view, 11> kKnownPaths = {"/",
                                                           "/api/v1/members",
                                                           "/api/v1/history",
                                                           "/api/v1/clients",
-                                                          "/api/v1/cluster"};
+                                                          "/api/v1/cluster",
+                                                          "/api/v1/lookup"};
 constexpr std::string_view kOtherPath = "other";
 
 // Only GETs of short URLs are served: a head beyond this is refused (431).
 constexpr size_t kMaxHeadBytes = 8192;
+// A POST body (a prefix lookup's hashes) at most.
+constexpr size_t kMaxBodyBytes = 1 << 20;
 // After its response a connection is shut for writing and drained briefly,
 // so a client still sending (a body we refused) reads the response instead
 // of a reset. Bounded in time and bytes.
@@ -119,7 +122,13 @@ std::string_view Reason(int status) {
     case 200: return "OK";
     case 400: return "Bad Request";
     case 404: return "Not Found";
+    case 401:
+      return "Unauthorized";
     case 405: return "Method Not Allowed";
+    case 411:
+      return "Length Required";
+    case 413:
+      return "Content Too Large";
     case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
     case 503: return "Service Unavailable";
@@ -180,7 +189,10 @@ struct Conn {
   int fd = -1;
   ConnState state = ConnState::kReading;
   Clock::time_point deadline;
-  std::string in;   // request head bytes so far (<= kMaxHeadBytes)
+  std::string in;  // request head bytes so far (<= kMaxHeadBytes), then a POST's body
+  // A POST whose head was read: the head, and the bytes its body ends at.
+  std::optional<HttpRequestHead> post;
+  size_t post_end = 0;
   std::string out;  // response bytes
   size_t out_offset = 0;
   size_t drained = 0;  // bytes discarded while lingering
@@ -191,6 +203,7 @@ struct Job {
   uint64_t conn_id = 0;
   std::string path;
   bool head_only = false;
+  std::optional<std::string> body;  // a POST's
 };
 
 class HttpAdminServer final : public AdminServer {
@@ -474,7 +487,8 @@ class HttpAdminServer final : public AdminServer {
   bool ReadHead(uint64_t id, Conn& c) {
     char buf[kMaxHeadBytes];
     while (true) {
-      const size_t room = kMaxHeadBytes - c.in.size();
+      const size_t room =
+          c.post ? std::min(sizeof(buf), c.post_end - c.in.size()) : kMaxHeadBytes - c.in.size();
       ssize_t r = ::recv(c.fd, buf, room == 0 ? 1 : room, 0);
       if (r < 0) {
         if (errno == EINTR) continue;
@@ -482,13 +496,43 @@ class HttpAdminServer final : public AdminServer {
       }
       if (r == 0) return false;  // closed before a full request: nobody to answer
       c.in.append(buf, static_cast<size_t>(r));
+      if (c.post) {
+        if (c.in.size() < c.post_end) continue;
+        HttpRequestHead head = std::move(*c.post);
+        c.post.reset();
+        std::string body = c.in.substr(c.post_end - static_cast<size_t>(head.content_length));
+        Dispatch(id, c, head, std::move(body));
+        return true;
+      }
       HttpRequestHead head;
       size_t head_bytes = 0;
       switch (admin::ParseRequestHead(c.in, kMaxHeadBytes, &head, &head_bytes)) {
         case HeadParse::kIncomplete:
           continue;
         case HeadParse::kComplete:
-          Dispatch(id, c, head);
+          if (head.method == "POST") {
+            // The body follows: at most kMaxBodyBytes, and sized.
+            if (head.content_length < 0) {
+              bad_requests_->Inc();
+              Respond(id, c, Error(411, "a POST needs a Content-Length", head.path), false);
+              return true;
+            }
+            if (static_cast<size_t>(head.content_length) > kMaxBodyBytes) {
+              bad_requests_->Inc();
+              Respond(id, c, Error(413, "request body too large", head.path), false);
+              return true;
+            }
+            c.post_end = head_bytes + static_cast<size_t>(head.content_length);
+            if (c.in.size() > c.post_end) c.in.resize(c.post_end);  // one request a connection
+            c.post = std::move(head);
+            if (c.in.size() < c.post_end) continue;
+            HttpRequestHead h = std::move(*c.post);
+            c.post.reset();
+            std::string body = c.in.substr(head_bytes);
+            Dispatch(id, c, h, std::move(body));
+            return true;
+          }
+          Dispatch(id, c, head, std::nullopt);
           return true;
         case HeadParse::kBad:
           bad_requests_->Inc();
@@ -509,14 +553,17 @@ class HttpAdminServer final : public AdminServer {
 
   // Health and readiness are answered here on the admin thread, so a
   // liveness probe never waits behind a slow scrape or a busy hook.
-  void Dispatch(uint64_t id, Conn& c, const HttpRequestHead& head) {
+  void Dispatch(uint64_t id, Conn& c, const HttpRequestHead& head,
+                std::optional<std::string> body) {
     CounterFor(head.path)->Inc();
     c.in.clear();
     c.in.shrink_to_fit();
     const bool head_only = head.method == "HEAD";
-    if (head.method != "GET" && !head_only) {
+    const bool post = head.method == "POST";
+    const bool post_path = head.path == "/api/v1/lookup";
+    if (post != post_path || (head.method != "GET" && !head_only && !post)) {
       Response r = Error(405, "method not allowed", head.path);
-      r.headers.emplace_back("Allow", "GET, HEAD");
+      r.headers.emplace_back("Allow", post_path ? "POST" : "GET, HEAD");
       return Respond(id, c, r, false);
     }
     if (head.path == "/healthz") {
@@ -552,7 +599,7 @@ class HttpAdminServer final : public AdminServer {
     {
       std::lock_guard lock(queue_mu_);
       if (queue_.size() < static_cast<size_t>(options_.max_queued_requests) && !workers_stop_) {
-        queue_.push_back(Job{id, head.path, head_only});
+        queue_.push_back(Job{id, head.path, head_only, std::move(body)});
         c.state = ConnState::kQueued;
         c.deadline = Clock::time_point::max();  // the request threads' turn
         UpdateInterest(id, c);
@@ -687,7 +734,7 @@ class HttpAdminServer final : public AdminServer {
         job = std::move(queue_.front());
         queue_.pop_front();
       }
-      std::string bytes = Serialize(Build(job.path), job.head_only);
+      std::string bytes = Serialize(Build(job.path, job.body), job.head_only);
       {
         std::lock_guard lock(queue_mu_);
         done_.emplace_back(job.conn_id, std::move(bytes));
@@ -697,8 +744,9 @@ class HttpAdminServer final : public AdminServer {
   }
 
   // A throwing hook (or std::bad_alloc) becomes a 500 for that request only.
-  Response Build(const std::string& path) {
+  Response Build(const std::string& path, const std::optional<std::string>& body) {
     try {
+      if (body) return Post(path, *body);
       return Route(path);
     } catch (const std::exception& e) {
       LogError("admin: GET {} failed: {}", path, e.what());
@@ -740,6 +788,17 @@ class HttpAdminServer final : public AdminServer {
       at = end;
     }
     return out;
+  }
+
+  // POST /api/v1/lookup (the only POST path; Dispatch checked it).
+  Response Post(const std::string& path, const std::string& body) {
+    if (!hooks_.lookup) return Error(404, "not found", path);
+    auto [status, json] = hooks_.lookup(body);
+    Response r;
+    r.status = status;
+    r.content_type = kJsonContentType;
+    r.body = std::move(json);
+    return r;
   }
 
   Response Route(const std::string& path) {

@@ -3,7 +3,8 @@
 // Serves /metrics (Prometheus text from the registry), /healthz, /readyz,
 // /api/v1/status, /api/v1/members and /api/v1/config (JSON from hooks the node provides),
 // /api/v1/clients (the connected engines), /api/v1/cluster (every member's
-// key figures), /api/v1/history (the key figures
+// key figures), POST /api/v1/lookup (a router's prefix lookup, its body at
+// most kMaxBodyBytes), /api/v1/history (the key figures
 // of the last 15 minutes, MetricsHistory), and
 // a self-contained dashboard page at / (no network fetches). It renders what
 // it is given and holds no node logic.
@@ -31,8 +32,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <string_view>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "admin/metrics_history.h"
@@ -79,6 +81,10 @@ struct AdminHooks {
   std::function<std::string()> members_json;  // /api/v1/members
   std::function<std::string()> clients_json;  // /api/v1/clients
   std::function<std::string()> cluster_json;  // /api/v1/cluster
+  // POST /api/v1/lookup: the request body (JSON) in, an HTTP status and a
+  // JSON body out (400 with the reason for a bad request). Runs on a
+  // request thread and may take its deadline.
+  std::function<std::pair<int, std::string>(const std::string& body)> lookup;
   // /readyz: 200 when true, else 503. Runs on the admin thread: must be quick.
   std::function<bool()> ready;
   // What keeps the node from cluster work (joining, fenced), empty when

@@ -39,6 +39,13 @@ bool ValidHeaderLine(std::string_view line) {
   return true;
 }
 
+// A header value without the blanks around it.
+std::string_view TrimBlanks(std::string_view v) {
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  return v;
+}
+
 }  // namespace
 
 HeadParse ParseRequestHead(std::string_view buf, size_t max_head_bytes, HttpRequestHead* head,
@@ -83,6 +90,7 @@ HeadParse ParseRequestHead(std::string_view buf, size_t max_head_bytes, HttpRequ
 
   size_t pos = eol + 2;
   head->authorization.clear();
+  head->content_length = -1;
   while (pos < text.size()) {
     size_t next = text.find("\r\n", pos);
     std::string_view header = text.substr(pos, next - pos);
@@ -93,10 +101,18 @@ HeadParse ParseRequestHead(std::string_view buf, size_t max_head_bytes, HttpRequ
     }
     size_t colon = header.find(':');
     if (EqualsIgnoreCase(header.substr(0, colon), "authorization")) {
-      std::string_view value = header.substr(colon + 1);
-      while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
-      while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
-      head->authorization.assign(value);
+      head->authorization.assign(TrimBlanks(header.substr(colon + 1)));
+    } else if (EqualsIgnoreCase(header.substr(0, colon), "content-length")) {
+      std::string_view value = TrimBlanks(header.substr(colon + 1));
+      if (head->content_length >= 0 || value.empty() || value.size() > 12) return HeadParse::kBad;
+      int64_t n = 0;
+      for (char ch : value) {
+        if (ch < '0' || ch > '9') return HeadParse::kBad;
+        n = n * 10 + (ch - '0');
+      }
+      head->content_length = n;
+    } else if (EqualsIgnoreCase(header.substr(0, colon), "transfer-encoding")) {
+      return HeadParse::kBad;
     }
     pos = next + 2;
   }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -19,6 +20,9 @@ struct HttpRequestHead {
   // The value of the Authorization header (empty when absent; the last one
   // when repeated), with surrounding blanks removed.
   std::string authorization;
+  // Content-Length (-1: absent). A head with Transfer-Encoding, a repeated
+  // or malformed Content-Length is kBad: only sized bodies are read.
+  int64_t content_length = -1;
 };
 
 enum class HeadParse {

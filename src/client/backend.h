@@ -31,8 +31,10 @@ class LocalNodeOps {
  public:
   virtual ~LocalNodeOps() = default;
   // statuses filled per item; a failed call may fill them with its code.
+  // descs (may be null): a block descriptor per key (size 0: none).
   virtual Status Reserve(std::span<const KeyId> keys, const uint64_t* sizes,
-                         kvpool_region* regions, kvpool_status* statuses) = 0;
+                         const kvpool_descriptor* descs, kvpool_region* regions,
+                         kvpool_status* statuses) = 0;
   virtual Status Commit(std::span<const uint64_t> handles, kvpool_status* statuses) = 0;
   virtual Status Abort(std::span<const uint64_t> handles) = 0;
   virtual Status Acquire(std::span<const KeyId> keys, kvpool_region* regions,
@@ -43,6 +45,9 @@ class LocalNodeOps {
   virtual Status Flush() = 0;
   // Drops every entry of the namespace with this tag; returns how many.
   virtual Result<uint64_t> ClearNamespace(uint32_t tag) = 0;
+  // A router's prefix lookup through the node: its JSON answer.
+  virtual Result<std::string> LookupPrefix(std::span<const uint64_t> hashes,
+                                           uint32_t timeout_ms) = 0;
 };
 
 class ClientBackend {
@@ -50,9 +55,10 @@ class ClientBackend {
   virtual ~ClientBackend() = default;
 
   // Copies values in. Per item: OK, AlreadyExists, InvalidArgument,
-  // ResourceExhausted, Unavailable, ...
-  virtual Status Put(std::span<const KeyId> keys, const void* const* values,
-                     const uint64_t* sizes, kvpool_status* statuses) = 0;
+  // ResourceExhausted, Unavailable, ... descs (may be null): a block
+  // descriptor per key (size 0: none); a remote backend drops them.
+  virtual Status Put(std::span<const KeyId> keys, const void* const* values, const uint64_t* sizes,
+                     const kvpool_descriptor* descs, kvpool_status* statuses) = 0;
   // Copies values out into buffers[i] (capacities[i] bytes); sizes[i] the
   // value's size (also when it did not fit: ResourceExhausted).
   virtual Status Get(std::span<const KeyId> keys, void* const* buffers,

@@ -210,10 +210,16 @@ void kvpool_key_ids(const void* ns, size_t ns_len, const void* const* keys, cons
 
 kvpool_status kvpool_reserve(kvpool_client* c, const kvpool_key_id* ids, const uint64_t* sizes,
                              size_t n, kvpool_region* regions, kvpool_status* statuses) {
+  return kvpool_reserve_described(c, ids, sizes, nullptr, n, regions, statuses);
+}
+
+kvpool_status kvpool_reserve_described(kvpool_client* c, const kvpool_key_id* ids,
+                                       const uint64_t* sizes, const kvpool_descriptor* descs,
+                                       size_t n, kvpool_region* regions, kvpool_status* statuses) {
   kvpool_status st;
   client::LocalNodeOps* ops = NodeOps(c, "kvpool_reserve", &st);
   if (ops == nullptr) return st;
-  Status s = ops->Reserve(AsKeys(ids, n), sizes, regions, statuses);
+  Status s = ops->Reserve(AsKeys(ids, n), sizes, descs, regions, statuses);
   if (!s.ok()) return Fail(s);
   return Overall(statuses, n, /*existing_ok=*/true);
 }
@@ -255,10 +261,17 @@ kvpool_status kvpool_release(kvpool_client* c, const uint64_t* handles, size_t n
 
 kvpool_status kvpool_put(kvpool_client* c, const kvpool_key_id* ids, const void* const* values,
                          const uint64_t* sizes, size_t n, kvpool_status* statuses) {
+  return kvpool_put_described(c, ids, values, sizes, nullptr, n, statuses);
+}
+
+kvpool_status kvpool_put_described(kvpool_client* c, const kvpool_key_id* ids,
+                                   const void* const* values, const uint64_t* sizes,
+                                   const kvpool_descriptor* descs, size_t n,
+                                   kvpool_status* statuses) {
   kvpool_status st;
   client::ClientBackend* b = Backend(c, &st);
   if (b == nullptr) return st;
-  Status s = b->Put(AsKeys(ids, n), values, sizes, statuses);
+  Status s = b->Put(AsKeys(ids, n), values, sizes, descs, statuses);
   if (!s.ok()) return Fail(s);
   return Overall(statuses, n, /*existing_ok=*/true);
 }
@@ -291,18 +304,33 @@ kvpool_status kvpool_remove(kvpool_client* c, const kvpool_key_id* ids, size_t n
   return s.ok() ? KVPOOL_OK : Fail(s);
 }
 
+// A JSON answer into the caller's buffer, NUL-terminated; *len its length.
+static kvpool_status CopyJson(const Result<std::string>& json, const char* what, char* buf,
+                              size_t cap, size_t* len) {
+  if (!json.ok()) return Fail(json.status());
+  if (len != nullptr) *len = json->size();
+  if (buf == nullptr || cap < json->size() + 1) {
+    return Fail(ResourceExhausted(fmt::format("{} need {} bytes", what, json->size() + 1)));
+  }
+  std::memcpy(buf, json->c_str(), json->size() + 1);
+  return KVPOOL_OK;
+}
+
 kvpool_status kvpool_stats_json(kvpool_client* c, char* buf, size_t cap, size_t* len) {
   kvpool_status st;
   client::LocalNodeOps* ops = NodeOps(c, "kvpool_stats_json", &st);
   if (ops == nullptr) return st;
-  auto json = ops->StatsJson();
-  if (!json.ok()) return Fail(json.status());
-  if (len != nullptr) *len = json->size();
-  if (buf == nullptr || cap < json->size() + 1) {
-    return Fail(ResourceExhausted(fmt::format("stats need {} bytes", json->size() + 1)));
-  }
-  std::memcpy(buf, json->c_str(), json->size() + 1);
-  return KVPOOL_OK;
+  return CopyJson(ops->StatsJson(), "stats", buf, cap, len);
+}
+
+kvpool_status kvpool_lookup_prefix(kvpool_client* c, const uint64_t* hashes, size_t n,
+                                   uint32_t timeout_ms, char* buf, size_t cap, size_t* len) {
+  kvpool_status st;
+  client::LocalNodeOps* ops = NodeOps(c, "kvpool_lookup_prefix", &st);
+  if (ops == nullptr) return st;
+  if (n > 0 && hashes == nullptr) return Fail(InvalidArgument("hashes is NULL"));
+  return CopyJson(ops->LookupPrefix({hashes, n}, timeout_ms), "the answer and its NUL", buf, cap,
+                  len);
 }
 
 kvpool_status kvpool_flush(kvpool_client* c) {

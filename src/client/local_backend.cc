@@ -133,13 +133,13 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
     return Borrow(DeadlineOf()).status();
   }
 
-  Status PutInPlace(std::span<const KeyId> keys, const void* const* values,
-                    const uint64_t* sizes, kvpool_status* statuses);
+  Status PutInPlace(std::span<const KeyId> keys, const void* const* values, const uint64_t* sizes,
+                    const kvpool_descriptor* descs, kvpool_status* statuses);
   void CopyAndCommit(Lease& lease, Clock::time_point deadline, bool staged,
                      const std::vector<size_t>& idx, const kvpool_region* regions,
                      const void* const* values, const uint64_t* sizes, kvpool_status* statuses);
   Status Put(std::span<const KeyId> keys, const void* const* values, const uint64_t* sizes,
-             kvpool_status* statuses) override;
+             const kvpool_descriptor* descs, kvpool_status* statuses) override;
   Status Get(std::span<const KeyId> keys, void* const* buffers, const uint64_t* capacities,
              uint64_t* sizes, kvpool_status* statuses) override;
   Status Exists(std::span<const KeyId> keys, uint8_t* hits, size_t* prefix_len) override;
@@ -149,8 +149,8 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
   }
   LocalNodeOps* node_ops() override { return this; }
 
-  Status Reserve(std::span<const KeyId> keys, const uint64_t* sizes, kvpool_region* regions,
-                 kvpool_status* statuses) override;
+  Status Reserve(std::span<const KeyId> keys, const uint64_t* sizes, const kvpool_descriptor* descs,
+                 kvpool_region* regions, kvpool_status* statuses) override;
   Status Commit(std::span<const uint64_t> handles, kvpool_status* statuses) override;
   Status Abort(std::span<const uint64_t> handles) override {
     return ReturnHandles(MessageType::kAbort, handles);
@@ -164,6 +164,7 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
   Result<std::string> StatsJson() override;
   Status Flush() override;
   Result<uint64_t> ClearNamespace(uint32_t tag) override;
+  Result<std::string> LookupPrefix(std::span<const uint64_t> hashes, uint32_t timeout_ms) override;
 
  private:
   friend class Lease;
@@ -453,9 +454,9 @@ Status LocalBackend::RegionCall(Lease& lease, Clock::time_point deadline, Messag
   KVPOOL_RETURN_IF_ERROR(protocol::DecodeRegionItems(reply, protocol::kMaxBatch, &items));
   if (items.size() != n) return Internal("reply item count does not match the request");
   // Reservations point into the staging area when there is one.
-  const Mapping* into = type == MessageType::kReserve && lease.s().staging
-                            ? lease.s().staging.get()
-                            : lease.s().mapping.get();
+  const bool reserve = type == MessageType::kReserve || type == MessageType::kReserveDescribed;
+  const Mapping* into =
+      reserve && lease.s().staging ? lease.s().staging.get() : lease.s().mapping.get();
   uint8_t* base = into != nullptr ? into->base : nullptr;
   uint64_t seg = into != nullptr ? into->size : 0;
   int64_t handed = 0;
@@ -494,16 +495,48 @@ Status LocalBackend::Regions(size_t n, MessageType type, BodyOf&& body_of, kvpoo
   return s;
 }
 
-Status LocalBackend::Reserve(std::span<const KeyId> keys, const uint64_t* sizes,
-                             kvpool_region* regions, kvpool_status* statuses) {
-  auto body_of = [&](size_t off, size_t m) {
-    std::vector<protocol::SizedKey> items(m);
-    for (size_t i = 0; i < m; ++i) items[i] = {keys[off + i], sizes[off + i]};
-    std::vector<uint8_t> body;
+// A reserve or put request's head: the sized keys of [off, off + m) and,
+// when any of them is described, their descriptors (*type tells which).
+static std::vector<uint8_t> SizedHead(std::span<const KeyId> keys, const uint64_t* sizes,
+                                      const kvpool_descriptor* descs, size_t off, size_t m,
+                                      bool put, MessageType* type) {
+  std::vector<protocol::SizedKey> items(m);
+  for (size_t i = 0; i < m; ++i) items[i] = {keys[off + i], sizes[off + i]};
+  std::vector<protocol::KeyDescriptor> described;
+  for (size_t i = 0; descs != nullptr && i < m; ++i) {
+    const kvpool_descriptor& d = descs[off + i];
+    if (d.size == 0 || d.data == nullptr) continue;
+    described.push_back({keys[off + i], {static_cast<const uint8_t*>(d.data), d.size}});
+  }
+  std::vector<uint8_t> body;
+  if (described.empty()) {
+    *type = put ? MessageType::kPut : MessageType::kReserve;
     protocol::EncodeSizedKeys(items, &body);
-    return body;
-  };
-  return Regions(keys.size(), MessageType::kReserve, body_of, regions, statuses);
+  } else {
+    *type = put ? MessageType::kPutDescribed : MessageType::kReserveDescribed;
+    protocol::EncodeDescribedSizedKeys(items, described, &body);
+  }
+  return body;
+}
+
+Status LocalBackend::Reserve(std::span<const KeyId> keys, const uint64_t* sizes,
+                             const kvpool_descriptor* descs, kvpool_region* regions,
+                             kvpool_status* statuses) {
+  KVPOOL_RETURN_IF_ERROR(ZeroCopyAllowed());
+  uint32_t max_batch = MaxBatch();
+  const size_t n = keys.size();
+  Status s = WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+    for (size_t off = 0; off < n; off += max_batch) {
+      size_t m = std::min<size_t>(max_batch, n - off);
+      MessageType type;
+      std::vector<uint8_t> body = SizedHead(keys, sizes, descs, off, m, false, &type);
+      KVPOOL_RETURN_IF_ERROR(
+          RegionCall(lease, deadline, type, body, m, regions + off, statuses + off));
+    }
+    return Status::Ok();
+  });
+  if (!s.ok()) FillStatuses(statuses, 0, n, s);
+  return s;
 }
 
 Status LocalBackend::Commit(std::span<const uint64_t> handles, kvpool_status* statuses) {
@@ -544,7 +577,8 @@ Status LocalBackend::Acquire(std::span<const KeyId> keys, kvpool_region* regions
 // held throughout, so no other thread's put takes this connection's
 // staging room between the reserve and the commit.
 Status LocalBackend::PutInPlace(std::span<const KeyId> keys, const void* const* values,
-                                const uint64_t* sizes, kvpool_status* statuses) {
+                                const uint64_t* sizes, const kvpool_descriptor* descs,
+                                kvpool_status* statuses) {
   const size_t n = keys.size();
   const uint32_t max_batch = MaxBatch();
   bool staged;
@@ -556,12 +590,10 @@ Status LocalBackend::PutInPlace(std::span<const KeyId> keys, const void* const* 
   Status s = WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
     for (size_t off = 0; off < n; off += max_batch) {
       size_t m = std::min<size_t>(max_batch, n - off);
-      std::vector<protocol::SizedKey> items(m);
-      for (size_t i = 0; i < m; ++i) items[i] = {keys[off + i], sizes[off + i]};
-      std::vector<uint8_t> body;
-      protocol::EncodeSizedKeys(items, &body);
-      KVPOOL_RETURN_IF_ERROR(RegionCall(lease, deadline, MessageType::kReserve, body, m,
-                                        regions.data() + off, statuses + off));
+      MessageType type;
+      std::vector<uint8_t> body = SizedHead(keys, sizes, descs, off, m, false, &type);
+      KVPOOL_RETURN_IF_ERROR(
+          RegionCall(lease, deadline, type, body, m, regions.data() + off, statuses + off));
     }
     std::vector<size_t> idx;
     for (size_t i = 0; i < n; ++i) {
@@ -636,7 +668,8 @@ void LocalBackend::CopyAndCommit(Lease& lease, Clock::time_point deadline, bool 
 }
 
 Status LocalBackend::Put(std::span<const KeyId> keys, const void* const* values,
-                         const uint64_t* sizes, kvpool_status* statuses) {
+                         const uint64_t* sizes, const kvpool_descriptor* descs,
+                         kvpool_status* statuses) {
   size_t n = keys.size();
   if (!options_.copy_mode) {
     // Reserve, copy into the segment (or the connection's staging area),
@@ -656,7 +689,8 @@ Status LocalBackend::Put(std::span<const KeyId> keys, const void* const* values,
         bytes += add;
         ++m;
       }
-      Status s = PutInPlace(keys.subspan(off, m), values + off, sizes + off, statuses + off);
+      Status s = PutInPlace(keys.subspan(off, m), values + off, sizes + off,
+                            descs != nullptr ? descs + off : nullptr, statuses + off);
       if (!s.ok()) {
         FillStatuses(statuses, off + m, n, s);
         return s;
@@ -678,19 +712,20 @@ Status LocalBackend::Put(std::span<const KeyId> keys, const void* const* values,
     uint64_t bytes = 4;
     while (off + m < n && m < max_batch) {
       uint64_t add = 24 + sizes[off + m];
+      if (descs != nullptr) add += 20 + descs[off + m].size;
       if (m > 0 && bytes + add > max_frame) break;
       bytes += add;
       ++m;
     }
     Status s = WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
-      std::vector<protocol::SizedKey> items(m);
-      for (size_t i = 0; i < m; ++i) items[i] = {keys[off + i], sizes[off + i]};
-      std::vector<uint8_t> head, reply;
-      protocol::EncodeSizedKeys(items, &head);
+      MessageType type;
+      std::vector<uint8_t> head = SizedHead(keys, sizes, descs, off, m, true, &type);
+      std::vector<uint8_t> reply;
       std::vector<iovec> iov;
       iov.push_back({head.data(), head.size()});
-      for (size_t i = 0; i < m; ++i) iov.push_back({const_cast<void*>(values[off + i]), sizes[off + i]});
-      KVPOOL_RETURN_IF_ERROR(lease.link()->Call(MessageType::kPut, iov, deadline, &reply));
+      for (size_t i = 0; i < m; ++i)
+        iov.push_back({const_cast<void*>(values[off + i]), sizes[off + i]});
+      KVPOOL_RETURN_IF_ERROR(lease.link()->Call(type, iov, deadline, &reply));
       std::vector<int32_t> st;
       KVPOOL_RETURN_IF_ERROR(protocol::DecodeStatuses(reply, protocol::kMaxBatch, &st));
       if (st.size() != m) return Internal("reply item count does not match the request");
@@ -824,6 +859,21 @@ Result<std::string> LocalBackend::StatsJson() {
   KVPOOL_RETURN_IF_ERROR(WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
     std::vector<uint8_t> reply;
     KVPOOL_RETURN_IF_ERROR(lease.link()->Call(MessageType::kStats, {}, deadline, &reply));
+    return protocol::DecodeString(reply, &json);
+  }));
+  return json;
+}
+
+Result<std::string> LocalBackend::LookupPrefix(std::span<const uint64_t> hashes,
+                                               uint32_t timeout_ms) {
+  std::string json;
+  std::vector<uint8_t> body;
+  protocol::EncodeLookupPrefix(timeout_ms, hashes, &body);
+  KVPOOL_RETURN_IF_ERROR(WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+    iovec iov{body.data(), body.size()};
+    std::vector<uint8_t> reply;
+    KVPOOL_RETURN_IF_ERROR(
+        lease.link()->Call(MessageType::kLookupPrefix, std::span(&iov, 1), deadline, &reply));
     return protocol::DecodeString(reply, &json);
   }));
   return json;

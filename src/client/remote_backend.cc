@@ -17,8 +17,10 @@ class RemoteBackend final : public ClientBackend {
  public:
   explicit RemoteBackend(std::unique_ptr<RemoteClient> remote) : remote_(std::move(remote)) {}
 
+  // Descriptors are kept by the node a value is written through (its KV
+  // events); a remote-mode put goes through none, so they are dropped.
   Status Put(std::span<const KeyId> keys, const void* const* values, const uint64_t* sizes,
-             kvpool_status* statuses) override {
+             const kvpool_descriptor* /*descs*/, kvpool_status* statuses) override {
     return remote_->Put(keys, values, sizes, statuses);
   }
   Status Get(std::span<const KeyId> keys, void* const* buffers, const uint64_t* capacities,

@@ -126,6 +126,11 @@ inline constexpr transport::MessageType kPeerShardKeys = 0x0108;
 // reply's header is a JSON object of at most kMaxStatusBytes.
 inline constexpr transport::MessageType kPeerStatus = 0x0109;
 inline constexpr uint32_t kMaxStatusBytes = 16384;
+// The block index (block_index.h): kPeerPublish's and kPeerLookup's
+// payloads and replies, about index keys (BlockIndexKey), at the index's
+// homes.
+inline constexpr transport::MessageType kPeerBlockPublish = 0x010A;
+inline constexpr transport::MessageType kPeerBlockLookup = 0x010B;
 inline constexpr transport::MessageType kPeerTenantPublish = 0x0111;
 inline constexpr transport::MessageType kPeerTenantLookup = 0x0112;
 inline constexpr transport::MessageType kPeerTenantFetch = 0x0113;

@@ -129,7 +129,7 @@ void Publisher::FlushLocked() {
       EncodeTenantScope(opts_.tenant, {}, &scope);
       transport::CallArgs args;
       args.peer = address;
-      args.type = ScopedType(kPeerPublish, opts_.tenant);
+      args.type = opts_.tenant.empty() ? opts_.type : ScopedType(kPeerPublish, opts_.tenant);
       args.request = scope;
       args.payload = *payload;
       args.deadline = transport::Clock::now() + opts_.timeout;

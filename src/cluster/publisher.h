@@ -41,6 +41,9 @@ struct PublisherOptions {
   // The tenant whose holdings these are (empty: the default tenant); its
   // batches go as kPeerTenantPublish.
   std::string tenant;
+  // The message the batches go as (with no tenant): kPeerPublish for the
+  // directory, kPeerBlockPublish for the block index.
+  transport::MessageType type = kPeerPublish;
 };
 
 class Publisher {

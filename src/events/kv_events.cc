@@ -65,6 +65,7 @@ struct Told {
   KeyId key;
   KvEvent::Type type;
   Medium medium;
+  std::shared_ptr<const std::string> descriptor;  // null: named by its key id
 };
 
 }  // namespace
@@ -95,6 +96,7 @@ struct KvEventsPublisher::Impl {
   std::vector<Told> taken;
   std::vector<EventRun> runs;
   std::vector<KeyId> keys;
+  std::string descs;  // the batch's block descriptors (EventRun::desc_off)
 
   // The batching thread's own.
   int64_t next_seq = 0;
@@ -109,7 +111,8 @@ struct KvEventsPublisher::Impl {
 
   // wait: a full queue is waited out (the start-up listing) instead of
   // dropping the event.
-  void Queue(KvEvent::Type type, Medium medium, const KeyId& key, bool wait = false) {
+  void Queue(KvEvent::Type type, Medium medium, const KeyId& key,
+             const std::shared_ptr<const std::string>& descriptor, bool wait = false) {
     std::unique_lock lock(mu);
     while (wait && pending_keys >= opts.max_queued_events && !stopping) {
       lock.unlock();
@@ -120,7 +123,7 @@ struct KvEventsPublisher::Impl {
       dropped->Inc();
       return;
     }
-    pending.push_back(Told{key, type, medium});
+    pending.push_back(Told{key, type, medium, descriptor});
     ++pending_keys;
   }
 
@@ -176,6 +179,7 @@ struct KvEventsPublisher::Impl {
     }
     runs.clear();
     keys.clear();
+    descs.clear();
     for (const Told& t : taken) {
       const auto at = static_cast<uint32_t>(keys.size());
       if (t.type == KvEvent::Type::kAllCleared) {
@@ -183,15 +187,21 @@ struct KvEventsPublisher::Impl {
         continue;
       }
       keys.push_back(t.key);
-      if (runs.empty() || runs.back().type != t.type || runs.back().medium != t.medium ||
-          runs.back().end != at) {
-        runs.push_back(EventRun{t.type, t.medium, at, at});
+      // A described block is an event of its own; undescribed ones of one
+      // type and medium merge.
+      const auto desc_off = static_cast<uint32_t>(descs.size());
+      const auto desc_len = static_cast<uint32_t>(t.descriptor ? t.descriptor->size() : 0);
+      if (desc_len > 0) descs.append(*t.descriptor);
+      if (desc_len > 0 || runs.empty() || runs.back().type != t.type ||
+          runs.back().medium != t.medium || runs.back().end != at || runs.back().desc_len > 0) {
+        runs.push_back(EventRun{t.type, t.medium, at, at, desc_off, desc_len});
       }
       runs.back().end = at + 1;
       if (keys.size() == opts.max_batch_keys) {
         Send();
         runs.clear();
         keys.clear();
+        descs.clear();
       }
     }
     if (!runs.empty()) Send();
@@ -203,7 +213,7 @@ struct KvEventsPublisher::Impl {
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     const int64_t n = next_seq++;
     Payload payload = TakeBuffer();
-    EncodeBatchInto(payload.get(), ts, runs, keys, opts.encoding, opts.hash_type);
+    EncodeBatchInto(payload.get(), ts, runs, keys, opts.encoding, opts.hash_type, descs);
     const std::string seq = SeqFrame(n);
     // The PUB socket refuses a batch while any subscriber is at its
     // high-water mark (ZMQ_XPUB_NODROP): then it is sent again lossy, which
@@ -350,7 +360,7 @@ Result<std::unique_ptr<KvEventsPublisher>> KvEventsPublisher::Start(const KvEven
   impl->bound_replay = LastEndpoint(impl->replay);
   LogInfo("kv events: publishing on {}{}", impl->bound,
           impl->replay ? fmt::format(", replay on {}", impl->bound_replay) : "");
-  impl->pending.push_back(Told{KeyId{}, KvEvent::Type::kAllCleared, Medium::kCpu});
+  impl->pending.push_back(Told{KeyId{}, KvEvent::Type::kAllCleared, Medium::kCpu, nullptr});
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->Run(); });
   return std::unique_ptr<KvEventsPublisher>(new KvEventsPublisher(std::move(impl)));
@@ -367,19 +377,21 @@ KvEventsPublisher::~KvEventsPublisher() {
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
-void KvEventsPublisher::OnHoldings(const HoldingsEvent& e) {
-  using W = HoldingsEvent::Why;
+void KvEventsPublisher::OnBlockEvent(const HoldingsEvent& e,
+                                     const std::shared_ptr<const std::string>& descriptor) {
   const Medium tier = e.tier == HoldingTier::kDram ? Medium::kCpu : Medium::kStorage;
   if (e.kind == HoldingsEvent::Kind::kStored) {
-    impl_->Queue(KvEvent::Type::kStored, Medium::kCpu, e.key);
+    impl_->Queue(KvEvent::Type::kStored, Medium::kCpu, e.key, descriptor);
     return;
   }
-  impl_->Queue(KvEvent::Type::kRemoved, tier, e.key);
-  if (e.why == W::kMovedToSsd) impl_->Queue(KvEvent::Type::kStored, Medium::kStorage, e.key);
+  impl_->Queue(KvEvent::Type::kRemoved, tier, e.key, descriptor);
+  if (e.why == HoldingsEvent::Why::kMovedToSsd) {
+    impl_->Queue(KvEvent::Type::kStored, Medium::kStorage, e.key, descriptor);
+  }
 }
 
 void KvEventsPublisher::Recovered(const KeyId& key) {
-  impl_->Queue(KvEvent::Type::kStored, Medium::kStorage, key, /*wait=*/true);
+  impl_->Queue(KvEvent::Type::kStored, Medium::kStorage, key, nullptr, /*wait=*/true);
 }
 
 std::string KvEventsPublisher::bound_endpoint() const { return impl_->bound; }

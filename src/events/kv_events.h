@@ -1,10 +1,11 @@
 // KvEventsPublisher: tells cache-aware routers what a node holds, as KV
 // events (kv_events_format.h) on a ZMQ PUB socket with a replay socket.
 //
-// It observes the store's holdings stream (store/holdings.h): an entry
+// It hears the store's holdings stream (store/holdings.h) through the
+// block descriptors (blocks/descriptor_table.h): an entry
 // entering DRAM is BlockStored on CPU, one moved to SSD is BlockRemoved on
 // CPU and BlockStored on STORAGE, and an entry evicted, removed, handed off
-// or lost from a tier is BlockRemoved on that tier's medium. OnHoldings only
+// or lost from a tier is BlockRemoved on that tier's medium. OnBlockEvent only
 // appends to a bounded queue; a thread batches the queue every
 // batch_interval, numbers each batch, sends it without blocking (and without
 // copying it: the socket shares the buffer) and keeps the last replay_batches
@@ -14,10 +15,13 @@
 // get (counted: kvpool_kv_events_subscriber_dropped_total; it sees the gap
 // and replays). Neither slows the store.
 //
+// A block its writer described is named by its descriptor in every event
+// while the node holds it (kv_events_format.h).
+//
 // The first batch (seq 0) holds AllBlocksCleared: whatever a router knew of
 // this node before it started is gone.
 //
-// Thread-safe. OnHoldings may run under the DRAM tier's lock.
+// Thread-safe. OnBlockEvent may run under the DRAM tier's lock.
 #pragma once
 
 #include <chrono>
@@ -25,6 +29,7 @@
 #include <memory>
 #include <string>
 
+#include "blocks/descriptor_table.h"
 #include "common/metrics.h"
 #include "common/status.h"
 #include "events/kv_events_format.h"
@@ -65,14 +70,15 @@ struct KvEventsOptions {
   Status Validate() const;
 };
 
-class KvEventsPublisher final : public HoldingsObserver {
+class KvEventsPublisher final : public blocks::BlockEventListener {
  public:
   // Binds the sockets and starts the batching thread.
   static Result<std::unique_ptr<KvEventsPublisher>> Start(const KvEventsOptions& options,
                                                          MetricsRegistry* metrics);
   ~KvEventsPublisher() override;  // stops the thread, sends what is queued
 
-  void OnHoldings(const HoldingsEvent& event) override;
+  void OnBlockEvent(const HoldingsEvent& event,
+                    const std::shared_ptr<const std::string>& descriptor) override;
   // Queues BlockStored on STORAGE for an entry the SSD tier held when the
   // node started (the holdings stream does not tell those).
   void Recovered(const KeyId& key);

@@ -3,6 +3,8 @@
 #define MSGPACK_NO_BOOST
 #include <msgpack.hpp>
 
+#include "protocol/descriptor_format.h"
+
 namespace kvpool::events {
 namespace {
 
@@ -19,21 +21,60 @@ void PackStr(Packer& p, std::string_view s) {
   p.pack_str_body(s.data(), static_cast<uint32_t>(s.size()));
 }
 
+void PackKeyHash(Packer& p, const KeyId& k, HashType type) {
+  if (type != HashType::kBytes) {
+    p.pack_uint64(EventHashOf(k));
+    return;
+  }
+  char b[16];
+  for (int i = 0; i < 8; ++i) {
+    b[i] = static_cast<char>(k.hi >> (56 - 8 * i));
+    b[8 + i] = static_cast<char>(k.lo >> (56 - 8 * i));
+  }
+  p.pack_bin(16);
+  p.pack_bin_body(b, 16);
+}
+
+// An engine's hash as `type` asks: ints as they were written or from a bytes
+// hash's last 8 bytes (big-endian), bytes as written or from an int's 8
+// bytes (big-endian).
+void PackEngineHash(Packer& p, const protocol::EngineHash& h, HashType type) {
+  using K = protocol::EngineHash::Kind;
+  if (h.kind == K::kNone) {
+    p.pack_nil();
+    return;
+  }
+  const bool as_int =
+      type == HashType::kInt64 || (type == HashType::kAsWritten && h.kind != K::kBytes);
+  if (as_int) {
+    if (h.kind == K::kInt64) {
+      p.pack_int64(static_cast<int64_t>(h.value));
+      return;
+    }
+    uint64_t v = h.value;
+    if (h.kind == K::kBytes) {
+      v = 0;
+      const size_t from = h.bytes.size() > 8 ? h.bytes.size() - 8 : 0;
+      for (size_t i = from; i < h.bytes.size(); ++i)
+        v = (v << 8) | static_cast<uint8_t>(h.bytes[i]);
+    }
+    p.pack_uint64(v);
+    return;
+  }
+  if (h.kind == K::kBytes) {
+    p.pack_bin(static_cast<uint32_t>(h.bytes.size()));
+    p.pack_bin_body(h.bytes.data(), static_cast<uint32_t>(h.bytes.size()));
+    return;
+  }
+  char b[8];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>(h.value >> (56 - 8 * i));
+  p.pack_bin(8);
+  p.pack_bin_body(b, 8);
+}
+
 void PackHashes(Packer& p, std::span<const KeyId> keys, HashType type) {
   p.pack_array(static_cast<uint32_t>(keys.size()));
-  for (const KeyId& k : keys) {
-    if (type == HashType::kInt64) {
-      p.pack_uint64(EventHashOf(k));
-      continue;
-    }
-    char b[16];
-    for (int i = 0; i < 8; ++i) {
-      b[i] = static_cast<char>(k.hi >> (56 - 8 * i));
-      b[8 + i] = static_cast<char>(k.lo >> (56 - 8 * i));
-    }
-    p.pack_bin(16);
-    p.pack_bin_body(b, 16);
-  }
+  for (const KeyId& k : keys) PackKeyHash(p, k, type);
 }
 
 const char* TypeName(KvEvent::Type t) {
@@ -48,10 +89,55 @@ const char* TypeName(KvEvent::Type t) {
   return "?";
 }
 
-void PackEvent(Packer& p, const EventRun& e, std::span<const KeyId> all, Encoding enc,
-               HashType hash_type) {
+void PackStrOrNil(Packer& p, const std::string& s) {
+  if (s.empty()) {
+    p.pack_nil();
+  } else {
+    PackStr(p, s);
+  }
+}
+
+// What a BlockStored says of its blocks besides their hashes: the writer's
+// descriptor, or the defaults for a block named by its key id.
+struct Stored {
+  const protocol::BlockDescriptor* d = nullptr;
+  void Parent(Packer& p, HashType type) const {
+    if (d == nullptr) {
+      p.pack_nil();
+    } else {
+      PackEngineHash(p, d->parent, type);
+    }
+  }
+  void Tokens(Packer& p) const {
+    const uint32_t n = d == nullptr ? 0 : static_cast<uint32_t>(d->token_ids.size());
+    p.pack_array(n);
+    for (uint32_t i = 0; i < n; ++i) p.pack_uint32(d->token_ids[i]);
+  }
+  uint32_t BlockSize() const { return d == nullptr ? 0 : d->block_size; }
+  void LoraName(Packer& p) const {
+    if (d == nullptr) {
+      p.pack_nil();
+    } else {
+      PackStrOrNil(p, d->lora_name);
+    }
+  }
+};
+
+void PackBlockHashes(Packer& p, std::span<const KeyId> keys, const protocol::BlockDescriptor* d,
+                     HashType hash_type) {
+  if (d == nullptr) {
+    PackHashes(p, keys, hash_type);
+    return;
+  }
+  p.pack_array(1);
+  PackEngineHash(p, d->hash, hash_type);
+}
+
+void PackEvent(Packer& p, const EventRun& e, std::span<const KeyId> all,
+               const protocol::BlockDescriptor* d, Encoding enc, HashType hash_type) {
   const char* medium = MediumName(e.medium);
   const std::span<const KeyId> keys = all.subspan(e.begin, e.end - e.begin);
+  const Stored st{d};
   if (enc == Encoding::kArray) {
     switch (e.type) {
       case KvEvent::Type::kStored:
@@ -59,18 +145,18 @@ void PackEvent(Packer& p, const EventRun& e, std::span<const KeyId> all, Encodin
         //  lora_name]
         p.pack_array(8);
         PackStr(p, TypeName(e.type));
-        PackHashes(p, keys, hash_type);
-        p.pack_nil();
-        p.pack_array(0);
-        p.pack_uint64(0);
+        PackBlockHashes(p, keys, d, hash_type);
+        st.Parent(p, hash_type);
+        st.Tokens(p);
+        p.pack_uint64(st.BlockSize());
         p.pack_nil();
         PackStr(p, medium);
-        p.pack_nil();
+        st.LoraName(p);
         return;
       case KvEvent::Type::kRemoved:
         p.pack_array(3);
         PackStr(p, TypeName(e.type));
-        PackHashes(p, keys, hash_type);
+        PackBlockHashes(p, keys, d, hash_type);
         PackStr(p, medium);
         return;
       case KvEvent::Type::kAllCleared:
@@ -81,36 +167,50 @@ void PackEvent(Packer& p, const EventRun& e, std::span<const KeyId> all, Encodin
   }
   // A map with every field vLLM's decoder requires (a missing one fails
   // the whole batch there), at its default where the node has no value.
+  const bool group = d != nullptr && d->group_idx >= 0;
+  const bool spec = d != nullptr && !d->spec_kind.empty();
   switch (e.type) {
     case KvEvent::Type::kStored:
-      p.pack_map(9);
+      p.pack_map(9 + (group ? 1 : 0) + (spec ? 1 : 0));
       PackStr(p, "type");
       PackStr(p, TypeName(e.type));
       PackStr(p, "block_hashes");
-      PackHashes(p, keys, hash_type);
+      PackBlockHashes(p, keys, d, hash_type);
       PackStr(p, "parent_block_hash");
-      p.pack_nil();
+      st.Parent(p, hash_type);
       PackStr(p, "token_ids");
-      p.pack_array(0);
+      st.Tokens(p);
       PackStr(p, "block_size");
-      p.pack_uint64(0);
+      p.pack_uint64(st.BlockSize());
       PackStr(p, "lora_id");
       p.pack_nil();
       PackStr(p, "medium");
       PackStr(p, medium);
       PackStr(p, "lora_name");
-      p.pack_nil();
+      st.LoraName(p);
+      if (group) {
+        PackStr(p, "group_idx");
+        p.pack_int32(d->group_idx);
+      }
+      if (spec) {
+        PackStr(p, "kv_cache_spec_kind");
+        PackStr(p, d->spec_kind);
+      }
       PackStr(p, "locality");
       PackStr(p, "LOCAL");
       return;
     case KvEvent::Type::kRemoved:
-      p.pack_map(4);
+      p.pack_map(4 + (group ? 1 : 0));
       PackStr(p, "type");
       PackStr(p, TypeName(e.type));
       PackStr(p, "block_hashes");
-      PackHashes(p, keys, hash_type);
+      PackBlockHashes(p, keys, d, hash_type);
       PackStr(p, "medium");
       PackStr(p, medium);
+      if (group) {
+        PackStr(p, "group_idx");
+        p.pack_int32(d->group_idx);
+      }
       PackStr(p, "locality");
       PackStr(p, "LOCAL");
       return;
@@ -143,17 +243,29 @@ bool ValidTopic(std::string_view topic) {
 }
 
 void EncodeBatchInto(std::string* out, double ts, std::span<const EventRun> runs,
-                     std::span<const KeyId> keys, Encoding encoding, HashType hash_type) {
+                     std::span<const KeyId> keys, Encoding encoding, HashType hash_type,
+                     std::string_view descriptors) {
   out->clear();
   // At most 160 bytes an event besides its keys and 18 a key (bin 8 header
-  // and 16 bytes): one allocation for a new buffer, none for a reused one.
-  out->reserve(16 + 160 * runs.size() + 18 * keys.size());
+  // and 16 bytes), and a described block's descriptor at most 5/4 of its
+  // size in msgpack: one allocation for a new buffer, none for a reused one.
+  out->reserve(16 + 160 * runs.size() + 18 * keys.size() + descriptors.size() * 5 / 4);
   StringSink sink{out};
   Packer p(sink);
   p.pack_array(3);
   p.pack_double(ts);
   p.pack_array(static_cast<uint32_t>(runs.size()));
-  for (const EventRun& e : runs) PackEvent(p, e, keys, encoding, hash_type);
+  protocol::BlockDescriptor d;
+  for (const EventRun& e : runs) {
+    const bool described =
+        e.desc_len > 0 && e.desc_off + uint64_t{e.desc_len} <= descriptors.size() &&
+        protocol::DecodeDescriptor(
+            std::span(reinterpret_cast<const uint8_t*>(descriptors.data()) + e.desc_off,
+                      e.desc_len),
+            &d)
+            .ok();
+    PackEvent(p, e, keys, described ? &d : nullptr, encoding, hash_type);
+  }
   p.pack_nil();
 }
 

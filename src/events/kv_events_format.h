@@ -27,14 +27,18 @@
 //    lora_id, medium, lora_name]
 //   ["BlockRemoved", block_hashes, medium]
 //   ["AllBlocksCleared"]
-// block_hashes holds one hash per block, named by its key id, since a node
-// knows keys, not an engine's tokens: HashType::kInt64 (the default, as
-// vLLM's int mode and Dynamo's router need) writes the key id's high 64
-// bits as an unsigned msgpack int; kBytes writes the 16-byte key id (hi
-// then lo, big-endian) as bin. medium is "CPU" for the DRAM tier and
-// "STORAGE" for the SSD tier, locality "LOCAL" (this node holds it).
-// Consecutive events of one type and medium are merged into one event with
-// several hashes, in order.
+// A block its writer described (EventRun) is named the engine's way: its
+// hash (HashType), parent hash, token ids, block size and LoRA name in the
+// required fields, and in maps group_idx and kv_cache_spec_kind when set;
+// each described block is an event of its own. An undescribed key is named
+// by its key id: HashType::kInt64 (the default, as vLLM's int mode and
+// Dynamo's router need) writes the key id's high 64 bits as an unsigned
+// msgpack int; kBytes writes the 16-byte key id (hi then lo, big-endian) as
+// bin; parent nil, token_ids [], block_size 0. medium is "CPU" for the DRAM
+// tier and "STORAGE" for the SSD tier, locality "LOCAL" (this node holds
+// it). Consecutive undescribed events of one type and medium are merged
+// into one event with several hashes, in order. Arrays stay positional
+// (the required fields only), so group_idx is told in maps alone.
 //
 // Replay (ROUTER socket): a request's last frame is 8 bytes, the first seq
 // wanted (big-endian); the answer is, for each batch still buffered with
@@ -58,7 +62,11 @@ namespace kvpool::events {
 
 enum class Medium : uint8_t { kCpu = 0, kStorage = 1 };
 enum class Encoding : uint8_t { kMap = 0, kArray = 1 };
-enum class HashType : uint8_t { kInt64 = 0, kBytes = 1 };
+// How a block's hash is written: kInt64 an int (a described block's bytes
+// hash: its last 8 bytes, big-endian, as llm-d and vLLM's int mode read
+// them), kBytes bin (an int hash as 8 bytes, big-endian), kAsWritten as the
+// writer's descriptor has it (an undescribed key: as kInt64).
+enum class HashType : uint8_t { kInt64 = 0, kBytes = 1, kAsWritten = 2 };
 enum class ReplayFraming : uint8_t { kThreeFrames = 0, kTwoFrames = 1 };
 
 struct KvEvent {
@@ -79,20 +87,28 @@ std::string EncodeBatch(double ts, const std::vector<KvEvent>& events, Encoding 
                         HashType hash_type = HashType::kInt64);
 
 // One event of a batch as a run of a shared key array: keys [begin, end)
-// (none for AllBlocksCleared).
+// (none for AllBlocksCleared). A described block (its writer's block
+// descriptor, protocol/descriptor_format.h, at [desc_off, desc_off +
+// desc_len) of the batch's descriptor bytes) is an event of its own (end ==
+// begin + 1), named the engine's way: its hash, parent, tokens, block size,
+// LoRA, group and spec kind.
 struct EventRun {
   KvEvent::Type type = KvEvent::Type::kStored;
   Medium medium = Medium::kCpu;
   uint32_t begin = 0, end = 0;
+  uint32_t desc_off = 0, desc_len = 0;  // desc_len 0: named by its key id
 };
 
 // One EventBatch's msgpack bytes in *out, which is cleared first and whose
 // capacity is reused: a publisher that encodes into the buffers it keeps
 // allocates nothing per batch once they have grown. The same bytes as
 // EncodeBatch.
+// descriptors: the bytes the runs' desc_off/desc_len point into (each a
+// descriptor checked when it was staged; one that does not decode is told
+// by its key id).
 void EncodeBatchInto(std::string* out, double ts, std::span<const EventRun> runs,
                      std::span<const KeyId> keys, Encoding encoding,
-                     HashType hash_type = HashType::kInt64);
+                     HashType hash_type = HashType::kInt64, std::string_view descriptors = {});
 
 // The hash a block is named by in events (HashType::kInt64).
 inline uint64_t EventHashOf(const KeyId& key) { return key.hi; }

@@ -8,14 +8,18 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #define MSGPACK_NO_BOOST
 #include <msgpack.hpp>
 
 #include "events/kv_events_format.h"
+#include "protocol/descriptor_format.h"
 
 namespace kvpool::events {
 namespace {
@@ -112,6 +116,120 @@ TEST(KvEventsFormat, BatchesDecodeInBothEncodings) {
   }
 }
 
+protocol::BlockDescriptor Described(uint64_t hash, std::optional<uint64_t> parent,
+                                    uint32_t first_token) {
+  protocol::BlockDescriptor d;
+  d.hash = {protocol::EngineHash::Kind::kUint64, hash, ""};
+  if (parent) d.parent = {protocol::EngineHash::Kind::kUint64, *parent, ""};
+  d.block_size = 4;
+  for (uint32_t t = 0; t < 4; ++t) d.token_ids.push_back(first_token + t);
+  d.group_idx = 1;
+  d.lora_name = "sql-lora";
+  d.spec_kind = "full";
+  return d;
+}
+
+std::string Bytes(const protocol::BlockDescriptor& d) {
+  auto b = protocol::EncodeDescriptor(d);
+  EXPECT_TRUE(b.ok()) << b.status().ToString();
+  return b.ok() ? *b : std::string();
+}
+
+using Fields = std::map<std::string, msgpack::object>;
+
+// A described block is an event of its own, named by the writer's hash,
+// parent, tokens, block size and LoRA name; group_idx and the spec kind are
+// told in maps only (arrays stay at the required fields).
+TEST(KvEventsFormat, ADescribedBlockIsNamedTheEnginesWay) {
+  const std::string d1 = Bytes(Described(0x1111, std::nullopt, 100));
+  const std::string d2 = Bytes(Described(0x2222, 0x1111, 104));
+  const std::string descs = d1 + d2;
+  const std::vector<KeyId> keys = {K(1), K(2), K(3), K(4)};
+  // K(1), K(2) described; K(3), K(4) not (one merged event); then K(1) removed.
+  const std::vector<EventRun> runs = {
+      {KvEvent::Type::kStored, Medium::kCpu, 0, 1, 0, static_cast<uint32_t>(d1.size())},
+      {KvEvent::Type::kStored, Medium::kCpu, 1, 2, static_cast<uint32_t>(d1.size()),
+       static_cast<uint32_t>(d2.size())},
+      {KvEvent::Type::kStored, Medium::kCpu, 2, 4, 0, 0},
+      {KvEvent::Type::kRemoved, Medium::kStorage, 0, 1, 0, static_cast<uint32_t>(d1.size())}};
+  std::string out;
+  EncodeBatchInto(&out, 1.0, runs, keys, Encoding::kMap, HashType::kInt64, descs);
+  msgpack::object_handle oh = msgpack::unpack(out.data(), out.size());
+  const msgpack::object& events = oh.get().via.array.ptr[1];
+  ASSERT_EQ(events.via.array.size, 4u);
+  auto first = events.via.array.ptr[0].as<Fields>();
+  EXPECT_EQ(first["block_hashes"].as<std::vector<uint64_t>>(), std::vector<uint64_t>{0x1111});
+  EXPECT_TRUE(first["parent_block_hash"].is_nil());
+  EXPECT_EQ(first["token_ids"].as<std::vector<uint32_t>>(),
+            (std::vector<uint32_t>{100, 101, 102, 103}));
+  EXPECT_EQ(first["block_size"].as<uint32_t>(), 4u);
+  EXPECT_EQ(first["lora_name"].as<std::string>(), "sql-lora");
+  EXPECT_EQ(first["group_idx"].as<int>(), 1);
+  EXPECT_EQ(first["kv_cache_spec_kind"].as<std::string>(), "full");
+  EXPECT_EQ(first["medium"].as<std::string>(), "CPU");
+  auto second = events.via.array.ptr[1].as<Fields>();
+  EXPECT_EQ(second["parent_block_hash"].as<uint64_t>(), 0x1111u);
+  EXPECT_EQ(second["token_ids"].as<std::vector<uint32_t>>(),
+            (std::vector<uint32_t>{104, 105, 106, 107}));
+  auto plain = events.via.array.ptr[2].as<Fields>();
+  EXPECT_EQ(plain["block_hashes"].as<std::vector<uint64_t>>(),
+            (std::vector<uint64_t>{K(3).hi, K(4).hi}));
+  EXPECT_EQ(plain["block_size"].as<uint32_t>(), 0u);
+  EXPECT_EQ(plain.count("group_idx"), 0u);
+  auto removed = events.via.array.ptr[3].as<Fields>();
+  EXPECT_EQ(removed["block_hashes"].as<std::vector<uint64_t>>(), std::vector<uint64_t>{0x1111});
+  EXPECT_EQ(removed["group_idx"].as<int>(), 1);
+  EXPECT_EQ(removed["medium"].as<std::string>(), "STORAGE");
+
+  EncodeBatchInto(&out, 1.0, runs, keys, Encoding::kArray, HashType::kInt64, descs);
+  oh = msgpack::unpack(out.data(), out.size());
+  const msgpack::object& arr = oh.get().via.array.ptr[1].via.array.ptr[1];
+  ASSERT_EQ(arr.via.array.size, 8u);
+  EXPECT_EQ(arr.via.array.ptr[1].as<std::vector<uint64_t>>(), std::vector<uint64_t>{0x2222});
+  EXPECT_EQ(arr.via.array.ptr[2].as<uint64_t>(), 0x1111u);
+  EXPECT_EQ(arr.via.array.ptr[3].as<std::vector<uint32_t>>(),
+            (std::vector<uint32_t>{104, 105, 106, 107}));
+  EXPECT_EQ(arr.via.array.ptr[4].as<uint32_t>(), 4u);
+  EXPECT_EQ(arr.via.array.ptr[7].as<std::string>(), "sql-lora");
+}
+
+// int64 writes a bytes hash as its last 8 bytes (big-endian); bytes writes an
+// int as 8 bytes (big-endian); as-written keeps each as the writer gave it.
+TEST(KvEventsFormat, HashTypesConvertTheEnginesHash) {
+  protocol::BlockDescriptor b;
+  b.hash = {protocol::EngineHash::Kind::kBytes, 0,
+            std::string("\xaa\x01\x02\x03\x04\x05\x06\x07\x08", 9)};
+  b.parent = {protocol::EngineHash::Kind::kInt64, static_cast<uint64_t>(int64_t{-2}), ""};
+  b.block_size = 1;
+  const std::string d = Bytes(b);
+  const std::vector<KeyId> keys = {K(1)};
+  const std::vector<EventRun> runs = {
+      {KvEvent::Type::kStored, Medium::kCpu, 0, 1, 0, static_cast<uint32_t>(d.size())}};
+  auto fields = [&](HashType ht) {
+    std::string out;
+    EncodeBatchInto(&out, 1.0, runs, keys, Encoding::kMap, ht, d);
+    msgpack::object_handle oh = msgpack::unpack(out.data(), out.size());
+    Fields f = oh.get().via.array.ptr[1].via.array.ptr[0].as<Fields>();
+    auto z = std::make_shared<msgpack::zone>();
+    Fields copy;
+    for (auto& [k, v] : f) copy[k] = msgpack::object(v, *z);
+    return std::make_pair(copy, z);
+  };
+  auto [i64, z1] = fields(HashType::kInt64);
+  EXPECT_EQ(i64["block_hashes"].via.array.ptr[0].as<uint64_t>(), 0x0102030405060708u);
+  EXPECT_EQ(i64["parent_block_hash"].as<int64_t>(), -2);
+  auto [by, z2] = fields(HashType::kBytes);
+  const msgpack::object& h = by["block_hashes"].via.array.ptr[0];
+  ASSERT_EQ(h.type, msgpack::type::BIN);
+  EXPECT_EQ(std::string(h.via.bin.ptr, h.via.bin.size), b.hash.bytes);
+  const msgpack::object& p = by["parent_block_hash"];
+  ASSERT_EQ(p.type, msgpack::type::BIN);
+  EXPECT_EQ(std::string(p.via.bin.ptr, p.via.bin.size), std::string(7, '\xff') + "\xfe");
+  auto [aw, z3] = fields(HashType::kAsWritten);
+  EXPECT_EQ(aw["block_hashes"].via.array.ptr[0].type, msgpack::type::BIN);
+  EXPECT_EQ(aw["parent_block_hash"].as<int64_t>(), -2);
+}
+
 TEST(KvEventsFormat, KvTopicsNameThePodAndTheModel) {
   for (const char* ok : {"", "kvpool", "kv@node-7@llama-3-70b"}) EXPECT_TRUE(ValidTopic(ok)) << ok;
   for (const char* bad : {"kv@", "kv@pod", "kv@pod@", "kv@@model", "kv@a@b@c"}) {
@@ -179,7 +297,7 @@ TEST(KvEventsPublisher, ReplayInTwoFramesForOlderSubscribers) {
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   HoldingsEvent e;
   e.key = K(7);
-  (*p)->OnHoldings(e);
+  (*p)->OnBlockEvent(e, nullptr);
   for (int i = 0; i < 200 && metrics.ValueOf("kvpool_kv_events_total") < 1; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -208,6 +326,80 @@ TEST(KvEventsPublisher, ReplayInTwoFramesForOlderSubscribers) {
   zmq_ctx_term(ctx);
 }
 
+// Through the block descriptors, the publisher names a staged key's block
+// by its descriptor from its write to its last event; a stage whose commit
+// failed is forgotten, and a stage past the budget leaves the key named by
+// its key id.
+TEST(KvEventsPublisher, DescribedKeysAreNamedFromTheirWriteToTheirLastEvent) {
+  MetricsRegistry metrics;
+  KvEventsOptions o;
+  o.endpoint = "tcp://127.0.0.1:0";
+  o.replay_endpoint = "tcp://127.0.0.1:0";
+  o.batch_interval = std::chrono::milliseconds(1);
+  const std::string d1 = Bytes(Described(0xa1, std::nullopt, 1));
+  const std::string d2 = Bytes(Described(0xa2, 0xa1, 5));
+  blocks::DescriptorTable table(
+      2 * blocks::DescriptorTable::kEntryOverheadBytes + d1.size() + d2.size(), &metrics);
+  auto p = KvEventsPublisher::Start(o, &metrics);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  table.SetListeners(p->get(), nullptr);
+  auto span = [](const std::string& s) {
+    return std::span(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+  };
+  EXPECT_NE(table.Stage(K(1), span(d1)), 0u);
+  const uint64_t failed = table.Stage(K(2), span(d2));
+  ASSERT_NE(failed, 0u);
+  EXPECT_EQ(table.Stage(K(3), span(d2)), 0u);  // over the budget: told by its key id
+  EXPECT_EQ(metrics.ValueOf("kvpool_descriptors_refused_total"), 1);
+  table.Unstage(K(2), failed);  // K(2)'s commit failed
+  EXPECT_EQ(table.entries(), 1u);
+
+  HoldingsEvent e;
+  e.key = K(1);
+  table.OnHoldings(e);  // written
+  e.key = K(2);
+  table.OnHoldings(e);  // written without a descriptor (its stage was undone)
+  e.kind = HoldingsEvent::Kind::kDropped;
+  e.key = K(1);
+  e.why = HoldingsEvent::Why::kMovedToSsd;
+  e.still_held = true;
+  table.OnHoldings(e);  // CPU -> STORAGE
+  e.why = HoldingsEvent::Why::kRemoved;
+  e.tier = HoldingTier::kSsd;
+  e.still_held = false;
+  table.OnHoldings(e);  // gone
+  for (int i = 0; i < 400 && metrics.ValueOf("kvpool_kv_events_total") < 5; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(metrics.ValueOf("kvpool_kv_events_total"), 5);
+  EXPECT_EQ(table.entries(), 0u);
+  EXPECT_EQ(table.bytes(), 0u);
+  void* ctx = zmq_ctx_new();
+  std::vector<std::tuple<std::string, std::string, uint64_t>> told;  // type, medium, hash
+  for (const auto& frames : Replay(ctx, (*p)->bound_replay_endpoint(), 0)) {
+    const std::string& payload = frames.back();
+    msgpack::object_handle oh = msgpack::unpack(payload.data(), payload.size());
+    const msgpack::object& events = oh.get().via.array.ptr[1];
+    for (uint32_t i = 0; i < events.via.array.size; ++i) {
+      Fields f = events.via.array.ptr[i].as<Fields>();
+      if (f["type"].as<std::string>() == "AllBlocksCleared") continue;
+      for (uint64_t h : f["block_hashes"].as<std::vector<uint64_t>>()) {
+        told.emplace_back(f["type"].as<std::string>(), f["medium"].as<std::string>(), h);
+      }
+    }
+  }
+  const std::vector<std::tuple<std::string, std::string, uint64_t>> want = {
+      {"BlockStored", "CPU", 0xa1},
+      {"BlockStored", "CPU", K(2).hi},
+      {"BlockRemoved", "CPU", 0xa1},
+      {"BlockStored", "STORAGE", 0xa1},
+      {"BlockRemoved", "STORAGE", 0xa1}};
+  EXPECT_EQ(told, want);
+  table.SetListeners(nullptr, nullptr);
+  p->reset();
+  zmq_ctx_term(ctx);
+}
+
 TEST(KvEventsPublisher, SequenceBatchesReplayAndAFullQueueDropsCounted) {
   MetricsRegistry metrics;
   KvEventsOptions o;
@@ -222,15 +414,15 @@ TEST(KvEventsPublisher, SequenceBatchesReplayAndAFullQueueDropsCounted) {
   e.kind = HoldingsEvent::Kind::kStored;
   for (int i = 0; i < 3; ++i) {
     e.key = K(i);
-    (*p)->OnHoldings(e);  // 3 stored
+    (*p)->OnBlockEvent(e, nullptr);  // 3 stored
   }
   e.kind = HoldingsEvent::Kind::kDropped;
   e.why = HoldingsEvent::Why::kMovedToSsd;
   e.key = K(0);
-  (*p)->OnHoldings(e);  // removed on CPU + stored on STORAGE: 5 queued in all
+  (*p)->OnBlockEvent(e, nullptr);  // removed on CPU + stored on STORAGE: 5 queued in all
   e.why = HoldingsEvent::Why::kEvicted;
   e.key = K(1);
-  (*p)->OnHoldings(e);  // over the queue: dropped
+  (*p)->OnBlockEvent(e, nullptr);  // over the queue: dropped
   EXPECT_EQ(metrics.ValueOf("kvpool_kv_events_dropped_total"), 1);
   p->reset();  // sends what is queued: AllBlocksCleared + 5 blocks, 2 a batch
   EXPECT_EQ(metrics.ValueOf("kvpool_kv_events_total"), 5);
@@ -250,7 +442,7 @@ TEST(KvEventsPublisher, ReplayAnswersTheBatchesFromAStartSeq) {
   HoldingsEvent e;
   for (int i = 0; i < 4; ++i) {
     e.key = K(i);
-    (*p)->OnHoldings(e);
+    (*p)->OnBlockEvent(e, nullptr);
   }
   for (int i = 0; i < 200 && metrics.ValueOf("kvpool_kv_events_total") < 4; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -327,7 +519,7 @@ TEST(KvEventsPublisher, BatchesQueuedForASlowSubscriberKeepTheirBytesAfterTheRep
   HoldingsEvent e;
   for (int i = 0; i < kKeys; ++i) {
     e.key = K(i);
-    (*p)->OnHoldings(e);
+    (*p)->OnBlockEvent(e, nullptr);
     if (i % 512 == 511) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   for (int i = 0; i < 400 && metrics.ValueOf("kvpool_kv_events_total") < kKeys; ++i) {
@@ -405,7 +597,7 @@ TEST(KvEventsPublisher, AStalledSubscriberMissesBatchesTheOthersGetCounted) {
   for (int b = 0; b < kBatches; ++b) {
     for (int i = 0; i < 1024; ++i) {
       e.key = K(b * 1024 + i);
-      (*p)->OnHoldings(e);
+      (*p)->OnBlockEvent(e, nullptr);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(3));
   }

@@ -1,15 +1,16 @@
 #include "node/local_ops.h"
 
-#include "common/log.h"
-
 #include <fmt/format.h>
 #include <openssl/crypto.h>
 
-#include <nlohmann/json.hpp>
-
-#include <optional>
 #include <cstring>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
+
+#include "blocks/descriptor_table.h"
+#include "common/log.h"
+#include "protocol/descriptor_format.h"
 
 namespace kvpool {
 
@@ -17,9 +18,23 @@ using protocol::FrameHeader;
 using protocol::MessageType;
 
 namespace {
-constexpr const char* kOpNames[] = {"",        "hello",   "reserve", "commit", "abort",
-                                    "acquire", "release", "exists",  "put",    "get",
-                                    "remove",  "stats",   "flush",  "clear"};
+constexpr const char* kOpNames[] = {"",
+                                    "hello",
+                                    "reserve",
+                                    "commit",
+                                    "abort",
+                                    "acquire",
+                                    "release",
+                                    "exists",
+                                    "put",
+                                    "get",
+                                    "remove",
+                                    "stats",
+                                    "flush",
+                                    "clear",
+                                    "reserve_described",
+                                    "put_described",
+                                    "lookup_prefix"};
 }  // namespace
 
 LocalOps::LocalOps(const LocalServerOptions& o, TieredStore* tiered, RemoteSource* remote,
@@ -89,6 +104,9 @@ LocalOps::LocalOps(const LocalServerOptions& o, TieredStore* tiered, RemoteSourc
   bytes_written_ = m->GetCounter("kvpool_bytes_written_total", "Value bytes committed");
   put_failures_ = m->GetCounter("kvpool_put_failures_total",
                                 "Put or reserve items refused (no space, too large)");
+  descriptors_invalid_ =
+      m->GetCounter("kvpool_descriptors_invalid_total",
+                    "Put or reserve items refused for a malformed block descriptor");
 }
 
 LocalOps::~LocalOps() { metrics_->RemoveCallbacks(this); }
@@ -150,6 +168,15 @@ void LocalOps::Resume(LocalSession& c, ParkedReads::Request& p) {
       break;
     case MessageType::kGet:
       AnswerGet(c, p.header, p.sized, &carried);
+      break;
+    case MessageType::kLookupPrefix:
+      if (!p.call_status.ok()) {
+        QueueError(c, p.header.request_id, p.call_status);
+      } else {
+        out_.clear();
+        protocol::EncodeString(p.answer, &out_);
+        Queue(c, MessageType::kLookupPrefix, p.header.request_id, Status::Ok(), out_);
+      }
       break;
     default:
       AnswerExists(c, p.header, p.keys, &p.remote_hits);
@@ -261,6 +288,7 @@ void LocalOps::Handle(LocalSession& c, const FrameHeader& h, std::span<const uin
       s = OnHello(c, h, body);
       break;
     case MessageType::kReserve:
+    case MessageType::kReserveDescribed:
       s = OnReserve(c, h, body);
       break;
     case MessageType::kCommit:
@@ -279,6 +307,7 @@ void LocalOps::Handle(LocalSession& c, const FrameHeader& h, std::span<const uin
       s = OnExists(c, h, body);
       break;
     case MessageType::kPut:
+    case MessageType::kPutDescribed:
       s = OnPut(c, h, body);
       break;
     case MessageType::kGet:
@@ -295,6 +324,9 @@ void LocalOps::Handle(LocalSession& c, const FrameHeader& h, std::span<const uin
       break;
     case MessageType::kClear:
       s = OnClear(c, h, body);
+      break;
+    case MessageType::kLookupPrefix:
+      s = OnLookupPrefix(c, h, body);
       break;
     default:
       ProtocolError("unknown_type");
@@ -377,14 +409,88 @@ Status LocalOps::OnHello(LocalSession& c, const FrameHeader& h, std::span<const 
   return Status::Ok();
 }
 
+// The sized keys of a reserve or put, and of a described one its
+// descriptors: each checked here (descriptor_ok_: false fails that item
+// with InvalidArgument, so no value is stored without the description it
+// came with), kept in descriptors_ (DescriptorOf) for the commit.
+Status LocalOps::DecodeSized(const FrameHeader& h, std::span<const uint8_t> body,
+                             std::vector<protocol::SizedKey>* sized,
+                             std::span<const uint8_t>* rest) {
+  descriptor_ok_.clear();
+  descriptors_.clear();  // views into an earlier request's body
+  const auto type = static_cast<MessageType>(h.type);
+  if (type != MessageType::kReserveDescribed && type != MessageType::kPutDescribed) {
+    return protocol::DecodeSizedKeys(body, opts_.max_batch, sized, rest);
+  }
+  KVPOOL_RETURN_IF_ERROR(
+      protocol::DecodeDescribedSizedKeys(body, opts_.max_batch, sized, &descriptors_, rest));
+  descriptor_ok_.assign(sized->size(), true);
+  protocol::BlockDescriptor d;
+  for (size_t i = 0; i < descriptors_.size(); ++i) {
+    if (descriptors_[i].empty()) continue;
+    Status s = protocol::DecodeDescriptor(descriptors_[i], &d);
+    if (s.ok()) continue;
+    descriptor_ok_[i] = false;
+    descriptors_invalid_->Inc();
+    if (descriptors_invalid_->Value() <= 10 || descriptors_invalid_->Value() % 1000 == 0) {
+      LogWarn("refused a put of key {:016x}{:016x}: {} ({} refused so far)", (*sized)[i].key.hi,
+              (*sized)[i].key.lo, s.message(), descriptors_invalid_->Value());
+    }
+  }
+  return Status::Ok();
+}
+
+std::string LocalOps::DescriptorOf(size_t i) const {
+  if (i >= descriptors_.size() || descriptors_[i].empty()) return {};
+  return std::string(reinterpret_cast<const char*>(descriptors_[i].data()), descriptors_[i].size());
+}
+
+uint64_t LocalOps::Stage(const LocalSession& c, const KeyId& key, const std::string& descriptor) {
+  // Only the default tenant's blocks are told (KV events, the block index).
+  if (descriptor.empty() || opts_.descriptors == nullptr || c.tenant != 0) return 0;
+  return opts_.descriptors->Stage(
+      key, std::span(reinterpret_cast<const uint8_t*>(descriptor.data()), descriptor.size()));
+}
+
+void LocalOps::Unstage(const KeyId& key, uint64_t token) {
+  if (token != 0) opts_.descriptors->Unstage(key, token);
+}
+
+// Parked until the cluster answers (LocalServerOptions::lookup_prefix).
+Status LocalOps::OnLookupPrefix(LocalSession& c, const FrameHeader& h,
+                                std::span<const uint8_t> body) {
+  uint32_t timeout_ms = 0;
+  std::vector<uint64_t> hashes;
+  KVPOOL_RETURN_IF_ERROR(protocol::DecodeLookupPrefix(body, opts_.max_batch, &timeout_ms, &hashes));
+  if (!opts_.lookup_prefix) return FailedPrecondition("this node answers no prefix lookups");
+  if (c.tenant != 0) {
+    return FailedPrecondition(
+        "prefix lookups cover the default tenant's blocks; a tenant's client may not ask");
+  }
+  ParkedReads::Request r;
+  r.fd = c.fd;
+  r.conn_id = c.id;
+  r.header = h;
+  T(c).parked->ParkCall(&r, [&](ParkedReads::CallDone done) {
+    opts_.lookup_prefix(std::move(hashes), timeout_ms, std::move(done));
+  });
+  c.pending = true;
+  parked_now_ = true;
+  return Status::Ok();
+}
+
 Status LocalOps::OnReserve(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {
-  KVPOOL_RETURN_IF_ERROR(protocol::DecodeSizedKeys(body, opts_.max_batch, &sized_, nullptr));
+  KVPOOL_RETURN_IF_ERROR(DecodeSized(h, body, &sized_, nullptr));
   Bind(c, &sized_);
   items_->Inc(sized_.size());
   NoteChain(c, sized_);
   regions_.assign(sized_.size(), {});
   Tenant& t = T(c);
   for (size_t i = 0; i < sized_.size(); ++i) {
+    if (!descriptor_ok_.empty() && !descriptor_ok_[i]) {
+      regions_[i].status = static_cast<int32_t>(StatusCode::kInvalidArgument);
+      continue;
+    }
     if (c.staging && t.remote != nullptr && t.remote->WouldForward(sized_[i].key) &&
         !t.store->Contains(sized_[i].key)) {
       // Placement chain: staged here, sent to its node at the commit.
@@ -392,7 +498,8 @@ Status LocalOps::OnReserve(LocalSession& c, const FrameHeader& h, std::span<cons
       if (staged != StagingArea::kNone) {
         uint64_t handle = c.next_handle++;
         regions_[i] = {0, handle, staged, sized_[i].size};
-        LocalSession::Reserved fwd{{}, staged, h.request_id, sized_[i].key, sized_[i].size};
+        LocalSession::Reserved fwd{
+            {}, staged, h.request_id, sized_[i].key, sized_[i].size, DescriptorOf(i)};
         c.reservations.emplace(handle, std::move(fwd));
         continue;
       }
@@ -419,11 +526,12 @@ Status LocalOps::OnReserve(LocalSession& c, const FrameHeader& h, std::span<cons
     uint64_t handle = c.next_handle++;
     regions_[i] = {0, handle, c.staging ? staged : r->offset(), r->size()};
     c.reservations.emplace(
-        handle, LocalSession::Reserved{std::move(r).value(), staged, h.request_id, {}, 0});
+        handle,
+        LocalSession::Reserved{std::move(r).value(), staged, h.request_id, {}, 0, DescriptorOf(i)});
   }
   out_.clear();
   protocol::EncodeRegionItems(regions_, &out_);
-  Queue(c, MessageType::kReserve, h.request_id, Status::Ok(), out_);
+  Queue(c, static_cast<MessageType>(h.type), h.request_id, Status::Ok(), out_);
   return Status::Ok();
 }
 
@@ -443,8 +551,10 @@ Status LocalOps::CommitForwarded(LocalSession& c, const LocalSession::Reserved& 
       return r.status();
     }
     std::memcpy(r->data(), value.data(), value.size());
+    const uint64_t token = Stage(c, res.forward_key, res.descriptor);
     s = t.store->Commit(std::move(r).value(), WriteOrigin::kPut, nullptr,
                         Returning(t, res.forward_key));
+    if (!s.ok()) Unstage(res.forward_key, token);
     if (s.ok()) publish_due_ = t.remote;  // stored here after all (PublishStored)
   }
   if (s.ok()) {
@@ -482,7 +592,9 @@ Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const
       c.chain = DramStore::ChainPlace{};
     }
     const KeyId key = res.slot.key();
+    const uint64_t token = Stage(c, key, res.descriptor);
     Status s = t.store->Commit(std::move(res.slot), WriteOrigin::kPut, &c.chain, Returning(t, key));
+    if (!s.ok()) Unstage(key, token);
     c.reservations.erase(it);
     statuses_[i] = static_cast<int32_t>(s.code());
     if (s.ok()) {
@@ -623,7 +735,7 @@ void LocalOps::NoteChain(LocalSession& c, const std::vector<protocol::SizedKey>&
 
 Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {
   std::span<const uint8_t> data;
-  KVPOOL_RETURN_IF_ERROR(protocol::DecodeSizedKeys(body, opts_.max_batch, &sized_, &data));
+  KVPOOL_RETURN_IF_ERROR(DecodeSized(h, body, &sized_, &data));
   Bind(c, &sized_);
   uint64_t total = 0;
   for (const auto& it : sized_) {
@@ -642,6 +754,10 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
   for (size_t i = 0; i < sized_.size(); ++i) {
     const uint8_t* src = data.data() + off;
     off += sized_[i].size;
+    if (!descriptor_ok_.empty() && !descriptor_ok_[i]) {
+      statuses_[i] = static_cast<int32_t>(StatusCode::kInvalidArgument);
+      continue;
+    }
     // Placement chain: a value that lives on another node goes there at once.
     if (t.remote != nullptr && t.remote->WouldForward(sized_[i].key) &&
         !t.store->Contains(sized_[i].key) &&
@@ -659,8 +775,10 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
       continue;
     }
     std::memcpy(r->data(), src, sized_[i].size);
+    const uint64_t token = Stage(c, sized_[i].key, DescriptorOf(i));
     Status s = t.store->Commit(std::move(r).value(), WriteOrigin::kPut, &chain,
                                Returning(t, sized_[i].key));
+    if (!s.ok()) Unstage(sized_[i].key, token);
     statuses_[i] = static_cast<int32_t>(s.code());
     if (s.ok()) {
       Wrote(c, t, sized_[i].size);
@@ -670,7 +788,7 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
   if (stored && t.remote != nullptr) publish_due_ = t.remote;  // PublishStored
   out_.clear();
   protocol::EncodeStatuses(statuses_, &out_);
-  Queue(c, MessageType::kPut, h.request_id, Status::Ok(), out_);
+  Queue(c, static_cast<MessageType>(h.type), h.request_id, Status::Ok(), out_);
   return Status::Ok();
 }
 

@@ -67,6 +67,9 @@ struct LocalSession {
     // written to staging and sent from there at its commit.
     KeyId forward_key;
     uint64_t forward_size = 0;
+    // The writer's block descriptor (protocol/descriptor_format.h, checked),
+    // staged for KV events at the commit; empty: none.
+    std::string descriptor;
     uint64_t size() const { return slot.valid() ? slot.size() : forward_size; }
   };
   std::unordered_map<uint64_t, Reserved> reservations;
@@ -154,6 +157,13 @@ class LocalOps {
              const std::vector<uint8_t>& body);
 
   Status OnHello(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
+  Status DecodeSized(const protocol::FrameHeader& h, std::span<const uint8_t> body,
+                     std::vector<protocol::SizedKey>* sized, std::span<const uint8_t>* rest);
+  std::string DescriptorOf(size_t i) const;
+  // Stages a descriptor (empty: none) for a commit of key; 0 when nothing
+  // was staged. Unstage undoes it when the commit fails.
+  uint64_t Stage(const LocalSession& c, const KeyId& key, const std::string& descriptor);
+  void Unstage(const KeyId& key, uint64_t token);
   Status OnReserve(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   Status OnCommit(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   Status OnAbort(LocalSession& c, std::span<const uint8_t> body);
@@ -180,6 +190,8 @@ class LocalOps {
   Status OnRemove(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   Status OnStats(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   Status OnFlush(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
+  Status OnLookupPrefix(LocalSession& c, const protocol::FrameHeader& h,
+                        std::span<const uint8_t> body);
   Status OnClear(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
 
   const LocalServerOptions opts_;
@@ -204,8 +216,12 @@ class LocalOps {
   RemoteSource* publish_due_ = nullptr;  // PublishStored: a put or commit stored values
   std::vector<protocol::RegionItem> regions_;
   std::vector<uint8_t> out_;
+  // The request being handled: its descriptors (views into its body) and
+  // which items' descriptors decoded (empty: no descriptors).
+  std::vector<std::span<const uint8_t>> descriptors_;
+  std::vector<bool> descriptor_ok_;
 
-  static constexpr int kNumOps = 14;  // MessageType values 1..13
+  static constexpr int kNumOps = 17;  // MessageType values 1..16
   Counter* ops_[kNumOps] = {};
   Histogram* latency_[kNumOps] = {};
   std::unordered_map<std::string, Counter*> protocol_errors_;
@@ -224,6 +240,7 @@ class LocalOps {
   Counter* bytes_read_;
   Counter* bytes_written_;
   Counter* put_failures_;
+  Counter* descriptors_invalid_;
 };
 
 }  // namespace kvpool

@@ -36,6 +36,9 @@
 #include "store/tiered_store.h"
 
 namespace kvpool {
+namespace blocks {
+class DescriptorTable;
+}  // namespace blocks
 
 struct LocalServerOptions {
   // Empty: the default location, /run/kvpool/kvpool.sock or a per-user
@@ -94,6 +97,15 @@ struct LocalServerOptions {
   // area of this size for its reservations, copied into the segment on
   // commit. 0: clients map the segment writable and write in place.
   uint64_t client_staging_bytes = 0;
+  // Not a setting: where the default tenant's block descriptors are staged
+  // (blocks/descriptor_table.h; null: they are checked and dropped).
+  // Outlives the server.
+  blocks::DescriptorTable* descriptors = nullptr;
+  // Not a setting: answers a LookupPrefix request (hashes, timeout) by
+  // calling done(status, json) once, from any thread, without blocking the
+  // caller. Empty: LookupPrefix is refused.
+  using PrefixDone = std::function<void(Status, std::string)>;
+  std::function<void(std::vector<uint64_t>, uint32_t, PrefixDone)> lookup_prefix;
 
   Status Validate() const;
 };

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "admin/admin_server.h"
+#include "blocks/descriptor_table.h"
 #include "cluster/anti_entropy.h"
 #include "cluster/cluster.h"
 #include "cluster/directory.h"
@@ -31,6 +32,7 @@
 #include "common/secret_file.h"
 #include "events/kv_events.h"
 #include "node/local_server.h"
+#include "node/prefix_lookup.h"
 #include "node/tenants.h"
 #include "store/tiered_store.h"
 
@@ -100,6 +102,29 @@ class NodeImpl final : public Node {
   int admin_port() const override { return admin_ ? admin_->port() : 0; }
 
  private:
+  // A router's prefix lookup: the cluster's block index, or this node's
+  // own descriptors when standalone. Blocks up to the timeout.
+  Result<blocks::PrefixAnswer> LookupPrefix(std::span<const uint64_t> hashes,
+                                            std::chrono::milliseconds timeout) {
+    if (block_index_) return block_index_->Lookup(hashes, timeout);
+    return LocalPrefix(hashes);
+  }
+  // What this node itself holds of the blocks (its descriptors).
+  Result<blocks::PrefixAnswer> LocalPrefix(std::span<const uint64_t> hashes) {
+    if (hashes.size() > opts_.block_index.max_hashes) {
+      return InvalidArgument(fmt::format("a prefix lookup carries at most {} hashes, not {}",
+                                         opts_.block_index.max_hashes, hashes.size()));
+    }
+    std::vector<uint8_t> tiers(hashes.size());
+    descriptors_->Tiers(hashes, tiers.data());
+    blocks::PrefixHolder self;
+    self.node_id = opts_.node_id;
+    if (cluster_) self.address = cluster_->address();
+    std::vector<std::pair<blocks::PrefixHolder, std::vector<uint8_t>>> nodes;
+    nodes.emplace_back(std::move(self), std::move(tiers));
+    return blocks::BuildPrefixAnswer(static_cast<uint32_t>(hashes.size()), std::move(nodes));
+  }
+
   void OpenPools() {
     io_pool_ = std::make_unique<ThreadPool>(opts_.io_threads, "kvpool-io");
     // Region flushes get their own threads: a promotion waiting for DRAM
@@ -113,19 +138,24 @@ class NodeImpl final : public Node {
     flush_pool_.reset();
   }
 
-  // KV events of what the node's own store holds (not the tenants').
+  // The block descriptors of the node's own store (not the tenants'), and
+  // KV events of what it holds.
   Status OpenEvents() {
+    descriptors_ = std::make_unique<blocks::DescriptorTable>(opts_.descriptor_bytes, &metrics_);
+    tiered_->SetHoldingsObserver(descriptors_.get(), HoldingsSlot::kBlocks);
     if (!opts_.kv_events.enabled()) return Status::Ok();
     opts_.kv_events.encoding =
         opts_.kv_events_encoding == "array" ? events::Encoding::kArray : events::Encoding::kMap;
-    opts_.kv_events.hash_type =
-        opts_.kv_events_hash == "bytes" ? events::HashType::kBytes : events::HashType::kInt64;
+    opts_.kv_events.hash_type = opts_.kv_events_hash == "bytes" ? events::HashType::kBytes
+                                : opts_.kv_events_hash == "as-written"
+                                    ? events::HashType::kAsWritten
+                                    : events::HashType::kInt64;
     opts_.kv_events.replay_framing = opts_.kv_events_replay_frames == "2"
                                          ? events::ReplayFraming::kTwoFrames
                                          : events::ReplayFraming::kThreeFrames;
     KVPOOL_ASSIGN_OR_RETURN(kv_events_, events::KvEventsPublisher::Start(opts_.kv_events,
                                                                          &metrics_));
-    tiered_->SetHoldingsObserver(kv_events_.get(), HoldingsSlot::kEvents);
+    descriptors_->SetListeners(kv_events_.get(), nullptr);
     // What the SSD tier recovered is not streamed: listed before anyone can
     // write (so no drop of an entry is told before its listing). Reads the
     // record headers: a large tier adds seconds to the start.
@@ -140,8 +170,9 @@ class NodeImpl final : public Node {
     return Status::Ok();
   }
   void StopEvents() {
-    if (!kv_events_) return;
-    tiered_->SetHoldingsObserver(nullptr, HoldingsSlot::kEvents);
+    if (!descriptors_) return;
+    tiered_->SetHoldingsObserver(nullptr, HoldingsSlot::kBlocks);
+    descriptors_->SetListeners(nullptr, nullptr);
     kv_events_.reset();
   }
 
@@ -363,6 +394,12 @@ class NodeImpl final : public Node {
     peer_server_ = std::make_unique<cluster::PeerServer>(
         cluster_.get(), directory_.get(), announcer_.get(), tiered_.get(), peer_pool_.get(),
         list_pool_.get(), &metrics_, std::move(client_tenants), std::move(cluster_tenants));
+    // Routers' prefix lookups: the engine blocks this node holds, at their
+    // index keys' homes.
+    block_index_ = std::make_unique<cluster::BlockIndex>(
+        opts_.block_index, cluster_.get(), descriptors_.get(), peer_pool_.get(), &metrics_);
+    descriptors_->SetListeners(kv_events_.get(), block_index_.get());
+    block_index_->Start();
     anti_entropy_ = std::make_unique<cluster::AntiEntropy>(
         opts_.anti_entropy, cluster_.get(), directory_.get(), announcer_.get(), tiered_.get(),
         &metrics_);
@@ -403,6 +440,8 @@ class NodeImpl final : public Node {
     if (!cluster_) return;
     // Leave the cluster. Destroying it fails the peer calls in flight, whose
     // callbacks may still reach the local server, so that goes later.
+    descriptors_->SetListeners(kv_events_.get(), nullptr);
+    block_index_->Stop();
     announcer_->Stop();
     reader_->Stop();
     for (auto& t : tenants_) {
@@ -416,6 +455,7 @@ class NodeImpl final : public Node {
     cluster_.reset();
     anti_entropy_.reset();
     peer_server_.reset();
+    block_index_.reset();
     if (list_pool_) list_pool_->Stop();  // queued listings return at once now
     reader_.reset();
     announcer_.reset();  // after the transport: the placer's callbacks use it
@@ -431,6 +471,18 @@ class NodeImpl final : public Node {
     LocalServerOptions lo = opts_.local;
     lo.instance_id = instance_id_;
     lo.client_staging_bytes = opts_.writable_segment ? 0 : opts_.client_staging_bytes;
+    lo.descriptors = descriptors_.get();
+    lookup_pool_ = std::make_unique<ThreadPool>(1, "kvpool-lookup");
+    lo.lookup_prefix = [this](std::vector<uint64_t> hashes, uint32_t timeout_ms,
+                              LocalServerOptions::PrefixDone done) {
+      lookup_pool_->Submit([this, hashes = std::move(hashes), timeout_ms, done = std::move(done)] {
+        auto timeout = timeout_ms == 0 ? opts_.lookup_timeout
+                                       : std::chrono::milliseconds(std::min(timeout_ms, 10000u));
+        auto a = LookupPrefix(hashes, timeout);
+        if (!a.ok()) return done(a.status(), "");
+        done(Status::Ok(), PrefixAnswerJson(*a));
+      });
+    };
     std::vector<LocalTenant> tenants;
     for (auto& t : tenants_) {
       tenants.push_back({t.spec, t.store.get(), t.token_secrets, t.reader.get()});
@@ -453,6 +505,8 @@ class NodeImpl final : public Node {
     if (!local_) return;
     local_->Stop();
     if (local_thread_.joinable()) local_thread_.join();
+    // Lookups in flight use the cluster's index: done before it goes.
+    if (lookup_pool_) lookup_pool_->Stop();
   }
   void DestroyLocal() {
     if (io_pool_) io_pool_->Stop();  // promotions in flight call back into the server
@@ -467,6 +521,27 @@ class NodeImpl final : public Node {
     hooks.members_json = [this] { return MembersJson().dump(); };
     hooks.clients_json = [this] { return ClientsJson().dump(); };
     hooks.cluster_json = [this] { return ClusterJson().dump(); };
+    lookup_refused_ = metrics_.GetCounter(
+        "kvpool_lookup_refused_total",
+        "Prefix lookups refused (a malformed body, too many hashes), answered 400");
+    hooks.lookup = [this](const std::string& body) -> std::pair<int, std::string> {
+      auto req = ParsePrefixRequest(body, opts_.block_index.max_hashes);
+      auto error = [](int code, const Status& s) {
+        return std::make_pair(code, nlohmann::json{{"error", s.message()}}.dump());
+      };
+      if (!req.ok()) {
+        lookup_refused_->Inc();
+        return error(400, req.status());
+      }
+      auto a = req->local ? LocalPrefix(req->hashes)
+                          : LookupPrefix(req->hashes, req->timeout.value_or(opts_.lookup_timeout));
+      if (!a.ok()) {
+        const bool bad = a.status().code() == StatusCode::kInvalidArgument;
+        if (bad) lookup_refused_->Inc();
+        return error(bad ? 400 : 503, a.status());
+      }
+      return {200, PrefixAnswerJson(*a)};
+    };
     hooks.ready = [this] { return !stopping_.load(); };
     hooks.cluster_missing = [this] { return ClusterMissing(); };
     if (!tenants_.empty()) {
@@ -875,8 +950,12 @@ class NodeImpl final : public Node {
   std::unique_ptr<Cluster> cluster_;       // null when standalone
   std::unique_ptr<cluster::Directory> directory_;
   std::unique_ptr<cluster::HoldingsAnnouncer> announcer_;
+  std::unique_ptr<blocks::DescriptorTable> descriptors_;
   std::unique_ptr<events::KvEventsPublisher> kv_events_;  // null unless configured
   std::unique_ptr<cluster::PeerServer> peer_server_;
+  std::unique_ptr<cluster::BlockIndex> block_index_;  // null when standalone
+  std::unique_ptr<ThreadPool> lookup_pool_;           // prefix lookups of local clients (they wait)
+  Counter* lookup_refused_ = nullptr;
   std::unique_ptr<cluster::AntiEntropy> anti_entropy_;
   std::unique_ptr<cluster::RemoteReader> reader_;
   std::unique_ptr<LocalServer> local_;

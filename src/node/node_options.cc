@@ -52,6 +52,7 @@ bool IsLocalEndpoint(const std::string& e) {
 Status NodeOptions::Validate() const {
   KVPOOL_RETURN_IF_ERROR(dram.Validate());
   KVPOOL_RETURN_IF_ERROR(kv_events.Validate());
+  KVPOOL_RETURN_IF_ERROR(block_index.Validate());
   for (const std::string* e : {&kv_events.endpoint, &kv_events.replay_endpoint}) {
     if (!e->empty() && !IsLocalEndpoint(*e) && !insecure) {
       return InvalidArgument(fmt::format(
@@ -332,6 +333,20 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
               "Placement home and chain: value bytes being handed to other nodes at once; a put "
               "beyond it stays "
               "on the writer (as placement local) instead of filling its DRAM with pinned values");
+  t->AddBytes("descriptor-bytes", &o->descriptor_bytes, 1ull << 20, 1ull << 40,
+              "Memory for the block descriptors writers attach to their puts (KV events and "
+              "prefix lookups name described blocks the engine's way, about 150 bytes a block "
+              "of 16 tokens); a descriptor beyond it is not kept (counted)");
+  t->AddInt("block-index-entries", &o->block_index.max_entries, 1024, 1ull << 32,
+            "Index keys this node keeps as a home of the block index that answers routers' "
+            "prefix lookups (2 per engine block and tier held in the cluster, about 100 bytes "
+            "each); beyond it new blocks are not indexed here");
+  t->AddInt("lookup-max-hashes", &o->block_index.max_hashes, 1, 65536,
+            "Engine block hashes one prefix lookup may carry");
+  t->AddDuration("lookup-timeout", &o->lookup_timeout, std::chrono::milliseconds(1),
+                 std::chrono::milliseconds(10000),
+                 "A prefix lookup's deadline when the caller names none (homes that do not "
+                 "answer by then count as holding nothing)");
   t->AddString("kv-events-endpoint", &o->kv_events.endpoint,
                "ZMQ endpoint where the node publishes KV events of what it holds, for "
                "cache-aware routers, e.g. tcp://127.0.0.1:5557 (empty: no events; "
@@ -342,9 +357,10 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddString("kv-events-topic", &o->kv_events.topic,
                "Topic frame of every KV event message; routers that index pods (llm-d) read "
                "kv@<pod>@<model>");
-  t->AddEnum("kv-events-hash", &o->kv_events_hash, {"int64", "bytes"},
-             "How KV events name blocks: an unsigned 64-bit int (vLLM's int mode, Dynamo) or "
-             "the 16-byte key id");
+  t->AddEnum("kv-events-hash", &o->kv_events_hash, {"int64", "bytes", "as-written"},
+             "How KV events write block hashes: a 64-bit int (vLLM's int mode, Dynamo), bytes, "
+             "or as the writer's block descriptor has them; a key put without a descriptor is "
+             "named by its key id (int: its high 64 bits; bytes: all 16)");
   t->AddEnum("kv-events-replay-frames", &o->kv_events_replay_frames, {"3", "2"},
              "KV events replay answers as [topic, seq, payload] (3, today's vLLM subscriber) or "
              "[seq, payload] (2, older subscribers)");

@@ -9,6 +9,7 @@
 
 #include "admin/admin_server.h"
 #include "cluster/anti_entropy.h"
+#include "cluster/block_index.h"
 #include "cluster/cluster.h"
 #include "cluster/remote_reader.h"
 #include "common/settings.h"
@@ -78,13 +79,19 @@ struct NodeOptions {
   cluster::RemoteReaderOptions remote;
   // KV events for cache-aware routers (off unless an endpoint is given).
   events::KvEventsOptions kv_events;
+  // Block descriptors kept (blocks/descriptor_table.h), in bytes.
+  uint64_t descriptor_bytes = 64ull << 20;
   std::string kv_events_encoding = "map";  // "map" or "array"; copied to kv_events
-  std::string kv_events_hash = "int64";     // "int64" or "bytes"; copied to kv_events
+  std::string kv_events_hash = "int64";    // "int64", "bytes" or "as-written"; copied to kv_events
   std::string kv_events_replay_frames = "3";  // "3" or "2"; copied to kv_events
   // How often holders and homes compare directory digests.
   cluster::AntiEntropyOptions anti_entropy;
   // The key homes' memory of keys dropped lately (cluster::DirectoryOptions).
   cluster::DirectoryOptions directory;
+  // The block index (cluster/block_index.h) and prefix lookups.
+  cluster::BlockIndexOptions block_index;
+  // A prefix lookup's deadline when the caller names none.
+  std::chrono::milliseconds lookup_timeout{500};
 
   NodeOptions() { admin.port = 9710; }
   Status Validate() const;

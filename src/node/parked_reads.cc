@@ -49,7 +49,7 @@ bool ParkedReads::Park(Kind kind, Request* request) {
   if (!cold.empty()) waits_->Inc();
   for (const auto& k : cold) {
     tiered_->AcquireOrPromote(k, [this, id](Status, TieredStore::Pin pin) {
-      Done d{id, {}, {}};
+      Done d{id, {}, {}, Status::Ok(), {}};
       if (pin.valid()) d.pins.push_back(std::move(pin));
       Post(std::move(d));
     });
@@ -58,15 +58,26 @@ bool ParkedReads::Park(Kind kind, Request* request) {
     remote_waits_->Inc();
     if (kind == Kind::kExists) {
       remote_->Exists(std::move(absent), [this, id](std::vector<KeyId> hits) {
-        Post(Done{id, {}, std::move(hits)});
+        Post(Done{id, {}, std::move(hits), Status::Ok(), {}});
       });
     } else {
       remote_->Fetch(std::move(absent), [this, id](std::vector<TieredStore::Pin> pins) {
-        Post(Done{id, std::move(pins), {}});
+        Post(Done{id, std::move(pins), {}, Status::Ok(), {}});
       });
     }
   }
   return true;
+}
+
+void ParkedReads::ParkCall(Request* request, const std::function<void(CallDone)>& start) {
+  uint64_t id = next_id_++;
+  Pending& p = pending_[id];
+  p.request = std::move(*request);
+  p.remaining = 1;
+  start([this, id](Status s, std::string answer) {
+    Done d{id, {}, {}, std::move(s), std::move(answer)};
+    Post(std::move(d));
+  });
 }
 
 void ParkedReads::Post(Done d) {
@@ -91,6 +102,10 @@ std::vector<ParkedReads::Request> ParkedReads::TakeReady() {
     if (it == pending_.end()) continue;
     for (auto& pin : d.pins) it->second.request.pins.push_back(std::move(pin));
     for (auto& k : d.remote_hits) it->second.request.remote_hits.insert(k);
+    if (!d.call_status.ok() || !d.answer.empty()) {
+      it->second.request.call_status = std::move(d.call_status);
+      it->second.request.answer = std::move(d.answer);
+    }
     if (--it->second.remaining > 0) continue;
     ready.push_back(std::move(it->second.request));
     pending_.erase(it);

@@ -14,9 +14,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -39,6 +41,8 @@ class ParkedReads {
     std::vector<protocol::SizedKey> sized;  // decoded, for a get: keys with buffer sizes
     std::vector<TieredStore::Pin> pins;     // read: one per key found, held until answered
     std::set<KeyId> remote_hits;            // exists: keys the cluster has
+    Status call_status;                     // a parked call's outcome
+    std::string answer;                     // and its answer (ParkCall)
   };
   enum class Kind { kRead, kExists };
 
@@ -50,6 +54,11 @@ class ParkedReads {
   // into this object. False (nothing moved or pinned) when the request can
   // be answered now.
   bool Park(Kind kind, Request* request);
+  // Parks a request answered by work done elsewhere: start(done) begins the
+  // work, which calls done(status, answer) once, from any thread; the
+  // request then comes back with them (call_status, answer).
+  using CallDone = std::function<void(Status, std::string)>;
+  void ParkCall(Request* request, const std::function<void(CallDone)>& start);
   // Requests whose waits all finished, in completion order.
   std::vector<Request> TakeReady();
 
@@ -58,6 +67,8 @@ class ParkedReads {
     uint64_t id = 0;
     std::vector<TieredStore::Pin> pins;
     std::vector<KeyId> remote_hits;
+    Status call_status;
+    std::string answer;
   };
   struct Pending {
     Request request;

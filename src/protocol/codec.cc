@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <unordered_map>
+
+#include "protocol/descriptor_format.h"
+
 namespace kvpool::protocol {
 
 bool BodyReader::Str(uint32_t max, std::string* s) {
@@ -127,21 +131,114 @@ void EncodeSizedKeys(std::span<const SizedKey> items, std::vector<uint8_t>* out)
   }
 }
 
+namespace {
+
+// u32 n, n x {key, u64 size}; false (r failed) when malformed.
+bool ReadSizedKeys(BodyReader& r, uint32_t max_batch, std::vector<SizedKey>* items) {
+  uint32_t n = 0;
+  if (!r.Count(max_batch, 24, &n)) return false;
+  items->resize(n);
+  for (auto& i : *items) {
+    if (!r.Key(&i.key) || !r.U64(&i.size)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 Status DecodeSizedKeys(std::span<const uint8_t> body, uint32_t max_batch,
                        std::vector<SizedKey>* items, std::span<const uint8_t>* rest) {
   BodyReader r(body);
-  uint32_t n = 0;
-  if (r.Count(max_batch, 24, &n)) {
-    items->resize(n);
-    for (auto& i : *items) {
-      if (!r.Key(&i.key) || !r.U64(&i.size)) break;
-    }
-  }
+  ReadSizedKeys(r, max_batch, items);
   if (rest != nullptr) {
     if (!r.ok()) return r.Finish("sized key list");
     r.Bytes(r.remaining(), rest);
   }
   return r.Finish("sized key list");
+}
+
+void EncodeDescribedSizedKeys(std::span<const SizedKey> items,
+                              std::span<const KeyDescriptor> descriptors,
+                              std::vector<uint8_t>* out) {
+  EncodeSizedKeys(items, out);
+  BodyWriter w(out);
+  w.U32(static_cast<uint32_t>(descriptors.size()));
+  for (const auto& d : descriptors) {
+    w.Key(d.key);
+    w.U32(static_cast<uint32_t>(d.descriptor.size()));
+    w.Raw(d.descriptor.data(), d.descriptor.size());
+  }
+}
+
+Status DecodeDescribedSizedKeys(std::span<const uint8_t> body, uint32_t max_batch,
+                                std::vector<SizedKey>* items,
+                                std::vector<std::span<const uint8_t>>* descriptors,
+                                std::span<const uint8_t>* rest) {
+  BodyReader r(body);
+  ReadSizedKeys(r, max_batch, items);
+  const auto n = static_cast<uint32_t>(items->size());
+  descriptors->assign(items->size(), {});
+  // Descriptors usually come in item order: each is looked for at the item
+  // after the last one's, and through an index of the items otherwise.
+  std::unordered_map<KeyId, size_t, KeyIdHash> index;
+  size_t hint = 0;
+  uint32_t m = 0;
+  if (r.Count(n, 20, &m)) {
+    for (uint32_t j = 0; j < m; ++j) {
+      KeyId key;
+      uint32_t len = 0;
+      std::span<const uint8_t> bytes;
+      if (!r.Key(&key) || !r.U32(&len)) break;
+      if (len > kMaxDescriptorBytes) {
+        return InvalidArgument(
+            fmt::format("descriptor of key {:016x}{:016x}: {} bytes, over the limit of {}", key.hi,
+                        key.lo, len, kMaxDescriptorBytes));
+      }
+      if (!r.Bytes(len, &bytes)) break;
+      size_t at = hint;
+      if (at >= n || (*items)[at].key != key) {
+        if (index.empty()) {
+          for (size_t i = n; i-- > 0;) index[(*items)[i].key] = i;  // the first of duplicates
+        }
+        auto it = index.find(key);
+        at = it == index.end() ? n : it->second;
+      }
+      if (at == n) {
+        return InvalidArgument(fmt::format(
+            "descriptor of key {:016x}{:016x}, which is not in the request", key.hi, key.lo));
+      }
+      if (!(*descriptors)[at].empty()) {
+        return InvalidArgument(fmt::format("key {:016x}{:016x} described twice", key.hi, key.lo));
+      }
+      if (len == 0) return InvalidArgument("an empty descriptor");
+      (*descriptors)[at] = bytes;
+      hint = at + 1;
+    }
+  }
+  if (rest != nullptr) {
+    if (!r.ok()) return r.Finish("described key list");
+    r.Bytes(r.remaining(), rest);
+  }
+  return r.Finish("described key list");
+}
+
+void EncodeLookupPrefix(uint32_t timeout_ms, std::span<const uint64_t> hashes,
+                        std::vector<uint8_t>* out) {
+  BodyWriter w(out);
+  w.U32(timeout_ms);
+  w.U32(static_cast<uint32_t>(hashes.size()));
+  for (uint64_t h : hashes) w.U64(h);
+}
+
+Status DecodeLookupPrefix(std::span<const uint8_t> body, uint32_t max_hashes, uint32_t* timeout_ms,
+                          std::vector<uint64_t>* hashes) {
+  BodyReader r(body);
+  uint32_t n = 0;
+  if (r.U32(timeout_ms) && r.Count(max_hashes, 8, &n)) {
+    hashes->resize(n);
+    for (uint64_t& h : *hashes) r.U64(&h);
+  }
+  return r.Finish("prefix lookup");
 }
 
 void EncodeKeys(std::span<const KeyId> keys, std::vector<uint8_t>* out) {

@@ -146,6 +146,31 @@ void EncodeSizedKeys(std::span<const SizedKey> items, std::vector<uint8_t>* out)
 Status DecodeSizedKeys(std::span<const uint8_t> body, uint32_t max_batch,
                        std::vector<SizedKey>* items, std::span<const uint8_t>* rest);
 
+// Described requests (kReserveDescribed, kPutDescribed): the sized keys,
+// then the descriptor section, then (Put) the values.
+struct KeyDescriptor {
+  KeyId key;
+  std::span<const uint8_t> descriptor;  // not owned
+};
+void EncodeDescribedSizedKeys(std::span<const SizedKey> items,
+                              std::span<const KeyDescriptor> descriptors,
+                              std::vector<uint8_t>* out);
+// *descriptors gets one entry per item, in item order: the bytes of its
+// key's descriptor (views into body), empty where it has none. A
+// descriptor whose key is not among the items, or a key described twice,
+// fails the request (InvalidArgument naming the key). The descriptors'
+// contents are not judged here (DecodeDescriptor).
+Status DecodeDescribedSizedKeys(std::span<const uint8_t> body, uint32_t max_batch,
+                                std::vector<SizedKey>* items,
+                                std::vector<std::span<const uint8_t>>* descriptors,
+                                std::span<const uint8_t>* rest);
+
+// LookupPrefix request: a timeout and the engine block hashes, in order.
+void EncodeLookupPrefix(uint32_t timeout_ms, std::span<const uint64_t> hashes,
+                        std::vector<uint8_t>* out);
+Status DecodeLookupPrefix(std::span<const uint8_t> body, uint32_t max_hashes, uint32_t* timeout_ms,
+                          std::vector<uint64_t>* hashes);
+
 void EncodeKeys(std::span<const KeyId> keys, std::vector<uint8_t>* out);
 Status DecodeKeys(std::span<const uint8_t> body, uint32_t max_batch, std::vector<KeyId>* keys);
 

@@ -1,5 +1,6 @@
 #include "protocol/codec.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -8,6 +9,7 @@
 #include <sstream>
 
 #include "protocol/codec_test_util.h"
+#include "protocol/descriptor_format.h"
 
 namespace kvpool::protocol {
 namespace {
@@ -98,6 +100,128 @@ TEST(CodecTest, SizedKeysWithTrailingValueBytes) {
   EXPECT_EQ(back[0].size, 3u);
   EXPECT_EQ(std::string(rest.begin(), rest.end()), "abcde");
   EXPECT_FALSE(DecodeSizedKeys(body, 16, &back, nullptr).ok());  // trailing bytes
+}
+
+// A described request: each descriptor lands on its own item, in any order;
+// one naming a key the request does not hold, or a key described twice,
+// fails the whole request with the key in the message.
+TEST(CodecTest, DescribedSizedKeysPutEachDescriptorOnItsKey) {
+  const KeyId a = MakeKeyId("n", "a"), b = MakeKeyId("n", "b"), c = MakeKeyId("n", "c");
+  std::vector<SizedKey> items = {{a, 1}, {b, 2}, {c, 3}};
+  const std::string da = "AAA", dc = "CCCC";
+  std::vector<KeyDescriptor> descs = {
+      {c, {reinterpret_cast<const uint8_t*>(dc.data()), dc.size()}},
+      {a, {reinterpret_cast<const uint8_t*>(da.data()), da.size()}}};
+  std::vector<uint8_t> body;
+  EncodeDescribedSizedKeys(items, descs, &body);
+  body.insert(body.end(), {'x', 'y', 'y', 'z', 'z', 'z'});
+  std::vector<SizedKey> back;
+  std::vector<std::span<const uint8_t>> got;
+  std::span<const uint8_t> rest;
+  ASSERT_TRUE(DecodeDescribedSizedKeys(body, 16, &back, &got, &rest).ok());
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(std::string(got[0].begin(), got[0].end()), "AAA");
+  EXPECT_TRUE(got[1].empty());
+  EXPECT_EQ(std::string(got[2].begin(), got[2].end()), "CCCC");
+  EXPECT_EQ(std::string(rest.begin(), rest.end()), "xyyzzz");
+
+  const KeyId stranger = MakeKeyId("n", "stranger");
+  std::vector<KeyDescriptor> bad = {{stranger, {reinterpret_cast<const uint8_t*>(da.data()), 3}}};
+  body.clear();
+  EncodeDescribedSizedKeys(items, bad, &body);
+  Status s = DecodeDescribedSizedKeys(body, 16, &back, &got, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find(fmt::format("{:016x}{:016x}", stranger.hi, stranger.lo)),
+            std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("not in the request"), std::string::npos) << s.message();
+
+  std::vector<KeyDescriptor> twice = {{b, {reinterpret_cast<const uint8_t*>(da.data()), 3}},
+                                      {b, {reinterpret_cast<const uint8_t*>(dc.data()), 4}}};
+  body.clear();
+  EncodeDescribedSizedKeys(items, twice, &body);
+  s = DecodeDescribedSizedKeys(body, 16, &back, &got, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("described twice"), std::string::npos) << s.message();
+
+  // An oversized descriptor is refused before its bytes are looked at.
+  std::vector<uint8_t> big;
+  EncodeSizedKeys(items, &big);
+  BodyWriter w(&big);
+  w.U32(1);
+  w.Key(a);
+  w.U32(kMaxDescriptorBytes + 1);
+  big.resize(big.size() + kMaxDescriptorBytes + 1, 0);
+  s = DecodeDescribedSizedKeys(big, 16, &back, &got, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("over the limit"), std::string::npos) << s.message();
+}
+
+TEST(CodecTest, BlockDescriptorsRoundTripAndBrokenRulesAreNamed) {
+  BlockDescriptor d;
+  d.hash = {EngineHash::Kind::kUint64, 0xfedcba9876543210ull, ""};
+  d.parent = {EngineHash::Kind::kBytes, 0, std::string("\x01\x02\x03", 3)};
+  d.block_size = 4;
+  d.token_ids = {7, 8, 9, 4000000000u};
+  d.group_idx = 2;
+  d.lora_name = "adapter-1";
+  d.spec_kind = "full";
+  auto bytes = EncodeDescriptor(d);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  BlockDescriptor back;
+  auto span = [](const std::string& s) {
+    return std::span(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+  };
+  ASSERT_TRUE(DecodeDescriptor(span(*bytes), &back).ok());
+  EXPECT_EQ(back, d);
+
+  BlockDescriptor neg;
+  neg.hash = {EngineHash::Kind::kInt64, static_cast<uint64_t>(int64_t{-5}), ""};
+  neg.block_size = 16;
+  auto nb = EncodeDescriptor(neg);
+  ASSERT_TRUE(nb.ok());
+  ASSERT_TRUE(DecodeDescriptor(span(*nb), &back).ok());
+  EXPECT_EQ(back, neg);
+
+  auto refused = [&](BlockDescriptor x, const char* why) {
+    auto r = EncodeDescriptor(x);
+    ASSERT_FALSE(r.ok()) << why;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().message();
+  };
+  BlockDescriptor x = d;
+  x.token_ids = {1, 2, 3};
+  refused(x, "3 token ids for a block of 4");
+  x = d;
+  x.block_size = 0;
+  x.token_ids.clear();
+  refused(x, "block_size 0");
+  x = d;
+  x.hash = {};
+  refused(x, "no hash");
+  x = d;
+  x.hash = {EngineHash::Kind::kBytes, 0, std::string(33, 'h')};
+  refused(x, "1 to 32 bytes");
+
+  // Decoding names the rule too, and nothing may trail or be cut.
+  std::string cut = bytes->substr(0, bytes->size() - 1);
+  EXPECT_EQ(DecodeDescriptor(span(cut), &back).code(), StatusCode::kInvalidArgument);
+  std::string trailing = *bytes + "!";
+  Status s = DecodeDescriptor(span(trailing), &back);
+  EXPECT_NE(s.message().find("trailing"), std::string::npos) << s.message();
+  std::string v2 = *bytes;
+  v2[0] = 2;
+  s = DecodeDescriptor(span(v2), &back);
+  EXPECT_NE(s.message().find("version 2"), std::string::npos) << s.message();
+  std::string kind = *bytes;
+  kind[1] = 9;  // hash kind
+  EXPECT_EQ(DecodeDescriptor(span(kind), &back).code(), StatusCode::kInvalidArgument);
+  // A token count the bytes cannot hold is refused before anything grows.
+  std::string many = *bytes;
+  const size_t at = 1 + 9 + 1 + 1 + 3 + 4;  // version, hash, parent kind+len+bytes, block size
+  many[at] = '\xff';
+  many[at + 1] = '\xff';
+  EXPECT_EQ(DecodeDescriptor(span(many), &back).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(CodecTest, RepliesRoundTrip) {

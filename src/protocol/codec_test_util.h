@@ -13,11 +13,12 @@
 #include <vector>
 
 #include "protocol/codec.h"
+#include "protocol/descriptor_format.h"
 
 namespace kvpool::protocol {
 
 // How many decoder choices RunDecoder has (`which` in [0, kNumDecoders)).
-inline constexpr int kNumDecoders = 11;
+inline constexpr int kNumDecoders = 15;
 
 // Decodes `body` with decoder number `which`, batches bounded by max_batch.
 inline void RunDecoder(int which, std::span<const uint8_t> body, uint32_t max_batch) {
@@ -32,6 +33,8 @@ inline void RunDecoder(int which, std::span<const uint8_t> body, uint32_t max_ba
   HelloRequest hr;
   HelloReply hp;
   std::string str;
+  std::vector<std::span<const uint8_t>> descs;
+  BlockDescriptor bd;
   switch (which) {
     case 0: (void)DecodeKeys(body, max_batch, &k); break;
     case 1: (void)DecodeSizedKeys(body, max_batch, &s, &rest); break;
@@ -44,6 +47,21 @@ inline void RunDecoder(int which, std::span<const uint8_t> body, uint32_t max_ba
     case 8: (void)DecodeHello(body, &hr); break;
     case 9: (void)DecodeHelloReply(body, &hp); break;
     case 10: (void)DecodeString(body, &str); break;
+    case 11:
+      (void)DecodeDescribedSizedKeys(body, max_batch, &s, &descs, &rest);
+      break;
+    case 12:
+      (void)DecodeDescribedSizedKeys(body, max_batch, &s, &descs, nullptr);
+      break;
+    case 13:
+      (void)DecodeDescriptor(body, &bd);
+      break;
+    case 14: {
+      uint32_t t;
+      std::vector<uint64_t> h;
+      (void)DecodeLookupPrefix(body, max_batch, &t, &h);
+      break;
+    }
   }
 }
 

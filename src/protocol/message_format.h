@@ -34,7 +34,14 @@
 // | Stats         | (empty)                               | str json                                     |
 // | Flush         | (empty)                               | (empty; header status tells the outcome)     |
 // | Clear         | u32 namespace tag                     | u64 entries dropped                          |
+// | ReserveDescr. | u32 n, n x {key, u64 size}, descs     | as Reserve                                   |
+// | PutDescribed  | u32 n, n x {key, u64 size}, descs,    | as Put                                       |
+// |               | bytes                                 |                                              |
+// | LookupPrefix  | u32 timeout_ms, u32 n, n x u64 hash   | str json (docs/kv-events.md, prefix lookups) |
 // | Error         | -                                     | str message (header status holds the code)   |
+// descs = u32 m (<= n), m x {key, str descriptor}: block descriptors
+// (descriptor_format.h) of keys of the request, each key at most once; a
+// descriptor naming a key not in the request fails the request.
 // str = u32 length + bytes. A reply's type is the request's type | 0x8000.
 #pragma once
 
@@ -65,6 +72,14 @@ enum class MessageType : uint16_t {
   kStats = 11,
   kFlush = 12,
   kClear = 13,  // drops every entry of one namespace (common/key_id.h: its tag)
+  // Reserve and Put with block descriptors (descriptor_format.h) for the
+  // node's KV events and prefix lookups. A node that predates them answers
+  // an error.
+  kReserveDescribed = 14,
+  kPutDescribed = 15,
+  // A router's prefix lookup (cluster/block_index.h): which nodes hold the
+  // longest leading run of engine block hashes. Answered as JSON.
+  kLookupPrefix = 16,
   kError = 0x7fff,
 };
 

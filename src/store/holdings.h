@@ -1,8 +1,8 @@
 // The holdings stream: what a node's store holds, told as events as it
 // changes. TieredStore emits every event from one function (its Emit) to one
 // HoldingsObserver; the cluster publishes from it (cluster/holdings_announcer.h)
-// and later consumers (KV events for routers, per-tenant accounting) hang on
-// the same stream.
+// and the block descriptors (blocks/descriptor_table.h) pass it on to KV
+// events for routers and the block index.
 //
 // Events, per tier an entry enters or leaves:
 //   kStored  kWritten   a writer committed it to DRAM (origin: who wrote it)
@@ -57,8 +57,10 @@ struct HoldingsEvent {
 
 const char* HoldingsWhyName(HoldingsEvent::Why why);
 
-// The consumers of a store's stream, each in its own slot.
-enum class HoldingsSlot : uint8_t { kCluster = 0, kEvents = 1 };
+// The consumers of a store's stream, each in its own slot: the cluster's
+// announcer, and the block descriptors (blocks/descriptor_table.h), which
+// pass the stream on to KV events and the block index.
+enum class HoldingsSlot : uint8_t { kCluster = 0, kBlocks = 1 };
 inline constexpr size_t kHoldingsSlots = 2;
 
 // Told of every event, on the thread that caused it (a writer, an eviction

@@ -143,6 +143,17 @@ std::string NodeProcess::HttpGet(const std::string& path, int* status) const {
   return res ? res->body : "";
 }
 
+std::string NodeProcess::HttpPost(const std::string& path, const std::string& body,
+                                  int* status) const {
+  httplib::Client c("127.0.0.1", admin_port_);
+  c.set_connection_timeout(5);
+  c.set_read_timeout(15);
+  if (!admin_token_.empty()) c.set_bearer_token_auth(admin_token_);
+  auto res = c.Post(path.c_str(), body, "application/json");
+  if (status != nullptr) *status = res ? res->status : 0;
+  return res ? res->body : "";
+}
+
 double NodeProcess::Metric(const std::string& series) const {
   std::string text = HttpGet("/metrics");
   std::istringstream in(text);

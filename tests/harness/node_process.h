@@ -44,6 +44,9 @@ class NodeProcess {
   // --admin-token-file (its first line); HttpGetWithoutToken never sends it.
   std::string HttpGet(const std::string& path, int* status = nullptr) const;
   std::string HttpGetWithoutToken(const std::string& path, int* status = nullptr) const;
+  // POST of a JSON body on the admin endpoint (with the token, as HttpGet).
+  std::string HttpPost(const std::string& path, const std::string& body,
+                       int* status = nullptr) const;
   // The value of one exact series line in /metrics ("name{labels}"), or -1.
   double Metric(const std::string& series) const;
 

@@ -49,6 +49,17 @@ def _ms(value):
     return int(round(float(value)))
 
 
+def _bool(value):
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in ("1", "true", "yes", "on"):
+            return True
+        if v in ("0", "false", "no", "off", ""):
+            return False
+        raise ValueError("kvpool: %r is not a boolean" % value)
+    return bool(value)
+
+
 @dataclass
 class SessionSettings:
     """How a connector reaches kvpool. A subclass adds its connector's own
@@ -67,9 +78,13 @@ class SessionSettings:
     # client. An attempt costs microseconds with a local socket but up to
     # timeout_ms in remote mode, on the engine thread that makes the call.
     retry_interval_ms: int = 1000
+    # Attach to each page put the block descriptor the engine's own KV events
+    # would carry for it, so the node's events name the block the engine's
+    # way (kvpool.integrations._descriptors); costs a few hundred bytes a page.
+    block_descriptors: bool = True
 
     PARSERS = {"socket": _text, "remote": _text, "namespace": str, "timeout_ms": _ms,
-               "retry_interval_ms": _ms}
+               "retry_interval_ms": _ms, "block_descriptors": _bool}
 
     def update(self, values: Optional[Mapping]) -> "SessionSettings":
         """Takes the settings in `values` (aliases included; a name wins over

@@ -44,6 +44,7 @@ import torch
 
 from . import _cuda
 from . import _vllm_keys as keys_mod
+from ._descriptors import Describer
 from ._session import Session
 from ._vllm_events import EventFactory, KvpoolKVEvents
 from ._vllm_groups import MAMBA, NULL_BLOCK_ID
@@ -128,6 +129,7 @@ class _SaveStep:
         self.pending = {}  # unit -> layer names still to copy
         self.put_ok = {}  # unit -> list[bool] per kept position
         self.ids = {}  # (group index, device) -> block ids tensor of the kept blocks
+        self.descs = {}  # group index -> block descriptor (or None) per kept position
         self.queue = []  # (unit, layer name, fence) told by save_kv_layer, not copied yet
         self.draining = False  # a _drain_saves job is queued or running
         self.futures = []
@@ -161,6 +163,9 @@ class WorkerSide:
         self._step_loads = []  # Futures of this step's layer-wise loads
         self._save = None
         self._factory = EventFactory(s.event_medium, s.locality) if s.events else None
+        # Each page put names its block as vLLM's own events would (the
+        # scheduler's event info of the block: _vllm_events.block_info).
+        self._describer = Describer(s.descriptors, logger)
         if self._factory is not None and not self._factory.enabled:
             self._factory = None
         self.stats = {"loaded_blocks": 0, "load_errors": 0, "saved_blocks": 0,
@@ -574,9 +579,29 @@ class WorkerSide:
                         [b.block_ids[i] for i in keep], dtype=torch.long, device=layer.device)
                 layer.gather_into(ids, unit.fmt.layer_view(staging, layer))
 
+    def _descriptors(self, step, gi):
+        """The block descriptor of each kept block of group gi (None where
+        it has none), built once per step: every page of a block (each
+        layer-wise unit, each rank) carries the same one."""
+        descs = step.descs.get(gi)
+        if descs is None:
+            b = step.batches[gi]
+            descs = []
+            for i in step.keep.get(gi, []):
+                info = b.infos[i]
+                if info is None or not self._describer.enabled:
+                    descs.append(None)
+                    continue
+                h, parent, tokens = info
+                descs.append(self._describer.make(h, b.group.block_size, tokens, parent,
+                                                  b.group.index, b.lora[i], b.group.kind))
+            step.descs[gi] = descs
+        return descs
+
     def _put_unit(self, step, unit, only=None):
         """Puts the unit's pages of the kept blocks (positions in `only`, else
-        all); records one success flag per kept block."""
+        all), each with its block's descriptor; records one success flag per
+        kept block."""
         gi = unit.group.index
         keep = step.keep.get(gi, [])
         sel = [j for j in range(len(keep)) if only is None or j in only]
@@ -588,7 +613,10 @@ class WorkerSide:
             row = unit.fmt.page_bytes
             base = staging.data_ptr()
             ptrs = [base + j * row for j in sel]
-            statuses = self._session.call(lambda c: c.put_ptrs(keys, ptrs, [row] * len(keys)),
+            every = self._descriptors(step, gi)
+            descs = [every[j] for j in sel]
+            put = self._describer.put_ptrs
+            statuses = self._session.call(lambda c: put(c, keys, ptrs, [row] * len(keys), descs),
                                           None, "save")
             for j, st in zip(sel, statuses or ()):
                 ok[j] = st == 0

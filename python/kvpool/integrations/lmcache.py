@@ -44,6 +44,18 @@ under, never by the arguments of a call:
 `batched_async_contains` (a count) and `batched_get_non_blocking` (the
 leading hits) are the same under both.
 
+Block descriptors (docs/kv-events.md; docs/connectors.md "Block
+descriptors"; setting `block_descriptors`, default true). Every entry of a
+chunk put (its payload parts and its header) carries the chunk's
+descriptor, so the node's events about it name the chunk as LMCache does:
+the hash is `key.chunk_hash` (an int as is, or its low 64 bits if wider; a
+hex string of an older LMCache as its bytes), block_size the tokens the
+chunk holds (its shape's token axis: `chunk_size` for every chunk but a
+short last one), token_ids empty and the parent None: the RemoteConnector
+interface hands a chunk's key and its KV bytes, never its tokens, and
+nothing in it says which chunk came before (ENGINES.md 3.2, 3.3, 6.2: a
+batched_put's keys are not promised to be one prefix chain in order).
+
 `list()` is unsupported (a node cannot list one namespace's keys) and
 raises NotImplementedError, the base class's way. `clear()`/`clear_sync()`
 drop every entry of the connector's namespace on the node (every LMCache
@@ -67,6 +79,7 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 import kvpool
 from kvpool.integrations import _lmcache_format as fmt
+from kvpool.integrations._descriptors import Describer, int_hash
 from kvpool.integrations._dtypes import dtype_name, element_size
 from kvpool.integrations._session import Session, SessionSettings
 
@@ -168,6 +181,41 @@ class KvpoolConnectorAdapter(ConnectorAdapter):
                                      plugin_name=getattr(context, "plugin_name", None))
 
 
+# Where each chunk format keeps its tokens (ENGINES.md 3.3).
+_TOKEN_AXIS = {"KV_2LTD": 2, "KV_MLA_FMT": 2, "KV_T2D": 0, "KV_2TD": 1}
+
+
+def chunk_event_hash(chunk_hash):
+    """A CacheEngineKey's chunk_hash as a descriptor's hash (None: none)."""
+    if isinstance(chunk_hash, bool) or chunk_hash is None:
+        return None
+    if isinstance(chunk_hash, int):
+        return int_hash(chunk_hash)
+    if isinstance(chunk_hash, (bytes, bytearray)):
+        raw = bytes(chunk_hash)
+    elif isinstance(chunk_hash, str):  # LMCache <= 0.3: a hex string
+        try:
+            raw = bytes.fromhex(chunk_hash)
+        except ValueError:
+            return None
+    else:
+        return None
+    return raw if 1 <= len(raw) <= 32 else None
+
+
+def chunk_tokens(obj: MemoryObj, default: Optional[int]) -> Optional[int]:
+    """The tokens a chunk object holds, from its shape's token axis; `default`
+    for a format without one (or no shape)."""
+    try:
+        axis = _TOKEN_AXIS.get(obj.get_memory_format().name)
+        shape = tuple(obj.get_shape())
+        if axis is not None and axis < len(shape) and shape[axis] > 0:
+            return int(shape[axis])
+    except Exception:  # noqa: BLE001 - an object without shape or format
+        pass
+    return default
+
+
 def _object_buffer(obj: MemoryObj):
     """(address, nbytes, keepalive) of a memory object's raw bytes: its flat
     uint8 `raw_data` tensor when it has one (LMCache's TensorMemoryObj; the
@@ -216,6 +264,12 @@ class KvpoolRemoteConnector(RemoteConnector):
                         "store_failures": 0}
         self._session = Session(self.settings, on_open=self._opened, log=logger,
                                 client_name="lmcache")
+        self._describer = Describer(self.settings.block_descriptors, logger)
+        chunk = getattr(config, "chunk_size", None)
+        kv_shape = tuple(getattr(metadata, "kv_shape", ()) or ())
+        if not chunk and len(kv_shape) == 5:
+            chunk = kv_shape[2]
+        self._chunk_size = int(chunk) if chunk else None
         self._session.client()  # connect now: the log says at once whether a node answers
 
     def _init_base(self, config, metadata) -> None:
@@ -410,7 +464,7 @@ class KvpoolRemoteConnector(RemoteConnector):
         payload is harmless: readers and lookups check the payload parts."""
         if not keys or self._client is None:
             return 0
-        put_keys, ptrs, sizes, owner, keep, headers = [], [], [], [], [], []
+        put_keys, ptrs, sizes, owner, keep, headers, descs = [], [], [], [], [], [], []
         layouts = {}  # (shape, dtype, format, bytes) -> (header, its bytes, address), per call
         count = 0
         for key, obj in zip(keys, objs):
@@ -433,24 +487,28 @@ class KvpoolRemoteConnector(RemoteConnector):
                 self._count("store_failures")
                 continue
             s = key.to_string()
+            d = self._chunk_descriptor(key, obj)
             keep.append(view)
             put_keys += fmt.payload_keys(s, h)
             for off, size in fmt.part_spans(h):
                 ptrs.append(base + off)
                 sizes.append(size)
                 owner.append(count)
-            headers.append((fmt.meta_key(s), header_addr, len(header), count))
+                descs.append(d)
+            headers.append((fmt.meta_key(s), header_addr, len(header), count, d))
             count += 1
         if not count:
             return 0
         # The headers after every payload: a batch of payloads that fills the
         # connection's staging area exactly is not cut in two for them.
-        for meta_key, addr, size, j in headers:
+        for meta_key, addr, size, j, d in headers:
             put_keys.append(meta_key)
             ptrs.append(addr)
             sizes.append(size)
             owner.append(j)
-        statuses = self._session.call(lambda c: c.put_ptrs(put_keys, ptrs, sizes), None, "put")
+            descs.append(d)
+        put = self._describer.put_ptrs
+        statuses = self._session.call(lambda c: put(c, put_keys, ptrs, sizes, descs), None, "put")
         if statuses is None:
             self._count("store_failures", count)
             return 0
@@ -492,6 +550,17 @@ class KvpoolRemoteConnector(RemoteConnector):
             return []
         return self._session.call(lambda c: self._present_on(c, keys, prefix_only), [False] * n,
                                   "exists")
+
+    def _chunk_descriptor(self, key, obj: MemoryObj):
+        """What LMCache's events would say of the chunk (see the module
+        docstring), or None."""
+        if not self._describer.enabled:
+            return None
+        h = chunk_event_hash(getattr(key, "chunk_hash", None))
+        tokens = chunk_tokens(obj, self._chunk_size)
+        if h is None or not tokens:
+            return None
+        return self._describer.make(h, tokens)
 
     def _present_on(self, client: kvpool.Client, keys: Sequence, prefix_only: bool) -> List[bool]:
         n = len(keys)

@@ -17,6 +17,8 @@ kvpool.integrations._session):
     timeout_ms         deadline of each kvpool call (default 2000)
     retry_interval_ms  how often a backend without a node retries (1000;
                        alias reconnect_interval_ms)
+    block_descriptors  attach to each KV page put the block descriptor
+                       SGLang's own KV events would carry (default true)
 
 Objects. Each page is stored as the pieces get_page_buffer_meta gives for it:
 MHA pages as two objects, K ("<key>_k") and V ("<key>_v"); MLA pages as one
@@ -55,6 +57,35 @@ because ranks on other hosts talk to other nodes, each of which must be
 cleared by a rank of its own. Returns None (SGLang's contract); the number
 dropped is logged and counted in get_stats().cleared_entries.
 
+Block descriptors (docs/kv-events.md; docs/connectors.md "Block
+descriptors"). Every KV page object put (both pieces of an MHA page, the
+one object of an MLA page) carries a descriptor saying what SGLang's own
+KV events say of that page, so the node's events about it name the page
+SGLang's way:
+  hash        the page hash SGLang hands us (the key: the SHA-256 hex of the
+              page's tokens chained on the previous page's hash, ENGINES.md
+              1.5) as SGLang's radix-cache events write it: the signed
+              64-bit int of the digest's first 8 bytes, big-endian. ENGINES.md
+              does not say how SGLang's events write a page hash (6.1 only
+              says they are positional, up to extra_keys); this is read from
+              SGLang's public source (its events hash a page with the same
+              get_hash_str as HiCache, truncated to int64), and it is why the
+              hash goes as an int, not the digest's bytes: the node's int64
+              mode would take the *last* 8 bytes of a bytes hash (vLLM's and
+              llm-d's rule), not SGLang's first 8.
+  parent      the previous page's hash: the previous key of the batch (the
+              controller hands one backup's pages in order, in batches of
+              128, each page's hash chained on the one before, ENGINES.md 1.4
+              and 1.5); for a batch's first page the last of
+              extra_info.prefix_keys when SGLang passes them
+              (hicache_storage_pass_prefix_keys: true), else None.
+  token_ids   empty: batch_set_v1/batch_set hand over hashes and host slots
+              only (ENGINES.md 1.3; extra_info carries prefix keys and a
+              free-form dict, no tokens).
+  block_size  the host pool's page size.
+A key that is not such a hash (a caller's own key) gets no descriptor.
+Extra pools' pages (v2) get none: SGLang's events are about KV pages.
+
 Faults. No exception leaves this class: a node that is down, gone or late
 turns into misses (batch_exists 0, batch_get_v1 False, get None) and failed
 stores (False), as in every connector (the Session); the client reconnects
@@ -76,6 +107,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageE
 
 from kvpool.client import Client, StatusCode
 
+from ._descriptors import Describer, sha256_hex_to_int64
 from ._dtypes import dtype_name
 from ._session import Session, SessionSettings
 
@@ -250,6 +282,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         # register_mem_pool_host brings (it connects; so does a first call).
         self._session = Session(self.settings, self.namespace, log=logger,
                                 client_name="sglang hicache tp%d" % self.tp_rank)
+        self._describer = Describer(self.settings.block_descriptors, logger)
 
     # ---- naming ----------------------------------------------------------------
     def _rank_suffix(self):
@@ -287,6 +320,40 @@ class KvpoolHiCacheStorage(HiCacheStorage):
             base = k + sfx
             out.extend(base + p for p in self._suffixes)
         return out
+
+    def _page_descriptors(self, keys, first_parent=None):
+        """Per page, the block descriptor SGLang's own KV events would carry
+        (see the module docstring), or None; `first_parent` is the page hash
+        before keys[0] (None: not known)."""
+        if not self._describer.enabled or not self._page_size:
+            return [None] * len(keys)
+        out = []
+        parent = sha256_hex_to_int64(first_parent)
+        for k in keys:
+            h = sha256_hex_to_int64(k)
+            out.append(None if h is None else
+                       self._describer.make(h, self._page_size, (), parent))
+            parent = h
+        return out
+
+    @staticmethod
+    def _parent_of_batch(extra_info):
+        """The page hash before a batch: the last of extra_info.prefix_keys."""
+        prefix = getattr(extra_info, "prefix_keys", None)
+        if isinstance(prefix, (list, tuple)) and prefix and prefix[-1] is not None:
+            return prefix[-1]
+        return None
+
+    def _object_descriptors(self, keys, first_parent=None):
+        """_page_descriptors per object (each piece of a page carries its
+        page's), or None when no page has one."""
+        pages = self._page_descriptors(keys, first_parent)
+        if all(d is None for d in pages):
+            return None
+        return [d for d in pages for _ in self._suffixes]
+
+    def _put(self, client, objects, ptrs, sizes, descs):
+        return self._describer.put_ptrs(client, objects, ptrs, sizes, descs)
 
     # ---- registration --------------------------------------------------------
     def register_mem_pool_host(self, mem_pool_host):
@@ -353,16 +420,16 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         p = self._pieces
         return [all(s == StatusCode.OK for s in statuses[i * p:(i + 1) * p]) for i in range(n)]
 
-    def _zero_copy_io(self, keys, host_indices, call):
-        """call(client, object keys, ptrs, sizes) over the pages' host memory.
-        Returns (one bool per page, bytes moved per call)."""
+    def _zero_copy_io(self, keys, host_indices, call, what, descs=None):
+        """call(client, object keys, ptrs, sizes, descs) over the pages' host
+        memory. Returns (one bool per page, bytes moved per call)."""
         n = len(keys)
         meta = self._page_meta(host_indices, n)
         if meta is None:
             return [False] * n, 0
         ptrs, sizes = meta
         objects = self._object_keys(keys)
-        st = self._session.call(lambda c: call(c, objects, ptrs, sizes), None, call.__name__)
+        st = self._session.call(lambda c: call(c, objects, ptrs, sizes, descs), None, what)
         if st is None:
             return [False] * n, 0
         return self._per_page(st, n), sum(sizes)
@@ -373,7 +440,8 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         if not keys:
             return []
         t0 = time.perf_counter()
-        out, nbytes = self._zero_copy_io(keys, host_indices, Client.get_ptrs)
+        out, nbytes = self._zero_copy_io(keys, host_indices,
+                                         lambda c, o, p, s, _d: c.get_ptrs(o, p, s), "get_ptrs")
         self._count_get(len(keys), out, nbytes, t0)
         return out
 
@@ -387,7 +455,8 @@ class KvpoolHiCacheStorage(HiCacheStorage):
                 self._stats.set_skipped_pages += len(keys)
             return [True] * len(keys)
         t0 = time.perf_counter()
-        out, nbytes = self._zero_copy_io(keys, host_indices, Client.put_ptrs)
+        descs = self._object_descriptors(keys, self._parent_of_batch(extra_info))
+        out, nbytes = self._zero_copy_io(keys, host_indices, self._put, "put_ptrs", descs)
         self._count_set(len(keys), out, nbytes, t0)
         return out
 
@@ -468,21 +537,38 @@ class KvpoolHiCacheStorage(HiCacheStorage):
             return True
         if values is None or len(values) != n:
             return False
+        if any(self._flat_pieces(v) is None for v in values):
+            return False
+        # SGLang's generic batch_set has no extra_info: a batch's first page
+        # has no known parent.
+        return all(self._store_flat(keys, values, None))
+
+    def _store_flat(self, keys, values, first_parent):
+        """Stores flat page tensors in one call, each with its page's block
+        descriptor (first_parent: the page hash before keys[0], if known).
+        One bool per page; a tensor that is not a page of the pool is False
+        and not sent."""
         t0 = time.perf_counter()
-        ptrs, sizes = [], []
-        for v in values:
+        page_descs = self._page_descriptors(keys, first_parent)
+        objects, ptrs, sizes, descs, sent = [], [], [], [], []
+        for k, v, d in zip(keys, values, page_descs):
             pieces = self._flat_pieces(v)
+            sent.append(pieces is not None)
             if pieces is None:
-                return False
+                continue
+            objects += self._object_keys([k])
             ptrs += pieces[0]
             sizes += pieces[1]
-        objects = self._object_keys(keys)
-        st = self._session.call(lambda c: c.put_ptrs(objects, ptrs, sizes), None, "set")
-        if st is None:
-            return False
-        out = self._per_page(st, n)
-        self._count_set(n, out, sum(sizes), t0)
-        return all(out)
+            descs += [d] * self._pieces
+        out = [False] * len(keys)
+        if objects:
+            st = self._session.call(lambda c: self._put(c, objects, ptrs, sizes, descs), None,
+                                    "set")
+            if st is not None:
+                stored = iter(self._per_page(st, len(objects) // self._pieces))
+                out = [next(stored) if ok else False for ok in sent]
+        self._count_set(len(keys), out, sum(sizes), t0)
+        return out
 
     @_never_raises(_FALSE)
     def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
@@ -573,7 +659,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
             return None
         return [int(i) for i in host_indices[::step].tolist()]
 
-    def _pool_io(self, transfers, store):
+    def _pool_io(self, transfers, store, extra_info=None):
         """Extra-pool pages of all transfers in one kvpool call (KV transfers
         through the v1/generic KV path). Returns {pool name: bools}."""
         out, pending = {}, []  # pending: (name, keys, firsts, pool, tensors)
@@ -583,7 +669,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
                 out[name] = []
                 continue
             if name == _KV:
-                out[name] = self._kv_io(keys, indices, store)
+                out[name] = self._kv_io(keys, indices, store, extra_info)
                 continue
             firsts = self._firsts(pool, indices, len(keys))
             obj = self._pool_keys(name, keys)
@@ -621,18 +707,19 @@ class KvpoolHiCacheStorage(HiCacheStorage):
             out[name] = oks
         return out
 
-    def _kv_io(self, keys, host_indices, store):
-        """KV pages named in a v2 call: the same objects as batch_*_v1 and
-        the generic path."""
+    def _kv_io(self, keys, host_indices, store, extra_info=None):
+        """KV pages named in a v2 call: the same objects (and descriptors)
+        as batch_*_v1 and the generic path."""
         if self._zero_copy:
-            return (self.batch_set_v1 if store else self.batch_get_v1)(keys, host_indices)
+            return (self.batch_set_v1 if store else self.batch_get_v1)(keys, host_indices,
+                                                                       extra_info)
         pool = self.mem_pool_host
         firsts = self._firsts(pool, host_indices, len(keys))
         if firsts is None:
             return [False] * len(keys)
         if store:
             pages = [pool.get_data_page(f, flat=True).contiguous() for f in firsts]
-            return [self.batch_set([k], [p]) for k, p in zip(keys, pages)]
+            return self._store_flat(keys, pages, self._parent_of_batch(extra_info))
         got = self.batch_get(keys)
         for f, page in zip(firsts, got):
             if page is not None:
@@ -654,7 +741,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
     def batch_get_v2(self, transfers, extra_info: Optional[HiCacheStorageExtraInfo] = None):
         """Loads each transfer's pages into its pool at host_indices. Returns
         {pool name: one bool per key}."""
-        out = self._pool_io(transfers or [], store=False)
+        out = self._pool_io(transfers or [], store=False, extra_info=extra_info)
         self._count_pools(out, store=False)
         return out
 
@@ -669,7 +756,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
             with self._lock:
                 self._stats.set_skipped_pages += sum(len(v) for v in out.values())
             return out
-        out = self._pool_io(transfers, store=True)
+        out = self._pool_io(transfers, store=True, extra_info=extra_info)
         self._count_pools(out, store=True)
         return out
 

@@ -24,6 +24,10 @@ kvpool_retry_interval_s) are aliases. This connector's own:
   kv_events              report KV events (default: vLLM's
                          kv_events_config.enable_kv_cache_events).
   event_medium           the medium of those events (default "CPU").
+  block_descriptors      attach to each page put the descriptor of its block
+                         as vLLM's own KV events name it, so the node's
+                         events name it that way too (default true; every
+                         connector's setting).
 
 One class, two roles (ENGINES.md §2.2). The scheduler-side instance finds
 the longest prefix of a request present in kvpool for every shard and every
@@ -63,6 +67,20 @@ blocks are reported.
 KV events (ENGINES.md §6.1, kvpool.integrations._vllm_events): BlockStored
 for each block stored in or loaded from kvpool, from the workers
 (get_kv_connector_kv_cache_events) to the scheduler side (take_events).
+
+Block descriptors (docs/kv-events.md, ENGINES.md part 7): every page a
+worker puts carries its block's descriptor, what vLLM's own BlockStored
+says of that block, so the node's events about the page name the block the
+way vLLM does and routers (vLLM's decoder, llm-d, Dynamo) can index it:
+hash and parent = the engine block hashes exactly as this connector's own
+events carry them (_vllm_events.block_info: ExternalBlockHash, an int of
+the low 64 bits big-endian unless VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0,
+then the bytes; the parent is the previous block of the same group, None
+for the first), token_ids = the block's tokens, block_size = the group's,
+group_idx = the group's index, lora_name = the request's LoRA, spec_kind =
+the group's kind. The scheduler side computes them (only it has vLLM's
+block hashes and the tokens) and ships them in the metadata with each save;
+every page of a block (each rank, each layer-wise unit) carries the same.
 
 vLLM calls each instance from one thread; the worker's background lanes are
 internal.
@@ -118,7 +136,7 @@ class BlockTransfer:
     hashes: list[bytes]
     group: int = 0
     load_async: bool = False
-    events: Optional[list] = None
+    events: Optional[list] = None  # also what the saved pages' block descriptors say
     lora_name: Optional[str] = None
 
 
@@ -162,6 +180,7 @@ class _Settings:
             events = bool(getattr(kec, "enable_kv_cache_events", False))
         self.events = _flag(events)
         self.event_medium = str(extra.get("event_medium") or "CPU")
+        self.descriptors = self.session.block_descriptors
         self.locality = "REMOTE" if self.session.remote else "LOCAL"
         self.mamba_cache_mode = str(getattr(cc, "mamba_cache_mode", None) or "none")
         self.disabled_reason = None
@@ -332,8 +351,10 @@ class _SchedulerSide:
             end = min(num_computed + num_scheduled, t.request.num_tokens)
             self._plan_saves(req_id, t, num_computed, end, meta)
 
-    def _event_info(self, t, g, indices, hashes):
-        if not self._s.events:
+    def _event_info(self, t, g, indices, hashes, save=False):
+        """Per block (engine hash, parent, tokens): for KV events, and for a
+        save also for the pages' block descriptors."""
+        if not (self._s.events or (save and self._s.descriptors)):
             return None
         return block_info(t.request, indices, g.block_size, self._s.block_size, hashes)
 
@@ -383,7 +404,8 @@ class _SchedulerSide:
             hashes = t.hashes(g.block_size, idx[-1] + 1)
             meta.saves.append(BlockTransfer(req_id, [ids[i] for i in idx],
                                             [hashes[i] for i in idx], g.index, False,
-                                            self._event_info(t, g, idx, hashes), self._lora(t)))
+                                            self._event_info(t, g, idx, hashes, save=True),
+                                            self._lora(t)))
 
     def update_connector_output(self, connector_output):
         self._events.extend(common_events(getattr(connector_output, "kv_cache_events", None)))

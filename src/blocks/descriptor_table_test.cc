@@ -1,0 +1,161 @@
+// The descriptor table over a scripted holdings stream: which descriptor
+// each event carries, the per-hash tier counts and their transitions, and
+// the bounds.
+#include "blocks/descriptor_table.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <tuple>
+#include <vector>
+
+namespace kvpool::blocks {
+namespace {
+
+KeyId K(int i) { return MakeKeyId("blocks", std::to_string(i)); }
+
+std::string Desc(uint64_t hash, uint32_t block_size = 4) {
+  protocol::BlockDescriptor d;
+  d.hash = {protocol::EngineHash::Kind::kUint64, hash, ""};
+  d.block_size = block_size;
+  auto b = protocol::EncodeDescriptor(d);
+  EXPECT_TRUE(b.ok());
+  return *b;
+}
+
+std::span<const uint8_t> S(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+HoldingsEvent Written(const KeyId& k) {
+  HoldingsEvent e;
+  e.key = k;
+  return e;
+}
+
+HoldingsEvent Dropped(const KeyId& k, HoldingTier tier, HoldingsEvent::Why why, bool still_held) {
+  HoldingsEvent e;
+  e.kind = HoldingsEvent::Kind::kDropped;
+  e.key = k;
+  e.tier = tier;
+  e.why = why;
+  e.still_held = still_held;
+  return e;
+}
+
+struct Recorder : BlockEventListener, BlockTierListener {
+  std::vector<std::pair<KeyId, std::string>> events;  // key, descriptor ("" none)
+  std::vector<std::tuple<uint64_t, BlockTier, bool>> tiers;
+  void OnBlockEvent(const HoldingsEvent& e, const std::shared_ptr<const std::string>& d) override {
+    events.emplace_back(e.key, d ? *d : std::string());
+  }
+  void OnBlockTier(uint64_t h, BlockTier t, bool held) override { tiers.emplace_back(h, t, held); }
+};
+
+TEST(DescriptorTable, TwoKeysOfOneBlockHoldItUntilTheLastLeaves) {
+  MetricsRegistry metrics;
+  DescriptorTable table(1 << 20, &metrics);
+  Recorder rec;
+  table.SetListeners(&rec, &rec);
+  const std::string d = Desc(0x77);
+  // Two ranks' keys of one engine block, and an undescribed key.
+  ASSERT_NE(table.Stage(K(1), S(d)), 0u);
+  ASSERT_NE(table.Stage(K(2), S(d)), 0u);
+  table.OnHoldings(Written(K(1)));
+  table.OnHoldings(Written(K(2)));
+  table.OnHoldings(Written(K(3)));
+  uint8_t tiers[2];
+  const uint64_t hashes[2] = {0x77, 0x78};
+  table.Tiers(hashes, tiers);
+  EXPECT_EQ(tiers[0], 1);
+  EXPECT_EQ(tiers[1], 0);
+  // K(1) demoted: the block is on both tiers (K(2) stays in DRAM); K(2)
+  // evicted: DRAM's last key of it is gone.
+  table.OnHoldings(Dropped(K(1), HoldingTier::kDram, HoldingsEvent::Why::kMovedToSsd, true));
+  table.Tiers(hashes, tiers);
+  EXPECT_EQ(tiers[0], 3);
+  table.OnHoldings(Dropped(K(2), HoldingTier::kDram, HoldingsEvent::Why::kEvicted, false));
+  table.Tiers(hashes, tiers);
+  EXPECT_EQ(tiers[0], 2);
+  std::vector<std::pair<uint64_t, BlockTier>> held;
+  table.ForEachHeld([&](uint64_t h, BlockTier t) { held.emplace_back(h, t); });
+  EXPECT_EQ(held, (std::vector<std::pair<uint64_t, BlockTier>>{{0x77, BlockTier::kSsd}}));
+  table.OnHoldings(Dropped(K(1), HoldingTier::kSsd, HoldingsEvent::Why::kRemoved, false));
+  table.Tiers(hashes, tiers);
+  EXPECT_EQ(tiers[0], 0);
+  EXPECT_EQ(table.entries(), 0u);
+  EXPECT_EQ(table.bytes(), 0u);
+  EXPECT_EQ(metrics.ValueOf("kvpool_descriptors"), 0);
+
+  const std::vector<std::tuple<uint64_t, BlockTier, bool>> want = {{0x77, BlockTier::kDram, true},
+                                                                   {0x77, BlockTier::kSsd, true},
+                                                                   {0x77, BlockTier::kDram, false},
+                                                                   {0x77, BlockTier::kSsd, false}};
+  EXPECT_EQ(rec.tiers, want);
+  ASSERT_EQ(rec.events.size(), 6u);
+  EXPECT_EQ(rec.events[0].second, d);
+  EXPECT_EQ(rec.events[1].second, d);
+  EXPECT_EQ(rec.events[2].second, "");  // K(3): undescribed
+  EXPECT_EQ(rec.events[5].second, d);   // its last event still carries it
+  table.SetListeners(nullptr, nullptr);
+}
+
+// A put's commit that failed leaves nothing; a key re-put after it left
+// takes the new descriptor; a key told evicted before its write is named by
+// its staged descriptor, which it drops.
+TEST(DescriptorTable, StagesFollowTheirCommits) {
+  MetricsRegistry metrics;
+  DescriptorTable table(1 << 20, &metrics);
+  Recorder rec;
+  table.SetListeners(&rec, &rec);
+  const std::string a = Desc(1), b = Desc(2);
+  const uint64_t t = table.Stage(K(1), S(a));
+  table.Unstage(K(1), t);
+  EXPECT_EQ(table.entries(), 0u);
+  EXPECT_EQ(table.bytes(), 0u);
+  table.Unstage(K(1), 12345);  // unknown: ignored
+
+  table.Stage(K(1), S(a));
+  table.OnHoldings(Written(K(1)));
+  table.OnHoldings(Dropped(K(1), HoldingTier::kDram, HoldingsEvent::Why::kEvicted, false));
+  table.Stage(K(1), S(b));
+  table.OnHoldings(Written(K(1)));
+  ASSERT_EQ(rec.events.size(), 3u);
+  EXPECT_EQ(rec.events[2].second, b);
+
+  // Evicted before its write was told.
+  table.Stage(K(5), S(a));
+  table.OnHoldings(Dropped(K(5), HoldingTier::kDram, HoldingsEvent::Why::kEvicted, false));
+  EXPECT_EQ(rec.events.back().second, a);
+  table.OnHoldings(Written(K(5)));
+  EXPECT_EQ(rec.events.back().second, "");
+  EXPECT_EQ(table.entries(), 1u);  // K(1)
+
+  // A stage that does not decode is not kept.
+  EXPECT_EQ(table.Stage(K(9), S(std::string("junk"))), 0u);
+  table.SetListeners(nullptr, nullptr);
+}
+
+TEST(DescriptorTable, AFullTableRefusesCounted) {
+  MetricsRegistry metrics;
+  const std::string d = Desc(3);
+  DescriptorTable table(2 * (d.size() + DescriptorTable::kEntryOverheadBytes), &metrics);
+  EXPECT_NE(table.Stage(K(1), S(d)), 0u);
+  EXPECT_NE(table.Stage(K(2), S(d)), 0u);
+  EXPECT_EQ(table.Stage(K(3), S(d)), 0u);
+  EXPECT_NE(table.Stage(K(2), S(d)), 0u);  // a replacement fits
+  EXPECT_EQ(metrics.ValueOf("kvpool_descriptors_refused_total"), 1);
+  EXPECT_EQ(table.bytes(), 2 * (d.size() + DescriptorTable::kEntryOverheadBytes));
+}
+
+TEST(DescriptorTable, EngineHash64ReadsBytesAsTheirLastEightBigEndian) {
+  protocol::EngineHash h{protocol::EngineHash::Kind::kBytes, 0,
+                         std::string("\xff\x01\x02\x03\x04\x05\x06\x07\x08", 9)};
+  EXPECT_EQ(EngineHash64(h), 0x0102030405060708u);
+  h.bytes = std::string("\x01\x02", 2);
+  EXPECT_EQ(EngineHash64(h), 0x0102u);
+  EXPECT_EQ(EngineHash64({protocol::EngineHash::Kind::kInt64, ~0ull, ""}), ~0ull);
+}
+
+}  // namespace
+}  // namespace kvpool::blocks
