@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# bench/compare.sh events: what publishing KV events costs a node, and
-# whether a subscriber that stopped reading slows it. Alternating runs of a
-# fresh 64 MiB node in three modes: without events ("off"), with
-# --kv-events-endpoint and a subscriber that connects and never reads
-# ("stalled"), and with one that reads every message and discards it
-# ("reading"; python3-zmq, no decoding). Each run: kvpool-bench put of
+# bench/compare.sh events: what publishing KV events costs a node, whether
+# a subscriber that stopped reading slows it, and what block descriptors
+# cost. Alternating runs of a fresh 64 MiB node in four modes: without
+# events ("off"), with --kv-events-endpoint and a subscriber that connects
+# and never reads ("stalled"), with one that reads every message and
+# discards it ("reading"; python3-zmq, no decoding), and "described": the
+# reading subscriber, and every put describes its key as an engine block
+# of 16 tokens (kvpool-bench --describe 16: hash, parent, 16 token ids, as
+# a connector attaches), so every event names the block the engine's way. Each run: kvpool-bench put of
 # 4 KiB values over 100,000 keys (every put past the first 16,000 evicts:
 # two events a put), then get of a populated 8,000-key working set; batch
 # 16. The high-water mark is made small (--kv-events-hwm 64) so the node
@@ -26,6 +29,14 @@
 #                           median): a lower bound of what it missed
 #   kv_events_stalls        times the node found it full
 #                           (kvpool_kv_events_subscriber_stalls_total, median)
+#   kv_events_put_described_vs_reading
+#                           put ops/s with descriptors over put ops/s
+#                           without them, both with events read: what
+#                           descriptors cost (goal >= 0.95)
+#   descriptor_bytes_per_entry
+#                           kvpool_descriptor_bytes / kvpool_descriptors at
+#                           the end of a described run (median): what a
+#                           described entry costs the node in memory
 # Usage: bench/compare.sh events [--reps N] [--duration DURATION] [--keep]
 set -euo pipefail
 
@@ -61,7 +72,7 @@ freeport() { "$PY" "$HERE/compare_lib.py" freeport; }
 # run MODE REP: one node (events off, stalled or reading), its bench runs,
 # appended to RESULTS.
 run() {
-  local mode="$1" rep="$2" port extra=() rc=0 dropped=0 stalls=0
+  local mode="$1" rep="$2" port extra=() rc=0 dropped=0 stalls=0 dbytes=0 dentries=0 describe=0
   rm -f "$TMP/n.sock"
   if [[ "$mode" != off ]]; then
     port="$(freeport)"
@@ -74,7 +85,8 @@ run() {
   wait_node_ready "$node_pid" "$TMP/node-$mode-$rep.log" "$TMP/n.sock" || rc=$?
   [[ $rc -eq 0 ]] || die "kvpool-node did not start (see $TMP/node-$mode-$rep.log)"
   local sub_pid=""
-  if [[ "$mode" == reading ]]; then
+  [[ "$mode" == described ]] && describe=16
+  if [[ "$mode" == reading || "$mode" == described ]]; then
     # Connects, subscribes to everything, and reads every message.
     "$PY" -c '
 import sys, zmq
@@ -100,33 +112,38 @@ time.sleep(3600)' "tcp://127.0.0.1:$port" &
     sleep 0.5
   fi
   "$BENCH" --socket "$TMP/n.sock" --op put --value-size 4KiB --batch 16 --keys 100000 \
-    --duration "$DURATION" --json > "$TMP/put.json"
+    --describe "$describe" --duration "$DURATION" --json > "$TMP/put.json"
   "$BENCH" --socket "$TMP/n.sock" --op get --value-size 4KiB --batch 16 --keys 8000 \
     --populate --duration "$DURATION" --json > "$TMP/get.json"
   if [[ "$mode" != off ]]; then
     curl -fsS "$READY_URL/metrics" > "$TMP/metrics"
     dropped="$(awk '$1 == "kvpool_kv_events_subscriber_dropped_total" {print $2}' "$TMP/metrics")"
     stalls="$(awk '$1 == "kvpool_kv_events_subscriber_stalls_total" {print $2}' "$TMP/metrics")"
+    dbytes="$(awk '$1 == "kvpool_descriptor_bytes" {print $2}' "$TMP/metrics")"
+    dentries="$(awk '$1 == "kvpool_descriptors" {print $2}' "$TMP/metrics")"
   fi
   "$PY" -c '
 import json, sys
 mode, rep = sys.argv[1], int(sys.argv[2])
 dropped, stalls = float(sys.argv[3] or 0), float(sys.argv[4] or 0)
+dbytes, dentries = float(sys.argv[7] or 0), float(sys.argv[8] or 0)
 put = json.loads(open(sys.argv[5]).readline())
 get = json.loads(open(sys.argv[6]).readline())
 print(json.dumps({"mode": mode, "rep": rep, "put": put["ops_per_s"], "get": get["ops_per_s"],
-                  "get_misses": get["misses"], "dropped": dropped, "stalls": stalls}))' \
-    "$mode" "$rep" "$dropped" "$stalls" "$TMP/put.json" "$TMP/get.json" |
+                  "get_misses": get["misses"], "put_errors": put["errors"], "dropped": dropped,
+                  "stalls": stalls,
+                  "descriptor_bytes_per_entry": dbytes / dentries if dentries else 0}))' \
+    "$mode" "$rep" "$dropped" "$stalls" "$TMP/put.json" "$TMP/get.json" "$dbytes" "$dentries" |
     tee -a "$RESULTS" >&2
   stop_pid "$sub_pid" subscriber KILL
   stop_pid "$node_pid" kvpool-node KILL
   PIDS=()
 }
 
-MODES=(off stalled reading)
+MODES=(off stalled reading described)
 for rep in $(seq 1 "$REPS"); do
   # Which goes first rotates, so drift falls on all alike.
-  for k in 0 1 2; do run "${MODES[$(((rep + k) % 3))]}" "$rep"; done
+  for k in 0 1 2 3; do run "${MODES[$(((rep + k) % 4))]}" "$rep"; done
 done
 
 "$PY" - "$RESULTS" <<'PYEOF'
@@ -142,6 +159,12 @@ for op in ("put", "get"):
     ratio(op, "stalled", "off", "kv_events_%s_vs_off" % op)
     ratio(op, "stalled", "reading", "kv_events_%s_stalled_vs_reading" % op)
 ratio("put", "reading", "off", "kv_events_put_reading_vs_off")
+ratio("put", "described", "reading", "kv_events_put_described_vs_reading")
 for m in ("dropped", "stalls"):
     print("metric kv_events_%s %d" % (m, statistics.median(by[("stalled", k)][m] for k in reps)))
+print("metric descriptor_bytes_per_entry %.1f" % statistics.median(
+    by[("described", k)]["descriptor_bytes_per_entry"] for k in reps))
+if any(by[("described", k)]["put_errors"] for k in reps):
+    print("described puts failed: see the runs above")
+    sys.exit(1)
 PYEOF

@@ -193,7 +193,32 @@ struct Config {
   ZcRead zc_read = ZcRead::kCopy;
   uint32_t timeout_ms = 5000;
   uint64_t seed = 1;
+  // put: > 0 describes each key as an engine block of this many tokens
+  // (kvpool_put_described; docs/kv-events.md, "Block descriptors").
+  uint32_t describe_tokens = 0;
 };
+
+// A block descriptor (docs/kv-events.md) of block `idx` of a chain: int
+// hash idx, parent idx - 1, `tokens` token ids.
+void AppendDescriptor(std::string* out, uint64_t idx, uint32_t tokens) {
+  auto u32 = [&](uint32_t v) { out->append(reinterpret_cast<const char*>(&v), 4); };
+  auto u64 = [&](uint64_t v) { out->append(reinterpret_cast<const char*>(&v), 8); };
+  out->push_back(1);  // version
+  out->push_back(1);  // hash: uint64
+  u64(idx);
+  if (idx == 0) {
+    out->push_back(0);  // no parent
+  } else {
+    out->push_back(1);
+    u64(idx - 1);
+  }
+  u32(tokens);  // block size
+  u32(tokens);
+  for (uint32_t t = 0; t < tokens; ++t) u32(static_cast<uint32_t>(idx * tokens + t));
+  u32(0);             // group 0
+  out->push_back(0);  // no LoRA
+  out->push_back(0);  // no spec kind
+}
 
 // What one thread counted in one run (or in the populate phase).
 struct Counts {
@@ -380,7 +405,18 @@ class Worker {
     }
     MakeIds(n);
     ResetStatuses(statuses_, n);
-    const kvpool_status st = kvpool_put(client_, ids_.data(), cptrs_.data(), sizes_.data(), n, statuses_.data());
+    kvpool_status st;
+    if (cfg_.describe_tokens > 0) {
+      descbuf_.clear();
+      for (size_t k = 0; k < n; ++k) AppendDescriptor(&descbuf_, idx_[k], cfg_.describe_tokens);
+      const size_t each = descbuf_.size() / n;  // every descriptor has one size here
+      descs_.resize(n);
+      for (size_t k = 0; k < n; ++k) descs_[k] = {descbuf_.data() + k * each, each};
+      st = kvpool_put_described(client_, ids_.data(), cptrs_.data(), sizes_.data(), descs_.data(),
+                                n, statuses_.data());
+    } else {
+      st = kvpool_put(client_, ids_.data(), cptrs_.data(), sizes_.data(), n, statuses_.data());
+    }
     for (size_t k = 0; k < n; ++k) {
       const kvpool_status s = ItemStatus(statuses_[k], st);
       Count(c, s);
@@ -520,6 +556,8 @@ class Worker {
   std::vector<kvpool_key_id> ids_;
   std::vector<void*> ptrs_;
   std::vector<const void*> cptrs_;
+  std::string descbuf_;                  // put --describe: this call's descriptors
+  std::vector<kvpool_descriptor> descs_;
   std::vector<uint64_t> sizes_, caps_;
   std::vector<kvpool_status> statuses_, statuses2_;
   std::vector<kvpool_region> regions_;
@@ -657,6 +695,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--timeout-ms", cfg.timeout_ms, "Deadline of each call")->capture_default_str();
   app.add_option("--seed", cfg.seed, "Random seed")->capture_default_str();
+  app.add_option("--describe", cfg.describe_tokens,
+                 "put: describe each key as an engine block of this many tokens (a block "
+                 "descriptor with hash, parent and tokens, as connectors attach; 0: none)")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
   kvpool::trace::ReplayConfig replay;
   std::string sockets_text;
   app.add_option("--trace", replay.trace_path,

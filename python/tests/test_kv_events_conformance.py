@@ -205,3 +205,71 @@ def test_negative_controls_the_old_encoding_is_rejected():
     # The positional old batch was fine for vLLM and llm-d.
     assert len(msgspec_vllm(old_array)) == 2
     assert len(llmd(old_array, maps=False)) == 2
+
+
+def test_namespace_topics_carry_their_namespaces_blocks(node_factory, tmp_path):
+    """--kv-events-topics-file: a namespace's blocks go on its kv@<pod>@<model>
+    topic (llm-d reads the model from it), the others on --kv-events-topic;
+    every topic opens with AllBlocksCleared; a batch holds one topic's
+    events; the replay answers each batch with its own topic."""
+    topics = tmp_path / "topics"
+    topics.write_text("# namespace=topic\nmodel-a=kv@node-a@model-a\n\nmodel|b=c=kv@node-a@model-b\n")
+    pub, rep = free_port(), free_port()
+    node = node_factory(extra_args=[
+        "--kv-events-endpoint", "tcp://127.0.0.1:%d" % pub,
+        "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % rep,
+        "--kv-events-batch-interval", "2ms", "--kv-events-topic", TOPIC.decode(),
+        "--kv-events-topics-file", str(topics)])
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
+    sub.connect("tcp://127.0.0.1:%d" % pub)
+    time.sleep(0.3)
+    put = {}
+    for ns in ("model-a", "model|b=c", "other"):
+        c = kvpool.Client(node.socket, namespace=ns)
+        keys = ["%s-%d" % (ns, i) for i in range(20)]
+        # Interleaved: the node's batches must still keep the topics apart.
+        for k in keys:
+            assert c.put([k], [b"v" * 1024]) == [kvpool.StatusCode.OK]
+        ids = c.key_ids(keys)
+        put[ns] = {ids.ids[i].hi for i in range(ids.n)}
+        c.close()
+    time.sleep(0.3)
+    by_topic = {}
+    while sub.poll(300):
+        topic, seq, payload = sub.recv_multipart()
+        for e in msgspec_vllm(payload):
+            by_topic.setdefault(topic, []).append(e)
+    want = {b"kv@node-a@model-a": "model-a", b"kv@node-a@model-b": "model|b=c", TOPIC: "other"}
+    assert set(by_topic) == set(want)
+    for topic, ns in want.items():
+        events = by_topic[topic]
+        stored = {h for e in events if e["type"] == "BlockStored" for h in e["block_hashes"]}
+        assert stored == put[ns], topic
+    # The replay: every batch, each under its own topic.
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect("tcp://127.0.0.1:%d" % rep)
+    dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+    cleared = set()
+    while True:
+        assert dealer.poll(5000), "no end marker"
+        frames = dealer.recv_multipart()
+        if seq_of(frames[2]) == -1:
+            break
+        events = msgspec_vllm(frames[3])
+        hashes = {h for e in events for h in e.get("block_hashes", [])}
+        assert hashes <= put[want[frames[1]]]
+        cleared |= {frames[1] for e in events if e["type"] == "AllBlocksCleared"}
+    assert cleared == set(want)
+    sub.close(0)
+    dealer.close(0)
+    ctx.term()
+
+
+def test_a_malformed_topics_file_stops_the_node_with_its_line(node_factory, tmp_path):
+    topics = tmp_path / "topics"
+    topics.write_text("model-a=kv@node-a@model-a\nmodel-b=kv@pod-only\n")
+    with pytest.raises(RuntimeError, match="line 2: topic 'kv@pod-only'"):
+        node_factory(extra_args=["--kv-events-endpoint", "tcp://127.0.0.1:%d" % free_port(),
+                                 "--kv-events-topics-file", str(topics)])

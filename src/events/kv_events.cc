@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "common/log.h"
@@ -27,6 +28,12 @@ Status KvEventsOptions::Validate() const {
   if (!ValidTopic(topic)) {
     return InvalidArgument(fmt::format(
         "kv events topic '{}': a kv@ topic names the pod and the model, kv@<pod>@<model>", topic));
+  }
+  for (const auto& [tag, t] : namespace_topics) {
+    if (!ValidTopic(t)) {
+      return InvalidArgument(fmt::format(
+          "kv events topic '{}': a kv@ topic names the pod and the model, kv@<pod>@<model>", t));
+    }
   }
   if (!replay_endpoint.empty() && replay_endpoint == endpoint && !endpoint.ends_with(":0")) {
     return InvalidArgument("kv events: the replay endpoint must differ from the endpoint");
@@ -55,6 +62,7 @@ using Payload = std::shared_ptr<std::string>;
 struct Batch {
   int64_t seq;
   Payload payload;
+  size_t topic;  // into Impl::topics
 };
 
 void ReleasePayload(void* /*data*/, void* hint) { delete static_cast<Payload*>(hint); }
@@ -66,6 +74,7 @@ struct Told {
   KvEvent::Type type;
   Medium medium;
   std::shared_ptr<const std::string> descriptor;  // null: named by its key id
+  int topic = -1;  // into Impl::topics; -1: the key's namespace's
 };
 
 }  // namespace
@@ -77,6 +86,9 @@ struct KvEventsPublisher::Impl {
   void* replay = nullptr;
   std::string bound, bound_replay;  // set before the thread starts
   std::thread thread;
+  // [0] the default topic, then the namespace topics; by tag, the index.
+  std::vector<std::string> topics;
+  std::unordered_map<uint32_t, size_t> topic_of_tag;
 
   Counter* events_sent;
   Counter* batches_sent;
@@ -123,7 +135,7 @@ struct KvEventsPublisher::Impl {
       dropped->Inc();
       return;
     }
-    pending.push_back(Told{key, type, medium, descriptor});
+    pending.push_back(Told{key, type, medium, descriptor, -1});
     ++pending_keys;
   }
 
@@ -140,9 +152,16 @@ struct KvEventsPublisher::Impl {
     return true;
   }
 
+  size_t TopicOf(const Told& t) const {
+    if (t.topic >= 0) return static_cast<size_t>(t.topic);
+    if (topic_of_tag.empty()) return 0;
+    auto it = topic_of_tag.find(NamespaceTagOf(t.key));
+    return it == topic_of_tag.end() ? 0 : it->second;
+  }
+
   // [topic, seq, payload] on the PUB socket, the payload without a copy.
-  bool SendBatch(const std::string& seq, const Payload& payload) {
-    if (zmq_send(pub, opts.topic.data(), opts.topic.size(), ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0 ||
+  bool SendBatch(const std::string& topic, const std::string& seq, const Payload& payload) {
+    if (zmq_send(pub, topic.data(), topic.size(), ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0 ||
         zmq_send(pub, seq.data(), seq.size(), ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0) {
       return false;
     }
@@ -180,7 +199,16 @@ struct KvEventsPublisher::Impl {
     runs.clear();
     keys.clear();
     descs.clear();
+    size_t topic = 0;
     for (const Told& t : taken) {
+      // A batch is one topic's: another topic's event sends what is built.
+      if (const size_t tt = TopicOf(t); tt != topic) {
+        if (!runs.empty()) Send(topic);
+        runs.clear();
+        keys.clear();
+        descs.clear();
+        topic = tt;
+      }
       const auto at = static_cast<uint32_t>(keys.size());
       if (t.type == KvEvent::Type::kAllCleared) {
         runs.push_back(EventRun{t.type, t.medium, at, at});
@@ -198,17 +226,17 @@ struct KvEventsPublisher::Impl {
       }
       runs.back().end = at + 1;
       if (keys.size() == opts.max_batch_keys) {
-        Send();
+        Send(topic);
         runs.clear();
         keys.clear();
         descs.clear();
       }
     }
-    if (!runs.empty()) Send();
+    if (!runs.empty()) Send(topic);
   }
 
-  // Sends the batch in runs and keys.
-  void Send() {
+  // Sends the batch in runs and keys on topics[topic].
+  void Send(size_t topic) {
     const double ts =
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     const int64_t n = next_seq++;
@@ -223,10 +251,10 @@ struct KvEventsPublisher::Impl {
     // gap in sequence numbers and replays. A send that fails even so is
     // lost to every subscriber, and counted.
     const uint64_t n_keys = keys.size();
-    bool sent = SendBatch(seq, payload);
+    bool sent = SendBatch(topics[topic], seq, payload);
     if (!sent && zmq_errno() == EAGAIN) {
       SetNoDrop(false);
-      sent = SendBatch(seq, payload);
+      sent = SendBatch(topics[topic], seq, payload);
       SetNoDrop(true);
       if (sent) {
         subscriber_stalls->Inc();
@@ -240,7 +268,7 @@ struct KvEventsPublisher::Impl {
       dropped->Inc(n_keys);
     }
     if (opts.replay_batches > 0) {
-      kept.push_back(Batch{n, std::move(payload)});
+      kept.push_back(Batch{n, std::move(payload), topic});
     } else {
       spare = std::move(payload);
     }
@@ -280,7 +308,7 @@ struct KvEventsPublisher::Impl {
     };
     for (const Batch& b : kept) {
       if (b.seq < start) continue;
-      if (!reply(opts.topic, SeqFrame(b.seq), *b.payload)) return;
+      if (!reply(topics[b.topic], SeqFrame(b.seq), *b.payload)) return;
     }
     reply("", SeqFrame(-1), "");
   }
@@ -360,7 +388,15 @@ Result<std::unique_ptr<KvEventsPublisher>> KvEventsPublisher::Start(const KvEven
   impl->bound_replay = LastEndpoint(impl->replay);
   LogInfo("kv events: publishing on {}{}", impl->bound,
           impl->replay ? fmt::format(", replay on {}", impl->bound_replay) : "");
-  impl->pending.push_back(Told{KeyId{}, KvEvent::Type::kAllCleared, Medium::kCpu, nullptr});
+  impl->topics.push_back(options.topic);
+  for (const auto& [tag, topic] : options.namespace_topics) {
+    impl->topic_of_tag[tag] = impl->topics.size();
+    impl->topics.push_back(topic);
+  }
+  for (size_t t = 0; t < impl->topics.size(); ++t) {
+    impl->pending.push_back(
+        Told{KeyId{}, KvEvent::Type::kAllCleared, Medium::kCpu, nullptr, static_cast<int>(t)});
+  }
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->Run(); });
   return std::unique_ptr<KvEventsPublisher>(new KvEventsPublisher(std::move(impl)));

@@ -18,14 +18,18 @@
 // A block its writer described is named by its descriptor in every event
 // while the node holds it (kv_events_format.h).
 //
-// The first batch (seq 0) holds AllBlocksCleared: whatever a router knew of
-// this node before it started is gone.
+// The first batches (seq 0, and one more for each namespace topic) hold
+// AllBlocksCleared: whatever a router knew of this node before it started
+// is gone. Sequence numbers count every batch, whatever its topic: a
+// subscriber of one topic sees gaps where the others' batches went, and
+// its replay returns every topic's (it keeps those of its topic).
 //
 // Thread-safe. OnBlockEvent may run under the DRAM tier's lock.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -46,6 +50,11 @@ struct KvEventsOptions {
   // The topic frame. Routers that index pods (llm-d) read it as
   // kv@<pod>@<model>: set it so, with this node as the pod.
   std::string topic;
+  // Topics of the blocks of some namespaces, by namespace tag
+  // (common/key_id.h): a model's engines write one namespace, so a router
+  // that reads the model from the topic files their blocks under it. A
+  // batch holds one topic's events; the others use `topic`.
+  std::map<uint32_t, std::string> namespace_topics;
   Encoding encoding = Encoding::kMap;
   // How blocks are named (kv_events_format.h): ints for vLLM's int mode and
   // Dynamo, or the 16-byte key ids.

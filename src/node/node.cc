@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -138,6 +139,32 @@ class NodeImpl final : public Node {
     flush_pool_.reset();
   }
 
+  // --kv-events-topics-file: NAMESPACE=TOPIC lines (the last '=' splits;
+  // blank lines and lines starting with # are skipped).
+  static Result<std::map<uint32_t, std::string>> ReadNamespaceTopics(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) return IOError(fmt::format("kv events topics file {}: cannot read it", path));
+    std::map<uint32_t, std::string> out;
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.empty() || line[0] == '#') continue;
+      const size_t eq = line.rfind('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == line.size()) {
+        return InvalidArgument(fmt::format(
+            "kv events topics file {} line {}: want NAMESPACE=TOPIC, got '{}'", path, n, line));
+      }
+      const std::string topic = line.substr(eq + 1);
+      if (!events::ValidTopic(topic)) {
+        return InvalidArgument(fmt::format(
+            "kv events topics file {} line {}: topic '{}': a kv@ topic is kv@<pod>@<model>",
+            path, n, topic));
+      }
+      out[NamespaceTag(line.substr(0, eq))] = topic;
+    }
+    return out;
+  }
+
   // The block descriptors of the node's own store (not the tenants'), and
   // KV events of what it holds.
   Status OpenEvents() {
@@ -150,6 +177,10 @@ class NodeImpl final : public Node {
                                 : opts_.kv_events_hash == "as-written"
                                     ? events::HashType::kAsWritten
                                     : events::HashType::kInt64;
+    if (!opts_.kv_events_topics_file.empty()) {
+      KVPOOL_ASSIGN_OR_RETURN(opts_.kv_events.namespace_topics,
+                              ReadNamespaceTopics(opts_.kv_events_topics_file));
+    }
     opts_.kv_events.replay_framing = opts_.kv_events_replay_frames == "2"
                                          ? events::ReplayFraming::kTwoFrames
                                          : events::ReplayFraming::kThreeFrames;

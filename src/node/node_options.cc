@@ -357,6 +357,10 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddString("kv-events-topic", &o->kv_events.topic,
                "Topic frame of every KV event message; routers that index pods (llm-d) read "
                "kv@<pod>@<model>");
+  t->AddString("kv-events-topics-file", &o->kv_events_topics_file,
+               "A file of lines NAMESPACE=TOPIC: the KV events of a namespace's blocks go on "
+               "that topic (kv@<pod>@<model>, so a router files a model's blocks under it), the "
+               "others on --kv-events-topic");
   t->AddEnum("kv-events-hash", &o->kv_events_hash, {"int64", "bytes", "as-written"},
              "How KV events write block hashes: a 64-bit int (vLLM's int mode, Dynamo), bytes, "
              "or as the writer's block descriptor has them; a key put without a descriptor is "

@@ -84,6 +84,8 @@ struct NodeOptions {
   std::string kv_events_encoding = "map";  // "map" or "array"; copied to kv_events
   std::string kv_events_hash = "int64";    // "int64", "bytes" or "as-written"; copied to kv_events
   std::string kv_events_replay_frames = "3";  // "3" or "2"; copied to kv_events
+  // Lines NAMESPACE=TOPIC: read into kv_events.namespace_topics at start.
+  std::string kv_events_topics_file;
   // How often holders and homes compare directory digests.
   cluster::AntiEntropyOptions anti_entropy;
   // The key homes' memory of keys dropped lately (cluster::DirectoryOptions).
