@@ -447,6 +447,56 @@ TEST(AdminServerSlowClientsTest, MalformedAndOversizedHeadsGetExplicitErrors) {
   EXPECT_TRUE(head.ends_with("\r\n\r\n")) << head;
 }
 
+// POST /api/v1/lookup: the body is read to its Content-Length, across
+// reads, and handed to the hook whole; an unsized, chunked or oversized body
+// is refused before it is read; POST elsewhere and GET here are 405.
+TEST(AdminServerSlowClientsTest, ALookupsBodyIsReadWholeAndBoundedAndOnlyThere) {
+  MetricsRegistry registry;
+  AdminHooks hooks;
+  hooks.lookup = [](const std::string& body) {
+    return std::make_pair(body.size() == 9 ? 200 : 400, "{\"got\":\"" + body + "\"}");
+  };
+  auto server = AdminServer::Start(AdminOptions{}, &registry, std::move(hooks));
+  ASSERT_TRUE(server.ok());
+  const int port = (*server)->port();
+  // The head and the body in separate writes, the body itself in two.
+  int fd = testing::DialLoopback(port);
+  ASSERT_GE(fd, 0);
+  const std::string head = "POST /api/v1/lookup HTTP/1.1\r\nContent-Length: 9\r\n\r\n";
+  ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a real socket's separate reads
+  ASSERT_EQ(::send(fd, "{\"a\":", 5, MSG_NOSIGNAL), 5);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_EQ(::send(fd, "[1]}", 4, MSG_NOSIGNAL), 4);
+  std::string r = ReadAll(fd);
+  ::close(fd);
+  EXPECT_EQ(r.substr(0, 15), "HTTP/1.1 200 OK") << r;
+  EXPECT_TRUE(r.ends_with("{\"got\":\"{\"a\":[1]}\"}")) << r;
+  // Bytes past the Content-Length are not part of the body.
+  r = RawRequest(port, "POST /api/v1/lookup HTTP/1.1\r\nContent-Length: 9\r\n\r\n123456789xyz");
+  EXPECT_TRUE(r.ends_with("{\"got\":\"123456789\"}")) << r;
+  EXPECT_EQ(RawRequest(port, "POST /api/v1/lookup HTTP/1.1\r\n\r\n").substr(0, 12), "HTTP/1.1 411");
+  EXPECT_EQ(RawRequest(port, "POST /api/v1/lookup HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n")
+                .substr(0, 12),
+            "HTTP/1.1 413");
+  EXPECT_EQ(RawRequest(port,
+                       "POST /api/v1/lookup HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+                .substr(0, 12),
+            "HTTP/1.1 400");
+  EXPECT_EQ(RawRequest(port,
+                       "POST /api/v1/lookup HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: "
+                       "1\r\n\r\nx")
+                .substr(0, 12),
+            "HTTP/1.1 400");
+  EXPECT_EQ(RawRequest(port, "POST /metrics HTTP/1.1\r\nContent-Length: 1\r\n\r\nx").substr(0, 12),
+            "HTTP/1.1 405");
+  r = RawRequest(port, "GET /api/v1/lookup HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(r.substr(0, 12), "HTTP/1.1 405");
+  EXPECT_NE(r.find("Allow: POST"), std::string::npos) << r;
+  // And the server serves on.
+  EXPECT_EQ(RawRequest(port, "GET /healthz HTTP/1.1\r\n\r\n").substr(0, 15), "HTTP/1.1 200 OK");
+}
+
 TEST(AdminServerSlowClientsTest, IdleAndTricklingConnectionsAreClosedAtTheirDeadline) {
   MetricsRegistry registry;
   AdminOptions o;
