@@ -105,14 +105,14 @@ class EventTap:
             for raw, ev in raw_events(p):
                 if _tag(ev) == "BlockStored" and set(_hashes(ev)) & self._markers:
                     # A marker merged into a run of undescribed blocks: the
-                    # run without it (described blocks never merge).
+                    # run without it (a marker never joins a described run).
                     rest = [h for h in _hashes(ev) if h not in self._markers]
                     if not rest:
                         continue
                     ev = dict(ev, block_hashes=rest) if isinstance(ev, dict) else \
                         [ev[0], rest] + ev[2:]
                     raw = msgpack.packb(ev, use_bin_type=True)
-                out.append((raw, ev))
+                out.extend(split_chain(raw, ev))
         self.last_payloads = payloads
         return out
 
@@ -120,6 +120,33 @@ class EventTap:
         self.client.close()
         self.sub.close(0)
         self.ctx.term()
+
+
+def split_chain(raw, ev):
+    """A described BlockStored told for a chain of blocks (docs/kv-events.md:
+    the first block's parent, the tokens concatenated) as the one-block
+    events of its blocks: [(raw, event)]. Other events as they are."""
+    if _tag(ev) != "BlockStored" or len(_hashes(ev)) < 2:
+        return [(raw, ev)]
+    if isinstance(ev, dict):
+        hashes, parent, tokens, size = (ev["block_hashes"], ev["parent_block_hash"],
+                                        ev["token_ids"], ev["block_size"])
+    else:
+        hashes, parent, tokens, size = ev[1], ev[2], ev[3], ev[4]
+    if size == 0:  # undescribed keys: one event, named by their key ids
+        return [(raw, ev)]
+    per = len(tokens) // len(hashes)
+    assert per * len(hashes) == len(tokens), "a chain's tokens do not split by block"
+    out = []
+    for j, h in enumerate(hashes):
+        p = parent if j == 0 else hashes[j - 1]
+        t = tokens[j * per:(j + 1) * per]
+        if isinstance(ev, dict):
+            one = dict(ev, block_hashes=[h], parent_block_hash=p, token_ids=t)
+        else:
+            one = [ev[0], [h], p, t] + ev[4:]
+        out.append((msgpack.packb(one, use_bin_type=True), one))
+    return out
 
 
 def stored(encoding, h, parent, tokens, block_size, lora=None, group=None, kind=None):

@@ -5,31 +5,37 @@
 #include <unordered_map>
 
 namespace kvpool::blocks {
+namespace {
 
-uint64_t EngineHash64(const protocol::EngineHash& h) {
-  if (h.kind != protocol::EngineHash::Kind::kBytes) return h.value;
+uint64_t LastEightBytes(std::string_view b) {
   uint64_t v = 0;
-  const size_t from = h.bytes.size() > 8 ? h.bytes.size() - 8 : 0;
-  for (size_t i = from; i < h.bytes.size(); ++i) v = (v << 8) | static_cast<uint8_t>(h.bytes[i]);
+  const size_t from = b.size() > 8 ? b.size() - 8 : 0;
+  for (size_t i = from; i < b.size(); ++i) v = (v << 8) | static_cast<uint8_t>(b[i]);
   return v;
 }
-
-namespace {
 
 constexpr uint8_t Bit(BlockTier t) { return static_cast<uint8_t>(1u << static_cast<int>(t)); }
 
 }  // namespace
 
+uint64_t EngineHash64(const protocol::EngineHash& h) {
+  return h.kind == protocol::EngineHash::Kind::kBytes ? LastEightBytes(h.bytes) : h.value;
+}
+
+uint64_t EngineHash64(const protocol::EngineHashView& h) {
+  return h.kind == protocol::EngineHash::Kind::kBytes ? LastEightBytes(h.bytes) : h.value;
+}
+
 struct DescriptorTable::Impl {
-  struct Staged {
-    uint64_t token = 0;
-    uint64_t hash = 0;
-    std::shared_ptr<const std::string> bytes;
-  };
-  struct Live {
-    uint64_t hash = 0;
-    std::shared_ptr<const std::string> bytes;
+  // One key's descriptors: the one its held value was written with (live)
+  // and one staged for a commit in flight.
+  struct Entry {
+    std::shared_ptr<const std::string> live;
+    uint64_t hash = 0;  // live's engine hash
     uint8_t tiers = 0;  // Bit(tier) per tier holding the key
+    std::shared_ptr<const std::string> staged;
+    uint64_t staged_hash = 0;
+    uint64_t token = 0;  // staged's
   };
   struct Counts {
     uint32_t keys[2] = {0, 0};  // per BlockTier
@@ -38,7 +44,7 @@ struct DescriptorTable::Impl {
   Impl(uint64_t max, MetricsRegistry* metrics)
       : max_bytes(max),
         entries_gauge(metrics->GetGauge("kvpool_descriptors",
-                                        "Block descriptors kept (of held keys, and staged)")),
+                                        "Keys with block descriptors kept (held, or staged)")),
         bytes_gauge(
             metrics->GetGauge("kvpool_descriptor_bytes", "Bytes of the block descriptors kept")),
         refused(metrics->GetCounter("kvpool_descriptors_refused_total",
@@ -55,41 +61,48 @@ struct DescriptorTable::Impl {
 
   mutable std::mutex mu;
   // protected by mu
-  std::unordered_map<KeyId, Live, KeyIdHash> live;
-  std::unordered_map<KeyId, Staged, KeyIdHash> staged;
+  std::unordered_map<KeyId, Entry, KeyIdHash> keys;
   std::unordered_map<uint64_t, Counts> blocks;  // engine hash -> described keys per tier
   uint64_t bytes = 0;
   uint64_t next_token = 1;
-  // live.size() + staged.size(), read without the lock: an empty table
-  // passes events on without locking.
+  // keys.size(), read without the lock: an empty table passes events on
+  // without locking.
   std::atomic<uint64_t> count{0};
 
-  static uint64_t Cost(const std::string& b) { return b.size() + kEntryOverheadBytes; }
+  static uint64_t Cost(const std::shared_ptr<const std::string>& b) {
+    return b ? b->size() + kEntryOverheadBytes : 0;
+  }
 
   void Report() {  // REQUIRES: mu held
-    count.store(live.size() + staged.size(), std::memory_order_release);
-    entries_gauge->Set(static_cast<int64_t>(live.size() + staged.size()));
+    count.store(keys.size(), std::memory_order_release);
+    entries_gauge->Set(static_cast<int64_t>(keys.size()));
     bytes_gauge->Set(static_cast<int64_t>(bytes));
   }
 
-  // Sets or clears a live key's tier, telling the tier listener when the
+  // Sets or clears a held key's tier, telling the tier listener when the
   // key's hash gains its first key or loses its last in that tier.
-  void SetTier(Live& l, BlockTier t, bool on) {  // REQUIRES: mu held
+  void SetTier(Entry& e, BlockTier t, bool on) {  // REQUIRES: mu held
     const uint8_t bit = Bit(t);
-    if (((l.tiers & bit) != 0) == on) return;
-    l.tiers = static_cast<uint8_t>(on ? l.tiers | bit : l.tiers & ~bit);
-    Counts& c = blocks[l.hash];
+    if (((e.tiers & bit) != 0) == on) return;
+    e.tiers = static_cast<uint8_t>(on ? e.tiers | bit : e.tiers & ~bit);
+    Counts& c = blocks[e.hash];
     uint32_t& n = c.keys[static_cast<int>(t)];
     n = on ? n + 1 : n - 1;
-    if (tiers != nullptr && n == (on ? 1u : 0u)) tiers->OnBlockTier(l.hash, t, on);
-    if (c.keys[0] == 0 && c.keys[1] == 0) blocks.erase(l.hash);
+    if (tiers != nullptr && n == (on ? 1u : 0u)) tiers->OnBlockTier(e.hash, t, on);
+    if (c.keys[0] == 0 && c.keys[1] == 0) blocks.erase(e.hash);
   }
 
-  void Drop(std::unordered_map<KeyId, Live, KeyIdHash>::iterator it) {  // REQUIRES: mu held
-    SetTier(it->second, BlockTier::kDram, false);
-    SetTier(it->second, BlockTier::kSsd, false);
-    bytes -= Cost(*it->second.bytes);
-    live.erase(it);
+  // The key left: its held descriptor goes.
+  void DropLive(Entry& e) {  // REQUIRES: mu held
+    SetTier(e, BlockTier::kDram, false);
+    SetTier(e, BlockTier::kSsd, false);
+    bytes -= Cost(e.live);
+    e.live.reset();
+  }
+  void DropStaged(Entry& e) {  // REQUIRES: mu held
+    bytes -= Cost(e.staged);
+    e.staged.reset();
+    e.token = 0;
   }
 };
 
@@ -104,33 +117,41 @@ void DescriptorTable::SetListeners(BlockEventListener* events, BlockTierListener
   impl_->tiers = tiers;
 }
 
-uint64_t DescriptorTable::Stage(const KeyId& key, std::span<const uint8_t> descriptor) {
-  protocol::BlockDescriptor d;
-  if (!protocol::DecodeDescriptor(descriptor, &d).ok()) return 0;
-  auto bytes = std::make_shared<const std::string>(reinterpret_cast<const char*>(descriptor.data()),
-                                                   descriptor.size());
+uint64_t DescriptorTable::Stage(const KeyId& key, std::shared_ptr<const std::string> descriptor) {
+  protocol::DescriptorView v;
+  if (descriptor == nullptr ||
+      !protocol::ParseDescriptor({reinterpret_cast<const uint8_t*>(descriptor->data()),
+                                  descriptor->size()},
+                                 &v)
+           .ok()) {
+    return 0;
+  }
+  const uint64_t hash = EngineHash64(v.hash);
   std::lock_guard lock(impl_->mu);
-  auto it = impl_->staged.find(key);
-  const uint64_t old = it == impl_->staged.end() ? 0 : Impl::Cost(*it->second.bytes);
-  const uint64_t add = Impl::Cost(*bytes);
-  if (impl_->bytes - old + add > impl_->max_bytes) {
+  auto [it, fresh] = impl_->keys.try_emplace(key);
+  Impl::Entry& e = it->second;
+  const uint64_t add = Impl::Cost(descriptor);
+  if (impl_->bytes - Impl::Cost(e.staged) + add > impl_->max_bytes) {
+    if (fresh) impl_->keys.erase(it);
     impl_->refused->Inc();
     return 0;
   }
-  const uint64_t token = impl_->next_token++;
-  impl_->bytes = impl_->bytes - old + add;
-  impl_->staged[key] = Impl::Staged{token, EngineHash64(d.hash), std::move(bytes)};
+  impl_->DropStaged(e);
+  impl_->bytes += add;
+  e.staged = std::move(descriptor);
+  e.staged_hash = hash;
+  e.token = impl_->next_token++;
   impl_->Report();
-  return token;
+  return e.token;
 }
 
 void DescriptorTable::Unstage(const KeyId& key, uint64_t token) {
   if (token == 0) return;
   std::lock_guard lock(impl_->mu);
-  auto it = impl_->staged.find(key);
-  if (it == impl_->staged.end() || it->second.token != token) return;
-  impl_->bytes -= Impl::Cost(*it->second.bytes);
-  impl_->staged.erase(it);
+  auto it = impl_->keys.find(key);
+  if (it == impl_->keys.end() || it->second.token != token) return;
+  impl_->DropStaged(it->second);
+  if (!it->second.live) impl_->keys.erase(it);
   impl_->Report();
 }
 
@@ -144,40 +165,44 @@ void DescriptorTable::OnHoldings(const HoldingsEvent& e) {
     return;
   }
   std::lock_guard lock(impl_->mu);
-  using K = HoldingsEvent::Kind;
-  using W = HoldingsEvent::Why;
-  auto live = impl_->live.find(e.key);
-  auto staged = impl_->staged.find(e.key);
-  if (e.enters_node() && staged != impl_->staged.end()) {
+  auto it = impl_->keys.find(e.key);
+  if (it == impl_->keys.end()) {
+    if (impl_->events != nullptr) impl_->events->OnBlockEvent(e, kNone);
+    return;
+  }
+  Impl::Entry& k = it->second;
+  if (e.enters_node() && k.staged) {
     // The written value's descriptor replaces what an earlier life left.
-    if (live != impl_->live.end()) impl_->Drop(live);
-    live =
-        impl_->live.emplace(e.key, Impl::Live{staged->second.hash, staged->second.bytes, 0}).first;
-    impl_->staged.erase(staged);
-    staged = impl_->staged.end();
+    if (k.live) impl_->DropLive(k);
+    k.live = std::move(k.staged);
+    k.hash = k.staged_hash;
+    k.token = 0;
   }
-  std::shared_ptr<const std::string> desc = kNone;
-  if (live != impl_->live.end()) {
-    desc = live->second.bytes;
-    Impl::Live& l = live->second;
-    if (e.kind == K::kStored) {
-      impl_->SetTier(l, BlockTier::kDram, true);
+  const std::shared_ptr<const std::string>* desc = &kNone;
+  if (k.live) {
+    desc = &k.live;
+    if (e.kind == HoldingsEvent::Kind::kStored) {
+      impl_->SetTier(k, BlockTier::kDram, true);
     } else {
-      impl_->SetTier(l, e.tier == HoldingTier::kDram ? BlockTier::kDram : BlockTier::kSsd, false);
-      if (e.why == W::kMovedToSsd) impl_->SetTier(l, BlockTier::kSsd, true);
+      impl_->SetTier(k, e.tier == HoldingTier::kDram ? BlockTier::kDram : BlockTier::kSsd, false);
+      if (e.why == HoldingsEvent::Why::kMovedToSsd) impl_->SetTier(k, BlockTier::kSsd, true);
     }
-  } else if (e.leaves_node() && staged != impl_->staged.end()) {
-    // Told evicted before its write (holdings.h): named by, and drops, the
-    // staged descriptor.
-    desc = staged->second.bytes;
-    impl_->bytes -= Impl::Cost(*desc);
-    impl_->staged.erase(staged);
+  } else if (e.leaves_node() && k.staged) {
+    desc = &k.staged;  // told evicted before its write (holdings.h): named by the stage
   }
-  if (impl_->events != nullptr) impl_->events->OnBlockEvent(e, desc);
-  if (e.leaves_node() && live != impl_->live.end()) impl_->Drop(live);
-  impl_->Report();
+  if (impl_->events != nullptr) impl_->events->OnBlockEvent(e, *desc);
+  if (e.leaves_node()) {
+    if (k.live) {
+      impl_->DropLive(k);
+    } else if (k.staged) {
+      impl_->DropStaged(k);
+    }
+    if (!k.live && !k.staged) impl_->keys.erase(it);
+    impl_->Report();
+  } else if (e.enters_node()) {
+    impl_->Report();
+  }
 }
-
 void DescriptorTable::Tiers(std::span<const uint64_t> hashes, uint8_t* out) const {
   std::lock_guard lock(impl_->mu);
   for (size_t i = 0; i < hashes.size(); ++i) {
@@ -199,7 +224,7 @@ void DescriptorTable::ForEachHeld(const std::function<void(uint64_t, BlockTier)>
 
 uint64_t DescriptorTable::entries() const {
   std::lock_guard lock(impl_->mu);
-  return impl_->live.size() + impl_->staged.size();
+  return impl_->keys.size();
 }
 
 uint64_t DescriptorTable::bytes() const {

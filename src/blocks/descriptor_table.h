@@ -41,6 +41,7 @@ enum class BlockTier : uint8_t { kDram = 0, kSsd = 1 };
 // The 64-bit form of an engine hash, as vLLM's int mode and Dynamo read
 // it: an int as it is, bytes as their last 8 bytes, big-endian.
 uint64_t EngineHash64(const protocol::EngineHash& h);
+uint64_t EngineHash64(const protocol::EngineHashView& h);
 
 // Told every holdings event, in the table's order, with the key's
 // descriptor bytes (null: the key has none).
@@ -78,7 +79,7 @@ class DescriptorTable final : public HoldingsObserver {
   // follows. Returns a token for Unstage, or 0 when nothing was staged: the
   // table is full (counted) or the bytes do not decode; the key is then
   // told undescribed. A later stage of the same key replaces an earlier one.
-  uint64_t Stage(const KeyId& key, std::span<const uint8_t> descriptor);
+  uint64_t Stage(const KeyId& key, std::shared_ptr<const std::string> descriptor);
   // The commit failed: drops the stage `token` made, unless another stage
   // replaced it or the key entered the node with it.
   void Unstage(const KeyId& key, uint64_t token);

@@ -23,8 +23,8 @@ std::string Desc(uint64_t hash, uint32_t block_size = 4) {
   return *b;
 }
 
-std::span<const uint8_t> S(const std::string& s) {
-  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+std::shared_ptr<const std::string> S(const std::string& s) {
+  return std::make_shared<const std::string>(s);
 }
 
 HoldingsEvent Written(const KeyId& k) {
@@ -154,7 +154,7 @@ TEST(DescriptorTable, EngineHash64ReadsBytesAsTheirLastEightBigEndian) {
   EXPECT_EQ(EngineHash64(h), 0x0102030405060708u);
   h.bytes = std::string("\x01\x02", 2);
   EXPECT_EQ(EngineHash64(h), 0x0102u);
-  EXPECT_EQ(EngineHash64({protocol::EngineHash::Kind::kInt64, ~0ull, ""}), ~0ull);
+  EXPECT_EQ(EngineHash64(protocol::EngineHash{protocol::EngineHash::Kind::kInt64, ~0ull, ""}), ~0ull);
 }
 
 }  // namespace

@@ -108,7 +108,9 @@ struct KvEventsPublisher::Impl {
   std::vector<Told> taken;
   std::vector<EventRun> runs;
   std::vector<KeyId> keys;
-  std::string descs;  // the batch's block descriptors (EventRun::desc_off)
+  std::string descs;              // the batch's block descriptors
+  std::vector<DescRef> key_descs;  // per key of the batch, into descs
+  protocol::DescriptorView last_view;  // the last described key's
 
   // The batching thread's own.
   int64_t next_seq = 0;
@@ -196,43 +198,56 @@ struct KvEventsPublisher::Impl {
       taken.swap(pending);
       pending_keys = 0;
     }
-    runs.clear();
-    keys.clear();
-    descs.clear();
+    Reset();
     size_t topic = 0;
     for (const Told& t : taken) {
       // A batch is one topic's: another topic's event sends what is built.
       if (const size_t tt = TopicOf(t); tt != topic) {
         if (!runs.empty()) Send(topic);
-        runs.clear();
-        keys.clear();
-        descs.clear();
+        Reset();
         topic = tt;
       }
       const auto at = static_cast<uint32_t>(keys.size());
       if (t.type == KvEvent::Type::kAllCleared) {
-        runs.push_back(EventRun{t.type, t.medium, at, at});
+        runs.push_back(EventRun{t.type, t.medium, at, at, false});
         continue;
       }
       keys.push_back(t.key);
-      // A described block is an event of its own; undescribed ones of one
-      // type and medium merge.
-      const auto desc_off = static_cast<uint32_t>(descs.size());
-      const auto desc_len = static_cast<uint32_t>(t.descriptor ? t.descriptor->size() : 0);
-      if (desc_len > 0) descs.append(*t.descriptor);
-      if (desc_len > 0 || runs.empty() || runs.back().type != t.type ||
-          runs.back().medium != t.medium || runs.back().end != at || runs.back().desc_len > 0) {
-        runs.push_back(EventRun{t.type, t.medium, at, at, desc_off, desc_len});
+      // Undescribed keys of one type and medium merge; so do described
+      // blocks of one chain (ContinuesChain), as an engine tells them.
+      protocol::DescriptorView view;
+      const bool described =
+          t.descriptor != nullptr &&
+          protocol::ParseDescriptor({reinterpret_cast<const uint8_t*>(t.descriptor->data()),
+                                     t.descriptor->size()},
+                                    &view)
+              .ok();
+      DescRef ref;
+      if (described) {
+        ref = {static_cast<uint32_t>(descs.size()), static_cast<uint32_t>(t.descriptor->size())};
+        descs.append(*t.descriptor);
       }
+      key_descs.push_back(ref);
+      const bool joins = !runs.empty() && runs.back().type == t.type &&
+                         runs.back().medium == t.medium && runs.back().end == at &&
+                         runs.back().described == described &&
+                         (!described || ContinuesChain(t.type, last_view, view));
+      if (!joins) runs.push_back(EventRun{t.type, t.medium, at, at, described});
       runs.back().end = at + 1;
+      if (described) last_view = view;  // views into t.descriptor, alive in taken
       if (keys.size() == opts.max_batch_keys) {
         Send(topic);
-        runs.clear();
-        keys.clear();
-        descs.clear();
+        Reset();
       }
     }
     if (!runs.empty()) Send(topic);
+  }
+
+  void Reset() {
+    runs.clear();
+    keys.clear();
+    descs.clear();
+    key_descs.clear();
   }
 
   // Sends the batch in runs and keys on topics[topic].
@@ -241,7 +256,8 @@ struct KvEventsPublisher::Impl {
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     const int64_t n = next_seq++;
     Payload payload = TakeBuffer();
-    EncodeBatchInto(payload.get(), ts, runs, keys, opts.encoding, opts.hash_type, descs);
+    EncodeBatchInto(payload.get(), ts, runs, keys, opts.encoding, opts.hash_type, descs,
+                    key_descs);
     const std::string seq = SeqFrame(n);
     // The PUB socket refuses a batch while any subscriber is at its
     // high-water mark (ZMQ_XPUB_NODROP): then it is sent again lossy, which

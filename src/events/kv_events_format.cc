@@ -38,7 +38,7 @@ void PackKeyHash(Packer& p, const KeyId& k, HashType type) {
 // An engine's hash as `type` asks: ints as they were written or from a bytes
 // hash's last 8 bytes (big-endian), bytes as written or from an int's 8
 // bytes (big-endian).
-void PackEngineHash(Packer& p, const protocol::EngineHash& h, HashType type) {
+void PackEngineHash(Packer& p, const protocol::EngineHashView& h, HashType type) {
   using K = protocol::EngineHash::Kind;
   if (h.kind == K::kNone) {
     p.pack_nil();
@@ -89,7 +89,7 @@ const char* TypeName(KvEvent::Type t) {
   return "?";
 }
 
-void PackStrOrNil(Packer& p, const std::string& s) {
+void PackStrOrNil(Packer& p, std::string_view s) {
   if (s.empty()) {
     p.pack_nil();
   } else {
@@ -97,47 +97,47 @@ void PackStrOrNil(Packer& p, const std::string& s) {
   }
 }
 
-// What a BlockStored says of its blocks besides their hashes: the writer's
-// descriptor, or the defaults for a block named by its key id.
-struct Stored {
-  const protocol::BlockDescriptor* d = nullptr;
-  void Parent(Packer& p, HashType type) const {
-    if (d == nullptr) {
-      p.pack_nil();
-    } else {
-      PackEngineHash(p, d->parent, type);
-    }
+void PackBlockHashes(Packer& p, std::span<const KeyId> keys,
+                     std::span<const protocol::DescriptorView> views, HashType hash_type) {
+  if (views.empty()) {
+    PackHashes(p, keys, hash_type);
+    return;
   }
-  void Tokens(Packer& p) const {
-    const uint32_t n = d == nullptr ? 0 : static_cast<uint32_t>(d->token_ids.size());
-    p.pack_array(n);
-    for (uint32_t i = 0; i < n; ++i) p.pack_uint32(d->token_ids[i]);
+  p.pack_array(static_cast<uint32_t>(views.size()));
+  for (const auto& v : views) PackEngineHash(p, v.hash, hash_type);
+}
+
+void PackParent(Packer& p, std::span<const protocol::DescriptorView> views, HashType hash_type) {
+  if (views.empty()) {
+    p.pack_nil();
+  } else {
+    PackEngineHash(p, views.front().parent, hash_type);
   }
-  uint32_t BlockSize() const { return d == nullptr ? 0 : d->block_size; }
-  void LoraName(Packer& p) const {
+}
+
+void PackTokens(Packer& p, std::span<const protocol::DescriptorView> views) {
+  uint32_t n = 0;
+  for (const auto& v : views) n += v.n_tokens;
+  p.pack_array(n);
+  for (const auto& v : views) {
+    for (uint32_t i = 0; i < v.n_tokens; ++i) p.pack_uint32(v.token(i));
+  }
+}
+
+// views: the run's blocks' descriptors, or empty for a run named by key ids.
+void PackEvent(Packer& p, const EventRun& e, std::span<const KeyId> all,
+               std::span<const protocol::DescriptorView> views, Encoding enc, HashType hash_type) {
+  const char* medium = MediumName(e.medium);
+  const std::span<const KeyId> keys = all.subspan(e.begin, e.end - e.begin);
+  const protocol::DescriptorView* d = views.empty() ? nullptr : &views.front();
+  const uint32_t block_size = d == nullptr ? 0 : d->block_size;
+  auto lora = [&] {
     if (d == nullptr) {
       p.pack_nil();
     } else {
       PackStrOrNil(p, d->lora_name);
     }
-  }
-};
-
-void PackBlockHashes(Packer& p, std::span<const KeyId> keys, const protocol::BlockDescriptor* d,
-                     HashType hash_type) {
-  if (d == nullptr) {
-    PackHashes(p, keys, hash_type);
-    return;
-  }
-  p.pack_array(1);
-  PackEngineHash(p, d->hash, hash_type);
-}
-
-void PackEvent(Packer& p, const EventRun& e, std::span<const KeyId> all,
-               const protocol::BlockDescriptor* d, Encoding enc, HashType hash_type) {
-  const char* medium = MediumName(e.medium);
-  const std::span<const KeyId> keys = all.subspan(e.begin, e.end - e.begin);
-  const Stored st{d};
+  };
   if (enc == Encoding::kArray) {
     switch (e.type) {
       case KvEvent::Type::kStored:
@@ -145,18 +145,18 @@ void PackEvent(Packer& p, const EventRun& e, std::span<const KeyId> all,
         //  lora_name]
         p.pack_array(8);
         PackStr(p, TypeName(e.type));
-        PackBlockHashes(p, keys, d, hash_type);
-        st.Parent(p, hash_type);
-        st.Tokens(p);
-        p.pack_uint64(st.BlockSize());
+        PackBlockHashes(p, keys, views, hash_type);
+        PackParent(p, views, hash_type);
+        PackTokens(p, views);
+        p.pack_uint64(block_size);
         p.pack_nil();
         PackStr(p, medium);
-        st.LoraName(p);
+        lora();
         return;
       case KvEvent::Type::kRemoved:
         p.pack_array(3);
         PackStr(p, TypeName(e.type));
-        PackBlockHashes(p, keys, d, hash_type);
+        PackBlockHashes(p, keys, views, hash_type);
         PackStr(p, medium);
         return;
       case KvEvent::Type::kAllCleared:
@@ -175,19 +175,19 @@ void PackEvent(Packer& p, const EventRun& e, std::span<const KeyId> all,
       PackStr(p, "type");
       PackStr(p, TypeName(e.type));
       PackStr(p, "block_hashes");
-      PackBlockHashes(p, keys, d, hash_type);
+      PackBlockHashes(p, keys, views, hash_type);
       PackStr(p, "parent_block_hash");
-      st.Parent(p, hash_type);
+      PackParent(p, views, hash_type);
       PackStr(p, "token_ids");
-      st.Tokens(p);
+      PackTokens(p, views);
       PackStr(p, "block_size");
-      p.pack_uint64(st.BlockSize());
+      p.pack_uint64(block_size);
       PackStr(p, "lora_id");
       p.pack_nil();
       PackStr(p, "medium");
       PackStr(p, medium);
       PackStr(p, "lora_name");
-      st.LoraName(p);
+      lora();
       if (group) {
         PackStr(p, "group_idx");
         p.pack_int32(d->group_idx);
@@ -204,7 +204,7 @@ void PackEvent(Packer& p, const EventRun& e, std::span<const KeyId> all,
       PackStr(p, "type");
       PackStr(p, TypeName(e.type));
       PackStr(p, "block_hashes");
-      PackBlockHashes(p, keys, d, hash_type);
+      PackBlockHashes(p, keys, views, hash_type);
       PackStr(p, "medium");
       PackStr(p, medium);
       if (group) {
@@ -220,6 +220,11 @@ void PackEvent(Packer& p, const EventRun& e, std::span<const KeyId> all,
       PackStr(p, TypeName(e.type));
       return;
   }
+}
+
+bool SameHash(const protocol::EngineHashView& a, const protocol::EngineHashView& b) {
+  if (a.kind != b.kind) return false;
+  return a.kind == protocol::EngineHash::Kind::kBytes ? a.bytes == b.bytes : a.value == b.value;
 }
 
 }  // namespace
@@ -242,9 +247,18 @@ bool ValidTopic(std::string_view topic) {
          rest.find('@', at + 1) == std::string_view::npos;
 }
 
+bool ContinuesChain(KvEvent::Type type, const protocol::DescriptorView& a,
+                    const protocol::DescriptorView& b) {
+  if (a.group_idx != b.group_idx) return false;
+  if (type != KvEvent::Type::kStored) return true;
+  return SameHash(b.parent, a.hash) && a.block_size == b.block_size &&
+         (a.n_tokens == 0) == (b.n_tokens == 0) && a.lora_name == b.lora_name &&
+         a.spec_kind == b.spec_kind;
+}
+
 void EncodeBatchInto(std::string* out, double ts, std::span<const EventRun> runs,
                      std::span<const KeyId> keys, Encoding encoding, HashType hash_type,
-                     std::string_view descriptors) {
+                     std::string_view descriptors, std::span<const DescRef> key_descs) {
   out->clear();
   // At most 160 bytes an event besides its keys and 18 a key (bin 8 header
   // and 16 bytes), and a described block's descriptor at most 5/4 of its
@@ -255,16 +269,22 @@ void EncodeBatchInto(std::string* out, double ts, std::span<const EventRun> runs
   p.pack_array(3);
   p.pack_double(ts);
   p.pack_array(static_cast<uint32_t>(runs.size()));
-  protocol::BlockDescriptor d;
+  thread_local std::vector<protocol::DescriptorView> views;
   for (const EventRun& e : runs) {
-    const bool described =
-        e.desc_len > 0 && e.desc_off + uint64_t{e.desc_len} <= descriptors.size() &&
-        protocol::DecodeDescriptor(
-            std::span(reinterpret_cast<const uint8_t*>(descriptors.data()) + e.desc_off,
-                      e.desc_len),
-            &d)
-            .ok();
-    PackEvent(p, e, keys, described ? &d : nullptr, encoding, hash_type);
+    views.clear();
+    for (uint32_t k = e.begin; e.described && k < e.end; ++k) {
+      const DescRef r = k < key_descs.size() ? key_descs[k] : DescRef{};
+      protocol::DescriptorView v;
+      if (r.len == 0 || r.off + uint64_t{r.len} > descriptors.size() ||
+          !protocol::ParseDescriptor(
+               {reinterpret_cast<const uint8_t*>(descriptors.data()) + r.off, r.len}, &v)
+               .ok()) {
+        views.clear();  // told by its key ids
+        break;
+      }
+      views.push_back(v);
+    }
+    PackEvent(p, e, keys, views, encoding, hash_type);
   }
   p.pack_nil();
 }
@@ -276,7 +296,7 @@ std::string EncodeBatch(double ts, const std::vector<KvEvent>& events, Encoding 
   for (const KvEvent& e : events) {
     const auto begin = static_cast<uint32_t>(keys.size());
     keys.insert(keys.end(), e.keys.begin(), e.keys.end());
-    runs.push_back(EventRun{e.type, e.medium, begin, static_cast<uint32_t>(keys.size())});
+    runs.push_back(EventRun{e.type, e.medium, begin, static_cast<uint32_t>(keys.size()), false});
   }
   std::string out;
   EncodeBatchInto(&out, ts, runs, keys, encoding, hash_type);

@@ -30,7 +30,9 @@
 // A block its writer described (EventRun) is named the engine's way: its
 // hash (HashType), parent hash, token ids, block size and LoRA name in the
 // required fields, and in maps group_idx and kv_cache_spec_kind when set;
-// each described block is an event of its own. An undescribed key is named
+// consecutive described blocks of one chain are one event, as an engine
+// tells them (block_hashes in order, the first one's parent, token_ids
+// concatenated). An undescribed key is named
 // by its key id: HashType::kInt64 (the default, as vLLM's int mode and
 // Dynamo's router need) writes the key id's high 64 bits as an unsigned
 // msgpack int; kBytes writes the 16-byte key id (hi then lo, big-endian) as
@@ -57,6 +59,7 @@
 #include <vector>
 
 #include "common/key_id.h"
+#include "protocol/descriptor_format.h"
 
 namespace kvpool::events {
 
@@ -87,28 +90,41 @@ std::string EncodeBatch(double ts, const std::vector<KvEvent>& events, Encoding 
                         HashType hash_type = HashType::kInt64);
 
 // One event of a batch as a run of a shared key array: keys [begin, end)
-// (none for AllBlocksCleared). A described block (its writer's block
-// descriptor, protocol/descriptor_format.h, at [desc_off, desc_off +
-// desc_len) of the batch's descriptor bytes) is an event of its own (end ==
-// begin + 1), named the engine's way: its hash, parent, tokens, block size,
-// LoRA, group and spec kind.
+// (none for AllBlocksCleared). A described run's keys each have a block
+// descriptor (protocol/descriptor_format.h; DescRef) and are named the
+// engine's way: their hashes, the first one's parent, every block's tokens
+// in order, and the block size, LoRA, group and spec kind they share
+// (ContinuesChain says which blocks may share a run).
 struct EventRun {
   KvEvent::Type type = KvEvent::Type::kStored;
   Medium medium = Medium::kCpu;
   uint32_t begin = 0, end = 0;
-  uint32_t desc_off = 0, desc_len = 0;  // desc_len 0: named by its key id
+  bool described = false;
 };
+// Where a key's descriptor is in a batch's descriptor bytes (len 0: none).
+struct DescRef {
+  uint32_t off = 0;
+  uint32_t len = 0;
+};
+
+// Whether block b may follow block a in one described event of `type`:
+// stored blocks form a chain (b's parent is a's hash) of one block size,
+// group, LoRA and spec kind, all with tokens or all without; removed ones
+// share the group.
+bool ContinuesChain(KvEvent::Type type, const protocol::DescriptorView& a,
+                    const protocol::DescriptorView& b);
 
 // One EventBatch's msgpack bytes in *out, which is cleared first and whose
 // capacity is reused: a publisher that encodes into the buffers it keeps
 // allocates nothing per batch once they have grown. The same bytes as
 // EncodeBatch.
-// descriptors: the bytes the runs' desc_off/desc_len point into (each a
-// descriptor checked when it was staged; one that does not decode is told
-// by its key id).
+// descriptors and key_descs (one per key): the described runs' descriptors
+// (each checked when it was staged; a run with one that does not parse is
+// told by its key ids).
 void EncodeBatchInto(std::string* out, double ts, std::span<const EventRun> runs,
                      std::span<const KeyId> keys, Encoding encoding,
-                     HashType hash_type = HashType::kInt64, std::string_view descriptors = {});
+                     HashType hash_type = HashType::kInt64, std::string_view descriptors = {},
+                     std::span<const DescRef> key_descs = {});
 
 // The hash a block is named by in events (HashType::kInt64).
 inline uint64_t EventHashOf(const KeyId& key) { return key.hi; }

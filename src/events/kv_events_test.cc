@@ -137,60 +137,79 @@ std::string Bytes(const protocol::BlockDescriptor& d) {
 
 using Fields = std::map<std::string, msgpack::object>;
 
-// A described block is an event of its own, named by the writer's hash,
-// parent, tokens, block size and LoRA name; group_idx and the spec kind are
-// told in maps only (arrays stay at the required fields).
-TEST(KvEventsFormat, ADescribedBlockIsNamedTheEnginesWay) {
+// Described blocks are named by the writer's hash, parent, tokens, block
+// size and LoRA name; a chain's blocks are one event (hashes in order, the
+// first one's parent, the tokens concatenated); group_idx and the spec kind
+// are told in maps only (arrays stay at the required fields).
+TEST(KvEventsFormat, DescribedBlocksAreNamedTheEnginesWay) {
   const std::string d1 = Bytes(Described(0x1111, std::nullopt, 100));
   const std::string d2 = Bytes(Described(0x2222, 0x1111, 104));
-  const std::string descs = d1 + d2;
-  const std::vector<KeyId> keys = {K(1), K(2), K(3), K(4)};
-  // K(1), K(2) described; K(3), K(4) not (one merged event); then K(1) removed.
-  const std::vector<EventRun> runs = {
-      {KvEvent::Type::kStored, Medium::kCpu, 0, 1, 0, static_cast<uint32_t>(d1.size())},
-      {KvEvent::Type::kStored, Medium::kCpu, 1, 2, static_cast<uint32_t>(d1.size()),
-       static_cast<uint32_t>(d2.size())},
-      {KvEvent::Type::kStored, Medium::kCpu, 2, 4, 0, 0},
-      {KvEvent::Type::kRemoved, Medium::kStorage, 0, 1, 0, static_cast<uint32_t>(d1.size())}};
+  const std::string descs = d1 + d2 + d1;
+  const std::vector<KeyId> keys = {K(1), K(2), K(3), K(4), K(1)};
+  const auto n1 = static_cast<uint32_t>(d1.size()), n2 = static_cast<uint32_t>(d2.size());
+  const std::vector<DescRef> refs = {{0, n1}, {n1, n2}, {}, {}, {n1 + n2, n1}};
+  // K(1), K(2): one chain; K(3), K(4) undescribed (one merged event); then
+  // K(1) removed.
+  const std::vector<EventRun> runs = {{KvEvent::Type::kStored, Medium::kCpu, 0, 2, true},
+                                      {KvEvent::Type::kStored, Medium::kCpu, 2, 4, false},
+                                      {KvEvent::Type::kRemoved, Medium::kStorage, 4, 5, true}};
   std::string out;
-  EncodeBatchInto(&out, 1.0, runs, keys, Encoding::kMap, HashType::kInt64, descs);
+  EncodeBatchInto(&out, 1.0, runs, keys, Encoding::kMap, HashType::kInt64, descs, refs);
   msgpack::object_handle oh = msgpack::unpack(out.data(), out.size());
   const msgpack::object& events = oh.get().via.array.ptr[1];
-  ASSERT_EQ(events.via.array.size, 4u);
-  auto first = events.via.array.ptr[0].as<Fields>();
-  EXPECT_EQ(first["block_hashes"].as<std::vector<uint64_t>>(), std::vector<uint64_t>{0x1111});
-  EXPECT_TRUE(first["parent_block_hash"].is_nil());
-  EXPECT_EQ(first["token_ids"].as<std::vector<uint32_t>>(),
-            (std::vector<uint32_t>{100, 101, 102, 103}));
-  EXPECT_EQ(first["block_size"].as<uint32_t>(), 4u);
-  EXPECT_EQ(first["lora_name"].as<std::string>(), "sql-lora");
-  EXPECT_EQ(first["group_idx"].as<int>(), 1);
-  EXPECT_EQ(first["kv_cache_spec_kind"].as<std::string>(), "full");
-  EXPECT_EQ(first["medium"].as<std::string>(), "CPU");
-  auto second = events.via.array.ptr[1].as<Fields>();
-  EXPECT_EQ(second["parent_block_hash"].as<uint64_t>(), 0x1111u);
-  EXPECT_EQ(second["token_ids"].as<std::vector<uint32_t>>(),
-            (std::vector<uint32_t>{104, 105, 106, 107}));
-  auto plain = events.via.array.ptr[2].as<Fields>();
-  EXPECT_EQ(plain["block_hashes"].as<std::vector<uint64_t>>(),
-            (std::vector<uint64_t>{K(3).hi, K(4).hi}));
+  ASSERT_EQ(events.via.array.size, 3u);
+  auto chain = events.via.array.ptr[0].as<Fields>();
+  EXPECT_EQ(chain["block_hashes"].as<std::vector<uint64_t>>(), (std::vector<uint64_t>{0x1111, 0x2222}));
+  EXPECT_TRUE(chain["parent_block_hash"].is_nil());
+  EXPECT_EQ(chain["token_ids"].as<std::vector<uint32_t>>(),
+            (std::vector<uint32_t>{100, 101, 102, 103, 104, 105, 106, 107}));
+  EXPECT_EQ(chain["block_size"].as<uint32_t>(), 4u);
+  EXPECT_EQ(chain["lora_name"].as<std::string>(), "sql-lora");
+  EXPECT_EQ(chain["group_idx"].as<int>(), 1);
+  EXPECT_EQ(chain["kv_cache_spec_kind"].as<std::string>(), "full");
+  EXPECT_EQ(chain["medium"].as<std::string>(), "CPU");
+  auto plain = events.via.array.ptr[1].as<Fields>();
+  EXPECT_EQ(plain["block_hashes"].as<std::vector<uint64_t>>(), (std::vector<uint64_t>{K(3).hi, K(4).hi}));
   EXPECT_EQ(plain["block_size"].as<uint32_t>(), 0u);
   EXPECT_EQ(plain.count("group_idx"), 0u);
-  auto removed = events.via.array.ptr[3].as<Fields>();
+  auto removed = events.via.array.ptr[2].as<Fields>();
   EXPECT_EQ(removed["block_hashes"].as<std::vector<uint64_t>>(), std::vector<uint64_t>{0x1111});
   EXPECT_EQ(removed["group_idx"].as<int>(), 1);
   EXPECT_EQ(removed["medium"].as<std::string>(), "STORAGE");
 
-  EncodeBatchInto(&out, 1.0, runs, keys, Encoding::kArray, HashType::kInt64, descs);
+  EncodeBatchInto(&out, 1.0, runs, keys, Encoding::kArray, HashType::kInt64, descs, refs);
   oh = msgpack::unpack(out.data(), out.size());
-  const msgpack::object& arr = oh.get().via.array.ptr[1].via.array.ptr[1];
+  const msgpack::object& arr = oh.get().via.array.ptr[1].via.array.ptr[0];
   ASSERT_EQ(arr.via.array.size, 8u);
-  EXPECT_EQ(arr.via.array.ptr[1].as<std::vector<uint64_t>>(), std::vector<uint64_t>{0x2222});
-  EXPECT_EQ(arr.via.array.ptr[2].as<uint64_t>(), 0x1111u);
-  EXPECT_EQ(arr.via.array.ptr[3].as<std::vector<uint32_t>>(),
-            (std::vector<uint32_t>{104, 105, 106, 107}));
+  EXPECT_EQ(arr.via.array.ptr[1].as<std::vector<uint64_t>>(), (std::vector<uint64_t>{0x1111, 0x2222}));
+  EXPECT_TRUE(arr.via.array.ptr[2].is_nil());
+  EXPECT_EQ(arr.via.array.ptr[3].via.array.size, 8u);
   EXPECT_EQ(arr.via.array.ptr[4].as<uint32_t>(), 4u);
   EXPECT_EQ(arr.via.array.ptr[7].as<std::string>(), "sql-lora");
+}
+
+// Which blocks may share an event: a chain of one block size, group, LoRA
+// and spec kind.
+TEST(KvEventsFormat, OnlyAChainOfLikeBlocksSharesAnEvent) {
+  auto view = [](const std::string& b) {
+    protocol::DescriptorView v;
+    EXPECT_TRUE(protocol::ParseDescriptor(
+                    {reinterpret_cast<const uint8_t*>(b.data()), b.size()}, &v)
+                    .ok());
+    return v;
+  };
+  const std::string a = Bytes(Described(1, std::nullopt, 0));
+  const std::string b = Bytes(Described(2, 1, 4));
+  const std::string not_child = Bytes(Described(3, 7, 8));
+  auto other_group = Described(2, 1, 4);
+  other_group.group_idx = 2;
+  const std::string g = Bytes(other_group);
+  const auto S = KvEvent::Type::kStored, R = KvEvent::Type::kRemoved;
+  EXPECT_TRUE(ContinuesChain(S, view(a), view(b)));
+  EXPECT_FALSE(ContinuesChain(S, view(a), view(not_child)));
+  EXPECT_FALSE(ContinuesChain(S, view(a), view(g)));
+  EXPECT_TRUE(ContinuesChain(R, view(a), view(not_child)));
+  EXPECT_FALSE(ContinuesChain(R, view(a), view(g)));
 }
 
 // int64 writes a bytes hash as its last 8 bytes (big-endian); bytes writes an
@@ -203,11 +222,11 @@ TEST(KvEventsFormat, HashTypesConvertTheEnginesHash) {
   b.block_size = 1;
   const std::string d = Bytes(b);
   const std::vector<KeyId> keys = {K(1)};
-  const std::vector<EventRun> runs = {
-      {KvEvent::Type::kStored, Medium::kCpu, 0, 1, 0, static_cast<uint32_t>(d.size())}};
+  const std::vector<EventRun> runs = {{KvEvent::Type::kStored, Medium::kCpu, 0, 1, true}};
+  const std::vector<DescRef> refs = {{0, static_cast<uint32_t>(d.size())}};
   auto fields = [&](HashType ht) {
     std::string out;
-    EncodeBatchInto(&out, 1.0, runs, keys, Encoding::kMap, ht, d);
+    EncodeBatchInto(&out, 1.0, runs, keys, Encoding::kMap, ht, d, refs);
     msgpack::object_handle oh = msgpack::unpack(out.data(), out.size());
     Fields f = oh.get().via.array.ptr[1].via.array.ptr[0].as<Fields>();
     auto z = std::make_shared<msgpack::zone>();
@@ -343,9 +362,7 @@ TEST(KvEventsPublisher, DescribedKeysAreNamedFromTheirWriteToTheirLastEvent) {
   auto p = KvEventsPublisher::Start(o, &metrics);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   table.SetListeners(p->get(), nullptr);
-  auto span = [](const std::string& s) {
-    return std::span(reinterpret_cast<const uint8_t*>(s.data()), s.size());
-  };
+  auto span = [](const std::string& s) { return std::make_shared<const std::string>(s); };
   EXPECT_NE(table.Stage(K(1), span(d1)), 0u);
   const uint64_t failed = table.Stage(K(2), span(d2));
   ASSERT_NE(failed, 0u);

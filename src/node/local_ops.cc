@@ -425,10 +425,10 @@ Status LocalOps::DecodeSized(const FrameHeader& h, std::span<const uint8_t> body
   KVPOOL_RETURN_IF_ERROR(
       protocol::DecodeDescribedSizedKeys(body, opts_.max_batch, sized, &descriptors_, rest));
   descriptor_ok_.assign(sized->size(), true);
-  protocol::BlockDescriptor d;
+  protocol::DescriptorView d;
   for (size_t i = 0; i < descriptors_.size(); ++i) {
     if (descriptors_[i].empty()) continue;
-    Status s = protocol::DecodeDescriptor(descriptors_[i], &d);
+    Status s = protocol::ParseDescriptor(descriptors_[i], &d);
     if (s.ok()) continue;
     descriptor_ok_[i] = false;
     descriptors_invalid_->Inc();
@@ -440,16 +440,17 @@ Status LocalOps::DecodeSized(const FrameHeader& h, std::span<const uint8_t> body
   return Status::Ok();
 }
 
-std::string LocalOps::DescriptorOf(size_t i) const {
-  if (i >= descriptors_.size() || descriptors_[i].empty()) return {};
-  return std::string(reinterpret_cast<const char*>(descriptors_[i].data()), descriptors_[i].size());
+std::shared_ptr<const std::string> LocalOps::DescriptorOf(size_t i) const {
+  if (i >= descriptors_.size() || descriptors_[i].empty()) return nullptr;
+  return std::make_shared<const std::string>(
+      reinterpret_cast<const char*>(descriptors_[i].data()), descriptors_[i].size());
 }
 
-uint64_t LocalOps::Stage(const LocalSession& c, const KeyId& key, const std::string& descriptor) {
+uint64_t LocalOps::Stage(const LocalSession& c, const KeyId& key,
+                         std::shared_ptr<const std::string> descriptor) {
   // Only the default tenant's blocks are told (KV events, the block index).
-  if (descriptor.empty() || opts_.descriptors == nullptr || c.tenant != 0) return 0;
-  return opts_.descriptors->Stage(
-      key, std::span(reinterpret_cast<const uint8_t*>(descriptor.data()), descriptor.size()));
+  if (descriptor == nullptr || opts_.descriptors == nullptr || c.tenant != 0) return 0;
+  return opts_.descriptors->Stage(key, std::move(descriptor));
 }
 
 void LocalOps::Unstage(const KeyId& key, uint64_t token) {
@@ -592,7 +593,7 @@ Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const
       c.chain = DramStore::ChainPlace{};
     }
     const KeyId key = res.slot.key();
-    const uint64_t token = Stage(c, key, res.descriptor);
+    const uint64_t token = Stage(c, key, std::move(res.descriptor));
     Status s = t.store->Commit(std::move(res.slot), WriteOrigin::kPut, &c.chain, Returning(t, key));
     if (!s.ok()) Unstage(key, token);
     c.reservations.erase(it);

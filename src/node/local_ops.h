@@ -68,8 +68,8 @@ struct LocalSession {
     KeyId forward_key;
     uint64_t forward_size = 0;
     // The writer's block descriptor (protocol/descriptor_format.h, checked),
-    // staged for KV events at the commit; empty: none.
-    std::string descriptor;
+    // staged at the commit; null: none.
+    std::shared_ptr<const std::string> descriptor;
     uint64_t size() const { return slot.valid() ? slot.size() : forward_size; }
   };
   std::unordered_map<uint64_t, Reserved> reservations;
@@ -159,10 +159,11 @@ class LocalOps {
   Status OnHello(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   Status DecodeSized(const protocol::FrameHeader& h, std::span<const uint8_t> body,
                      std::vector<protocol::SizedKey>* sized, std::span<const uint8_t>* rest);
-  std::string DescriptorOf(size_t i) const;
-  // Stages a descriptor (empty: none) for a commit of key; 0 when nothing
+  std::shared_ptr<const std::string> DescriptorOf(size_t i) const;
+  // Stages a descriptor (null: none) for a commit of key; 0 when nothing
   // was staged. Unstage undoes it when the commit fails.
-  uint64_t Stage(const LocalSession& c, const KeyId& key, const std::string& descriptor);
+  uint64_t Stage(const LocalSession& c, const KeyId& key,
+                 std::shared_ptr<const std::string> descriptor);
   void Unstage(const KeyId& key, uint64_t token);
   Status OnReserve(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   Status OnCommit(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);

@@ -25,9 +25,11 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -60,9 +62,35 @@ struct BlockDescriptor {
   bool operator==(const BlockDescriptor&) const = default;
 };
 
+// A descriptor read in place: views into its bytes, nothing allocated (the
+// node reads every descriptor of every put this way).
+struct EngineHashView {
+  EngineHash::Kind kind = EngineHash::Kind::kNone;
+  uint64_t value = 0;
+  std::string_view bytes;
+};
+struct DescriptorView {
+  EngineHashView hash;
+  EngineHashView parent;
+  uint32_t block_size = 0;
+  uint32_t n_tokens = 0;
+  const uint8_t* tokens = nullptr;  // n_tokens little-endian u32, unaligned
+  int32_t group_idx = -1;
+  std::string_view lora_name;
+  std::string_view spec_kind;
+  uint32_t token(uint32_t i) const {
+    uint32_t t;
+    std::memcpy(&t, tokens + 4 * static_cast<size_t>(i), 4);
+    return t;
+  }
+};
+
 // The descriptor's bytes; InvalidArgument when it breaks a rule above.
 Result<std::string> EncodeDescriptor(const BlockDescriptor& d);
-// Parses and checks a descriptor; InvalidArgument says which rule it broke.
+// Reads and checks a descriptor in place (*v views `bytes`); InvalidArgument
+// says which rule it broke. The rules live here alone.
+Status ParseDescriptor(std::span<const uint8_t> bytes, DescriptorView* v);
+// ParseDescriptor, copied out.
 Status DecodeDescriptor(std::span<const uint8_t> bytes, BlockDescriptor* d);
 
 }  // namespace kvpool::protocol
