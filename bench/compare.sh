@@ -24,7 +24,7 @@
 #          (cache quality on an LLM request trace: the eviction policies vs
 #          offline LRU and Belady, and a pool of three nodes;
 #          bench/compare_trace.sh)
-#        bench/compare.sh events [--reps N] [--duration DURATION] [--keep]
+#        bench/compare.sh events [--reps N] [--duration DURATION] [--put-value-size SIZE] [--keep]
 #          (KV events with a subscriber that stopped reading vs one that
 #          reads and vs none;
 #          bench/compare_kv_events.sh)
