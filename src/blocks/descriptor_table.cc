@@ -126,7 +126,7 @@ uint64_t DescriptorTable::Stage(const KeyId& key, std::shared_ptr<const std::str
            .ok()) {
     return 0;
   }
-  const uint64_t hash = EngineHash64(v.hash);
+  const uint64_t hash = EngineHash64(v.hash);  // parsed before the lock
   std::lock_guard lock(impl_->mu);
   auto [it, fresh] = impl_->keys.try_emplace(key);
   Impl::Entry& e = it->second;

@@ -108,9 +108,9 @@ struct KvEventsPublisher::Impl {
   std::vector<Told> taken;
   std::vector<EventRun> runs;
   std::vector<KeyId> keys;
-  std::string descs;              // the batch's block descriptors
-  std::vector<DescRef> key_descs;  // per key of the batch, into descs
-  protocol::DescriptorView last_view;  // the last described key's
+  // Per key of the batch, its descriptor read in place (into `taken`'s
+  // descriptors; kind kNone: none).
+  std::vector<protocol::DescriptorView> key_views;
 
   // The batching thread's own.
   int64_t next_seq = 0;
@@ -222,19 +222,13 @@ struct KvEventsPublisher::Impl {
                                      t.descriptor->size()},
                                     &view)
               .ok();
-      DescRef ref;
-      if (described) {
-        ref = {static_cast<uint32_t>(descs.size()), static_cast<uint32_t>(t.descriptor->size())};
-        descs.append(*t.descriptor);
-      }
-      key_descs.push_back(ref);
+      key_views.push_back(described ? view : protocol::DescriptorView{});
       const bool joins = !runs.empty() && runs.back().type == t.type &&
                          runs.back().medium == t.medium && runs.back().end == at &&
                          runs.back().described == described &&
-                         (!described || ContinuesChain(t.type, last_view, view));
+                         (!described || ContinuesChain(t.type, key_views[at - 1], view));
       if (!joins) runs.push_back(EventRun{t.type, t.medium, at, at, described});
       runs.back().end = at + 1;
-      if (described) last_view = view;  // views into t.descriptor, alive in taken
       if (keys.size() == opts.max_batch_keys) {
         Send(topic);
         Reset();
@@ -246,8 +240,7 @@ struct KvEventsPublisher::Impl {
   void Reset() {
     runs.clear();
     keys.clear();
-    descs.clear();
-    key_descs.clear();
+    key_views.clear();
   }
 
   // Sends the batch in runs and keys on topics[topic].
@@ -256,8 +249,7 @@ struct KvEventsPublisher::Impl {
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     const int64_t n = next_seq++;
     Payload payload = TakeBuffer();
-    EncodeBatchInto(payload.get(), ts, runs, keys, opts.encoding, opts.hash_type, descs,
-                    key_descs);
+    EncodeBatchInto(payload.get(), ts, runs, keys, opts.encoding, opts.hash_type, key_views);
     const std::string seq = SeqFrame(n);
     // The PUB socket refuses a batch while any subscriber is at its
     // high-water mark (ZMQ_XPUB_NODROP): then it is sent again lossy, which

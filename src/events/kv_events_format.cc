@@ -258,31 +258,26 @@ bool ContinuesChain(KvEvent::Type type, const protocol::DescriptorView& a,
 
 void EncodeBatchInto(std::string* out, double ts, std::span<const EventRun> runs,
                      std::span<const KeyId> keys, Encoding encoding, HashType hash_type,
-                     std::string_view descriptors, std::span<const DescRef> key_descs) {
+                     std::span<const protocol::DescriptorView> key_views) {
   out->clear();
-  // At most 160 bytes an event besides its keys and 18 a key (bin 8 header
-  // and 16 bytes), and a described block's descriptor at most 5/4 of its
-  // size in msgpack: one allocation for a new buffer, none for a reused one.
-  out->reserve(16 + 160 * runs.size() + 18 * keys.size() + descriptors.size() * 5 / 4);
+  // At most 160 bytes an event besides its keys, 18 a key (bin 8 header and
+  // 16 bytes) and 5 a token: one allocation for a new buffer, none for a
+  // reused one.
+  size_t tokens = 0;
+  for (const auto& v : key_views) tokens += v.n_tokens;
+  out->reserve(16 + 160 * runs.size() + 18 * keys.size() + 5 * tokens);
   StringSink sink{out};
   Packer p(sink);
   p.pack_array(3);
   p.pack_double(ts);
   p.pack_array(static_cast<uint32_t>(runs.size()));
-  thread_local std::vector<protocol::DescriptorView> views;
   for (const EventRun& e : runs) {
-    views.clear();
-    for (uint32_t k = e.begin; e.described && k < e.end; ++k) {
-      const DescRef r = k < key_descs.size() ? key_descs[k] : DescRef{};
-      protocol::DescriptorView v;
-      if (r.len == 0 || r.off + uint64_t{r.len} > descriptors.size() ||
-          !protocol::ParseDescriptor(
-               {reinterpret_cast<const uint8_t*>(descriptors.data()) + r.off, r.len}, &v)
-               .ok()) {
-        views.clear();  // told by its key ids
-        break;
+    std::span<const protocol::DescriptorView> views;
+    if (e.described && e.end <= key_views.size()) {
+      views = key_views.subspan(e.begin, e.end - e.begin);
+      for (const auto& v : views) {
+        if (v.hash.kind == protocol::EngineHash::Kind::kNone) views = {};  // by key ids
       }
-      views.push_back(v);
     }
     PackEvent(p, e, keys, views, encoding, hash_type);
   }

@@ -91,7 +91,7 @@ std::string EncodeBatch(double ts, const std::vector<KvEvent>& events, Encoding 
 
 // One event of a batch as a run of a shared key array: keys [begin, end)
 // (none for AllBlocksCleared). A described run's keys each have a block
-// descriptor (protocol/descriptor_format.h; DescRef) and are named the
+// descriptor (protocol/descriptor_format.h) and are named the
 // engine's way: their hashes, the first one's parent, every block's tokens
 // in order, and the block size, LoRA, group and spec kind they share
 // (ContinuesChain says which blocks may share a run).
@@ -101,12 +101,6 @@ struct EventRun {
   uint32_t begin = 0, end = 0;
   bool described = false;
 };
-// Where a key's descriptor is in a batch's descriptor bytes (len 0: none).
-struct DescRef {
-  uint32_t off = 0;
-  uint32_t len = 0;
-};
-
 // Whether block b may follow block a in one described event of `type`:
 // stored blocks form a chain (b's parent is a's hash) of one block size,
 // group, LoRA and spec kind, all with tokens or all without; removed ones
@@ -118,13 +112,13 @@ bool ContinuesChain(KvEvent::Type type, const protocol::DescriptorView& a,
 // capacity is reused: a publisher that encodes into the buffers it keeps
 // allocates nothing per batch once they have grown. The same bytes as
 // EncodeBatch.
-// descriptors and key_descs (one per key): the described runs' descriptors
-// (each checked when it was staged; a run with one that does not parse is
-// told by its key ids).
+// key_views (one per key; read in place with ParseDescriptor, and valid
+// for the call): the described runs' descriptors. A described run whose
+// keys lack them is told by its key ids.
 void EncodeBatchInto(std::string* out, double ts, std::span<const EventRun> runs,
                      std::span<const KeyId> keys, Encoding encoding,
-                     HashType hash_type = HashType::kInt64, std::string_view descriptors = {},
-                     std::span<const DescRef> key_descs = {});
+                     HashType hash_type = HashType::kInt64,
+                     std::span<const protocol::DescriptorView> key_views = {});
 
 // The hash a block is named by in events (HashType::kInt64).
 inline uint64_t EventHashOf(const KeyId& key) { return key.hi; }

@@ -137,6 +137,14 @@ std::string Bytes(const protocol::BlockDescriptor& d) {
 
 using Fields = std::map<std::string, msgpack::object>;
 
+// A descriptor's bytes read in place (they must outlive the view).
+protocol::DescriptorView View(const std::string& b) {
+  protocol::DescriptorView v;
+  EXPECT_TRUE(
+      protocol::ParseDescriptor({reinterpret_cast<const uint8_t*>(b.data()), b.size()}, &v).ok());
+  return v;
+}
+
 // Described blocks are named by the writer's hash, parent, tokens, block
 // size and LoRA name; a chain's blocks are one event (hashes in order, the
 // first one's parent, the tokens concatenated); group_idx and the spec kind
@@ -144,17 +152,15 @@ using Fields = std::map<std::string, msgpack::object>;
 TEST(KvEventsFormat, DescribedBlocksAreNamedTheEnginesWay) {
   const std::string d1 = Bytes(Described(0x1111, std::nullopt, 100));
   const std::string d2 = Bytes(Described(0x2222, 0x1111, 104));
-  const std::string descs = d1 + d2 + d1;
   const std::vector<KeyId> keys = {K(1), K(2), K(3), K(4), K(1)};
-  const auto n1 = static_cast<uint32_t>(d1.size()), n2 = static_cast<uint32_t>(d2.size());
-  const std::vector<DescRef> refs = {{0, n1}, {n1, n2}, {}, {}, {n1 + n2, n1}};
+  const std::vector<protocol::DescriptorView> refs = {View(d1), View(d2), {}, {}, View(d1)};
   // K(1), K(2): one chain; K(3), K(4) undescribed (one merged event); then
   // K(1) removed.
   const std::vector<EventRun> runs = {{KvEvent::Type::kStored, Medium::kCpu, 0, 2, true},
                                       {KvEvent::Type::kStored, Medium::kCpu, 2, 4, false},
                                       {KvEvent::Type::kRemoved, Medium::kStorage, 4, 5, true}};
   std::string out;
-  EncodeBatchInto(&out, 1.0, runs, keys, Encoding::kMap, HashType::kInt64, descs, refs);
+  EncodeBatchInto(&out, 1.0, runs, keys, Encoding::kMap, HashType::kInt64, refs);
   msgpack::object_handle oh = msgpack::unpack(out.data(), out.size());
   const msgpack::object& events = oh.get().via.array.ptr[1];
   ASSERT_EQ(events.via.array.size, 3u);
@@ -177,7 +183,7 @@ TEST(KvEventsFormat, DescribedBlocksAreNamedTheEnginesWay) {
   EXPECT_EQ(removed["group_idx"].as<int>(), 1);
   EXPECT_EQ(removed["medium"].as<std::string>(), "STORAGE");
 
-  EncodeBatchInto(&out, 1.0, runs, keys, Encoding::kArray, HashType::kInt64, descs, refs);
+  EncodeBatchInto(&out, 1.0, runs, keys, Encoding::kArray, HashType::kInt64, refs);
   oh = msgpack::unpack(out.data(), out.size());
   const msgpack::object& arr = oh.get().via.array.ptr[1].via.array.ptr[0];
   ASSERT_EQ(arr.via.array.size, 8u);
@@ -191,13 +197,7 @@ TEST(KvEventsFormat, DescribedBlocksAreNamedTheEnginesWay) {
 // Which blocks may share an event: a chain of one block size, group, LoRA
 // and spec kind.
 TEST(KvEventsFormat, OnlyAChainOfLikeBlocksSharesAnEvent) {
-  auto view = [](const std::string& b) {
-    protocol::DescriptorView v;
-    EXPECT_TRUE(protocol::ParseDescriptor(
-                    {reinterpret_cast<const uint8_t*>(b.data()), b.size()}, &v)
-                    .ok());
-    return v;
-  };
+  auto view = [](const std::string& b) { return View(b); };
   const std::string a = Bytes(Described(1, std::nullopt, 0));
   const std::string b = Bytes(Described(2, 1, 4));
   const std::string not_child = Bytes(Described(3, 7, 8));
@@ -223,10 +223,10 @@ TEST(KvEventsFormat, HashTypesConvertTheEnginesHash) {
   const std::string d = Bytes(b);
   const std::vector<KeyId> keys = {K(1)};
   const std::vector<EventRun> runs = {{KvEvent::Type::kStored, Medium::kCpu, 0, 1, true}};
-  const std::vector<DescRef> refs = {{0, static_cast<uint32_t>(d.size())}};
+  const std::vector<protocol::DescriptorView> refs = {View(d)};
   auto fields = [&](HashType ht) {
     std::string out;
-    EncodeBatchInto(&out, 1.0, runs, keys, Encoding::kMap, ht, d, refs);
+    EncodeBatchInto(&out, 1.0, runs, keys, Encoding::kMap, ht, refs);
     msgpack::object_handle oh = msgpack::unpack(out.data(), out.size());
     Fields f = oh.get().via.array.ptr[1].via.array.ptr[0].as<Fields>();
     auto z = std::make_shared<msgpack::zone>();
