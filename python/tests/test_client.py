@@ -275,3 +275,34 @@ def test_client_name_is_what_the_node_shows_for_the_connection(kvpool_node):
         c.exists(["k"])
         names = [x["name"] for x in clients()]  # the first may still be closing
         assert program in names and set(names) <= {program, "py engine 3"}, names
+
+
+def test_described_puts_and_the_prefix_lookup(kvpool_node):
+    """Blocks put with descriptors are what Client.lookup_prefix finds; a
+    bad descriptor fails its own key only (nothing stored); a descriptor
+    mapping naming a key not in the put raises before anything is sent."""
+    c = Client(kvpool_node.socket, namespace="lookup")
+    chain = [0x7000 + i for i in range(4)]
+    descs = [kvpool.BlockDescriptor(hash=h, parent=chain[i - 1] if i else None,
+                                    token_ids=range(i * 8, i * 8 + 8), block_size=8)
+             for i, h in enumerate(chain[:3])]
+    assert c.put(["b0", "b1", "b2"], [b"x" * 100] * 3, descriptors=descs) == [StatusCode.OK] * 3
+    got = c.lookup_prefix(chain)
+    assert got["blocks"] == 4 and got["longest"] == 3
+    assert [(h["blocks"], h["dram"], h["ssd"], h["tiers"]) for h in got["holders"]] == \
+        [(3, 3, 0, "DDD")]
+    assert c.lookup_prefix([0x1, chain[0]])["longest"] == 0  # the first block is not held
+    # A malformed descriptor (cut short) fails its key; the other is stored.
+    bad = descs[0].encode()[:-1]
+    assert c.put(["c0", "c1"], [b"y", b"z"], descriptors=[bad, None]) == \
+        [StatusCode.INVALID_ARGUMENT, StatusCode.OK]
+    assert c.get(["c0", "c1"]) == [None, b"z"]
+    with pytest.raises(ValueError, match="not in the put"):
+        c.put(["d0"], [b"w"], descriptors={"d0": descs[0], "stranger": descs[1]})
+    assert c.get(["d0"]) == [None]
+    with pytest.raises(ValueError, match="token ids"):
+        kvpool.BlockDescriptor(hash=1, block_size=8, token_ids=range(7))
+    with pytest.raises(KvpoolError) as e:
+        c.lookup_prefix([1] * 5000)
+    assert e.value.code == StatusCode.INVALID_ARGUMENT
+    c.close()
