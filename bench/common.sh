@@ -28,6 +28,7 @@ parse_flags() {
       *)
         [[ $# -ge 2 ]] || usage
         local name="${1#--}"
+        name="${name//-/_}"  # --put-value-size sets PUT_VALUE_SIZE
         printf -v "${name^^}" '%s' "$2"
         shift 2
         ;;
