@@ -2,7 +2,9 @@
 
 #include <atomic>
 #include <mutex>
-#include <unordered_map>
+#include <functional>
+
+#include "blocks/flat_map.h"
 
 namespace kvpool::blocks {
 namespace {
@@ -61,8 +63,8 @@ struct DescriptorTable::Impl {
 
   mutable std::mutex mu;
   // protected by mu
-  std::unordered_map<KeyId, Entry, KeyIdHash> keys;
-  std::unordered_map<uint64_t, Counts> blocks;  // engine hash -> described keys per tier
+  FlatMap<KeyId, Entry, KeyIdHash> keys;
+  FlatMap<uint64_t, Counts, std::hash<uint64_t>> blocks;  // engine hash -> keys per tier
   uint64_t bytes = 0;
   uint64_t next_token = 1;
   // keys.size(), read without the lock: an empty table passes events on
@@ -85,11 +87,11 @@ struct DescriptorTable::Impl {
     const uint8_t bit = Bit(t);
     if (((e.tiers & bit) != 0) == on) return;
     e.tiers = static_cast<uint8_t>(on ? e.tiers | bit : e.tiers & ~bit);
-    Counts& c = blocks[e.hash];
+    Counts& c = *blocks.Emplace(e.hash).first;
     uint32_t& n = c.keys[static_cast<int>(t)];
     n = on ? n + 1 : n - 1;
     if (tiers != nullptr && n == (on ? 1u : 0u)) tiers->OnBlockTier(e.hash, t, on);
-    if (c.keys[0] == 0 && c.keys[1] == 0) blocks.erase(e.hash);
+    if (c.keys[0] == 0 && c.keys[1] == 0) blocks.Erase(e.hash);
   }
 
   // The key left: its held descriptor goes.
@@ -128,11 +130,11 @@ uint64_t DescriptorTable::Stage(const KeyId& key, std::shared_ptr<const std::str
   }
   const uint64_t hash = EngineHash64(v.hash);  // parsed before the lock
   std::lock_guard lock(impl_->mu);
-  auto [it, fresh] = impl_->keys.try_emplace(key);
-  Impl::Entry& e = it->second;
+  auto [entry, fresh] = impl_->keys.Emplace(key);
+  Impl::Entry& e = *entry;
   const uint64_t add = Impl::Cost(descriptor);
   if (impl_->bytes - Impl::Cost(e.staged) + add > impl_->max_bytes) {
-    if (fresh) impl_->keys.erase(it);
+    if (fresh) impl_->keys.Erase(key);
     impl_->refused->Inc();
     return 0;
   }
@@ -148,10 +150,10 @@ uint64_t DescriptorTable::Stage(const KeyId& key, std::shared_ptr<const std::str
 void DescriptorTable::Unstage(const KeyId& key, uint64_t token) {
   if (token == 0) return;
   std::lock_guard lock(impl_->mu);
-  auto it = impl_->keys.find(key);
-  if (it == impl_->keys.end() || it->second.token != token) return;
-  impl_->DropStaged(it->second);
-  if (!it->second.live) impl_->keys.erase(it);
+  Impl::Entry* e = impl_->keys.Find(key);
+  if (e == nullptr || e->token != token) return;
+  impl_->DropStaged(*e);
+  if (!e->live) impl_->keys.Erase(key);
   impl_->Report();
 }
 
@@ -165,12 +167,12 @@ void DescriptorTable::OnHoldings(const HoldingsEvent& e) {
     return;
   }
   std::lock_guard lock(impl_->mu);
-  auto it = impl_->keys.find(e.key);
-  if (it == impl_->keys.end()) {
+  Impl::Entry* found = impl_->keys.Find(e.key);
+  if (found == nullptr) {
     if (impl_->events != nullptr) impl_->events->OnBlockEvent(e, kNone);
     return;
   }
-  Impl::Entry& k = it->second;
+  Impl::Entry& k = *found;
   if (e.enters_node() && k.staged) {
     // The written value's descriptor replaces what an earlier life left.
     if (k.live) impl_->DropLive(k);
@@ -197,7 +199,7 @@ void DescriptorTable::OnHoldings(const HoldingsEvent& e) {
     } else if (k.staged) {
       impl_->DropStaged(k);
     }
-    if (!k.live && !k.staged) impl_->keys.erase(it);
+    if (!k.live && !k.staged) impl_->keys.Erase(e.key);
     impl_->Report();
   } else if (e.enters_node()) {
     impl_->Report();
@@ -206,20 +208,20 @@ void DescriptorTable::OnHoldings(const HoldingsEvent& e) {
 void DescriptorTable::Tiers(std::span<const uint64_t> hashes, uint8_t* out) const {
   std::lock_guard lock(impl_->mu);
   for (size_t i = 0; i < hashes.size(); ++i) {
-    auto it = impl_->blocks.find(hashes[i]);
+    const Impl::Counts* c = impl_->blocks.Find(hashes[i]);
     out[i] = 0;
-    if (it == impl_->blocks.end()) continue;
-    if (it->second.keys[0] > 0) out[i] |= Bit(BlockTier::kDram);
-    if (it->second.keys[1] > 0) out[i] |= Bit(BlockTier::kSsd);
+    if (c == nullptr) continue;
+    if (c->keys[0] > 0) out[i] |= Bit(BlockTier::kDram);
+    if (c->keys[1] > 0) out[i] |= Bit(BlockTier::kSsd);
   }
 }
 
 void DescriptorTable::ForEachHeld(const std::function<void(uint64_t, BlockTier)>& fn) const {
   std::lock_guard lock(impl_->mu);
-  for (const auto& [hash, c] : impl_->blocks) {
+  impl_->blocks.ForEach([&](uint64_t hash, const Impl::Counts& c) {
     if (c.keys[0] > 0) fn(hash, BlockTier::kDram);
     if (c.keys[1] > 0) fn(hash, BlockTier::kSsd);
-  }
+  });
 }
 
 uint64_t DescriptorTable::entries() const {

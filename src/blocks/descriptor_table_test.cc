@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <random>
 #include <tuple>
 #include <vector>
+
+#include "blocks/flat_map.h"
 
 namespace kvpool::blocks {
 namespace {
@@ -155,6 +158,56 @@ TEST(DescriptorTable, EngineHash64ReadsBytesAsTheirLastEightBigEndian) {
   h.bytes = std::string("\x01\x02", 2);
   EXPECT_EQ(EngineHash64(h), 0x0102u);
   EXPECT_EQ(EngineHash64(protocol::EngineHash{protocol::EngineHash::Kind::kInt64, ~0ull, ""}), ~0ull);
+}
+
+}  // namespace
+}  // namespace kvpool::blocks
+
+namespace kvpool::blocks {
+namespace {
+
+// The flat map against std::map under random inserts and erases that
+// collide on purpose (a hash of a few buckets): every lookup agrees.
+TEST(FlatMap, AgreesWithAStdMapUnderRandomInsertsAndErases) {
+  struct FewBuckets {
+    size_t operator()(uint64_t k) const { return static_cast<size_t>(k % 7); }
+  };
+  FlatMap<uint64_t, uint64_t, FewBuckets> flat(16);
+  FlatMap<uint64_t, uint64_t, std::hash<uint64_t>> spread(16);
+  std::map<uint64_t, uint64_t> want;
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 20000; ++i) {
+    const uint64_t k = rng() % 500;
+    if (rng() % 3 == 0) {
+      flat.Erase(k);
+      spread.Erase(k);
+      want.erase(k);
+    } else {
+      *flat.Emplace(k).first = k * 3 + static_cast<uint64_t>(i);
+      *spread.Emplace(k).first = k * 3 + static_cast<uint64_t>(i);
+      want[k] = k * 3 + static_cast<uint64_t>(i);
+    }
+    if (i % 97 == 0) {
+      for (uint64_t q = 0; q < 500; ++q) {
+        auto it = want.find(q);
+        const uint64_t* a = flat.Find(q);
+        const uint64_t* b = spread.Find(q);
+        ASSERT_EQ(a != nullptr, it != want.end()) << q;
+        ASSERT_EQ(b != nullptr, it != want.end()) << q;
+        if (a != nullptr) {
+          ASSERT_EQ(*a, it->second);
+          ASSERT_EQ(*b, it->second);
+        }
+      }
+      ASSERT_EQ(flat.size(), want.size());
+    }
+  }
+  size_t n = 0;
+  flat.ForEach([&](uint64_t k, uint64_t v) {
+    EXPECT_EQ(want.at(k), v);
+    ++n;
+  });
+  EXPECT_EQ(n, want.size());
 }
 
 }  // namespace
