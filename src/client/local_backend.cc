@@ -193,6 +193,9 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
     return std::max<uint32_t>(1, hello_.max_batch);
   }
   Status ReturnHandles(MessageType type, std::span<const uint64_t> handles);
+  // One request on a borrowed connection and its reply (a retry on a
+  // fresh connection as WithConnection does).
+  Status OneCall(MessageType type, std::vector<uint8_t> body, std::vector<uint8_t>* reply);
   Status ZeroCopyAllowed() const {
     if (options_.copy_mode) {
       return FailedPrecondition("zero-copy calls need the mapped segment (copy_mode is on)");
@@ -864,32 +867,31 @@ Result<std::string> LocalBackend::StatsJson() {
   return json;
 }
 
+Status LocalBackend::OneCall(MessageType type, std::vector<uint8_t> body,
+                             std::vector<uint8_t>* reply) {
+  return WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+    iovec iov{body.data(), body.size()};
+    reply->clear();
+    return lease.link()->Call(type, std::span(&iov, 1), deadline, reply);
+  });
+}
+
 Result<std::string> LocalBackend::LookupPrefix(std::span<const uint64_t> hashes,
                                                uint32_t timeout_ms) {
-  std::string json;
-  std::vector<uint8_t> body;
+  std::vector<uint8_t> body, reply;
   protocol::EncodeLookupPrefix(timeout_ms, hashes, &body);
-  KVPOOL_RETURN_IF_ERROR(WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
-    iovec iov{body.data(), body.size()};
-    std::vector<uint8_t> reply;
-    KVPOOL_RETURN_IF_ERROR(
-        lease.link()->Call(MessageType::kLookupPrefix, std::span(&iov, 1), deadline, &reply));
-    return protocol::DecodeString(reply, &json);
-  }));
+  KVPOOL_RETURN_IF_ERROR(OneCall(MessageType::kLookupPrefix, std::move(body), &reply));
+  std::string json;
+  KVPOOL_RETURN_IF_ERROR(protocol::DecodeString(reply, &json));
   return json;
 }
 
 Result<uint64_t> LocalBackend::ClearNamespace(uint32_t tag) {
-  uint64_t dropped = 0;
-  std::vector<uint8_t> body;
+  std::vector<uint8_t> body, reply;
   protocol::EncodeU32Body(tag, &body);
-  KVPOOL_RETURN_IF_ERROR(WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
-    iovec iov{body.data(), body.size()};
-    std::vector<uint8_t> reply;
-    KVPOOL_RETURN_IF_ERROR(
-        lease.link()->Call(MessageType::kClear, std::span(&iov, 1), deadline, &reply));
-    return protocol::DecodeU64Body(reply, &dropped);
-  }));
+  KVPOOL_RETURN_IF_ERROR(OneCall(MessageType::kClear, std::move(body), &reply));
+  uint64_t dropped = 0;
+  KVPOOL_RETURN_IF_ERROR(protocol::DecodeU64Body(reply, &dropped));
   return dropped;
 }
 
