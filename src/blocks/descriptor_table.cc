@@ -1,50 +1,45 @@
 #include "blocks/descriptor_table.h"
 
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
-#include <functional>
+#include <thread>
+#include <vector>
 
 #include "blocks/flat_map.h"
 
 namespace kvpool::blocks {
 namespace {
 
-uint64_t LastEightBytes(std::string_view b) {
-  uint64_t v = 0;
-  const size_t from = b.size() > 8 ? b.size() - 8 : 0;
-  for (size_t i = from; i < b.size(); ++i) v = (v << 8) | static_cast<uint8_t>(b[i]);
-  return v;
-}
-
 constexpr uint8_t Bit(BlockTier t) { return static_cast<uint8_t>(1u << static_cast<int>(t)); }
 
+// One change as told, queued to be applied in order.
+struct Change {
+  enum class Kind : uint8_t { kStage, kUnstage, kHoldings };
+  Kind kind = Kind::kHoldings;
+  HoldingsEvent event;  // kHoldings; the key of every kind in event.key
+  uint64_t token = 0;   // kStage, kUnstage
+  Descriptor descriptor;  // kStage
+};
+
 }  // namespace
-
-uint64_t EngineHash64(const protocol::EngineHash& h) {
-  return h.kind == protocol::EngineHash::Kind::kBytes ? LastEightBytes(h.bytes) : h.value;
-}
-
-uint64_t EngineHash64(const protocol::EngineHashView& h) {
-  return h.kind == protocol::EngineHash::Kind::kBytes ? LastEightBytes(h.bytes) : h.value;
-}
 
 struct DescriptorTable::Impl {
   // One key's descriptors: the one its held value was written with (live)
   // and one staged for a commit in flight.
   struct Entry {
-    std::shared_ptr<const std::string> live;
-    uint64_t hash = 0;  // live's engine hash
+    Descriptor live;
     uint8_t tiers = 0;  // Bit(tier) per tier holding the key
-    std::shared_ptr<const std::string> staged;
-    uint64_t staged_hash = 0;
+    Descriptor staged;
     uint64_t token = 0;  // staged's
   };
   struct Counts {
     uint32_t keys[2] = {0, 0};  // per BlockTier
   };
 
-  Impl(uint64_t max, MetricsRegistry* metrics)
+  Impl(uint64_t max, MetricsRegistry* metrics, std::chrono::microseconds interval)
       : max_bytes(max),
+        apply_interval(interval),
         entries_gauge(metrics->GetGauge("kvpool_descriptors",
                                         "Keys with block descriptors kept (held, or staged)")),
         bytes_gauge(
@@ -54,31 +49,85 @@ struct DescriptorTable::Impl {
                                     "(the key is told by its key id)")) {}
 
   const uint64_t max_bytes;
+  const std::chrono::microseconds apply_interval;
   Gauge* entries_gauge;
   Gauge* bytes_gauge;
   Counter* refused;
 
+  // The applied state. Lock order: mu, then queue_mu.
+  mutable std::mutex mu;
+  // Written under both mu and queue_mu, read under either.
   BlockEventListener* events = nullptr;
   BlockTierListener* tiers = nullptr;
-
-  mutable std::mutex mu;
   // protected by mu
   FlatMap<KeyId, Entry, KeyIdHash> keys;
   FlatMap<uint64_t, Counts, std::hash<uint64_t>> blocks;  // engine hash -> keys per tier
-  uint64_t bytes = 0;
-  uint64_t next_token = 1;
-  // keys.size(), read without the lock: an empty table passes events on
-  // without locking.
-  std::atomic<uint64_t> count{0};
+  std::vector<Change> applying;  // kept for its capacity
 
-  static uint64_t Cost(const std::shared_ptr<const std::string>& b) {
-    return b ? b->size() + kEntryOverheadBytes : 0;
-  }
+  // Bytes of the descriptors staged or kept: taken by a stage, given back
+  // when its descriptor goes.
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint64_t> next_token{1};
+
+  // The changes told and not yet applied.
+  std::mutex queue_mu;
+  std::condition_variable queue_cv;
+  // protected by queue_mu
+  std::vector<Change> queued;
+  uint64_t unapplied = 0;   // queued, or taken by an apply still running
+  bool keys_empty = true;   // as of the last apply
+  bool applier_idle = false;
+  bool stopping = false;
+  std::thread applier;
+
+  static uint64_t Cost(const Descriptor& d) { return d ? d.size() + kEntryOverheadBytes : 0; }
 
   void Report() {  // REQUIRES: mu held
-    count.store(keys.size(), std::memory_order_release);
     entries_gauge->Set(static_cast<int64_t>(keys.size()));
-    bytes_gauge->Set(static_cast<int64_t>(bytes));
+    bytes_gauge->Set(static_cast<int64_t>(bytes.load(std::memory_order_relaxed)));
+  }
+
+  // Queues a change; applies the queue here when it is full.
+  void Tell(Change c) {
+    bool full = false;
+    {
+      std::lock_guard lock(queue_mu);
+      queued.push_back(std::move(c));
+      ++unapplied;
+      full = queued.size() >= kMaxQueued;
+      if (applier_idle && !full) {
+        applier_idle = false;
+        queue_cv.notify_one();
+      }
+    }
+    if (full) Apply();
+  }
+
+  // Applies every change queued so far, in order.
+  void Apply() {
+    std::lock_guard lock(mu);
+    ApplyLocked();
+  }
+  void ApplyLocked() {  // REQUIRES: mu held
+    applying.clear();
+    {
+      std::lock_guard q(queue_mu);
+      if (queued.empty()) return;
+      applying.swap(queued);
+    }
+    for (Change& c : applying) {
+      switch (c.kind) {
+        case Change::Kind::kStage: ApplyStage(c); break;
+        case Change::Kind::kUnstage: ApplyUnstage(c.event.key, c.token); break;
+        case Change::Kind::kHoldings: ApplyHoldings(c.event); break;
+      }
+    }
+    const uint64_t n = applying.size();
+    applying.clear();  // the descriptors the changes held go now
+    Report();
+    std::lock_guard q(queue_mu);
+    unapplied -= n;
+    keys_empty = keys.empty();
   }
 
   // Sets or clears a held key's tier, telling the tier listener when the
@@ -87,126 +136,170 @@ struct DescriptorTable::Impl {
     const uint8_t bit = Bit(t);
     if (((e.tiers & bit) != 0) == on) return;
     e.tiers = static_cast<uint8_t>(on ? e.tiers | bit : e.tiers & ~bit);
-    Counts& c = *blocks.Emplace(e.hash).first;
+    const uint64_t hash = e.live.hash64();
+    Counts& c = *blocks.Emplace(hash).first;
     uint32_t& n = c.keys[static_cast<int>(t)];
     n = on ? n + 1 : n - 1;
-    if (tiers != nullptr && n == (on ? 1u : 0u)) tiers->OnBlockTier(e.hash, t, on);
-    if (c.keys[0] == 0 && c.keys[1] == 0) blocks.Erase(e.hash);
+    if (tiers != nullptr && n == (on ? 1u : 0u)) tiers->OnBlockTier(hash, t, on);
+    if (c.keys[0] == 0 && c.keys[1] == 0) blocks.Erase(hash);
   }
 
   // The key left: its held descriptor goes.
   void DropLive(Entry& e) {  // REQUIRES: mu held
     SetTier(e, BlockTier::kDram, false);
     SetTier(e, BlockTier::kSsd, false);
-    bytes -= Cost(e.live);
-    e.live.reset();
+    bytes.fetch_sub(Cost(e.live), std::memory_order_relaxed);
+    e.live = {};
   }
   void DropStaged(Entry& e) {  // REQUIRES: mu held
-    bytes -= Cost(e.staged);
-    e.staged.reset();
+    bytes.fetch_sub(Cost(e.staged), std::memory_order_relaxed);
+    e.staged = {};
     e.token = 0;
+  }
+
+  void ApplyStage(Change& c) {  // REQUIRES: mu held
+    Entry& e = *keys.Emplace(c.event.key).first;
+    DropStaged(e);  // replaced
+    e.staged = std::move(c.descriptor);
+    e.token = c.token;
+  }
+
+  void ApplyUnstage(const KeyId& key, uint64_t token) {  // REQUIRES: mu held
+    Entry* e = keys.Find(key);
+    if (e == nullptr || e->token != token) return;
+    DropStaged(*e);
+    if (!e->live) keys.Erase(key);
+  }
+
+  void ApplyHoldings(const HoldingsEvent& e) {  // REQUIRES: mu held
+    static const Descriptor kNone;
+    Entry* found = keys.Find(e.key);
+    if (found == nullptr) {
+      if (events != nullptr) events->OnBlockEvent(e, kNone);
+      return;
+    }
+    Entry& k = *found;
+    if (e.enters_node() && k.staged) {
+      // The written value's descriptor replaces what an earlier life left.
+      if (k.live) DropLive(k);
+      k.live = std::move(k.staged);
+      k.staged = {};
+      k.token = 0;
+    }
+    const Descriptor* desc = &kNone;
+    if (k.live) {
+      desc = &k.live;
+      if (e.kind == HoldingsEvent::Kind::kStored) {
+        SetTier(k, BlockTier::kDram, true);
+      } else {
+        SetTier(k, e.tier == HoldingTier::kDram ? BlockTier::kDram : BlockTier::kSsd, false);
+        if (e.why == HoldingsEvent::Why::kMovedToSsd) SetTier(k, BlockTier::kSsd, true);
+      }
+    } else if (e.leaves_node() && k.staged) {
+      desc = &k.staged;  // told evicted before its write (holdings.h): named by the stage
+    }
+    if (events != nullptr) events->OnBlockEvent(e, *desc);
+    if (e.leaves_node()) {
+      if (k.live) {
+        DropLive(k);
+      } else if (k.staged) {
+        DropStaged(k);
+      }
+      if (!k.live && !k.staged) keys.Erase(e.key);
+    }
+  }
+
+  void Applier() {
+    for (;;) {
+      {
+        std::unique_lock lock(queue_mu);
+        while (!stopping && queued.empty()) {
+          applier_idle = true;
+          queue_cv.wait(lock);
+        }
+        applier_idle = false;
+        // Lets a burst of changes gather, then applies them in one go.
+        queue_cv.wait_for(lock, apply_interval, [&] { return stopping; });
+        if (stopping) return;
+      }
+      Apply();
+    }
   }
 };
 
-DescriptorTable::DescriptorTable(uint64_t max_bytes, MetricsRegistry* metrics)
-    : impl_(std::make_unique<Impl>(max_bytes, metrics)) {}
+DescriptorTable::DescriptorTable(uint64_t max_bytes, MetricsRegistry* metrics,
+                                 std::chrono::microseconds apply_interval)
+    : impl_(std::make_unique<Impl>(max_bytes, metrics, apply_interval)) {
+  impl_->applier = std::thread([im = impl_.get()] { im->Applier(); });
+}
 
-DescriptorTable::~DescriptorTable() = default;
+DescriptorTable::~DescriptorTable() {
+  {
+    std::lock_guard lock(impl_->queue_mu);
+    impl_->stopping = true;
+  }
+  impl_->queue_cv.notify_all();
+  impl_->applier.join();
+}
 
 void DescriptorTable::SetListeners(BlockEventListener* events, BlockTierListener* tiers) {
   std::lock_guard lock(impl_->mu);
+  impl_->ApplyLocked();
+  std::lock_guard q(impl_->queue_mu);
   impl_->events = events;
   impl_->tiers = tiers;
 }
 
-uint64_t DescriptorTable::Stage(const KeyId& key, std::shared_ptr<const std::string> descriptor) {
-  protocol::DescriptorView v;
-  if (descriptor == nullptr ||
-      !protocol::ParseDescriptor({reinterpret_cast<const uint8_t*>(descriptor->data()),
-                                  descriptor->size()},
-                                 &v)
-           .ok()) {
-    return 0;
-  }
-  const uint64_t hash = EngineHash64(v.hash);  // parsed before the lock
-  std::lock_guard lock(impl_->mu);
-  auto [entry, fresh] = impl_->keys.Emplace(key);
-  Impl::Entry& e = *entry;
+uint64_t DescriptorTable::Stage(const KeyId& key, Descriptor descriptor) {
+  if (!descriptor) return 0;
   const uint64_t add = Impl::Cost(descriptor);
-  if (impl_->bytes - Impl::Cost(e.staged) + add > impl_->max_bytes) {
-    if (fresh) impl_->keys.Erase(key);
-    impl_->refused->Inc();
-    return 0;
-  }
-  impl_->DropStaged(e);
-  impl_->bytes += add;
-  e.staged = std::move(descriptor);
-  e.staged_hash = hash;
-  e.token = impl_->next_token++;
-  impl_->Report();
-  return e.token;
+  uint64_t have = impl_->bytes.load(std::memory_order_relaxed);
+  do {
+    if (have + add > impl_->max_bytes) {
+      impl_->refused->Inc();
+      return 0;
+    }
+  } while (!impl_->bytes.compare_exchange_weak(have, have + add, std::memory_order_relaxed));
+  const uint64_t token = impl_->next_token.fetch_add(1, std::memory_order_relaxed);
+  Change c;
+  c.kind = Change::Kind::kStage;
+  c.event.key = key;
+  c.token = token;
+  c.descriptor = std::move(descriptor);
+  impl_->Tell(std::move(c));
+  return token;
 }
 
 void DescriptorTable::Unstage(const KeyId& key, uint64_t token) {
   if (token == 0) return;
-  std::lock_guard lock(impl_->mu);
-  Impl::Entry* e = impl_->keys.Find(key);
-  if (e == nullptr || e->token != token) return;
-  impl_->DropStaged(*e);
-  if (!e->live) impl_->keys.Erase(key);
-  impl_->Report();
+  Change c;
+  c.kind = Change::Kind::kUnstage;
+  c.event.key = key;
+  c.token = token;
+  impl_->Tell(std::move(c));
 }
 
 void DescriptorTable::OnHoldings(const HoldingsEvent& e) {
-  static const std::shared_ptr<const std::string> kNone;
-  if (impl_->count.load(std::memory_order_acquire) == 0) {
-    // Nothing described, so neither is this event's key (a stage happens
-    // before its commit, so a write whose stage counts sees it): passed on
-    // without the lock.
-    if (impl_->events != nullptr) impl_->events->OnBlockEvent(e, kNone);
-    return;
-  }
-  std::lock_guard lock(impl_->mu);
-  Impl::Entry* found = impl_->keys.Find(e.key);
-  if (found == nullptr) {
-    if (impl_->events != nullptr) impl_->events->OnBlockEvent(e, kNone);
-    return;
-  }
-  Impl::Entry& k = *found;
-  if (e.enters_node() && k.staged) {
-    // The written value's descriptor replaces what an earlier life left.
-    if (k.live) impl_->DropLive(k);
-    k.live = std::move(k.staged);
-    k.hash = k.staged_hash;
-    k.token = 0;
-  }
-  const std::shared_ptr<const std::string>* desc = &kNone;
-  if (k.live) {
-    desc = &k.live;
-    if (e.kind == HoldingsEvent::Kind::kStored) {
-      impl_->SetTier(k, BlockTier::kDram, true);
-    } else {
-      impl_->SetTier(k, e.tier == HoldingTier::kDram ? BlockTier::kDram : BlockTier::kSsd, false);
-      if (e.why == HoldingsEvent::Why::kMovedToSsd) impl_->SetTier(k, BlockTier::kSsd, true);
+  {
+    std::lock_guard q(impl_->queue_mu);
+    if (impl_->unapplied == 0 && impl_->keys_empty) {
+      // Nothing described, nothing queued: the event's key is undescribed
+      // (its stage would be queued), and it passes on at once, in order.
+      static const Descriptor kNone;
+      if (impl_->events != nullptr) impl_->events->OnBlockEvent(e, kNone);
+      return;
     }
-  } else if (e.leaves_node() && k.staged) {
-    desc = &k.staged;  // told evicted before its write (holdings.h): named by the stage
   }
-  if (impl_->events != nullptr) impl_->events->OnBlockEvent(e, *desc);
-  if (e.leaves_node()) {
-    if (k.live) {
-      impl_->DropLive(k);
-    } else if (k.staged) {
-      impl_->DropStaged(k);
-    }
-    if (!k.live && !k.staged) impl_->keys.Erase(e.key);
-    impl_->Report();
-  } else if (e.enters_node()) {
-    impl_->Report();
-  }
+  Change c;
+  c.event = e;
+  impl_->Tell(std::move(c));
 }
+
+void DescriptorTable::Sync() { impl_->Apply(); }
+
 void DescriptorTable::Tiers(std::span<const uint64_t> hashes, uint8_t* out) const {
   std::lock_guard lock(impl_->mu);
+  impl_->ApplyLocked();
   for (size_t i = 0; i < hashes.size(); ++i) {
     const Impl::Counts* c = impl_->blocks.Find(hashes[i]);
     out[i] = 0;
@@ -218,6 +311,7 @@ void DescriptorTable::Tiers(std::span<const uint64_t> hashes, uint8_t* out) cons
 
 void DescriptorTable::ForEachHeld(const std::function<void(uint64_t, BlockTier)>& fn) const {
   std::lock_guard lock(impl_->mu);
+  impl_->ApplyLocked();
   impl_->blocks.ForEach([&](uint64_t hash, const Impl::Counts& c) {
     if (c.keys[0] > 0) fn(hash, BlockTier::kDram);
     if (c.keys[1] > 0) fn(hash, BlockTier::kSsd);
@@ -226,12 +320,14 @@ void DescriptorTable::ForEachHeld(const std::function<void(uint64_t, BlockTier)>
 
 uint64_t DescriptorTable::entries() const {
   std::lock_guard lock(impl_->mu);
+  impl_->ApplyLocked();
   return impl_->keys.size();
 }
 
 uint64_t DescriptorTable::bytes() const {
   std::lock_guard lock(impl_->mu);
-  return impl_->bytes;
+  impl_->ApplyLocked();
+  return impl_->bytes.load(std::memory_order_relaxed);
 }
 
 }  // namespace kvpool::blocks

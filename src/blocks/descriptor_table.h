@@ -9,47 +9,51 @@
 // key into the node takes its staged descriptor, every later event of the
 // key carries it, and the event that takes the key out of the node drops
 // it. Each event goes on to the event listener with the key's descriptor
-// (null: none). Per engine hash (EngineHash64) the table counts the
-// described keys each tier holds, and tells the tier listener when a hash
-// gains its first key in a tier or loses its last.
+// (none: the key is undescribed). Per engine hash (EngineHash64) the table
+// counts the described keys each tier holds, and tells the tier listener
+// when a hash gains its first key in a tier or loses its last.
+//
+// Off the write path: a stage, an unstage and a holdings event are only
+// queued, in the order they are told, and applied in that order on the
+// table's own thread within apply_interval, or at once by a read (Tiers,
+// ForEachHeld, entries, bytes, Sync), so what a read returns follows every
+// change told before it. Listeners are called by the applying thread. While
+// the table holds nothing and has nothing queued, a holdings event goes to
+// the event listener at once. At most kMaxQueued changes wait: the one that
+// finds the queue full applies it on its own thread.
 //
 // Bounded: at most max_bytes of descriptors (each counted as its bytes plus
-// kEntryOverheadBytes); a stage beyond that is refused and the key is told
-// undescribed. Reported as kvpool_descriptors, kvpool_descriptor_bytes and
+// kEntryOverheadBytes, from its stage until it goes); a stage beyond that
+// is refused and the key is told undescribed. Reported as
+// kvpool_descriptors, kvpool_descriptor_bytes and
 // kvpool_descriptors_refused_total.
 //
-// Thread-safe (one mutex, held for a hash-table operation and the
-// listeners' calls, which must be quick and never call back into the table
-// or the store; the stream may arrive under the DRAM tier's lock).
+// Thread-safe. Listeners must be quick and never call back into the table
+// or the store; holdings events may arrive under the DRAM tier's lock.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
 
+#include "blocks/descriptor.h"
 #include "common/key_id.h"
 #include "common/metrics.h"
-#include "protocol/descriptor_format.h"
 #include "store/holdings.h"
 
 namespace kvpool::blocks {
 
 enum class BlockTier : uint8_t { kDram = 0, kSsd = 1 };
 
-// The 64-bit form of an engine hash, as vLLM's int mode and Dynamo read
-// it: an int as it is, bytes as their last 8 bytes, big-endian.
-uint64_t EngineHash64(const protocol::EngineHash& h);
-uint64_t EngineHash64(const protocol::EngineHashView& h);
-
 // Told every holdings event, in the table's order, with the key's
-// descriptor bytes (null: the key has none).
+// descriptor (none: the key has none).
 class BlockEventListener {
  public:
   virtual ~BlockEventListener() = default;
-  virtual void OnBlockEvent(const HoldingsEvent& event,
-                            const std::shared_ptr<const std::string>& descriptor) = 0;
+  virtual void OnBlockEvent(const HoldingsEvent& event, const Descriptor& descriptor) = 0;
 };
 
 // Told when this node starts (held) or stops holding any key described
@@ -64,27 +68,33 @@ class DescriptorTable final : public HoldingsObserver {
  public:
   // Bytes an entry costs besides its descriptor (the tables' nodes and key).
   static constexpr uint64_t kEntryOverheadBytes = 96;
+  // Changes queued at most (about 80 bytes each).
+  static constexpr size_t kMaxQueued = 1 << 16;
 
   // metrics must outlive the table.
-  DescriptorTable(uint64_t max_bytes, MetricsRegistry* metrics);
+  DescriptorTable(uint64_t max_bytes, MetricsRegistry* metrics,
+                  std::chrono::microseconds apply_interval = std::chrono::milliseconds(1));
   ~DescriptorTable() override;
   DescriptorTable(const DescriptorTable&) = delete;
   DescriptorTable& operator=(const DescriptorTable&) = delete;
 
-  // Set before the store streams to the table; each may be null. Must
-  // outlive the table's observation of the store.
+  // Applies what is queued to the listeners set before, then sets these;
+  // each may be null. Each must stay valid until it is replaced here.
   void SetListeners(BlockEventListener* events, BlockTierListener* tiers);
 
-  // Stages key's descriptor (checked by the caller) for the commit that
-  // follows. Returns a token for Unstage, or 0 when nothing was staged: the
-  // table is full (counted) or the bytes do not decode; the key is then
-  // told undescribed. A later stage of the same key replaces an earlier one.
-  uint64_t Stage(const KeyId& key, std::shared_ptr<const std::string> descriptor);
+  // Stages key's descriptor for the commit that follows. Returns a token
+  // for Unstage, or 0 when nothing was staged: there is no descriptor, or
+  // the table is full (counted); the key is then told undescribed. A later
+  // stage of the same key replaces an earlier one.
+  uint64_t Stage(const KeyId& key, Descriptor descriptor);
   // The commit failed: drops the stage `token` made, unless another stage
   // replaced it or the key entered the node with it.
   void Unstage(const KeyId& key, uint64_t token);
 
   void OnHoldings(const HoldingsEvent& event) override;
+
+  // Applies every change queued before the call.
+  void Sync();
 
   // Per hash, the tiers this node holds a key described with it in:
   // bit 0 DRAM, bit 1 SSD (0: none).

@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <map>
 #include <random>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -26,9 +28,7 @@ std::string Desc(uint64_t hash, uint32_t block_size = 4) {
   return *b;
 }
 
-std::shared_ptr<const std::string> S(const std::string& s) {
-  return std::make_shared<const std::string>(s);
-}
+Descriptor S(const std::string& s) { return Descriptor::Parse(s); }
 
 HoldingsEvent Written(const KeyId& k) {
   HoldingsEvent e;
@@ -49,8 +49,8 @@ HoldingsEvent Dropped(const KeyId& k, HoldingTier tier, HoldingsEvent::Why why, 
 struct Recorder : BlockEventListener, BlockTierListener {
   std::vector<std::pair<KeyId, std::string>> events;  // key, descriptor ("" none)
   std::vector<std::tuple<uint64_t, BlockTier, bool>> tiers;
-  void OnBlockEvent(const HoldingsEvent& e, const std::shared_ptr<const std::string>& d) override {
-    events.emplace_back(e.key, d ? *d : std::string());
+  void OnBlockEvent(const HoldingsEvent& e, const Descriptor& d) override {
+    events.emplace_back(e.key, std::string(d.str()));
   }
   void OnBlockTier(uint64_t h, BlockTier t, bool held) override { tiers.emplace_back(h, t, held); }
 };
@@ -90,6 +90,7 @@ TEST(DescriptorTable, TwoKeysOfOneBlockHoldItUntilTheLastLeaves) {
   EXPECT_EQ(table.bytes(), 0u);
   EXPECT_EQ(metrics.ValueOf("kvpool_descriptors"), 0);
 
+  table.Sync();
   const std::vector<std::tuple<uint64_t, BlockTier, bool>> want = {{0x77, BlockTier::kDram, true},
                                                                    {0x77, BlockTier::kSsd, true},
                                                                    {0x77, BlockTier::kDram, false},
@@ -123,14 +124,17 @@ TEST(DescriptorTable, StagesFollowTheirCommits) {
   table.OnHoldings(Dropped(K(1), HoldingTier::kDram, HoldingsEvent::Why::kEvicted, false));
   table.Stage(K(1), S(b));
   table.OnHoldings(Written(K(1)));
+  table.Sync();
   ASSERT_EQ(rec.events.size(), 3u);
   EXPECT_EQ(rec.events[2].second, b);
 
   // Evicted before its write was told.
   table.Stage(K(5), S(a));
   table.OnHoldings(Dropped(K(5), HoldingTier::kDram, HoldingsEvent::Why::kEvicted, false));
+  table.Sync();
   EXPECT_EQ(rec.events.back().second, a);
   table.OnHoldings(Written(K(5)));
+  table.Sync();
   EXPECT_EQ(rec.events.back().second, "");
   EXPECT_EQ(table.entries(), 1u);  // K(1)
 
@@ -144,11 +148,68 @@ TEST(DescriptorTable, AFullTableRefusesCounted) {
   const std::string d = Desc(3);
   DescriptorTable table(2 * (d.size() + DescriptorTable::kEntryOverheadBytes), &metrics);
   EXPECT_NE(table.Stage(K(1), S(d)), 0u);
-  EXPECT_NE(table.Stage(K(2), S(d)), 0u);
+  const uint64_t t2 = table.Stage(K(2), S(d));
+  ASSERT_NE(t2, 0u);
   EXPECT_EQ(table.Stage(K(3), S(d)), 0u);
-  EXPECT_NE(table.Stage(K(2), S(d)), 0u);  // a replacement fits
-  EXPECT_EQ(metrics.ValueOf("kvpool_descriptors_refused_total"), 1);
+  // A stage counts until it goes: a second stage of K(2) does not fit
+  // beside its first; once that is undone (its commit failed) and the undo
+  // applied, K(3) does.
+  EXPECT_EQ(table.Stage(K(2), S(d)), 0u);
+  table.Unstage(K(2), t2);
+  table.Sync();
+  EXPECT_NE(table.Stage(K(3), S(d)), 0u);
+  EXPECT_EQ(metrics.ValueOf("kvpool_descriptors_refused_total"), 2);
   EXPECT_EQ(table.bytes(), 2 * (d.size() + DescriptorTable::kEntryOverheadBytes));
+  EXPECT_EQ(table.entries(), 2u);
+}
+
+// The write path only queues: the table's thread applies a change within
+// its interval, with no read to ask for it; while nothing is described or
+// queued, an event passes on at once.
+TEST(DescriptorTable, ChangesAreAppliedOffTheWritePath) {
+  MetricsRegistry metrics;
+  DescriptorTable table(1 << 20, &metrics, std::chrono::milliseconds(1));
+  Recorder rec;
+  table.SetListeners(&rec, &rec);
+  table.OnHoldings(Written(K(7)));  // undescribed, nothing queued: at once
+  ASSERT_EQ(rec.events.size(), 1u);
+  EXPECT_EQ(rec.events[0].second, "");
+  const std::string d = Desc(0x99);
+  ASSERT_NE(table.Stage(K(1), S(d)), 0u);
+  table.OnHoldings(Written(K(1)));
+  table.OnHoldings(Written(K(8)));  // queued behind K(1)'s, in order
+  // kvpool_descriptors is set by an apply only.
+  for (int i = 0; i < 2000 && metrics.ValueOf("kvpool_descriptors") != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(metrics.ValueOf("kvpool_descriptors"), 1);
+  table.Sync();  // orders the applier's writes before the reads below
+  ASSERT_EQ(rec.events.size(), 3u);
+  EXPECT_EQ(rec.events[1].first, K(1));
+  EXPECT_EQ(rec.events[1].second, d);
+  EXPECT_EQ(rec.events[2].first, K(8));
+  EXPECT_EQ(rec.tiers.size(), 1u);
+  table.SetListeners(nullptr, nullptr);
+}
+
+// More changes than the queue holds, with no applier interval to drain
+// them: the writer that fills the queue applies it, so none is lost.
+TEST(DescriptorTable, AFullQueueIsAppliedByItsWriter) {
+  MetricsRegistry metrics;
+  DescriptorTable table(64u << 20, &metrics, std::chrono::hours(1));
+  Recorder rec;
+  table.SetListeners(&rec, nullptr);
+  const std::string d = Desc(5);
+  // Two changes a key: the queue fills at key n/2 - 1, the last key's wait.
+  const int n = static_cast<int>(DescriptorTable::kMaxQueued) / 2 + 1;
+  for (int i = 0; i < n; ++i) {
+    ASSERT_NE(table.Stage(K(i), S(d)), 0u);
+    table.OnHoldings(Written(K(i)));
+  }
+  EXPECT_EQ(metrics.ValueOf("kvpool_descriptors"), n - 1);  // applied by the writer
+  EXPECT_EQ(table.entries(), static_cast<uint64_t>(n));
+  EXPECT_EQ(rec.events.size(), static_cast<size_t>(n));
+  table.SetListeners(nullptr, nullptr);
 }
 
 TEST(DescriptorTable, EngineHash64ReadsBytesAsTheirLastEightBigEndian) {

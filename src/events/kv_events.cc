@@ -73,7 +73,7 @@ struct Told {
   KeyId key;
   KvEvent::Type type;
   Medium medium;
-  std::shared_ptr<const std::string> descriptor;  // null: named by its key id
+  blocks::Descriptor descriptor;  // none: named by its key id
   int topic = -1;  // into Impl::topics; -1: the key's namespace's
 };
 
@@ -126,7 +126,7 @@ struct KvEventsPublisher::Impl {
   // wait: a full queue is waited out (the start-up listing) instead of
   // dropping the event.
   void Queue(KvEvent::Type type, Medium medium, const KeyId& key,
-             const std::shared_ptr<const std::string>& descriptor, bool wait = false) {
+             const blocks::Descriptor& descriptor, bool wait = false) {
     std::unique_lock lock(mu);
     while (wait && pending_keys >= opts.max_queued_events && !stopping) {
       lock.unlock();
@@ -217,11 +217,7 @@ struct KvEventsPublisher::Impl {
       // blocks of one chain (ContinuesChain), as an engine tells them.
       protocol::DescriptorView view;
       const bool described =
-          t.descriptor != nullptr &&
-          protocol::ParseDescriptor({reinterpret_cast<const uint8_t*>(t.descriptor->data()),
-                                     t.descriptor->size()},
-                                    &view)
-              .ok();
+          t.descriptor && protocol::ParseDescriptor(t.descriptor.bytes(), &view).ok();
       key_views.push_back(described ? view : protocol::DescriptorView{});
       const bool joins = !runs.empty() && runs.back().type == t.type &&
                          runs.back().medium == t.medium && runs.back().end == at &&
@@ -403,7 +399,7 @@ Result<std::unique_ptr<KvEventsPublisher>> KvEventsPublisher::Start(const KvEven
   }
   for (size_t t = 0; t < impl->topics.size(); ++t) {
     impl->pending.push_back(
-        Told{KeyId{}, KvEvent::Type::kAllCleared, Medium::kCpu, nullptr, static_cast<int>(t)});
+        Told{KeyId{}, KvEvent::Type::kAllCleared, Medium::kCpu, blocks::Descriptor(), static_cast<int>(t)});
   }
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->Run(); });
@@ -422,7 +418,7 @@ KvEventsPublisher::~KvEventsPublisher() {
 }
 
 void KvEventsPublisher::OnBlockEvent(const HoldingsEvent& e,
-                                     const std::shared_ptr<const std::string>& descriptor) {
+                                     const blocks::Descriptor& descriptor) {
   const Medium tier = e.tier == HoldingTier::kDram ? Medium::kCpu : Medium::kStorage;
   if (e.kind == HoldingsEvent::Kind::kStored) {
     impl_->Queue(KvEvent::Type::kStored, Medium::kCpu, e.key, descriptor);
@@ -435,7 +431,7 @@ void KvEventsPublisher::OnBlockEvent(const HoldingsEvent& e,
 }
 
 void KvEventsPublisher::Recovered(const KeyId& key) {
-  impl_->Queue(KvEvent::Type::kStored, Medium::kStorage, key, nullptr, /*wait=*/true);
+  impl_->Queue(KvEvent::Type::kStored, Medium::kStorage, key, blocks::Descriptor(), /*wait=*/true);
 }
 
 std::string KvEventsPublisher::bound_endpoint() const { return impl_->bound; }

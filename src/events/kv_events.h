@@ -87,7 +87,7 @@ class KvEventsPublisher final : public blocks::BlockEventListener {
   ~KvEventsPublisher() override;  // stops the thread, sends what is queued
 
   void OnBlockEvent(const HoldingsEvent& event,
-                    const std::shared_ptr<const std::string>& descriptor) override;
+                    const blocks::Descriptor& descriptor) override;
   // Queues BlockStored on STORAGE for an entry the SSD tier held when the
   // node started (the holdings stream does not tell those).
   void Recovered(const KeyId& key);

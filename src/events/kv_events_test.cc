@@ -316,7 +316,7 @@ TEST(KvEventsPublisher, ReplayInTwoFramesForOlderSubscribers) {
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   HoldingsEvent e;
   e.key = K(7);
-  (*p)->OnBlockEvent(e, nullptr);
+  (*p)->OnBlockEvent(e, blocks::Descriptor());
   for (int i = 0; i < 200 && metrics.ValueOf("kvpool_kv_events_total") < 1; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -362,7 +362,7 @@ TEST(KvEventsPublisher, DescribedKeysAreNamedFromTheirWriteToTheirLastEvent) {
   auto p = KvEventsPublisher::Start(o, &metrics);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   table.SetListeners(p->get(), nullptr);
-  auto span = [](const std::string& s) { return std::make_shared<const std::string>(s); };
+  auto span = [](const std::string& s) { return blocks::Descriptor::Parse(s); };
   EXPECT_NE(table.Stage(K(1), span(d1)), 0u);
   const uint64_t failed = table.Stage(K(2), span(d2));
   ASSERT_NE(failed, 0u);
@@ -431,15 +431,15 @@ TEST(KvEventsPublisher, SequenceBatchesReplayAndAFullQueueDropsCounted) {
   e.kind = HoldingsEvent::Kind::kStored;
   for (int i = 0; i < 3; ++i) {
     e.key = K(i);
-    (*p)->OnBlockEvent(e, nullptr);  // 3 stored
+    (*p)->OnBlockEvent(e, blocks::Descriptor());  // 3 stored
   }
   e.kind = HoldingsEvent::Kind::kDropped;
   e.why = HoldingsEvent::Why::kMovedToSsd;
   e.key = K(0);
-  (*p)->OnBlockEvent(e, nullptr);  // removed on CPU + stored on STORAGE: 5 queued in all
+  (*p)->OnBlockEvent(e, blocks::Descriptor());  // removed on CPU + stored on STORAGE: 5 queued in all
   e.why = HoldingsEvent::Why::kEvicted;
   e.key = K(1);
-  (*p)->OnBlockEvent(e, nullptr);  // over the queue: dropped
+  (*p)->OnBlockEvent(e, blocks::Descriptor());  // over the queue: dropped
   EXPECT_EQ(metrics.ValueOf("kvpool_kv_events_dropped_total"), 1);
   p->reset();  // sends what is queued: AllBlocksCleared + 5 blocks, 2 a batch
   EXPECT_EQ(metrics.ValueOf("kvpool_kv_events_total"), 5);
@@ -459,7 +459,7 @@ TEST(KvEventsPublisher, ReplayAnswersTheBatchesFromAStartSeq) {
   HoldingsEvent e;
   for (int i = 0; i < 4; ++i) {
     e.key = K(i);
-    (*p)->OnBlockEvent(e, nullptr);
+    (*p)->OnBlockEvent(e, blocks::Descriptor());
   }
   for (int i = 0; i < 200 && metrics.ValueOf("kvpool_kv_events_total") < 4; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -536,7 +536,7 @@ TEST(KvEventsPublisher, BatchesQueuedForASlowSubscriberKeepTheirBytesAfterTheRep
   HoldingsEvent e;
   for (int i = 0; i < kKeys; ++i) {
     e.key = K(i);
-    (*p)->OnBlockEvent(e, nullptr);
+    (*p)->OnBlockEvent(e, blocks::Descriptor());
     if (i % 512 == 511) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   for (int i = 0; i < 400 && metrics.ValueOf("kvpool_kv_events_total") < kKeys; ++i) {
@@ -614,7 +614,7 @@ TEST(KvEventsPublisher, AStalledSubscriberMissesBatchesTheOthersGetCounted) {
   for (int b = 0; b < kBatches; ++b) {
     for (int i = 0; i < 1024; ++i) {
       e.key = K(b * 1024 + i);
-      (*p)->OnBlockEvent(e, nullptr);
+      (*p)->OnBlockEvent(e, blocks::Descriptor());
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(3));
   }

@@ -412,12 +412,13 @@ Status LocalOps::OnHello(LocalSession& c, const FrameHeader& h, std::span<const 
 // The sized keys of a reserve or put, and of a described one its
 // descriptors: each checked here (descriptor_ok_: false fails that item
 // with InvalidArgument, so no value is stored without the description it
-// came with), kept in descriptors_ (DescriptorOf) for the commit.
+// came with), kept in described_ (TakeDescriptor) for the commit.
 Status LocalOps::DecodeSized(const FrameHeader& h, std::span<const uint8_t> body,
                              std::vector<protocol::SizedKey>* sized,
                              std::span<const uint8_t>* rest) {
   descriptor_ok_.clear();
   descriptors_.clear();  // views into an earlier request's body
+  described_.clear();
   const auto type = static_cast<MessageType>(h.type);
   if (type != MessageType::kReserveDescribed && type != MessageType::kPutDescribed) {
     return protocol::DecodeSizedKeys(body, opts_.max_batch, sized, rest);
@@ -425,11 +426,15 @@ Status LocalOps::DecodeSized(const FrameHeader& h, std::span<const uint8_t> body
   KVPOOL_RETURN_IF_ERROR(
       protocol::DecodeDescribedSizedKeys(body, opts_.max_batch, sized, &descriptors_, rest));
   descriptor_ok_.assign(sized->size(), true);
+  described_.resize(sized->size());
   protocol::DescriptorView d;
   for (size_t i = 0; i < descriptors_.size(); ++i) {
     if (descriptors_[i].empty()) continue;
     Status s = protocol::ParseDescriptor(descriptors_[i], &d);
-    if (s.ok()) continue;
+    if (s.ok()) {
+      described_[i] = blocks::Descriptor::Make(descriptors_[i], d);
+      continue;
+    }
     descriptor_ok_[i] = false;
     descriptors_invalid_->Inc();
     if (descriptors_invalid_->Value() <= 10 || descriptors_invalid_->Value() % 1000 == 0) {
@@ -440,16 +445,13 @@ Status LocalOps::DecodeSized(const FrameHeader& h, std::span<const uint8_t> body
   return Status::Ok();
 }
 
-std::shared_ptr<const std::string> LocalOps::DescriptorOf(size_t i) const {
-  if (i >= descriptors_.size() || descriptors_[i].empty()) return nullptr;
-  return std::make_shared<const std::string>(
-      reinterpret_cast<const char*>(descriptors_[i].data()), descriptors_[i].size());
+blocks::Descriptor LocalOps::TakeDescriptor(size_t i) {
+  return i < described_.size() ? std::move(described_[i]) : blocks::Descriptor();
 }
 
-uint64_t LocalOps::Stage(const LocalSession& c, const KeyId& key,
-                         std::shared_ptr<const std::string> descriptor) {
+uint64_t LocalOps::Stage(const LocalSession& c, const KeyId& key, blocks::Descriptor descriptor) {
   // Only the default tenant's blocks are told (KV events, the block index).
-  if (descriptor == nullptr || opts_.descriptors == nullptr || c.tenant != 0) return 0;
+  if (!descriptor || opts_.descriptors == nullptr || c.tenant != 0) return 0;
   return opts_.descriptors->Stage(key, std::move(descriptor));
 }
 
@@ -500,7 +502,7 @@ Status LocalOps::OnReserve(LocalSession& c, const FrameHeader& h, std::span<cons
         uint64_t handle = c.next_handle++;
         regions_[i] = {0, handle, staged, sized_[i].size};
         LocalSession::Reserved fwd{
-            {}, staged, h.request_id, sized_[i].key, sized_[i].size, DescriptorOf(i)};
+            {}, staged, h.request_id, sized_[i].key, sized_[i].size, TakeDescriptor(i)};
         c.reservations.emplace(handle, std::move(fwd));
         continue;
       }
@@ -528,7 +530,7 @@ Status LocalOps::OnReserve(LocalSession& c, const FrameHeader& h, std::span<cons
     regions_[i] = {0, handle, c.staging ? staged : r->offset(), r->size()};
     c.reservations.emplace(
         handle,
-        LocalSession::Reserved{std::move(r).value(), staged, h.request_id, {}, 0, DescriptorOf(i)});
+        LocalSession::Reserved{std::move(r).value(), staged, h.request_id, {}, 0, TakeDescriptor(i)});
   }
   out_.clear();
   protocol::EncodeRegionItems(regions_, &out_);
@@ -776,7 +778,7 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
       continue;
     }
     std::memcpy(r->data(), src, sized_[i].size);
-    const uint64_t token = Stage(c, sized_[i].key, DescriptorOf(i));
+    const uint64_t token = Stage(c, sized_[i].key, TakeDescriptor(i));
     Status s = t.store->Commit(std::move(r).value(), WriteOrigin::kPut, &chain,
                                Returning(t, sized_[i].key));
     if (!s.ok()) Unstage(sized_[i].key, token);

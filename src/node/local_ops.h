@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "blocks/descriptor.h"
 #include "cluster/remote_source.h"
 #include "common/metrics.h"
 #include "common/recent_ratio.h"
@@ -68,8 +69,8 @@ struct LocalSession {
     KeyId forward_key;
     uint64_t forward_size = 0;
     // The writer's block descriptor (protocol/descriptor_format.h, checked),
-    // staged at the commit; null: none.
-    std::shared_ptr<const std::string> descriptor;
+    // staged at the commit; none: none.
+    blocks::Descriptor descriptor;
     uint64_t size() const { return slot.valid() ? slot.size() : forward_size; }
   };
   std::unordered_map<uint64_t, Reserved> reservations;
@@ -159,11 +160,11 @@ class LocalOps {
   Status OnHello(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   Status DecodeSized(const protocol::FrameHeader& h, std::span<const uint8_t> body,
                      std::vector<protocol::SizedKey>* sized, std::span<const uint8_t>* rest);
-  std::shared_ptr<const std::string> DescriptorOf(size_t i) const;
-  // Stages a descriptor (null: none) for a commit of key; 0 when nothing
+  // Item i's descriptor, taken (none: it has none).
+  blocks::Descriptor TakeDescriptor(size_t i);
+  // Stages a descriptor (none: none) for a commit of key; 0 when nothing
   // was staged. Unstage undoes it when the commit fails.
-  uint64_t Stage(const LocalSession& c, const KeyId& key,
-                 std::shared_ptr<const std::string> descriptor);
+  uint64_t Stage(const LocalSession& c, const KeyId& key, blocks::Descriptor descriptor);
   void Unstage(const KeyId& key, uint64_t token);
   Status OnReserve(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   Status OnCommit(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
@@ -220,6 +221,7 @@ class LocalOps {
   // The request being handled: its descriptors (views into its body) and
   // which items' descriptors decoded (empty: no descriptors).
   std::vector<std::span<const uint8_t>> descriptors_;
+  std::vector<blocks::Descriptor> described_;  // per item of the request
   std::vector<bool> descriptor_ok_;
 
   static constexpr int kNumOps = 17;  // MessageType values 1..16
