@@ -29,6 +29,7 @@ struct DescriptorTable::Impl {
   // and one staged for a commit in flight.
   struct Entry {
     Descriptor live;
+    uint64_t hash = 0;  // live.hash64(), kept here to spare a read of live
     uint8_t tiers = 0;  // Bit(tier) per tier holding the key
     Descriptor staged;
     uint64_t token = 0;  // staged's
@@ -136,7 +137,7 @@ struct DescriptorTable::Impl {
     const uint8_t bit = Bit(t);
     if (((e.tiers & bit) != 0) == on) return;
     e.tiers = static_cast<uint8_t>(on ? e.tiers | bit : e.tiers & ~bit);
-    const uint64_t hash = e.live.hash64();
+    const uint64_t hash = e.hash;
     Counts& c = *blocks.Emplace(hash).first;
     uint32_t& n = c.keys[static_cast<int>(t)];
     n = on ? n + 1 : n - 1;
@@ -183,6 +184,7 @@ struct DescriptorTable::Impl {
       // The written value's descriptor replaces what an earlier life left.
       if (k.live) DropLive(k);
       k.live = std::move(k.staged);
+      k.hash = k.live.hash64();
       k.staged = {};
       k.token = 0;
     }
