@@ -33,6 +33,15 @@
 #                           put ops/s with descriptors over put ops/s
 #                           without them, both with events read: what
 #                           descriptors cost (goal >= 0.95)
+#   kv_events_put_described_node_cpu_vs_reading
+#                           the node's CPU time per put (all its threads,
+#                           over the whole put run, its warm-up included)
+#                           with descriptors over without them: the cost in
+#                           work, steadier than throughput on a machine
+#                           whose cores the bench, the node's threads and
+#                           the subscriber share
+#   node_cpu_us_per_put_reading, node_cpu_us_per_put_described
+#                           those CPU times (µs, median)
 #   descriptor_bytes_per_entry
 #                           kvpool_descriptor_bytes / kvpool_descriptors at
 #                           the end of a described run (median): what a
@@ -72,6 +81,9 @@ RESULTS="$TMP/results.jsonl"
 : > "$RESULTS"
 
 freeport() { "$PY" "$HERE/compare_lib.py" freeport; }
+
+# The CPU time a process has used, all its threads, in clock ticks.
+node_cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 # run MODE REP: one node (events off, stalled or reading), its bench runs,
 # appended to RESULTS.
@@ -115,8 +127,11 @@ time.sleep(3600)' "tcp://127.0.0.1:$port" &
     PIDS+=("$sub_pid")
     sleep 0.5
   fi
+  local cpu0 cpu1
+  cpu0="$(node_cpu_ticks "$node_pid")"
   "$BENCH" --socket "$TMP/n.sock" --op put --value-size "$PUT_VALUE_SIZE" --batch 16 --keys 100000 \
     --describe "$describe" --duration "$DURATION" --json > "$TMP/put.json"
+  cpu1="$(node_cpu_ticks "$node_pid")"
   "$BENCH" --socket "$TMP/n.sock" --op get --value-size 4KiB --batch 16 --keys 8000 \
     --populate --duration "$DURATION" --json > "$TMP/get.json"
   if [[ "$mode" != off ]]; then
@@ -131,13 +146,16 @@ import json, sys
 mode, rep = sys.argv[1], int(sys.argv[2])
 dropped, stalls = float(sys.argv[3] or 0), float(sys.argv[4] or 0)
 dbytes, dentries = float(sys.argv[7] or 0), float(sys.argv[8] or 0)
+cpu_s = (int(sys.argv[10]) - int(sys.argv[9])) / int(sys.argv[11])
 put = json.loads(open(sys.argv[5]).readline())
 get = json.loads(open(sys.argv[6]).readline())
 print(json.dumps({"mode": mode, "rep": rep, "put": put["ops_per_s"], "get": get["ops_per_s"],
                   "get_misses": get["misses"], "put_errors": put["errors"], "dropped": dropped,
                   "stalls": stalls,
-                  "descriptor_bytes_per_entry": dbytes / dentries if dentries else 0}))' \
-    "$mode" "$rep" "$dropped" "$stalls" "$TMP/put.json" "$TMP/get.json" "$dbytes" "$dentries" |
+                  "descriptor_bytes_per_entry": dbytes / dentries if dentries else 0,
+                  "node_cpu_us_per_put": cpu_s * 1e6 / put["ops"] if put["ops"] else 0}))' \
+    "$mode" "$rep" "$dropped" "$stalls" "$TMP/put.json" "$TMP/get.json" "$dbytes" "$dentries" \
+    "$cpu0" "$cpu1" "$(getconf CLK_TCK)" |
     tee -a "$RESULTS" >&2
   stop_pid "$sub_pid" subscriber KILL
   stop_pid "$node_pid" kvpool-node KILL
@@ -164,6 +182,10 @@ for op in ("put", "get"):
     ratio(op, "stalled", "reading", "kv_events_%s_stalled_vs_reading" % op)
 ratio("put", "reading", "off", "kv_events_put_reading_vs_off")
 ratio("put", "described", "reading", "kv_events_put_described_vs_reading")
+ratio("node_cpu_us_per_put", "described", "reading", "kv_events_put_described_node_cpu_vs_reading")
+for m in ("reading", "described"):
+    print("metric node_cpu_us_per_put_%s %.2f" % (m, statistics.median(
+        by[(m, k)]["node_cpu_us_per_put"] for k in reps)))
 for m in ("dropped", "stalls"):
     print("metric kv_events_%s %d" % (m, statistics.median(by[("stalled", k)][m] for k in reps)))
 print("metric descriptor_bytes_per_entry %.1f" % statistics.median(
