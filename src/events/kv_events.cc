@@ -24,6 +24,7 @@ Status KvEventsOptions::Validate() const {
   }
   if (max_queued_events < 1) return InvalidArgument("kv events: the queue must hold an event");
   if (max_batch_keys < 1) return InvalidArgument("kv events: a batch must hold a block");
+  if (max_batch_bytes < 4096) return InvalidArgument("kv events: a batch must hold 4 KiB");
   if (send_hwm < 1) return InvalidArgument("kv events: the send high-water mark must be >= 1");
   if (!ValidTopic(topic)) {
     return InvalidArgument(fmt::format(
@@ -115,6 +116,8 @@ struct KvEventsPublisher::Impl {
   // The batching thread's own.
   int64_t next_seq = 0;
   std::deque<Batch> kept;
+  uint64_t kept_bytes = 0;   // kept's payloads
+  uint64_t batch_bytes = 0;  // the batch being built, as estimated
   Payload spare;  // the last batch's bytes when none are kept for replay
 
   ~Impl() {
@@ -176,16 +179,11 @@ struct KvEventsPublisher::Impl {
     return false;
   }
 
-  // A buffer to encode the next batch into: the oldest kept batch's when the
-  // replay buffer is full and the socket has let go of it, else a new one.
+  // A buffer to encode the next batch into: the last one to leave the
+  // replay buffer (or the last batch, when none are kept) once the socket
+  // has let go of it, else a new one.
   Payload TakeBuffer() {
-    Payload b;
-    if (opts.replay_batches == 0) {
-      b = std::move(spare);
-    } else if (kept.size() >= opts.replay_batches) {
-      b = std::move(kept.front().payload);
-      kept.pop_front();
-    }
+    Payload b = std::move(spare);
     if (b != nullptr && b.use_count() == 1) return b;
     return std::make_shared<std::string>();
   }
@@ -225,7 +223,10 @@ struct KvEventsPublisher::Impl {
                          (!described || ContinuesChain(t.type, key_views[at - 1], view));
       if (!joins) runs.push_back(EventRun{t.type, t.medium, at, at, described});
       runs.back().end = at + 1;
-      if (keys.size() == opts.max_batch_keys) {
+      // An event's fields besides its keys, a key, and its tokens
+      // (EncodeBatchInto's bounds).
+      batch_bytes += (joins ? 0 : 160) + 18 + 5 * uint64_t{view.n_tokens} * described;
+      if (keys.size() == opts.max_batch_keys || batch_bytes >= opts.max_batch_bytes) {
         Send(topic);
         Reset();
       }
@@ -234,6 +235,7 @@ struct KvEventsPublisher::Impl {
   }
 
   void Reset() {
+    batch_bytes = 0;
     runs.clear();
     keys.clear();
     key_views.clear();
@@ -272,7 +274,16 @@ struct KvEventsPublisher::Impl {
       dropped->Inc(n_keys);
     }
     if (opts.replay_batches > 0) {
+      kept_bytes += payload->size();
       kept.push_back(Batch{n, std::move(payload), topic});
+      // Past replay_batches or replay_bytes, the oldest batches go (the
+      // newest stays).
+      while (kept.size() > opts.replay_batches ||
+             (kept.size() > 1 && kept_bytes > opts.replay_bytes)) {
+        kept_bytes -= kept.front().payload->size();
+        spare = std::move(kept.front().payload);
+        kept.pop_front();
+      }
     } else {
       spare = std::move(payload);
     }

@@ -68,11 +68,19 @@ struct KvEventsOptions {
   uint64_t max_queued_events = 100000;
   // Most blocks in one batch (a larger gathering is sent as several).
   uint64_t max_batch_keys = 1024;
-  // Batches kept for replay (their memory: about 20 bytes a block).
+  // A batch is sent once it holds about this many bytes (a block's event
+  // is about 20 bytes, and a described block's 5 more a token): it bounds
+  // what one batch costs the replay buffer and a subscriber's queue. A
+  // batch holds at least one block.
+  uint64_t max_batch_bytes = 256 << 10;
+  // Batches kept for replay, and at most replay_bytes of them (the oldest
+  // go first).
   uint64_t replay_batches = 1000;
+  uint64_t replay_bytes = 64 << 20;
   // Batches the PUB socket queues per subscriber before it drops (ZMQ's
-  // send high-water mark): with max_batch_keys, what a subscriber that
-  // stops reading can cost in memory (about 20 MB by default).
+  // send high-water mark): with max_batch_bytes, what a subscriber that
+  // stops reading can cost in memory (at most 256 MB by default; about 20
+  // MB when blocks are undescribed).
   int send_hwm = 1000;
 
   bool enabled() const { return !endpoint.empty(); }

@@ -491,6 +491,64 @@ TEST(KvEventsPublisher, ReplayAnswersTheBatchesFromAStartSeq) {
   zmq_ctx_term(ctx);
 }
 
+// Batches are bounded in bytes as well as in blocks, and so is the replay
+// buffer: described blocks of 4096 tokens (about 20 KB an event) make
+// batches of a few blocks each, and replay keeps only the newest batches
+// that fit its bytes, in order, ending at the last one sent.
+TEST(KvEventsPublisher, BatchesAndTheReplayBufferAreBoundedInBytes) {
+  MetricsRegistry metrics;
+  KvEventsOptions o;
+  o.endpoint = "tcp://127.0.0.1:0";
+  o.replay_endpoint = "tcp://127.0.0.1:0";
+  o.batch_interval = std::chrono::milliseconds(1);
+  o.max_batch_bytes = 64 << 10;
+  o.replay_bytes = 256 << 10;
+  auto p = KvEventsPublisher::Start(o, &metrics);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  constexpr int kBlocks = 64;
+  std::vector<blocks::Descriptor> ds;
+  for (int i = 0; i < kBlocks; ++i) {
+    protocol::BlockDescriptor d;
+    d.hash = {protocol::EngineHash::Kind::kUint64, 1000u + i, ""};  // no chain: an event each
+    d.block_size = 4096;
+    for (uint32_t t = 0; t < 4096; ++t) d.token_ids.push_back(100000 + t);
+    ds.push_back(blocks::Descriptor::Parse(Bytes(d)));
+    ASSERT_TRUE(ds.back());
+  }
+  HoldingsEvent e;
+  for (int i = 0; i < kBlocks; ++i) {
+    e.key = K(i);
+    (*p)->OnBlockEvent(e, ds[i]);
+  }
+  for (int i = 0; i < 400 && metrics.ValueOf("kvpool_kv_events_total") < kBlocks; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(metrics.ValueOf("kvpool_kv_events_total"), kBlocks);
+  const auto batches = static_cast<int64_t>(metrics.ValueOf("kvpool_kv_events_batches_total"));
+  void* ctx = zmq_ctx_new();
+  auto kept = Replay(ctx, (*p)->bound_replay_endpoint(), 0);
+  size_t bytes = 0;
+  for (const auto& f : kept) {
+    ASSERT_EQ(f.size(), 4u);
+    // Under the bound plus one block's event (the one that crossed it).
+    EXPECT_LE(f[3].size(), (64u << 10) + 24u * 1024u);
+    bytes += f[3].size();
+  }
+  // 64 events of ~20 KB in batches of ~64 KB: more than a dozen batches,
+  // of which replay keeps the newest within 256 KiB, contiguous up to the
+  // last.
+  EXPECT_GE(batches, 12);
+  ASSERT_FALSE(kept.empty());
+  EXPECT_LT(kept.size(), static_cast<size_t>(batches));
+  EXPECT_LE(bytes, 256u << 10);
+  EXPECT_EQ(kept.back()[2], SeqFrame(batches - 1));
+  for (size_t i = 0; i < kept.size(); ++i) {
+    EXPECT_EQ(kept[i][2], SeqFrame(batches - static_cast<int64_t>(kept.size() - i)));
+  }
+  p->reset();
+  zmq_ctx_term(ctx);
+}
+
 // The stored blocks' hashes a batch's payload tells, in order.
 std::vector<std::string> StoredHashes(const std::string& payload) {
   msgpack::object_handle h = msgpack::unpack(payload.data(), payload.size());

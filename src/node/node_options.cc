@@ -377,8 +377,12 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
             "KV events waiting for their batch; beyond it events are dropped and counted");
   t->AddInt("kv-events-replay-batches", &o->kv_events.replay_batches, 0, 1000000,
             "KV event batches kept for the replay socket");
+  t->AddBytes("kv-events-replay-bytes", &o->kv_events.replay_bytes, 0, uint64_t{1} << 40,
+              "Most bytes of KV event batches kept for the replay socket (the oldest go first)");
   t->AddInt("kv-events-batch-blocks", &o->kv_events.max_batch_keys, 1, 1000000,
             "Most blocks in one KV event batch");
+  t->AddBytes("kv-events-batch-bytes", &o->kv_events.max_batch_bytes, 4096, uint64_t{1} << 30,
+              "A KV event batch is sent once it holds about this many bytes");
   t->AddInt("kv-events-hwm", &o->kv_events.send_hwm, 1, 1000000,
             "KV event batches queued for a subscriber before further batches are dropped for "
             "it (and counted)");
