@@ -1,5 +1,7 @@
 #include "blocks/descriptor_table.h"
 
+#include <pthread.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -93,15 +95,20 @@ struct DescriptorTable::Impl {
     bool full = false;
     {
       std::lock_guard lock(queue_mu);
-      queued.push_back(std::move(c));
-      ++unapplied;
-      full = queued.size() >= kMaxQueued;
-      if (applier_idle && !full) {
-        applier_idle = false;
-        queue_cv.notify_one();
-      }
+      full = Queue(std::move(c));
     }
     if (full) Apply();
+  }
+  // Returns whether the queue is full (the caller then applies it).
+  bool Queue(Change c) {  // REQUIRES: queue_mu held
+    queued.push_back(std::move(c));
+    ++unapplied;
+    const bool full = queued.size() >= kMaxQueued;
+    if (applier_idle && !full) {
+      applier_idle = false;
+      queue_cv.notify_one();
+    }
+    return full;
   }
 
   // Applies every change queued so far, in order.
@@ -212,6 +219,7 @@ struct DescriptorTable::Impl {
   }
 
   void Applier() {
+    pthread_setname_np(pthread_self(), "kvpool-blocks");
     for (;;) {
       {
         std::unique_lock lock(queue_mu);
@@ -282,6 +290,7 @@ void DescriptorTable::Unstage(const KeyId& key, uint64_t token) {
 }
 
 void DescriptorTable::OnHoldings(const HoldingsEvent& e) {
+  bool full = false;
   {
     std::lock_guard q(impl_->queue_mu);
     if (impl_->unapplied == 0 && impl_->keys_empty) {
@@ -291,10 +300,11 @@ void DescriptorTable::OnHoldings(const HoldingsEvent& e) {
       if (impl_->events != nullptr) impl_->events->OnBlockEvent(e, kNone);
       return;
     }
+    Change c;
+    c.event = e;
+    full = impl_->Queue(std::move(c));
   }
-  Change c;
-  c.event = e;
-  impl_->Tell(std::move(c));
+  if (full) impl_->Apply();
 }
 
 void DescriptorTable::Sync() { impl_->Apply(); }
