@@ -302,15 +302,21 @@ std::vector<std::vector<std::string>> Replay(void* ctx, const std::string& endpo
   return out;
 }
 
+// A publisher on free loopback ports, both sockets, batching every 1 ms.
+KvEventsOptions LoopbackOptions() {
+  KvEventsOptions o;
+  o.endpoint = "tcp://127.0.0.1:0";
+  o.replay_endpoint = "tcp://127.0.0.1:0";
+  o.batch_interval = std::chrono::milliseconds(1);
+  return o;
+}
+
 // Older subscribers unpack two frames a reply: [seq, payload], and the end
 // marker [-1, ""].
 TEST(KvEventsPublisher, ReplayInTwoFramesForOlderSubscribers) {
   MetricsRegistry metrics;
-  KvEventsOptions o;
-  o.endpoint = "tcp://127.0.0.1:0";
-  o.replay_endpoint = "tcp://127.0.0.1:0";
+  KvEventsOptions o = LoopbackOptions();
   o.topic = "kv@node-a@model-x";
-  o.batch_interval = std::chrono::milliseconds(1);
   o.replay_framing = ReplayFraming::kTwoFrames;
   auto p = KvEventsPublisher::Start(o, &metrics);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
@@ -351,10 +357,7 @@ TEST(KvEventsPublisher, ReplayInTwoFramesForOlderSubscribers) {
 // its key id.
 TEST(KvEventsPublisher, DescribedKeysAreNamedFromTheirWriteToTheirLastEvent) {
   MetricsRegistry metrics;
-  KvEventsOptions o;
-  o.endpoint = "tcp://127.0.0.1:0";
-  o.replay_endpoint = "tcp://127.0.0.1:0";
-  o.batch_interval = std::chrono::milliseconds(1);
+  KvEventsOptions o = LoopbackOptions();
   const std::string d1 = Bytes(Described(0xa1, std::nullopt, 1));
   const std::string d2 = Bytes(Described(0xa2, 0xa1, 5));
   blocks::DescriptorTable table(
@@ -448,11 +451,8 @@ TEST(KvEventsPublisher, SequenceBatchesReplayAndAFullQueueDropsCounted) {
 
 TEST(KvEventsPublisher, ReplayAnswersTheBatchesFromAStartSeq) {
   MetricsRegistry metrics;
-  KvEventsOptions o;
+  KvEventsOptions o = LoopbackOptions();
   o.hash_type = HashType::kBytes;  // the 16-byte key ids these tests read back
-  o.endpoint = "tcp://127.0.0.1:0";
-  o.replay_endpoint = "tcp://127.0.0.1:0";
-  o.batch_interval = std::chrono::milliseconds(1);
   o.max_batch_keys = 1;
   auto p = KvEventsPublisher::Start(o, &metrics);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
@@ -497,10 +497,7 @@ TEST(KvEventsPublisher, ReplayAnswersTheBatchesFromAStartSeq) {
 // that fit its bytes, in order, ending at the last one sent.
 TEST(KvEventsPublisher, BatchesAndTheReplayBufferAreBoundedInBytes) {
   MetricsRegistry metrics;
-  KvEventsOptions o;
-  o.endpoint = "tcp://127.0.0.1:0";
-  o.replay_endpoint = "tcp://127.0.0.1:0";
-  o.batch_interval = std::chrono::milliseconds(1);
+  KvEventsOptions o = LoopbackOptions();
   o.max_batch_bytes = 64 << 10;
   o.replay_bytes = 256 << 10;
   auto p = KvEventsPublisher::Start(o, &metrics);
@@ -570,11 +567,8 @@ std::vector<std::string> StoredHashes(const std::string& payload) {
 // still arrive as it was sent, however many batches came after it.
 TEST(KvEventsPublisher, BatchesQueuedForASlowSubscriberKeepTheirBytesAfterTheReplayBufferWraps) {
   MetricsRegistry metrics;
-  KvEventsOptions o;
+  KvEventsOptions o = LoopbackOptions();
   o.hash_type = HashType::kBytes;  // the 16-byte key ids these tests read back
-  o.endpoint = "tcp://127.0.0.1:0";
-  o.replay_endpoint = "tcp://127.0.0.1:0";
-  o.batch_interval = std::chrono::milliseconds(1);
   o.max_batch_keys = 512;
   o.max_queued_events = 1 << 20;
   o.replay_batches = 2;  // wraps every two batches
