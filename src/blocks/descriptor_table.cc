@@ -19,8 +19,8 @@ constexpr uint8_t Bit(BlockTier t) { return static_cast<uint8_t>(1u << static_ca
 struct Change {
   enum class Kind : uint8_t { kStage, kUnstage, kHoldings };
   Kind kind = Kind::kHoldings;
-  HoldingsEvent event;  // kHoldings; the key of every kind in event.key
-  uint64_t token = 0;   // kStage, kUnstage
+  HoldingsEvent event;    // kHoldings; the key of every kind in event.key
+  uint64_t token = 0;     // kStage, kUnstage
   Descriptor descriptor;  // kStage
 };
 
@@ -65,7 +65,7 @@ struct DescriptorTable::Impl {
   // protected by mu
   FlatMap<KeyId, Entry, KeyIdHash> keys;
   FlatMap<uint64_t, Counts, std::hash<uint64_t>> blocks;  // engine hash -> keys per tier
-  std::vector<Change> applying;  // kept for its capacity
+  std::vector<Change> applying;                           // kept for its capacity
 
   // Bytes of the descriptors staged or kept: taken by a stage, given back
   // when its descriptor goes.
@@ -77,8 +77,8 @@ struct DescriptorTable::Impl {
   std::condition_variable queue_cv;
   // protected by queue_mu
   std::vector<Change> queued;
-  uint64_t unapplied = 0;   // queued, or taken by an apply still running
-  bool keys_empty = true;   // as of the last apply
+  uint64_t unapplied = 0;  // queued, or taken by an apply still running
+  bool keys_empty = true;  // as of the last apply
   bool applier_idle = false;
   bool stopping = false;
   std::thread applier;
@@ -125,9 +125,15 @@ struct DescriptorTable::Impl {
     }
     for (Change& c : applying) {
       switch (c.kind) {
-        case Change::Kind::kStage: ApplyStage(c); break;
-        case Change::Kind::kUnstage: ApplyUnstage(c.event.key, c.token); break;
-        case Change::Kind::kHoldings: ApplyHoldings(c.event); break;
+        case Change::Kind::kStage:
+          ApplyStage(c);
+          break;
+        case Change::Kind::kUnstage:
+          ApplyUnstage(c.event.key, c.token);
+          break;
+        case Change::Kind::kHoldings:
+          ApplyHoldings(c.event);
+          break;
       }
     }
     const uint64_t n = applying.size();

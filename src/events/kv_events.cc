@@ -223,9 +223,8 @@ struct KvEventsPublisher::Impl {
                          (!described || ContinuesChain(t.type, key_views[at - 1], view));
       if (!joins) runs.push_back(EventRun{t.type, t.medium, at, at, described});
       runs.back().end = at + 1;
-      // An event's fields besides its keys, a key, and its tokens
-      // (EncodeBatchInto's bounds).
-      batch_bytes += (joins ? 0 : 160) + 18 + 5 * uint64_t{view.n_tokens} * described;
+      batch_bytes += (joins ? 0 : kEventFieldBytes) + kEventKeyBytes +
+                     (described ? kEventTokenBytes * view.n_tokens : 0);
       if (keys.size() == opts.max_batch_keys || batch_bytes >= opts.max_batch_bytes) {
         Send(topic);
         Reset();
@@ -409,8 +408,8 @@ Result<std::unique_ptr<KvEventsPublisher>> KvEventsPublisher::Start(const KvEven
     impl->topics.push_back(topic);
   }
   for (size_t t = 0; t < impl->topics.size(); ++t) {
-    impl->pending.push_back(
-        Told{KeyId{}, KvEvent::Type::kAllCleared, Medium::kCpu, blocks::Descriptor(), static_cast<int>(t)});
+    impl->pending.push_back(Told{KeyId{}, KvEvent::Type::kAllCleared, Medium::kCpu,
+                                 blocks::Descriptor(), static_cast<int>(t)});
   }
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->Run(); });
@@ -428,8 +427,7 @@ KvEventsPublisher::~KvEventsPublisher() {
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
-void KvEventsPublisher::OnBlockEvent(const HoldingsEvent& e,
-                                     const blocks::Descriptor& descriptor) {
+void KvEventsPublisher::OnBlockEvent(const HoldingsEvent& e, const blocks::Descriptor& descriptor) {
   const Medium tier = e.tier == HoldingTier::kDram ? Medium::kCpu : Medium::kStorage;
   if (e.kind == HoldingsEvent::Kind::kStored) {
     impl_->Queue(KvEvent::Type::kStored, Medium::kCpu, e.key, descriptor);

@@ -260,12 +260,11 @@ void EncodeBatchInto(std::string* out, double ts, std::span<const EventRun> runs
                      std::span<const KeyId> keys, Encoding encoding, HashType hash_type,
                      std::span<const protocol::DescriptorView> key_views) {
   out->clear();
-  // At most 160 bytes an event besides its keys, 18 a key (bin 8 header and
-  // 16 bytes) and 5 a token: one allocation for a new buffer, none for a
-  // reused one.
+  // The bounds: one allocation for a new buffer, none for a reused one.
   size_t tokens = 0;
   for (const auto& v : key_views) tokens += v.n_tokens;
-  out->reserve(16 + 160 * runs.size() + 18 * keys.size() + 5 * tokens);
+  out->reserve(kBatchHeaderBytes + kEventFieldBytes * runs.size() + kEventKeyBytes * keys.size() +
+               kEventTokenBytes * tokens);
   StringSink sink{out};
   Packer p(sink);
   p.pack_array(3);

@@ -52,6 +52,7 @@
 // The functions are thread-safe.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -107,6 +108,14 @@ struct EventRun {
 // share the group.
 bool ContinuesChain(KvEvent::Type type, const protocol::DescriptorView& a,
                     const protocol::DescriptorView& b);
+
+// Upper bounds of an encoded batch's bytes: its header, an event's fields
+// besides its keys, a key (bin 8 header and 16 bytes, or a 64-bit int) and
+// a token. EncodeBatchInto reserves by them; the publisher sizes batches.
+inline constexpr size_t kBatchHeaderBytes = 16;
+inline constexpr size_t kEventFieldBytes = 160;
+inline constexpr size_t kEventKeyBytes = 18;
+inline constexpr size_t kEventTokenBytes = 5;
 
 // One EventBatch's msgpack bytes in *out, which is cleared first and whose
 // capacity is reused: a publisher that encodes into the buffers it keeps

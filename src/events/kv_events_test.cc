@@ -439,7 +439,8 @@ TEST(KvEventsPublisher, SequenceBatchesReplayAndAFullQueueDropsCounted) {
   e.kind = HoldingsEvent::Kind::kDropped;
   e.why = HoldingsEvent::Why::kMovedToSsd;
   e.key = K(0);
-  (*p)->OnBlockEvent(e, blocks::Descriptor());  // removed on CPU + stored on STORAGE: 5 queued in all
+  (*p)->OnBlockEvent(e,
+                     blocks::Descriptor());  // removed on CPU + stored on STORAGE: 5 queued in all
   e.why = HoldingsEvent::Why::kEvicted;
   e.key = K(1);
   (*p)->OnBlockEvent(e, blocks::Descriptor());  // over the queue: dropped

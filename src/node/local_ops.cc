@@ -529,8 +529,8 @@ Status LocalOps::OnReserve(LocalSession& c, const FrameHeader& h, std::span<cons
     uint64_t handle = c.next_handle++;
     regions_[i] = {0, handle, c.staging ? staged : r->offset(), r->size()};
     c.reservations.emplace(
-        handle,
-        LocalSession::Reserved{std::move(r).value(), staged, h.request_id, {}, 0, TakeDescriptor(i)});
+        handle, LocalSession::Reserved{
+                    std::move(r).value(), staged, h.request_id, {}, 0, TakeDescriptor(i)});
   }
   out_.clear();
   protocol::EncodeRegionItems(regions_, &out_);
