@@ -64,7 +64,11 @@ struct DescriptorTable::Impl {
   BlockTierListener* tiers = nullptr;
   // protected by mu
   FlatMap<KeyId, Entry, KeyIdHash> keys;
-  FlatMap<uint64_t, Counts, std::hash<uint64_t>> blocks;  // engine hash -> keys per tier
+  // Engine hash -> keys per tier: counted from the first read that needs
+  // it (Tiers, ForEachHeld) or the first tier listener on; until then only
+  // each entry's tiers are kept, and a write costs no lookup here.
+  FlatMap<uint64_t, Counts, std::hash<uint64_t>> blocks;
+  bool counting = false;
   std::vector<Change> applying;                           // kept for its capacity
 
   // Bytes of the descriptors staged or kept: taken by a stage, given back
@@ -150,12 +154,26 @@ struct DescriptorTable::Impl {
     const uint8_t bit = Bit(t);
     if (((e.tiers & bit) != 0) == on) return;
     e.tiers = static_cast<uint8_t>(on ? e.tiers | bit : e.tiers & ~bit);
+    if (!counting) return;
     const uint64_t hash = e.hash;
     Counts& c = *blocks.Emplace(hash).first;
     uint32_t& n = c.keys[static_cast<int>(t)];
     n = on ? n + 1 : n - 1;
     if (tiers != nullptr && n == (on ? 1u : 0u)) tiers->OnBlockTier(hash, t, on);
     if (c.keys[0] == 0 && c.keys[1] == 0) blocks.Erase(hash);
+  }
+
+  // Counts every held key's tiers into blocks, once.
+  void StartCounting() {  // REQUIRES: mu held
+    if (counting) return;
+    counting = true;
+    keys.ForEach([&](const KeyId&, const Entry& e) {
+      if (e.tiers == 0) return;
+      Counts& c = *blocks.Emplace(e.hash).first;
+      for (BlockTier t : {BlockTier::kDram, BlockTier::kSsd}) {
+        if ((e.tiers & Bit(t)) != 0) ++c.keys[static_cast<int>(t)];
+      }
+    });
   }
 
   // The key left: its held descriptor goes.
@@ -261,6 +279,7 @@ DescriptorTable::~DescriptorTable() {
 void DescriptorTable::SetListeners(BlockEventListener* events, BlockTierListener* tiers) {
   std::lock_guard lock(impl_->mu);
   impl_->ApplyLocked();
+  if (tiers != nullptr) impl_->StartCounting();
   std::lock_guard q(impl_->queue_mu);
   impl_->events = events;
   impl_->tiers = tiers;
@@ -318,6 +337,7 @@ void DescriptorTable::Sync() { impl_->Apply(); }
 void DescriptorTable::Tiers(std::span<const uint64_t> hashes, uint8_t* out) const {
   std::lock_guard lock(impl_->mu);
   impl_->ApplyLocked();
+  impl_->StartCounting();
   for (size_t i = 0; i < hashes.size(); ++i) {
     const Impl::Counts* c = impl_->blocks.Find(hashes[i]);
     out[i] = 0;
@@ -330,6 +350,7 @@ void DescriptorTable::Tiers(std::span<const uint64_t> hashes, uint8_t* out) cons
 void DescriptorTable::ForEachHeld(const std::function<void(uint64_t, BlockTier)>& fn) const {
   std::lock_guard lock(impl_->mu);
   impl_->ApplyLocked();
+  impl_->StartCounting();
   impl_->blocks.ForEach([&](uint64_t hash, const Impl::Counts& c) {
     if (c.keys[0] > 0) fn(hash, BlockTier::kDram);
     if (c.keys[1] > 0) fn(hash, BlockTier::kSsd);

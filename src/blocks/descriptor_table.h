@@ -70,10 +70,14 @@ class DescriptorTable final : public HoldingsObserver {
   static constexpr uint64_t kEntryOverheadBytes = 96;
   // Changes queued at most (about 80 bytes each).
   static constexpr size_t kMaxQueued = 1 << 16;
+  // How long a change waits for the table's thread at most (a read applies
+  // at once). Each round wakes the thread: on 2 cores, rounds of 1 ms cost
+  // the node a tenth of its put rate against rounds of 10 ms.
+  static constexpr std::chrono::microseconds kDefaultApplyInterval{10'000};
 
   // metrics must outlive the table.
   DescriptorTable(uint64_t max_bytes, MetricsRegistry* metrics,
-                  std::chrono::microseconds apply_interval = std::chrono::milliseconds(1));
+                  std::chrono::microseconds apply_interval = kDefaultApplyInterval);
   ~DescriptorTable() override;
   DescriptorTable(const DescriptorTable&) = delete;
   DescriptorTable& operator=(const DescriptorTable&) = delete;

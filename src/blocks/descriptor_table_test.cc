@@ -104,6 +104,58 @@ TEST(DescriptorTable, TwoKeysOfOneBlockHoldItUntilTheLastLeaves) {
   table.SetListeners(nullptr, nullptr);
 }
 
+// Without a tier listener the per-hash counts start with the first read
+// that needs them: that read, the reads after it, and a tier listener set
+// later see exactly what a table counting from its start would.
+TEST(DescriptorTable, CountsStartedByAReadMatchCountsKeptThroughout) {
+  MetricsRegistry metrics;
+  DescriptorTable lazy(1 << 20, &metrics);
+  MetricsRegistry metrics2;
+  DescriptorTable eager(1 << 20, &metrics2);
+  Recorder eager_rec;
+  eager.SetListeners(nullptr, &eager_rec);
+  const uint64_t hashes[4] = {0x10, 0x11, 0x12, 0x13};
+  auto both = [&](auto&& fn) {
+    fn(lazy);
+    fn(eager);
+  };
+  // 0x10: two keys, one demoted to SSD; 0x11: one key, evicted; 0x12: in
+  // SSD only; 0x13: never stored (its stage only).
+  both([&](DescriptorTable& t) {
+    for (int i = 0; i < 4; ++i) ASSERT_NE(t.Stage(K(i), S(Desc(0x10 + (i == 0 ? 0 : i - 1)))), 0u);
+    ASSERT_NE(t.Stage(K(9), S(Desc(0x13))), 0u);
+    for (int i = 0; i < 4; ++i) t.OnHoldings(Written(K(i)));
+    t.OnHoldings(Dropped(K(1), HoldingTier::kDram, HoldingsEvent::Why::kMovedToSsd, true));
+    t.OnHoldings(Dropped(K(2), HoldingTier::kDram, HoldingsEvent::Why::kEvicted, false));
+    t.OnHoldings(Dropped(K(3), HoldingTier::kDram, HoldingsEvent::Why::kMovedToSsd, true));
+  });
+  uint8_t got[4], want[4];
+  lazy.Tiers(hashes, got);
+  eager.Tiers(hashes, want);
+  EXPECT_EQ(std::vector<uint8_t>(got, got + 4), (std::vector<uint8_t>{3, 0, 2, 0}));
+  EXPECT_EQ(std::vector<uint8_t>(want, want + 4), (std::vector<uint8_t>{3, 0, 2, 0}));
+  // A tier listener set now is told each hash's last key leaving, as the
+  // eager table's listener is.
+  Recorder lazy_rec;
+  lazy.SetListeners(nullptr, &lazy_rec);
+  eager_rec.tiers.clear();
+  both([&](DescriptorTable& t) {
+    t.OnHoldings(Dropped(K(0), HoldingTier::kDram, HoldingsEvent::Why::kEvicted, false));
+    t.OnHoldings(Dropped(K(1), HoldingTier::kDram, HoldingsEvent::Why::kEvicted, true));
+    t.OnHoldings(Dropped(K(1), HoldingTier::kSsd, HoldingsEvent::Why::kRemoved, false));
+    t.Sync();
+  });
+  const std::vector<std::tuple<uint64_t, BlockTier, bool>> told = {{0x10, BlockTier::kDram, false},
+                                                                   {0x10, BlockTier::kSsd, false}};
+  EXPECT_EQ(lazy_rec.tiers, told);
+  EXPECT_EQ(eager_rec.tiers, told);
+  std::vector<std::pair<uint64_t, BlockTier>> held;
+  lazy.ForEachHeld([&](uint64_t h, BlockTier t) { held.emplace_back(h, t); });
+  EXPECT_EQ(held, (std::vector<std::pair<uint64_t, BlockTier>>{{0x12, BlockTier::kSsd}}));
+  lazy.SetListeners(nullptr, nullptr);
+  eager.SetListeners(nullptr, nullptr);
+}
+
 // A put's commit that failed leaves nothing; a key re-put after it left
 // takes the new descriptor; a key told evicted before its write is named by
 // its staged descriptor, which it drops.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/populate.h"
 
 namespace kvpool::events {
 
@@ -179,13 +180,19 @@ struct KvEventsPublisher::Impl {
     return false;
   }
 
-  // A buffer to encode the next batch into: the last one to leave the
-  // replay buffer (or the last batch, when none are kept) once the socket
-  // has let go of it, else a new one.
-  Payload TakeBuffer() {
+  // A buffer to encode the next batch (at most `bound` bytes) into: the
+  // last one to leave the replay buffer (or the last batch, when none are
+  // kept) once the socket has let go of it, else a new one. A new one's
+  // pages are made in one call: until the replay buffer is full every
+  // batch is new memory, and a page fault per page of it cost a node on a
+  // VM a fifth of its put rate.
+  Payload TakeBuffer(size_t bound) {
     Payload b = std::move(spare);
     if (b != nullptr && b.use_count() == 1) return b;
-    return std::make_shared<std::string>();
+    b = std::make_shared<std::string>();
+    b->reserve(bound);
+    PopulateForWrite(b->data(), bound);
+    return b;
   }
 
   // Sends what is queued, in batches of at most max_batch_keys blocks.
@@ -245,7 +252,7 @@ struct KvEventsPublisher::Impl {
     const double ts =
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     const int64_t n = next_seq++;
-    Payload payload = TakeBuffer();
+    Payload payload = TakeBuffer(EncodedBatchBound(runs, keys, key_views));
     EncodeBatchInto(payload.get(), ts, runs, keys, opts.encoding, opts.hash_type, key_views);
     const std::string seq = SeqFrame(n);
     // The PUB socket refuses a batch while any subscriber is at its

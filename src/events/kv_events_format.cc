@@ -1,5 +1,7 @@
 #include "events/kv_events_format.h"
 
+#include <cstring>
+
 #define MSGPACK_NO_BOOST
 #include <msgpack.hpp>
 
@@ -8,10 +10,33 @@
 namespace kvpool::events {
 namespace {
 
-// Appends what msgpack writes to a string.
-struct StringSink {
-  std::string* out;
-  void write(const char* data, size_t n) { out->append(data, n); }
+// Appends what msgpack writes to a string, through a buffer of its own:
+// msgpack writes a few bytes at a time (a token is 5), and a string's
+// append per write costs more than the bytes. Flush() before the string
+// is read.
+class StringSink {
+ public:
+  explicit StringSink(std::string* out) : out_(out) {}
+  void write(const char* data, size_t n) {
+    if (n > sizeof(buf_) - used_) {
+      Flush();
+      if (n > sizeof(buf_)) {
+        out_->append(data, n);
+        return;
+      }
+    }
+    std::memcpy(buf_ + used_, data, n);
+    used_ += n;
+  }
+  void Flush() {
+    out_->append(buf_, used_);
+    used_ = 0;
+  }
+
+ private:
+  std::string* out_;
+  size_t used_ = 0;
+  char buf_[4096];
 };
 
 using Packer = msgpack::packer<StringSink>;
@@ -256,16 +281,21 @@ bool ContinuesChain(KvEvent::Type type, const protocol::DescriptorView& a,
          a.spec_kind == b.spec_kind;
 }
 
+size_t EncodedBatchBound(std::span<const EventRun> runs, std::span<const KeyId> keys,
+                         std::span<const protocol::DescriptorView> key_views) {
+  size_t tokens = 0;
+  for (const auto& v : key_views) tokens += v.n_tokens;
+  return kBatchHeaderBytes + kEventFieldBytes * runs.size() + kEventKeyBytes * keys.size() +
+         kEventTokenBytes * tokens;
+}
+
 void EncodeBatchInto(std::string* out, double ts, std::span<const EventRun> runs,
                      std::span<const KeyId> keys, Encoding encoding, HashType hash_type,
                      std::span<const protocol::DescriptorView> key_views) {
   out->clear();
-  // The bounds: one allocation for a new buffer, none for a reused one.
-  size_t tokens = 0;
-  for (const auto& v : key_views) tokens += v.n_tokens;
-  out->reserve(kBatchHeaderBytes + kEventFieldBytes * runs.size() + kEventKeyBytes * keys.size() +
-               kEventTokenBytes * tokens);
-  StringSink sink{out};
+  // The bound: one allocation for a new buffer, none for a reused one.
+  out->reserve(EncodedBatchBound(runs, keys, key_views));
+  StringSink sink(out);
   Packer p(sink);
   p.pack_array(3);
   p.pack_double(ts);
@@ -281,6 +311,7 @@ void EncodeBatchInto(std::string* out, double ts, std::span<const EventRun> runs
     PackEvent(p, e, keys, views, encoding, hash_type);
   }
   p.pack_nil();
+  sink.Flush();
 }
 
 std::string EncodeBatch(double ts, const std::vector<KvEvent>& events, Encoding encoding,

@@ -111,11 +111,16 @@ bool ContinuesChain(KvEvent::Type type, const protocol::DescriptorView& a,
 
 // Upper bounds of an encoded batch's bytes: its header, an event's fields
 // besides its keys, a key (bin 8 header and 16 bytes, or a 64-bit int) and
-// a token. EncodeBatchInto reserves by them; the publisher sizes batches.
+// a token. EncodedBatchBound adds them up; the publisher sizes batches by
+// them.
 inline constexpr size_t kBatchHeaderBytes = 16;
 inline constexpr size_t kEventFieldBytes = 160;
 inline constexpr size_t kEventKeyBytes = 18;
 inline constexpr size_t kEventTokenBytes = 5;
+
+// The bytes EncodeBatchInto writes for these at most.
+size_t EncodedBatchBound(std::span<const EventRun> runs, std::span<const KeyId> keys,
+                         std::span<const protocol::DescriptorView> key_views = {});
 
 // One EventBatch's msgpack bytes in *out, which is cleared first and whose
 // capacity is reused: a publisher that encodes into the buffers it keeps

@@ -168,7 +168,13 @@ class NodeImpl final : public Node {
   // The block descriptors of the node's own store (not the tenants'), and
   // KV events of what it holds.
   Status OpenEvents() {
-    descriptors_ = std::make_unique<blocks::DescriptorTable>(opts_.descriptor_bytes, &metrics_);
+    // The table applies its changes as often as the publisher batches:
+    // what it applies sooner waits in the publisher's queue anyway, and
+    // each round wakes a thread (the block index's updates wait as long).
+    descriptors_ = std::make_unique<blocks::DescriptorTable>(
+        opts_.descriptor_bytes, &metrics_,
+        opts_.kv_events.enabled() ? std::chrono::microseconds(opts_.kv_events.batch_interval)
+                                  : blocks::DescriptorTable::kDefaultApplyInterval);
     tiered_->SetHoldingsObserver(descriptors_.get(), HoldingsSlot::kBlocks);
     if (!opts_.kv_events.enabled()) return Status::Ok();
     opts_.kv_events.encoding =

@@ -8,10 +8,7 @@
 #include <chrono>
 
 #include "common/log.h"
-
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23  // Linux 5.14
-#endif
+#include "common/populate.h"
 
 namespace kvpool::dram {
 namespace {
@@ -97,7 +94,7 @@ Result<std::unique_ptr<Segment>> Segment::Create(const SegmentOptions& options) 
   std::unique_ptr<Segment> seg(new Segment(fd, base, options.bytes, huge));
   if (options.prefault) {
     auto t0 = std::chrono::steady_clock::now();
-    if (madvise(base, options.bytes, MADV_POPULATE_WRITE) != 0) {
+    if (!PopulateForWrite(base, options.bytes)) {
       // Older kernel: touch one byte per page (writes, so the page is
       // allocated, not mapped to the zero page).
       const uint64_t page = huge ? kHugePageBytes : 4096;
