@@ -10,14 +10,15 @@
 
 #include <chrono>
 #include <cstring>
-#include <vector>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <vector>
 
 #include "harness/node_process.h"
 #include "kvpool/client.h"
 #include "kvpool/kvpool.h"
+#include "testing/wait_for.h"
 
 namespace kvpool::testing {
 namespace {
@@ -40,12 +41,7 @@ nlohmann::json Stats(const NodeProcess& n) {
 // connection asynchronously).
 template <typename Fn>
 bool Eventually(Fn fn) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (fn()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return fn();
+  return testing::WaitFor(std::move(fn), std::chrono::seconds(10), std::chrono::milliseconds(10));
 }
 
 // The state letter of /proc/PID/stat ('R', 'S', 'T' for stopped, ...).

@@ -14,6 +14,7 @@
 #include "harness/node_process.h"
 #include "kvpool/client.h"
 #include "kvpool/kvpool.h"
+#include "testing/wait_for.h"
 
 namespace kvpool::testing {
 namespace {
@@ -454,11 +455,12 @@ TEST(NodeIntegration, KvpoolctlClientsListsConnectedEnginesAndTheirTraffic) {
   EXPECT_NE(out.find("\n1 clients\n"), std::string::npos) << out;
   kvpool_close(c);
   // Gone with its connection.
-  for (int i = 0; i < 100; ++i) {
-    ASSERT_EQ(RunCommand({CtlBinary(), "clients", "--admin", admin, "--json"}, &out), 0);
-    if (nlohmann::json::parse(out).empty()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  testing::WaitFor(
+      [&] {
+        return RunCommand({CtlBinary(), "clients", "--admin", admin, "--json"}, &out) == 0 &&
+               nlohmann::json::parse(out, nullptr, false).empty();
+      },
+      std::chrono::seconds(2), std::chrono::milliseconds(20));
   EXPECT_EQ(nlohmann::json::parse(out).size(), 0u) << out;
 }
 

@@ -34,17 +34,18 @@
 #include "gtest/gtest.h"
 #include "kvpool/kvpool.h"
 #include "protocol/codec.h"
+#include "testing/wait_for.h"
 
 namespace kvpool {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 using protocol::MessageType;
 
 constexpr uid_t kNobody = 65534;
 
-double MsSince(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+double MsSince(SteadyClock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(SteadyClock::now() - t0).count();
 }
 
 double Percentile(std::vector<double> v, double p) {
@@ -106,8 +107,8 @@ class Node {
       _exit(127);
     }
     std::regex re("serving: socket (\\S+) .* admin http://[0-9.]+:([0-9]+)");
-    auto until = Clock::now() + std::chrono::seconds(20);
-    while (Clock::now() < until) {
+    auto until = SteadyClock::now() + std::chrono::seconds(20);
+    while (SteadyClock::now() < until) {
       std::string text = ReadFile(n->log_path_);
       std::smatch m;
       if (std::regex_search(text, m, re)) {
@@ -172,11 +173,12 @@ int DialUnix(const std::string& path) {
 }
 
 // Reads exactly n bytes within the deadline; false on EOF, error or time.
-bool ReadExact(int fd, uint8_t* p, size_t n, Clock::time_point until) {
+bool ReadExact(int fd, uint8_t* p, size_t n, SteadyClock::time_point until) {
   size_t got = 0;
   while (got < n) {
     pollfd pf{fd, POLLIN, 0};
-    int ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count());
+    int ms = static_cast<int>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(until - SteadyClock::now()).count());
     if (ms <= 0 || ::poll(&pf, 1, ms) <= 0) return false;
     // Plain recv: a passed segment fd is discarded by the kernel.
     ssize_t r = ::recv(fd, p + got, n - got, 0);
@@ -194,7 +196,7 @@ struct Reply {
 
 Reply ReadReply(int fd, std::chrono::milliseconds wait = std::chrono::milliseconds(3000)) {
   Reply r;
-  auto until = Clock::now() + wait;
+  auto until = SteadyClock::now() + wait;
   uint8_t h[protocol::kHeaderBytes];
   if (!ReadExact(fd, h, sizeof(h), until)) return r;
   if (!protocol::DecodeHeader(std::span(h, sizeof(h)), 1u << 20, &r.header).ok()) return r;
@@ -224,7 +226,7 @@ int HelloConnection(const std::string& socket, Reply* reply) {
 }
 
 double HealthzMs(int port) {
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   int fd = testing::DialLoopback(port);
   if (fd < 0) return 1e9;
   const std::string req = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
@@ -233,7 +235,7 @@ double HealthzMs(int port) {
   std::string resp;
   char buf[512];
   auto until = t0 + std::chrono::seconds(5);
-  while (Clock::now() < until) {
+  while (SteadyClock::now() < until) {
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, 100) <= 0) continue;
     ssize_t r = ::recv(fd, buf, sizeof(buf), 0);
@@ -294,7 +296,7 @@ double GetMs(kvpool_client* c, int i) {
   uint64_t cap = sizeof(buf), size = 0;
   kvpool_status item;
   kvpool_key_id id = KeyOf(i);
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   kvpool_status st = kvpool_get(c, &id, &bp, &cap, 1, &size, &item);
   double ms = MsSince(t0);
   return st == KVPOOL_OK && item == KVPOOL_OK && size == sizeof(buf) ? ms : -1;
@@ -347,15 +349,15 @@ TEST_F(SlowClientsTest, HealthAndClientsHoldUnderIdleAndTricklingConnections) {
 
   // ---- the flood ----
   std::vector<int> admin_idle, admin_trickle, local_idle, local_trickle;
-  std::map<int, Clock::time_point> opened;  // fd -> when its deadline clock started
+  std::map<int, SteadyClock::time_point> opened;  // fd -> when its deadline clock started
   int refused = 0, refused_explicit = 0;
-  const auto flood_start = Clock::now();
+  const auto flood_start = SteadyClock::now();
   for (int i = 0; i < kEach; ++i) {
     int a = testing::DialLoopback(port), b = testing::DialLoopback(port);
     ASSERT_GE(a, 0);
     ASSERT_GE(b, 0);
     ASSERT_EQ(::send(b, "G", 1, MSG_NOSIGNAL), 1);
-    opened[a] = opened[b] = Clock::now();
+    opened[a] = opened[b] = SteadyClock::now();
     admin_idle.push_back(a);
     admin_trickle.push_back(b);
   }
@@ -364,7 +366,7 @@ TEST_F(SlowClientsTest, HealthAndClientsHoldUnderIdleAndTricklingConnections) {
     int fd = HelloConnection(node->socket(), &r);
     ASSERT_GE(fd, 0);
     if (r.ok && r.header.status == 0) {
-      opened[fd] = Clock::now();
+      opened[fd] = SteadyClock::now();
       if (i % 2 == 0) {
         local_idle.push_back(fd);
       } else {
@@ -414,13 +416,13 @@ TEST_F(SlowClientsTest, HealthAndClientsHoldUnderIdleAndTricklingConnections) {
   std::vector<double> load_ms, health_ms;
   long rss_peak = rss0;
   kvpool_client* newcomer = nullptr;
-  auto next_trickle = Clock::now() + std::chrono::seconds(2);
-  const auto watch_until = Clock::now() + std::chrono::seconds(6);
-  while (Clock::now() < watch_until && closed_after_ms.size() < kind.size()) {
+  auto next_trickle = SteadyClock::now() + std::chrono::seconds(2);
+  const auto watch_until = SteadyClock::now() + std::chrono::seconds(6);
+  while (SteadyClock::now() < watch_until && closed_after_ms.size() < kind.size()) {
     health_ms.push_back(HealthzMs(port));
     for (int i = 0; i < 10; ++i) load_ms.push_back(GetMs(reader, i));
     rss_peak = std::max(rss_peak, node->RssKiB());
-    if (Clock::now() >= next_trickle) {
+    if (SteadyClock::now() >= next_trickle) {
       for (auto& [fd, k] : kind) {
         if ((k == 1 || k == 3) && !closed_after_ms.count(fd)) {
           ssize_t w = ::send(fd, k == 1 ? "E" : "P", 1, MSG_NOSIGNAL);
@@ -545,7 +547,7 @@ TEST_F(SlowClientsTest, AnnouncedBodiesCannotTakeMoreThanTheBufferBudget) {
   std::vector<size_t> sent(kGreedy, 0);
   long rss_peak = rss0;
   std::vector<double> small_ms;
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   while (MsSince(t0) < 1500) {
     // Push what each socket takes without blocking, up to 8 MiB each: the
     // node reads as far as its budget allows.
@@ -585,10 +587,8 @@ TEST_F(SlowClientsTest, AnnouncedBodiesCannotTakeMoreThanTheBufferBudget) {
   EXPECT_EQ(closed, kGreedy);
   // The node closes the last of them just after their replies went out.
   double left = Metric(port, "kvpool_local_request_buffer_bytes");
-  for (int i = 0; i < 100 && left != 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    left = Metric(port, "kvpool_local_request_buffer_bytes");
-  }
+  testing::WaitFor([&] { return (left = Metric(port, "kvpool_local_request_buffer_bytes")) == 0; },
+                   std::chrono::seconds(1), std::chrono::milliseconds(10));
   EXPECT_EQ(left, 0);
   EXPECT_EQ(Metric(port, "kvpool_local_connections_reaped_total{reason=\"frame_timeout\"}"),
             kGreedy);

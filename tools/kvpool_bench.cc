@@ -58,7 +58,7 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 constexpr uint64_t kGiB = 1ull << 30;
 constexpr uint64_t kMaxDefaultKeys = 1ull << 20;
@@ -231,7 +231,7 @@ struct Counts {
   uint64_t existed = 0;     // puts of keys already present
   std::array<uint64_t, kStatusSlots> statuses{};  // per item, every outcome
   std::vector<uint64_t> latency_ns;               // per measured call
-  Clock::time_point last_end{};
+  SteadyClock::time_point last_end{};
   std::string first_error;
 
   void Merge(Counts& o) {
@@ -293,13 +293,13 @@ class Worker {
   }
 
   // Runs `op` until `end`; calls that start before `measure_from` are warmup.
-  Counts Run(Op op, Clock::time_point measure_from, Clock::time_point end) {
+  Counts Run(Op op, SteadyClock::time_point measure_from, SteadyClock::time_point end) {
     Counts c;
     c.latency_ns.reserve(1 << 16);
     Counts warm;
     const size_t n = cfg_.batch;
     int failed_in_a_row = 0;
-    for (auto t0 = Clock::now(); t0 < end; t0 = Clock::now()) {
+    for (auto t0 = SteadyClock::now(); t0 < end; t0 = SteadyClock::now()) {
       const bool measured = t0 >= measure_from;
       Counts& into = measured ? c : warm;
       const uint64_t errors_before = into.errors;
@@ -316,7 +316,7 @@ class Worker {
         case Op::kZcGet: DoZcGet(n, into); break;
         case Op::kZcPut: DoZcPut(n, into); break;
       }
-      const auto t1 = Clock::now();
+      const auto t1 = SteadyClock::now();
       if (measured) {
         c.latency_ns.push_back(
             static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count()));
@@ -581,7 +581,8 @@ nlohmann::ordered_json StatusCounts(const Counts& c) {
   return j;
 }
 
-void Report(const Config& cfg, Op op, int rep, uint64_t keys, Clock::time_point measure_from, Counts& c) {
+void Report(const Config& cfg, Op op, int rep, uint64_t keys, SteadyClock::time_point measure_from,
+            Counts& c) {
   const double secs =
       c.calls == 0 ? 0 : std::chrono::duration<double>(c.last_end - measure_from).count();
   const double ops_per_s = secs > 0 ? static_cast<double>(c.items) / secs : 0;
@@ -831,10 +832,10 @@ int main(int argc, char** argv) {
 
   uint64_t total_errors = 0;
   if (populate) {
-    const auto t0 = Clock::now();
+    const auto t0 = SteadyClock::now();
     const uint64_t T = workers.size();
     Counts c = OnAllThreads(workers, [&](Worker& w, size_t t) { return w.Populate(keys * t / T, keys * (t + 1) / T); });
-    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double secs = std::chrono::duration<double>(SteadyClock::now() - t0).count();
     std::fprintf(stderr,
                  "kvpool-bench: populated %llu keys of %s in %.2fs (%.2f GB/s): %llu stored, %llu already "
                  "present, %llu failed\n",
@@ -852,7 +853,7 @@ int main(int argc, char** argv) {
   for (Op op : cfg.ops) {
     for (int r = 0; r < cfg.repeat; ++r) {
       const int rep = runs_of[static_cast<int>(op)]++;
-      const auto measure_from = Clock::now() + std::chrono::milliseconds(cfg.warmup_ms);
+      const auto measure_from = SteadyClock::now() + std::chrono::milliseconds(cfg.warmup_ms);
       const auto end = measure_from + std::chrono::milliseconds(cfg.duration_ms);
       Counts c = OnAllThreads(workers, [&](Worker& w, size_t) { return w.Run(op, measure_from, end); });
       Report(cfg, op, rep, keys, measure_from, c);

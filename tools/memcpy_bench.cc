@@ -27,7 +27,7 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 using kvpool::SettingsTable;
 
@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
       std::vector<uint64_t> lat_ns;
       lat_ns.reserve(1 << 16);
       uint64_t copies = 0;
-      const auto start = Clock::now();
+      const auto start = SteadyClock::now();
       const auto end = start + std::chrono::milliseconds(duration_ms);
       auto now = start;
       while (now < end) {
@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
         uint8_t* to = dst.base() + rng.Below(nblocks) * block;
         const auto t0 = now;
         std::memcpy(to, from, block);
-        now = Clock::now();
+        now = SteadyClock::now();
         lat_ns.push_back(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - t0).count()));
         ++copies;
       }

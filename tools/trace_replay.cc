@@ -16,7 +16,7 @@ namespace kvpool::trace {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 double Percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
@@ -101,7 +101,7 @@ int RunReplay(const ReplayConfig& cfg) {
   std::vector<double> latency_us;
   latency_us.reserve(trace.size());
   uint64_t rng = cfg.seed * 0x9e3779b97f4a7c15ull + 1;
-  const auto start = Clock::now();
+  const auto start = SteadyClock::now();
   for (size_t ri = 0; ri < trace.size(); ++ri) {
     const Request& r = trace[ri];
     size_t which = 0;
@@ -119,7 +119,7 @@ int RunReplay(const ReplayConfig& cfg) {
           start + std::chrono::microseconds(static_cast<int64_t>(r.timestamp_ms * 1000 / cfg.speed)));
     }
     const size_t n = r.blocks.size();
-    const auto t0 = Clock::now();
+    const auto t0 = SteadyClock::now();
     for (size_t i = 0; i < n; ++i) {
       names[i] = "b" + std::to_string(r.blocks[i]);
       name_ptrs[i] = names[i].data();
@@ -189,12 +189,13 @@ int RunReplay(const ReplayConfig& cfg) {
         }
       }
     }
-    latency_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    latency_us.push_back(
+        std::chrono::duration<double, std::micro>(SteadyClock::now() - t0).count());
     if ((ri & 63) == 63 || ri + 1 == trace.size()) {
       node.max_entries = std::max(node.max_entries, DramEntries(node.client));
     }
   }
-  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  const double secs = std::chrono::duration<double>(SteadyClock::now() - start).count();
   uint64_t capacity = 0;
   for (Node& node : nodes) {
     node.max_entries = std::max(node.max_entries, DramEntries(node.client));

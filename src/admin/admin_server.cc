@@ -60,7 +60,7 @@ Status AdminOptions::Validate() const {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 using admin::HeadParse;
 using admin::HttpRequestHead;
 
@@ -188,7 +188,7 @@ enum class ConnState {
 struct Conn {
   int fd = -1;
   ConnState state = ConnState::kReading;
-  Clock::time_point deadline;
+  SteadyClock::time_point deadline;
   std::string in;  // request head bytes so far (<= kMaxHeadBytes), then a POST's body
   // A POST whose head was read: the head, and the bytes its body ends at.
   std::optional<HttpRequestHead> post;
@@ -333,7 +333,7 @@ class HttpAdminServer final : public AdminServer {
 
   void EventLoop() {
     std::vector<epoll_event> events(256);
-    auto next_tick = Clock::now() + kTick;
+    auto next_tick = SteadyClock::now() + kTick;
     bool more_expired = false;
     while (!loop_stop_.load()) {
       int n = epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()),
@@ -353,9 +353,9 @@ class HttpAdminServer final : public AdminServer {
           OnEvent(tag, events[i].events);
         }
       }
-      if (more_expired || Clock::now() >= next_tick) {
+      if (more_expired || SteadyClock::now() >= next_tick) {
         more_expired = ExpireDeadlines();
-        next_tick = Clock::now() + kTick;
+        next_tick = SteadyClock::now() + kTick;
       }
     }
     TakeDone();  // responses the request threads finished while stopping
@@ -403,7 +403,7 @@ class HttpAdminServer final : public AdminServer {
       const uint64_t id = next_id_++;
       Conn& c = conns_[id];
       c.fd = fd;
-      c.deadline = Clock::now() + options_.request_timeout;
+      c.deadline = SteadyClock::now() + options_.request_timeout;
       epoll_event ev{};
       ev.events = EPOLLIN | EPOLLRDHUP;
       ev.data.u64 = id;
@@ -601,7 +601,7 @@ class HttpAdminServer final : public AdminServer {
       if (queue_.size() < static_cast<size_t>(options_.max_queued_requests) && !workers_stop_) {
         queue_.push_back(Job{id, head.path, head_only, std::move(body)});
         c.state = ConnState::kQueued;
-        c.deadline = Clock::time_point::max();  // the request threads' turn
+        c.deadline = SteadyClock::time_point::max();  // the request threads' turn
         UpdateInterest(id, c);
         queue_cv_.notify_one();
         return;
@@ -629,7 +629,7 @@ class HttpAdminServer final : public AdminServer {
     c.out = Serialize(r, head_only);
     c.out_offset = 0;
     c.state = ConnState::kWriting;
-    c.deadline = Clock::now() + options_.request_timeout;
+    c.deadline = SteadyClock::now() + options_.request_timeout;
     if (!WriteSome(c)) return Close(id);
     if (c.out_offset == c.out.size()) return StartLinger(id, c);
     UpdateInterest(id, c);
@@ -653,7 +653,8 @@ class HttpAdminServer final : public AdminServer {
     c.out.clear();
     c.out.shrink_to_fit();
     c.state = ConnState::kLingering;
-    c.deadline = Clock::now() + std::min<Clock::duration>(kMaxLinger, options_.request_timeout);
+    c.deadline =
+        SteadyClock::now() + std::min<SteadyClock::duration>(kMaxLinger, options_.request_timeout);
     UpdateInterest(id, c);
     ::shutdown(c.fd, SHUT_WR);
     if (!Drain(c)) Close(id);
@@ -678,7 +679,7 @@ class HttpAdminServer final : public AdminServer {
   // Closes connections past their deadline, at most kMaxClosesPerPass.
   // Returns true when more are past it.
   bool ExpireDeadlines() {
-    const auto now = Clock::now();
+    const auto now = SteadyClock::now();
     std::vector<uint64_t> expired;
     bool more = false;
     for (const auto& [id, c] : conns_) {
@@ -711,7 +712,7 @@ class HttpAdminServer final : public AdminServer {
       c.out = std::move(bytes);
       c.out_offset = 0;
       c.state = ConnState::kWriting;
-      c.deadline = Clock::now() + options_.request_timeout;
+      c.deadline = SteadyClock::now() + options_.request_timeout;
       if (!WriteSome(c)) {
         Close(id);
       } else if (c.out_offset == c.out.size()) {

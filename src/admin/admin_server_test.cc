@@ -9,24 +9,25 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <cstdio>
-#include <cstdlib>
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
-#include <memory>
-#include <nlohmann/json.hpp>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/loopback_test_util.h"
 #include "gtest/gtest.h"
+#include "testing/wait_for.h"
 
 namespace kvpool {
 namespace {
@@ -407,13 +408,8 @@ bool ClosedByPeer(int fd, std::chrono::milliseconds wait) {
 // Polls a metric until it has the value or a second passes; returns the last
 // value seen. Connections close asynchronously on the server's thread.
 double WaitForMetric(MetricsRegistry& r, const std::string& name, double want) {
-  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  double v = r.ValueOf(name);
-  while (v != want && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    v = r.ValueOf(name);
-  }
-  return v;
+  testing::WaitFor([&] { return r.ValueOf(name) == want; }, std::chrono::seconds(1));
+  return r.ValueOf(name);
 }
 
 // Both ends of each test connection live in this process.

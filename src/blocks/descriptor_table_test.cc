@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "blocks/flat_map.h"
+#include "testing/wait_for.h"
 
 namespace kvpool::blocks {
 namespace {
@@ -231,9 +232,8 @@ TEST(DescriptorTable, ChangesAreAppliedOffTheWritePath) {
   table.OnHoldings(Written(K(1)));
   table.OnHoldings(Written(K(8)));  // queued behind K(1)'s, in order
   // kvpool_descriptors is set by an apply only.
-  for (int i = 0; i < 2000 && metrics.ValueOf("kvpool_descriptors") != 1; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  testing::WaitFor([&] { return metrics.ValueOf("kvpool_descriptors") == 1; },
+                   std::chrono::seconds(2), std::chrono::milliseconds(1));
   EXPECT_EQ(metrics.ValueOf("kvpool_descriptors"), 1);
   table.Sync();  // orders the applier's writes before the reads below
   ASSERT_EQ(rec.events.size(), 3u);

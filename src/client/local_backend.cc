@@ -135,7 +135,7 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
 
   Status PutInPlace(std::span<const KeyId> keys, const void* const* values, const uint64_t* sizes,
                     const kvpool_descriptor* descs, kvpool_status* statuses);
-  void CopyAndCommit(Lease& lease, Clock::time_point deadline, bool staged,
+  void CopyAndCommit(Lease& lease, SteadyClock::time_point deadline, bool staged,
                      const std::vector<size_t>& idx, const kvpool_region* regions,
                      const void* const* values, const uint64_t* sizes, kvpool_status* statuses);
   Status Put(std::span<const KeyId> keys, const void* const* values, const uint64_t* sizes,
@@ -169,12 +169,12 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
  private:
   friend class Lease;
 
-  Clock::time_point DeadlineOf() const {
-    return Clock::now() + std::chrono::milliseconds(options_.timeout_ms);
+  SteadyClock::time_point DeadlineOf() const {
+    return SteadyClock::now() + std::chrono::milliseconds(options_.timeout_ms);
   }
   void RetireLocked(int slot);
-  Status ConnectSlot(int slot, Clock::time_point deadline);
-  Result<Lease> Borrow(Clock::time_point deadline, int want = -1);
+  Status ConnectSlot(int slot, SteadyClock::time_point deadline);
+  Result<Lease> Borrow(SteadyClock::time_point deadline, int want = -1);
   template <typename Fn>
   Status WithConnection(Fn&& fn);
   // Runs fn(lease, idx) for the handles of each live connection (idx: their
@@ -205,7 +205,7 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
   template <typename BodyOf>
   Status Regions(size_t n, MessageType type, BodyOf&& body_of, kvpool_region* regions,
                  kvpool_status* statuses);
-  Status RegionCall(Lease& lease, Clock::time_point deadline, MessageType type,
+  Status RegionCall(Lease& lease, SteadyClock::time_point deadline, MessageType type,
                     const std::vector<uint8_t>& body, size_t n, kvpool_region* regions,
                     kvpool_status* statuses);
 
@@ -256,7 +256,7 @@ void LocalBackend::RetireLocked(int slot) {
 }
 
 // Connects slot `slot` (owned by the caller through its lease).
-Status LocalBackend::ConnectSlot(int slot, Clock::time_point deadline) {
+Status LocalBackend::ConnectSlot(int slot, SteadyClock::time_point deadline) {
   KVPOOL_ASSIGN_OR_RETURN(auto link, LocalConnection::Connect(socket_path_, client_name_, deadline,
                                                               options_.expected_server_uid,
                                                               token_ ? &*token_ : nullptr,
@@ -335,7 +335,7 @@ Status LocalBackend::ConnectSlot(int slot, Clock::time_point deadline) {
 
 // Lends a connected connection: `want` >= 0 asks for that slot (handles are
 // bound to their connection), else any.
-Result<Lease> LocalBackend::Borrow(Clock::time_point deadline, int want) {
+Result<Lease> LocalBackend::Borrow(SteadyClock::time_point deadline, int want) {
   int chosen = -1;
   bool need_connect = false;
   {
@@ -433,7 +433,7 @@ void LocalBackend::ReturnRetired(uint16_t key, int64_t n) {
 Status LocalBackend::ReturnHandles(MessageType type, std::span<const uint64_t> handles) {
   return ForEachConnection(
       handles,
-      [&](Lease& lease, Clock::time_point deadline, const std::vector<size_t>& idx) {
+      [&](Lease& lease, SteadyClock::time_point deadline, const std::vector<size_t>& idx) {
         std::vector<uint64_t> list;
         for (size_t i : idx) list.push_back(handles[i] & kNodeHandleMask);
         std::vector<uint8_t> body;
@@ -447,7 +447,7 @@ Status LocalBackend::ReturnHandles(MessageType type, std::span<const uint64_t> h
 
 // Reserve or acquire a chunk of items on one lease; fills regions with
 // caller-visible handles and pointers.
-Status LocalBackend::RegionCall(Lease& lease, Clock::time_point deadline, MessageType type,
+Status LocalBackend::RegionCall(Lease& lease, SteadyClock::time_point deadline, MessageType type,
                                 const std::vector<uint8_t>& body, size_t n, kvpool_region* regions,
                                 kvpool_status* statuses) {
   iovec iov{const_cast<uint8_t*>(body.data()), body.size()};
@@ -486,7 +486,7 @@ Status LocalBackend::Regions(size_t n, MessageType type, BodyOf&& body_of, kvpoo
   KVPOOL_RETURN_IF_ERROR(ZeroCopyAllowed());
   uint32_t max_batch = MaxBatch();
   // Batches above the node's limit are split on that connection.
-  Status s = WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+  Status s = WithConnection([&](Lease& lease, SteadyClock::time_point deadline) -> Status {
     for (size_t off = 0; off < n; off += max_batch) {
       size_t m = std::min<size_t>(max_batch, n - off);
       KVPOOL_RETURN_IF_ERROR(
@@ -528,7 +528,7 @@ Status LocalBackend::Reserve(std::span<const KeyId> keys, const uint64_t* sizes,
   KVPOOL_RETURN_IF_ERROR(ZeroCopyAllowed());
   uint32_t max_batch = MaxBatch();
   const size_t n = keys.size();
-  Status s = WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+  Status s = WithConnection([&](Lease& lease, SteadyClock::time_point deadline) -> Status {
     for (size_t off = 0; off < n; off += max_batch) {
       size_t m = std::min<size_t>(max_batch, n - off);
       MessageType type;
@@ -547,7 +547,7 @@ Status LocalBackend::Commit(std::span<const uint64_t> handles, kvpool_status* st
   uint32_t max_batch = MaxBatch();
   return ForEachConnection(
       handles,
-      [&](Lease& lease, Clock::time_point deadline, const std::vector<size_t>& idx) {
+      [&](Lease& lease, SteadyClock::time_point deadline, const std::vector<size_t>& idx) {
         for (size_t off = 0; off < idx.size(); off += max_batch) {
           size_t m = std::min<size_t>(max_batch, idx.size() - off);
           std::vector<uint64_t> list(m);
@@ -590,7 +590,7 @@ Status LocalBackend::PutInPlace(std::span<const KeyId> keys, const void* const* 
     staged = hello_.staging_bytes > 0;
   }
   std::vector<kvpool_region> regions(n);
-  Status s = WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+  Status s = WithConnection([&](Lease& lease, SteadyClock::time_point deadline) -> Status {
     for (size_t off = 0; off < n; off += max_batch) {
       size_t m = std::min<size_t>(max_batch, n - off);
       MessageType type;
@@ -616,7 +616,7 @@ Status LocalBackend::PutInPlace(std::span<const KeyId> keys, const void* const* 
 // without waiting for each answer: the node copies one chunk from the
 // staging area into the segment while this thread copies the next. Sets
 // statuses[idx[k]].
-void LocalBackend::CopyAndCommit(Lease& lease, Clock::time_point deadline, bool staged,
+void LocalBackend::CopyAndCommit(Lease& lease, SteadyClock::time_point deadline, bool staged,
                                  const std::vector<size_t>& idx, const kvpool_region* regions,
                                  const void* const* values, const uint64_t* sizes,
                                  kvpool_status* statuses) {
@@ -720,7 +720,7 @@ Status LocalBackend::Put(std::span<const KeyId> keys, const void* const* values,
       bytes += add;
       ++m;
     }
-    Status s = WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+    Status s = WithConnection([&](Lease& lease, SteadyClock::time_point deadline) -> Status {
       MessageType type;
       std::vector<uint8_t> head = SizedHead(keys, sizes, descs, off, m, true, &type);
       std::vector<uint8_t> reply;
@@ -783,7 +783,8 @@ Status LocalBackend::Get(std::span<const KeyId> keys, void* const* buffers,
       bytes += add;
       ++m;
     }
-    KVPOOL_RETURN_IF_ERROR(WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+    KVPOOL_RETURN_IF_ERROR(WithConnection([&](Lease& lease,
+                                              SteadyClock::time_point deadline) -> Status {
       std::vector<protocol::SizedKey> items(m);
       for (size_t i = 0; i < m; ++i) items[i] = {keys[off + i], capacities[off + i]};
       std::vector<uint8_t> body, reply;
@@ -799,7 +800,8 @@ Status LocalBackend::Get(std::span<const KeyId> keys, void* const* buffers,
         statuses[off + i] = got[i].status;
         sizes[off + i] = got[i].size;
         if (got[i].status != 0) continue;
-        if (got[i].size > capacities[off + i]) return Internal("node returned more than the buffer holds");
+        if (got[i].size > capacities[off + i])
+          return Internal("node returned more than the buffer holds");
         std::memcpy(buffers[off + i], data.data() + pos, got[i].size);
         pos += got[i].size;
       }
@@ -819,7 +821,8 @@ Status LocalBackend::Exists(std::span<const KeyId> keys, uint8_t* hits, size_t* 
     size_t m = std::min<size_t>(max_batch, n - off);
     std::vector<uint8_t> body = EncodeIds(keys.subspan(off, m));
     protocol::ExistsReply rep;
-    KVPOOL_RETURN_IF_ERROR(WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+    KVPOOL_RETURN_IF_ERROR(WithConnection([&](Lease& lease,
+                                              SteadyClock::time_point deadline) -> Status {
       iovec iov{body.data(), body.size()};
       std::vector<uint8_t> reply;
       KVPOOL_RETURN_IF_ERROR(lease.link()->Call(MessageType::kExists, std::span(&iov, 1), deadline, &reply));
@@ -843,7 +846,8 @@ Status LocalBackend::Remove(std::span<const KeyId> keys, kvpool_status* statuses
   for (size_t off = 0; off < n; off += max_batch) {
     size_t m = std::min<size_t>(max_batch, n - off);
     std::vector<uint8_t> body = EncodeIds(keys.subspan(off, m));
-    KVPOOL_RETURN_IF_ERROR(WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+    KVPOOL_RETURN_IF_ERROR(WithConnection([&](Lease& lease,
+                                              SteadyClock::time_point deadline) -> Status {
       iovec iov{body.data(), body.size()};
       std::vector<uint8_t> reply;
       KVPOOL_RETURN_IF_ERROR(lease.link()->Call(MessageType::kRemove, std::span(&iov, 1), deadline, &reply));
@@ -859,17 +863,18 @@ Status LocalBackend::Remove(std::span<const KeyId> keys, kvpool_status* statuses
 
 Result<std::string> LocalBackend::StatsJson() {
   std::string json;
-  KVPOOL_RETURN_IF_ERROR(WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
-    std::vector<uint8_t> reply;
-    KVPOOL_RETURN_IF_ERROR(lease.link()->Call(MessageType::kStats, {}, deadline, &reply));
-    return protocol::DecodeString(reply, &json);
-  }));
+  KVPOOL_RETURN_IF_ERROR(
+      WithConnection([&](Lease& lease, SteadyClock::time_point deadline) -> Status {
+        std::vector<uint8_t> reply;
+        KVPOOL_RETURN_IF_ERROR(lease.link()->Call(MessageType::kStats, {}, deadline, &reply));
+        return protocol::DecodeString(reply, &json);
+      }));
   return json;
 }
 
 Status LocalBackend::OneCall(MessageType type, std::vector<uint8_t> body,
                              std::vector<uint8_t>* reply) {
-  return WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+  return WithConnection([&](Lease& lease, SteadyClock::time_point deadline) -> Status {
     iovec iov{body.data(), body.size()};
     reply->clear();
     return lease.link()->Call(type, std::span(&iov, 1), deadline, reply);
@@ -896,7 +901,7 @@ Result<uint64_t> LocalBackend::ClearNamespace(uint32_t tag) {
 }
 
 Status LocalBackend::Flush() {
-  return WithConnection([&](Lease& lease, Clock::time_point deadline) -> Status {
+  return WithConnection([&](Lease& lease, SteadyClock::time_point deadline) -> Status {
     std::vector<uint8_t> reply;
     return lease.link()->Call(MessageType::kFlush, {}, deadline, &reply);
   });

@@ -22,14 +22,14 @@ namespace {
 using protocol::FrameHeader;
 using protocol::MessageType;
 
-int RemainingMs(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+int RemainingMs(SteadyClock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
   if (left.count() <= 0) return 0;
   return static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
 }
 
 // Waits until fd is ready for `events` or the deadline passes.
-Status WaitFd(int fd, short events, Clock::time_point deadline) {
+Status WaitFd(int fd, short events, SteadyClock::time_point deadline) {
   while (true) {
     pollfd p{fd, events, 0};
     int ms = RemainingMs(deadline);
@@ -39,7 +39,6 @@ Status WaitFd(int fd, short events, Clock::time_point deadline) {
     if (errno != EINTR) return Unavailable(fmt::format("poll: {}", std::strerror(errno)));
   }
 }
-
 
 // A reply with request id 0 that is an error is about the connection
 // itself (too many connections, idle, a frame timed out), sent just before
@@ -125,13 +124,10 @@ Status LocalConnection::Break(Status s) {
   return s;
 }
 
-
-Result<std::unique_ptr<LocalConnection>> LocalConnection::Connect(const std::string& socket_path,
-                                                                  const std::string& client_name,
-                                                                  Clock::time_point deadline,
-                                                                  int64_t expected_server_uid,
-                                                                  const TenantToken* token,
-                                                                  protocol::SocketDirKind dir_kind) {
+Result<std::unique_ptr<LocalConnection>> LocalConnection::Connect(
+    const std::string& socket_path, const std::string& client_name,
+    SteadyClock::time_point deadline, int64_t expected_server_uid, const TenantToken* token,
+    protocol::SocketDirKind dir_kind) {
   // Who may serve this path, judged from its directory before anything is
   // sent (a caller that names the uid has judged it itself).
   std::vector<int64_t> servers = {expected_server_uid};
@@ -194,7 +190,7 @@ Result<std::unique_ptr<LocalConnection>> LocalConnection::Connect(const std::str
 }
 
 Status LocalConnection::WriteFrame(MessageType type, uint64_t request_id,
-                                   std::span<const iovec> body, Clock::time_point deadline) {
+                                   std::span<const iovec> body, SteadyClock::time_point deadline) {
   if (fd_ < 0) return Unavailable("connection is closed");
   size_t total = 0;
   for (const auto& v : body) total += v.iov_len;
@@ -242,8 +238,8 @@ Status LocalConnection::WriteFrame(MessageType type, uint64_t request_id,
   return Status::Ok();
 }
 
-Status LocalConnection::ReadReply(uint64_t request_id, Clock::time_point deadline, FrameHeader* h,
-                                  std::vector<uint8_t>* body, int* passed_fds) {
+Status LocalConnection::ReadReply(uint64_t request_id, SteadyClock::time_point deadline,
+                                  FrameHeader* h, std::vector<uint8_t>* body, int* passed_fds) {
   uint8_t header[protocol::kHeaderBytes];
   size_t got = 0;
   bool spun = false;
@@ -287,8 +283,8 @@ Status LocalConnection::ReadReply(uint64_t request_id, Clock::time_point deadlin
         // back faster than a sleeping thread wakes up.
         if (spin_.count() > 0 && !spun) {
           spun = true;
-          auto until = Clock::now() + spin_;
-          while (Clock::now() < until) {
+          auto until = SteadyClock::now() + spin_;
+          while (SteadyClock::now() < until) {
             pollfd p{fd_, POLLIN, 0};
             if (::poll(&p, 1, 0) > 0) break;
             __builtin_ia32_pause();
@@ -338,19 +334,19 @@ Status LocalConnection::ReadReply(uint64_t request_id, Clock::time_point deadlin
 }
 
 Status LocalConnection::Call(MessageType type, std::span<const iovec> body,
-                             Clock::time_point deadline, std::vector<uint8_t>* reply) {
+                             SteadyClock::time_point deadline, std::vector<uint8_t>* reply) {
   KVPOOL_ASSIGN_OR_RETURN(uint64_t id, Begin(type, body, deadline));
   return Finish(type, id, deadline, reply);
 }
 
 Result<uint64_t> LocalConnection::Begin(MessageType type, std::span<const iovec> body,
-                                        Clock::time_point deadline) {
+                                        SteadyClock::time_point deadline) {
   uint64_t id = next_request_id_++;
   KVPOOL_RETURN_IF_ERROR(WriteFrame(type, id, body, deadline));
   return id;
 }
 
-Status LocalConnection::Finish(MessageType type, uint64_t id, Clock::time_point deadline,
+Status LocalConnection::Finish(MessageType type, uint64_t id, SteadyClock::time_point deadline,
                                std::vector<uint8_t>* reply) {
   FrameHeader h;
   KVPOOL_RETURN_IF_ERROR(ReadReply(id, deadline, &h, reply, nullptr));
@@ -376,7 +372,7 @@ Status LocalConnection::Finish(MessageType type, uint64_t id, Clock::time_point 
 }
 
 Status LocalConnection::Send(MessageType type, std::span<const iovec> body,
-                             Clock::time_point deadline) {
+                             SteadyClock::time_point deadline) {
   return WriteFrame(type, next_request_id_++, body, deadline);
 }
 

@@ -19,7 +19,7 @@
 
 namespace kvpool {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 class LocalConnection {
  public:
@@ -43,8 +43,9 @@ class LocalConnection {
     std::array<uint8_t, 32> secret{};
   };
   static Result<std::unique_ptr<LocalConnection>> Connect(
-      const std::string& socket_path, const std::string& client_name, Clock::time_point deadline,
-      int64_t expected_server_uid = kSocketDirOwner, const TenantToken* token = nullptr,
+      const std::string& socket_path, const std::string& client_name,
+      SteadyClock::time_point deadline, int64_t expected_server_uid = kSocketDirOwner,
+      const TenantToken* token = nullptr,
       protocol::SocketDirKind dir_kind = protocol::SocketDirKind::kShared);
   ~LocalConnection();
   LocalConnection(const LocalConnection&) = delete;
@@ -60,17 +61,18 @@ class LocalConnection {
   // its reply. A transport failure or timeout breaks the connection
   // (Unavailable / DeadlineExceeded); an error reply returns its status and
   // leaves the connection usable.
-  Status Call(protocol::MessageType type, std::span<const iovec> body, Clock::time_point deadline,
-              std::vector<uint8_t>* reply);
+  Status Call(protocol::MessageType type, std::span<const iovec> body,
+              SteadyClock::time_point deadline, std::vector<uint8_t>* reply);
   // Call in two halves, so several requests can be in flight: Begin sends
   // one and returns its id; Finish waits for that id's reply. The node
   // answers in order, so requests must be finished in the order begun.
   Result<uint64_t> Begin(protocol::MessageType type, std::span<const iovec> body,
-                         Clock::time_point deadline);
-  Status Finish(protocol::MessageType type, uint64_t id, Clock::time_point deadline,
+                         SteadyClock::time_point deadline);
+  Status Finish(protocol::MessageType type, uint64_t id, SteadyClock::time_point deadline,
                 std::vector<uint8_t>* reply);
   // Sends a request that has no reply (release, abort).
-  Status Send(protocol::MessageType type, std::span<const iovec> body, Clock::time_point deadline);
+  Status Send(protocol::MessageType type, std::span<const iovec> body,
+              SteadyClock::time_point deadline);
   bool broken() const { return fd_ < 0; }
   // How long a reply is polled for before the caller sleeps in poll(2).
   void set_spin(std::chrono::microseconds spin) { spin_ = spin; }
@@ -78,8 +80,8 @@ class LocalConnection {
  private:
   explicit LocalConnection(int fd);
   Status WriteFrame(protocol::MessageType type, uint64_t request_id, std::span<const iovec> body,
-                    Clock::time_point deadline);
-  Status ReadReply(uint64_t request_id, Clock::time_point deadline, protocol::FrameHeader* h,
+                    SteadyClock::time_point deadline);
+  Status ReadReply(uint64_t request_id, SteadyClock::time_point deadline, protocol::FrameHeader* h,
                    std::vector<uint8_t>* body, int* passed_fds);
   Status Break(Status s);
   // After a failed send: the node may have refused the connection (a

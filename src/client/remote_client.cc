@@ -20,9 +20,9 @@
 namespace kvpool::client {
 
 using transport::CallArgs;
-using transport::Clock;
 using transport::Deadline;
 using transport::Reply;
+using transport::SteadyClock;
 
 namespace {
 
@@ -103,7 +103,7 @@ struct RemoteClient::Impl {
   RemoteClientOptions opts;
   std::mutex mu;
   std::shared_ptr<const Routing> routing GUARDED_BY(mu);
-  Clock::time_point refreshed_at GUARDED_BY(mu){};
+  SteadyClock::time_point refreshed_at GUARDED_BY(mu){};
   std::atomic<bool> refresh_in_flight{false};
   // Lookups and fetches, without cool-downs or a lookup cache: each call
   // asks the homes afresh and tries every holder.
@@ -122,7 +122,7 @@ struct RemoteClient::Impl {
     r->routes.map = std::make_shared<const ShardMap>(ShardMap::Compute(view));
     r->routes.view = std::make_shared<const MembershipView>(std::move(view));
     std::lock_guard lock(mu);
-    refreshed_at = Clock::now();
+    refreshed_at = SteadyClock::now();
     // A node that lags behind (older epoch) does not undo a newer view.
     if (!routing || r->view().epoch >= routing->view().epoch) routing = std::move(r);
   }
@@ -191,7 +191,7 @@ struct RemoteClient::Impl {
     {
       std::lock_guard lock(mu);
       r = routing;
-      due = Clock::now() - refreshed_at > opts.refresh_interval;
+      due = SteadyClock::now() - refreshed_at > opts.refresh_interval;
     }
     if (due && !refresh_in_flight.exchange(true)) (void)Refresh(deadline, /*wait=*/false);
     return r;
@@ -199,7 +199,7 @@ struct RemoteClient::Impl {
 
   // After a node did not answer: a fresh view (waiting for it), or null.
   std::shared_ptr<const Routing> RefreshNow(Deadline deadline) {
-    if (Clock::now() >= deadline) return nullptr;
+    if (SteadyClock::now() >= deadline) return nullptr;
     if (!Refresh(deadline, /*wait=*/true).ok()) return nullptr;
     return Current();
   }
@@ -285,14 +285,14 @@ Result<std::unique_ptr<RemoteClient>> RemoteClient::Open(const RemoteClientOptio
   fo.cooldown = std::chrono::milliseconds(0);
   fo.lookup_cache_ttl = std::chrono::milliseconds(0);
   impl->fetcher = std::make_unique<cluster::RouteFetcher>(fo, impl->transport.get(), nullptr);
-  KVPOOL_RETURN_IF_ERROR(impl->Refresh(Clock::now() + options.timeout, /*wait=*/true));
+  KVPOOL_RETURN_IF_ERROR(impl->Refresh(SteadyClock::now() + options.timeout, /*wait=*/true));
   return std::unique_ptr<RemoteClient>(new RemoteClient(std::move(impl)));
 }
 
 Status RemoteClient::Put(std::span<const KeyId> keys, const void* const* values,
                          const uint64_t* sizes, int32_t* statuses) {
   Impl& im = *impl_;
-  Deadline deadline = Clock::now() + im.opts.timeout;
+  Deadline deadline = SteadyClock::now() + im.opts.timeout;
   auto r = im.ForCall(deadline);
   std::vector<size_t> todo;
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -358,7 +358,7 @@ Status RemoteClient::Put(std::span<const KeyId> keys, const void* const* values,
 Status RemoteClient::Get(std::span<const KeyId> keys, void* const* buffers,
                          const uint64_t* capacities, uint64_t* sizes, int32_t* statuses) {
   Impl& im = *impl_;
-  Deadline deadline = Clock::now() + im.opts.timeout;
+  Deadline deadline = SteadyClock::now() + im.opts.timeout;
   Found f;
   KVPOOL_RETURN_IF_ERROR(im.Lookups(keys, deadline, &f));
   // Candidate holders per key, in the home's order. A key the home has no
@@ -415,7 +415,7 @@ Status RemoteClient::Get(std::span<const KeyId> keys, void* const* buffers,
 
 Status RemoteClient::Exists(std::span<const KeyId> keys, uint8_t* hits) {
   Impl& im = *impl_;
-  Deadline deadline = Clock::now() + im.opts.timeout;
+  Deadline deadline = SteadyClock::now() + im.opts.timeout;
   Found f;
   KVPOOL_RETURN_IF_ERROR(im.Lookups(keys, deadline, &f));
   for (size_t i = 0; i < keys.size(); ++i) {

@@ -15,7 +15,7 @@
 namespace kvpool::cluster {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 double ThreadCpuSeconds() {
   timespec ts{};
@@ -125,7 +125,7 @@ struct AntiEntropy::Impl {
       args.peer = peers[i];
       args.type = type;
       args.payload = (*bodies)[i];
-      args.deadline = transport::Clock::now() + opts.timeout;
+      args.deadline = transport::SteadyClock::now() + opts.timeout;
       cluster->transport()->Call(args, [calls, bodies, i](transport::Reply r) {
         std::lock_guard lock(calls->mu);
         calls->replies[i] = std::move(r);

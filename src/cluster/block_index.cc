@@ -234,7 +234,7 @@ Result<blocks::PrefixAnswer> BlockIndex::Lookup(std::span<const uint64_t> hashes
   }
   if (im->cluster->fenced()) return im->NotServing();
   im->lookups->Inc();
-  const auto deadline = transport::Clock::now() + timeout;
+  const auto deadline = transport::SteadyClock::now() + timeout;
   auto view = im->cluster->view();
   auto map = im->cluster->shard_map();
   const size_t n = hashes.size();

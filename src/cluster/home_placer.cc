@@ -201,7 +201,7 @@ void HomePlacer::Send(const std::string& address, const KeyId& key, const Target
   args.type = ScopedType(kPeerStore, opts_.tenant);
   args.request = header;
   args.payload = value;
-  args.deadline = transport::Clock::now() + opts_.timeout;
+  args.deadline = transport::SteadyClock::now() + opts_.timeout;
   cluster_->transport()->Call(args, std::move(done));
 }
 

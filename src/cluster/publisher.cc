@@ -132,7 +132,7 @@ void Publisher::FlushLocked() {
       args.type = opts_.tenant.empty() ? opts_.type : ScopedType(kPeerPublish, opts_.tenant);
       args.request = scope;
       args.payload = *payload;
-      args.deadline = transport::Clock::now() + opts_.timeout;
+      args.deadline = transport::SteadyClock::now() + opts_.timeout;
       // The callback may outlive the publisher: it touches only metrics and
       // the shared retry queue.
       Counter* sent = sent_;

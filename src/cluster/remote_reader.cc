@@ -17,7 +17,7 @@
 
 namespace kvpool::cluster {
 
-using transport::Clock;
+using transport::SteadyClock;
 
 struct RemoteReader::State {
   RemoteReaderOptions opts;
@@ -79,14 +79,14 @@ struct RemoteReader::State {
   static constexpr int kChurnDivisor = 16;
   const kvpool::Clock* clock = nullptr;
   std::mutex churn_mu;
-  Clock::time_point churn_at;     // protected by churn_mu
+  SteadyClock::time_point churn_at;  // protected by churn_mu
   uint64_t churn_departures = 0;  // protected by churn_mu
   void SampleChurn() {
-    const Clock::time_point now = clock->Now();
+    const SteadyClock::time_point now = clock->Now();
     std::unique_lock lock(churn_mu, std::try_to_lock);
     if (!lock.owns_lock() || now < churn_at + kChurnSample) return;
     const uint64_t departures = directory->departures();
-    if (churn_at != Clock::time_point{}) {
+    if (churn_at != SteadyClock::time_point{}) {
       const uint64_t gone = departures - churn_departures;
       const double secs = std::chrono::duration<double>(now - churn_at).count();
       const double stay_us = gone == 0 ? 0
@@ -143,7 +143,7 @@ void StartLookup(const std::shared_ptr<RemoteReader::State>& st,
   std::vector<size_t> all(batch->keys.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
   st->fetcher->Lookup(
-      routes, batch, all, Clock::now() + st->opts.lookup_timeout,
+      routes, batch, all, SteadyClock::now() + st->opts.lookup_timeout,
       [st](std::span<const KeyId> keys) { return st->directory->Lookup(keys); },
       std::move(resolved));
 }

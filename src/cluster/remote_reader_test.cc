@@ -20,6 +20,7 @@
 #include "cluster/peer_server.h"
 #include "common/clock.h"
 #include "membership/static_membership.h"
+#include "testing/wait_for.h"
 #include "transport/fault_transport.h"
 #include "transport/in_process_transport.h"
 
@@ -27,6 +28,7 @@ namespace kvpool::cluster {
 namespace {
 
 using std::chrono::milliseconds;
+using testing::WaitFor;
 
 std::vector<uint8_t> Bytes(uint64_t seed, size_t n) {
   std::vector<uint8_t> v(n);
@@ -293,13 +295,13 @@ class RemoteReaderTest : public ::testing::Test {
   }
   // Publishing crosses the network thread: wait (bounded) for the homes.
   bool WaitDirectoryEntries(uint64_t n) {
-    for (int i = 0; i < 200; ++i) {
-      uint64_t total = 0;
-      for (auto& node : nodes_) total += node ? node->directory->entries() : 0;
-      if (total == n) return true;
-      std::this_thread::sleep_for(milliseconds(10));
-    }
-    return false;
+    return WaitFor(
+        [&] {
+          uint64_t total = 0;
+          for (auto& node : nodes_) total += node ? node->directory->entries() : 0;
+          return total == n;
+        },
+        milliseconds(2000));
   }
 
   // The readers' clock: cool-downs and cached lookups end only when a test
@@ -362,9 +364,7 @@ TEST_F(RemoteReaderTest, FetchesByteExactAndKeepsReplicasOfValuesFetchedAgain) {
   FlushAll();
   // B's publishes cross the network: wait (bounded) until all were answered.
   Counter* published = b.metrics.GetCounter("kvpool_publish_items_total", "");
-  for (int i = 0; i < 200 && published->Value() < static_cast<uint64_t>(kN); ++i) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
+  WaitFor([&] { return published->Value() >= static_cast<uint64_t>(kN); }, milliseconds(2000));
   ASSERT_EQ(published->Value(), static_cast<uint64_t>(kN));
   std::vector<KeyId> homed_alive;
   auto map = c.cluster->shard_map();
@@ -507,11 +507,13 @@ TEST(RemoteReaderLruTest, FetchesFirstToLastUnderLru) {
   }
   for (auto& n : nodes) n->announcer->Flush();
   uint64_t listed = 0;
-  for (int i = 0; i < 200 && listed < keys.size(); ++i) {
-    listed = 0;
-    for (auto& n : nodes) listed += n->directory->entries();
-    if (listed < keys.size()) std::this_thread::sleep_for(milliseconds(10));
-  }
+  WaitFor(
+      [&] {
+        listed = 0;
+        for (auto& n : nodes) listed += n->directory->entries();
+        return listed >= keys.size();
+      },
+      milliseconds(2000));
   ASSERT_EQ(listed, keys.size());
   auto pins = b.Fetch(keys);
   ASSERT_EQ(pins.size(), keys.size());
@@ -624,9 +626,7 @@ TEST_F(RemoteReaderTest, ChurnAtTheReadersDirectoryBoundsHowLongAnswersAreReused
   // key stays listed about 250 ms and answers are reused 15.625 ms.
   for (size_t i = 0; i < 4; ++i) ASSERT_TRUE(a.tiered->Remove(listed_at_b[i]).ok());
   FlushAll();
-  for (int i = 0; i < 200 && b.directory->entries() != 4; ++i) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
+  WaitFor([&] { return b.directory->entries() == 4; }, milliseconds(2000));
   ASSERT_EQ(b.directory->entries(), 4u);
   EXPECT_EQ(b.directory->departures(), 4u);
   clock_.Advance(milliseconds(250));
@@ -681,9 +681,7 @@ TEST_F(RemoteReaderTest, PlacementHomeMovesValuesToTheirHomeOrKeepsThemWhenItIsD
   for (size_t i = 0; i < to_c.size(); ++i) put(to_c[i], 100 + i);
   Counter* moved = a.metrics.GetCounter("kvpool_placement_moved_total", "");
   Counter* kept = a.metrics.GetCounter("kvpool_placement_kept_total", "");
-  for (int i = 0; i < 300 && moved->Value() + kept->Value() < 16; ++i) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
+  WaitFor([&] { return moved->Value() + kept->Value() >= 16; }, milliseconds(3000));
   EXPECT_EQ(moved->Value(), 8u);
   EXPECT_EQ(kept->Value(), 8u);
   for (size_t i = 0; i < to_b.size(); ++i) {
@@ -732,10 +730,11 @@ TEST_F(RemoteReaderTest, APublishTheHomeDidNotTakeIsSentAgain) {
   nodes_[1].reset();  // b goes away; its address stops answering
   for (size_t i = 0; i < keys.size(); ++i) a.Put(keys[i], Bytes(static_cast<int>(i), 4096));
   a.announcer->Flush();
-  for (int i = 0; i < 200 && a.metrics.ValueOf("kvpool_peer_errors_total", {{"op", "publish"}}) < 1;
-       ++i) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
+  WaitFor(
+      [&] {
+        return a.metrics.ValueOf("kvpool_peer_errors_total", {{"op", "publish"}}) >= 1;
+      },
+      milliseconds(2000));
   ASSERT_GE(a.metrics.ValueOf("kvpool_peer_errors_total", {{"op", "publish"}}), 1);
   std::vector<Member> members;
   for (const char* id : {"a", "b", "c"}) members.push_back({id, std::string(id) + ":1", 0, 1.0});
@@ -781,9 +780,7 @@ TEST_F(RemoteReaderTest, FetchesWaitForEveryHomesAnswer) {
   auto f = done.get_future();
   b.reader->Fetch(keys, [&](std::vector<TieredStore::Pin> pins) { done.set_value(std::move(pins)); });
   Counter* hits = b.metrics.GetCounter("kvpool_remote_hits_total", "");
-  for (int i = 0; i < 500 && b.gate->held() < 1; ++i) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
+  WaitFor([&] { return b.gate->held() >= 1; }, milliseconds(5000));
   ASSERT_EQ(b.gate->held(), 1u);  // C's lookup
   std::this_thread::sleep_for(milliseconds(200));
   EXPECT_EQ(b.gate->fetched().size(), 0u);  // B resolved its 12 at once, and waits
@@ -803,9 +800,7 @@ TEST_F(RemoteReaderTest, FetchesWaitForEveryHomesAnswer) {
   }
   // A lets go of the entries it answered from once the replies are sent (on
   // the network thread, possibly just after B got them).
-  for (int i = 0; i < 500 && a.tiered->GetDramStats().pinned > 0; ++i) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
+  WaitFor([&] { return a.tiered->GetDramStats().pinned == 0; }, milliseconds(5000));
   EXPECT_EQ(a.tiered->GetDramStats().pinned, 0u);
 }
 

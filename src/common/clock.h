@@ -3,7 +3,8 @@
 // SystemClock (std::chrono::steady_clock); tests use ManualClock, which
 // moves only when told, so such a decision is exact and needs no sleep.
 // Deadlines handed to the transport stay on steady_clock: they bound real
-// waits.
+// waits. In kvpool `Clock` names this interface only; a file that reads
+// steady_clock itself calls its alias SteadyClock.
 //
 // Thread-safe: every method may be called from any thread. The pointer
 // SystemClock::Get() returns lives for the whole process.

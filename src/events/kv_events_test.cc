@@ -20,9 +20,12 @@
 
 #include "events/kv_events_format.h"
 #include "protocol/descriptor_format.h"
+#include "testing/wait_for.h"
 
 namespace kvpool::events {
 namespace {
+
+using testing::WaitFor;
 
 KeyId K(int i) { return MakeKeyId("ev", std::to_string(i)); }
 
@@ -323,9 +326,8 @@ TEST(KvEventsPublisher, ReplayInTwoFramesForOlderSubscribers) {
   HoldingsEvent e;
   e.key = K(7);
   (*p)->OnBlockEvent(e, blocks::Descriptor());
-  for (int i = 0; i < 200 && metrics.ValueOf("kvpool_kv_events_total") < 1; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  WaitFor([&] { return metrics.ValueOf("kvpool_kv_events_total") >= 1; },
+          std::chrono::milliseconds(1000));
   void* ctx = zmq_ctx_new();
   void* d = zmq_socket(ctx, ZMQ_DEALER);
   ASSERT_EQ(zmq_connect(d, (*p)->bound_replay_endpoint().c_str()), 0);
@@ -388,9 +390,8 @@ TEST(KvEventsPublisher, DescribedKeysAreNamedFromTheirWriteToTheirLastEvent) {
   e.tier = HoldingTier::kSsd;
   e.still_held = false;
   table.OnHoldings(e);  // gone
-  for (int i = 0; i < 400 && metrics.ValueOf("kvpool_kv_events_total") < 5; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  WaitFor([&] { return metrics.ValueOf("kvpool_kv_events_total") >= 5; },
+          std::chrono::milliseconds(2000));
   ASSERT_EQ(metrics.ValueOf("kvpool_kv_events_total"), 5);
   EXPECT_EQ(table.entries(), 0u);
   EXPECT_EQ(table.bytes(), 0u);
@@ -462,9 +463,8 @@ TEST(KvEventsPublisher, ReplayAnswersTheBatchesFromAStartSeq) {
     e.key = K(i);
     (*p)->OnBlockEvent(e, blocks::Descriptor());
   }
-  for (int i = 0; i < 200 && metrics.ValueOf("kvpool_kv_events_total") < 4; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  WaitFor([&] { return metrics.ValueOf("kvpool_kv_events_total") >= 4; },
+          std::chrono::milliseconds(1000));
   ASSERT_EQ(metrics.ValueOf("kvpool_kv_events_total"), 4);
   void* ctx = zmq_ctx_new();
   auto all = Replay(ctx, (*p)->bound_replay_endpoint(), 0);
@@ -518,9 +518,8 @@ TEST(KvEventsPublisher, BatchesAndTheReplayBufferAreBoundedInBytes) {
     e.key = K(i);
     (*p)->OnBlockEvent(e, ds[i]);
   }
-  for (int i = 0; i < 400 && metrics.ValueOf("kvpool_kv_events_total") < kBlocks; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  WaitFor([&] { return metrics.ValueOf("kvpool_kv_events_total") >= kBlocks; },
+          std::chrono::milliseconds(2000));
   ASSERT_EQ(metrics.ValueOf("kvpool_kv_events_total"), kBlocks);
   const auto batches = static_cast<int64_t>(metrics.ValueOf("kvpool_kv_events_batches_total"));
   void* ctx = zmq_ctx_new();
@@ -592,9 +591,8 @@ TEST(KvEventsPublisher, BatchesQueuedForASlowSubscriberKeepTheirBytesAfterTheRep
     (*p)->OnBlockEvent(e, blocks::Descriptor());
     if (i % 512 == 511) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
-  for (int i = 0; i < 400 && metrics.ValueOf("kvpool_kv_events_total") < kKeys; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  WaitFor([&] { return metrics.ValueOf("kvpool_kv_events_total") >= kKeys; },
+          std::chrono::milliseconds(2000));
   ASSERT_EQ(metrics.ValueOf("kvpool_kv_events_total"), kKeys);
   const auto batches = static_cast<int64_t>(metrics.ValueOf("kvpool_kv_events_batches_total"));
   ASSERT_GE(batches, kKeys / 512);

@@ -18,7 +18,7 @@
 namespace kvpool {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 using testing::WaitFor;
 
@@ -193,7 +193,7 @@ TEST_F(EtcdUserAuthTest, RejectedTokenIsRenewedOnce) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(metrics.ValueOf(kAuthenticationsTotal), 2);
   InvalidateTokens();
-  Status w = client.WatchPrefix("/kvpool/", r->revision + 1, Clock::now() + milliseconds(200),
+  Status w = client.WatchPrefix("/kvpool/", r->revision + 1, SteadyClock::now() + milliseconds(200),
                                 [](const std::vector<EtcdEvent>&) {});
   EXPECT_TRUE(w.ok()) << w.ToString();
   EXPECT_EQ(metrics.ValueOf(kAuthenticationsTotal), 3);
@@ -349,7 +349,7 @@ TEST_F(EtcdTlsTest, UserAuthOverTlsWithACertificateWithoutCommonName) {
 
 TEST_F(EtcdTlsTest, WithoutTheClientCertificateFailsAtOnce) {
   MetricsRegistry metrics;
-  Clock::time_point start = Clock::now();
+  SteadyClock::time_point start = SteadyClock::now();
   auto m = EtcdMembership::Open(Options("a", Tls("ca.pem", false)), &metrics);
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), StatusCode::kUnavailable) << m.status().ToString();
@@ -363,7 +363,7 @@ TEST_F(EtcdTlsTest, WithoutTheClientCertificateFailsAtOnce) {
   std::string message(m.status().message());
   EXPECT_TRUE(message == refused("Write") || message == refused("Read")) << message;
   EXPECT_EQ(metrics.ValueOf(kErrorsTotal, {{"kind", "tls"}}), 1);
-  EXPECT_LT(Clock::now() - start, milliseconds(1000));
+  EXPECT_LT(SteadyClock::now() - start, milliseconds(1000));
 }
 
 TEST_F(EtcdTlsTest, ServerCertificateFromAnotherCaIsRefused) {

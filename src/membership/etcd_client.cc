@@ -19,7 +19,7 @@ namespace kvpool {
 namespace {
 
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 constexpr char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 // After etcd refused the user's password: how long calls fail with that
@@ -204,7 +204,7 @@ struct EtcdClient::Impl {
   std::string token;                // etcd's token; empty: none held
   bool auth_off = false;            // etcd said its auth is off: no token needed
   Status auth_refused;              // etcd's last refusal of the password,
-  Clock::time_point auth_retry_at;  // returned by calls until then
+  SteadyClock::time_point auth_retry_at;  // returned by calls until then
 
   std::mutex watch_mu;
   httplib::Client* watch = nullptr;  // protected by watch_mu; the running watch
@@ -248,7 +248,7 @@ struct EtcdClient::Impl {
   // Transport failure: count it and move to the next endpoint.
   // `elapsed`: how long the request ran, where known.
   Status TransportError(httplib::Error err, const std::string& path,
-                        Clock::duration elapsed = Clock::duration::max()) {
+                        SteadyClock::duration elapsed = SteadyClock::duration::max()) {
     // Over TLS 1.3 etcd refuses a client certificate after the handshake:
     // the client's first write or read fails at once, long before a timeout.
     bool refused = (err == httplib::Error::Read || err == httplib::Error::Write) &&
@@ -289,14 +289,14 @@ struct EtcdClient::Impl {
       reply_body.append(data, n);
       return true;
     };
-    Clock::time_point sent = Clock::now();
+    SteadyClock::time_point sent = SteadyClock::now();
     auto res = Unary().send(req);
     if (!res) {
       // etcd's gateway ends error replies with HTTP trailers, which this
       // httplib cannot parse: it reports a read error after the status and
       // the whole body have arrived. Use them, and drop the connection.
       if (*status == 0 || !json::accept(reply_body)) {
-        return TransportError(res.error(), path, Clock::now() - sent);
+        return TransportError(res.error(), path, SteadyClock::now() - sent);
       }
       unary.reset();
     }
@@ -330,7 +330,7 @@ struct EtcdClient::Impl {
   Status Authenticate() {
     const EtcdSecurityOptions& s = options.security;
     if (s.user.empty() || !token.empty() || auth_off) return Status::Ok();
-    if (!auth_refused.ok() && Clock::now() < auth_retry_at) return auth_refused;
+    if (!auth_refused.ok() && SteadyClock::now() < auth_retry_at) return auth_refused;
     const std::string path = "/v3/auth/authenticate";
     int status = 0;
     KVPOOL_ASSIGN_OR_RETURN(json reply,
@@ -360,7 +360,7 @@ struct EtcdClient::Impl {
     auth_refused = PermissionDenied(
         fmt::format("etcd user auth: etcd {} refused user '{}' (wrong user name or password?): {}",
                     Endpoint(), s.user, Str(reply, "message")));
-    auth_retry_at = Clock::now() + kAuthRetry;
+    auth_retry_at = SteadyClock::now() + kAuthRetry;
     LogWarn("{}", auth_refused.message());
     return auth_refused;
   }
@@ -378,7 +378,7 @@ struct EtcdClient::Impl {
 
   // One watch (see WatchPrefix); *token_rejected when etcd turned down the
   // token and it was dropped, so that a second try takes a new one.
-  Status Watch(const std::string& prefix, int64_t start_revision, Clock::time_point deadline,
+  Status Watch(const std::string& prefix, int64_t start_revision, SteadyClock::time_point deadline,
                const std::function<void(const std::vector<EtcdEvent>&)>& on_events,
                bool* token_rejected);
 
@@ -489,12 +489,12 @@ Result<int64_t> EtcdClient::LeaseKeepAlive(int64_t id) {
     buf.append(data, n);
     return buf.find('\n') == std::string::npos;
   };
-  Clock::time_point sent = Clock::now();
+  SteadyClock::time_point sent = SteadyClock::now();
   auto res = impl_->Unary().send(req);
   size_t nl = buf.find('\n');
   if (nl == std::string::npos) {
     if (!res && res.error() != httplib::Error::Canceled) {
-      return impl_->TransportError(res.error(), path, Clock::now() - sent);
+      return impl_->TransportError(res.error(), path, SteadyClock::now() - sent);
     }
     buf.clear();  // the stream ended without a line: parse what came
   }
@@ -538,11 +538,11 @@ Result<int64_t> EtcdClient::LeaseTimeToLive(int64_t id) {
 }
 
 Status EtcdClient::Impl::Watch(const std::string& prefix, int64_t start_revision,
-                               Clock::time_point deadline,
+                               SteadyClock::time_point deadline,
                                const std::function<void(const std::vector<EtcdEvent>&)>& on_events,
                                bool* token_rejected) {
   if (interrupted.load()) return Status::Ok();
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
   if (left.count() <= 0) return Status::Ok();
   KVPOOL_RETURN_IF_ERROR(Authenticate());
   const std::string path = "/v3/watch";
@@ -614,7 +614,7 @@ Status EtcdClient::Impl::Watch(const std::string& prefix, int64_t start_revision
         return false;
       }
     }
-    return Clock::now() < deadline && !interrupted.load();
+    return SteadyClock::now() < deadline && !interrupted.load();
   };
   auto res = client->send(req);
   {
@@ -622,7 +622,7 @@ Status EtcdClient::Impl::Watch(const std::string& prefix, int64_t start_revision
     watch = nullptr;
   }
   if (!failure.ok()) return failure;
-  if (interrupted.load() || Clock::now() + std::chrono::milliseconds(20) >= deadline) {
+  if (interrupted.load() || SteadyClock::now() + std::chrono::milliseconds(20) >= deadline) {
     return Status::Ok();
   }
   if (!res) return TransportError(res.error(), path);
@@ -631,7 +631,7 @@ Status EtcdClient::Impl::Watch(const std::string& prefix, int64_t start_revision
 }
 
 Status EtcdClient::WatchPrefix(
-    const std::string& prefix, int64_t start_revision, Clock::time_point deadline,
+    const std::string& prefix, int64_t start_revision, SteadyClock::time_point deadline,
     const std::function<void(const std::vector<EtcdEvent>&)>& on_events) {
   // A token etcd rejects when the watch is created is renewed once.
   for (bool renewed = false;; renewed = true) {

@@ -15,7 +15,7 @@
 namespace kvpool {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 // The longest a watch slice runs before the loop looks at its timers again.
@@ -89,8 +89,8 @@ std::string MemberRecord(const std::string& cluster, const Member& m) {
                      m.weight);
 }
 
-LeaseVerdict JudgeLease(std::span<const PeerLeaseReport> reports, Clock::time_point failing_since,
-                        std::string* why) {
+LeaseVerdict JudgeLease(std::span<const PeerLeaseReport> reports,
+                        SteadyClock::time_point failing_since, std::string* why) {
   size_t asked = reports.size(), vouching = 0, renewing = 0;
   for (const PeerLeaseReport& r : reports) {
     // A fenced peer, or one without a lease, tells nothing about etcd.
@@ -152,18 +152,18 @@ struct EtcdMembership::Impl {
   std::atomic<bool> joining{false};
   bool refused = false;
   int64_t join_holder = 0;
-  Clock::time_point join_deadline;
+  SteadyClock::time_point join_deadline;
   mutable std::mutex reason_mu;
   std::string join_reason;  // protected by reason_mu
 
   // Owned by the loop (and by Open before it).
   EtcdLease lease;                // id 0: none held
   int64_t registered_revision = 0;  // revision of our current member key
-  Clock::time_point last_renewal;   // when the last successful renewal was sent
-  Clock::time_point first_failure;  // the first failed renewal after last_renewal
-  Clock::time_point next_outage_check;  // while renewals fail: when to ask the peers
-  Clock::time_point next_keepalive;
-  Clock::time_point next_register;
+  SteadyClock::time_point last_renewal;       // when the last successful renewal was sent
+  SteadyClock::time_point first_failure;      // the first failed renewal after last_renewal
+  SteadyClock::time_point next_outage_check;  // while renewals fail: when to ask the peers
+  SteadyClock::time_point next_keepalive;
+  SteadyClock::time_point next_register;
   milliseconds keepalive_interval{0};
   milliseconds fence_after{0};
   std::map<std::string, Member> members;  // as of watch_revision - 1
@@ -214,7 +214,7 @@ struct EtcdMembership::Impl {
     join_reason = std::move(why);
   }
 
-  void SetRenewed(Clock::time_point sent) {
+  void SetRenewed(SteadyClock::time_point sent) {
     last_renewal = sent;
     last_renewal_ns.store(sent.time_since_epoch().count(), std::memory_order_release);
     next_outage_check = {};
@@ -231,7 +231,7 @@ struct EtcdMembership::Impl {
   }
 
   // Sleeps until t or Stop(), whichever is first.
-  void WaitUntil(Clock::time_point t) {
+  void WaitUntil(SteadyClock::time_point t) {
     std::unique_lock<std::mutex> l(mu);
     cv.wait_until(l, t, [&] { return stop; });
   }
@@ -240,7 +240,7 @@ struct EtcdMembership::Impl {
   // incarnation counter. On success the lease and incarnation are ours.
   Status Register() {
     const int64_t ttl_s = (options.lease_ttl.count() + 999) / 1000;
-    Clock::time_point granted_at = Clock::now();
+    SteadyClock::time_point granted_at = SteadyClock::now();
     KVPOOL_ASSIGN_OR_RETURN(EtcdLease granted, client.LeaseGrant(ttl_s));
     Status st = RegisterWithLease(granted);
     if (!st.ok()) {
@@ -267,7 +267,7 @@ struct EtcdMembership::Impl {
   // live_id_margin. Logged once. A lease renewed past that is a live
   // process: FailedPrecondition.
   Status RegisterWhenFree() {
-    Clock::time_point wait_until{};
+    SteadyClock::time_point wait_until{};
     for (;;) {
       KVPOOL_ASSIGN_OR_RETURN(EtcdRange existing, client.Get(member_key));
       int64_t holder = existing.kvs.empty() ? 0 : existing.kvs[0].lease;
@@ -276,8 +276,8 @@ struct EtcdMembership::Impl {
         Result<int64_t> left = client.LeaseTimeToLive(holder);
         if (!left.ok() && left.status().code() != StatusCode::kNotFound) return left.status();
         if (left.ok()) {
-          Clock::time_point now = Clock::now();
-          if (wait_until == Clock::time_point{}) {
+          SteadyClock::time_point now = SteadyClock::now();
+          if (wait_until == SteadyClock::time_point{}) {
             wait_until = now + std::chrono::seconds(*left) + options.live_id_margin;
             LogWarn("membership: node id {} is still registered (lease {:x}, {} s left); "
                     "waiting up to {} ms for it to expire",
@@ -298,8 +298,8 @@ struct EtcdMembership::Impl {
       // Taken again between our look and our txn: look again (bounded by
       // the same wait).
       if (st.code() != StatusCode::kFailedPrecondition) return st;
-      if (wait_until != Clock::time_point{} && Clock::now() >= wait_until) return st;
-      WaitUntil(Clock::now() + options.retry_interval);
+      if (wait_until != SteadyClock::time_point{} && SteadyClock::now() >= wait_until) return st;
+      WaitUntil(SteadyClock::now() + options.retry_interval);
     }
   }
 
@@ -325,8 +325,8 @@ struct EtcdMembership::Impl {
 
   void StartJoining(int64_t holder, milliseconds left) {
     join_holder = holder;
-    join_deadline = Clock::now() + left + options.live_id_margin;
-    next_register = Clock::now() + std::min(options.retry_interval, kJoinPoll);
+    join_deadline = SteadyClock::now() + left + options.live_id_margin;
+    next_register = SteadyClock::now() + std::min(options.retry_interval, kJoinPoll);
     joining.store(true);
     self->SetFenced(true);
     std::string why = fmt::format(
@@ -350,7 +350,7 @@ struct EtcdMembership::Impl {
     if (holder != join_holder && holder != 0 && !ours) {
       // Another registration took the id meanwhile: wait for it as long.
       join_holder = holder;
-      join_deadline = Clock::now() + options.lease_ttl + options.live_id_margin;
+      join_deadline = SteadyClock::now() + options.lease_ttl + options.live_id_margin;
     }
     if (holder == 0 || ours) {
       Status st = Register();
@@ -366,7 +366,7 @@ struct EtcdMembership::Impl {
       }
       return;
     }
-    if (Clock::now() < join_deadline || refused) return;
+    if (SteadyClock::now() < join_deadline || refused) return;
     refused = true;
     Status st = FailedPrecondition(fmt::format(
         "node id already live: {} (its lease {:x} is still renewed after waiting for it to "
@@ -507,10 +507,10 @@ struct EtcdMembership::Impl {
     SetOutage(false);
     LogWarn("membership: {} fenced: {}", options.node_id, why);
     self->SetFenced(true);
-    next_register = Clock::now();
+    next_register = SteadyClock::now();
   }
 
-  Clock::time_point FenceCheckAt() const {
+  SteadyClock::time_point FenceCheckAt() const {
     return std::max(last_renewal + fence_after, next_outage_check);
   }
 
@@ -535,7 +535,7 @@ struct EtcdMembership::Impl {
   }
 
   void KeepAlive() {
-    Clock::time_point sent = Clock::now();
+    SteadyClock::time_point sent = SteadyClock::now();
     Result<int64_t> ttl = client.LeaseKeepAlive(lease.id);
     if (ttl.ok()) {
       if (outage.load()) LogInfo("membership: {} reaches etcd again", options.node_id);
@@ -547,7 +547,7 @@ struct EtcdMembership::Impl {
       Fence("lease expired");
     } else {
       if (first_failure <= last_renewal) first_failure = sent;
-      next_keepalive = Clock::now() + kKeepAliveRetry;
+      next_keepalive = SteadyClock::now() + kKeepAliveRetry;
     }
   }
 
@@ -558,9 +558,9 @@ struct EtcdMembership::Impl {
       Fence("lease not renewed in time");
       return;
     }
-    Clock::time_point failing_since = std::max(first_failure, last_renewal);
-    std::vector<PeerLeaseReport> reports =
-        options.probe_peers(Clock::now() + std::min<milliseconds>(kProbeBudget, options.request_timeout));
+    SteadyClock::time_point failing_since = std::max(first_failure, last_renewal);
+    std::vector<PeerLeaseReport> reports = options.probe_peers(
+        SteadyClock::now() + std::min<milliseconds>(kProbeBudget, options.request_timeout));
     std::string why;
     if (JudgeLease(reports, failing_since, &why) == LeaseVerdict::kFence) {
       Fence(why);
@@ -570,29 +570,29 @@ struct EtcdMembership::Impl {
       LogWarn("membership: {} keeps its last view: {}", options.node_id, why);
     }
     SetOutage(true);
-    next_outage_check = Clock::now() + kOutageRecheck;
+    next_outage_check = SteadyClock::now() + kOutageRecheck;
   }
 
   void Loop() {
     while (!Stopping()) {
-      Clock::time_point now = Clock::now();
-      Clock::time_point slice_end = now + kMaxSlice;
+      SteadyClock::time_point now = SteadyClock::now();
+      SteadyClock::time_point slice_end = now + kMaxSlice;
       if (joining.load()) {
         if (now >= next_register) {
           TryJoin();
           // A quick look (one read) while the old registration is about to
           // go: joining sooner is local service turning into cluster service.
-          next_register = Clock::now() + std::min(options.retry_interval, kJoinPoll);
+          next_register = SteadyClock::now() + std::min(options.retry_interval, kJoinPoll);
         }
         if (joining.load()) slice_end = std::min(slice_end, next_register);
       } else if (!self->fenced()) {
         if (now >= next_keepalive) KeepAlive();
-        if (!self->fenced() && Clock::now() >= FenceCheckAt()) FenceOrRideOut();
+        if (!self->fenced() && SteadyClock::now() >= FenceCheckAt()) FenceOrRideOut();
       }
       if (self->fenced() && !joining.load()) {
-        if (Clock::now() >= next_register) {
+        if (SteadyClock::now() >= next_register) {
           TryRecover();
-          next_register = Clock::now() + options.retry_interval;
+          next_register = SteadyClock::now() + options.retry_interval;
         }
         if (self->fenced()) slice_end = std::min(slice_end, next_register);
       }
@@ -647,17 +647,17 @@ Result<std::unique_ptr<EtcdMembership>> EtcdMembership::Open(const EtcdMembershi
   std::unique_ptr<EtcdMembership> m(new EtcdMembership(options, metrics));
   // etcd that answers too slowly (busy, fsyncing) is waited for, up to
   // open_timeout; one that refuses, or says no, is an error at once.
-  Clock::time_point deadline = Clock::now() + options.open_timeout;
+  SteadyClock::time_point deadline = SteadyClock::now() + options.open_timeout;
   auto patiently = [&](const char* what, auto&& step) -> Status {
     for (;;) {
       Status st = step();
       if (st.code() != StatusCode::kDeadlineExceeded ||
-          Clock::now() + options.retry_interval >= deadline) {
+          SteadyClock::now() + options.retry_interval >= deadline) {
         return st;
       }
       LogWarn("membership: {}: {} timed out ({}); trying again", options.node_id, what,
               st.ToString());
-      m->impl_->WaitUntil(Clock::now() + options.retry_interval);
+      m->impl_->WaitUntil(SteadyClock::now() + options.retry_interval);
     }
   };
   KVPOOL_RETURN_IF_ERROR(patiently("registering", [&] {
@@ -676,8 +676,9 @@ EtcdMembership::LeaseState EtcdMembership::lease_state() const {
   LeaseState st;
   st.fenced = fenced();
   st.etcd_outage = impl_->outage.load();
-  Clock::time_point renewed{Clock::duration(impl_->last_renewal_ns.load(std::memory_order_acquire))};
-  st.since_renewal = std::chrono::duration_cast<milliseconds>(Clock::now() - renewed);
+  SteadyClock::time_point renewed{
+      SteadyClock::duration(impl_->last_renewal_ns.load(std::memory_order_acquire))};
+  st.since_renewal = std::chrono::duration_cast<milliseconds>(SteadyClock::now() - renewed);
   return st;
 }
 

@@ -14,28 +14,20 @@
 namespace kvpool {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr milliseconds kTtl{2000};
 
-// Polls cond every 20 ms until it holds or timeout passes.
-bool WaitFor(const std::function<bool()>& cond, milliseconds timeout) {
-  auto deadline = Clock::now() + timeout;
-  while (Clock::now() < deadline) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(milliseconds(20));
-  }
-  return cond();
-}
+using testing::WaitFor;
 
 // The fencing rule: fence when a peer renewed after this node's renewals
 // began to fail (etcd is up: this node is cut) or when no peer can vouch;
 // ride the outage out when the peers that answer cannot renew either.
 TEST(JudgeLeaseTest, FencesWhenCutOrAloneKeepsTheViewWhenEtcdIsDownForAll) {
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   auto failing_since = t0 - milliseconds(500);
-  auto report = [](bool answered, bool fenced, bool lease, Clock::time_point renewed) {
+  auto report = [](bool answered, bool fenced, bool lease, SteadyClock::time_point renewed) {
     PeerLeaseReport r;
     r.answered = answered;
     r.fenced = fenced;
@@ -156,14 +148,14 @@ TEST_F(EtcdMembershipTest, DuplicateNodeIdIsRefused) {
   ASSERT_NE(a, nullptr);
   EtcdMembershipOptions o = Options("a");
   o.live_id_margin = milliseconds(500);
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   auto dup = EtcdMembership::Open(o, nullptr);
   EXPECT_EQ(dup.status().code(), StatusCode::kFailedPrecondition) << dup.status().ToString();
   EXPECT_NE(dup.status().ToString().find("node id already live: a"), std::string::npos);
   // It waited for the live lease (renewed all along) for its TTL plus the
   // margin at most, then refused.
-  EXPECT_GE(Clock::now() - t0, o.live_id_margin);
-  EXPECT_LT(Clock::now() - t0, kTtl + o.live_id_margin + milliseconds(1000));
+  EXPECT_GE(SteadyClock::now() - t0, o.live_id_margin);
+  EXPECT_LT(SteadyClock::now() - t0, kTtl + o.live_id_margin + milliseconds(1000));
   // The refused attempt left the live member alone.
   std::this_thread::sleep_for(milliseconds(300));
   EXPECT_TRUE(a->Sees("a"));
@@ -178,11 +170,11 @@ TEST_F(EtcdMembershipTest, RestartInsideTheTtlWaitsForTheOldLease) {
   ASSERT_NE(a, nullptr);
   uint64_t old_incarnation = a->m->incarnation();
   a->Stop(EtcdMembership::LeaveMode::kAbandonLease);  // a crash: the lease stays
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   EtcdMembershipOptions o = Options("a");
   auto again = EtcdMembership::Open(o, &metrics_);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
-  auto waited = Clock::now() - t0;
+  auto waited = SteadyClock::now() - t0;
   EXPECT_LT(waited, kTtl + o.live_id_margin);
   EXPECT_GT(waited, milliseconds(500));  // the old lease had most of its TTL left
   EXPECT_GT((*again)->incarnation(), old_incarnation);
@@ -202,10 +194,10 @@ TEST_F(EtcdMembershipTest, UnderInRunARestartJoinsInTheLoopOnceTheOldLeaseExpire
   o.old_lease_wait = EtcdMembershipOptions::OldLeaseWait::kInRun;
   int refused = 0;
   o.on_refused = [&](const Status&) { ++refused; };
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   auto again = EtcdMembership::Open(o, &metrics_);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
-  EXPECT_LT(Clock::now() - t0, milliseconds(500));
+  EXPECT_LT(SteadyClock::now() - t0, milliseconds(500));
   Node n;
   n.m = std::move(again).value();
   EXPECT_TRUE(n.m->joining());
@@ -214,7 +206,7 @@ TEST_F(EtcdMembershipTest, UnderInRunARestartJoinsInTheLoopOnceTheOldLeaseExpire
       << n.m->joining_reason();
   n.Start();
   ASSERT_TRUE(WaitFor([&] { return !n.m->joining(); }, kTtl + o.live_id_margin));
-  EXPECT_GT(Clock::now() - t0, milliseconds(500));  // the old lease had most of its TTL left
+  EXPECT_GT(SteadyClock::now() - t0, milliseconds(500));  // the old lease had most of its TTL left
   EXPECT_FALSE(n.m->fenced());
   EXPECT_EQ(n.m->joining_reason(), "");
   EXPECT_GT(n.m->incarnation(), old_incarnation);
@@ -328,11 +320,11 @@ TEST_F(EtcdMembershipTest, StopRemovesTheMemberAtOnce) {
   auto b = StartNode("b");
   ASSERT_TRUE(a && b);
   ASSERT_TRUE(WaitFor([&] { return a->Sees("b"); }, milliseconds(3000)));
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   b->Stop();
   // Well under the TTL: the lease was revoked, not left to expire.
   EXPECT_TRUE(WaitFor([&] { return !a->Sees("b"); }, milliseconds(1000)));
-  EXPECT_LT(Clock::now() - t0, kTtl);
+  EXPECT_LT(SteadyClock::now() - t0, kTtl);
 }
 
 TEST_F(EtcdMembershipTest, CrashedMemberLeavesWithinTtlPlusTwoSeconds) {
@@ -340,11 +332,11 @@ TEST_F(EtcdMembershipTest, CrashedMemberLeavesWithinTtlPlusTwoSeconds) {
   auto b = StartNode("b");
   ASSERT_TRUE(a && b);
   ASSERT_TRUE(WaitFor([&] { return a->Sees("b"); }, milliseconds(3000)));
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   b->Stop(EtcdMembership::LeaveMode::kAbandonLease);  // no more keepalives, no revoke
   ASSERT_TRUE(WaitFor([&] { return !a->Sees("b"); }, kTtl + milliseconds(2000)));
   // It left by lease expiry, not at once.
-  EXPECT_GT(Clock::now() - t0, kTtl / 2);
+  EXPECT_GT(SteadyClock::now() - t0, kTtl / 2);
   EXPECT_TRUE(a->Sees("a"));
 }
 
@@ -362,7 +354,7 @@ TEST_F(EtcdMembershipTest, EtcdPauseFencesKeepsViewsAndRecoversWithNewIncarnatio
       [&] { return metrics_.ValueOf("kvpool_membership_lease_renewals_total") >= 6; },
       kTtl * 2));
   etcd_->Pause();
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   // TTL/2 + 1 s to fence.
   bool all_fenced = WaitFor(
       [&] {
@@ -372,10 +364,10 @@ TEST_F(EtcdMembershipTest, EtcdPauseFencesKeepsViewsAndRecoversWithNewIncarnatio
         return true;
       },
       kTtl / 2 + milliseconds(1000));
-  auto fenced_after = Clock::now() - t0;
+  auto fenced_after = SteadyClock::now() - t0;
   // The views do not lose anybody while etcd is away.
   bool views_kept = true;
-  while (Clock::now() - t0 < milliseconds(3500)) {
+  while (SteadyClock::now() - t0 < milliseconds(3500)) {
     for (auto& n : nodes) views_kept &= n->Members() == 3;
     std::this_thread::sleep_for(milliseconds(50));
   }
@@ -416,9 +408,9 @@ TEST_F(EtcdMembershipTest, OpenWaitsForASlowEtcd) {
     std::this_thread::sleep_for(milliseconds(1500));
     etcd_->Resume();
   });
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   auto m = EtcdMembership::Open(Options("a"), &metrics_);
-  auto took = Clock::now() - t0;
+  auto took = SteadyClock::now() - t0;
   resume.join();
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_GE(took, milliseconds(1400));
@@ -435,10 +427,10 @@ TEST(EtcdMembershipNoEtcdTest, OpenFailsFastWhenEtcdIsUnreachable) {
   o.lease_ttl = kTtl;
   o.request_timeout = milliseconds(300);
   MetricsRegistry metrics;
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   auto m = EtcdMembership::Open(o, &metrics);
   EXPECT_EQ(m.status().code(), StatusCode::kUnavailable) << m.status().ToString();
-  EXPECT_LT(Clock::now() - t0, milliseconds(2000));
+  EXPECT_LT(SteadyClock::now() - t0, milliseconds(2000));
   EXPECT_EQ(metrics.ValueOf("kvpool_membership_etcd_errors_total", {{"kind", "connect"}}), 1);
 }
 

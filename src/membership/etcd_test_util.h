@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "testing/wait_for.h"  // testing::WaitFor, which etcd tests use
 
 namespace kvpool {
 
@@ -26,11 +27,6 @@ struct EtcdTestServerOptions {
   std::string client_cert_file;
   std::string client_key_file;
 };
-
-namespace testing {
-// Polls cond every 20 ms until it holds or timeout passes; its last answer.
-bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds timeout);
-}  // namespace testing
 
 class EtcdTestServer {
  public:

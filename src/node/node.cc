@@ -786,8 +786,8 @@ class NodeImpl final : public Node {
     }
     auto view = cluster_->view();
     std::map<std::string, transport::Reply> replies;
-    for (auto& r : cluster_->AskOtherMembers(cluster::kPeerStatus,
-                                             transport::Clock::now() + std::chrono::seconds(1))) {
+    for (auto& r : cluster_->AskOtherMembers(
+             cluster::kPeerStatus, transport::SteadyClock::now() + std::chrono::seconds(1))) {
       replies[r.member.node_id] = std::move(r.reply);
     }
     for (const Member& m : view->members) {

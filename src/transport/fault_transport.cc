@@ -31,7 +31,7 @@ struct FaultTransport::State {
       }
       auto it = timers.begin();
       // On shutdown the remaining timers fire at once, so no call is lost.
-      if (!stopping && it->first.first > Clock::now()) {
+      if (!stopping && it->first.first > SteadyClock::now()) {
         cv.wait_until(lock, it->first.first);
         continue;
       }
@@ -91,7 +91,7 @@ void FaultTransport::Call(const CallArgs& args, ReplyCallback done) {
   auto it = state_->rules.find(args.peer);
   const FaultRule& rule = it != state_->rules.end() ? it->second : state_->default_rule;
   if (rule.unavailable) {
-    state_->AddTimerLocked(Clock::now(), [done = std::move(done)] {
+    state_->AddTimerLocked(SteadyClock::now(), [done = std::move(done)] {
       done(Reply{Unavailable("fault: peer reset"), {}, 0, {}});
     });
     return;
@@ -115,7 +115,7 @@ void FaultTransport::Call(const CallArgs& args, ReplyCallback done) {
   Transport* inner = inner_;
   auto send = [inner, copy, request, done = std::move(done)]() mutable {
     copy.request = *request;
-    if (Clock::now() >= copy.deadline) {
+    if (SteadyClock::now() >= copy.deadline) {
       done(Reply{DeadlineExceeded("call timed out (fault: delayed)"), {}, 0, {}});
       return;
     }
@@ -123,7 +123,7 @@ void FaultTransport::Call(const CallArgs& args, ReplyCallback done) {
   };
   // Even without a delay the call goes through the timer thread, so `done`
   // never runs inside Call().
-  state_->AddTimerLocked(std::min(Clock::now() + delay, args.deadline), std::move(send));
+  state_->AddTimerLocked(std::min(SteadyClock::now() + delay, args.deadline), std::move(send));
 }
 
 }  // namespace kvpool::transport

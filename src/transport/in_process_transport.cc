@@ -63,7 +63,7 @@ struct InProcessNetwork::Core : std::enable_shared_from_this<InProcessNetwork::C
         continue;
       }
       auto it = events.begin();
-      if (it->first.first > Clock::now() && !stopping) {
+      if (it->first.first > SteadyClock::now() && !stopping) {
         cv.wait_until(lock, it->first.first);
         continue;
       }
@@ -124,7 +124,7 @@ struct InProcessNetwork::Core : std::enable_shared_from_this<InProcessNetwork::C
       }
       // Replies are delivered on the network thread, like every event.
       auto shared = std::make_shared<ServerReply>(std::move(r));
-      core->Post(Clock::now(), [core_raw = core.get(), id, shared] {
+      core->Post(SteadyClock::now(), [core_raw = core.get(), id, shared] {
         core_raw->DeliverReply(id, std::move(*shared));
       });
     });
@@ -206,7 +206,7 @@ LocalTransport::~LocalTransport() {
     }
     // Finished on the network thread, which is where callbacks always run.
     for (uint64_t id : to_fail) {
-      core_->PostLocked(Clock::now(), [core = core_.get(), id] {
+      core_->PostLocked(SteadyClock::now(), [core = core_.get(), id] {
         core->Finish(id, Reply{Unavailable("peer shut down"), {}, 0, {}});
       });
     }
@@ -219,7 +219,7 @@ LocalTransport::~LocalTransport() {
   if (std::this_thread::get_id() != core_->thread.get_id()) {
     std::promise<void> drained;
     auto f = drained.get_future();
-    core_->Post(Clock::now(), [&drained] { drained.set_value(); });
+    core_->Post(SteadyClock::now(), [&drained] { drained.set_value(); });
     f.wait();
   }
 }
@@ -238,7 +238,7 @@ void LocalTransport::Call(const CallArgs& args, ReplyCallback done) {
   if (args.request.size() > core->limits.max_header_bytes ||
       args.payload.size() > core->limits.max_payload_bytes) {
     core->pending.emplace(id, PendingCall{node_, args.peer, args.sink, std::move(done)});
-    core->PostLocked(Clock::now(), [core, id] {
+    core->PostLocked(SteadyClock::now(), [core, id] {
       core->Finish(id, Reply{InvalidArgument("request over the size limits"), {}, 0, {}});
     });
     return;
@@ -249,10 +249,11 @@ void LocalTransport::Call(const CallArgs& args, ReplyCallback done) {
   });
   std::vector<uint8_t> request(args.request.begin(), args.request.end());
   std::vector<uint8_t> payload(args.payload.begin(), args.payload.end());
-  core->PostLocked(Clock::now(), [core, id, type = args.type, request = std::move(request),
-                                  payload = std::move(payload), deadline = args.deadline]() mutable {
-    core->Deliver(id, type, std::move(request), std::move(payload), deadline);
-  });
+  core->PostLocked(SteadyClock::now(),
+                   [core, id, type = args.type, request = std::move(request),
+                    payload = std::move(payload), deadline = args.deadline]() mutable {
+                     core->Deliver(id, type, std::move(request), std::move(payload), deadline);
+                   });
 }
 
 }  // namespace kvpool::transport

@@ -29,8 +29,8 @@
 
 namespace kvpool::transport {
 
-using Clock = std::chrono::steady_clock;
-using Deadline = Clock::time_point;
+using SteadyClock = std::chrono::steady_clock;
+using Deadline = SteadyClock::time_point;
 // Application message type; the transport only routes by it.
 using MessageType = uint16_t;
 

@@ -89,13 +89,13 @@ void RunClient(Transport* t, const Flags& f) {
   std::condition_variable cv;
   uint64_t done = 0, failed = 0;
   int in_flight = 0;
-  auto start = Clock::now();
-  auto end = start + std::chrono::duration_cast<Clock::duration>(
+  auto start = SteadyClock::now();
+  auto end = start + std::chrono::duration_cast<SteadyClock::duration>(
                          std::chrono::duration<double>(f.seconds));
   std::function<void(int)> issue = [&](int slot) {
     CallArgs a;
     a.peer = f.peer;
-    a.deadline = Clock::now() + std::chrono::seconds(10);
+    a.deadline = SteadyClock::now() + std::chrono::seconds(10);
     if (f.op == "rr") {
       a.type = kRr;
     } else if (f.op == "get") {
@@ -109,7 +109,7 @@ void RunClient(Transport* t, const Flags& f) {
     t->Call(a, [&, slot](Reply r) {
       std::unique_lock<std::mutex> lock(mu);
       if (r.status.ok()) ++done; else ++failed;
-      if (Clock::now() < end && failed < 100) {
+      if (SteadyClock::now() < end && failed < 100) {
         lock.unlock();
         issue(slot);
         return;
@@ -125,7 +125,7 @@ void RunClient(Transport* t, const Flags& f) {
   for (int i = 0; i < f.depth; ++i) issue(i);
   std::unique_lock<std::mutex> lock(mu);
   cv.wait(lock, [&] { return in_flight == 0; });
-  double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  double secs = std::chrono::duration<double>(SteadyClock::now() - start).count();
   std::printf("op=%s size=%zu depth=%d tls=%s: %llu calls in %.2f s = %.0f calls/s",
               f.op.c_str(), bulk ? f.size : size_t{0}, f.depth, f.tls.c_str(),
               static_cast<unsigned long long>(done), secs, done / secs);

@@ -122,7 +122,7 @@ Status UcxTransport::Core::Listen() {
 }
 
 void UcxTransport::Core::PollSockets() {
-  last_sock_poll = Clock::now();
+  last_sock_poll = SteadyClock::now();
   bool accepted = false;  // once per pass (the listener stays ready while more wait)
   epoll_event evs[64];
   for (int round = 0; round < 16; ++round) {
@@ -168,7 +168,8 @@ void UcxTransport::Core::Accept() {
       close(fd);
       continue;
     }
-    pending.emplace(fd, Pending{Clock::now() + opts.bootstrap_timeout, FormatAddr(ss), {}, nullptr});
+    pending.emplace(
+        fd, Pending{SteadyClock::now() + opts.bootstrap_timeout, FormatAddr(ss), {}, nullptr});
     bootstrapping_gauge->Set(static_cast<int64_t>(pending.size()));
   }
 }
@@ -288,7 +289,7 @@ void UcxTransport::Core::OnHello(int fd, Pending* p, BootstrapMessage m) {
 
 void UcxTransport::Core::RefuseAuth(int fd, const std::string& peer, const char* reason,
                                     std::string_view why) {
-  auto now = Clock::now();
+  auto now = SteadyClock::now();
   if (now - auth_log_at >= std::chrono::seconds(1)) {
     LogWarn("transport: refused peer {}: {} ({}){}", peer, why, reason,
             auth_unlogged == 0 ? std::string()
@@ -380,7 +381,7 @@ Result<uint64_t> UcxTransport::Core::ClientEndpoint(const std::string& peer,
   }
   Endpoint* e = NewEndpoint(peer, /*client=*/true);
   e->fd = fd;
-  e->bootstrap_deadline = Clock::now() + opts.bootstrap_timeout;
+  e->bootstrap_deadline = SteadyClock::now() + opts.bootstrap_timeout;
   e->auth = std::move(auth);
   e->out = EncodeBootstrap(hello);
   ep_by_fd[fd] = e->id;
@@ -511,7 +512,7 @@ void UcxTransport::Core::OnEndpointSocket(uint64_t ep_id, uint32_t events) {
 }
 
 void UcxTransport::Core::ExpireBootstraps() {
-  auto now = Clock::now();
+  auto now = SteadyClock::now();
   std::vector<int> late;
   for (auto& [fd, p] : pending) {
     if (p.deadline <= now) late.push_back(fd);

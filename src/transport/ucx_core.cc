@@ -188,7 +188,7 @@ Status UcxTransport::Core::Init() {
 }
 
 void UcxTransport::Core::Loop() {
-  auto last_work = Clock::now();
+  auto last_work = SteadyClock::now();
   while (true) {
     RunSubmissions();
     // Bounded: a flood of messages cannot starve submissions and deadlines.
@@ -196,12 +196,12 @@ void UcxTransport::Core::Loop() {
     for (int i = 0; i < 256 && ucp_worker_progress(worker) != 0; ++i) {
       ++progressed;
     }
-    if (progressed > 0) last_work = Clock::now();
+    if (progressed > 0) last_work = SteadyClock::now();
     SubmitHandlers();
     // Sockets are looked at once a millisecond while the thread is busy, and
     // at once when their epoll set wakes a sleeping thread: accepts and
     // bootstraps are rare, and a syscall per pass would slow a busy stream.
-    if (Clock::now() - last_sock_poll >= std::chrono::milliseconds(1)) PollSockets();
+    if (SteadyClock::now() - last_sock_poll >= std::chrono::milliseconds(1)) PollSockets();
     CloseFailedEndpoints();
     ReapClosing();
     FireTimers();
@@ -221,7 +221,7 @@ void UcxTransport::Core::Loop() {
     // stream of transfers the next segment arrives within microseconds, and
     // a sleep and wake-up per segment costs both this node and its peer
     // (the sender wakes this thread) more than the polling does.
-    if (Clock::now() - last_work < opts.progress_spin) {
+    if (SteadyClock::now() - last_work < opts.progress_spin) {
       __builtin_ia32_pause();
       continue;
     }
@@ -243,8 +243,8 @@ int UcxTransport::Core::NextTimeoutMs() const {
   // Bootstraps in flight have deadlines of their own, checked by PollSockets.
   const int cap = pending.empty() && bootstrapping.empty() ? 1000 : 100;
   if (timers.empty()) return cap;
-  auto left = timers.begin()->first - Clock::now();
-  if (left <= Clock::duration::zero()) return 0;
+  auto left = timers.begin()->first - SteadyClock::now();
+  if (left <= SteadyClock::duration::zero()) return 0;
   // Round up so the thread does not wake just before the deadline and spin.
   auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
   return static_cast<int>(std::min<int64_t>(ms, cap));
@@ -282,7 +282,7 @@ void UcxTransport::Core::RunDeferred() {
 }
 
 void UcxTransport::Core::FireTimers() {
-  auto now = Clock::now();
+  auto now = SteadyClock::now();
   while (!timers.empty() && timers.begin()->first <= now) {
     uint64_t id = timers.begin()->second;
     timers.erase(timers.begin());
@@ -349,7 +349,8 @@ void UcxTransport::Core::CloseFailedEndpoints() {
     // before UCX tears down its reply endpoint, so the UCX endpoint closes a
     // little later; at once when a transfer still holds a caller's memory
     // (its call waits for the close) or the transport stops.
-    auto due = stopping || !e->calls.empty() ? Clock::now() : Clock::now() + kCloseLinger;
+    auto due =
+        stopping || !e->calls.empty() ? SteadyClock::now() : SteadyClock::now() + kCloseLinger;
     lingering.emplace_back(due, std::move(e));
   }
   to_close.clear();
@@ -357,7 +358,7 @@ void UcxTransport::Core::CloseFailedEndpoints() {
 }
 
 void UcxTransport::Core::CloseLingering(bool all) {
-  auto now = Clock::now();
+  auto now = SteadyClock::now();
   for (size_t i = 0; i < lingering.size();) {
     if (!all && lingering[i].first > now) {
       ++i;
@@ -398,11 +399,11 @@ void UcxTransport::Core::StartCall(uint64_t id, std::string peer, Result<sockadd
   CallState& c = calls[id];
   c.done = std::move(done);
   c.sink = sink;
-  c.start = Clock::now();
+  c.start = SteadyClock::now();
   timers.emplace(deadline, id);
   if (stopping) return Settle(id, Reply{Unavailable("transport shut down"), {}, 0, {}});
   if (!addr.ok()) return Settle(id, Reply{addr.status(), {}, 0, {}});
-  if (Clock::now() >= deadline) {
+  if (SteadyClock::now() >= deadline) {
     return Settle(id, Reply{DeadlineExceeded("deadline passed before sending"), {}, 0, {}});
   }
   Result<uint64_t> ep_id = ClientEndpoint(peer, *addr);
@@ -482,7 +483,7 @@ void UcxTransport::Core::SendReply(uint64_t ep_id, uint64_t request_id, MessageT
     FailEndpoint(ep_id, Unavailable("peer connection closed"));
     usable = false;
   }
-  if (usable && Clock::now() > deadline) {
+  if (usable && SteadyClock::now() > deadline) {
     CountError("reply_after_deadline");
     usable = false;
   }
@@ -576,7 +577,7 @@ void UcxTransport::Core::MaybeFinish(uint64_t id) {
   } else {
     calls_error->Inc();
   }
-  latency->Observe(std::chrono::duration<double>(Clock::now() - c.start).count());
+  latency->Observe(std::chrono::duration<double>(SteadyClock::now() - c.start).count());
   auto e = endpoints.find(c.ep_id);
   if (e != endpoints.end()) e->second->calls.erase(id);
   ReplyCallback done = std::move(c.done);
@@ -662,7 +663,7 @@ ucs_status_t UcxTransport::Core::OnRequest(const void* header, size_t header_len
 
 void UcxTransport::Core::Dispatch(uint64_t ep_id, Frame frame, std::vector<uint8_t> header,
                                   std::vector<uint8_t> payload) {
-  Deadline deadline = Clock::now() + std::chrono::milliseconds(frame.budget_ms);
+  Deadline deadline = SteadyClock::now() + std::chrono::milliseconds(frame.budget_ms);
   Handler handler;
   {
     std::lock_guard<std::mutex> lock(handlers_mu);
@@ -877,8 +878,8 @@ void UcxTransport::Core::Shutdown() {
   for (uint64_t id : eps) FailEndpoint(id, Unavailable("transport shut down"));
   CloseFailedEndpoints();
   CloseLingering(/*all=*/true);
-  auto until = Clock::now() + opts.close_timeout;
-  while ((!closing.empty() || !calls.empty()) && Clock::now() < until) {
+  auto until = SteadyClock::now() + opts.close_timeout;
+  while ((!closing.empty() || !calls.empty()) && SteadyClock::now() < until) {
     ucp_worker_progress(worker);
     CloseFailedEndpoints();
     ReapClosing();

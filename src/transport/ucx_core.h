@@ -112,7 +112,7 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
     ReplyCallback done;
     uint64_t ep_id = 0;
     std::span<uint8_t> sink;
-    Clock::time_point start;
+    SteadyClock::time_point start;
     int refs = 0;           // UCX operations still using the caller's payload or sink
     bool answered = false;  // the peer replied (whatever its status)
     Reply partial;          // a reply whose payload is still landing
@@ -339,7 +339,7 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   ucp_mem_h mem = nullptr;
   int listen_fd = -1;
   int sock_epoll_fd = -1;  // the bootstrap sockets; itself watched by epoll_fd
-  Clock::time_point last_sock_poll{};
+  SteadyClock::time_point last_sock_poll{};
   std::vector<uint8_t> worker_address;  // what a welcome carries
   std::unordered_map<int, Pending> pending;        // accepted fd -> its bootstrap
   std::unordered_map<int, uint64_t> ep_by_fd;      // endpoint sockets
@@ -353,7 +353,7 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
     all.insert(all.end(), opts.client_tokens.begin(), opts.client_tokens.end());
     return all;
   }();
-  Clock::time_point auth_log_at{};       // last refusal logged
+  SteadyClock::time_point auth_log_at{};  // last refusal logged
   uint64_t auth_unlogged = 0;            // refusals since, not logged
   bool stopping = false;
   uint64_t next_ep_id = 1;
@@ -363,7 +363,7 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   std::vector<std::pair<void*, std::unique_ptr<Endpoint>>> closing;
   // Client endpoints whose UCX endpoint closes at the time given (see
   // CloseFailedEndpoints).
-  std::vector<std::pair<Clock::time_point, std::unique_ptr<Endpoint>>> lingering;
+  std::vector<std::pair<SteadyClock::time_point, std::unique_ptr<Endpoint>>> lingering;
   static constexpr std::chrono::milliseconds kCloseLinger{20};
   std::unordered_map<uint64_t, CallState> calls;
   std::set<std::pair<Deadline, uint64_t>> timers;

@@ -108,7 +108,8 @@ void UcxTransport::Call(const CallArgs& args, ReplyCallback done) {
   f.type = args.type;
   f.request_id = id;
   f.payload_len = args.payload.size();
-  auto left = std::chrono::ceil<std::chrono::milliseconds>(args.deadline - Clock::now()).count();
+  auto left =
+      std::chrono::ceil<std::chrono::milliseconds>(args.deadline - SteadyClock::now()).count();
   f.budget_ms = static_cast<uint32_t>(std::clamp<int64_t>(left, 0, UINT32_MAX));
   std::vector<uint8_t> am_header = fits ? EncodeFrame(f, args.request) : std::vector<uint8_t>();
   auto shared_done = std::make_shared<ReplyCallback>(std::move(done));

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "common/executor.h"
+#include "testing/wait_for.h"
 #include "transport/bootstrap_format.h"
 #include "transport/peer_format.h"
 #include "transport/peer_seal.h"
@@ -55,7 +56,7 @@ Status CallType1(UcxTransport* from, const std::string& to) {
   CallArgs a;
   a.peer = to;
   a.type = 1;
-  a.deadline = Clock::now() + milliseconds(20000);
+  a.deadline = SteadyClock::now() + milliseconds(20000);
   return from->CallSync(a).status;
 }
 
@@ -162,7 +163,7 @@ TEST(UcxTransportTest, BurstOfRequestsIsHandedToTheExecutorInBatches) {
     a.peer = server->address();
     a.type = 1;
     a.request = AsBytes(bodies[i]);
-    a.deadline = Clock::now() + std::chrono::seconds(10);
+    a.deadline = SteadyClock::now() + std::chrono::seconds(10);
     client->Call(a, [&, i](Reply r) {
       std::lock_guard lock(mu);
       if (r.status.ok() && AsString(r.header) == bodies[i]) ++exact;
@@ -221,30 +222,31 @@ TEST(UcxTransportTest, KilledServerProcessIsUnavailableQuickly) {
   auto client = OpenOrDie(TcpOptions());
   std::atomic<bool> done{false};
   Status st;
-  Clock::time_point finished;
+  SteadyClock::time_point finished;
   CallArgs a;
   a.peer = "127.0.0.1:" + std::to_string(port);
   a.type = 1;
-  a.deadline = Clock::now() + milliseconds(20000);
+  a.deadline = SteadyClock::now() + milliseconds(20000);
   client->Call(a, [&](Reply r) {
     st = std::move(r.status);
-    finished = Clock::now();
+    finished = SteadyClock::now();
     done = true;
   });
   std::this_thread::sleep_for(milliseconds(200));  // let the request reach the child
-  auto killed = Clock::now();
+  auto killed = SteadyClock::now();
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);
-  while (!done) std::this_thread::sleep_for(milliseconds(1));
+  ASSERT_TRUE(
+      kvpool::testing::WaitFor([&] { return done.load(); }, milliseconds(30000), milliseconds(1)));
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
   EXPECT_LT(finished - killed, milliseconds(3000));
 
   // The next call to the dead address fails fast too (a new endpoint, refused).
-  a.deadline = Clock::now() + milliseconds(20000);
-  auto start = Clock::now();
+  a.deadline = SteadyClock::now() + milliseconds(20000);
+  auto start = SteadyClock::now();
   Reply r = client->CallSync(a);
   EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.ToString();
-  EXPECT_LT(Clock::now() - start, milliseconds(3000));
+  EXPECT_LT(SteadyClock::now() - start, milliseconds(3000));
 }
 
 // A peer process that dies while the listener is still connecting back to
@@ -273,7 +275,7 @@ TEST(UcxTransportTest, DISABLED_PeersKilledWhileConnectingDoNotTakeTheListenerDo
       CallArgs a;
       a.peer = peer;
       a.type = 1;
-      a.deadline = Clock::now() + milliseconds(2000);
+      a.deadline = SteadyClock::now() + milliseconds(2000);
       (*t)->Call(a, [](Reply) {});
       std::this_thread::sleep_for(std::chrono::microseconds((i * 577) % 3000));
       kill(getpid(), SIGKILL);
@@ -291,7 +293,7 @@ TEST(UcxTransportTest, DISABLED_PeersKilledWhileConnectingDoNotTakeTheListenerDo
   CallArgs a;
   a.peer = peer;
   a.type = 1;
-  a.deadline = Clock::now() + milliseconds(5000);
+  a.deadline = SteadyClock::now() + milliseconds(5000);
   Reply r = client->CallSync(a);
   EXPECT_TRUE(r.status.ok()) << r.status.ToString();
   kill(server, SIGKILL);
@@ -322,7 +324,7 @@ void CallWithKeys(const std::vector<ClusterKey>& server_keys,
   CallArgs a;
   a.peer = server->address();
   a.type = 1;
-  a.deadline = Clock::now() + milliseconds(5000);
+  a.deadline = SteadyClock::now() + milliseconds(5000);
   out->status = client->CallSync(a).status;
   out->handled = handled.load();
 }
@@ -390,7 +392,7 @@ TEST(UcxTransportTest, AClientTokenAllowsOnlyTheClientsMessageTypes) {
     CallArgs a;
     a.peer = server->address();
     a.type = type;
-    a.deadline = Clock::now() + milliseconds(5000);
+    a.deadline = SteadyClock::now() + milliseconds(5000);
     return from->CallSync(a).status;
   };
   UcxTransportOptions co = TcpOptions();
@@ -453,11 +455,11 @@ TEST(UcxTransportTest, AConnectionStalledInTheHandshakeIsClosedAtTheDeadline) {
   ASSERT_EQ(send(fd, out.data(), out.size(), MSG_NOSIGNAL), static_cast<ssize_t>(out.size()));
   // The challenge comes, then nothing until the close.
   std::vector<uint8_t> in;
-  auto start = Clock::now();
+  auto start = SteadyClock::now();
   uint8_t buf[4096];
   ssize_t n;
   while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) in.insert(in.end(), buf, buf + n);
-  auto closed_after = Clock::now() - start;
+  auto closed_after = SteadyClock::now() - start;
   close(fd);
   BootstrapMessage m;
   size_t used = 0;
@@ -515,7 +517,7 @@ TEST(UcxTransportTest, OversizedPayloadIsRejectedAndCounted) {
   a.peer = server->address();
   a.type = 1;
   a.payload = big;
-  a.deadline = Clock::now() + milliseconds(20000);
+  a.deadline = SteadyClock::now() + milliseconds(20000);
   Reply r = client->CallSync(a);
   EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.ToString();
   EXPECT_EQ(handled.load(), 0);
@@ -523,7 +525,7 @@ TEST(UcxTransportTest, OversizedPayloadIsRejectedAndCounted) {
             1);
   // A well-formed call afterwards works on a fresh endpoint.
   a.payload = {};
-  a.deadline = Clock::now() + milliseconds(20000);
+  a.deadline = SteadyClock::now() + milliseconds(20000);
   r = client->CallSync(a);
   EXPECT_TRUE(r.status.ok()) << r.status.ToString();
   EXPECT_EQ(handled.load(), 1);
@@ -599,8 +601,8 @@ class RawPeer {
     p.flags = UCP_EP_CLOSE_FLAG_FORCE;
     void* req = ucp_ep_close_nbx(ep_, &p);
     if (UCS_PTR_IS_PTR(req)) {
-      auto until = Clock::now() + milliseconds(1000);
-      while (ucp_request_check_status(req) == UCS_INPROGRESS && Clock::now() < until) {
+      auto until = SteadyClock::now() + milliseconds(1000);
+      while (ucp_request_check_status(req) == UCS_INPROGRESS && SteadyClock::now() < until) {
         ucp_worker_progress(worker_);
       }
       ucp_request_free(req);
@@ -624,8 +626,8 @@ class RawPeer {
     void* req = ucp_am_send_nbx(ep_, kAmRequest, header.data(), header.size(), data.data(),
                                 data.size(), &p);
     if (UCS_PTR_IS_PTR(req)) {
-      auto until = Clock::now() + milliseconds(5000);
-      while (ucp_request_check_status(req) == UCS_INPROGRESS && Clock::now() < until) {
+      auto until = SteadyClock::now() + milliseconds(5000);
+      while (ucp_request_check_status(req) == UCS_INPROGRESS && SteadyClock::now() < until) {
         ucp_worker_progress(worker_);
       }
       ucp_request_free(req);
@@ -634,8 +636,8 @@ class RawPeer {
   // Progresses until the server closes the connection, which it does by
   // closing the bootstrap socket (or the time is up).
   bool WaitForFailure(milliseconds budget) {
-    auto until = Clock::now() + budget;
-    while (Clock::now() < until) {
+    auto until = SteadyClock::now() + budget;
+    while (SteadyClock::now() < until) {
       ucp_worker_progress(worker_);
       pollfd pf{fd_, POLLIN, 0};
       if (poll(&pf, 1, 5) == 1) {
@@ -776,8 +778,7 @@ TEST(UcxTransportTest, EncryptedRequestsThatFailTheirCheckAreRefusedAndCloseTheE
     peer.Seal(&header, &data);
     size_t before = handled();
     peer.Send(header, data, /*sealed=*/true);
-    auto until = Clock::now() + milliseconds(5000);
-    while (handled() == before && Clock::now() < until) std::this_thread::sleep_for(milliseconds(5));
+    kvpool::testing::WaitFor([&] { return handled() != before; }, milliseconds(5000));
     ASSERT_EQ(handled(), before + 1);
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -838,7 +839,7 @@ TEST(UcxTransportTest, EncryptionIsNegotiatedAndCannotBeStripped) {
       a.type = 1;
       a.request = request;
       a.payload = payload;
-      a.deadline = Clock::now() + milliseconds(20000);
+      a.deadline = SteadyClock::now() + milliseconds(20000);
       Reply r = client->CallSync(a);
       ASSERT_TRUE(r.status.ok()) << r.status.ToString();
       EXPECT_EQ(r.header, (std::vector<uint8_t>{9, 8, 7}));

@@ -9,12 +9,14 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/loopback_test_util.h"
@@ -22,6 +24,7 @@
 #include "kvpool/client.h"
 #include "kvpool/kvpool.h"
 #include "membership/etcd_test_util.h"
+#include "testing/wait_for.h"
 
 namespace kvpool::testing {
 
@@ -30,17 +33,13 @@ std::string LoopbackAddr(int port);
 
 int64_t MsSince(std::chrono::steady_clock::time_point t0);
 
-// Polls (real processes, real leases: there is no clock to fake) every
-// `step` until pred holds or the timeout passes; returns whether it held.
+// testing::WaitFor (testing/wait_for.h) with the timeout first, as the
+// cluster tests read best (real processes, real leases: there is no clock
+// to fake); polls every `step`.
 template <typename Pred>
 bool WaitFor(std::chrono::milliseconds timeout, Pred pred,
              std::chrono::milliseconds step = std::chrono::milliseconds(50)) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(step);
-  }
-  return pred();
+  return WaitFor(std::function<bool()>(std::move(pred)), timeout, step);
 }
 
 // One node's /api/v1/members; a null json when it does not answer 200 with JSON.

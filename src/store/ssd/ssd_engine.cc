@@ -13,7 +13,7 @@
 namespace kvpool::ssd {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 // Region writes are retried this many times before the region is dropped;
 // this many dropped regions in a row take the directory offline.
@@ -23,8 +23,8 @@ constexpr int kFailuresBeforeOffline = 2;
 // again (RELIABILITY A7: resume within 2 s of space being freed).
 constexpr auto kNoSpaceRetry = std::chrono::milliseconds(1000);
 
-double SecondsSince(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
+double SecondsSince(SteadyClock::time_point t0) {
+  return std::chrono::duration<double>(SteadyClock::now() - t0).count();
 }
 
 constexpr uint64_t kHugePage = 2ull << 20;
@@ -80,7 +80,7 @@ Region& SsdEngine::RegionOf(uint32_t global, uint32_t* di) {
   return dirs_[*di]->regions[global % regions_per_dir_];
 }
 
-bool SsdEngine::CanWrite(Dir& d, Clock::time_point now) const {
+bool SsdEngine::CanWrite(Dir& d, SteadyClock::time_point now) const {
   if (!d.online || d.dev == nullptr) return false;
   return !d.paused || now >= d.paused_until;
 }
@@ -97,10 +97,10 @@ bool SsdEngine::WaitForRoom(uint64_t size) {
   const uint64_t rec = RecordBytes(size);
   if (size > opts_.max_value_bytes || rec > opts_.region_bytes - kRegionHeaderBytes) return false;
   std::unique_lock lock(mu_);
-  const auto deadline = Clock::now() + opts_.insert_wait;
+  const auto deadline = SteadyClock::now() + opts_.insert_wait;
   while (true) {
     if (closing_) return false;
-    const auto now = Clock::now();
+    const auto now = SteadyClock::now();
     bool writable = false;
     for (auto& d : dirs_) {
       if (!CanWrite(*d, now)) continue;
@@ -139,13 +139,13 @@ bool SsdEngine::Insert(const KeyId& key, const uint8_t* data, uint64_t size, boo
     std::unique_lock lock(mu_);
     // When every buffer is waiting for its write, wait (bounded) for one:
     // demotions then run at the device's speed instead of being dropped.
-    const auto deadline = Clock::now() + opts_.insert_wait;
+    const auto deadline = SteadyClock::now() + opts_.insert_wait;
     bool ok = false;
     while (true) {
       if (closing_) return drop();
       IndexLoc loc;
       if (index_.Find(key.hi, &loc)) return true;  // the first value stays
-      const auto now = Clock::now();
+      const auto now = SteadyClock::now();
       bool writable = false;
       for (size_t i = 0; i < dirs_.size() && !ok; ++i) {
         di = rr_++ % dirs_.size();
@@ -283,7 +283,7 @@ void SsdEngine::FlushOne(uint32_t di, std::unique_lock<std::mutex>& lock) {
   }
   Status st;
   for (int attempt = 0; attempt < kWriteAttempts; ++attempt) {
-    const auto t0 = Clock::now();
+    const auto t0 = SteadyClock::now();
     st = dev->Write(RegionOffset(ri), buf, len);
     m_.write_latency->Observe(SecondsSince(t0));
     if (st.ok() || st.code() == StatusCode::kResourceExhausted) break;
@@ -310,7 +310,7 @@ void SsdEngine::FlushOne(uint32_t di, std::unique_lock<std::mutex>& lock) {
     if (st.code() == StatusCode::kResourceExhausted) {
       if (!d.paused) LogWarn("ssd: {} is full ({}); pausing its writes", d.dir, st.ToString());
       d.paused = true;
-      d.paused_until = Clock::now() + kNoSpaceRetry;
+      d.paused_until = SteadyClock::now() + kNoSpaceRetry;
     } else if (++d.write_failures >= kFailuresBeforeOffline) {
       TakeOffline(d, "persistent write failure: " + st.ToString());
     } else {
@@ -471,7 +471,7 @@ void SsdEngine::Remove(const KeyId& key) {
 
 bool SsdEngine::LogTombstone(uint32_t di, const KeyId& key) {
   Dir& d = *dirs_[di];
-  if (!CanWrite(d, Clock::now()) || !PrepareRegion(di, kRecordHeaderBytes)) return false;
+  if (!CanWrite(d, SteadyClock::now()) || !PrepareRegion(di, kRecordHeaderBytes)) return false;
   const uint32_t ri = static_cast<uint32_t>(d.filling);
   Region& r = d.regions[ri];
   RecordHeader h;
@@ -511,7 +511,7 @@ Status SsdEngine::Read(const KeyId& key, uint8_t* dst, uint64_t size) {
   const uint64_t start = AlignDown(file_off, kDeviceBlock);
   const uint64_t end = AlignUp(file_off + kRecordHeaderBytes + size, kDeviceBlock);
   uint8_t* b = BounceBuffer(end - start);
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   Status st = dev->Read(start, b, end - start);
   m_.read_latency->Observe(SecondsSince(t0));
   // Drops the entry if it still names this record (not a newer one).

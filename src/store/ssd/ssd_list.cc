@@ -29,7 +29,7 @@
 namespace kvpool::ssd {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 }  // namespace
 
@@ -91,7 +91,7 @@ uint64_t SsdEngine::ReadHeaders(const Dir& d, uint32_t ri, uint64_t seq,
 }
 
 uint64_t SsdEngine::ListEntries(const SsdKeyFilter& want, const SsdEntrySink& sink) {
-  const auto t0 = Clock::now();
+  const auto t0 = SteadyClock::now();
   uint64_t listed = 0, read_bytes = 0;
   std::unique_ptr<uint8_t, decltype(&std::free)> buf(nullptr, &std::free);
   std::vector<SsdEntry> out;
@@ -156,7 +156,7 @@ uint64_t SsdEngine::ListEntries(const SsdKeyFilter& want, const SsdEntrySink& si
   }
   m_.list_entries->Inc(listed);
   m_.list_read_bytes->Inc(read_bytes);
-  m_.list_seconds->Observe(std::chrono::duration<double>(Clock::now() - t0).count());
+  m_.list_seconds->Observe(std::chrono::duration<double>(SteadyClock::now() - t0).count());
   return listed;
 }
 

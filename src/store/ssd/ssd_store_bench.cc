@@ -30,8 +30,10 @@
 namespace kvpool {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+using SteadyClock = std::chrono::steady_clock;
+double Since(SteadyClock::time_point t) {
+  return std::chrono::duration<double>(SteadyClock::now() - t).count();
+}
 
 KeyId BenchKey(uint64_t i) { return KeyId{0x9E3779B97F4A7C15ull * (i + 1), i}; }
 
@@ -98,7 +100,7 @@ int Main(int argc, char** argv) {
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + 17);
 
   std::atomic<uint64_t> next{0}, retries{0};
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   std::vector<std::thread> ts;
   for (int t = 0; t < threads; ++t) {
     ts.emplace_back([&] {
@@ -122,7 +124,7 @@ int Main(int argc, char** argv) {
   next = 0;
   std::atomic<uint64_t> bad{0};
   ts.clear();
-  t0 = Clock::now();
+  t0 = SteadyClock::now();
   for (int t = 0; t < threads; ++t) {
     ts.emplace_back([&] {
       std::vector<uint8_t> v(value);
@@ -146,12 +148,12 @@ int Main(int argc, char** argv) {
               st.index_bytes_per_entry, static_cast<unsigned long long>(st.index_bytes),
               static_cast<unsigned long long>(st.entries));
 
-  t0 = Clock::now();
+  t0 = SteadyClock::now();
   if (!(*s)->Close().ok()) return 1;
   std::printf("close_s %.3f s\n", Since(t0));
   s->reset();
   const double data_gib = bytes / (1ull << 30);
-  t0 = Clock::now();
+  t0 = SteadyClock::now();
   s = SsdStore::Open(o, nullptr, &pool);
   double c = Since(t0);
   if (!s.ok()) return 1;
@@ -159,7 +161,7 @@ int Main(int argc, char** argv) {
               (*s)->GetStats().recovery.c_str(),
               static_cast<unsigned long long>((*s)->GetStats().entries));
   s->reset();  // dropped without Close: the next start scans
-  t0 = Clock::now();
+  t0 = SteadyClock::now();
   s = SsdStore::Open(o, nullptr, &pool);
   double sc = Since(t0);
   if (!s.ok()) return 1;

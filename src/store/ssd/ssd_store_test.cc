@@ -70,19 +70,19 @@ TEST_F(SsdStoreTest, TryInsertNeverWaitsWaitForRoomDoes) {
   auto s = Open(o);
   ASSERT_NE(s, nullptr);
   faults_->SetLatencyMicros(300'000);  // every region write takes 0.3 s
-  using Clock = std::chrono::steady_clock;
-  auto secs = [](Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
+  using SteadyClock = std::chrono::steady_clock;
+  auto secs = [](SteadyClock::time_point t0) {
+    return std::chrono::duration<double>(SteadyClock::now() - t0).count();
   };
   // Two buffers of three records: the seventh finds both being written.
   std::vector<std::vector<uint8_t>> v;
   for (int i = 0; i < 7; ++i) v.push_back(Value(i, kThird));
   for (int i = 0; i < 6; ++i) ASSERT_TRUE(s->TryInsert(Key(i), v[i].data(), kThird)) << i;
-  auto t0 = Clock::now();
+  auto t0 = SteadyClock::now();
   EXPECT_FALSE(s->TryInsert(Key(6), v[6].data(), kThird));
   EXPECT_LT(secs(t0), 0.1);
   EXPECT_EQ(s->GetStats().inserts_dropped, 1u);
-  t0 = Clock::now();
+  t0 = SteadyClock::now();
   EXPECT_TRUE(s->WaitForRoom(kThird));
   EXPECT_GT(secs(t0), 0.1);  // it did wait for the first write
   EXPECT_TRUE(s->TryInsert(Key(6), v[6].data(), kThird));
@@ -91,7 +91,7 @@ TEST_F(SsdStoreTest, TryInsertNeverWaitsWaitForRoomDoes) {
   for (int i = 0; i < 7; ++i) EXPECT_TRUE(ReadCheck(*s, i, kThird).ok()) << i;
   EXPECT_EQ(s->GetStats().inserts_dropped, 1u);
   // Values that can never be stored, and a closed store: no wait at all.
-  t0 = Clock::now();
+  t0 = SteadyClock::now();
   EXPECT_FALSE(s->WaitForRoom(o.region_bytes));
   ASSERT_TRUE(s->Close().ok());
   EXPECT_FALSE(s->WaitForRoom(kThird));
