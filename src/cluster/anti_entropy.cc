@@ -83,32 +83,16 @@ struct AntiEntropy::Impl {
     return stop;
   }
 
-  // Calls fn(key, size) once per key held here: DRAM, then the SSD entries
-  // DRAM does not hold. want: kNumShards flags (null: every shard).
+  // Calls fn(key, size) once per key held here (TieredStore::ListHeld).
+  // want: kNumShards flags (null: every shard).
   uint64_t ListInventory(const std::vector<bool>* want,
                          const std::function<void(const KeyId&, uint64_t)>& fn) {
-    const bool ssd = store->has_ssd_tier();
-    std::vector<KeyId> dram_keys;
-    uint64_t n = 0;
-    store->ListDram([&](const KeyId& k, uint64_t size) {
-      if (want != nullptr && !(*want)[ShardOf(k)]) return;
+    SsdKeyFilter in_want;
+    if (want != nullptr) in_want = [want](uint64_t hi) { return (*want)[ShardOf(KeyId{hi, 0})]; };
+    return store->ListHeld(in_want, [&](const KeyId& k, uint64_t size, HoldingTier tier) {
       fn(k, size);
-      ++n;
-      if (ssd) dram_keys.push_back(k);
+      return tier == HoldingTier::kDram || !Stopping();
     });
-    if (!ssd) return n;
-    std::sort(dram_keys.begin(), dram_keys.end());
-    store->ListSsd(
-        [&](uint64_t hi) { return want == nullptr || (*want)[ShardOf(KeyId{hi, 0})]; },
-        [&](const std::vector<SsdEntry>& batch) {
-          for (const SsdEntry& e : batch) {
-            if (std::binary_search(dram_keys.begin(), dram_keys.end(), e.key)) continue;
-            fn(e.key, e.size);
-            ++n;
-          }
-          return !Stopping();
-        });
-    return n;
   }
 
   // Sends the calls together and waits for every reply.

@@ -191,7 +191,7 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
       });
   // What the SSD tier recovered (checkpoint or scan) is held from the start
   // but no home has heard of it yet.
-  for (const Scope& sc : Scopes()) ReplaySsd(sc, std::vector<bool>(kNumShards, true), {});
+  for (const Scope& sc : Scopes()) Relist(sc, std::vector<bool>(kNumShards, true));
 }
 
 Status PeerServer::NotServing() const {
@@ -251,25 +251,27 @@ void PeerServer::RunGated(std::function<void()> fn) {
   list_executor_->Submit([gate = gate_, fn = std::move(fn)] { gate->Run(fn); });
 }
 
-void PeerServer::ReplaySsd(const Scope& sc, std::vector<bool> shards, std::vector<KeyId> skip) {
-  if (!sc.store->has_ssd_tier()) return;
-  std::sort(skip.begin(), skip.end());
-  RunGated([this, sc, shards = std::move(shards), skip = std::move(skip)] {
-    uint64_t n = 0;
-    sc.store->ListSsd([&](uint64_t key_hi) { return shards[ShardOf(KeyId{key_hi, 0})]; },
-                    [&](const std::vector<SsdEntry>& batch) {
-                      uint64_t added = 0;
-                      for (const SsdEntry& e : batch) {
-                        if (std::binary_search(skip.begin(), skip.end(), e.key)) continue;
-                        sc.announcer->Relist(e.key, e.size);
-                        ++added;
-                      }
-                      WaitForPublisher(sc.announcer);
-                      n += added;
-                      ssd_replayed_->Inc(added);
-                      return !gate_->closed();
-                    });
-    LogDebug("republished {} entries from the SSD tier", n);
+void PeerServer::Relist(const Scope& sc, std::vector<bool> shards) {
+  // On the list executor, where a large inventory may wait for the
+  // publisher's queue to drain, never on the peer handlers' threads.
+  RunGated([this, sc, shards = std::move(shards)] {
+    uint64_t dram = 0, ssd = 0;
+    sc.store->ListHeld(
+        [&](uint64_t key_hi) {
+          return shards[ShardOf(KeyId{key_hi, 0})];
+        },
+        [&](const KeyId& key, uint64_t size, HoldingTier tier) {
+          sc.announcer->Relist(key, size);
+          if (tier == HoldingTier::kSsd) {
+            ++ssd;
+            ssd_replayed_->Inc();
+          } else {
+            ++dram;
+          }
+          if ((dram + ssd) % 1024 == 0) WaitForPublisher(sc.announcer);
+          return !gate_->closed();
+        });
+    LogDebug("republished {} DRAM and {} SSD entries", dram, ssd);
   });
 }
 
@@ -294,28 +296,9 @@ void PeerServer::OnView(std::shared_ptr<const ShardMap> before,
   if (moved.empty() && !replay_all) return;
   std::vector<bool> is_moved(kNumShards, replay_all);
   for (uint32_t s : moved) is_moved[s] = true;
-  // The replay runs on the list executor, where a large inventory may wait
-  // for the publisher's queue to drain, never on the peer handlers' threads.
-  for (const Scope& sc : Scopes()) {
-    RunGated([this, sc, is_moved, epoch = view->epoch, n = moved.size()]() mutable {
-      // Listed a few thousand slots per hold of the store's lock, so local
-      // puts and gets never wait for the whole scan of a large DRAM tier.
-      std::vector<KeyId> published;
-      sc.store->ListDram([&](const KeyId& key, uint64_t size) {
-        if (!is_moved[ShardOf(key)]) return;
-        sc.announcer->Relist(key, size);
-        published.push_back(key);
-        if (published.size() % 1024 == 0) WaitForPublisher(sc.announcer);
-      });
-      LogDebug("view {}: {} shards moved, {} DRAM entries republished", epoch, n,
-               published.size());
-      // Then the SSD tier's entries of those shards, but for the ones just
-      // published: skipping exactly those (not whatever DRAM holds when the
-      // listing gets there) also covers a key promoted or demoted meanwhile.
-      if (!sc.store->has_ssd_tier()) return;
-      ReplaySsd(sc, std::move(is_moved), std::move(published));
-    });
-  }
+  LogDebug("view {}: {} shards moved{}", view->epoch, moved.size(),
+           replay_all ? ", every entry republished" : "");
+  for (const Scope& sc : Scopes()) Relist(sc, is_moved);
 }
 
 void PeerServer::WaitForPublisher(HoldingsAnnouncer* announcer) {

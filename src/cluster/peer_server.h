@@ -127,10 +127,10 @@ class PeerServer {
   // Runs fn on the list executor unless the server is gone by then; the
   // destructor waits for a running fn.
   void RunGated(std::function<void()> fn);
-  // Queues a listing of the SSD tier's entries of the shards marked in
-  // `shards` (kNumShards flags) and publishes them, but for the keys in
-  // `skip` (published from DRAM just before). No-op without SSD.
-  void ReplaySsd(const Scope& scope, std::vector<bool> shards, std::vector<KeyId> skip);
+  // Queues a listing of what the scope's store holds of the shards marked
+  // in `shards` (kNumShards flags: TieredStore::ListHeld) and publishes it
+  // again.
+  void Relist(const Scope& scope, std::vector<bool> shards);
   // On the list executor: waits while the publisher's queue holds a large
   // replay's backlog (so a replay of millions of entries is not dropped at
   // the queue's bound), until the server stops.

@@ -193,15 +193,15 @@ class NodeImpl final : public Node {
     KVPOOL_ASSIGN_OR_RETURN(kv_events_, events::KvEventsPublisher::Start(opts_.kv_events,
                                                                          &metrics_));
     descriptors_->SetListeners(kv_events_.get(), nullptr);
-    // What the SSD tier recovered is not streamed: listed before anyone can
+    // What the SSD tier recovered is not streamed: listed (ListHeld; DRAM
+    // holds nothing yet) before anyone can
     // write (so no drop of an entry is told before its listing). Reads the
     // record headers: a large tier adds seconds to the start.
     if (tiered_->has_ssd_tier()) {
-      uint64_t n = tiered_->ListSsd([](uint64_t) { return true; },
-                                    [this](const std::vector<SsdEntry>& v) {
-                                      for (const SsdEntry& e : v) kv_events_->Recovered(e.key);
-                                      return true;
-                                    });
+      uint64_t n = tiered_->ListHeld(nullptr, [this](const KeyId& key, uint64_t, HoldingTier) {
+        kv_events_->Recovered(key);
+        return true;
+      });
       LogInfo("kv events: {} entries recovered on SSD announced", n);
     }
     return Status::Ok();

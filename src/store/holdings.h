@@ -19,7 +19,7 @@
 // the first kDropped event whose still_held is false.
 //
 // What the store holds when it opens (an SSD tier's recovered entries) is
-// not streamed: list it (TieredStore::ListDram / ListSsd).
+// not streamed: list it (TieredStore::ListHeld).
 #pragma once
 
 #include <cstddef>

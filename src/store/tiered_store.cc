@@ -1,5 +1,6 @@
 #include "store/tiered_store.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <mutex>
@@ -412,8 +413,29 @@ Status TieredStore::Close() {
   return ssd_->Close();
 }
 
-uint64_t TieredStore::ListSsd(const SsdKeyFilter& want, const SsdEntrySink& sink) {
-  return ssd_ != nullptr ? ssd_->ListEntries(want, sink) : 0;
+uint64_t TieredStore::ListHeld(const SsdKeyFilter& want, const HeldSink& fn) {
+  bool go = true;
+  uint64_t n = 0;
+  std::vector<KeyId> listed;  // DRAM's, when an SSD tier is listed next
+  dram_->ListEntries([&](const KeyId& key, uint64_t size) {
+    if (!go || (want && !want(key.hi))) return;
+    ++n;
+    go = fn(key, size, HoldingTier::kDram);
+    if (ssd_ != nullptr) listed.push_back(key);
+  });
+  if (!go || ssd_ == nullptr) return n;
+  std::sort(listed.begin(), listed.end());
+  ssd_->ListEntries(
+      want ? want : [](uint64_t) { return true; },
+      [&](const std::vector<SsdEntry>& batch) {
+        for (const SsdEntry& e : batch) {
+          if (std::binary_search(listed.begin(), listed.end(), e.key)) continue;
+          ++n;
+          if (!fn(e.key, e.size, HoldingTier::kSsd)) return false;
+        }
+        return true;
+      });
+  return n;
 }
 
 std::span<uint8_t> TieredStore::segment() const {

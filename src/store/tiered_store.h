@@ -153,15 +153,17 @@ class TieredStore {
   // writes of DRAM go on working.
   Status Close();
 
-  // --- Inventory (what this store holds, for the cluster's directory).
+  // --- Inventory (what this store holds: for the cluster's directory, its
+  // anti-entropy and the KV events' start).
   bool has_ssd_tier() const { return ssd_ != nullptr; }
-  // DramStore::ListEntries: fn(key, size) for DRAM's committed entries, a
-  // few thousand slots per hold of the DRAM lock.
-  void ListDram(const std::function<void(const KeyId&, uint64_t)>& fn) const {
-    dram_->ListEntries(fn);
-  }
-  // SsdStore::ListEntries: blocks on the device. 0 without an SSD tier.
-  uint64_t ListSsd(const SsdKeyFilter& want, const SsdEntrySink& sink);
+  // fn(key, size, tier) once per key this store holds: DRAM's committed
+  // entries (a few thousand slots per hold of the DRAM lock), then the SSD
+  // tier's (blocking on the device) but for exactly those DRAM listed, so
+  // a key promoted or demoted meanwhile is listed once. want(key.hi) picks
+  // the keys (null: all); fn returns false to stop the listing. Returns the
+  // number of keys fn was called for.
+  using HeldSink = std::function<bool(const KeyId&, uint64_t size, HoldingTier tier)>;
+  uint64_t ListHeld(const SsdKeyFilter& want, const HeldSink& fn);
 
   // --- The shared segment clients map, and figures.
   int segment_fd() const { return dram_->segment_fd(); }

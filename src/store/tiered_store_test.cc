@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -138,6 +139,55 @@ TEST_F(TieredStoreTest, EvictedEntriesAreDemotedAndPromotedByteExact) {
   EXPECT_EQ(metrics_.ValueOf("kvpool_tier_promotions_total"), kN);
   EXPECT_EQ(metrics_.ValueOf("kvpool_tier_demotions_total"), on_ssd + 16);
   EXPECT_EQ(metrics_.ValueOf("kvpool_tier_promotion_failures_total"), 0);
+}
+
+// The inventory lists every key once: DRAM's, then the SSD tier's but for
+// those DRAM listed (a key on both is DRAM's), under the filter, and stops
+// when told.
+TEST_F(TieredStoreTest, ListHeldNamesEachKeyOnceFromItsNearestTier) {
+  const int kN = 40;  // 40 MiB through a 16 MiB DRAM tier
+  for (int i = 0; i < kN; ++i) ASSERT_TRUE(Put(i, kMiB).ok()) << i;
+  // Promoted keys are on both tiers.
+  int promoted = 0;
+  for (int i = 0; i < kN && promoted < 3; ++i) {
+    if (!tiered_->NeedsPromotion(K(i))) continue;
+    ASSERT_TRUE(PromoteAndCheck(i, kMiB).ok()) << i;
+    ++promoted;
+  }
+  ASSERT_EQ(promoted, 3);
+  std::map<KeyId, HoldingTier> want;
+  for (int i = 0; i < kN; ++i) {
+    want[K(i)] = dram_->Contains(K(i)) ? HoldingTier::kDram : HoldingTier::kSsd;
+  }
+  std::map<KeyId, HoldingTier> got;
+  uint64_t calls = 0;
+  const uint64_t n = tiered_->ListHeld(nullptr, [&](const KeyId& k, uint64_t size, HoldingTier t) {
+    ++calls;
+    EXPECT_EQ(size, kMiB);
+    EXPECT_TRUE(got.emplace(k, t).second) << "listed twice";
+    return true;
+  });
+  EXPECT_EQ(n, static_cast<uint64_t>(kN));
+  EXPECT_EQ(calls, static_cast<uint64_t>(kN));
+  EXPECT_EQ(got, want);
+  // The filter: keys whose high half is even.
+  got.clear();
+  tiered_->ListHeld([](uint64_t hi) { return hi % 2 == 0; },
+                    [&](const KeyId& k, uint64_t, HoldingTier t) {
+                      got.emplace(k, t);
+                      return true;
+                    });
+  std::map<KeyId, HoldingTier> even;
+  for (const auto& [k, t] : want) {
+    if (k.hi % 2 == 0) even.emplace(k, t);
+  }
+  EXPECT_EQ(got, even);
+  // Stopped at the third key: three calls, whichever tier it was in.
+  calls = 0;
+  EXPECT_EQ(
+      tiered_->ListHeld(nullptr, [&](const KeyId&, uint64_t, HoldingTier) { return ++calls < 3; }),
+      3u);
+  EXPECT_EQ(calls, 3u);
 }
 
 TEST_F(TieredStoreTest, KeysOnEitherTierAreImmutable) {
@@ -354,14 +404,15 @@ TEST(TieredStoreOpenTest, OwnsDramOnlyTier) {
     EXPECT_TRUE(Check(pin->data(), 3, 1000));
   }
   std::vector<KeyId> listed;
-  store->ListDram([&](const KeyId& k, uint64_t size) {
-    EXPECT_EQ(size, 1000u);
-    listed.push_back(k);
-  });
+  EXPECT_EQ(store->ListHeld(nullptr,
+                            [&](const KeyId& k, uint64_t size, HoldingTier tier) {
+                              EXPECT_EQ(size, 1000u);
+                              EXPECT_EQ(tier, HoldingTier::kDram);
+                              listed.push_back(k);
+                              return true;
+                            }),
+            1u);
   EXPECT_EQ(listed, std::vector<KeyId>{K(3)});
-  EXPECT_EQ(store->ListSsd([](uint64_t) { return true; },
-                           [](const std::vector<SsdEntry>&) { return true; }),
-            0u);
   EXPECT_EQ(store->GetDramStats().entries, 1u);
   EXPECT_TRUE(store->Close().ok());
   EXPECT_TRUE(store->Flush().ok());
