@@ -2,7 +2,6 @@
 
 #include <time.h>
 
-#include <algorithm>
 #include <map>
 #include <unordered_map>
 #include <unordered_set>

@@ -1,9 +1,8 @@
 #include "cluster/peer_server.h"
 
-#include <optional>
-#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <vector>
 

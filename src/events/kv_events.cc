@@ -185,7 +185,7 @@ struct KvEventsPublisher::Impl {
   // kept) once the socket has let go of it, else a new one. A new one's
   // pages are made in one call: until the replay buffer is full every
   // batch is new memory, and a page fault per page of it cost a node on a
-  // VM a fifth of its put rate.
+  // VM up to a tenth of its put rate.
   Payload TakeBuffer(size_t bound) {
     Payload b = std::move(spare);
     if (b != nullptr && b.use_count() == 1) return b;
