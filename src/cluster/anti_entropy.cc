@@ -264,8 +264,8 @@ struct AntiEntropy::Impl {
       if (!want[ShardOf(k)] || mine.count(k) != 0) continue;
       announcer->Unlist(k);
       if (store->Contains(k)) {  // stored since the listing
-        auto pin = store->Hold(k);
-        if (pin.ok()) announcer->Relist(k, pin->size());
+        auto size = store->SizeOf(k);
+        if (size.ok()) announcer->Relist(k, *size);
       }
       ++removed;
     }

@@ -142,22 +142,17 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
     if (s.ok() && size != in.payload.size()) s = InvalidArgument("store: payload size mismatch");
     if (!s.ok()) return r.Respond(s);
     TieredStore* store = sc.tenant ? sc.store : StoreFor(in, &key);
-    auto slot = store->Reserve(key, size);
-    if (!slot.ok()) {
-      // Already here: the home holds it, which is all the writer asks.
-      return r.Respond(slot.status().code() == StatusCode::kAlreadyExists ? Status::Ok()
-                                                                           : slot.status());
-    }
     // The one copy of a home placement: the request buffer into the slot.
-    std::memcpy(slot->data(), in.payload.data(), size);
     // The writer drops its copy on this OK: the key must be in this home's
     // directory first, or a read through the writer misses until the next
-    // publish tick. A placed commit is published before Commit returns
-    // (HoldingsAnnouncer).
-    // Placement chain: just colder than the block before it in its chain.
-    DramStore::ChainPlace chain = DramStore::ChainPlace::After(after ? *after : KeyId{});
-    s = store->Commit(std::move(slot).value(), WriteOrigin::kPlaced, after ? &chain : nullptr,
-                      (flags & kStoreReturning) != 0);
+    // publish tick. A placed commit is published before Put returns
+    // (HoldingsAnnouncer). Placement chain: just colder than the block
+    // before it in its chain.
+    TieredStore::Chain chain = TieredStore::Chain::After(after ? *after : KeyId{});
+    s = store->Put(
+        key, in.payload,
+        {WriteOrigin::kPlaced, after ? &chain : nullptr, (flags & kStoreReturning) != 0});
+    // Already here: the home holds it, which is all the writer asks.
     if (s.ok() || s.code() == StatusCode::kAlreadyExists) return r.Respond(Status::Ok());
     r.Respond(s);
   });

@@ -274,19 +274,16 @@ void StartFetches(const std::shared_ptr<RemoteReader::State>& st,
     op->slots[i] = std::move(slot).value();
     to_fetch.emplace_back(i, std::move(peers));
   }
-  // Last to first: a holder touches each value it serves, and a batch is a
-  // chain in order, so the head is touched last and is the most recent
-  // there, as in a local read (LocalOps::AnswerAcquire). idx is the whole
+  // In the order the eviction policy reads a chain (last to first for one
+  // that keeps a chain's head longest): a holder touches each value it
+  // serves, and a batch is a chain in order, as in a local read
+  // (TieredStore::ReadBatch). idx is the whole
   // batch, whichever homes resolved its keys: a chain's keys have different
   // homes, and fetching each home's share as it answered would touch a
   // holder's blocks of the chain in the order the answers came.
-  if (st->store->touch_chains_head_last()) {
-    for (auto it = to_fetch.rbegin(); it != to_fetch.rend(); ++it) {
-      IssueFetch(st, op, it->first, std::move(it->second));
-    }
-  } else {  // a policy that touches a batch first to last (lru, s3fifo)
-    for (auto& [i, peers] : to_fetch) IssueFetch(st, op, i, std::move(peers));
-  }
+  st->store->InChainReadOrder(to_fetch.size(), [&](size_t k) {
+    IssueFetch(st, op, to_fetch[k].first, std::move(to_fetch[k].second));
+  });
   st->misses->Inc(misses);
   op->Finished(misses + finished);
 }

@@ -341,7 +341,7 @@ TEST_F(RemoteReaderTest, FetchesByteExactAndKeepsReplicasOfValuesFetchedAgain) {
   for (const auto& p : pins) EXPECT_EQ(b.Read(p), vals[index.at(p.key())]);
   pins.clear();
   for (int i = 0; i < kN; ++i) {
-    EXPECT_EQ(b.tiered->Hold(keys[i]).status().code(), StatusCode::kNotFound) << i;
+    EXPECT_EQ(b.tiered->Acquire(keys[i]).status().code(), StatusCode::kNotFound) << i;
   }
   EXPECT_EQ(b.tiered->GetDramStats().pinned, 0u);
 
@@ -351,7 +351,7 @@ TEST_F(RemoteReaderTest, FetchesByteExactAndKeepsReplicasOfValuesFetchedAgain) {
   EXPECT_EQ(kept->Value(), static_cast<uint64_t>(kN));
   pins.clear();
   for (int i = 0; i < kN; ++i) {
-    auto p = b.tiered->Hold(keys[i]);  // a local replica now
+    auto p = b.tiered->Acquire(keys[i]);  // a local replica now
     ASSERT_TRUE(p.ok()) << i;
     EXPECT_EQ(b.Read(*p), vals[i]) << i;
   }
@@ -406,7 +406,7 @@ TEST_F(RemoteReaderTest, ReplicasAreKeptAsTheSettingSays) {
   // Fetches key k alone; whether B holds it after the read.
   auto fetch_one = [&](const KeyId& k) {
     EXPECT_EQ(b.Fetch({k}).size(), 1u);
-    bool is_held = b.tiered->Hold(k).ok();  // the pin is released at once
+    bool is_held = b.tiered->Acquire(k).ok();  // the pin is released at once
     if (is_held) {
       EXPECT_TRUE(b.tiered->Remove(k).ok());  // the next read fetches again
     }
@@ -685,12 +685,13 @@ TEST_F(RemoteReaderTest, PlacementHomeMovesValuesToTheirHomeOrKeepsThemWhenItIsD
   EXPECT_EQ(moved->Value(), 8u);
   EXPECT_EQ(kept->Value(), 8u);
   for (size_t i = 0; i < to_b.size(); ++i) {
-    EXPECT_FALSE(a.tiered->InDram(to_b[i])) << i;  // handed over
-    auto p = b.tiered->Hold(to_b[i]);
+    EXPECT_NE(a.tiered->Where(to_b[i]), HoldingTier::kDram) << i;  // handed over
+    auto p = b.tiered->Acquire(to_b[i]);
     ASSERT_TRUE(p.ok()) << i;
     EXPECT_EQ(b.Read(*p), Bytes(i, 4096)) << i;
   }
-  for (const auto& k : to_c) EXPECT_TRUE(a.tiered->InDram(k));  // kept: the home is down
+  for (const auto& k : to_c)
+    EXPECT_EQ(a.tiered->Where(k), HoldingTier::kDram);  // kept: the home is down
 
   // The holdings stream: A wrote 16 and handed 8 off; B took 8 placed. Only
   // the 8 kept are published by A (its hand-offs never were); B publishes
@@ -794,7 +795,7 @@ TEST_F(RemoteReaderTest, FetchesWaitForEveryHomesAnswer) {
   EXPECT_EQ(hits->Value(), keys.size());
   EXPECT_EQ(b.gate->fetched(), std::vector<KeyId>(keys.rbegin(), keys.rend()));
   for (size_t i = 0; i < keys.size(); ++i) {
-    auto p = b.tiered->Hold(keys[i]);
+    auto p = b.tiered->Acquire(keys[i]);
     ASSERT_TRUE(p.ok()) << i;
     EXPECT_EQ(b.Read(*p), vals[i]) << i;
   }

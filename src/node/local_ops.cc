@@ -135,39 +135,25 @@ void LocalOps::Bind(const LocalSession& c, std::vector<protocol::SizedKey>* keys
   for (auto& item : *keys) item.key = k.Bind(item.key);
 }
 
-// The pins a parked request took, by key.
-class LocalOps::CarriedPins {
- public:
-  explicit CarriedPins(std::vector<TieredStore::Pin> pins) {
-    for (auto& p : pins) by_key_.emplace(p.key(), std::move(p));
-  }
-  // The request's pin of key: carried (counted as a read now), else a
-  // first Acquire.
-  Result<TieredStore::Pin> Take(TieredStore* store, const KeyId& key) {
-    auto it = by_key_.find(key);
-    if (it == by_key_.end()) return store->Acquire(key);
-    TieredStore::Pin pin = std::move(it->second);
-    by_key_.erase(it);
-    store->CountRead(key);
-    return pin;
-  }
-
- private:
-  std::unordered_multimap<KeyId, TieredStore::Pin, KeyIdHash> by_key_;
-};
-
 // Answers a parked request whose waits all finished, from the pins they
 // took (a failed promotion or fetch is a miss).
 void LocalOps::Resume(LocalSession& c, ParkedReads::Request& p) {
   c.pending = false;
   auto start = std::chrono::steady_clock::now();
-  CarriedPins carried(std::move(p.pins));
-  switch (static_cast<MessageType>(p.header.type)) {
+  const auto type = static_cast<MessageType>(p.header.type);
+  if (type == MessageType::kAcquire || type == MessageType::kGet) {
+    // What is in DRAM by now of the keys the wait found nowhere (written
+    // meanwhile): one more lookup, of those only.
+    bool missing = false;
+    for (const auto& pin : p.pins) missing |= !pin.valid();
+    if (missing) T(c).store->PinHeld(p.keys, p.pins);
+  }
+  switch (type) {
     case MessageType::kAcquire:
-      AnswerAcquire(c, p.header, p.keys, &carried);
+      AnswerAcquire(c, p.header, p.keys, p.pins);
       break;
     case MessageType::kGet:
-      AnswerGet(c, p.header, p.sized, &carried);
+      AnswerGet(c, p.header, p.sized, p.pins);
       break;
     case MessageType::kLookupPrefix:
       if (!p.call_status.ok()) {
@@ -206,28 +192,33 @@ void LocalOps::Queue(LocalSession& c, MessageType type, uint64_t request_id, Sta
   c.out.push_back(std::move(frame));
 }
 
+void LocalOps::QueueFrame(LocalSession& c, MessageType type, uint64_t request_id, Status status,
+                          std::vector<uint8_t> frame) {
+  protocol::SealFrame(type, request_id, static_cast<int32_t>(status.code()), /*reply=*/true,
+                      &frame);
+  c.out_bytes += frame.size();
+  c.out.push_back(std::move(frame));
+}
+
 void LocalOps::QueueError(LocalSession& c, uint64_t request_id, const Status& s) {
   std::vector<uint8_t> body;
   protocol::EncodeString(s.message(), &body);
   Queue(c, MessageType::kError, request_id, s, body);
 }
 
-// Gets of entries only on SSD, and (with a remote source) gets and exists
-// of keys not held here, wait in parked_ without blocking the loop; the
-// connection's later frames wait behind them. The request is parked with
-// its decoded keys (moved out of keys_ / sized_), and the pins its wait
-// took are the ones it is answered with: a resumed request neither decodes
-// nor pins again. Returns true when parked.
-bool LocalOps::Park(LocalSession& c, const FrameHeader& h, ParkedReads::Kind kind) {
+// A get or acquire is one read of its batch (ParkedReads::Read): what DRAM
+// holds is pinned at once; keys only on SSD and, with a remote source, keys
+// not held here wait without blocking the loop, the connection's later
+// frames behind them. The request is parked with its decoded keys (moved
+// out of keys_ / sized_) and its pins: a resumed request neither decodes
+// nor looks up again. Returns true when parked; else pins_ holds the
+// batch's pins.
+bool LocalOps::ReadOrPark(LocalSession& c, const FrameHeader& h) {
   Tenant& t = T(c);
-  if ((!t.store->has_ssd_tier() && t.remote == nullptr) || !c.handshaked) return false;
-  if (kind == ParkedReads::Kind::kExists && t.remote == nullptr) return false;
-  ParkedReads::Request r;
-  r.fd = c.fd;
-  r.conn_id = c.id;
-  r.header = h;
+  const bool may_wait = c.handshaked && (t.store->has_ssd_tier() || t.remote != nullptr);
+  ParkedReads::Request r = RequestOf(c, h);
   // The scratch vectors move into the request and come back when it is
-  // answered now, so a get that does not park allocates nothing here.
+  // answered now, so a read that does not park allocates nothing here.
   const bool get = static_cast<MessageType>(h.type) == MessageType::kGet;
   if (get) {
     keys_.clear();
@@ -235,8 +226,10 @@ bool LocalOps::Park(LocalSession& c, const FrameHeader& h, ParkedReads::Kind kin
     r.sized = std::move(sized_);
   }
   r.keys = std::move(keys_);
-  if (!t.parked->Park(kind, &r)) {  // not moved from: take the vectors back
+  r.pins = std::move(pins_);
+  if (!t.parked->Read(&r, may_wait)) {  // not moved from: take the vectors back
     keys_ = std::move(r.keys);
+    pins_ = std::move(r.pins);
     if (get) sized_ = std::move(r.sized);
     return false;
   }
@@ -245,9 +238,27 @@ bool LocalOps::Park(LocalSession& c, const FrameHeader& h, ParkedReads::Kind kin
   return true;
 }
 
-Result<TieredStore::Pin> LocalOps::PinOf(TieredStore* store, CarriedPins* carried,
-                                         const KeyId& key) {
-  return carried != nullptr ? carried->Take(store, key) : store->Acquire(key);
+// An exists waits, as a read does, for the keys not held here (with a
+// remote source).
+bool LocalOps::ExistsOrPark(LocalSession& c, const FrameHeader& h) {
+  if (!c.handshaked) return false;
+  ParkedReads::Request r = RequestOf(c, h);
+  r.keys = std::move(keys_);
+  if (!T(c).parked->Exists(&r)) {
+    keys_ = std::move(r.keys);
+    return false;
+  }
+  c.pending = true;
+  parked_now_ = true;
+  return true;
+}
+
+ParkedReads::Request LocalOps::RequestOf(const LocalSession& c, const FrameHeader& h) {
+  ParkedReads::Request r;
+  r.fd = c.fd;
+  r.conn_id = c.id;
+  r.header = h;
+  return r;
 }
 
 void LocalOps::Wrote(LocalSession& c, Tenant& t, uint64_t bytes) {
@@ -592,7 +603,7 @@ Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const
     }
     if (res.batch != c.chain_batch) {
       c.chain_batch = res.batch;
-      c.chain = DramStore::ChainPlace{};
+      c.chain = TieredStore::Chain{};
     }
     const KeyId key = res.slot.key();
     const uint64_t token = Stage(c, key, std::move(res.descriptor));
@@ -629,31 +640,28 @@ Status LocalOps::OnAcquire(LocalSession& c, const FrameHeader& h, std::span<cons
   KVPOOL_RETURN_IF_ERROR(protocol::DecodeKeys(body, opts_.max_batch, &keys_));
   Bind(c, &keys_);
   items_->Inc(keys_.size());
-  if (Park(c, h, ParkedReads::Kind::kRead)) return Status::Ok();
-  AnswerAcquire(c, h, keys_, nullptr);
+  if (ReadOrPark(c, h)) return Status::Ok();
+  AnswerAcquire(c, h, keys_, pins_);
   return Status::Ok();
 }
 
-// carried: the pins of a resumed request (null: pin now).
+// pins: the batch's, per key (empty: a miss); handed to the session.
 void LocalOps::AnswerAcquire(LocalSession& c, const FrameHeader& h, const std::vector<KeyId>& keys,
-                             CarriedPins* carried) {
+                             std::vector<TieredStore::Pin>& pins) {
   regions_.assign(keys.size(), {});
   uint64_t hits = 0, bytes = 0;
   Tenant& t = T(c);
-  const size_t n = keys.size();
-  const bool head_last = t.store->touch_chains_head_last();
-  for (size_t k = 0; k < n; ++k) {
-    const size_t i = head_last ? n - 1 - k : k;
-    auto p = PinOf(t.store, carried, keys[i]);
-    if (!p.ok()) {
-      regions_[i].status = static_cast<int32_t>(p.status().code());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    TieredStore::Pin& p = pins[i];
+    if (!p.valid()) {
+      regions_[i].status = static_cast<int32_t>(StatusCode::kNotFound);
       continue;
     }
     uint64_t handle = c.next_handle++;
-    regions_[i] = {0, handle, p->offset(), p->size()};
+    regions_[i] = {0, handle, p.offset(), p.size()};
     ++hits;
-    bytes += p->size();
-    c.pins.emplace(handle, std::move(p).value());
+    bytes += p.size();
+    c.pins.emplace(handle, std::move(p));
   }
   hits_->Inc(hits);
   misses_->Inc(keys.size() - hits);
@@ -677,7 +685,7 @@ Status LocalOps::OnExists(LocalSession& c, const FrameHeader& h, std::span<const
   KVPOOL_RETURN_IF_ERROR(protocol::DecodeKeys(body, opts_.max_batch, &keys_));
   Bind(c, &keys_);
   items_->Inc(keys_.size());
-  if (Park(c, h, ParkedReads::Kind::kExists)) return Status::Ok();
+  if (ExistsOrPark(c, h)) return Status::Ok();
   AnswerExists(c, h, keys_, nullptr);
   return Status::Ok();
 }
@@ -753,7 +761,7 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
   uint64_t off = 0;
   Tenant& t = T(c);
   bool stored = false;          // here: published before the answer (PublishStored)
-  DramStore::ChainPlace chain;  // the batch is a chain (DramStore::Commit)
+  TieredStore::Chain chain;     // the batch is a chain (TieredStore::Commit)
   for (size_t i = 0; i < sized_.size(); ++i) {
     const uint8_t* src = data.data() + off;
     off += sized_[i].size;
@@ -768,24 +776,21 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
       Wrote(c, t, sized_[i].size);
       continue;
     }
-    auto r = t.store->Reserve(sized_[i].key, sized_[i].size);
-    if (!r.ok()) {
-      statuses_[i] = static_cast<int32_t>(r.status().code());
-      if (r.status().code() != StatusCode::kAlreadyExists) {
-        put_failures_->Inc();
-        t.rejected->Inc();
-      }
-      continue;
-    }
-    std::memcpy(r->data(), src, sized_[i].size);
-    const uint64_t token = Stage(c, sized_[i].key, TakeDescriptor(i));
-    Status s = t.store->Commit(std::move(r).value(), WriteOrigin::kPut, &chain,
-                               Returning(t, sized_[i].key));
-    if (!s.ok()) Unstage(sized_[i].key, token);
+    const KeyId& key = sized_[i].key;
+    uint64_t token = 0;  // the descriptor, staged for the commit
+    Status s =
+        t.store->Put(key, {src, sized_[i].size}, {WriteOrigin::kPut, &chain, Returning(t, key)},
+                     [&] { token = Stage(c, key, TakeDescriptor(i)); });
     statuses_[i] = static_cast<int32_t>(s.code());
     if (s.ok()) {
       Wrote(c, t, sized_[i].size);
       stored = true;
+      continue;
+    }
+    Unstage(key, token);
+    if (s.code() != StatusCode::kAlreadyExists) {
+      put_failures_->Inc();
+      t.rejected->Inc();
     }
   }
   if (stored && t.remote != nullptr) publish_due_ = t.remote;  // PublishStored
@@ -799,53 +804,53 @@ Status LocalOps::OnGet(LocalSession& c, const FrameHeader& h, std::span<const ui
   KVPOOL_RETURN_IF_ERROR(protocol::DecodeSizedKeys(body, opts_.max_batch, &sized_, nullptr));
   Bind(c, &sized_);
   items_->Inc(sized_.size());
-  if (Park(c, h, ParkedReads::Kind::kRead)) return Status::Ok();
-  AnswerGet(c, h, sized_, nullptr);
+  if (ReadOrPark(c, h)) return Status::Ok();
+  AnswerGet(c, h, sized_, pins_);
   return Status::Ok();
 }
 
+// pins: the batch's, per key (empty: a miss); released once copied.
 void LocalOps::AnswerGet(LocalSession& c, const FrameHeader& h,
-                         const std::vector<protocol::SizedKey>& sized, CarriedPins* carried) {
-  std::vector<protocol::GetItem> items(sized.size());
-  std::vector<TieredStore::Pin> pins;
-  pins.reserve(sized.size());
+                         const std::vector<protocol::SizedKey>& sized,
+                         std::vector<TieredStore::Pin>& pins) {
+  const size_t n = sized.size();
+  std::vector<protocol::GetItem> items(n);
   uint64_t total = 0, hits = 0;
   Tenant& t = T(c);
-  // Pinned in the order the eviction policy wants, then answered in order.
-  const size_t n = sized.size();
-  const bool head_last = t.store->touch_chains_head_last();
-  std::vector<std::optional<Result<TieredStore::Pin>>> pinned(n);
-  for (size_t k = 0; k < n; ++k) {
-    const size_t i = head_last ? n - 1 - k : k;
-    pinned[i].emplace(PinOf(t.store, carried, sized[i].key));
-  }
   for (size_t i = 0; i < n; ++i) {
-    auto& p = *pinned[i];
-    if (!p.ok()) {
-      items[i].status = static_cast<int32_t>(p.status().code());
+    const TieredStore::Pin& p = pins[i];
+    if (!p.valid()) {
+      items[i].status = static_cast<int32_t>(StatusCode::kNotFound);
       continue;
     }
     ++hits;
-    items[i].size = p->size();
-    if (p->size() > sized[i].size || total + p->size() > opts_.max_frame_bytes) {
+    items[i].size = p.size();
+    if (p.size() > sized[i].size || total + p.size() > opts_.max_frame_bytes) {
       items[i].status = static_cast<int32_t>(StatusCode::kResourceExhausted);
+      pins[i].Reset();
       continue;
     }
-    total += p->size();
-    pins.push_back(std::move(p).value());
+    total += p.size();
   }
   hits_->Inc(hits);
-  misses_->Inc(sized.size() - hits);
-  recent_hits_.Add(hits, sized.size());
+  misses_->Inc(n - hits);
+  recent_hits_.Add(hits, n);
   t.hits->Inc(hits);
-  t.misses->Inc(sized.size() - hits);
+  t.misses->Inc(n - hits);
   t.bytes_read->Inc(total);
-  std::vector<uint8_t> out;
-  out.reserve(4 + 12 * items.size() + total);
-  protocol::EncodeGetItems(items, &out);
-  for (const auto& p : pins) out.insert(out.end(), p.data(), p.data() + p.size());
+  // The reply frame is built in place: each value is copied once, from its
+  // slot into the frame.
+  std::vector<uint8_t> frame;
+  frame.reserve(protocol::kHeaderBytes + 4 + 12 * n + total);
+  frame.resize(protocol::kHeaderBytes);
+  protocol::EncodeGetItems(items, &frame);
+  for (auto& p : pins) {
+    if (!p.valid()) continue;
+    frame.insert(frame.end(), p.data(), p.data() + p.size());
+    p.Reset();
+  }
   Read(c, total);
-  Queue(c, MessageType::kGet, h.request_id, Status::Ok(), out);
+  QueueFrame(c, MessageType::kGet, h.request_id, Status::Ok(), std::move(frame));
 }
 
 Status LocalOps::OnRemove(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {

@@ -77,7 +77,7 @@ struct LocalSession {
   // The reserve batch whose items were committed last, and its last entry:
   // a batch is a block chain in order (DramStore::Commit's chain).
   uint64_t chain_batch = 0;
-  DramStore::ChainPlace chain;
+  TieredStore::Chain chain;
   // In a cluster, the last exists call that stopped at a miss: the key it
   // stopped at and the keys it hit, in order. A put or reserve batch
   // starting with that key writes the rest of the chain after the last hit
@@ -130,7 +130,6 @@ class LocalOps {
   void ProtocolError(const char* reason);
 
  private:
-  class CarriedPins;
   // A tenant's store, cluster, parked reads, key binding and counters.
   struct Tenant {
     std::string name;
@@ -148,14 +147,18 @@ class LocalOps {
   // Binds decoded key ids to the connection's tenant (node/tenants.h).
   void Bind(const LocalSession& c, std::vector<KeyId>* keys);
   void Bind(const LocalSession& c, std::vector<protocol::SizedKey>* keys);
-  bool Park(LocalSession& c, const protocol::FrameHeader& h, ParkedReads::Kind kind);
-  static Result<TieredStore::Pin> PinOf(TieredStore* store, CarriedPins* carried, const KeyId& key);
+  bool ReadOrPark(LocalSession& c, const protocol::FrameHeader& h);
+  bool ExistsOrPark(LocalSession& c, const protocol::FrameHeader& h);
+  static ParkedReads::Request RequestOf(const LocalSession& c, const protocol::FrameHeader& h);
   void CountOp(uint16_t type, std::chrono::steady_clock::time_point start);
   // Bytes a connection wrote or read: the node's, its tenant's and its own counts.
   void Wrote(LocalSession& c, Tenant& t, uint64_t bytes);
   void Read(LocalSession& c, uint64_t bytes);
   void Queue(LocalSession& c, protocol::MessageType type, uint64_t request_id, Status status,
              const std::vector<uint8_t>& body);
+  // Queues a frame whose body follows kHeaderBytes left for its header.
+  void QueueFrame(LocalSession& c, protocol::MessageType type, uint64_t request_id, Status status,
+                  std::vector<uint8_t> frame);
 
   Status OnHello(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   Status DecodeSized(const protocol::FrameHeader& h, std::span<const uint8_t> body,
@@ -171,7 +174,7 @@ class LocalOps {
   Status OnAbort(LocalSession& c, std::span<const uint8_t> body);
   Status OnAcquire(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   void AnswerAcquire(LocalSession& c, const protocol::FrameHeader& h,
-                     const std::vector<KeyId>& keys, CarriedPins* carried);
+                     const std::vector<KeyId>& keys, std::vector<TieredStore::Pin>& pins);
   Status OnRelease(LocalSession& c, std::span<const uint8_t> body);
   Status OnExists(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   // A put or reserve batch of keys that continues the session's last
@@ -188,7 +191,7 @@ class LocalOps {
   Status OnPut(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   Status OnGet(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   void AnswerGet(LocalSession& c, const protocol::FrameHeader& h,
-                 const std::vector<protocol::SizedKey>& sized, CarriedPins* carried);
+                 const std::vector<protocol::SizedKey>& sized, std::vector<TieredStore::Pin>& pins);
   Status OnRemove(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   Status OnStats(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   Status OnFlush(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
@@ -212,6 +215,7 @@ class LocalOps {
   // Scratch vectors reused to avoid allocating per request.
   std::vector<protocol::SizedKey> sized_;
   std::vector<KeyId> keys_;
+  std::vector<TieredStore::Pin> pins_;
   std::vector<KeyId> chain_keys_;
   std::vector<uint64_t> handles_;
   std::vector<int32_t> statuses_;

@@ -13,69 +13,78 @@ ParkedReads::ParkedReads(TieredStore* store, RemoteSource* remote, int wake_fd,
                                 "Requests that waited for the cluster (local misses)");
 }
 
-bool ParkedReads::Park(Kind kind, Request* request) {
-  const std::vector<KeyId>& keys = request->keys;
-  std::vector<KeyId> cold, absent;
-  std::vector<bool> is_cold(kind == Kind::kRead ? keys.size() : 0);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const KeyId& k = keys[i];
-    if (kind == Kind::kExists) {
-      if (remote_ != nullptr && !tiered_->Contains(k)) absent.push_back(k);
-    } else if (tiered_->NeedsPromotion(k)) {
-      cold.push_back(k);
-      is_cold[i] = true;
-    } else if (remote_ != nullptr && !tiered_->InDram(k)) {
-      absent.push_back(k);
-    }
-  }
-  if (cold.empty() && absent.empty()) return false;
-  uint64_t id = next_id_++;
+ParkedReads::Pending& ParkedReads::Hold(uint64_t id, Request* request, size_t waits) {
   Pending& p = pending_[id];
   p.request = std::move(*request);
-  // The keys already in DRAM are pinned while the request waits, before
-  // any promotion starts, so the promotions and fetches of the others
-  // cannot evict them. These pins answer the request. A pin is a hit, and
-  // a batch is a chain in order: pinned last to first, its head is the
-  // most recent, as in a read that does not wait (LocalOps::AnswerAcquire).
-  if (kind == Kind::kRead) {
-    const std::vector<KeyId>& held = p.request.keys;
-    for (size_t i = held.size(); i-- > 0;) {
-      if (is_cold[i]) continue;  // pinned by its promotion below
-      auto pin = tiered_->Hold(held[i]);
-      if (pin.ok()) p.request.pins.push_back(std::move(pin).value());
-    }
-  }
-  p.remaining = cold.size() + (absent.empty() ? 0 : 1);
-  if (!cold.empty()) waits_->Inc();
-  for (const auto& k : cold) {
-    tiered_->AcquireOrPromote(k, [this, id](Status, TieredStore::Pin pin) {
-      Done d{id, {}, {}, Status::Ok(), {}};
+  p.remaining = waits;
+  return p;
+}
+
+bool ParkedReads::Read(Request* request, bool may_wait) {
+  const uint64_t id = next_id_;
+  TieredStore::Promoted promoted;
+  if (may_wait) {
+    promoted = [this, id](uint32_t index, TieredStore::Pin pin) {
+      Done d;
+      d.id = id;
+      d.index = index;
       if (pin.valid()) d.pins.push_back(std::move(pin));
       Post(std::move(d));
-    });
+    };
   }
-  if (!absent.empty()) {
-    remote_waits_->Inc();
-    if (kind == Kind::kExists) {
-      remote_->Exists(std::move(absent), [this, id](std::vector<KeyId> hits) {
-        Post(Done{id, {}, std::move(hits), Status::Ok(), {}});
-      });
-    } else {
-      remote_->Fetch(std::move(absent), [this, id](std::vector<TieredStore::Pin> pins) {
-        Post(Done{id, std::move(pins), {}, Status::Ok(), {}});
-      });
-    }
+  batch_.pins.swap(request->pins);
+  tiered_->ReadBatch(request->keys, &batch_, promoted);
+  batch_.pins.swap(request->pins);
+  const bool fetch = may_wait && remote_ != nullptr && !batch_.absent.empty();
+  if (!may_wait || (batch_.cold.empty() && !fetch)) return false;
+  // The promotions started post under this id, read once this returns.
+  ++next_id_;
+  Pending& p = Hold(id, request, batch_.cold.size() + (fetch ? 1 : 0));
+  if (!batch_.cold.empty()) waits_->Inc();
+  if (!fetch) return true;
+  remote_waits_->Inc();
+  p.absent = batch_.absent;
+  std::vector<KeyId> absent;
+  absent.reserve(p.absent.size());
+  for (uint32_t i : p.absent) absent.push_back(p.request.keys[i]);
+  remote_->Fetch(std::move(absent), [this, id](std::vector<TieredStore::Pin> pins) {
+    for (const auto& pin : pins) tiered_->CountRead(pin.key());
+    Done d;
+    d.id = id;
+    d.fetched = true;
+    d.pins = std::move(pins);
+    Post(std::move(d));
+  });
+  return true;
+}
+
+bool ParkedReads::Exists(Request* request) {
+  if (remote_ == nullptr) return false;
+  std::vector<KeyId> absent;
+  for (const KeyId& k : request->keys) {
+    if (!tiered_->Contains(k)) absent.push_back(k);
   }
+  if (absent.empty()) return false;
+  const uint64_t id = next_id_++;
+  Hold(id, request, 1);
+  remote_waits_->Inc();
+  remote_->Exists(std::move(absent), [this, id](std::vector<KeyId> hits) {
+    Done d;
+    d.id = id;
+    d.remote_hits = std::move(hits);
+    Post(std::move(d));
+  });
   return true;
 }
 
 void ParkedReads::ParkCall(Request* request, const std::function<void(CallDone)>& start) {
-  uint64_t id = next_id_++;
-  Pending& p = pending_[id];
-  p.request = std::move(*request);
-  p.remaining = 1;
+  const uint64_t id = next_id_++;
+  Hold(id, request, 1);
   start([this, id](Status s, std::string answer) {
-    Done d{id, {}, {}, std::move(s), std::move(answer)};
+    Done d;
+    d.id = id;
+    d.call_status = std::move(s);
+    d.answer = std::move(answer);
     Post(std::move(d));
   });
 }
@@ -100,14 +109,26 @@ std::vector<ParkedReads::Request> ParkedReads::TakeReady() {
   for (auto& d : done) {
     auto it = pending_.find(d.id);
     if (it == pending_.end()) continue;
-    for (auto& pin : d.pins) it->second.request.pins.push_back(std::move(pin));
-    for (auto& k : d.remote_hits) it->second.request.remote_hits.insert(k);
-    if (!d.call_status.ok() || !d.answer.empty()) {
-      it->second.request.call_status = std::move(d.call_status);
-      it->second.request.answer = std::move(d.answer);
+    Pending& p = it->second;
+    Request& r = p.request;
+    if (!d.fetched) {  // a promotion's pin
+      for (auto& pin : d.pins) r.pins[d.index] = std::move(pin);
+    } else {  // the fetched keys' pins: each in its key's first empty place
+      for (auto& pin : d.pins) {
+        for (uint32_t i : p.absent) {
+          if (r.keys[i] != pin.key() || r.pins[i].valid()) continue;
+          r.pins[i] = std::move(pin);
+          break;
+        }
+      }
     }
-    if (--it->second.remaining > 0) continue;
-    ready.push_back(std::move(it->second.request));
+    for (auto& k : d.remote_hits) r.remote_hits.insert(k);
+    if (!d.call_status.ok() || !d.answer.empty()) {
+      r.call_status = std::move(d.call_status);
+      r.answer = std::move(d.answer);
+    }
+    if (--p.remaining > 0) continue;
+    ready.push_back(std::move(r));
     pending_.erase(it);
   }
   return ready;

@@ -4,6 +4,7 @@
 
 #include <unordered_map>
 
+#include "common/check.h"
 #include "protocol/descriptor_format.h"
 
 namespace kvpool::protocol {
@@ -72,14 +73,20 @@ Status DecodeHeader(std::span<const uint8_t> bytes, uint32_t max_body, FrameHead
 std::vector<uint8_t> EncodeFrame(MessageType type, uint64_t request_id, int32_t status,
                                  std::span<const uint8_t> body, bool reply) {
   std::vector<uint8_t> out(kHeaderBytes + body.size());
+  if (!body.empty()) std::memcpy(out.data() + kHeaderBytes, body.data(), body.size());
+  SealFrame(type, request_id, status, reply, &out);
+  return out;
+}
+
+void SealFrame(MessageType type, uint64_t request_id, int32_t status, bool reply,
+               std::vector<uint8_t>* frame) {
+  KVPOOL_CHECK(frame->size() >= kHeaderBytes);
   FrameHeader h;
   h.type = static_cast<uint16_t>(static_cast<uint16_t>(type) | (reply ? kReplyBit : 0));
   h.request_id = request_id;
-  h.body_len = static_cast<uint32_t>(body.size());
+  h.body_len = static_cast<uint32_t>(frame->size() - kHeaderBytes);
   h.status = status;
-  EncodeHeader(h, out.data());
-  if (!body.empty()) std::memcpy(out.data() + kHeaderBytes, body.data(), body.size());
-  return out;
+  EncodeHeader(h, frame->data());
 }
 
 void EncodeHello(const HelloRequest& m, std::vector<uint8_t>* out) {

@@ -92,6 +92,10 @@ Status DecodeHeader(std::span<const uint8_t> bytes, uint32_t max_body, FrameHead
 // A whole frame: header + body.
 std::vector<uint8_t> EncodeFrame(MessageType type, uint64_t request_id, int32_t status,
                                  std::span<const uint8_t> body, bool reply);
+// Writes the header of a frame built in place: *frame holds kHeaderBytes
+// (their content ignored), then the body. REQUIRES: frame->size() >= kHeaderBytes.
+void SealFrame(MessageType type, uint64_t request_id, int32_t status, bool reply,
+               std::vector<uint8_t>* frame);
 
 // ---- Typed messages ------------------------------------------------------
 struct HelloRequest {

@@ -171,7 +171,7 @@ TEST(HoldingsStreamTest, DramAndSsd) {
   EXPECT_EQ(rec.Count(Kind::kDropped, Why::kEvicted, HoldingTier::kDram), 0u);
 
   // Promoting key 0 (SSD only) stores it in DRAM again and demotes one more.
-  ASSERT_TRUE(s->NeedsPromotion(K(0)));
+  ASSERT_TRUE(s->Where(K(0)) == HoldingTier::kSsd);
   ASSERT_TRUE(Promote(s, 0).ok());
   EXPECT_EQ(rec.Count(Kind::kStored, Why::kPromoted, HoldingTier::kDram), 1u);
   EXPECT_EQ(rec.Count(Kind::kDropped, Why::kMovedToSsd, HoldingTier::kDram, true), 9u);
@@ -179,7 +179,7 @@ TEST(HoldingsStreamTest, DramAndSsd) {
   // Removing key 0 (in both tiers): one event per tier, the last leaving the
   // node. Removing key 1 (SSD only): one event.
   ASSERT_TRUE(s->Remove(K(0)).ok());
-  ASSERT_TRUE(s->NeedsPromotion(K(1)));
+  ASSERT_TRUE(s->Where(K(1)) == HoldingTier::kSsd);
   ASSERT_TRUE(s->Remove(K(1)).ok());
   EXPECT_EQ(rec.Count(Kind::kDropped, Why::kRemoved, HoldingTier::kDram, true), 1u);
   EXPECT_EQ(rec.Count(Kind::kDropped, Why::kRemoved, HoldingTier::kSsd, false), 2u);

@@ -268,8 +268,8 @@ TieredStore::~TieredStore() {
   dram_->SetEvictionListener(nullptr);
 }
 
-Status TieredStore::Commit(Reservation reservation, WriteOrigin origin,
-                           DramStore::ChainPlace* chain, bool returning) {
+Status TieredStore::Commit(Reservation reservation, WriteOrigin origin, Chain* chain,
+                           bool returning) {
   const KeyId key = reservation.key();
   const uint64_t size = reservation.size();
   Status s = dram_->Commit(std::move(reservation), chain, returning);
@@ -340,6 +340,46 @@ void TieredStore::CountRead(const KeyId& key) {
   if (ssd_ != nullptr && impl_->options.admit_min_reads > 0) impl_->sketch.Increment(key);
 }
 
+size_t TieredStore::PinHeld(std::span<const KeyId> keys, std::span<Pin> pins) {
+  const bool counted = ssd_ != nullptr && impl_->options.admit_min_reads > 0;
+  std::vector<bool> had;
+  if (counted) {
+    had.resize(pins.size());
+    for (size_t i = 0; i < pins.size(); ++i) had[i] = pins[i].valid();
+  }
+  const size_t pinned = dram_->AcquireBatch(keys, pins);
+  if (counted) {
+    for (size_t i = 0; i < pins.size(); ++i) {
+      if (!had[i] && pins[i].valid()) impl_->sketch.Increment(keys[i]);
+    }
+  }
+  return pinned;
+}
+
+void TieredStore::ReadBatch(std::span<const KeyId> keys, BatchRead* out, const Promoted& promoted) {
+  out->pins.clear();
+  out->pins.resize(keys.size());
+  out->cold.clear();
+  out->absent.clear();
+  if (PinHeld(keys, out->pins) == keys.size()) return;
+  for (uint32_t i = 0; i < keys.size(); ++i) {
+    if (out->pins[i].valid()) continue;
+    if (ssd_ == nullptr || !ssd_->Contains(keys[i])) {
+      out->absent.push_back(i);
+      continue;
+    }
+    out->cold.push_back(i);
+    if (!promoted) continue;
+    // Promote pins the key wherever it lies by then (promoted meanwhile, or
+    // still only on SSD); its pin is a read of the request's.
+    Impl* impl = impl_.get();
+    Promote(keys[i], [impl, promoted, i](Status, Pin pin) {
+      if (pin.valid()) impl->self->CountRead(pin.key());
+      promoted(i, std::move(pin));
+    });
+  }
+}
+
 bool TieredStore::Contains(const KeyId& key) const {
   return dram_->Contains(key) || (ssd_ != nullptr && ssd_->Contains(key));
 }
@@ -350,8 +390,10 @@ Result<uint64_t> TieredStore::SizeOf(const KeyId& key) {
   return NotFound("not held");
 }
 
-bool TieredStore::NeedsPromotion(const KeyId& key) const {
-  return ssd_ != nullptr && !dram_->Contains(key) && ssd_->Contains(key);
+std::optional<HoldingTier> TieredStore::Where(const KeyId& key) const {
+  if (dram_->Contains(key)) return HoldingTier::kDram;
+  if (ssd_ != nullptr && ssd_->Contains(key)) return HoldingTier::kSsd;
+  return std::nullopt;
 }
 
 Status TieredStore::Remove(const KeyId& key, HoldingsEvent::Why why) {

@@ -18,19 +18,22 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "common/executor.h"
 #include "common/key_id.h"
 #include "common/metrics.h"
 #include "common/status.h"
-#include "store/holdings.h"
 #include "store/dram/dram_store.h"
+#include "store/holdings.h"
 #include "store/ssd/ssd_store.h"
 
 namespace kvpool {
@@ -51,6 +54,11 @@ class TieredStore {
   using Reservation = DramStore::Reservation;
   using Pin = DramStore::Pin;
   using PromoteDone = std::function<void(Status, Pin)>;
+  // Where a batch's last committed entry went, so the next one of the same
+  // batch (a block chain in order) is placed relative to it in the eviction
+  // order (Commit). Chain::After(key) names only the block before (a chain
+  // whose previous block another request committed).
+  using Chain = DramStore::ChainPlace;
 
   // Opens the DRAM tier and, when ssd is non-null, the SSD tier under it
   // (its max_value_bytes set to DRAM's; region writes on flush_executor).
@@ -81,7 +89,24 @@ class TieredStore {
   // Publishes the reserved bytes (DramStore::Commit, with its chain place);
   // told to the observer as written by `origin`.
   Status Commit(Reservation reservation, WriteOrigin origin = WriteOrigin::kPut,
-                DramStore::ChainPlace* chain = nullptr, bool returning = false);
+                Chain* chain = nullptr, bool returning = false);
+  // How a put is committed (Commit's arguments).
+  struct PutPlace {
+    WriteOrigin origin = WriteOrigin::kPut;
+    Chain* chain = nullptr;
+    bool returning = false;
+  };
+  // One put of a value held in memory (a client's put, a peer's placement):
+  // Reserve, copy the value in, Commit; the first error of those. With
+  // before_commit, it is called (void()) after the copy, just before the
+  // commit: the entry is not stored yet, and it is only when the reserve
+  // succeeded.
+  Status Put(const KeyId& key, std::span<const uint8_t> value, const PutPlace& place) {
+    return Put(key, value, place, [] {});
+  }
+  template <typename BeforeCommit>
+  Status Put(const KeyId& key, std::span<const uint8_t> value, const PutPlace& place,
+             BeforeCommit&& before_commit);
   // Commit, then pin the entry in the same step (DramStore::CommitAndAcquire).
   Result<Pin> CommitAndAcquire(Reservation reservation, WriteOrigin origin = WriteOrigin::kPut);
   // A pin of the reservation's bytes that never becomes an entry
@@ -92,13 +117,37 @@ class TieredStore {
   // Pins the entry if it is in DRAM, counting a read (for SSD admission):
   // NotFound when it is not in DRAM (it may be on SSD: AcquireOrPromote).
   Result<Pin> Acquire(const KeyId& key);
-  // As Acquire, but not counted as a read: keeps an entry in place while a
-  // request waits for others (the request counts it with CountRead when it
-  // is served).
-  Result<Pin> Hold(const KeyId& key) { return dram_->Acquire(key); }
-  // Counts a read of an entry pinned without Acquire (Hold, a promotion, a
+  // Counts a read of an entry pinned without Acquire or ReadBatch (a
   // fetched copy), for SSD admission.
   void CountRead(const KeyId& key);
+  // What ReadBatch found of a batch's keys.
+  struct BatchRead {
+    std::vector<Pin> pins;         // per key, in request order: valid for a key DRAM held
+    std::vector<uint32_t> cold;    // indexes of the keys only on SSD
+    std::vector<uint32_t> absent;  // indexes of the keys in neither tier
+  };
+  // Called once per cold key, from an executor thread, when its promotion
+  // ends: its index, and its pin (empty when the promotion failed).
+  using Promoted = std::function<void(uint32_t index, Pin pin)>;
+  // One read of a batch of keys (a block chain in order). Pins, under one
+  // hold of the DRAM lock, every key DRAM holds, in the order the eviction
+  // policy reads chains in, each counted as a read. Each other key is cold
+  // (on SSD) or absent. With `promoted`, each cold key's promotion starts
+  // (as AcquireOrPromote's) and ends in promoted(index, pin); without, none
+  // starts. The request waits only for its cold and absent keys.
+  void ReadBatch(std::span<const KeyId> keys, BatchRead* out, const Promoted& promoted);
+  // Pins, under one hold of the DRAM lock and in ReadBatch's order, each
+  // keys[i] DRAM holds whose pins[i] is empty (a read that waited, before
+  // it is answered); counted as reads. Returns how many it pinned.
+  size_t PinHeld(std::span<const KeyId> keys, std::span<Pin> pins);
+  // Calls fn(i) for i in [0, n), in the order the eviction policy wants a
+  // chain of n blocks read (ReadBatch's): for reads of a batch issued one
+  // by one, such as fetches from other nodes.
+  template <typename Fn>
+  void InChainReadOrder(size_t n, Fn&& fn) const {
+    const bool head_last = dram_->touch_chains_head_last();
+    for (size_t k = 0; k < n; ++k) fn(head_last ? n - 1 - k : k);
+  }
   // Pins the entry wherever it is held and calls done(status, pin): inline
   // when it is in DRAM (OK) or in neither tier (NotFound, empty pin); when
   // it is only on SSD, after reading it into a DRAM slot, on an executor
@@ -113,11 +162,9 @@ class TieredStore {
   bool Contains(const KeyId& key) const;
   // The size of the entry wherever it is held; NotFound when in neither tier.
   Result<uint64_t> SizeOf(const KeyId& key);
-  // In DRAM (not counted as an access).
-  bool InDram(const KeyId& key) const { return dram_->Contains(key); }
-  // True when the key is on SSD but not in DRAM: a read of it waits for a
-  // promotion.
-  bool NeedsPromotion(const KeyId& key) const;
+  // The nearest tier holding the key, or nullopt (not counted as an
+  // access; for status and tests).
+  std::optional<HoldingTier> Where(const KeyId& key) const;
 
   // Removes from both tiers; OK when it was in either. `why` is what the
   // observer is told: kRemoved, or kHandedOff when another node took the
@@ -171,7 +218,6 @@ class TieredStore {
   // All of the segment (for registering it with a transport).
   std::span<uint8_t> segment() const;
   uint64_t max_value_bytes() const { return dram_->max_value_bytes(); }
-  bool touch_chains_head_last() const { return dram_->touch_chains_head_last(); }
   DramStats GetDramStats() const { return dram_->GetStats(); }
   // REQUIRES: has_ssd_tier().
   SsdStats GetSsdStats() const;
@@ -194,9 +240,9 @@ template <typename Done>
 void TieredStore::AcquireOrPromote(const KeyId& key, Done&& done) {
   auto pin = Acquire(key);
   if (pin.ok()) return done(Status::Ok(), std::move(pin).value());
-  // Not NeedsPromotion: a promotion may have finished since the Acquire
-  // above, and a key on SSD is promoted, or pinned where it now lies in
-  // DRAM, by Promote.
+  // Not Where(): a promotion may have finished since the Acquire above,
+  // and a key on SSD is promoted, or pinned where it now lies in DRAM, by
+  // Promote.
   if (ssd_ == nullptr || !ssd_->Contains(key)) return done(std::move(pin).TakeStatus(), Pin());
   using D = std::decay_t<Done>;
   if constexpr (std::is_copy_constructible_v<D>) {
@@ -205,6 +251,16 @@ void TieredStore::AcquireOrPromote(const KeyId& key, Done&& done) {
     auto held = std::make_shared<D>(std::forward<Done>(done));
     Promote(key, [held](Status s, Pin p) { (*held)(std::move(s), std::move(p)); });
   }
+}
+
+template <typename BeforeCommit>
+Status TieredStore::Put(const KeyId& key, std::span<const uint8_t> value, const PutPlace& place,
+                        BeforeCommit&& before_commit) {
+  auto slot = Reserve(key, value.size());
+  if (!slot.ok()) return std::move(slot).TakeStatus();
+  std::memcpy(slot->data(), value.data(), value.size());
+  before_commit();
+  return Commit(std::move(slot).value(), place.origin, place.chain, place.returning);
 }
 
 }  // namespace kvpool

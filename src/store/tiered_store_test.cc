@@ -121,7 +121,7 @@ TEST_F(TieredStoreTest, EvictedEntriesAreDemotedAndPromotedByteExact) {
   for (int i = 0; i < kN; ++i) {
     ASSERT_TRUE(tiered_->Contains(K(i))) << i;
     if (dram_->Contains(K(i))) ++in_dram;
-    if (tiered_->NeedsPromotion(K(i))) ++on_ssd;
+    if (tiered_->Where(K(i)) == HoldingTier::kSsd) ++on_ssd;
   }
   EXPECT_EQ(in_dram + on_ssd, kN);
   EXPECT_GE(on_ssd, 32);
@@ -130,7 +130,7 @@ TEST_F(TieredStoreTest, EvictedEntriesAreDemotedAndPromotedByteExact) {
   // again); every key ends up promoted once and byte-exact.
   int promoted = 0;
   for (int i = 0; i < kN; ++i) {
-    if (!tiered_->NeedsPromotion(K(i))) continue;
+    if (tiered_->Where(K(i)) != HoldingTier::kSsd) continue;
     ASSERT_TRUE(PromoteAndCheck(i, kMiB).ok()) << i;
     EXPECT_TRUE(dram_->Contains(K(i)));
     ++promoted;
@@ -144,13 +144,81 @@ TEST_F(TieredStoreTest, EvictedEntriesAreDemotedAndPromotedByteExact) {
 // The inventory lists every key once: DRAM's, then the SSD tier's but for
 // those DRAM listed (a key on both is DRAM's), under the filter, and stops
 // when told.
+// One read of a batch: the keys DRAM holds are pinned in one hold of its
+// lock, the keys only on SSD are cold and promoted (each once, through the
+// callback, byte-exact), the others absent; nothing else is pinned.
+TEST_F(TieredStoreTest, ReadBatchPinsDramOnceAndPromotesTheColdKeys) {
+  const int kN = 24;  // 24 MiB through a 16 MiB DRAM tier: the first ones go to SSD
+  for (int i = 0; i < kN; ++i) ASSERT_TRUE(Put(i, kMiB).ok()) << i;
+  ASSERT_TRUE(tiered_->Flush().ok());
+  std::vector<KeyId> keys;
+  std::map<uint32_t, HoldingTier> where;
+  for (int i = 0; i < kN; ++i) {
+    keys.push_back(K(i));
+    auto w = tiered_->Where(K(i));
+    ASSERT_TRUE(w.has_value()) << i;
+    where[static_cast<uint32_t>(i)] = *w;
+  }
+  keys.push_back(K(kN));  // never written
+  size_t cold_expected = 0;
+  for (const auto& [i, w] : where) cold_expected += w == HoldingTier::kSsd;
+  ASSERT_GT(cold_expected, 0u);
+
+  // Without a callback: looked up, nothing promoted.
+  TieredStore::BatchRead batch;
+  const uint64_t rounds = dram_->GetStats().lookup_rounds;
+  const double promotions = metrics_.ValueOf("kvpool_tier_promotions_total");
+  tiered_->ReadBatch(keys, &batch, nullptr);
+  EXPECT_EQ(dram_->GetStats().lookup_rounds - rounds, 1u);
+  ASSERT_EQ(batch.pins.size(), keys.size());
+  EXPECT_EQ(batch.absent, std::vector<uint32_t>{kN});
+  EXPECT_EQ(batch.cold.size(), cold_expected);
+  for (uint32_t i : batch.cold) EXPECT_EQ(where[i], HoldingTier::kSsd) << i;
+  for (int i = 0; i < kN; ++i) {
+    const bool in_dram = where[static_cast<uint32_t>(i)] == HoldingTier::kDram;
+    ASSERT_EQ(batch.pins[i].valid(), in_dram) << i;
+    if (in_dram) {
+      EXPECT_TRUE(Check(batch.pins[i].data(), i, kMiB)) << i;
+    }
+  }
+  EXPECT_FALSE(batch.pins[kN].valid());
+  EXPECT_EQ(metrics_.ValueOf("kvpool_tier_promotions_total"), promotions);
+  for (auto& p : batch.pins) p.Reset();
+
+  // With one, the cold keys of a batch (and an absent one) are promoted.
+  std::vector<KeyId> cold_keys;
+  std::vector<uint32_t> cold = batch.cold;
+  for (uint32_t i : cold) cold_keys.push_back(keys[i]);
+  cold_keys.push_back(K(kN));
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<uint32_t, TieredStore::Pin> promoted;
+  tiered_->ReadBatch(cold_keys, &batch, [&](uint32_t i, TieredStore::Pin pin) {
+    std::lock_guard lock(mu);
+    promoted.emplace(i, std::move(pin));
+    cv.notify_all();
+  });
+  EXPECT_EQ(batch.absent, std::vector<uint32_t>{static_cast<uint32_t>(cold.size())});
+  EXPECT_EQ(batch.cold.size(), cold.size());
+  std::unique_lock lock(mu);
+  ASSERT_TRUE(
+      cv.wait_for(lock, std::chrono::seconds(10), [&] { return promoted.size() == cold.size(); }));
+  for (auto& [j, pin] : promoted) {
+    const int i = static_cast<int>(cold[j]);
+    ASSERT_TRUE(pin.valid()) << i;
+    EXPECT_EQ(pin.key(), K(i));
+    EXPECT_TRUE(Check(pin.data(), i, kMiB)) << i;
+  }
+  EXPECT_EQ(metrics_.ValueOf("kvpool_tier_promotions_total"), promotions + cold.size());
+}
+
 TEST_F(TieredStoreTest, ListHeldNamesEachKeyOnceFromItsNearestTier) {
   const int kN = 40;  // 40 MiB through a 16 MiB DRAM tier
   for (int i = 0; i < kN; ++i) ASSERT_TRUE(Put(i, kMiB).ok()) << i;
   // Promoted keys are on both tiers.
   int promoted = 0;
   for (int i = 0; i < kN && promoted < 3; ++i) {
-    if (!tiered_->NeedsPromotion(K(i))) continue;
+    if (tiered_->Where(K(i)) != HoldingTier::kSsd) continue;
     ASSERT_TRUE(PromoteAndCheck(i, kMiB).ok()) << i;
     ++promoted;
   }
@@ -194,7 +262,7 @@ TEST_F(TieredStoreTest, KeysOnEitherTierAreImmutable) {
   for (int i = 0; i < 40; ++i) ASSERT_TRUE(Put(i, kMiB).ok());
   int cold = -1;
   for (int i = 0; i < 40 && cold < 0; ++i) {
-    if (tiered_->NeedsPromotion(K(i))) cold = i;
+    if (tiered_->Where(K(i)) == HoldingTier::kSsd) cold = i;
   }
   ASSERT_GE(cold, 0);
   EXPECT_EQ(tiered_->Reserve(K(cold), kMiB).status().code(), StatusCode::kAlreadyExists);
@@ -203,7 +271,7 @@ TEST_F(TieredStoreTest, KeysOnEitherTierAreImmutable) {
 
 TEST_F(TieredStoreTest, ConcurrentPromotionsOfOneKeyShareOneRead) {
   for (int i = 0; i < 40; ++i) ASSERT_TRUE(Put(i, kMiB).ok());
-  ASSERT_TRUE(tiered_->NeedsPromotion(K(0)));
+  ASSERT_TRUE(tiered_->Where(K(0)) == HoldingTier::kSsd);
   const double bytes_before = metrics_.ValueOf("kvpool_ssd_read_bytes_total");
   std::vector<std::thread> ts;
   std::atomic<int> ok{0};
@@ -222,7 +290,7 @@ TEST_F(TieredStoreTest, ConcurrentPromotionsOfOneKeyShareOneRead) {
 
 TEST_F(TieredStoreTest, RemoveDropsBothTiers) {
   for (int i = 0; i < 40; ++i) ASSERT_TRUE(Put(i, kMiB).ok());
-  ASSERT_TRUE(tiered_->NeedsPromotion(K(0)));
+  ASSERT_TRUE(tiered_->Where(K(0)) == HoldingTier::kSsd);
   EXPECT_TRUE(tiered_->Remove(K(0)).ok());
   EXPECT_TRUE(tiered_->Remove(K(39)).ok());
   EXPECT_FALSE(tiered_->Contains(K(0)));
@@ -238,7 +306,7 @@ TEST_F(TieredStoreTest, ClearNamespaceDropsItsKeysFromBothTiersAndNoOthers) {
   }
   ASSERT_TRUE(tiered_->Flush().ok());
   int tier_on_ssd = 0;
-  for (int i = 0; i < 20; ++i) tier_on_ssd += tiered_->NeedsPromotion(K(i)) ? 1 : 0;
+  for (int i = 0; i < 20; ++i) tier_on_ssd += tiered_->Where(K(i)) == HoldingTier::kSsd ? 1 : 0;
   ASSERT_GT(tier_on_ssd, 0);  // the clear reaches SSD-only entries
   ASSERT_LT(tier_on_ssd, 20);  // and DRAM ones
   EXPECT_EQ(tiered_->ClearNamespace(NamespaceTag("tier")), 20u);
@@ -325,7 +393,7 @@ TEST_F(TieredStoreTest, PutWaitingForSsdRoomDoesNotBlockDram) {
 // move-only callback that is never copied; the bytes come through the pin.
 TEST_F(TieredStoreTest, AcquireOrPromoteAnswersDramHitsAndMissesInline) {
   ASSERT_TRUE(Put(1, kMiB).ok());
-  ASSERT_TRUE(tiered_->InDram(K(1)));
+  ASSERT_TRUE(tiered_->Where(K(1)) == HoldingTier::kDram);
   const double promotions = metrics_.ValueOf("kvpool_tier_promotions_total");
   int calls = 0;
   Status got;
@@ -358,7 +426,7 @@ TEST_F(TieredStoreTest, AcquireOrPromoteAnswersDramHitsAndMissesInline) {
 // An entry only on SSD is promoted for a move-only callback too.
 TEST_F(TieredStoreTest, AcquireOrPromoteKeepsMoveOnlyCallbackForPromotion) {
   for (int i = 0; i < 40; ++i) ASSERT_TRUE(Put(i, kMiB).ok());
-  ASSERT_TRUE(tiered_->NeedsPromotion(K(0)));
+  ASSERT_TRUE(tiered_->Where(K(0)) == HoldingTier::kSsd);
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;

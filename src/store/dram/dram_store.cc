@@ -279,11 +279,30 @@ class DramStoreImpl final : public DramStore {
 
   Result<Pin> Acquire(const KeyId& key) override {
     std::lock_guard lock(mu_);
+    ++lookup_rounds_;
     return AcquireLocked(key);
+  }
+
+  size_t AcquireBatch(std::span<const KeyId> keys, std::span<Pin> pins) override {
+    KVPOOL_CHECK(pins.size() == keys.size());
+    const size_t n = keys.size();
+    size_t pinned = 0;
+    std::lock_guard lock(mu_);
+    ++lookup_rounds_;
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = chains_ ? n - 1 - k : k;
+      if (pins[i].valid()) continue;
+      auto p = AcquireLocked(keys[i]);
+      if (!p.ok()) continue;
+      pins[i] = std::move(p).value();
+      ++pinned;
+    }
+    return pinned;
   }
 
   bool Contains(const KeyId& key) const override {
     std::lock_guard lock(mu_);
+    ++lookup_rounds_;
     return Find(key) != kNoSlot;
   }
 
@@ -322,6 +341,7 @@ class DramStoreImpl final : public DramStore {
     s.pinned = pinned_;
     s.evictions = evictions_;
     s.slab_moves = slab_moves_;
+    s.lookup_rounds = lookup_rounds_;
     s.index_bytes = IndexBytes();
     const uint64_t cap = CapacityEntries();
     s.index_bytes_per_entry = cap == 0 ? 0 : static_cast<double>(s.index_bytes) / cap;
@@ -805,6 +825,7 @@ class DramStoreImpl final : public DramStore {
   uint64_t pinned_ = 0;
   uint64_t evictions_ = 0;
   uint64_t slab_moves_ = 0;
+  mutable uint64_t lookup_rounds_ = 0;
   std::unordered_map<KeyId, Clock::time_point, KeyIdHash> age_last_use_;  // sampled keys
 };
 

@@ -76,6 +76,9 @@ struct DramStats {
   uint64_t pinned = 0;           // entries with at least one pin
   uint64_t evictions = 0;
   uint64_t slab_moves = 0;       // slabs taken from one class for another
+  // Holds of the store's lock to look keys up (Acquire, AcquireBatch,
+  // Contains): a batched read costs one.
+  uint64_t lookup_rounds = 0;
   uint64_t index_bytes = 0;      // memory of the index and eviction metadata
   double index_bytes_per_entry = 0;  // index_bytes / capacity in entries at the current mix
   bool huge_pages = false;
@@ -149,6 +152,12 @@ class DramStore {
   virtual Result<Pin> PinUncommitted(Reservation reservation) = 0;
   // Pins the committed entry for reading. NotFound on a miss.
   virtual Result<Pin> Acquire(const KeyId& key) = 0;
+  // Pins, under one hold of the lock, each keys[i] committed whose pins[i]
+  // is empty (a miss leaves it empty). The batch is a block chain in order:
+  // its entries are touched in the order the eviction policy keeps chains
+  // by (last to first when it keeps a chain's head longest). Returns how
+  // many it pinned. REQUIRES: pins.size() == keys.size().
+  virtual size_t AcquireBatch(std::span<const KeyId> keys, std::span<Pin> pins) = 0;
   // True when committed. Does not count as an access for eviction.
   virtual bool Contains(const KeyId& key) const = 0;
   // Drops the entry from the index; its slot is reused once unpinned. Sets
