@@ -27,6 +27,7 @@
 #include "cluster/home_placer.h"
 #include "cluster/remote_source.h"
 #include "common/clock.h"
+#include "common/enum_names.h"
 #include "common/executor.h"
 #include "common/metrics.h"
 #include "store/tiered_store.h"
@@ -55,6 +56,8 @@ struct RemoteReaderOptions {
   // to the read that asked and dropped when released, so a copy read once
   // never takes the room of what this node holds alone.
   enum class Replicas { kAll, kRepeat, kNone };
+  static constexpr EnumNames<Replicas, 3> kReplicasNames = {
+      {{"all", Replicas::kAll}, {"repeat", Replicas::kRepeat}, {"none", Replicas::kNone}}};
   Replicas replicas = Replicas::kRepeat;
   // kRepeat: fetched values remembered (about 100 bytes each).
   size_t replica_window = 64;

@@ -24,15 +24,6 @@ const char* LevelTag(LogLevel l) {
 void SetLogLevel(LogLevel level) { g_level.store(static_cast<int>(level)); }
 LogLevel GetLogLevel() { return static_cast<LogLevel>(g_level.load(std::memory_order_relaxed)); }
 
-bool ParseLogLevel(std::string_view s, LogLevel* out) {
-  if (s == "debug") *out = LogLevel::kDebug;
-  else if (s == "info") *out = LogLevel::kInfo;
-  else if (s == "warn") *out = LogLevel::kWarn;
-  else if (s == "error") *out = LogLevel::kError;
-  else return false;
-  return true;
-}
-
 void LogLine(LogLevel level, std::string_view message) {
   timeval tv;
   gettimeofday(&tv, nullptr);

@@ -6,14 +6,18 @@
 
 #include <string_view>
 
+#include "common/enum_names.h"
+
 namespace kvpool {
 
 enum class LogLevel : int { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
+inline constexpr EnumNames<LogLevel, 4> kLogLevelNames = {{{"debug", LogLevel::kDebug},
+                                                           {"info", LogLevel::kInfo},
+                                                           {"warn", LogLevel::kWarn},
+                                                           {"error", LogLevel::kError}}};
 
 void SetLogLevel(LogLevel level);
 LogLevel GetLogLevel();
-// Parses "debug", "info", "warn", "error".
-bool ParseLogLevel(std::string_view s, LogLevel* out);
 void LogLine(LogLevel level, std::string_view message);
 
 template <typename... Args>

@@ -192,19 +192,25 @@ void SettingsTable::AddString(std::string name, std::string* field, std::string 
 
 void SettingsTable::AddEnum(std::string name, std::string* field, std::vector<std::string> choices,
                             std::string help) {
+  AddEnumRow(
+      std::move(name), choices, std::move(help),
+      [field, choices](size_t i) { *field = choices[i]; }, [field] { return *field; });
+}
+
+void SettingsTable::AddEnumRow(std::string name, std::vector<std::string> choices, std::string help,
+                               std::function<void(size_t)> set, std::function<std::string()> get) {
   std::string joined;
   for (const auto& c : choices) joined += (joined.empty() ? "" : "|") + c;
-  Row r{name, SettingType::kEnum, *field, std::move(help), joined, nullptr, nullptr};
-  r.set = [=](std::string_view t) {
-    for (const auto& c : choices) {
-      if (c == t) {
-        *field = c;
+  Row r{name, SettingType::kEnum, get(), std::move(help), joined, nullptr, std::move(get)};
+  r.set = [name, choices = std::move(choices), joined, set = std::move(set)](std::string_view t) {
+    for (size_t i = 0; i < choices.size(); ++i) {
+      if (choices[i] == t) {
+        set(i);
         return Status::Ok();
       }
     }
     return InvalidArgument(fmt::format("--{}: '{}' is not one of {}", name, t, joined));
   };
-  r.get = [field] { return *field; };
   rows_.push_back(std::move(r));
 }
 

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/enum_names.h"
 #include "common/status.h"
 
 namespace kvpool {
@@ -39,6 +40,18 @@ class SettingsTable {
   void AddDuration(std::string name, std::chrono::milliseconds* field,
                    std::chrono::milliseconds min, std::chrono::milliseconds max, std::string help);
   void AddString(std::string name, std::string* field, std::string help);
+  // An enum row of the names in `names` (common/enum_names.h), which must
+  // outlive the table (a constant next to the enum).
+  template <typename E, size_t N>
+  void AddEnum(std::string name, E* field, const EnumNames<E, N>& names, std::string help) {
+    std::vector<std::string> choices;
+    for (const auto& n : names) choices.emplace_back(n.name);
+    AddEnumRow(
+        std::move(name), std::move(choices), std::move(help),
+        [field, &names](size_t i) { *field = names[i].value; },
+        [field, &names] { return std::string(NameOf(names, *field)); });
+  }
+  // A string row that takes one of `choices`.
   void AddEnum(std::string name, std::string* field, std::vector<std::string> choices,
                std::string help);
 
@@ -86,6 +99,9 @@ class SettingsTable {
   void AddBytesRow(std::string name, uint64_t initial, uint64_t min, uint64_t max,
                    std::string help, std::function<void(uint64_t)> set,
                    std::function<uint64_t()> get);
+  // set(i): choices[i] was given; get(): the current value's name.
+  void AddEnumRow(std::string name, std::vector<std::string> choices, std::string help,
+                  std::function<void(size_t)> set, std::function<std::string()> get);
   std::vector<Row> rows_;
 };
 

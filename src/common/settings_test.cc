@@ -48,6 +48,33 @@ TEST(SettingsTest, ParsesEveryType) {
   EXPECT_EQ(f.o.ttl.count(), 3000);
 }
 
+// An enum row binds the enum itself: its names are the table's (one place),
+// a name sets the value, the JSON and --help show the name, and a name not
+// in the table is refused with the choices.
+enum class Color { kRed, kDeepBlue };
+constexpr EnumNames<Color, 2> kColorNames = {
+    {{"red", Color::kRed}, {"deep-blue", Color::kDeepBlue}}};
+
+TEST(SettingsTest, EnumRowsBindTheEnumByItsNames) {
+  Color c = Color::kRed;
+  SettingsTable t;
+  t.AddEnum("color", &c, kColorNames, "Color");
+  auto j = nlohmann::json::parse(t.ToJson());
+  EXPECT_EQ(j["color"]["default"], "red");
+  EXPECT_EQ(j["color"]["type"], "enum");
+  ASSERT_TRUE(t.Set("color", "deep-blue").ok());
+  EXPECT_EQ(c, Color::kDeepBlue);
+  EXPECT_EQ(nlohmann::json::parse(t.ToJson())["color"]["value"], "deep-blue");
+  Status s = t.Set("color", "blue");
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "--color: 'blue' is not one of red|deep-blue");
+  EXPECT_EQ(c, Color::kDeepBlue);  // unchanged
+  EXPECT_NE(t.HelpText("p", "s").find("allowed: red|deep-blue"), std::string::npos);
+  EXPECT_EQ(NameOf(kColorNames, Color::kRed), "red");
+  EXPECT_EQ(ValueOf(kColorNames, "deep-blue"), Color::kDeepBlue);
+  EXPECT_EQ(ValueOf(kColorNames, "green"), std::nullopt);
+}
+
 TEST(SettingsTest, RejectsBadValuesWithClearErrors) {
   Fixture f;
   Status s = f.Parse({"--conns=0"});

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -452,5 +453,29 @@ void KvEventsPublisher::Recovered(const KeyId& key) {
 
 std::string KvEventsPublisher::bound_endpoint() const { return impl_->bound; }
 std::string KvEventsPublisher::bound_replay_endpoint() const { return impl_->bound_replay; }
+
+Result<std::map<uint32_t, std::string>> ReadNamespaceTopics(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return IOError(fmt::format("kv events topics file {}: cannot read it", path));
+  std::map<uint32_t, std::string> out;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    const size_t eq = line.rfind('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == line.size()) {
+      return InvalidArgument(fmt::format(
+          "kv events topics file {} line {}: want NAMESPACE=TOPIC, got '{}'", path, n, line));
+    }
+    const std::string topic = line.substr(eq + 1);
+    if (!ValidTopic(topic)) {
+      return InvalidArgument(fmt::format(
+          "kv events topics file {} line {}: topic '{}': a kv@ topic is kv@<pod>@<model>", path, n,
+          topic));
+    }
+    out[NamespaceTag(line.substr(0, eq))] = topic;
+  }
+  return out;
+}
 
 }  // namespace kvpool::events

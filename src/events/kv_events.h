@@ -41,6 +41,11 @@
 
 namespace kvpool::events {
 
+// Reads a topics file (--kv-events-topics-file): NAMESPACE=TOPIC lines (the
+// last '=' splits; blank lines and lines starting with # are skipped), into
+// KvEventsOptions::namespace_topics' form. InvalidArgument names the line.
+Result<std::map<uint32_t, std::string>> ReadNamespaceTopics(const std::string& path);
+
 struct KvEventsOptions {
   // ZMQ endpoint the PUB socket binds (e.g. tcp://127.0.0.1:5557); empty:
   // no events.

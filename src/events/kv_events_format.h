@@ -59,6 +59,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/enum_names.h"
 #include "common/key_id.h"
 #include "protocol/descriptor_format.h"
 
@@ -66,12 +67,20 @@ namespace kvpool::events {
 
 enum class Medium : uint8_t { kCpu = 0, kStorage = 1 };
 enum class Encoding : uint8_t { kMap = 0, kArray = 1 };
+inline constexpr EnumNames<Encoding, 2> kEncodingNames = {
+    {{"map", Encoding::kMap}, {"array", Encoding::kArray}}};
 // How a block's hash is written: kInt64 an int (a described block's bytes
 // hash: its last 8 bytes, big-endian, as llm-d and vLLM's int mode read
 // them), kBytes bin (an int hash as 8 bytes, big-endian), kAsWritten as the
 // writer's descriptor has it (an undescribed key: as kInt64).
 enum class HashType : uint8_t { kInt64 = 0, kBytes = 1, kAsWritten = 2 };
+inline constexpr EnumNames<HashType, 3> kHashTypeNames = {{{"int64", HashType::kInt64},
+                                                           {"bytes", HashType::kBytes},
+                                                           {"as-written", HashType::kAsWritten}}};
+// A replay answer: [topic, seq, payload] or [seq, payload].
 enum class ReplayFraming : uint8_t { kThreeFrames = 0, kTwoFrames = 1 };
+inline constexpr EnumNames<ReplayFraming, 2> kReplayFramingNames = {
+    {{"3", ReplayFraming::kThreeFrames}, {"2", ReplayFraming::kTwoFrames}}};
 
 struct KvEvent {
   enum class Type : uint8_t { kStored, kRemoved, kAllCleared };

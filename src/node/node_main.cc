@@ -38,8 +38,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvpool-node: %s\n", std::string(s.message()).c_str());
     return 2;
   }
-  LogLevel level;
-  if (ParseLogLevel(options.log_level, &level)) SetLogLevel(level);
+  SetLogLevel(options.log_level);
   // The default socket's second location.
   if (const char* xdg = std::getenv("XDG_RUNTIME_DIR")) options.local.xdg_runtime_dir = xdg;
   // Every client, admin and peer connection is a descriptor: take all the

@@ -122,6 +122,7 @@ SsdOptions NodeOptions::SsdWithDirs() const {
 DramOptions NodeOptions::DramFor(uint64_t capacity_bytes) const {
   DramOptions d = dram;
   d.capacity_bytes = capacity_bytes;
+  d.seal_client_writes = !writable_segment;
   d.max_value_bytes = std::min(d.max_value_bytes, capacity_bytes);
   const uint64_t room = std::min(dram_read_room, capacity_bytes / 8);
   d.read_room_bytes = (room + d.slab_bytes - 1) / d.slab_bytes * d.slab_bytes;
@@ -130,7 +131,7 @@ DramOptions NodeOptions::DramFor(uint64_t capacity_bytes) const {
 
 void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddString("node-id", &o->node_id, "This node's name in the cluster (default: the host name)");
-  t->AddEnum("log-level", &o->log_level, {"debug", "info", "warn", "error"}, "Log verbosity");
+  t->AddEnum("log-level", &o->log_level, kLogLevelNames, "Log verbosity");
 
   t->AddString("socket", &o->local.socket_path,
                "Unix socket that local engines connect to (empty: /run/kvpool/kvpool.sock, else "
@@ -153,7 +154,7 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
               "Unit of memory moved between size classes");
   t->AddBytes("max-value-size", &o->dram.max_value_bytes, 4096, 1ull << 30,
               "Largest value accepted");
-  t->AddEnum("eviction", &o->dram.eviction, {"prefix", "s3fifo", "lru"},
+  t->AddEnum("eviction", &o->dram.eviction, {kEvictionPolicies.begin(), kEvictionPolicies.end()},
              "DRAM eviction policy (prefix: made for LLM prefix traffic, docs/eviction.md; "
              "s3fifo and lru for comparison)");
   t->AddBool("writable-segment", &o->writable_segment,
@@ -314,12 +315,12 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
                  "How often each node compares digests of what it holds with the keys' homes "
                  "and repairs the difference (0: never); bounds how long a lost publish hides "
                  "a key");
-  t->AddEnum("placement", &o->placement, {"local", "home", "chain"},
+  t->AddEnum("placement", &o->placement, cluster::kPlacementNames,
              "Where a put is stored: the writer's node (local), the key's home node (home), or "
              "the node holding the rest of its prefix chain, with reads of other nodes' values "
              "kept no longer than the read (chain: a pool that keeps what one cache would; "
              "docs/eviction.md)");
-  t->AddEnum("read-replicas", &o->read_replicas, {"all", "repeat", "none"},
+  t->AddEnum("read-replicas", &o->remote.replicas, cluster::RemoteReaderOptions::kReplicasNames,
              "Which values a read fetches from other nodes are kept here as replicas (first in "
              "line to go under the prefix policy): every one (all), those this node fetched "
              "already within its last "
@@ -361,14 +362,14 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
                "A file of lines NAMESPACE=TOPIC: the KV events of a namespace's blocks go on "
                "that topic (kv@<pod>@<model>, so a router files a model's blocks under it), the "
                "others on --kv-events-topic");
-  t->AddEnum("kv-events-hash", &o->kv_events_hash, {"int64", "bytes", "as-written"},
+  t->AddEnum("kv-events-hash", &o->kv_events.hash_type, events::kHashTypeNames,
              "How KV events write block hashes: a 64-bit int (vLLM's int mode, Dynamo), bytes, "
              "or as the writer's block descriptor has them; a key put without a descriptor is "
              "named by its key id (int: its high 64 bits; bytes: all 16)");
-  t->AddEnum("kv-events-replay-frames", &o->kv_events_replay_frames, {"3", "2"},
+  t->AddEnum("kv-events-replay-frames", &o->kv_events.replay_framing, events::kReplayFramingNames,
              "KV events replay answers as [topic, seq, payload] (3, today's vLLM subscriber) or "
              "[seq, payload] (2, older subscribers)");
-  t->AddEnum("kv-events-encoding", &o->kv_events_encoding, {"map", "array"},
+  t->AddEnum("kv-events-encoding", &o->kv_events.encoding, events::kEncodingNames,
              "KV events as maps of their fields (vLLM 0.26+) or as arrays in field order");
   t->AddDuration("kv-events-batch-interval", &o->kv_events.batch_interval,
                  std::chrono::milliseconds(1), std::chrono::milliseconds(10000),

@@ -11,7 +11,9 @@
 #include "cluster/anti_entropy.h"
 #include "cluster/block_index.h"
 #include "cluster/cluster.h"
+#include "cluster/cluster_services.h"
 #include "cluster/remote_reader.h"
+#include "common/log.h"
 #include "common/settings.h"
 #include "events/kv_events.h"
 #include "node/local_server.h"
@@ -23,7 +25,7 @@ namespace kvpool {
 
 struct NodeOptions {
   std::string node_id;  // empty: the host name
-  std::string log_level = "info";
+  LogLevel log_level = LogLevel::kInfo;
   bool admin_enabled = true;
   // Allows binding the admin endpoint beyond loopback without authentication,
   // and the peer port without a cluster key.
@@ -64,26 +66,18 @@ struct NodeOptions {
   ClusterOptions cluster;
   std::string etcd_urls;  // comma-separated; empty: no etcd
   int peer_port = 0;      // copied to cluster.peer_port
-  // Where a put is stored: "local" (the writer's node, published to the
-  // key's home), "home" (the key's home node) or "chain" (the node holding
-  // the rest of its prefix chain; reads keep no replicas).
-  std::string placement = "local";
-  // Which values fetched from peers a read keeps as replicas: "all",
-  // "repeat" (those fetched here already lately) or "none"; copied to
-  // remote.replicas ("none" under placement chain).
-  std::string read_replicas = "repeat";
+  // Where a put is stored (cluster::Placement; reads keep no replicas
+  // under kChain, whatever remote.replicas says).
+  cluster::Placement placement = cluster::Placement::kLocal;
   // Placement home: bytes of hand-offs to homes in flight at once; a value
   // put beyond it stays on the writer, as with placement local.
   uint64_t placement_max_inflight = 64ull << 20;
-  // Deadlines and cool-down of remote reads.
+  // Deadlines, cool-down and replicas of remote reads.
   cluster::RemoteReaderOptions remote;
   // KV events for cache-aware routers (off unless an endpoint is given).
   events::KvEventsOptions kv_events;
   // Block descriptors kept (blocks/descriptor_table.h), in bytes.
   uint64_t descriptor_bytes = 64ull << 20;
-  std::string kv_events_encoding = "map";  // "map" or "array"; copied to kv_events
-  std::string kv_events_hash = "int64";    // "int64", "bytes" or "as-written"; copied to kv_events
-  std::string kv_events_replay_frames = "3";  // "3" or "2"; copied to kv_events
   // Lines NAMESPACE=TOPIC: read into kv_events.namespace_topics at start.
   std::string kv_events_topics_file;
   // How often holders and homes compare directory digests.
@@ -101,7 +95,7 @@ struct NodeOptions {
   SsdOptions SsdWithDirs() const;
   // The DRAM options of a store of capacity_bytes (the node's own or a
   // tenant's), with its read room: dram_read_room, at most an eighth of the
-  // capacity, rounded up to whole slabs.
+  // capacity, rounded up to whole slabs; sealed unless writable_segment.
   DramOptions DramFor(uint64_t capacity_bytes) const;
   // The cluster options with node id, etcd endpoints and port filled in.
   ClusterOptions ClusterWithEndpoints(const std::string& node_id) const;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 namespace kvpool {
@@ -97,5 +98,76 @@ std::string PrefixAnswerJson(const blocks::PrefixAnswer& a) {
                       {"homes_failed", a.homes_failed}};
   return j.dump();
 }
+
+PrefixLookups::PrefixLookups(std::string node_id, const cluster::BlockIndexOptions& options,
+                             std::chrono::milliseconds default_timeout,
+                             blocks::DescriptorTable* descriptors, MetricsRegistry* metrics)
+    : node_id_(std::move(node_id)),
+      max_hashes_(options.max_hashes),
+      default_timeout_(default_timeout),
+      descriptors_(descriptors),
+      refused_(metrics->GetCounter(
+          "kvpool_lookup_refused_total",
+          "Prefix lookups refused (a malformed body, too many hashes), answered 400")) {}
+
+PrefixLookups::~PrefixLookups() { Stop(); }
+
+void PrefixLookups::set_index(cluster::BlockIndex* index, std::string address) {
+  address_ = std::move(address);
+  index_.store(index);
+}
+
+Result<blocks::PrefixAnswer> PrefixLookups::Lookup(std::span<const uint64_t> hashes,
+                                                   std::chrono::milliseconds timeout) const {
+  if (cluster::BlockIndex* index = index_.load()) return index->Lookup(hashes, timeout);
+  return Local(hashes);
+}
+
+Result<blocks::PrefixAnswer> PrefixLookups::Local(std::span<const uint64_t> hashes) const {
+  if (hashes.size() > max_hashes_) {
+    return InvalidArgument(fmt::format("a prefix lookup carries at most {} hashes, not {}",
+                                       max_hashes_, hashes.size()));
+  }
+  std::vector<uint8_t> tiers(hashes.size());
+  descriptors_->Tiers(hashes, tiers.data());
+  blocks::PrefixHolder self;
+  self.node_id = node_id_;
+  if (index_.load() != nullptr) self.address = address_;
+  std::vector<std::pair<blocks::PrefixHolder, std::vector<uint8_t>>> nodes;
+  nodes.emplace_back(std::move(self), std::move(tiers));
+  return blocks::BuildPrefixAnswer(static_cast<uint32_t>(hashes.size()), std::move(nodes));
+}
+
+std::pair<int, std::string> PrefixLookups::Http(const std::string& body) const {
+  auto error = [](int code, const Status& s) {
+    return std::make_pair(code, nlohmann::json{{"error", s.message()}}.dump());
+  };
+  auto req = ParsePrefixRequest(body, max_hashes_);
+  if (!req.ok()) {
+    refused_->Inc();
+    return error(400, req.status());
+  }
+  auto a = req->local ? Local(req->hashes)
+                      : Lookup(req->hashes, req->timeout.value_or(default_timeout_));
+  if (!a.ok()) {
+    const bool bad = a.status().code() == StatusCode::kInvalidArgument;
+    if (bad) refused_->Inc();
+    return error(bad ? 400 : 503, a.status());
+  }
+  return {200, PrefixAnswerJson(*a)};
+}
+
+void PrefixLookups::Start(std::vector<uint64_t> hashes, uint32_t timeout_ms,
+                          std::function<void(Status, std::string)> done) {
+  pool_.Submit([this, hashes = std::move(hashes), timeout_ms, done = std::move(done)] {
+    auto timeout = timeout_ms == 0 ? default_timeout_
+                                   : std::chrono::milliseconds(std::min(timeout_ms, 10000u));
+    auto a = Lookup(hashes, timeout);
+    if (!a.ok()) return done(a.status(), "");
+    done(Status::Ok(), PrefixAnswerJson(*a));
+  });
+}
+
+void PrefixLookups::Stop() { pool_.Stop(); }
 
 }  // namespace kvpool

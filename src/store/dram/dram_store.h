@@ -11,11 +11,13 @@
 // they must not outlive the store.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/clock.h"
@@ -24,6 +26,9 @@
 #include "common/status.h"
 
 namespace kvpool {
+
+// The eviction policies' names (DramOptions::eviction).
+inline constexpr std::array<std::string_view, 3> kEvictionPolicies = {"prefix", "s3fifo", "lru"};
 
 struct DramOptions {
   // What the cache holds: committed entries never take more slot bytes
@@ -48,8 +53,9 @@ struct DramOptions {
   bool huge_pages = true;
   // Touch every page at start so the first pass over memory is not 20x slower.
   bool prefault = true;
-  // "prefix" (default: segmented LRU with a ghost, for LLM prefix traffic;
-  // docs/eviction.md), "s3fifo" or "lru" (for comparison).
+  // One of kEvictionPolicies: "prefix" (default: segmented LRU with a
+  // ghost, for LLM prefix traffic; docs/eviction.md), "s3fifo" or "lru"
+  // (for comparison).
   std::string eviction = "prefix";
   // Seal the segment's fd against writes: clients it is handed to can map
   // it read-only only (the node writes through its own mapping).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "store/dram/dram_store.h"
 #include "store/dram/ghost_bloom.h"
 #include "store/dram/ghost_fifo.h"
 
@@ -263,9 +264,10 @@ class LruPolicy final : public EvictionPolicy {
 
 std::unique_ptr<EvictionPolicy> EvictionPolicy::Create(std::string_view name,
                                                        SlabAllocator* alloc) {
-  if (name == "prefix") return std::make_unique<PrefixPolicy>(alloc);
-  if (name == "s3fifo") return std::make_unique<S3FifoPolicy>(alloc);
-  if (name == "lru") return std::make_unique<LruPolicy>(alloc);
+  static_assert(kEvictionPolicies.size() == 3);
+  if (name == kEvictionPolicies[0]) return std::make_unique<PrefixPolicy>(alloc);
+  if (name == kEvictionPolicies[1]) return std::make_unique<S3FifoPolicy>(alloc);
+  if (name == kEvictionPolicies[2]) return std::make_unique<LruPolicy>(alloc);
   return nullptr;
 }
 
