@@ -107,6 +107,29 @@ void HoldingsAnnouncer::FlushNow() {
   executor_->Submit([this] { publisher_.Flush(); });
 }
 
+HoldingsAnnouncer::Republished HoldingsAnnouncer::Republish(
+    const std::vector<bool>& shards, const std::function<bool()>& cancelled) {
+  // Well under the publisher's bound (PublisherOptions::max_queue).
+  constexpr size_t kMaxBacklog = 64 * 1024;
+  Republished sent;
+  store_->ListHeld(
+      [&](uint64_t key_hi) {
+        return shards[ShardOf(KeyId{key_hi, 0})];
+      },
+      [&](const KeyId& key, uint64_t size, HoldingTier tier) {
+        publisher_.Add(key, size);
+        ++(tier == HoldingTier::kSsd ? sent.ssd : sent.dram);
+        if ((sent.dram + sent.ssd) % 1024 == 0) {
+          // Woken by each flush; cancelled() asked between.
+          while (!publisher_.WaitBelow(kMaxBacklog, std::chrono::milliseconds(50))) {
+            if (cancelled()) return false;
+          }
+        }
+        return !cancelled();
+      });
+  return sent;
+}
+
 void HoldingsAnnouncer::OnKept(const KeyId& key, uint64_t size, bool announced) {
   if (announced) {
     std::lock_guard lock(pending_mu_);

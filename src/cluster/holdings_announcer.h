@@ -26,11 +26,13 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_set>
+#include <vector>
 
 #include "cluster/cluster.h"
 #include "cluster/directory.h"
@@ -82,6 +84,18 @@ class HoldingsAnnouncer final : public HoldingsObserver {
   // Inventory re-sends: the key is (still / no longer) held here.
   void Relist(const KeyId& key, uint64_t size) { publisher_.Add(key, size); }
   void Unlist(const KeyId& key) { publisher_.Remove(key); }
+  // What a re-announcement sent.
+  struct Republished {
+    uint64_t dram = 0;
+    uint64_t ssd = 0;  // held only on SSD
+  };
+  // Re-announces every key of the store in the shards marked in `shards`
+  // (TieredStore::ListHeld; all of them: start, re-registration; some: a
+  // view that moved their homes). Keeps the queue under a bound, waiting
+  // for the flushes (so blocks for as long as the inventory takes to
+  // send); stops early when cancelled() turns true. Call it on a thread
+  // that may wait, not a peer handler's.
+  Republished Republish(const std::vector<bool>& shards, const std::function<bool()>& cancelled);
   // Items waiting for the next flush.
   size_t queued() { return publisher_.queued(); }
   // Sends the queue now (the schedule does it every publish_interval).

@@ -249,23 +249,9 @@ void PeerServer::Relist(const Scope& sc, std::vector<bool> shards) {
   // On the list executor, where a large inventory may wait for the
   // publisher's queue to drain, never on the peer handlers' threads.
   RunGated([this, sc, shards = std::move(shards)] {
-    uint64_t dram = 0, ssd = 0;
-    sc.store->ListHeld(
-        [&](uint64_t key_hi) {
-          return shards[ShardOf(KeyId{key_hi, 0})];
-        },
-        [&](const KeyId& key, uint64_t size, HoldingTier tier) {
-          sc.announcer->Relist(key, size);
-          if (tier == HoldingTier::kSsd) {
-            ++ssd;
-            ssd_replayed_->Inc();
-          } else {
-            ++dram;
-          }
-          if ((dram + ssd) % 1024 == 0) WaitForPublisher(sc.announcer);
-          return !gate_->closed();
-        });
-    LogDebug("republished {} DRAM and {} SSD entries", dram, ssd);
+    auto sent = sc.announcer->Republish(shards, [this] { return gate_->closed(); });
+    ssd_replayed_->Inc(sent.ssd);
+    LogDebug("republished {} DRAM and {} SSD entries", sent.dram, sent.ssd);
   });
 }
 
@@ -293,14 +279,6 @@ void PeerServer::OnView(std::shared_ptr<const ShardMap> before,
   LogDebug("view {}: {} shards moved{}", view->epoch, moved.size(),
            replay_all ? ", every entry republished" : "");
   for (const Scope& sc : Scopes()) Relist(sc, is_moved);
-}
-
-void PeerServer::WaitForPublisher(HoldingsAnnouncer* announcer) {
-  // Well under the publisher's bound (PublisherOptions::max_queue).
-  constexpr size_t kMaxBacklog = 64 * 1024;
-  while (announcer->queued() >= kMaxBacklog && !gate_->closed()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
 }
 
 }  // namespace kvpool::cluster

@@ -127,15 +127,10 @@ class PeerServer {
   // Runs fn on the list executor unless the server is gone by then; the
   // destructor waits for a running fn.
   void RunGated(std::function<void()> fn);
-  // Queues a listing of what the scope's store holds of the shards marked
-  // in `shards` (kNumShards flags: TieredStore::ListHeld) and publishes it
-  // again.
+  // Queues the re-announcement of what the scope's store holds of the
+  // shards marked in `shards` (kNumShards flags:
+  // HoldingsAnnouncer::Republish), on the list executor.
   void Relist(const Scope& scope, std::vector<bool> shards);
-  // On the list executor: waits while the publisher's queue holds a large
-  // replay's backlog (so a replay of millions of entries is not dropped at
-  // the queue's bound), until the server stops.
-  void WaitForPublisher(HoldingsAnnouncer* announcer);
-
 
   Cluster* const cluster_;
   Directory* const directory_;

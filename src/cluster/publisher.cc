@@ -50,6 +50,11 @@ size_t Publisher::queued() {
   return queue_.size();
 }
 
+bool Publisher::WaitBelow(size_t n, std::chrono::milliseconds max) {
+  std::unique_lock lock(mu_);
+  return drained_.wait_for(lock, max, [&] { return queue_.size() < n; });
+}
+
 void Publisher::Flush() {
   std::lock_guard flush_lock(flush_mu_);
   FlushLocked();
@@ -73,6 +78,7 @@ void Publisher::FlushLocked() {
     fresh.swap(queue_);
     flush_scheduled_ = false;
   }
+  drained_.notify_all();
   // Retries that are due go first (they are older).
   std::vector<Retry> items;
   {

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -63,6 +64,10 @@ class Publisher {
   bool FlushIfQuick(size_t max_items);
   // Items waiting for the next Flush.
   size_t queued();
+  // Waits until fewer than n items wait for a flush, or `max` passed;
+  // true when fewer do. For a producer of a large inventory, which must not
+  // outrun the flushes (max_queue drops what is beyond it).
+  bool WaitBelow(size_t n, std::chrono::milliseconds max);
 
  private:
   void Enqueue(const PublishItem& item);
@@ -88,6 +93,7 @@ class Publisher {
   std::mutex mu_;
   std::vector<PublishItem> queue_;  // protected by mu_
   bool flush_scheduled_ = false;    // protected by mu_
+  std::condition_variable drained_;  // a flush took the queue (mu_)
   std::shared_ptr<RetryQueue> retry_ = std::make_shared<RetryQueue>();
   std::mutex flush_mu_;             // one Flush at a time (keeps batches in order)
   Counter* sent_;

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -460,6 +461,43 @@ TEST_F(RemoteReaderTest, PublishNowSendsWhatIsQueued) {
   ASSERT_TRUE(WaitDirectoryEntries(12));
   // B asks (C would reuse its cached answers: --peer-lookup-cache-ttl).
   EXPECT_EQ(nodes_[1]->ExistsCount(keys), 12u);
+}
+
+// A re-announcement (HoldingsAnnouncer::Republish) tells the homes again of
+// everything held in the shards asked, counted; cancelled, it stops there.
+TEST_F(RemoteReaderTest, RepublishTellsTheHomesAgainAndStopsWhenCancelled) {
+  nodes_[1]->gate->Open();
+  TestNode& a = *nodes_[0];
+  constexpr uint64_t kN = 3000;
+  for (uint64_t i = 0; i < kN; ++i) a.Put(Key(100000 + i), Bytes(i, 64));
+  FlushAll();
+  ASSERT_TRUE(WaitDirectoryEntries(kN));
+  // The homes forget (as after a restart of theirs).
+  for (auto& n : nodes_) n->directory->Clear();
+  ASSERT_TRUE(WaitDirectoryEntries(0));
+
+  // Only the shards asked for.
+  const std::vector<bool> all(kNumShards, true);
+  std::vector<bool> half(kNumShards, false);
+  uint64_t in_half = 0;
+  for (uint32_t s = 0; s < kNumShards; s += 2) half[s] = true;
+  for (uint64_t i = 0; i < kN; ++i) in_half += half[ShardOf(Key(100000 + i))] ? 1 : 0;
+  auto sent = a.announcer->Republish(half, [] { return false; });
+  EXPECT_EQ(sent.dram, in_half);
+  EXPECT_EQ(sent.ssd, 0u);
+  FlushAll();
+  ASSERT_TRUE(WaitDirectoryEntries(in_half));
+  sent = a.announcer->Republish(all, [] { return false; });
+  EXPECT_EQ(sent.dram, kN);
+  FlushAll();
+  ASSERT_TRUE(WaitDirectoryEntries(kN));
+  EXPECT_EQ(nodes_[2]->ExistsCount({Key(100000), Key(100000 + kN - 1)}), 2u);
+
+  // Cancelled after 1000 keys: 1000 sent.
+  int asked = 0;
+  sent = a.announcer->Republish(all, [&] { return ++asked >= 1000; });
+  EXPECT_EQ(sent.dram, 1000u);
+  EXPECT_EQ(a.announcer->queued(), 1000u);
 }
 
 // A batch is a block chain in order and the holder touches each value it
