@@ -73,9 +73,9 @@ struct AntiEntropy::Impl {
 
   std::mutex round_mu;  // one round at a time
   std::mutex mu;
-  std::condition_variable cv;
   bool stop = false;  // protected by mu
-  std::thread thread;
+  std::unique_ptr<ThreadScheduler> own_scheduler;  // when opts.scheduler is null
+  Scheduler::JobId rounds_job = 0;                 // 0: not started
 
   bool Stopping() {
     std::lock_guard lock(mu);
@@ -371,19 +371,25 @@ void AntiEntropy::Stop() {
     std::lock_guard lock(impl_->mu);
     impl_->stop = true;
   }
-  impl_->cv.notify_all();
-  if (impl_->thread.joinable()) impl_->thread.join();
+  if (impl_->rounds_job != 0) {
+    Scheduler* s =
+        impl_->opts.scheduler != nullptr ? impl_->opts.scheduler : impl_->own_scheduler.get();
+    s->Cancel(impl_->rounds_job);  // waits for a running round
+    impl_->rounds_job = 0;
+  }
+  impl_->own_scheduler.reset();
 }
 
 void AntiEntropy::Start() {
-  if (impl_->opts.interval.count() == 0 || impl_->thread.joinable()) return;
-  impl_->thread = std::thread([i = impl_.get()] {
-    for (;;) {
-      i->Round();
-      std::unique_lock lock(i->mu);
-      if (i->cv.wait_for(lock, i->opts.interval, [&] { return i->stop; })) return;
-    }
-  });
+  if (impl_->opts.interval.count() == 0 || impl_->rounds_job != 0) return;
+  Scheduler* s = impl_->opts.scheduler;
+  if (s == nullptr) {
+    impl_->own_scheduler = std::make_unique<ThreadScheduler>("kvpool-antientr");
+    s = impl_->own_scheduler.get();
+  }
+  // The first round at once, then one `interval` after each ends.
+  impl_->rounds_job = s->RunEvery(
+      impl_->opts.interval, [i = impl_.get()] { i->Round(); }, Clock::duration::zero());
 }
 
 void AntiEntropy::RunRound() { impl_->Round(); }

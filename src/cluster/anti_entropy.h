@@ -21,7 +21,7 @@
 // replies the home's, so static members learn restarted peers (Cluster::
 // ObservePeer) within a round; the first round runs at Start().
 //
-// Thread-safety: thread-safe. Rounds run on the object's own thread; the
+// Thread-safety: thread-safe. Rounds run on its scheduler; the
 // handlers on the transport's handler executor. Stop() the rounds before the
 // cluster stops; destroy only after the cluster itself (its transport runs
 // the handlers) and after the handler executor has drained, as PeerServer.
@@ -38,6 +38,7 @@
 #include "cluster/directory.h"
 #include "cluster/holdings_announcer.h"
 #include "common/metrics.h"
+#include "common/scheduler.h"
 #include "store/tiered_store.h"
 
 namespace kvpool::cluster {
@@ -49,6 +50,9 @@ struct AntiEntropyOptions {
   std::chrono::milliseconds interval{5000};
   // Deadline of each Digest / ShardKeys call.
   std::chrono::milliseconds timeout{2000};
+  // Where the rounds run (null: a scheduler thread of the object's own).
+  // Must outlive the object.
+  Scheduler* scheduler = nullptr;
 
   Status Validate() const;
 };

@@ -32,15 +32,13 @@ void HoldingsAnnouncer::Start() {
   }
   store_->SetHoldingsObserver(this);
   if (opts_.publish_interval.count() <= 0) return;
-  flusher_ = std::thread([this] {
-    std::unique_lock lock(run_mu_);
-    while (running_) {
-      run_cv_.wait_for(lock, opts_.publish_interval);
-      lock.unlock();
-      publisher_.Flush();
-      lock.lock();
-    }
-  });
+  scheduler_ = opts_.scheduler;
+  if (scheduler_ == nullptr) {
+    own_scheduler_ = std::make_unique<ThreadScheduler>("kvpool-publish");
+    scheduler_ = own_scheduler_.get();
+  }
+  flush_job_ = scheduler_->RunEvery(
+      opts_.publish_interval, [this] { publisher_.Flush(); }, opts_.publish_interval);
 }
 
 void HoldingsAnnouncer::Stop() {
@@ -49,8 +47,9 @@ void HoldingsAnnouncer::Stop() {
     if (!running_) return;
     running_ = false;
   }
-  run_cv_.notify_all();
-  if (flusher_.joinable()) flusher_.join();
+  if (flush_job_ != 0) scheduler_->Cancel(flush_job_);  // waits for a running flush
+  flush_job_ = 0;
+  own_scheduler_.reset();
   store_->SetHoldingsObserver(nullptr);  // waits for a running OnHoldings
 }
 

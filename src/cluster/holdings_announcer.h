@@ -40,6 +40,7 @@
 #include "cluster/publisher.h"
 #include "common/executor.h"
 #include "common/metrics.h"
+#include "common/scheduler.h"
 #include "store/holdings.h"
 #include "store/tiered_store.h"
 
@@ -54,6 +55,9 @@ struct HoldingsAnnouncerOptions {
   // Placement home: values put here are handed to their home nodes.
   // Absent: placement local (a value stays where it was put).
   std::optional<HomePlacerOptions> placement;
+  // Where the flushes run (null: a scheduler thread of the announcer's
+  // own). Must outlive the announcer.
+  Scheduler* scheduler = nullptr;
 };
 
 class HoldingsAnnouncer final : public HoldingsObserver {
@@ -120,9 +124,10 @@ class HoldingsAnnouncer final : public HoldingsObserver {
   std::unordered_set<KeyId, KeyIdHash> announced_pending_;  // protected by pending_mu_
 
   std::mutex run_mu_;
-  std::condition_variable run_cv_;
   bool running_ = false;  // protected by run_mu_
-  std::thread flusher_;
+  std::unique_ptr<ThreadScheduler> own_scheduler_;  // when opts_.scheduler is null
+  Scheduler* scheduler_ = nullptr;
+  Scheduler::JobId flush_job_ = 0;
 };
 
 }  // namespace kvpool::cluster

@@ -17,10 +17,12 @@
 #include <set>
 #include <thread>
 
+#include "cluster/anti_entropy.h"
 #include "cluster/holdings_announcer.h"
 #include "cluster/peer_server.h"
 #include "common/clock.h"
 #include "membership/static_membership.h"
+#include "testing/manual_scheduler.h"
 #include "testing/wait_for.h"
 #include "transport/fault_transport.h"
 #include "transport/in_process_transport.h"
@@ -150,6 +152,7 @@ struct TestNode {
   std::unique_ptr<HoldingsAnnouncer> announcer;
   std::unique_ptr<PeerServer> server;
   std::unique_ptr<RemoteReader> reader;
+  std::unique_ptr<AntiEntropy> anti_entropy;  // StartAntiEntropy
   RemoteReaderOptions reader_options;
   const Clock* reader_clock = nullptr;
   GatedTransport* gate = nullptr;     // owned by cluster; null unless gated
@@ -221,12 +224,25 @@ struct TestNode {
                                             tiered.get(), pool.get(), &metrics, reader_clock);
   }
 
-  // The node's shutdown order (node.cc).
+  // Anti-entropy with rounds on `scheduler` (its handlers serve the others'
+  // rounds from now on).
+  void StartAntiEntropy(Scheduler* scheduler) {
+    AntiEntropyOptions o;
+    o.interval = milliseconds(5000);
+    o.scheduler = scheduler;
+    anti_entropy = std::make_unique<AntiEntropy>(o, cluster.get(), directory.get(), announcer.get(),
+                                                 tiered.get(), &metrics);
+    anti_entropy->Start();
+  }
+
+  // The node's shutdown order (cluster_services.cc).
   ~TestNode() {
     announcer->Stop();
     reader->Stop();
+    if (anti_entropy) anti_entropy->Stop();
     pool->Stop();
     cluster.reset();
+    anti_entropy.reset();
     server.reset();
     reader.reset();
     announcer.reset();
@@ -451,8 +467,9 @@ TEST_F(RemoteReaderTest, PublishNowSendsWhatIsQueued) {
     for (auto& node : nodes_) n += node->directory->entries();
     return n;
   };
-  std::this_thread::sleep_for(milliseconds(50));
-  EXPECT_EQ(listed(), 0u);  // queued only: the tests' announcers have no schedule
+  // Queued only: the tests' announcers have no schedule.
+  EXPECT_EQ(a.announcer->queued(), keys.size());
+  EXPECT_EQ(listed(), 0u);
   a.reader->PublishNow();
   ASSERT_TRUE(WaitDirectoryEntries(keys.size()));
   EXPECT_EQ(nodes_[2]->ExistsCount(keys), keys.size());
@@ -498,6 +515,78 @@ TEST_F(RemoteReaderTest, RepublishTellsTheHomesAgainAndStopsWhenCancelled) {
   sent = a.announcer->Republish(all, [&] { return ++asked >= 1000; });
   EXPECT_EQ(sent.dram, 1000u);
   EXPECT_EQ(a.announcer->queued(), 1000u);
+}
+
+// The announcer's flushes run on its scheduler: with the manual twin
+// nothing goes out until the test runs the flush, which then sends all.
+TEST_F(RemoteReaderTest, TheAnnouncerFlushesOnItsSchedule) {
+  nodes_[1]->gate->Open();
+  TestNode& a = *nodes_[0];
+  a.announcer->Stop();
+  testing::ManualScheduler sched;
+  HoldingsAnnouncerOptions ao;
+  ao.publish_interval = milliseconds(5);
+  ao.scheduler = &sched;
+  a.announcer = std::make_unique<HoldingsAnnouncer>(ao, a.cluster.get(), a.directory.get(),
+                                                    a.tiered.get(), a.pool.get(), &a.metrics);
+  a.announcer->Start();
+  for (int i = 0; i < 10; ++i) a.Put(Key(200 + i), Bytes(i, 4096));
+  EXPECT_EQ(a.announcer->queued(), 10u);
+  Clock::time_point due;
+  ASSERT_TRUE(sched.NextDue(&due));
+  EXPECT_EQ(due - sched.clock()->Now(), milliseconds(5));
+  ASSERT_TRUE(sched.RunNext());  // the flush, 5 ms on
+  EXPECT_EQ(a.announcer->queued(), 0u);
+  ASSERT_TRUE(WaitDirectoryEntries(10));
+  a.announcer->Stop();  // its job goes with it
+  EXPECT_FALSE(sched.RunNext());
+}
+
+// Anti-entropy's rounds run on its scheduler, the first at once, each next
+// one an interval after: a round finds the keys the homes lost and
+// publishes them again, and finds nothing to do when nothing was lost.
+TEST_F(RemoteReaderTest, AntiEntropyRoundsOnTheSchedulerRepairLostEntries) {
+  nodes_[1]->gate->Open();
+  testing::ManualScheduler sched;
+  for (auto& n : nodes_) n->StartAntiEntropy(&sched);
+  // The first rounds, due now: the static members learn each other's
+  // incarnations from the digests (a view change each, before any key).
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(sched.RunNext());
+  ASSERT_TRUE(WaitFor([&] {
+    for (auto& n : nodes_) {
+      for (const Member& m : n->cluster->view()->members) {
+        if (m.incarnation != 1) return false;
+      }
+    }
+    return true;
+  }));
+  TestNode& a = *nodes_[0];
+  std::vector<KeyId> keys;
+  for (int i = 0; i < 64; ++i) {
+    keys.push_back(Key(300 + i));
+    a.Put(keys.back(), Bytes(i, 4096));
+  }
+  FlushAll();
+  ASSERT_TRUE(WaitDirectoryEntries(keys.size()));
+  auto republished = [&] { return a.metrics.ValueOf("kvpool_anti_entropy_republished_total"); };
+  const double before = republished();
+  Clock::time_point due;
+  ASSERT_TRUE(sched.NextDue(&due));
+  EXPECT_EQ(due - sched.clock()->Now(), milliseconds(5000));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(sched.RunNext());  // 5 s on: nothing lost
+  EXPECT_EQ(republished(), before);
+  EXPECT_EQ(a.announcer->queued(), 0u);
+
+  for (auto& n : nodes_) n->directory->Clear();  // the homes lose their entries
+  ASSERT_TRUE(WaitDirectoryEntries(0));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(sched.RunNext());  // 5 s on again
+  EXPECT_EQ(republished() - before, static_cast<double>(keys.size()));
+  EXPECT_EQ(a.announcer->queued(), keys.size());  // A's keys, published again
+  EXPECT_EQ(a.metrics.ValueOf("kvpool_anti_entropy_rounds_total"), 3);
+  FlushAll();
+  ASSERT_TRUE(WaitDirectoryEntries(keys.size()));
+  EXPECT_EQ(nodes_[2]->ExistsCount(keys), keys.size());
+  for (auto& n : nodes_) n->anti_entropy->Stop();  // before its scheduler goes
 }
 
 // A batch is a block chain in order and the holder touches each value it
