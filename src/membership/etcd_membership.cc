@@ -1,16 +1,18 @@
 #include "membership/etcd_membership.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <map>
 #include <mutex>
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
 #include "membership/etcd_client.h"
+#include "membership/lease_times.h"
 
 namespace kvpool {
 namespace {
@@ -20,10 +22,6 @@ using std::chrono::milliseconds;
 
 // The longest a watch slice runs before the loop looks at its timers again.
 constexpr milliseconds kMaxSlice{1000};
-// How soon a failed keepalive is tried again.
-constexpr milliseconds kKeepAliveRetry{200};
-// While etcd is down for everyone: how often the peers are asked again.
-constexpr milliseconds kOutageRecheck{250};
 // The longest one ask of the peers may take.
 constexpr milliseconds kProbeBudget{500};
 // While joining after a restart: how often the old registration is looked at.
@@ -159,13 +157,8 @@ struct EtcdMembership::Impl {
   // Owned by the loop (and by Open before it).
   EtcdLease lease;                // id 0: none held
   int64_t registered_revision = 0;  // revision of our current member key
-  SteadyClock::time_point last_renewal;       // when the last successful renewal was sent
-  SteadyClock::time_point first_failure;      // the first failed renewal after last_renewal
-  SteadyClock::time_point next_outage_check;  // while renewals fail: when to ask the peers
-  SteadyClock::time_point next_keepalive;
+  LeaseTimes lease_times;           // when to renew, and when to judge (lease_times.h)
   SteadyClock::time_point next_register;
-  milliseconds keepalive_interval{0};
-  milliseconds fence_after{0};
   std::map<std::string, Member> members;  // as of watch_revision - 1
   std::vector<int64_t> abandoned_leases;  // granted by failed registrations (the last 16)
   int64_t watch_revision = 0;
@@ -214,10 +207,10 @@ struct EtcdMembership::Impl {
     join_reason = std::move(why);
   }
 
-  void SetRenewed(SteadyClock::time_point sent) {
-    last_renewal = sent;
-    last_renewal_ns.store(sent.time_since_epoch().count(), std::memory_order_release);
-    next_outage_check = {};
+  // For lease_state(): the last successful renewal's sending.
+  void PublishRenewal() {
+    last_renewal_ns.store(lease_times.last_renewal().time_since_epoch().count(),
+                          std::memory_order_release);
   }
 
   void SetOutage(bool on) {
@@ -253,10 +246,8 @@ struct EtcdMembership::Impl {
       return st;
     }
     lease = granted;
-    keepalive_interval = milliseconds(granted.ttl_s * 1000 / 3);
-    fence_after = milliseconds(granted.ttl_s * 1000 / 2);
-    SetRenewed(granted_at);
-    next_keepalive = granted_at + keepalive_interval;
+    lease_times.Granted(granted_at, milliseconds(granted.ttl_s * 1000));
+    PublishRenewal();
     registrations->Inc();
     return Status::Ok();
   }
@@ -510,10 +501,6 @@ struct EtcdMembership::Impl {
     next_register = SteadyClock::now();
   }
 
-  SteadyClock::time_point FenceCheckAt() const {
-    return std::max(last_renewal + fence_after, next_outage_check);
-  }
-
   // While fenced: drop the old lease, then register with a new incarnation.
   void TryRecover() {
     if (lease.id != 0) {
@@ -540,14 +527,13 @@ struct EtcdMembership::Impl {
     if (ttl.ok()) {
       if (outage.load()) LogInfo("membership: {} reaches etcd again", options.node_id);
       SetOutage(false);
-      SetRenewed(sent);
-      next_keepalive = sent + keepalive_interval;
+      lease_times.Renewed(sent);
+      PublishRenewal();
       renewals->Inc();
     } else if (ttl.status().code() == StatusCode::kNotFound) {
       Fence("lease expired");
     } else {
-      if (first_failure <= last_renewal) first_failure = sent;
-      next_keepalive = SteadyClock::now() + kKeepAliveRetry;
+      lease_times.RenewFailed(sent, SteadyClock::now());
     }
   }
 
@@ -558,7 +544,7 @@ struct EtcdMembership::Impl {
       Fence("lease not renewed in time");
       return;
     }
-    SteadyClock::time_point failing_since = std::max(first_failure, last_renewal);
+    SteadyClock::time_point failing_since = lease_times.FailingSince();
     std::vector<PeerLeaseReport> reports = options.probe_peers(
         SteadyClock::now() + std::min<milliseconds>(kProbeBudget, options.request_timeout));
     std::string why;
@@ -570,7 +556,7 @@ struct EtcdMembership::Impl {
       LogWarn("membership: {} keeps its last view: {}", options.node_id, why);
     }
     SetOutage(true);
-    next_outage_check = SteadyClock::now() + kOutageRecheck;
+    lease_times.RodeOut(SteadyClock::now());
   }
 
   void Loop() {
@@ -586,8 +572,8 @@ struct EtcdMembership::Impl {
         }
         if (joining.load()) slice_end = std::min(slice_end, next_register);
       } else if (!self->fenced()) {
-        if (now >= next_keepalive) KeepAlive();
-        if (!self->fenced() && SteadyClock::now() >= FenceCheckAt()) FenceOrRideOut();
+        if (lease_times.KeepAliveDue(now)) KeepAlive();
+        if (!self->fenced() && lease_times.JudgeDue(SteadyClock::now())) FenceOrRideOut();
       }
       if (self->fenced() && !joining.load()) {
         if (SteadyClock::now() >= next_register) {
@@ -597,7 +583,7 @@ struct EtcdMembership::Impl {
         if (self->fenced()) slice_end = std::min(slice_end, next_register);
       }
       if (!self->fenced() && !joining.load()) {
-        slice_end = std::min({slice_end, next_keepalive, FenceCheckAt()});
+        slice_end = std::min({slice_end, lease_times.next_keepalive(), lease_times.JudgeAt()});
       }
       if (Stopping()) break;
       Status st = need_resync
