@@ -48,6 +48,7 @@ ChurnResult Churn(std::vector<std::unique_ptr<NodeProcess>>& nodes,
   EXPECT_TRUE(a.ok());
   auto of_a = MakeKeys("churn-a-", 0, 16, 77000, 2048, 4096);
   EXPECT_EQ(a.Put(of_a), of_a.size());
+  // Sleeps: real nodes: the puts published before the churn.
   std::this_thread::sleep_for(milliseconds(500));
   for (int round = 0; round < kRounds; ++round) {
     nodes[2]->Stop(SIGKILL);

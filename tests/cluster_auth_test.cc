@@ -76,6 +76,7 @@ class WireTap {
   // Reads what is still queued, then stops.
   void Stop() {
     if (!thread_.joinable()) return;
+    // Sleeps: a real socket: what is still queued arrives.
     std::this_thread::sleep_for(milliseconds(300));
     stop_ = true;
     thread_.join();

@@ -194,10 +194,12 @@ TEST_F(ClusterFaultTest, KillNineUnderLoadLosesOnlyTheVictimsKeys) {
       if (ms > 3000) s.ops_over_3s++;
       victim_wrong += wrong;
       for (bool h : hit) (h ? victim_hits : victim_misses)++;
+      // Sleeps: real nodes: load paced through the fault.
       std::this_thread::sleep_for(milliseconds(20));
     }
   });
 
+  // Sleeps: real nodes: load before the fault.
   std::this_thread::sleep_for(milliseconds(1500));
   uint64_t ops_before_kill = s.ops;
   auto killed = steady_clock::now();
@@ -209,6 +211,7 @@ TEST_F(ClusterFaultTest, KillNineUnderLoadLosesOnlyTheVictimsKeys) {
   int64_t t_membership_update_ms = MsSince(killed);
   EXPECT_TRUE(left) << a.HttpGet("/api/v1/members");
   EXPECT_LE(t_membership_update_ms, 4100);
+  // Sleeps: real nodes: load after it.
   std::this_thread::sleep_for(milliseconds(1500));
   stop = true;
   for (auto& t : threads) t.join();
@@ -354,10 +357,12 @@ void RunEtcdOutage(ClusterFaultTest* t, EtcdTestServer* etcd, bool hang, millise
         wrong += w;
         for (bool h : hit) (h ? hits[ph] : misses[ph])++;
       }
+      // Sleeps: real nodes: load paced through the fault.
       std::this_thread::sleep_for(milliseconds(100));
     }
   });
 
+  // Sleeps: real nodes: load before the fault.
   std::this_thread::sleep_for(milliseconds(1500));
   uint64_t local_misses_before = r->s.local_misses;
   auto outage_t0 = steady_clock::now();
@@ -378,6 +383,7 @@ void RunEtcdOutage(ClusterFaultTest* t, EtcdTestServer* etcd, bool hang, millise
       auto st = nlohmann::json::parse(nodes[1]->HttpGet("/api/v1/status"), nullptr, false);
       r->status_says_outage = st.is_object() && st["membership"].value("etcd_outage", false);
     }
+    // Sleeps: real etcd down: the status is sampled.
     std::this_thread::sleep_for(milliseconds(100));
   }
   uint64_t local_misses_outage = r->s.local_misses - local_misses_before;
@@ -402,6 +408,7 @@ void RunEtcdOutage(ClusterFaultTest* t, EtcdTestServer* etcd, bool hang, millise
   });
   r->t_membership_update_ms = MsSince(back);
   r->inc_after = Members(*nodes[0]);
+  // Sleeps: real nodes: load after it.
   std::this_thread::sleep_for(milliseconds(2000));
   stop = true;
   for (auto& th : threads) th.join();

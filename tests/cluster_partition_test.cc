@@ -179,6 +179,7 @@ TEST_F(PartitionTest, KeysStoredDuringACutLinkAreFoundEverywhereSoonAfterTheHeal
     }
     // Through n3 (links intact) during the cut: the keys whose home is n2
     // are unknown there.
+    // Sleeps: real processes: the cut lasts 1.5 s.
     std::this_thread::sleep_for(milliseconds(1500));
     size_t during = Found(2, ids, vals);
     worst_share_during_cut = std::min(worst_share_during_cut, double(during) / kKeys);

@@ -107,8 +107,10 @@ TEST_F(StaleEtcdTest, RemovedKeysStayAbsentAfterAPausedHomeComesBack) {
       return Present(b, ids) == kKeys && Present(c, ids) == kKeys;
     }));
     ASSERT_EQ(kill(b.pid(), SIGSTOP), 0);
+    // Sleeps: a real process, stopped: its lease runs out.
     std::this_thread::sleep_for(milliseconds(500));
     ASSERT_NO_FATAL_FAILURE(RemoveKeys(a, ids));
+    // Sleeps: a real process, stopped: past its lease.
     std::this_thread::sleep_for(milliseconds(4500));
     ASSERT_EQ(kill(b.pid(), SIGCONT), 0);
     auto t0 = std::chrono::steady_clock::now();
@@ -152,12 +154,16 @@ TEST(StaleStaticTest, RemovedKeysStayAbsentAfterAHolderRestartsEmpty) {
     auto t0 = std::chrono::steady_clock::now();
     std::unique_ptr<NodeProcess> again;
     // The restart may race the old socket's teardown once: try a few times.
-    for (int i = 0; i < 20 && again == nullptr; ++i) {
-      again = NodeProcess::Start({"--node-id", "b", "--peers", sc.members, "--peer-port",
+    WaitFor(
+        milliseconds(4000),
+        [&] {
+          again =
+              NodeProcess::Start({"--node-id", "b", "--peers", sc.members, "--peer-port",
                                   std::to_string(sc.ports[1]), "--anti-entropy-interval", "60s"},
                                  "", &log);
-      if (again == nullptr) std::this_thread::sleep_for(milliseconds(200));
-    }
+          return again != nullptr;
+        },
+        milliseconds(200));
     ASSERT_NE(again, nullptr) << log;
     sc.nodes[1] = std::move(again);
     ASSERT_TRUE(WaitFor(milliseconds(10000), [&] {

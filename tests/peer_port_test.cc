@@ -337,14 +337,20 @@ double RemoteReadMs(kvpool_client* on_b, kvpool_client* on_a, const std::string&
   std::vector<kvpool_status> st(1, KVPOOL_OK);
   if (PutValues(on_b, id, v, &st) != KVPOOL_OK || st[0] != KVPOOL_OK) return -1;
   // The directory publish is asynchronous: wait until the home knows.
-  for (int tries = 0; tries < 200; ++tries) {
-    auto t0 = std::chrono::steady_clock::now();
-    MaybeByteValues got = GetValues(on_a, id, 16384);
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (got[0]) return *got[0] == v[0] ? ms : -1;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return -1;
+  double ms = -1;
+  testing::WaitFor(
+      [&] {
+        auto t0 = std::chrono::steady_clock::now();
+        MaybeByteValues got = GetValues(on_a, id, 16384);
+        if (!got[0]) return false;
+        ms = *got[0] == v[0]
+                 ? std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                       .count()
+                 : -1;
+        return true;
+      },
+      std::chrono::seconds(2), std::chrono::milliseconds(2));
+  return ms;
 }
 
 // 2,000 idle and 2,000 one-byte-every-2-s connections on b's peer port: the
@@ -411,6 +417,7 @@ TEST(PeerPort, IdleTricklingAndStalledConnectionsCostBoundedSlotsForABoundedTime
   std::thread trickler([&] {
     for (size_t byte = 0; byte < hello.size() && !stop; ++byte) {
       for (int fd : trickle) send(fd, &hello[byte], 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      // Sleeps: real sockets: one byte every 2 s.
       for (int i = 0; i < 20 && !stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   });

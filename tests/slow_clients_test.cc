@@ -107,23 +107,23 @@ class Node {
       _exit(127);
     }
     std::regex re("serving: socket (\\S+) .* admin http://[0-9.]+:([0-9]+)");
-    auto until = SteadyClock::now() + std::chrono::seconds(20);
-    while (SteadyClock::now() < until) {
-      std::string text = ReadFile(n->log_path_);
-      std::smatch m;
-      if (std::regex_search(text, m, re)) {
-        n->socket_ = m[1];
-        n->admin_port_ = std::stoi(m[2]);
-        n->serving_ = true;
-        return n;
-      }
-      int st;
-      if (waitpid(n->pid_, &st, WNOHANG) == n->pid_) {
-        n->pid_ = -1;
-        return n;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    // Serving (its log says where), or exited.
+    testing::WaitFor(
+        [&] {
+          std::string text = ReadFile(n->log_path_);
+          std::smatch m;
+          if (std::regex_search(text, m, re)) {
+            n->socket_ = m[1];
+            n->admin_port_ = std::stoi(m[2]);
+            n->serving_ = true;
+            return true;
+          }
+          int st;
+          if (waitpid(n->pid_, &st, WNOHANG) != n->pid_) return false;
+          n->pid_ = -1;
+          return true;
+        },
+        std::chrono::seconds(20), std::chrono::milliseconds(10));
     return n;
   }
 
@@ -560,6 +560,7 @@ TEST_F(SlowClientsTest, AnnouncedBodiesCannotTakeMoreThanTheBufferBudget) {
     }
     rss_peak = std::max(rss_peak, node->RssKiB());
     small_ms.push_back(GetMs(small, 1));
+    // Sleeps: a real node: load paced while the slow clients sit.
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   size_t total_sent = 0;
@@ -607,9 +608,11 @@ TEST_F(SlowClientsTest, ConnectionsHoldingPinsAreNotReapedAsIdle) {
   kvpool_region region{};
   kvpool_status item;
   ASSERT_EQ(kvpool_acquire(c, &id, 1, &region, &item), KVPOOL_OK) << kvpool_last_error();
+  // Sleeps: a real node's idle reaper (1 s): a pin keeps it.
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
   EXPECT_EQ(Metric(node->admin_port(), "kvpool_local_connections_reaped_total{reason=\"idle\"}"), 0);
   EXPECT_EQ(kvpool_release(c, &region.handle, 1), KVPOOL_OK);
+  // Sleeps: a real node's idle reaper (1 s): now it reaps.
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
   EXPECT_EQ(Metric(node->admin_port(), "kvpool_local_connections_reaped_total{reason=\"idle\"}"), 1);
   // The client reconnects by itself on its next call.

@@ -869,13 +869,15 @@ TEST_F(TenantTest, ATenantIsOneTenantAcrossNodesAndNoOtherTenantReadsItThere) {
     kvpool_client* cl = Open(sb);
     if (cl == nullptr) return std::string("open failed");
     int read = 0;
-    for (int attempt = 0; attempt < 100 && read < kN; ++attempt) {
-      read = 0;
-      for (int i = 0; i < kN; ++i) {
-        read += Reads(cl, "fleet-" + std::to_string(i), Value("alpha", i, kSize));
-      }
-      if (read < kN) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+    testing::WaitFor(
+        [&] {
+          read = 0;
+          for (int i = 0; i < kN; ++i) {
+            read += Reads(cl, "fleet-" + std::to_string(i), Value("alpha", i, kSize));
+          }
+          return read == kN;
+        },
+        std::chrono::seconds(5), std::chrono::milliseconds(50));
     kvpool_close(cl);
     return std::to_string(read);
   });

@@ -462,6 +462,7 @@ TEST(AdminServerSlowClientsTest, ALookupsBodyIsReadWholeAndBoundedAndOnlyThere) 
   ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a real socket's separate reads
   ASSERT_EQ(::send(fd, "{\"a\":", 5, MSG_NOSIGNAL), 5);
+  // Sleeps: a real socket: the body in separate reads.
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   ASSERT_EQ(::send(fd, "[1]}", 4, MSG_NOSIGNAL), 4);
   std::string r = ReadAll(fd);
@@ -788,6 +789,7 @@ TEST_F(AdminServerTest, DashboardRendersValuesInHeadlessChromium) {
       for (int i = 0; i < n; ++i) {
         lat->Observe(0.0004 + 0.0003 * (i % 7) / 7.0 + (i % 100 == 0 ? 0.004 : 0));
       }
+      // Sleeps: traffic for the real sampler (every 100 ms) to chart.
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   });
@@ -802,6 +804,7 @@ TEST_F(AdminServerTest, DashboardRendersValuesInHeadlessChromium) {
   // charts keep the traffic of the last seconds.
   traffic_stop = true;
   traffic.join();
+  // Sleeps: the real sampler takes the last samples.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   auto shot_profile = TempDir("kvpool-admin-chromium-shot");
   ASSERT_FALSE(shot_profile.empty());

@@ -589,6 +589,7 @@ TEST(KvEventsPublisher, BatchesQueuedForASlowSubscriberKeepTheirBytesAfterTheRep
   for (int i = 0; i < kKeys; ++i) {
     e.key = K(i);
     (*p)->OnBlockEvent(e, blocks::Descriptor());
+    // Sleeps: real ZMQ sockets: the slow subscriber falls behind.
     if (i % 512 == 511) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   WaitFor([&] { return metrics.ValueOf("kvpool_kv_events_total") >= kKeys; },
@@ -667,6 +668,7 @@ TEST(KvEventsPublisher, AStalledSubscriberMissesBatchesTheOthersGetCounted) {
       e.key = K(b * 1024 + i);
       (*p)->OnBlockEvent(e, blocks::Descriptor());
     }
+    // Sleeps: real ZMQ sockets: batches go out one by one.
     std::this_thread::sleep_for(std::chrono::milliseconds(3));
   }
   reading.join();  // ends 2 s after the last batch

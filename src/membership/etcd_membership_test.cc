@@ -369,6 +369,7 @@ TEST_F(EtcdMembershipTest, EtcdPauseFencesKeepsViewsAndRecoversWithNewIncarnatio
   bool views_kept = true;
   while (SteadyClock::now() - t0 < milliseconds(3500)) {
     for (auto& n : nodes) views_kept &= n->Members() == 3;
+    // Sleeps: a real etcd: the views must hold for 3.5 s.
     std::this_thread::sleep_for(milliseconds(50));
   }
   etcd_->Resume();
@@ -405,6 +406,7 @@ TEST_F(EtcdMembershipTest, EtcdPauseFencesKeepsViewsAndRecoversWithNewIncarnatio
 TEST_F(EtcdMembershipTest, OpenWaitsForASlowEtcd) {
   etcd_->Pause();
   std::thread resume([] {
+    // Sleeps: a real etcd, paused: it answers 1.5 s late.
     std::this_thread::sleep_for(milliseconds(1500));
     etcd_->Resume();
   });

@@ -65,8 +65,9 @@ void InstallHandlers(Transport* t, Server* s) {
   t->RegisterHandler(kFail, [](Incoming, Responder r) { r.Respond(NotFound("nope")); });
   t->RegisterHandler(kDrop, [](Incoming, Responder r) {});
   t->RegisterHandler(kLater, [](Incoming in, Responder r) {
-    std::thread([r = std::move(r), h = std::vector<uint8_t>(in.request.begin(),
-                                                            in.request.end())]() mutable {
+    std::thread([r = std::move(r),
+                 h = std::vector<uint8_t>(in.request.begin(), in.request.end())]() mutable {
+      // Sleeps: answered later, from another thread.
       std::this_thread::sleep_for(milliseconds(5));
       r.Respond(Status::Ok(), std::move(h));
     }).detach();

@@ -277,6 +277,7 @@ TEST(UcxTransportTest, DISABLED_PeersKilledWhileConnectingDoNotTakeTheListenerDo
       a.type = 1;
       a.deadline = SteadyClock::now() + milliseconds(2000);
       (*t)->Call(a, [](Reply) {});
+      // Sleeps: real processes: calls spread over the kill.
       std::this_thread::sleep_for(std::chrono::microseconds((i * 577) % 3000));
       kill(getpid(), SIGKILL);
     }

@@ -89,6 +89,7 @@ TEST_F(SsdFaultTest, FullDiskDropsInsertsThenResumesWhenSpaceFrees) {
     if (s->Insert(Key(k), v.data(), v.size())) {
       (void)s->Flush();
     } else {
+      // Sleeps: the tier's own 1 s retry timer (real time).
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     ++k;
