@@ -76,8 +76,12 @@ Status DramOptions::Validate() const {
   if (max_value_bytes == 0 || max_value_bytes > std::numeric_limits<uint32_t>::max()) {
     return InvalidArgument("dram: max_value_bytes must be in [1, 4 GiB)");
   }
-  if (eviction != "prefix" && eviction != "s3fifo" && eviction != "lru") {
-    return InvalidArgument("dram: eviction must be \"prefix\", \"s3fifo\" or \"lru\"");
+  if (std::find(kEvictionPolicies.begin(), kEvictionPolicies.end(), eviction) ==
+      kEvictionPolicies.end()) {
+    std::string names;
+    for (std::string_view n : kEvictionPolicies)
+      names += (names.empty() ? "" : ", ") + std::string(n);
+    return InvalidArgument("dram: eviction must be one of " + names);
   }
   // Slot ids are 32 bits: slab index, then the slot's index in the slab.
   const uint64_t max_slots = slab_bytes / dram::BuildSizeClasses(min_class_bytes, class_growth,
