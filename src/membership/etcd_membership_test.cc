@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <functional>
 #include <thread>
 
@@ -76,6 +77,10 @@ struct Node {
 class EtcdMembershipTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    // As kvpool-node does: a write to a connection etcd closed (a lease
+    // revoked as a paused or stopping etcd drops it) is an error, not a
+    // signal that ends the process.
+    signal(SIGPIPE, SIG_IGN);
     auto s = EtcdTestServer::Start();
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     etcd_ = std::move(s).value().release();
