@@ -832,6 +832,39 @@ TEST(StaticClusterTest, PlacementHomeWithAHungHomeNeverRefusesPuts) {
   EXPECT_GT(moved, 64);
 }
 
+TEST(StaticClusterTest, ANodeStoppedWithHandOffsInFlightExitsCleanly) {
+  // Stopping a node fails its calls in flight; their callbacks run while the
+  // node shuts down and must find the cluster still whole.
+  StaticCluster sc;
+  sc.PickPorts({"a", "b"});
+  ASSERT_TRUE(sc.ports[0] > 0 && sc.ports[1] > 0 && sc.ports[0] != sc.ports[1]);
+  ASSERT_TRUE(sc.StartNodes({"a", "b"}, {"--placement", "home", "--dram-capacity", "64MiB",
+                                         "--slab-size", "1MiB", "--peer-fetch-timeout", "30s"}));
+  NodeProcess* a = sc.nodes[0].get();
+  NodeProcess* b = sc.nodes[1].get();
+  kvpool_client* c = OpenLocal(*a, /*copy_mode=*/true);
+  ASSERT_NE(c, nullptr);
+  const size_t kN = 128, kBatch = 16;
+  auto ids = NumberedKeys("cluster-it", "stop-", kN);
+  ASSERT_EQ(kill(b->pid(), SIGSTOP), 0);  // b hangs: a's hand-offs stay in flight
+  for (size_t i = 0; i < kN; i += kBatch) {
+    std::vector<kvpool_key_id> bid(ids.begin() + i, ids.begin() + i + kBatch);
+    ByteValues bval;
+    for (size_t k = i; k < i + kBatch; ++k) bval.push_back(Pattern(910000 + k, 256 << 10));
+    std::vector<kvpool_status> st(kBatch, KVPOOL_INTERNAL);
+    ASSERT_EQ(PutValues(c, bid, bval, &st), KVPOOL_OK) << kvpool_last_error();
+  }
+  kvpool_close(c);
+  ASSERT_GT(a->Metric("kvpool_placement_inflight_bytes"), 0);
+  ASSERT_GT(a->Metric("kvpool_placement_queued"), 0);
+  const int status = a->Stop(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "status " << status << (WIFSIGNALED(status) ? " (signal " : " (exit ")
+      << (WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status)) << ")\n"
+      << a->Log();
+  ASSERT_EQ(kill(b->pid(), SIGCONT), 0);
+}
+
 TEST(StandaloneNodeTest, MembersListsOnlyItself) {
   auto n = NodeProcess::Start();
   ASSERT_NE(n, nullptr);

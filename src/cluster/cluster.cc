@@ -106,7 +106,11 @@ class ClusterImpl final : public Cluster {
       std::lock_guard lock(lease_mu_);
       lease_source_ = nullptr;
     }
-    // The membership goes before the transport: nothing calls peers then.
+    // Stopping the transport fails the calls in flight, whose callbacks ask
+    // the cluster for its view and fencing: the membership must still be
+    // here. Then the membership goes before the transport: nothing calls
+    // peers then.
+    if (transport_ != nullptr) transport_->Stop();
     membership_.reset();
     transport_.reset();
   }

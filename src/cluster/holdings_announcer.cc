@@ -42,6 +42,7 @@ void HoldingsAnnouncer::Start() {
 }
 
 void HoldingsAnnouncer::Stop() {
+  if (placer_ != nullptr) placer_->Stop();  // before the transport fails its hand-offs
   {
     std::lock_guard lock(run_mu_);
     if (!running_) return;

@@ -125,7 +125,7 @@ std::string HomePlacer::AddressOf(const Target& target) const {
 }
 
 std::string HomePlacer::ForwardTarget(const KeyId& key, Target* target) {
-  if (!opts_.by_chain) return "";
+  if (!opts_.by_chain || stopped_.load()) return "";
   {
     std::lock_guard lock(mu_);
     auto it = chain_notes_.find(key);
@@ -234,7 +234,7 @@ HomePlacer::Placement HomePlacer::Place(const KeyId& key, uint64_t size) {
 }
 
 void HomePlacer::Drain() {
-  for (;;) {
+  while (!stopped_.load()) {
     Queued q;
     {
       std::lock_guard lock(mu_);
@@ -254,6 +254,7 @@ void HomePlacer::Drain() {
 
 HomePlacer::Start HomePlacer::TryStart(const KeyId& key, const Target& target, uint64_t size,
                                         bool announced) {
+  if (stopped_.load()) return Start::kHere;
   const std::string address = AddressOf(target);
   if (address.empty()) return Start::kHere;
   if (!TakeBudget(size)) return Start::kBusy;

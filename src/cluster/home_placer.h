@@ -105,6 +105,11 @@ class HomePlacer {
   bool Forward(const KeyId& key, std::span<const uint8_t> value);
   // Whether key has a note whose target is another node.
   bool WouldForward(const KeyId& key);
+  // Starts no more hand-offs: values placed from now on stay here (kHere),
+  // queued ones stay where they are, and failed hand-offs start no others.
+  // Call before the cluster's transport stops: stopping it fails the
+  // hand-offs in flight, and each failure would otherwise start the next.
+  void Stop() { stopped_.store(true); }
 
  private:
   // Where a value goes: placement home: the home of `route`; chain: the
@@ -148,6 +153,7 @@ class HomePlacer {
   static constexpr uint64_t kFedHalfLife = 1u << 20;  // blocks
   static constexpr uint64_t kFedSlack = 256;          // blocks over the share always allowed
   std::atomic<uint64_t> inflight_bytes_{0};
+  std::atomic<bool> stopped_{false};
   std::mutex mu_;
   std::deque<Queued> queue_;  // protected by mu_
   std::unordered_map<KeyId, Target, KeyIdHash> chain_notes_;  // by_chain; protected by mu_

@@ -39,6 +39,7 @@ class FaultTransport final : public Transport {
   std::string address() const override;
   void RegisterHandler(MessageType type, Handler handler) override;
   void Call(const CallArgs& args, ReplyCallback done) override;
+  void Stop() override { inner_->Stop(); }
 
  private:
   struct State;

@@ -135,6 +135,14 @@ class Transport {
   // first, so the sink is never written after `done` runs).
   virtual void Call(const CallArgs& args, ReplyCallback done) = 0;
 
+  // Refuses new calls (their `done` runs inside Call()) and fails the calls in
+  // flight; where the transport has its own threads, their callbacks have run
+  // when it returns. The owner stops a transport while what its callbacks use
+  // is still alive; the destructor stops it too. The default does nothing: for
+  // transports whose destructor is enough. REQUIRES: not called from a
+  // transport thread.
+  virtual void Stop() {}
+
   // Blocking convenience. REQUIRES: not called from a transport thread.
   Reply CallSync(const CallArgs& args);
 };

@@ -872,6 +872,7 @@ void UcxTransport::Core::Shutdown() {
   while (!pending.empty()) ClosePending(pending.begin()->first);
   std::vector<uint64_t> ids;
   for (auto& [id, c] : calls) ids.push_back(id);
+  const size_t calls_in_flight = ids.size();
   for (uint64_t id : ids) Settle(id, Reply{Unavailable("transport shut down"), {}, 0, {}});
   std::vector<uint64_t> eps;
   for (auto& [id, e] : endpoints) eps.push_back(id);
@@ -885,13 +886,32 @@ void UcxTransport::Core::Shutdown() {
     ReapClosing();
     RunDeferred();
   }
+  const size_t unclosed = closing.size();
   for (auto& [req, e] : closing) ucp_request_free(req);
   closing.clear();
-  if (mem != nullptr) ucp_mem_unmap(context, mem);
-  // After the worker is gone UCX writes nowhere, so calls whose transfers never
-  // finished can be answered and their operations freed.
-  if (worker != nullptr) ucp_worker_destroy(worker);
-  if (context != nullptr) ucp_cleanup(context);
+  // Destroying the worker purges what its endpoints still queue. UCX before
+  // 1.14 aborts the process (an assertion in ucp_request_send_state_ff,
+  // removed upstream in 1.14) when that is a wire-up message, which happens
+  // when a peer stopped reading (hung, its socket full) while this node sent
+  // to it. Calls still in flight at the stop, or endpoints that did not
+  // close, are the sign of such a peer: then the worker and its context are
+  // left as they are. Nothing progresses them any more, so UCX writes
+  // nowhere, and the process's exit takes back their memory and sockets.
+  unsigned major = 0, minor = 0, release = 0;
+  ucp_get_version(&major, &minor, &release);
+  const bool purge_may_abort = major < 1 || (major == 1 && minor < 14);
+  if (purge_may_abort && (calls_in_flight > 0 || unclosed > 0)) {
+    LogWarn(
+        "transport: stopped with {} call(s) in flight and {} endpoint(s) not closed in {} ms; "
+        "leaving the UCX {}.{} worker to the process exit",
+        calls_in_flight, unclosed, opts.close_timeout.count(), major, minor);
+  } else {
+    if (mem != nullptr) ucp_mem_unmap(context, mem);
+    // After the worker is gone UCX writes nowhere, so calls whose transfers
+    // never finished can be answered and their operations freed.
+    if (worker != nullptr) ucp_worker_destroy(worker);
+    if (context != nullptr) ucp_cleanup(context);
+  }
   worker = nullptr;
   context = nullptr;
   for (auto& [id, c] : calls) {

@@ -77,6 +77,8 @@ Result<sockaddr_storage> UcxTransport::Core::Lookup(const std::string& peer) {
 
 UcxTransport::UcxTransport(std::shared_ptr<Core> core) : core_(std::move(core)) {}
 
+void UcxTransport::Stop() { core_->Stop(); }
+
 UcxTransport::~UcxTransport() {
   core_->Stop();
   close(core_->wake_fd);

@@ -139,6 +139,7 @@ class UcxTransport final : public Transport {
   uint16_t port() const;
   void RegisterHandler(MessageType type, Handler handler) override;
   void Call(const CallArgs& args, ReplyCallback done) override;
+  void Stop() override;
 
   struct Core;
 
