@@ -48,8 +48,13 @@ ChurnResult Churn(std::vector<std::unique_ptr<NodeProcess>>& nodes,
   EXPECT_TRUE(a.ok());
   auto of_a = MakeKeys("churn-a-", 0, 16, 77000, 2048, 4096);
   EXPECT_EQ(a.Put(of_a), of_a.size());
-  // Sleeps: real nodes: the puts published before the churn.
-  std::this_thread::sleep_for(milliseconds(500));
+  // The puts published before the churn: found through the other nodes.
+  {
+    Conn b(*nodes[1]), c(*nodes[2]);
+    EXPECT_TRUE(WaitFor(milliseconds(5000), [&] {
+      return b.ExistsCount(of_a) == of_a.size() && c.ExistsCount(of_a) == of_a.size();
+    }));
+  }
   for (int round = 0; round < kRounds; ++round) {
     nodes[2]->Stop(SIGKILL);
     auto killed = steady_clock::now();

@@ -258,7 +258,14 @@ TEST_F(ClusterAuthTest, AcrossHostsANodeWithoutTheKeyGetsNothingInAndNothingOut)
     ASSERT_NE(x, nullptr);
     auto theirs = NumberedKeys("auth", std::string("theirs-") + mode + "-", 48);
     PutAll(*x, theirs, Values(theirs.size(), 4096, 9));  // hand-offs to a and b, refused
-    std::this_thread::sleep_for(milliseconds(1500));  // publishes and hand-offs retry meanwhile
+    // Every hand-off was tried and failed: x kept those values.
+    in(3, [&] {
+      EXPECT_TRUE(WaitFor(milliseconds(10000), [&] {
+        return Count(*x, "kvpool_placement_kept_total") > 0 &&
+               Count(*x, "kvpool_placement_inflight_bytes") == 0 &&
+               Count(*x, "kvpool_placement_queued") == 0;
+      })) << x->HttpGet("/metrics");
+    });
 
     size_t read_by_x = Hits(GetAll(*x, ours));
     size_t read_via_a = Hits(GetAll(*a, theirs)), read_via_b = Hits(GetAll(*b, theirs));

@@ -199,8 +199,9 @@ TEST_F(ClusterFaultTest, KillNineUnderLoadLosesOnlyTheVictimsKeys) {
     }
   });
 
-  // Sleeps: real nodes: load before the fault.
-  std::this_thread::sleep_for(milliseconds(1500));
+  // Load before the fault: an amount of it (about 1.5 s here), not a time.
+  auto victim_reads = [&] { return victim_hits.load() + victim_misses.load(); };
+  ASSERT_TRUE(WaitFor(milliseconds(20000), [&] { return s.ops >= 2000 && victim_reads() >= 100; }));
   uint64_t ops_before_kill = s.ops;
   auto killed = steady_clock::now();
   c.Stop(SIGKILL);
@@ -211,8 +212,11 @@ TEST_F(ClusterFaultTest, KillNineUnderLoadLosesOnlyTheVictimsKeys) {
   int64_t t_membership_update_ms = MsSince(killed);
   EXPECT_TRUE(left) << a.HttpGet("/api/v1/members");
   EXPECT_LE(t_membership_update_ms, 4100);
-  // Sleeps: real nodes: load after it.
-  std::this_thread::sleep_for(milliseconds(1500));
+  // And as much load after it.
+  const uint64_t ops_at_leave = s.ops, victim_reads_at_leave = victim_reads();
+  EXPECT_TRUE(WaitFor(milliseconds(20000), [&] {
+    return s.ops >= ops_at_leave + 2000 && victim_reads() >= victim_reads_at_leave + 100;
+  }));
   stop = true;
   for (auto& t : threads) t.join();
   victim_reader.join();
@@ -362,8 +366,10 @@ void RunEtcdOutage(ClusterFaultTest* t, EtcdTestServer* etcd, bool hang, millise
     }
   });
 
-  // Sleeps: real nodes: load before the fault.
-  std::this_thread::sleep_for(milliseconds(1500));
+  // Load before the fault: an amount of it (15 rounds of probes, about
+  // 1.5 s), not a time.
+  auto probed = [&](int ph) { return hits[ph].load() + misses[ph].load(); };
+  ASSERT_TRUE(WaitFor(milliseconds(20000), [&] { return probed(0) >= 90 && r->s.ops >= 1000; }));
   uint64_t local_misses_before = r->s.local_misses;
   auto outage_t0 = steady_clock::now();
   phase = 1;
@@ -408,8 +414,11 @@ void RunEtcdOutage(ClusterFaultTest* t, EtcdTestServer* etcd, bool hang, millise
   });
   r->t_membership_update_ms = MsSince(back);
   r->inc_after = Members(*nodes[0]);
-  // Sleeps: real nodes: load after it.
-  std::this_thread::sleep_for(milliseconds(2000));
+  // Load after it: 20 rounds of probes (about 2 s).
+  const uint64_t probed_back = probed(2), ops_back = r->s.ops;
+  EXPECT_TRUE(WaitFor(milliseconds(20000), [&] {
+    return probed(2) >= probed_back + 120 && r->s.ops >= ops_back + 1000;
+  }));
   stop = true;
   for (auto& th : threads) th.join();
   prober.join();

@@ -110,8 +110,9 @@ TEST_F(StaleEtcdTest, RemovedKeysStayAbsentAfterAPausedHomeComesBack) {
     // Sleeps: a real process, stopped: its lease runs out.
     std::this_thread::sleep_for(milliseconds(500));
     ASSERT_NO_FATAL_FAILURE(RemoveKeys(a, ids));
-    // Sleeps: a real process, stopped: past its lease.
-    std::this_thread::sleep_for(milliseconds(4500));
+    // Past its lease: out of the others' views.
+    ASSERT_TRUE(WaitFor(milliseconds(10000),
+                        [&] { return Members(a).count("b") == 0 && Members(c).count("b") == 0; }));
     ASSERT_EQ(kill(b.pid(), SIGCONT), 0);
     auto t0 = std::chrono::steady_clock::now();
     ASSERT_TRUE(WaitFor(milliseconds(15000), [&] { return ViewsAgree(all, 3); }))

@@ -608,13 +608,22 @@ TEST_F(SlowClientsTest, ConnectionsHoldingPinsAreNotReapedAsIdle) {
   kvpool_region region{};
   kvpool_status item;
   ASSERT_EQ(kvpool_acquire(c, &id, 1, &region, &item), KVPOOL_OK) << kvpool_last_error();
-  // Sleeps: a real node's idle reaper (1 s): a pin keeps it.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
-  EXPECT_EQ(Metric(node->admin_port(), "kvpool_local_connections_reaped_total{reason=\"idle\"}"), 0);
+  // A pin keeps it through the idle reaper's rounds (every second; watched
+  // for 1.2 s).
+  EXPECT_FALSE(testing::WaitFor(
+      [&] {
+        return Metric(node->admin_port(),
+                      "kvpool_local_connections_reaped_total{reason=\"idle\"}") != 0;
+      },
+      std::chrono::milliseconds(1200), std::chrono::milliseconds(50)));
   EXPECT_EQ(kvpool_release(c, &region.handle, 1), KVPOOL_OK);
-  // Sleeps: a real node's idle reaper (1 s): now it reaps.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
-  EXPECT_EQ(Metric(node->admin_port(), "kvpool_local_connections_reaped_total{reason=\"idle\"}"), 1);
+  // Now the reaper (every second) closes it.
+  EXPECT_TRUE(testing::WaitFor(
+      [&] {
+        return Metric(node->admin_port(),
+                      "kvpool_local_connections_reaped_total{reason=\"idle\"}") == 1;
+      },
+      std::chrono::milliseconds(5000), std::chrono::milliseconds(50)));
   // The client reconnects by itself on its next call.
   EXPECT_GT(GetMs(c, 0), 0) << kvpool_last_error();
   kvpool_close(c);

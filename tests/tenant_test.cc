@@ -8,16 +8,17 @@
 // and the fds offer. Prints `metric` lines (bench/compare.sh security).
 // Needs root (to become the test uids); skipped without it.
 #include <fcntl.h>
+#include <grp.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <grp.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -25,18 +26,17 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "common/key_id.h"
+#include "common/tenant_keys.h"
 #include "harness/cluster_harness.h"
 #include "harness/node_process.h"
 #include "kvpool/kvpool.h"
-#include "common/tenant_keys.h"
 #include "protocol/codec.h"
 
 namespace kvpool::testing {
@@ -635,7 +635,13 @@ std::pair<int, std::string> HoldConnections(const std::string& sock, int n, std:
     }
     fds->push_back(s);
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the node's accepts (a real socket)
+  // The node takes connections in the order they came, on its one loop: once
+  // the last (over the cap: n is) has its refusal, every one before it has
+  // its answer.
+  if (!fds->empty()) {
+    pollfd last{fds->back(), POLLIN, 0};
+    poll(&last, 1, 10000);
+  }
   int open = 0;
   std::string refusal;
   for (int s : *fds) {

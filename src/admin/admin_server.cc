@@ -231,6 +231,9 @@ class HttpAdminServer final : public AdminServer {
         "Admin connections closed because the request or response took longer than the timeout");
     bad_requests_ = metrics->GetCounter("kvpool_admin_bad_requests_total",
                                         "Admin requests refused as malformed (400, 431, 505)");
+    queued_gauge_ = metrics->GetGauge(
+        "kvpool_admin_queued_requests",
+        "Admin requests waiting for a request thread (at most --admin-max-queued)");
     queue_full_ = metrics->GetCounter(
         "kvpool_admin_queue_full_total",
         "Admin requests answered 503 because the request threads' queue was full");
@@ -600,6 +603,7 @@ class HttpAdminServer final : public AdminServer {
       std::lock_guard lock(queue_mu_);
       if (queue_.size() < static_cast<size_t>(options_.max_queued_requests) && !workers_stop_) {
         queue_.push_back(Job{id, head.path, head_only, std::move(body)});
+        queued_gauge_->Set(static_cast<int64_t>(queue_.size()));
         c.state = ConnState::kQueued;
         c.deadline = SteadyClock::time_point::max();  // the request threads' turn
         UpdateInterest(id, c);
@@ -734,6 +738,7 @@ class HttpAdminServer final : public AdminServer {
         if (queue_.empty()) return;  // stopping and nothing left
         job = std::move(queue_.front());
         queue_.pop_front();
+        queued_gauge_->Set(static_cast<int64_t>(queue_.size()));
       }
       std::string bytes = Serialize(Build(job.path, job.body), job.head_only);
       {
@@ -838,6 +843,7 @@ class HttpAdminServer final : public AdminServer {
   std::array<Counter*, kKnownPaths.size()> path_counters_{};
   Counter* other_counter_ = nullptr;
   Gauge* open_gauge_ = nullptr;
+  Gauge* queued_gauge_ = nullptr;  // queue_.size(), set under queue_mu_
   Counter* refused_ = nullptr;
   Counter* evicted_ = nullptr;
   Counter* timed_out_ = nullptr;

@@ -27,6 +27,7 @@
 
 #include "common/loopback_test_util.h"
 #include "gtest/gtest.h"
+#include "testing/manual_scheduler.h"
 #include "testing/wait_for.h"
 
 namespace kvpool {
@@ -120,9 +121,10 @@ class AdminServerTest : public ::testing::Test {
     };
     hooks.cluster_json = [] { return ClusterJson(); };
     AdminOptions options;
-    // Charts that fill in a test's time: 100 samples of 100 ms.
+    // Charts of 100 samples of 100 ms, taken when a test runs the sampler.
     options.history.interval = std::chrono::milliseconds(100);
     options.history.window = std::chrono::seconds(10);
+    options.history.scheduler = &history_scheduler_;
     auto server = AdminServer::Start(options, &registry_, std::move(hooks));
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_ = std::move(server).value();
@@ -138,6 +140,7 @@ class AdminServerTest : public ::testing::Test {
   std::atomic<bool> ready_{false};
   std::mutex missing_mu_;
   std::string missing_;  // protected by missing_mu_
+  testing::ManualScheduler history_scheduler_;  // the charts' sampler
   std::unique_ptr<AdminServer> server_;
   std::unique_ptr<httplib::Client> client_;
 };
@@ -549,9 +552,11 @@ TEST(AdminServerSlowClientsTest, HealthIsServedWhileRequestThreadsAreBusyAndTheQ
   std::mutex mu;
   std::condition_variable cv;
   bool release = false;
+  int entered = 0;  // requests a thread has taken
   AdminHooks hooks;
   hooks.status_json = [&] {
     std::unique_lock lock(mu);
+    ++entered;
     cv.wait(lock, [&] { return release; });
     return std::string("{}");
   };
@@ -568,14 +573,22 @@ TEST(AdminServerSlowClientsTest, HealthIsServedWhileRequestThreadsAreBusyAndTheQ
     held.push_back(testing::DialLoopback(port));
     ASSERT_EQ(::send(held.back(), status_req.data(), status_req.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(status_req.size()));
-    // Let the thread take the first before the next two queue behind it.
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // The thread takes the first; the next two queue behind it.
+    if (i == 0) {
+      ASSERT_TRUE(testing::WaitFor([&] {
+        std::lock_guard lock(mu);
+        return entered == 1;
+      }));
+    } else {
+      EXPECT_EQ(WaitForMetric(registry, "kvpool_admin_queued_requests", i), i);
+    }
   }
   // The fourth finds the queue full and is told so at once.
   std::string busy = RawRequest(port, status_req);
   EXPECT_EQ(busy.substr(0, 12), "HTTP/1.1 503") << busy;
   EXPECT_NE(busy.find("Retry-After: 1\r\n"), std::string::npos);
   EXPECT_EQ(registry.ValueOf("kvpool_admin_queue_full_total"), 1);
+  EXPECT_EQ(registry.ValueOf("kvpool_admin_queued_requests"), 2);
   EXPECT_LT(HealthzMs(port), 100);
   EXPECT_EQ(RawRequest(port, "GET /readyz HTTP/1.1\r\n\r\n").substr(0, 15), "HTTP/1.1 200 OK");
   {
@@ -692,6 +705,7 @@ TEST_F(AdminServerTest, DashboardRendersValuesInHeadlessChromium) {
   if (access(chromium, X_OK) != 0) GTEST_SKIP() << "chromium not installed at " << chromium;
   auto profile = TempDir("kvpool-admin-chromium");
   ASSERT_FALSE(profile.empty());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(history_scheduler_.RunNext());  // 3 samples, 100 ms apart
   // Every host but ours fails to resolve, so the page can only work if it
   // needs nothing beyond this node.
   const std::string cmd =
@@ -768,44 +782,38 @@ TEST_F(AdminServerTest, DashboardRendersValuesInHeadlessChromium) {
 
   // A screenshot of the same page, kept as the test's artefact
   // ($KVPOOL_TEST_ARTIFACTS, else test-artifacts/ in the working directory),
-  // after traffic moved for a while so that the charts show lines: a wave
-  // of gets at 90 % hits, their latencies and evictions (the status JSON is
-  // fixed, so DRAM in use stays as it says).
-  std::atomic<bool> traffic_stop{false};
-  std::thread traffic([&] {
-    Counter* gets = registry_.GetCounter("kvpool_ops_total", "", {{"op", "get"}});
-    Counter* hits = registry_.GetCounter("kvpool_hits_total", "");
-    Counter* misses = registry_.GetCounter("kvpool_misses_total", "");
-    Counter* read = registry_.GetCounter("kvpool_bytes_read_total", "");
-    Counter* evicted = registry_.GetCounter("kvpool_dram_evictions_total", "");
-    Histogram* lat = registry_.GetHistogram("kvpool_op_latency_seconds", "", {{"op", "get"}});
-    for (int step = 0; !traffic_stop.load(); ++step) {
-      const int n = 200 + static_cast<int>(150 * std::sin(step / 8.0));
-      gets->Inc(n);
-      hits->Inc(n * 9 / 10);
-      misses->Inc(n - n * 9 / 10);
-      read->Inc(static_cast<uint64_t>(n) << 16);
-      evicted->Inc(n / 20);
-      for (int i = 0; i < n; ++i) {
-        lat->Observe(0.0004 + 0.0003 * (i % 7) / 7.0 + (i % 100 == 0 ? 0.004 : 0));
-      }
-      // Sleeps: traffic for the real sampler (every 100 ms) to chart.
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // after traffic moved for 4 s of samples so that the charts show lines: a
+  // wave of gets at 90 % hits, their latencies and evictions (the status
+  // JSON is fixed, so DRAM in use stays as it says).
+  Counter* gets = registry_.GetCounter("kvpool_ops_total", "", {{"op", "get"}});
+  Counter* hits = registry_.GetCounter("kvpool_hits_total", "");
+  Counter* misses = registry_.GetCounter("kvpool_misses_total", "");
+  Counter* read = registry_.GetCounter("kvpool_bytes_read_total", "");
+  Counter* evicted = registry_.GetCounter("kvpool_dram_evictions_total", "");
+  Histogram* lat = registry_.GetHistogram("kvpool_op_latency_seconds", "", {{"op", "get"}});
+  for (int step = 0; step < 200; ++step) {  // 5 steps per 100 ms sample
+    const int n = 200 + static_cast<int>(150 * std::sin(step / 8.0));
+    gets->Inc(n);
+    hits->Inc(n * 9 / 10);
+    misses->Inc(n - n * 9 / 10);
+    read->Inc(static_cast<uint64_t>(n) << 16);
+    evicted->Inc(n / 20);
+    for (int i = 0; i < n; ++i) {
+      lat->Observe(0.0004 + 0.0003 * (i % 7) / 7.0 + (i % 100 == 0 ? 0.004 : 0));
     }
-  });
+    if (step % 5 == 4) {
+      ASSERT_TRUE(history_scheduler_.RunNext());
+    }
+  }
+  // Still counters before the shot: the page's own rates run on the
+  // browser's virtual clock, so only they give the cards true values; the
+  // charts keep the traffic of the samples before.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(history_scheduler_.RunNext());
   const char* dir_env = std::getenv("KVPOOL_TEST_ARTIFACTS");
   const std::filesystem::path dir = dir_env != nullptr ? dir_env : "test-artifacts";
   std::filesystem::create_directories(dir);
   const std::filesystem::path png = std::filesystem::absolute(dir / "dashboard.png");
   std::filesystem::remove(png);
-  std::this_thread::sleep_for(std::chrono::seconds(4));  // 40 samples of it
-  // Stopped before the shot: the page's own rates run on the browser's
-  // virtual clock, so only still counters give the cards true values; the
-  // charts keep the traffic of the last seconds.
-  traffic_stop = true;
-  traffic.join();
-  // Sleeps: the real sampler takes the last samples.
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   auto shot_profile = TempDir("kvpool-admin-chromium-shot");
   ASSERT_FALSE(shot_profile.empty());
   auto shot =

@@ -46,25 +46,25 @@ MetricsHistory::MetricsHistory(const HistoryOptions& options, const MetricsRegis
 MetricsHistory::~MetricsHistory() { Stop(); }
 
 void MetricsHistory::Start() {
-  thread_ = std::thread([this] {
-    std::unique_lock lock(mu_);
-    while (!stopping_) {
-      lock.unlock();
-      Sample(std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-                 .count());
-      lock.lock();
-      cv_.wait_for(lock, options_.interval, [this] { return stopping_; });
-    }
+  if (job_ != 0) return;
+  scheduler_ = options_.scheduler;
+  if (scheduler_ == nullptr) {
+    own_scheduler_ = std::make_unique<ThreadScheduler>("kvpool-history");
+    scheduler_ = own_scheduler_.get();
+  }
+  const Clock* clock = scheduler_->clock();
+  const Clock::time_point start = clock->Now();
+  const double start_unix =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  job_ = scheduler_->RunEvery(options_.interval, [this, clock, start, start_unix] {
+    Sample(start_unix + std::chrono::duration<double>(clock->Now() - start).count());
   });
 }
 
 void MetricsHistory::Stop() {
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (job_ != 0) scheduler_->Cancel(job_);  // waits for a running sample
+  job_ = 0;
+  own_scheduler_.reset();
 }
 
 MetricsHistory::Reading MetricsHistory::Read(double unix_seconds) const {

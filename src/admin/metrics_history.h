@@ -1,6 +1,6 @@
 // MetricsHistory: the node's key figures over a recent window, for the
-// dashboard's charts (/api/v1/history). Every interval a thread reads the
-// metrics registry and appends one sample to a ring of window/interval
+// dashboard's charts (/api/v1/history). Every interval a scheduler job reads
+// the metrics registry and appends one sample to a ring of window/interval
 // samples (15 minutes at 5 s: 180), so memory is fixed: 180 x 12 doubles.
 // A sample's rates are the change since the previous sample over the time
 // between them; quantiles come from the change of the latency histogram, so
@@ -10,15 +10,15 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/metrics.h"
+#include "common/scheduler.h"
 #include "common/status.h"
 
 namespace kvpool {
@@ -29,6 +29,9 @@ struct HistoryOptions {
   std::chrono::milliseconds interval{5000};
   // Kept: the charts' time span.
   std::chrono::seconds window{900};
+  // Where the sampling runs (not owned; outlives the history); null: a
+  // scheduler thread of the history's own.
+  Scheduler* scheduler = nullptr;
 
   Status Validate() const;
   size_t capacity() const;  // samples kept
@@ -47,10 +50,12 @@ class MetricsHistory {
   MetricsHistory(const MetricsHistory&) = delete;
   MetricsHistory& operator=(const MetricsHistory&) = delete;
 
-  // Samples every interval on a thread of its own until Stop (idempotent).
+  // Samples every interval, the first at once, until Stop (idempotent). A
+  // sample is stamped with the wall clock at Start plus the scheduler's
+  // time since.
   void Start();
   void Stop();
-  // Takes one sample stamped unix_seconds (the thread's step; tests call it).
+  // Takes one sample stamped unix_seconds (the job's step; tests call it).
   void Sample(double unix_seconds);
   // {"interval_s": 5, "window_s": 900, "t": [unix seconds, ...],
   //  "series": {"ops_per_s": [...], ...}} oldest first; NaN as null.
@@ -71,13 +76,14 @@ class MetricsHistory {
   const HistoryOptions options_;
   const MetricsRegistry* const metrics_;
 
+  std::unique_ptr<ThreadScheduler> own_scheduler_;  // when options_.scheduler is null
+  Scheduler* scheduler_ = nullptr;
+  Scheduler::JobId job_ = 0;
+
   mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;                 // mu_
   bool have_previous_ = false;            // mu_
   Reading previous_;                      // mu_
   std::deque<std::vector<double>> ring_;  // mu_: per sample, t then the series
-  std::thread thread_;
 };
 
 }  // namespace kvpool

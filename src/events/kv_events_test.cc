@@ -581,7 +581,9 @@ TEST(KvEventsPublisher, BatchesQueuedForASlowSubscriberKeepTheirBytesAfterTheRep
   zmq_setsockopt(slow, ZMQ_RCVBUF, &small, sizeof(small));
   zmq_setsockopt(slow, ZMQ_SUBSCRIBE, "", 0);
   ASSERT_EQ(zmq_connect(slow, (*p)->bound_endpoint().c_str()), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // subscribed
+  // Sleeps: real ZMQ sockets: the subscription reaches the publisher, and
+  // ZMQ tells no one when.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   // About 19 MB of batches, unread until all are sent: more than the
   // kernel's socket buffers take, so most wait in the socket's queue.
   constexpr int kKeys = 2000 * 512;
@@ -649,7 +651,8 @@ TEST(KvEventsPublisher, AStalledSubscriberMissesBatchesTheOthersGetCounted) {
   void* reader = zmq_socket(ctx, ZMQ_SUB);
   zmq_setsockopt(reader, ZMQ_SUBSCRIBE, "", 0);
   ASSERT_EQ(zmq_connect(reader, (*p)->bound_endpoint().c_str()), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both subscribed
+  // Sleeps: real ZMQ sockets: both subscriptions reach the publisher.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   std::atomic<int64_t> last_seq{-1};
   std::atomic<int> batches{0};
   std::thread reading([&] {

@@ -137,6 +137,7 @@ struct EtcdMembership::Impl {
   std::string incarnation_key;  // .../incarnation
   Counter* renewals;
   Counter* registrations;
+  Counter* join_attempts;
   Counter dummy_renewals;
   Counter dummy_registrations;
   Gauge* outage_gauge = nullptr;
@@ -186,21 +187,26 @@ struct EtcdMembership::Impl {
         registrations(metrics ? metrics->GetCounter("kvpool_membership_registrations_total",
                                                     "Registrations (start and after a fence).")
                               : &dummy_registrations),
+        join_attempts(metrics ? metrics->GetCounter(
+                                    "kvpool_membership_join_attempts_total",
+                                    "Looks at this node id's registration while joining, waiting "
+                                    "for an earlier one to expire")
+                              : &dummy_registrations),
         outage_gauge(metrics ? metrics->GetGauge(
                                    "kvpool_membership_etcd_outage",
                                    "1 while etcd is unreachable for this node and its peers alike "
                                    "and the node serves with its last view.")
                              : nullptr),
-        unproven_gauge(metrics ? metrics->GetGauge(
-                                     "kvpool_membership_unproven_members",
-                                     "Registrations in etcd left out of the view: they carry no "
-                                     "valid proof of holding the cluster key.")
-                               : nullptr),
-        unproven_seen(metrics ? metrics->GetCounter(
-                                    "kvpool_membership_unproven_registrations_total",
-                                    "Registrations (node id and incarnation) seen without a "
-                                    "valid proof of holding the cluster key.")
-                              : &dummy_registrations) {}
+        unproven_gauge(
+            metrics ? metrics->GetGauge("kvpool_membership_unproven_members",
+                                        "Registrations in etcd left out of the view: they carry no "
+                                        "valid proof of holding the cluster key.")
+                    : nullptr),
+        unproven_seen(
+            metrics ? metrics->GetCounter("kvpool_membership_unproven_registrations_total",
+                                          "Registrations (node id and incarnation) seen without a "
+                                          "valid proof of holding the cluster key.")
+                    : &dummy_registrations) {}
 
   void SetJoinReason(std::string why) {
     std::lock_guard<std::mutex> l(reason_mu);
@@ -331,6 +337,7 @@ struct EtcdMembership::Impl {
   // While joining: register once the previous registration is gone; refuse
   // (once) when it is still renewed past the bound.
   void TryJoin() {
+    join_attempts->Inc();
     Result<EtcdRange> existing = client.Get(member_key);
     if (!existing.ok()) return;  // etcd away: later
     int64_t holder = existing->kvs.empty() ? 0 : existing->kvs[0].lease;

@@ -161,8 +161,11 @@ TEST_F(EtcdMembershipTest, DuplicateNodeIdIsRefused) {
   // margin at most, then refused.
   EXPECT_GE(SteadyClock::now() - t0, o.live_id_margin);
   EXPECT_LT(SteadyClock::now() - t0, kTtl + o.live_id_margin + milliseconds(1000));
-  // The refused attempt left the live member alone.
-  std::this_thread::sleep_for(milliseconds(300));
+  // The refused attempt left the live member alone: it renews its lease
+  // and keeps its registration.
+  const double renewed = metrics_.ValueOf("kvpool_membership_lease_renewals_total");
+  EXPECT_TRUE(WaitFor(
+      [&] { return metrics_.ValueOf("kvpool_membership_lease_renewals_total") > renewed; }, kTtl));
   EXPECT_TRUE(a->Sees("a"));
   EXPECT_FALSE(a->m->fenced());
 }
@@ -240,13 +243,18 @@ TEST_F(EtcdMembershipTest, UnderInRunALiveDuplicateIsRefusedOnceAfterTheWait) {
     why = s.ToString();
     ++refused;
   };
-  auto dup = EtcdMembership::Open(o, nullptr);
+  MetricsRegistry dup_metrics;
+  auto dup = EtcdMembership::Open(o, &dup_metrics);
   ASSERT_TRUE(dup.ok()) << dup.status().ToString();
   Node n;
   n.m = std::move(dup).value();
   n.Start();
   ASSERT_TRUE(WaitFor([&] { return refused.load() > 0; }, kTtl + o.live_id_margin + milliseconds(1000)));
-  std::this_thread::sleep_for(milliseconds(600));  // two more retry rounds: still once
+  // Two more tries to join: still refused once.
+  const double tries = dup_metrics.ValueOf("kvpool_membership_join_attempts_total");
+  EXPECT_TRUE(WaitFor(
+      [&] { return dup_metrics.ValueOf("kvpool_membership_join_attempts_total") >= tries + 2; },
+      milliseconds(3000)));
   EXPECT_EQ(refused.load(), 1);
   EXPECT_NE(why.find("node id already live: a"), std::string::npos) << why;
   EXPECT_TRUE(n.m->joining());
@@ -370,13 +378,15 @@ TEST_F(EtcdMembershipTest, EtcdPauseFencesKeepsViewsAndRecoversWithNewIncarnatio
       },
       kTtl / 2 + milliseconds(1000));
   auto fenced_after = SteadyClock::now() - t0;
-  // The views do not lose anybody while etcd is away.
-  bool views_kept = true;
-  while (SteadyClock::now() - t0 < milliseconds(3500)) {
-    for (auto& n : nodes) views_kept &= n->Members() == 3;
-    // Sleeps: a real etcd: the views must hold for 3.5 s.
-    std::this_thread::sleep_for(milliseconds(50));
-  }
+  // The views do not lose anybody while etcd is away (watched until 3.5 s).
+  const bool views_kept = !WaitFor(
+      [&] {
+        for (auto& n : nodes) {
+          if (n->Members() != 3) return true;
+        }
+        return false;
+      },
+      std::chrono::duration_cast<milliseconds>(t0 + milliseconds(3500) - SteadyClock::now()));
   etcd_->Resume();
   EXPECT_TRUE(all_fenced) << "after "
                           << std::chrono::duration_cast<milliseconds>(fenced_after).count();

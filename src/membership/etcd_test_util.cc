@@ -68,26 +68,29 @@ Status EtcdTestServer::Spawn() {
 }
 
 Status EtcdTestServer::WaitHealthy(std::chrono::milliseconds timeout) const {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    int wstatus = 0;
-    if (pid_ > 0 && waitpid(pid_, &wstatus, WNOHANG) == pid_) {
-      return Unavailable("etcd exited; see " + dir_ + "/etcd.log");
-    }
-    httplib::Client c =
-        options_.client_cert_file.empty()
-            ? httplib::Client(endpoint_)
-            : httplib::Client(endpoint_, options_.client_cert_file, options_.client_key_file);
-    if (!options_.ca_file.empty()) c.set_ca_cert_path(options_.ca_file);
-    c.set_connection_timeout(std::chrono::milliseconds(200));
-    c.set_read_timeout(std::chrono::milliseconds(500));
-    auto res = c.Get("/health");
-    if (res && res->status == 200 && res->body.find("true") != std::string::npos) {
-      return Status::Ok();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  bool exited = false;
+  const bool healthy = testing::WaitFor(
+      [&] {
+        int wstatus = 0;
+        if (pid_ > 0 && waitpid(pid_, &wstatus, WNOHANG) == pid_) exited = true;
+        return exited || Healthy();
+      },
+      timeout, std::chrono::milliseconds(50));
+  if (exited) return Unavailable("etcd exited; see " + dir_ + "/etcd.log");
+  if (healthy) return Status::Ok();
   return DeadlineExceeded("etcd at " + endpoint_ + " not healthy; see " + dir_ + "/etcd.log");
+}
+
+bool EtcdTestServer::Healthy() const {
+  httplib::Client c =
+      options_.client_cert_file.empty()
+          ? httplib::Client(endpoint_)
+          : httplib::Client(endpoint_, options_.client_cert_file, options_.client_key_file);
+  if (!options_.ca_file.empty()) c.set_ca_cert_path(options_.ca_file);
+  c.set_connection_timeout(std::chrono::milliseconds(200));
+  c.set_read_timeout(std::chrono::milliseconds(500));
+  auto res = c.Get("/health");
+  return res && res->status == 200 && res->body.find("true") != std::string::npos;
 }
 
 void EtcdTestServer::Pause() { kill(pid_, SIGSTOP); }

@@ -50,6 +50,8 @@ class EtcdTestServer {
  private:
   EtcdTestServer() = default;
   Status Spawn();
+  // One GET /health that answers healthy.
+  bool Healthy() const;
   void Kill();
 
   EtcdTestServerOptions options_;

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -65,12 +66,14 @@ void InstallHandlers(Transport* t, Server* s) {
   t->RegisterHandler(kFail, [](Incoming, Responder r) { r.Respond(NotFound("nope")); });
   t->RegisterHandler(kDrop, [](Incoming, Responder r) {});
   t->RegisterHandler(kLater, [](Incoming in, Responder r) {
-    std::thread([r = std::move(r),
-                 h = std::vector<uint8_t>(in.request.begin(), in.request.end())]() mutable {
-      // Sleeps: answered later, from another thread.
-      std::this_thread::sleep_for(milliseconds(5));
+    // Answered from another thread, once the handler is done with the call.
+    std::promise<void> handed;
+    std::thread([r = std::move(r), h = std::vector<uint8_t>(in.request.begin(), in.request.end()),
+                 done = handed.get_future()]() mutable {
+      done.wait();
       r.Respond(Status::Ok(), std::move(h));
     }).detach();
+    handed.set_value();
   });
   t->RegisterHandler(kChecksum, [](Incoming in, Responder r) {
     uint64_t sum = Sum(in.payload);

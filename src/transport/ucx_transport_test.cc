@@ -208,15 +208,21 @@ std::pair<pid_t, uint16_t> ForkServer(const std::function<void(UcxTransport*)>& 
 }
 
 TEST(UcxTransportTest, KilledServerProcessIsUnavailableQuickly) {
-  // A server whose handler never answers, until it is killed.
+  // A server whose handler never answers, until it is killed; it tells this
+  // process through a pipe that the request arrived.
   std::vector<Responder> held;
   std::mutex mu;
+  int arrived[2];
+  ASSERT_EQ(pipe(arrived), 0);
   auto [pid, port] = ForkServer([&](UcxTransport* t) {
     t->RegisterHandler(1, [&](Incoming, Responder r) {
       std::lock_guard<std::mutex> lock(mu);
       held.push_back(std::move(r));
+      const char one = 1;
+      if (write(arrived[1], &one, 1) != 1) _exit(1);
     });
   });
+  close(arrived[1]);
   ASSERT_GT(pid, 0);
 
   auto client = OpenOrDie(TcpOptions());
@@ -232,7 +238,9 @@ TEST(UcxTransportTest, KilledServerProcessIsUnavailableQuickly) {
     finished = SteadyClock::now();
     done = true;
   });
-  std::this_thread::sleep_for(milliseconds(200));  // let the request reach the child
+  pollfd pfd{arrived[0], POLLIN, 0};
+  ASSERT_EQ(poll(&pfd, 1, 10000), 1) << "the request did not reach the child";
+  close(arrived[0]);
   auto killed = SteadyClock::now();
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);

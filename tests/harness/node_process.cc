@@ -1,21 +1,23 @@
 #include "harness/node_process.h"
 
 #include <fcntl.h>
-#include <httplib.h>
 #include <grp.h>
+#include <httplib.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
 #include <thread>
+
+#include "testing/wait_for.h"
 
 namespace kvpool::testing {
 
@@ -81,28 +83,29 @@ std::unique_ptr<NodeProcess> NodeProcess::Start(const std::vector<std::string>& 
   n->pid_ = pid;
   // Wait (bounded) for the startup line that carries the admin port.
   std::regex re("admin http://[0-9.]+:([0-9]+)");
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (std::chrono::steady_clock::now() < deadline) {
-    std::string text = ReadFile(n->log_path_);
-    std::smatch m;
-    if (std::regex_search(text, m, re)) {
-      n->admin_port_ = std::stoi(m[1]);
-      for (size_t i = 0; i + 1 < extra_args.size(); ++i) {
-        if (extra_args[i] != "--admin-token-file") continue;
-        std::string token = ReadFile(extra_args[i + 1]);
-        n->admin_token_ = token.substr(0, token.find('\n'));
-      }
-      return n;
-    }
-    int st;
-    if (waitpid(pid, &st, WNOHANG) == pid) {
-      n->pid_ = -1;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::smatch m;
+  std::string text;
+  WaitFor(
+      [&] {
+        text = ReadFile(n->log_path_);
+        if (std::regex_search(text, m, re)) return true;
+        int st;
+        if (waitpid(pid, &st, WNOHANG) != pid) return false;
+        n->pid_ = -1;  // exited
+        return true;
+      },
+      std::chrono::seconds(20), std::chrono::milliseconds(10));
+  if (n->pid_ < 0 || m.empty()) {
+    if (log != nullptr) *log = ReadFile(n->log_path_);
+    return nullptr;  // exited, or not serving in 20 s (the destructor kills it)
   }
-  if (log != nullptr) *log = ReadFile(n->log_path_);
-  return nullptr;
+  n->admin_port_ = std::stoi(m[1]);
+  for (size_t i = 0; i + 1 < extra_args.size(); ++i) {
+    if (extra_args[i] != "--admin-token-file") continue;
+    std::string token = ReadFile(extra_args[i + 1]);
+    n->admin_token_ = token.substr(0, token.find('\n'));
+  }
+  return n;
 }
 
 NodeProcess::~NodeProcess() {

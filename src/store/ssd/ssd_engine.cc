@@ -63,7 +63,8 @@ SsdEngine::SsdEngine(const SsdOptions& options, MetricsRegistry* metrics, Execut
       factory_(options.device_factory ? options.device_factory : FileDeviceFactory()),
       owned_metrics_(metrics == nullptr ? std::make_unique<MetricsRegistry>() : nullptr),
       metrics_(metrics != nullptr ? metrics : owned_metrics_.get()),
-      executor_(executor) {}
+      executor_(executor),
+      clock_(options.clock != nullptr ? options.clock : SystemClock::Get()) {}
 
 SsdEngine::~SsdEngine() {
   for (uint8_t* b : all_bufs_) std::free(b);
@@ -80,9 +81,9 @@ Region& SsdEngine::RegionOf(uint32_t global, uint32_t* di) {
   return dirs_[*di]->regions[global % regions_per_dir_];
 }
 
-bool SsdEngine::CanWrite(Dir& d, SteadyClock::time_point now) const {
+bool SsdEngine::CanWrite(Dir& d) const {
   if (!d.online || d.dev == nullptr) return false;
-  return !d.paused || now >= d.paused_until;
+  return !d.paused || clock_->Now() >= d.paused_until;
 }
 
 bool SsdEngine::HasRoom(const Dir& d, uint64_t rec) const {
@@ -100,10 +101,9 @@ bool SsdEngine::WaitForRoom(uint64_t size) {
   const auto deadline = SteadyClock::now() + opts_.insert_wait;
   while (true) {
     if (closing_) return false;
-    const auto now = SteadyClock::now();
     bool writable = false;
     for (auto& d : dirs_) {
-      if (!CanWrite(*d, now)) continue;
+      if (!CanWrite(*d)) continue;
       writable = true;
       if (HasRoom(*d, rec)) return true;
     }
@@ -112,7 +112,7 @@ bool SsdEngine::WaitForRoom(uint64_t size) {
     // a buffer frees up.
     for (uint32_t di = 0; di < dirs_.size(); ++di) {
       Dir& d = *dirs_[di];
-      if (CanWrite(d, now) && d.filling >= 0) Seal(di);
+      if (CanWrite(d) && d.filling >= 0) Seal(di);
     }
     if (!writable || executor_ == nullptr ||
         cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
@@ -145,11 +145,10 @@ bool SsdEngine::Insert(const KeyId& key, const uint8_t* data, uint64_t size, boo
       if (closing_) return drop();
       IndexLoc loc;
       if (index_.Find(key.hi, &loc)) return true;  // the first value stays
-      const auto now = SteadyClock::now();
       bool writable = false;
       for (size_t i = 0; i < dirs_.size() && !ok; ++i) {
         di = rr_++ % dirs_.size();
-        bool can = CanWrite(*dirs_[di], now);
+        bool can = CanWrite(*dirs_[di]);
         writable = writable || can;
         ok = can && PrepareRegion(di, rec);
       }
@@ -310,7 +309,7 @@ void SsdEngine::FlushOne(uint32_t di, std::unique_lock<std::mutex>& lock) {
     if (st.code() == StatusCode::kResourceExhausted) {
       if (!d.paused) LogWarn("ssd: {} is full ({}); pausing its writes", d.dir, st.ToString());
       d.paused = true;
-      d.paused_until = SteadyClock::now() + kNoSpaceRetry;
+      d.paused_until = clock_->Now() + kNoSpaceRetry;
     } else if (++d.write_failures >= kFailuresBeforeOffline) {
       TakeOffline(d, "persistent write failure: " + st.ToString());
     } else {
@@ -471,7 +470,7 @@ void SsdEngine::Remove(const KeyId& key) {
 
 bool SsdEngine::LogTombstone(uint32_t di, const KeyId& key) {
   Dir& d = *dirs_[di];
-  if (!CanWrite(d, SteadyClock::now()) || !PrepareRegion(di, kRecordHeaderBytes)) return false;
+  if (!CanWrite(d) || !PrepareRegion(di, kRecordHeaderBytes)) return false;
   const uint32_t ri = static_cast<uint32_t>(d.filling);
   Region& r = d.regions[ri];
   RecordHeader h;

@@ -100,7 +100,7 @@ struct Dir {
   std::string offline_reason;
   int write_failures = 0;       // consecutive failed region writes
   // A write found the disk full: no inserts here until this time.
-  std::chrono::steady_clock::time_point paused_until{};
+  Clock::time_point paused_until{};  // by SsdEngine::clock_
   bool paused = false;
   std::atomic<uint64_t> reads{0}, writes{0};
   DirMetrics m;
@@ -154,7 +154,7 @@ class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
   };
 
   // --- write path (ssd_engine.cc) ---
-  bool CanWrite(Dir& d, std::chrono::steady_clock::time_point now) const;
+  bool CanWrite(Dir& d) const;
   // True when PrepareRegion(di, rec) would succeed now. REQUIRES: mu_ held.
   bool HasRoom(const Dir& d, uint64_t rec) const;
   // Makes the dir's filling region fit `bytes` more; false if it cannot.
@@ -215,6 +215,7 @@ class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
   std::unique_ptr<MetricsRegistry> owned_metrics_;
   MetricsRegistry* const metrics_;
   Executor* const executor_;
+  const Clock* const clock_;  // the full-disk pause's
   uint32_t regions_per_dir_ = 0;
   uint64_t file_bytes_ = 0;
   Metrics m_{};

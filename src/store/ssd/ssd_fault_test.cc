@@ -67,7 +67,10 @@ TEST_F(SsdFaultTest, PersistentWriteErrorsTakeTheTierOffline) {
 }
 
 TEST_F(SsdFaultTest, FullDiskDropsInsertsThenResumesWhenSpaceFrees) {
-  auto s = Open(Options(1, kCap));
+  ManualClock clock;
+  SsdOptions o = Options(1, kCap);
+  o.clock = &clock;
+  auto s = Open(o);
   faults_->SetSpaceLeft(2 << 20);  // two region writes fit
   int accepted = 0;
   for (int i = 0; i < 30; ++i) {
@@ -80,22 +83,16 @@ TEST_F(SsdFaultTest, FullDiskDropsInsertsThenResumesWhenSpaceFrees) {
   EXPECT_GT(st.inserts_dropped, 0u);
   EXPECT_EQ(st.writes, 2u);
   EXPECT_GE(faults_->enospc_errors(), 1u);
-  // Space frees: writes resume within the retry interval (1 s).
+  // Space frees: writes resume once the pause (1 s) is over, not before.
   faults_->SetSpaceLeft(UINT64_MAX);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-  int k = 1000;
-  while (std::chrono::steady_clock::now() < deadline && s->GetStats().writes == 2) {
-    auto v = Value(k, 300 << 10);
-    if (s->Insert(Key(k), v.data(), v.size())) {
-      (void)s->Flush();
-    } else {
-      // Sleeps: the tier's own 1 s retry timer (real time).
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ++k;
-  }
-  EXPECT_GT(s->GetStats().writes, 2u);
-  EXPECT_TRUE(ReadCheck(*s, k - 1, 300 << 10).ok());
+  auto v = Value(1000, 300 << 10);
+  clock.Advance(std::chrono::milliseconds(999));
+  EXPECT_FALSE(s->Insert(Key(1000), v.data(), v.size()));
+  clock.Advance(std::chrono::milliseconds(1));
+  ASSERT_TRUE(s->Insert(Key(1000), v.data(), v.size()));
+  ASSERT_TRUE(s->Flush().ok());
+  EXPECT_GE(s->GetStats().writes, 3u);
+  EXPECT_TRUE(ReadCheck(*s, 1000, 300 << 10).ok());
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/executor.h"
 #include "common/key_id.h"
 #include "common/metrics.h"
@@ -54,6 +55,9 @@ struct SsdOptions {
   // naming the directory, both versions and how to wipe it); true: the
   // directory is reinitialized and starts empty.
   bool wipe_other_format = false;
+  // The clock a directory's pause after a full disk (1 s) runs by; null:
+  // SystemClock. Not owned.
+  const Clock* clock = nullptr;
 
   Status Validate() const;
 };
