@@ -14,7 +14,8 @@ Result<std::unique_ptr<ClusterServices>> ClusterServices::Open(
   std::unique_ptr<ClusterServices> s(new ClusterServices());
   s->descriptors_ = descriptors;
   s->events_ = events;
-  for (auto& t : tenants) s->tenants_.push_back(Tenant{std::move(t), nullptr, nullptr, nullptr});
+  for (auto& t : tenants)
+    s->tenants_.push_back(Tenant{std::move(t), nullptr, nullptr, nullptr, nullptr});
   Status st = s->OpenAll(options, store, metrics, std::move(key_figures));
   if (!st.ok()) return st;  // the destructor stops what opened
   return s;
@@ -74,32 +75,27 @@ Status ClusterServices::OpenAll(const ClusterServicesOptions& options, TieredSto
   anti_entropy_ = std::make_unique<AntiEntropy>(options.anti_entropy, cluster_.get(),
                                                 directory_.get(), announcer_.get(), store, metrics);
   anti_entropy_->Start();
-  reader_ = std::make_unique<RemoteReader>(ReaderOptions(options, announcer_.get()), cluster_.get(),
-                                           directory_.get(), store, peer_pool_.get(), metrics);
+  reader_ = std::make_unique<RemoteReader>(ReaderOptions(options), cluster_.get(), directory_.get(),
+                                           store, peer_pool_.get(), metrics);
+  placement_ =
+      std::make_unique<ClusterPlacement>(options.placement, announcer_.get(), reader_.get());
   announcer_->Start();
   for (auto& t : tenants_) {
-    RemoteReaderOptions tro = ReaderOptions(options, t.announcer.get());
+    RemoteReaderOptions tro = ReaderOptions(options);
     tro.tenant = t.spec.name;
     t.reader = std::make_unique<RemoteReader>(tro, cluster_.get(), t.directory.get(), t.spec.store,
                                               peer_pool_.get(), t.spec.metrics);
+    t.placement =
+        std::make_unique<ClusterPlacement>(options.placement, t.announcer.get(), t.reader.get());
     t.announcer->Start();
   }
   return Status::Ok();
 }
 
-RemoteReaderOptions ClusterServices::ReaderOptions(const ClusterServicesOptions& options,
-                                                   HoldingsAnnouncer* announcer) {
+RemoteReaderOptions ClusterServices::ReaderOptions(const ClusterServicesOptions& options) {
   RemoteReaderOptions ro = options.remote;
-  // Placement home: a put's values are findable once their homes store
-  // them (a home publishes what is placed on it before it answers); the
-  // writer's interim copies are left to the schedule.
-  if (options.placement != Placement::kHome) {
-    ro.publish_now = [announcer] { announcer->FlushNow(); };
-  }
-  if (options.placement == Placement::kChain) {
-    ro.replicas = RemoteReaderOptions::Replicas::kNone;
-    ro.chain_placer = announcer->placer();
-  }
+  // Placement chain keeps a chain on one node: reads keep no replicas.
+  if (options.placement == Placement::kChain) ro.replicas = RemoteReaderOptions::Replicas::kNone;
   return ro;
 }
 
@@ -128,10 +124,12 @@ void ClusterServices::Stop() {
   peer_server_.reset();
   block_index_.reset();
   if (list_pool_) list_pool_->Stop();  // queued listings return at once now
+  placement_.reset();
   reader_.reset();
   announcer_.reset();  // after the transport: the placer's callbacks use it
   directory_.reset();
   for (auto& t : tenants_) {
+    t.placement.reset();
     t.reader.reset();
     t.announcer.reset();
     t.directory.reset();

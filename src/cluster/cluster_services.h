@@ -26,6 +26,7 @@
 #include "cluster/anti_entropy.h"
 #include "cluster/block_index.h"
 #include "cluster/cluster.h"
+#include "cluster/cluster_placement.h"
 #include "cluster/directory.h"
 #include "cluster/holdings_announcer.h"
 #include "cluster/peer_server.h"
@@ -36,13 +37,6 @@
 #include "store/tiered_store.h"
 
 namespace kvpool::cluster {
-
-// Where a put is stored: the writer's node, published to the key's home
-// (kLocal); the key's home node (kHome); or the node holding the rest of
-// its prefix chain, reads keeping no replicas (kChain).
-enum class Placement { kLocal, kHome, kChain };
-inline constexpr EnumNames<Placement, 3> kPlacementNames = {
-    {{"local", Placement::kLocal}, {"home", Placement::kHome}, {"chain", Placement::kChain}}};
 
 struct ClusterServicesOptions {
   ClusterOptions cluster;  // complete: node id, endpoints, keys, tokens, segment
@@ -89,9 +83,12 @@ class ClusterServices {
 
   Cluster* cluster() const { return cluster_.get(); }
   BlockIndex* block_index() const { return block_index_.get(); }
-  // Remote reads of the default tenant, and of tenant i (Open's order).
+  // Remote reads and the placement of writes of the default tenant, and
+  // of tenant i (Open's order).
   RemoteReader* reader() const { return reader_.get(); }
+  RemotePlacement* placement() const { return placement_.get(); }
   RemoteReader* tenant_reader(size_t i) const { return tenants_[i].reader.get(); }
+  RemotePlacement* tenant_placement(size_t i) const { return tenants_[i].placement.get(); }
 
  private:
   struct Tenant {
@@ -99,13 +96,13 @@ class ClusterServices {
     std::unique_ptr<Directory> directory;
     std::unique_ptr<HoldingsAnnouncer> announcer;
     std::unique_ptr<RemoteReader> reader;
+    std::unique_ptr<ClusterPlacement> placement;
   };
   ClusterServices() = default;
   Status OpenAll(const ClusterServicesOptions& options, TieredStore* store,
                  MetricsRegistry* metrics, std::function<std::string()> key_figures);
-  // The reader options of one tenant's reads, over its announcer.
-  static RemoteReaderOptions ReaderOptions(const ClusterServicesOptions& options,
-                                           HoldingsAnnouncer* announcer);
+  // The reader options of every tenant's reads.
+  static RemoteReaderOptions ReaderOptions(const ClusterServicesOptions& options);
 
   blocks::DescriptorTable* descriptors_ = nullptr;
   blocks::BlockEventListener* events_ = nullptr;
@@ -120,6 +117,7 @@ class ClusterServices {
   std::unique_ptr<BlockIndex> block_index_;
   std::unique_ptr<AntiEntropy> anti_entropy_;
   std::unique_ptr<RemoteReader> reader_;
+  std::unique_ptr<ClusterPlacement> placement_;
   bool stopped_ = false;
 };
 

@@ -152,7 +152,7 @@ void StartLookup(const std::shared_ptr<RemoteReader::State>& st,
 struct ExistsOp : LookupBatch {
   using LookupBatch::LookupBatch;
   std::atomic<size_t> pending{0};
-  RemoteSource::ExistsDone done;
+  RemoteReads::ExistsDone done;
 };
 
 // A fetch: once every key's home has answered, each key is fetched from
@@ -165,7 +165,7 @@ struct FetchOp : LookupBatch {
   // Keys not finished yet, plus one held until the lookups are all out, so
   // `done` never runs inside Fetch().
   std::atomic<size_t> pending{0};
-  RemoteSource::FetchDone done;
+  RemoteReads::FetchDone done;
   // The keys the homes resolved so far; fetched once all have answered.
   std::mutex resolved_mu;
   std::vector<size_t> resolved;  // protected by resolved_mu
@@ -360,57 +360,23 @@ void RemoteReader::Fetch(std::vector<KeyId> keys, FetchDone done) {
   st->Leave();
 }
 
-void RemoteReader::NoteChain(const KeyId* before, std::span<const KeyId> keys) {
+std::optional<std::string> RemoteReader::HolderOf(const KeyId& key) const {
   State& st = *state_;
-  if (st.opts.chain_placer == nullptr) return;
-  // Where the chain's previous block is: here, at a holder the lookup just
-  // named (the exists call before this put asked for it), or not known.
-  std::optional<std::string> at;
-  if (before != nullptr) {
-    if (st.store->Contains(*before)) {
-      at = std::string();
-    } else {
-      // Its home answered the exists call: the lookup cache, or this node's
-      // own directory when it is the home.
-      Routes routes = st.CurrentRoutes();
-      auto peers = st.fetcher->CachedCandidates(routes, *before);
-      if (peers.empty()) {
-        auto local = st.directory->Lookup(std::span<const KeyId>(before, 1));
-        if (!local.empty()) peers = st.fetcher->Candidates(routes, local[0]);
-      }
-      if (!peers.empty()) at = peers.front();
-    }
+  if (st.store->Contains(key)) return std::string();
+  Routes routes = st.CurrentRoutes();
+  auto peers = st.fetcher->CachedCandidates(routes, key);
+  if (peers.empty()) {
+    auto local = st.directory->Lookup(std::span<const KeyId>(&key, 1));
+    if (!local.empty()) peers = st.fetcher->Candidates(routes, local[0]);
   }
-  std::vector<bool> returning;
-  {
-    std::lock_guard lock(st.lately_mu);
-    if (!st.evicted_lately.empty()) {
-      returning.resize(keys.size());
-      for (size_t i = 0; i < keys.size(); ++i) returning[i] = st.evicted_lately.count(keys[i]) > 0;
-    }
-  }
-  st.opts.chain_placer->NoteChain(keys, before, at, returning);
-}
-
-bool RemoteReader::Forward(const KeyId& key, std::span<const uint8_t> value) {
-  return state_->opts.chain_placer != nullptr && state_->opts.chain_placer->Forward(key, value);
+  if (peers.empty()) return std::nullopt;
+  return peers.front();
 }
 
 bool RemoteReader::EvictedLately(const KeyId& key) const {
   if (!state_->any_evicted_lately.load(std::memory_order_relaxed)) return false;
   std::lock_guard lock(state_->lately_mu);
   return state_->evicted_lately.count(key) > 0;
-}
-
-void RemoteReader::PublishNow() {
-  auto& st = state_;
-  if (!st->opts.publish_now || !st->Enter()) return;
-  st->opts.publish_now();
-  st->Leave();
-}
-
-bool RemoteReader::WouldForward(const KeyId& key) const {
-  return state_->opts.chain_placer != nullptr && state_->opts.chain_placer->WouldForward(key);
 }
 
 void RemoteReader::Exists(std::vector<KeyId> keys, ExistsDone done) {

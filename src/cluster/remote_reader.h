@@ -1,4 +1,4 @@
-// RemoteReader: the cluster's RemoteSource. A read of keys missing here
+// RemoteReader: the cluster's RemoteReads. A read of keys missing here
 // asks each key's home (one batched Lookup per home node; the local
 // directory when the home is this node; positive answers are reused for a
 // short TTL), then fetches each found key from a
@@ -21,10 +21,11 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "cluster/cluster.h"
 #include "cluster/directory.h"
-#include "cluster/home_placer.h"
 #include "cluster/remote_source.h"
 #include "common/clock.h"
 #include "common/enum_names.h"
@@ -61,22 +62,16 @@ struct RemoteReaderOptions {
   Replicas replicas = Replicas::kRepeat;
   // kRepeat: fetched values remembered (about 100 bytes each).
   size_t replica_window = 64;
-  // Where chain notes go (placement chain's placer); null: dropped. Must
-  // outlive the reader.
-  HomePlacer* chain_placer = nullptr;
   // Keys exists lookups found dropped lately, or fetches found gone from
   // the holder their lookup named (EvictedLately), kept at most (all are
   // forgotten when full).
   size_t evicted_lately_entries = 1u << 16;
-  // What PublishNow runs: the node's HoldingsAnnouncer::FlushNow. Null:
-  // nothing (the announcer's schedule publishes).
-  std::function<void()> publish_now;
   // The tenant whose keys this reader reads (empty: the default tenant):
   // its store, directory and peer messages are that tenant's.
   std::string tenant;
 };
 
-class RemoteReader final : public RemoteSource {
+class RemoteReader final : public RemoteReads {
  public:
   // All pointers must outlive the reader. clock: reads the peers'
   // cool-downs and the lookup cache's TTL.
@@ -87,11 +82,11 @@ class RemoteReader final : public RemoteSource {
 
   void Fetch(std::vector<KeyId> keys, FetchDone done) override;
   void Exists(std::vector<KeyId> keys, ExistsDone done) override;
-  void NoteChain(const KeyId* before, std::span<const KeyId> keys) override;
-  bool Forward(const KeyId& key, std::span<const uint8_t> value) override;
-  bool WouldForward(const KeyId& key) const override;
   bool EvictedLately(const KeyId& key) const override;
-  void PublishNow() override;
+  // Where key is as far as this node knows without asking: "" here, a
+  // holder a lookup named (the lookup cache, or this node's own directory
+  // when it is the home), nullopt not known.
+  std::optional<std::string> HolderOf(const KeyId& key) const;
 
   // New reads miss at once; waits for running stages to leave the transport.
   void Stop();

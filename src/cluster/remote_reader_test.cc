@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "cluster/anti_entropy.h"
+#include "cluster/cluster_placement.h"
 #include "cluster/holdings_announcer.h"
 #include "cluster/peer_server.h"
 #include "common/clock.h"
@@ -152,9 +153,11 @@ struct TestNode {
   std::unique_ptr<HoldingsAnnouncer> announcer;
   std::unique_ptr<PeerServer> server;
   std::unique_ptr<RemoteReader> reader;
-  std::unique_ptr<AntiEntropy> anti_entropy;  // StartAntiEntropy
+  std::unique_ptr<ClusterPlacement> placement;  // over reader and announcer, as the node's
+  std::unique_ptr<AntiEntropy> anti_entropy;    // StartAntiEntropy
   RemoteReaderOptions reader_options;
   const Clock* reader_clock = nullptr;
+  Placement placement_kind = Placement::kLocal;
   GatedTransport* gate = nullptr;     // owned by cluster; null unless gated
   FaultyTransport* faulty = nullptr;  // owned by cluster; null unless asked for
 
@@ -207,10 +210,11 @@ struct TestNode {
     reader_options.lookup_timeout = milliseconds(300);
     reader_options.fetch_timeout = milliseconds(300);
     if (gate != nullptr) reader_options.lookup_timeout = milliseconds(10000);  // held, not lost
-    reader_options.publish_now = [this] { announcer->FlushNow(); };            // as the node does
     reader_clock = clock;
     reader = std::make_unique<RemoteReader>(reader_options, cluster.get(), directory.get(),
                                             tiered.get(), pool.get(), &metrics, clock);
+    placement_kind = placement_home ? Placement::kHome : Placement::kLocal;
+    placement = std::make_unique<ClusterPlacement>(placement_kind, announcer.get(), reader.get());
     announcer->Start();
   }
 
@@ -222,6 +226,7 @@ struct TestNode {
     reader_options.replica_window = window;
     reader = std::make_unique<RemoteReader>(reader_options, cluster.get(), directory.get(),
                                             tiered.get(), pool.get(), &metrics, reader_clock);
+    placement = std::make_unique<ClusterPlacement>(placement_kind, announcer.get(), reader.get());
   }
 
   // Anti-entropy with rounds on `scheduler` (its handlers serve the others'
@@ -244,6 +249,7 @@ struct TestNode {
     cluster.reset();
     anti_entropy.reset();
     server.reset();
+    placement.reset();
     reader.reset();
     announcer.reset();
     directory.reset();
@@ -470,11 +476,16 @@ TEST_F(RemoteReaderTest, PublishNowSendsWhatIsQueued) {
   // Queued only: the tests' announcers have no schedule.
   EXPECT_EQ(a.announcer->queued(), keys.size());
   EXPECT_EQ(listed(), 0u);
-  a.reader->PublishNow();
+  // Under placement home it leaves them to the schedule (values put there
+  // are published by their homes).
+  ClusterPlacement home(Placement::kHome, a.announcer.get(), a.reader.get());
+  home.PublishNow();
+  EXPECT_EQ(a.announcer->queued(), keys.size());
+  a.placement->PublishNow();
   ASSERT_TRUE(WaitDirectoryEntries(keys.size()));
   EXPECT_EQ(nodes_[2]->ExistsCount(keys), keys.size());
   for (int i = 0; i < 12; ++i) ASSERT_TRUE(a.tiered->Remove(keys[i]).ok());
-  a.reader->PublishNow();
+  a.placement->PublishNow();
   ASSERT_TRUE(WaitDirectoryEntries(12));
   // B asks (C would reuse its cached answers: --peer-lookup-cache-ttl).
   EXPECT_EQ(nodes_[1]->ExistsCount(keys), 12u);

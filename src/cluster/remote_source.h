@@ -1,8 +1,11 @@
-// RemoteSource: what the local server asks of the cluster. Reads of keys
-// missing here go to their holders (via the keys' home nodes). (What this
-// node stores and drops reaches the homes through the store's holdings
-// stream, not through this interface; PublishNow only asks that it be sent
-// at once.)
+// What the local server asks of the cluster, in two faces:
+// - RemoteReads: reads of keys missing here, from their holders (via the
+//   keys' home nodes); RemoteReader (remote_reader.h) is the cluster's.
+// - RemotePlacement: where this node's writes go and when the homes hear
+//   of them; ClusterPlacement (cluster_placement.h) is the cluster's.
+// (What this node stores and drops reaches the homes through the store's
+// holdings stream, not through these; PublishNow only asks that it be sent
+// at once.) A standalone node has neither.
 //
 // Thread-safe. The done callbacks run exactly once, on some cluster thread
 // (never inside the call), no later than the source's call deadlines.
@@ -18,9 +21,9 @@
 
 namespace kvpool {
 
-class RemoteSource {
+class RemoteReads {
  public:
-  virtual ~RemoteSource() = default;
+  virtual ~RemoteReads() = default;
 
   // Fetches keys this node does not hold into local DRAM (kept as local
   // replicas); done gets a pin per key found (any order; misses are absent).
@@ -29,30 +32,43 @@ class RemoteSource {
   // Which of the keys some live peer holds.
   using ExistsDone = std::function<void(std::vector<KeyId>)>;
   virtual void Exists(std::vector<KeyId> keys, ExistsDone done) = 0;
+  // Whether a lookup lately found key recently dropped by the node that
+  // held it (its home's ghost), or a fetch found it gone from the holder a
+  // lookup named: a write of it is a block coming back.
+  virtual bool EvictedLately(const KeyId& key) const = 0;
+};
+
+class RemotePlacement {
+ public:
+  virtual ~RemotePlacement() = default;
+
   // The keys about to be written here continue, in order, a prefix chain
   // right after `before` (null: they start a chain); the writer's
   // hit-prefix call saw the chain. A placement that keeps chains together
   // sends them where `before` is. Quick; no callback.
-  virtual void NoteChain(const KeyId* before, std::span<const KeyId> keys) {}
+  virtual void NoteChain(const KeyId* before, std::span<const KeyId> keys) = 0;
   // A put of a noted key whose value goes to another node may be sent there
   // straight from the caller's bytes, without a slot here: true when it was
   // (the value is then readable once that node has it; if it cannot take
   // it, it is stored here). False: store it here as usual.
-  virtual bool Forward(const KeyId& key, std::span<const uint8_t> value) { return false; }
+  virtual bool Forward(const KeyId& key, std::span<const uint8_t> value) = 0;
   // Whether a value of key would now go to another node (Forward may still
   // refuse it later, when the bytes in flight are at their budget).
-  virtual bool WouldForward(const KeyId& key) const { return false; }
-  // Whether a lookup lately found key recently dropped by the node that
-  // held it (its home's ghost), or a fetch found it gone from the holder a
-  // lookup named: a write of it is a block coming back.
-  virtual bool EvictedLately(const KeyId& key) const { return false; }
+  virtual bool WouldForward(const KeyId& key) const = 0;
   // Puts stored values here: what this node queued for the keys' homes is
   // sent now, before the puts are answered (when another flush is running
   // or much is queued, soon after, from another thread), so a request that
   // another node gets right after them (a conversation's next turn) mostly
   // finds them. Quick, never waits; no callback. The local server calls it
   // at most once per read of a client's frames (LocalOps::PublishStored).
-  virtual void PublishNow() {}
+  virtual void PublishNow() = 0;
+};
+
+// One tenant's cluster as the local server sees it: both set in a cluster,
+// both null on a standalone node. Not owned.
+struct ClusterFaces {
+  RemoteReads* reads = nullptr;
+  RemotePlacement* placement = nullptr;
 };
 
 }  // namespace kvpool

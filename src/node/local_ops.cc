@@ -37,16 +37,17 @@ constexpr const char* kOpNames[] = {"",
                                     "lookup_prefix"};
 }  // namespace
 
-LocalOps::LocalOps(const LocalServerOptions& o, TieredStore* tiered, RemoteSource* remote,
+LocalOps::LocalOps(const LocalServerOptions& o, TieredStore* tiered, ClusterFaces cluster,
                    int wake_fd, MetricsRegistry* m, std::function<std::string()> stats_json,
                    const std::vector<LocalTenant>& tenants)
     : opts_(o), metrics_(m), stats_json_(std::move(stats_json)) {
-  auto add = [&](const std::string& name, TieredStore* store, RemoteSource* rs) {
+  auto add = [&](const std::string& name, TieredStore* store, ClusterFaces faces) {
     Tenant t;
     t.name = name;
     t.store = store;
-    t.remote = rs;
-    t.parked = std::make_unique<ParkedReads>(store, rs, wake_fd, m);
+    t.remote = faces.reads;
+    t.placement = faces.placement;
+    t.parked = std::make_unique<ParkedReads>(store, faces.reads, wake_fd, m);
     t.keys = TenantKeys(name);
     Labels l = {{"tenant", name}};
     t.hits =
@@ -63,9 +64,9 @@ LocalOps::LocalOps(const LocalServerOptions& o, TieredStore* tiered, RemoteSourc
                       l);
     tenants_.push_back(std::move(t));
   };
-  add(kDefaultTenant, tiered, remote);
+  add(kDefaultTenant, tiered, cluster);
   for (const auto& t : tenants) {
-    add(t.spec.name, t.store, t.remote);
+    add(t.spec.name, t.store, t.cluster);
     specs_.push_back(t.spec);
     for (const auto& [name, secret] : t.token_secrets) {
       token_tenants_[name] = {secret, static_cast<int>(tenants_.size() - 1)};
@@ -505,7 +506,7 @@ Status LocalOps::OnReserve(LocalSession& c, const FrameHeader& h, std::span<cons
       regions_[i].status = static_cast<int32_t>(StatusCode::kInvalidArgument);
       continue;
     }
-    if (c.staging && t.remote != nullptr && t.remote->WouldForward(sized_[i].key) &&
+    if (c.staging && t.placement != nullptr && t.placement->WouldForward(sized_[i].key) &&
         !t.store->Contains(sized_[i].key)) {
       // Placement chain: staged here, sent to its node at the commit.
       const uint64_t staged = c.staging->Allocate(sized_[i].size);
@@ -555,7 +556,7 @@ Status LocalOps::CommitForwarded(LocalSession& c, const LocalSession::Reserved& 
   Tenant& t = T(c);
   std::span<const uint8_t> value(c.staging->data(res.staging_offset), res.forward_size);
   Status s = Status::Ok();
-  if (!t.remote->Forward(res.forward_key, value)) {
+  if (!t.placement->Forward(res.forward_key, value)) {
     auto r = t.store->Reserve(res.forward_key, res.forward_size);
     if (!r.ok()) {
       if (r.status().code() != StatusCode::kAlreadyExists) {
@@ -569,7 +570,7 @@ Status LocalOps::CommitForwarded(LocalSession& c, const LocalSession::Reserved& 
     s = t.store->Commit(std::move(r).value(), WriteOrigin::kPut, nullptr,
                         Returning(t, res.forward_key));
     if (!s.ok()) Unstage(res.forward_key, token);
-    if (s.ok()) publish_due_ = t.remote;  // stored here after all (PublishStored)
+    if (s.ok()) publish_due_ = t.placement;  // stored here after all (PublishStored)
   }
   if (s.ok()) {
     Wrote(c, t, res.forward_size);
@@ -616,7 +617,7 @@ Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const
       stored = true;
     }
   }
-  if (stored && t.remote != nullptr) publish_due_ = t.remote;  // PublishStored
+  if (stored && t.placement != nullptr) publish_due_ = t.placement;  // PublishStored
   out_.clear();
   protocol::EncodeStatuses(statuses_, &out_);
   Queue(c, MessageType::kCommit, h.request_id, Status::Ok(), out_);
@@ -709,7 +710,7 @@ void LocalOps::AnswerExists(LocalSession& c, const FrameHeader& h, const std::ve
   exists_hits_->Inc(hits);
   exists_misses_->Inc(keys.size() - hits);
   // The chain only a cluster's placement uses (NoteChain).
-  c.chain_open = T(c).remote != nullptr && rep.prefix_len < keys.size();
+  c.chain_open = T(c).placement != nullptr && rep.prefix_len < keys.size();
   if (c.chain_open) {
     c.chain_next = keys[rep.prefix_len];
     c.chain_hits.assign(keys.begin(), keys.begin() + rep.prefix_len);
@@ -729,8 +730,8 @@ void LocalOps::PublishStored() {
 
 void LocalOps::NoteChain(LocalSession& c, const std::vector<protocol::SizedKey>& keys) {
   if (!c.chain_open || keys.empty()) return;
-  RemoteSource* remote = T(c).remote;
-  if (remote == nullptr) return;
+  RemotePlacement* placement = T(c).placement;
+  if (placement == nullptr) return;
   // Where the batch starts: the key the call stopped at, or a hit of it
   // that was gone by the read (the rest is written from that hit).
   auto at = c.chain_hits.end();
@@ -741,7 +742,7 @@ void LocalOps::NoteChain(LocalSession& c, const std::vector<protocol::SizedKey>&
   c.chain_open = false;
   chain_keys_.clear();
   for (const auto& k : keys) chain_keys_.push_back(k.key);
-  remote->NoteChain(at == c.chain_hits.begin() ? nullptr : &*(at - 1), chain_keys_);
+  placement->NoteChain(at == c.chain_hits.begin() ? nullptr : &*(at - 1), chain_keys_);
 }
 
 Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {
@@ -770,9 +771,9 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
       continue;
     }
     // Placement chain: a value that lives on another node goes there at once.
-    if (t.remote != nullptr && t.remote->WouldForward(sized_[i].key) &&
+    if (t.placement != nullptr && t.placement->WouldForward(sized_[i].key) &&
         !t.store->Contains(sized_[i].key) &&
-        t.remote->Forward(sized_[i].key, {src, sized_[i].size})) {
+        t.placement->Forward(sized_[i].key, {src, sized_[i].size})) {
       Wrote(c, t, sized_[i].size);
       continue;
     }
@@ -793,7 +794,7 @@ Status LocalOps::OnPut(LocalSession& c, const FrameHeader& h, std::span<const ui
       t.rejected->Inc();
     }
   }
-  if (stored && t.remote != nullptr) publish_due_ = t.remote;  // PublishStored
+  if (stored && t.placement != nullptr) publish_due_ = t.placement;  // PublishStored
   out_.clear();
   protocol::EncodeStatuses(statuses_, &out_);
   Queue(c, static_cast<MessageType>(h.type), h.request_id, Status::Ok(), out_);

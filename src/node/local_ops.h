@@ -81,7 +81,7 @@ struct LocalSession {
   // In a cluster, the last exists call that stopped at a miss: the key it
   // stopped at and the keys it hit, in order. A put or reserve batch
   // starting with that key writes the rest of the chain after the last hit
-  // (RemoteSource::NoteChain); one starting at a hit another node dropped
+  // (RemotePlacement::NoteChain); one starting at a hit another node dropped
   // before the read (its lookup was a cached answer) follows the hit before.
   bool chain_open = false;
   KeyId chain_next;
@@ -93,10 +93,10 @@ struct LocalSession {
 
 class LocalOps {
  public:
-  // All pointers must outlive the object; remote may be null (standalone).
-  // store and remote serve the default tenant; each of tenants is served
-  // from its own store and its own remote reads (LocalTenant::remote).
-  LocalOps(const LocalServerOptions& options, TieredStore* store, RemoteSource* remote, int wake_fd,
+  // All pointers must outlive the object; cluster's faces are null when
+  // standalone. store and cluster serve the default tenant; each of tenants
+  // is served from its own store and its own cluster (LocalTenant::cluster).
+  LocalOps(const LocalServerOptions& options, TieredStore* store, ClusterFaces cluster, int wake_fd,
            MetricsRegistry* metrics, std::function<std::string()> stats_json,
            const std::vector<LocalTenant>& tenants = {});
   ~LocalOps();
@@ -109,7 +109,7 @@ class LocalOps {
   // Parked requests whose waits all finished (their connection may be gone).
   std::vector<ParkedReads::Request> TakeReady();
   // Has the cluster publish, once, what the puts and commits handled since
-  // the last call stored (RemoteSource::PublishNow): the server calls it
+  // the last call stored (RemotePlacement::PublishNow): the server calls it
   // after the frames of one read, before their replies are written, so a
   // request another node gets after a put's answer finds its values, and a
   // client's pipelined commits cost one publish.
@@ -134,7 +134,8 @@ class LocalOps {
   struct Tenant {
     std::string name;
     TieredStore* store = nullptr;
-    RemoteSource* remote = nullptr;  // null: this node's store alone
+    RemoteReads* remote = nullptr;         // null: this node's store alone
+    RemotePlacement* placement = nullptr;  // null when remote is
     std::unique_ptr<ParkedReads> parked;
     TenantKeys keys{""};
     Counter* hits = nullptr;
@@ -219,7 +220,7 @@ class LocalOps {
   std::vector<KeyId> chain_keys_;
   std::vector<uint64_t> handles_;
   std::vector<int32_t> statuses_;
-  RemoteSource* publish_due_ = nullptr;  // PublishStored: a put or commit stored values
+  RemotePlacement* publish_due_ = nullptr;  // PublishStored: a put or commit stored values
   std::vector<protocol::RegionItem> regions_;
   std::vector<uint8_t> out_;
   // The request being handled: its descriptors (views into its body) and

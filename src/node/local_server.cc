@@ -110,12 +110,12 @@ struct Conn : LocalSession {
 
 class LocalServerImpl final : public LocalServer {
  public:
-  LocalServerImpl(const LocalServerOptions& o, TieredStore* tiered, RemoteSource* remote,
+  LocalServerImpl(const LocalServerOptions& o, TieredStore* tiered, ClusterFaces cluster,
                   MetricsRegistry* m, std::function<std::string()> stats_json,
                   std::vector<LocalTenant> tenants)
       : opts_(o),
         tiered_(tiered),
-        remote_(remote),
+        cluster_(cluster),
         tenants_(std::move(tenants)),
         tenant_conns_(std::make_unique<std::atomic<int>[]>(tenants_.size() + 1)),
         stats_json_(std::move(stats_json)) {
@@ -151,9 +151,8 @@ class LocalServerImpl final : public LocalServer {
 
   Status Init() {
     KVPOOL_RETURN_IF_ERROR(OpenEventLoopFds("", &epoll_fd_, &wake_fd_, &spare_fd_));
-    handlers_ =
-        std::make_unique<LocalOps>(opts_, tiered_, remote_, wake_fd_, metrics_, stats_json_,
-                                   tenants_);
+    handlers_ = std::make_unique<LocalOps>(opts_, tiered_, cluster_, wake_fd_, metrics_,
+                                           stats_json_, tenants_);
     // A tenant token moves a connection to its tenant: that tenant's cap
     // counts it from the hello on.
     handlers_->set_admit_tenant([this](int tenant) {
@@ -720,7 +719,7 @@ class LocalServerImpl final : public LocalServer {
 
   const LocalServerOptions opts_;
   TieredStore* const tiered_;           // outlives the server
-  RemoteSource* const remote_;          // null when standalone
+  const ClusterFaces cluster_;          // null faces when standalone
   const std::vector<LocalTenant> tenants_;
   std::unique_ptr<std::atomic<int>[]> tenant_conns_;  // [0]: the default tenant
   std::unique_ptr<LocalOps> handlers_;  // created with the wake fd
@@ -757,12 +756,12 @@ class LocalServerImpl final : public LocalServer {
 }  // namespace
 
 Result<std::unique_ptr<LocalServer>> LocalServer::Open(const LocalServerOptions& options,
-                                                       TieredStore* store, RemoteSource* remote,
+                                                       TieredStore* store, ClusterFaces cluster,
                                                        MetricsRegistry* metrics,
                                                        std::function<std::string()> stats_json,
                                                        std::vector<LocalTenant> tenants) {
   KVPOOL_RETURN_IF_ERROR(options.Validate());
-  auto s = std::make_unique<LocalServerImpl>(options, store, remote, metrics,
+  auto s = std::make_unique<LocalServerImpl>(options, store, cluster, metrics,
                                              std::move(stats_json), std::move(tenants));
   KVPOOL_RETURN_IF_ERROR(s->Init());
   return std::unique_ptr<LocalServer>(std::move(s));

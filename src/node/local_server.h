@@ -146,9 +146,10 @@ struct LocalTenant {
   // The secrets of the spec's tokens that --client-token-file holds, by
   // name: a hello presenting one joins this tenant.
   std::map<std::string, std::array<uint8_t, 32>> token_secrets;
-  // In a cluster, the tenant's remote reads (the same tenant on the other
-  // nodes); null: this node's store alone. Outlives the server.
-  RemoteSource* remote = nullptr;
+  // In a cluster, the tenant's remote reads and the placement of its writes
+  // (the same tenant on the other nodes); null faces: this node's store
+  // alone. They outlive the server.
+  ClusterFaces cluster;
 };
 
 class LocalServer {
@@ -159,15 +160,16 @@ class LocalServer {
   // by a crash (connecting is refused) is replaced.
   // Gets of entries that are only on SSD wait (without blocking the loop)
   // for their promotion into DRAM, then are answered from DRAM. With a
-  // remote source (null: standalone), gets and exists of keys held nowhere
-  // here wait likewise for the cluster (fetched into DRAM, or asked). A
-  // waiting request keeps its decoded keys and the pins its wait took, and
-  // is answered from those. remote must outlive the server's Run().
-  // A connection belongs to the tenant its peer's credentials (SO_PEERCRED,
-  // SO_PEERGROUPS) map to, else to the default tenant (store, remote); it
+  // cluster (null faces: standalone), gets and exists of keys held nowhere
+  // here wait likewise for it (fetched into DRAM, or asked). A waiting
+  // request keeps its decoded keys and the pins its wait took, and is
+  // answered from those. The cluster's faces must outlive the server's
+  // Run(). A connection belongs to the tenant its peer's credentials
+  // (SO_PEERCRED, SO_PEERGROUPS) map to, else to the default tenant (store,
+  // cluster); it
   // is handed that tenant's segment only, and its key ids are bound to it.
   static Result<std::unique_ptr<LocalServer>> Open(const LocalServerOptions& options,
-                                                   TieredStore* store, RemoteSource* remote,
+                                                   TieredStore* store, ClusterFaces cluster,
                                                    MetricsRegistry* metrics,
                                                    std::function<std::string()> stats_json,
                                                    std::vector<LocalTenant> tenants = {});

@@ -227,13 +227,16 @@ class NodeImpl final : public Node {
     std::vector<LocalTenant> tenants;
     for (size_t i = 0; i < stores_.tenants().size(); ++i) {
       const TenantStore& t = stores_.tenants()[i];
-      tenants.push_back({t.spec, t.store.get(), t.token_secrets,
-                         services_ ? services_->tenant_reader(i) : nullptr});
+      ClusterFaces faces;
+      if (services_) faces = {services_->tenant_reader(i), services_->tenant_placement(i)};
+      tenants.push_back({t.spec, t.store.get(), t.token_secrets, faces});
     }
     KVPOOL_ASSIGN_OR_RETURN(
-        local_, LocalServer::Open(
-                    lo, stores_.store(), services_ ? services_->reader() : nullptr, &metrics_,
-                    [this] { return views_.StatusJson(); }, std::move(tenants)));
+        local_,
+        LocalServer::Open(
+            lo, stores_.store(),
+            services_ ? ClusterFaces{services_->reader(), services_->placement()} : ClusterFaces{},
+            &metrics_, [this] { return views_.StatusJson(); }, std::move(tenants)));
     opts_.local.socket_path = local_->socket_path();  // the default resolved
     views_.set_local(local_.get());
     metrics_.AddCallbackGauge(

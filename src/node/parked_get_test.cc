@@ -30,7 +30,7 @@ static_assert(!CarriesBody<ParkedReads::Request>);
 
 // The cluster as the local server sees it: values "held elsewhere", copied
 // into the local store on Fetch (as RemoteReader does), on another thread.
-class FakeCluster final : public RemoteSource {
+class FakeCluster final : public RemoteReads, public RemotePlacement {
  public:
   FakeCluster(TieredStore* store, Executor* executor) : store_(store), executor_(executor) {}
   void Hold(const KeyId& key, std::vector<uint8_t> value) { values_[key] = std::move(value); }
@@ -76,6 +76,10 @@ class FakeCluster final : public RemoteSource {
     std::lock_guard lock(mu_);
     return published_;
   }
+  // Nothing goes elsewhere, and nothing was dropped lately.
+  bool Forward(const KeyId&, std::span<const uint8_t>) override { return false; }
+  bool WouldForward(const KeyId&) const override { return false; }
+  bool EvictedLately(const KeyId&) const override { return false; }
   void Exists(std::vector<KeyId> keys, ExistsDone done) override {
     executor_->Submit([this, keys = std::move(keys), done = std::move(done)] {
       std::vector<KeyId> hits;
@@ -148,7 +152,8 @@ class Served {
     std::filesystem::create_directories(dir_);
     LocalServerOptions lo;
     lo.socket_path = dir_ + "/kvpool.sock";
-    auto server = LocalServer::Open(lo, store, cluster, metrics, [] { return std::string("{}"); });
+    auto server = LocalServer::Open(lo, store, ClusterFaces{cluster, cluster}, metrics,
+                                    [] { return std::string("{}"); });
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_ = std::move(server).value();
     loop_ = std::thread([this] { server_->Run(); });

@@ -4,8 +4,7 @@
 
 namespace kvpool {
 
-ParkedReads::ParkedReads(TieredStore* store, RemoteSource* remote, int wake_fd,
-                         MetricsRegistry* m)
+ParkedReads::ParkedReads(TieredStore* store, RemoteReads* remote, int wake_fd, MetricsRegistry* m)
     : tiered_(store), remote_(remote), wake_fd_(wake_fd) {
   waits_ = m->GetCounter("kvpool_promotion_waits_total",
                          "Requests that waited for entries to be promoted from SSD");

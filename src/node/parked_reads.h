@@ -49,7 +49,7 @@ class ParkedReads {
 
   // wake_fd: the loop's eventfd (written once per completion). remote may
   // be null. All pointers must outlive this object.
-  ParkedReads(TieredStore* store, RemoteSource* remote, int wake_fd, MetricsRegistry* metrics);
+  ParkedReads(TieredStore* store, RemoteReads* remote, int wake_fd, MetricsRegistry* metrics);
 
   // Reads request->keys (TieredStore::ReadBatch) into request->pins. With
   // may_wait, keys only on SSD are promoted and, with a remote source, keys
@@ -89,7 +89,7 @@ class ParkedReads {
   void Post(Done d);
 
   TieredStore* const tiered_;
-  RemoteSource* const remote_;
+  RemoteReads* const remote_;
   const int wake_fd_;
   Counter* waits_;
   Counter* remote_waits_;
