@@ -4,15 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
-#include "cluster/peer_messages_format.h"
 #include "harness/cluster_harness.h"
 #include "harness/node_process.h"
 #include "kvpool/client.h"
 #include "kvpool/kvpool.h"
+#include "peer/peer_messages_format.h"
 
 namespace kvpool::testing {
 namespace {

@@ -1,5 +1,7 @@
 #include "client/remote_client.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -8,13 +10,11 @@
 #include <optional>
 #include <unordered_map>
 
-#include <fmt/format.h>
-
-#include "membership/membership.h"
-#include "cluster/peer_messages_format.h"
-#include "cluster/route_fetch.h"
-#include "membership/shard_map.h"
 #include "common/thread_annotations.h"
+#include "membership/membership.h"
+#include "membership/shard_map.h"
+#include "peer/peer_messages_format.h"
+#include "peer/route_fetch.h"
 #include "transport/ucx_transport.h"
 
 namespace kvpool::client {

@@ -1,6 +1,6 @@
 // RemoteClient: libkvpool's remote mode, for a host without a node.
 //
-// It speaks the peer protocol (cluster/peer_messages_format.h) over its own
+// It speaks the peer protocol (peer/peer_messages_format.h) over its own
 // UcxTransport: it asks any of the configured nodes for the membership
 // (kPeerMembers), computes the ShardMap exactly as the nodes do, and routes
 // each key to its home: put is a Store at the home; get is a Lookup at the

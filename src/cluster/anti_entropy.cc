@@ -7,9 +7,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include "cluster/peer_messages_format.h"
 #include "common/log.h"
 #include "membership/shard_map.h"
+#include "peer/peer_messages_format.h"
 
 namespace kvpool::cluster {
 namespace {

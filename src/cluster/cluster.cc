@@ -1,64 +1,34 @@
 #include "cluster/cluster.h"
 
+#include <fmt/format.h>
+#include <openssl/crypto.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
 
-#include <fmt/format.h>
-#include <openssl/crypto.h>
-
-#include "cluster/peer_messages_format.h"
 #include "common/log.h"
-#include "common/secret_file.h"
 #include "membership/etcd_membership.h"
 #include "membership/static_membership.h"
+#include "peer/peer_messages_format.h"
 #include "transport/ucx_transport.h"
 
 namespace kvpool {
-
-namespace {
-
-// The etcd client's user auth and TLS settings, the password read from its
-// file: the first line, exactly (a trailing CR aside).
-Result<EtcdSecurityOptions> LoadEtcdSecurity(const ClusterOptions& o) {
-  EtcdSecurityOptions s{o.etcd_user, "", o.etcd_ca_file, o.etcd_cert_file, o.etcd_key_file};
-  if (o.etcd_password_file.empty()) return s;
-  KVPOOL_ASSIGN_OR_RETURN(std::string text,
-                          ReadSecretFile(o.etcd_password_file, "etcd password file"));
-  s.password = text.substr(0, text.find('\n'));
-  if (!s.password.empty() && s.password.back() == '\r') s.password.pop_back();
-  if (s.password.empty()) {
-    return InvalidArgument(fmt::format(
-        "etcd password file {}: the first line (the password) is empty", o.etcd_password_file));
-  }
-  return s;
-}
-
-}  // namespace
 
 Status ClusterOptions::Validate() const {
   if (node_id.empty()) return InvalidArgument("cluster: node id is empty");
   if (!etcd.empty() && !peers.empty()) {
     return InvalidArgument("--etcd and --peers are exclusive: membership comes from one of them");
   }
-  bool etcd_security = !etcd_user.empty() || !etcd_password_file.empty() || !etcd_ca_file.empty() ||
-                       !etcd_cert_file.empty() || !etcd_key_file.empty();
-  if (etcd_security) {
+  if (!etcd_security.empty()) {
     if (etcd.empty()) {
       return InvalidArgument(
           "--etcd-user, --etcd-password-file, --etcd-ca-file, --etcd-cert-file "
           "and --etcd-key-file need --etcd");
     }
-    if (etcd_user.empty() != etcd_password_file.empty()) {
-      return InvalidArgument("--etcd-user and --etcd-password-file go together");
-    }
-    if (etcd_cert_file.empty() != etcd_key_file.empty()) {
-      return InvalidArgument("--etcd-cert-file and --etcd-key-file go together");
-    }
     // The password file and the TLS files, at start rather than at the first call.
-    KVPOOL_ASSIGN_OR_RETURN(EtcdSecurityOptions security, LoadEtcdSecurity(*this));
+    KVPOOL_ASSIGN_OR_RETURN(EtcdSecurityOptions security, etcd_security.Load());
     KVPOOL_RETURN_IF_ERROR(
         (EtcdClientOptions{etcd, std::chrono::milliseconds(1000), security}.Validate()));
   }
@@ -118,7 +88,7 @@ class ClusterImpl final : public Cluster {
   Status Init(Executor* handler_executor, MetricsRegistry* metrics) {
     EtcdSecurityOptions etcd_security;
     if (!opts_.etcd.empty()) {
-      KVPOOL_ASSIGN_OR_RETURN(etcd_security, LoadEtcdSecurity(opts_));
+      KVPOOL_ASSIGN_OR_RETURN(etcd_security, opts_.etcd_security.Load());
     }
     transport::UcxTransportOptions to;
     to.listen_host = opts_.peer_address;
@@ -152,7 +122,7 @@ class ClusterImpl final : public Cluster {
       if (!eo.security.user.empty() || !eo.security.ca_file.empty() ||
           !eo.security.cert_file.empty()) {
         LogInfo("cluster: etcd as user {} (password from {}), CA {}, client certificate {}",
-                OrNone(eo.security.user), OrNone(opts_.etcd_password_file),
+                OrNone(eo.security.user), OrNone(opts_.etcd_security.password_file),
                 OrNone(eo.security.ca_file), OrNone(eo.security.cert_file));
       }
       eo.cluster = opts_.cluster;

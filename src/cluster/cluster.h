@@ -19,6 +19,7 @@
 #include "common/executor.h"
 #include "common/metrics.h"
 #include "common/status.h"
+#include "membership/etcd_client.h"
 #include "membership/membership.h"
 #include "membership/shard_map.h"
 #include "transport/peer_auth.h"
@@ -38,14 +39,10 @@ struct ClusterOptions {
   // static or standalone.
   std::vector<std::string> etcd;
   // etcd's own auth (membership/etcd_client.h), all optional: a user whose
-  // password is the first line of etcd_password_file (a secret file, mode
-  // 0600/0400, read when the cluster opens), and for https endpoints the CA
+  // password is the first line of a secret file (read when the options are
+  // validated and when the cluster opens), and for https endpoints the CA
   // of etcd's certificate and a client certificate and key.
-  std::string etcd_user;
-  std::string etcd_password_file;
-  std::string etcd_ca_file;
-  std::string etcd_cert_file;
-  std::string etcd_key_file;
+  EtcdSecurityFiles etcd_security;
   // Static member list "id=host:port[*weight],..." (used without etcd).
   std::string peers;
   std::string cluster = "default";

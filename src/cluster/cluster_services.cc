@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "cluster/peer_messages_format.h"
+#include "peer/peer_messages_format.h"
 
 namespace kvpool::cluster {
 

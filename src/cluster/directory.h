@@ -27,10 +27,10 @@
 #include <span>
 #include <vector>
 
-#include "cluster/peer_messages_format.h"
 #include "common/metrics.h"
 #include "membership/membership.h"
 #include "membership/shard_map.h"
+#include "peer/peer_messages_format.h"
 
 namespace kvpool::cluster {
 

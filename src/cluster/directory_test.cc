@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <optional>
 
-#include "cluster/peer_messages_format.h"
+#include "peer/peer_messages_format.h"
 
 namespace kvpool::cluster {
 namespace {

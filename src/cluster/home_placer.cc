@@ -3,8 +3,8 @@
 #include <cstring>
 #include <memory>
 
-#include "cluster/peer_messages_format.h"
 #include "common/log.h"
+#include "peer/peer_messages_format.h"
 
 namespace kvpool::cluster {
 

@@ -1,15 +1,15 @@
 #include "cluster/peer_server.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cstring>
 #include <optional>
 #include <thread>
 #include <vector>
 
-#include "cluster/peer_messages_format.h"
-#include <fmt/format.h>
-
 #include "common/log.h"
+#include "peer/peer_messages_format.h"
 
 namespace kvpool::cluster {
 

@@ -50,6 +50,11 @@ size_t Publisher::queued() {
   return queue_.size();
 }
 
+size_t Publisher::retrying() {
+  std::lock_guard lock(retry_->mu);
+  return retry_->items.size();
+}
+
 bool Publisher::WaitBelow(size_t n, std::chrono::milliseconds max) {
   std::unique_lock lock(mu_);
   return drained_.wait_for(lock, max, [&] { return queue_.size() < n; });

@@ -24,10 +24,10 @@
 
 #include "cluster/cluster.h"
 #include "cluster/directory.h"
-#include "cluster/peer_messages_format.h"
 #include "common/clock.h"
 #include "common/executor.h"
 #include "common/metrics.h"
+#include "peer/peer_messages_format.h"
 
 namespace kvpool::cluster {
 
@@ -64,6 +64,8 @@ class Publisher {
   bool FlushIfQuick(size_t max_items);
   // Items waiting for the next Flush.
   size_t queued();
+  // Items of failed batches waiting to be sent again.
+  size_t retrying();
   // Waits until fewer than n items wait for a flush, or `max` passed;
   // true when fewer do. For a producer of a large inventory, which must not
   // outrun the flushes (max_queue drops what is beyond it).

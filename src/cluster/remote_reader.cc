@@ -11,9 +11,9 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "cluster/peer_messages_format.h"
-#include "cluster/route_fetch.h"
 #include "common/gate.h"
+#include "peer/peer_messages_format.h"
+#include "peer/route_fetch.h"
 
 namespace kvpool::cluster {
 

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "common/log.h"
+#include "common/secret_file.h"
 
 namespace kvpool {
 namespace {
@@ -157,6 +158,25 @@ Status CheckTlsFiles(const EtcdSecurityOptions& s) {
 }
 
 }  // namespace
+
+Result<EtcdSecurityOptions> EtcdSecurityFiles::Load() const {
+  if (user.empty() != password_file.empty()) {
+    return InvalidArgument("--etcd-user and --etcd-password-file go together");
+  }
+  if (cert_file.empty() != key_file.empty()) {
+    return InvalidArgument("--etcd-cert-file and --etcd-key-file go together");
+  }
+  EtcdSecurityOptions s{user, "", ca_file, cert_file, key_file};
+  if (password_file.empty()) return s;
+  KVPOOL_ASSIGN_OR_RETURN(std::string text, ReadSecretFile(password_file, "etcd password file"));
+  s.password = text.substr(0, text.find('\n'));
+  if (!s.password.empty() && s.password.back() == '\r') s.password.pop_back();
+  if (s.password.empty()) {
+    return InvalidArgument(fmt::format(
+        "etcd password file {}: the first line (the password) is empty", password_file));
+  }
+  return s;
+}
 
 Status EtcdClientOptions::Validate() const {
   if (endpoints.empty()) return InvalidArgument("etcd: no endpoints");

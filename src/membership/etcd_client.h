@@ -50,6 +50,28 @@ struct EtcdSecurityOptions {
   std::string key_file;
 };
 
+// etcd access as a node is given it (--etcd-user, --etcd-password-file,
+// --etcd-ca-file, --etcd-cert-file, --etcd-key-file): the password still in
+// its file (a secret file, mode 0600/0400), every field optional.
+struct EtcdSecurityFiles {
+  std::string user;
+  std::string password_file;
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
+
+  bool empty() const {
+    return user.empty() && password_file.empty() && ca_file.empty() && cert_file.empty() &&
+           key_file.empty();
+  }
+  // The client's options, the password read from its file: the first line,
+  // exactly (a trailing CR aside). InvalidArgument when a user comes
+  // without a password file or the reverse, a certificate without its key
+  // or the reverse, or the first line is empty; the file's own errors
+  // (ReadSecretFile) otherwise.
+  Result<EtcdSecurityOptions> Load() const;
+};
+
 struct EtcdClientOptions {
   // "http://host:port" or "https://host:port" of each etcd member.
   std::vector<std::string> endpoints;

@@ -272,19 +272,19 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddString("etcd", &o->etcd_urls,
                "etcd endpoints for membership, comma-separated (http://host:port, or "
                "https://host:port for TLS)");
-  t->AddString("etcd-user", &o->cluster.etcd_user,
+  t->AddString("etcd-user", &o->cluster.etcd_security.user,
                "etcd user when etcd's own auth is on (etcdctl auth enable); needs "
                "--etcd-password-file");
-  t->AddString("etcd-password-file", &o->cluster.etcd_password_file,
+  t->AddString("etcd-password-file", &o->cluster.etcd_security.password_file,
                "File whose first line is --etcd-user's password, mode 0600, owned by the node's "
                "user");
-  t->AddString("etcd-ca-file", &o->cluster.etcd_ca_file,
+  t->AddString("etcd-ca-file", &o->cluster.etcd_security.ca_file,
                "PEM CA that signed etcd's server certificate, for https endpoints (empty: the "
                "system's CAs)");
-  t->AddString("etcd-cert-file", &o->cluster.etcd_cert_file,
+  t->AddString("etcd-cert-file", &o->cluster.etcd_security.cert_file,
                "PEM client certificate presented to etcd (etcd's --client-cert-auth); needs "
                "--etcd-key-file");
-  t->AddString("etcd-key-file", &o->cluster.etcd_key_file,
+  t->AddString("etcd-key-file", &o->cluster.etcd_security.key_file,
                "Unencrypted PEM private key of --etcd-cert-file");
   t->AddString("peers", &o->cluster.peers,
                "Static member list id=host:port[*weight],... (without etcd)");

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <map>
 
-#include "cluster/peer_messages_format.h"
 #include "membership/shard_map.h"
+#include "peer/peer_messages_format.h"
 
 namespace kvpool {
 

@@ -13,7 +13,7 @@
 // default tenant, the node's own store (--dram-capacity, --ssd). A tenant
 // defined on every node of a cluster under the same name is one tenant
 // across them (its own directory, announcer and remote reads on each node;
-// tenant-scoped peer messages, cluster/peer_messages_format.h), with its
+// tenant-scoped peer messages, peer/peer_messages_format.h), with its
 // quotas per node. A remote-mode client authenticated
 // with a client token (--client-token-file) whose name is listed in
 // tokens= belongs to that tenant: its keys are kept in the tenant's store

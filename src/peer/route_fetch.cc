@@ -1,4 +1,4 @@
-#include "cluster/route_fetch.h"
+#include "peer/route_fetch.h"
 
 #include <fmt/format.h>
 

@@ -181,7 +181,7 @@ struct HolderRef {
 };
 
 struct LookupResult {
-  uint64_t size = 0;             // 0: no holder known
+  uint64_t size = 0;  // 0: no holder known
   std::vector<HolderRef> holders;
   // No holder, but the key left the cache lately (the home's ghost): a
   // write of it is a block coming back, worth keeping longer.

@@ -1,10 +1,10 @@
-#include "cluster/peer_messages_format.h"
+#include "peer/peer_messages_format.h"
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <bit>
 #include <map>
-
-#include <fmt/format.h>
 
 #include "common/check.h"
 #include "protocol/codec.h"
@@ -134,11 +134,16 @@ void EncodeFetch(const KeyId& key, uint64_t max_size, std::vector<uint8_t>* out)
 transport::MessageType ScopedType(transport::MessageType base, const std::string& tenant) {
   if (tenant.empty()) return base;
   switch (base) {
-    case kPeerPublish: return kPeerTenantPublish;
-    case kPeerLookup: return kPeerTenantLookup;
-    case kPeerFetch: return kPeerTenantFetch;
-    case kPeerStore: return kPeerTenantStore;
-    default: break;
+    case kPeerPublish:
+      return kPeerTenantPublish;
+    case kPeerLookup:
+      return kPeerTenantLookup;
+    case kPeerFetch:
+      return kPeerTenantFetch;
+    case kPeerStore:
+      return kPeerTenantStore;
+    default:
+      break;
   }
   KVPOOL_CHECK(false && "only publish, lookup, fetch and store are tenant-scoped");
   return base;
@@ -154,8 +159,8 @@ Status DecodeTenantScope(std::span<const uint8_t> header, std::string* tenant,
                          std::span<const uint8_t>* rest) {
   BodyReader r(header);
   if (!r.Str(kMaxTenantNameBytes, tenant) || tenant->empty()) {
-    return InvalidArgument(fmt::format("malformed tenant scope: {}",
-                                       r.ok() ? "empty tenant name" : r.error()));
+    return InvalidArgument(
+        fmt::format("malformed tenant scope: {}", r.ok() ? "empty tenant name" : r.error()));
   }
   std::span<const uint8_t> left;
   r.Bytes(r.remaining(), &left);

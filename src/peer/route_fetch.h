@@ -1,5 +1,5 @@
 // RouteFetcher: reads values held by other nodes, over the peer protocol
-// (cluster/peer_messages_format.h). It looks keys up at their homes (one
+// (peer/peer_messages_format.h). It looks keys up at their homes (one
 // batched Lookup per home; this node's own directory through a callback
 // when the home is the asker; positive answers reused for a short TTL),
 // picks the live holders, and fetches a value from them in turn, straight
@@ -27,13 +27,13 @@
 #include <string>
 #include <vector>
 
-#include "membership/membership.h"
-#include "cluster/peer_messages_format.h"
-#include "membership/shard_map.h"
 #include "common/clock.h"
 #include "common/key_id.h"
 #include "common/metrics.h"
 #include "common/status.h"
+#include "membership/membership.h"
+#include "membership/shard_map.h"
+#include "peer/peer_messages_format.h"
 #include "transport/transport.h"
 
 namespace kvpool::cluster {
