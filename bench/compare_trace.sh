@@ -129,7 +129,10 @@ replay() {
   local label="$1" sockets="$2" out rc=0
   out="$("$BENCH" --trace "$TRACE" --sockets "$sockets" --value-size "$VALUE_SIZE" --json)" || rc=$?
   [[ $rc -eq 0 || $rc -eq 3 ]] || die "replay $label failed (exit $rc)"
-  printf '%s\n' "$out" | head -n 1 | "$PY" -c '
+  # The first line only, without `head`: head exits after one line, and
+  # printf, still writing the metric lines after it, would die of SIGPIPE
+  # (a failed pipeline under pipefail, though the result was kept).
+  printf '%s\n' "${out%%$'\n'*}" | "$PY" -c '
 import json, sys
 line = sys.stdin.readline()
 try:
