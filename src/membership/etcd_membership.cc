@@ -528,7 +528,8 @@ struct EtcdMembership::Impl {
     self->SetFenced(false);
   }
 
-  void KeepAlive() {
+  // One renewal; true when it went through.
+  bool KeepAlive() {
     SteadyClock::time_point sent = SteadyClock::now();
     Result<int64_t> ttl = client.LeaseKeepAlive(lease.id);
     if (ttl.ok()) {
@@ -537,11 +538,14 @@ struct EtcdMembership::Impl {
       lease_times.Renewed(sent);
       PublishRenewal();
       renewals->Inc();
-    } else if (ttl.status().code() == StatusCode::kNotFound) {
+      return true;
+    }
+    if (ttl.status().code() == StatusCode::kNotFound) {
       Fence("lease expired");
     } else {
       lease_times.RenewFailed(sent, SteadyClock::now());
     }
+    return false;
   }
 
   // The lease went TTL/2 without a renewal: fence, unless the peers say
@@ -556,6 +560,10 @@ struct EtcdMembership::Impl {
         SteadyClock::now() + std::min<milliseconds>(kProbeBudget, options.request_timeout));
     std::string why;
     if (JudgeLease(reports, failing_since, &why) == LeaseVerdict::kFence) {
+      // Riding out an outage, peers that renew again may only mean etcd
+      // came back and answered them first (this node's next renewal not
+      // yet due): one renewal of its own before it fences.
+      if (outage.load() && (KeepAlive() || self->fenced())) return;
       Fence(why);
       return;
     }

@@ -4,10 +4,9 @@
 // with a lease, in one txn that also takes a new incarnation from the
 // counter /kvpool/v1/<cluster>/incarnation. A node id that is already
 // registered is waited for while its lease may still expire by itself (a
-// restart inside the old lease's TTL), then refused (FailedPrecondition). Run() is the membership loop, on a
-// thread the node owns: it renews the lease every TTL/3, watches the
-// members prefix and publishes a view whenever the member set changes
-// (epoch = the etcd revision the view reflects).
+// restart inside the old lease's TTL), then refused (FailedPrecondition). Run() is the membership
+// loop, on a thread the node owns: it renews the lease every TTL/3, watches the members prefix and
+// publishes a view whenever the member set changes (epoch = the etcd revision the view reflects).
 //
 // Fencing: if the lease has not been renewed for TTL/2 (or etcd says it is
 // gone), the node asks its peers (probe_peers) how their own leases fare.
@@ -18,7 +17,9 @@
 // for the old view) or there is no probe. If the peers that answer cannot
 // renew either, etcd is down for everyone: the node keeps serving with its
 // last view (etcd_outage() is true) and asks again every 250 ms until a
-// renewal succeeds or a peer proves etcd is back. While fenced the loop keeps trying to come back: it revokes the old
+// renewal succeeds or a peer proves etcd is back (a peer renewing again
+// may only have reached etcd first: the node renews once itself before it
+// fences). While fenced the loop keeps trying to come back: it revokes the old
 // lease (which removes the old registration) and registers again with a NEW
 // incarnation, so no peer ever takes a request meant for the incarnation it
 // may already have given up on. Then the flag clears.

@@ -416,6 +416,49 @@ TEST_F(EtcdMembershipTest, EtcdPauseFencesKeepsViewsAndRecoversWithNewIncarnatio
   nodes[0]->m->Unsubscribe(sub);
 }
 
+// etcd comes back during an outage the node rides out, and its peers
+// renew first: their fresh renewals are evidence that etcd answers again,
+// not that this node is cut, so it renews once itself before judging. Its
+// lease still holds (etcd was away for less than the TTL): no fence, same
+// incarnation. The peers are stood in by probe_peers: the first probe says
+// etcd is down for them too, the second resumes etcd and says a peer has
+// just renewed.
+TEST_F(EtcdMembershipTest, PeersRenewingFirstAfterAnOutageDoNotFenceANodeWhoseLeaseHolds) {
+  std::atomic<int> probes{0};
+  std::atomic<bool> resumed{false};
+  EtcdMembershipOptions o = Options("a");
+  o.lease_ttl = milliseconds(4000);
+  o.probe_peers = [&](SteadyClock::time_point) {
+    PeerLeaseReport r;
+    r.answered = true;
+    r.has_lease = true;
+    if (++probes == 1) return std::vector<PeerLeaseReport>{r};  // renewed_at: long ago
+    if (!resumed.exchange(true)) etcd_->Resume();
+    r.renewed_at = SteadyClock::now();
+    return std::vector<PeerLeaseReport>{r};
+  };
+  auto m = EtcdMembership::Open(o, &metrics_);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  Node n;
+  n.m = std::move(m).value();
+  n.Start();
+  ASSERT_TRUE(
+      WaitFor([&] { return metrics_.ValueOf("kvpool_membership_lease_renewals_total") >= 2; },
+              milliseconds(6000)));
+  const uint64_t inc = n.m->incarnation();
+  etcd_->Pause();
+  bool second_probe = WaitFor([&] { return probes.load() >= 2; }, milliseconds(5000));
+  if (!resumed.exchange(true)) etcd_->Resume();
+  ASSERT_TRUE(second_probe);
+  // Renewed, out of the outage, and never fenced on the way.
+  EXPECT_TRUE(WaitFor([&] { return !n.m->etcd_outage(); }, milliseconds(3000)));
+  EXPECT_FALSE(WaitFor([&] { return n.m->fenced(); }, milliseconds(1500)));
+  EXPECT_EQ(metrics_.ValueOf("kvpool_membership_fenced"), 0);
+  EXPECT_EQ(n.m->incarnation(), inc);
+  EXPECT_EQ(probes.load(), 2);
+  n.Stop();
+}
+
 // An etcd that answers slowly at start (here: hung for 1.5 s) is waited
 // for: the registration goes through once it answers, exactly once.
 TEST_F(EtcdMembershipTest, OpenWaitsForASlowEtcd) {
