@@ -7,6 +7,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "cluster/peer_handler.h"
 #include "common/log.h"
 #include "membership/shard_map.h"
 #include "peer/peer_messages_format.h"
@@ -69,7 +70,6 @@ struct AntiEntropy::Impl {
   Counter* republished;
   Counter* unpublished;
   Counter* errors;
-  Counter* bad_requests;
 
   std::mutex round_mu;  // one round at a time
   std::mutex mu;
@@ -277,14 +277,9 @@ struct AntiEntropy::Impl {
     }
   }
 
-  void OnDigest(transport::Incoming in, transport::Responder r) {
-    if (cluster->fenced()) return r.Respond(Unavailable("node is fenced"));
+  Status OnDigest(const transport::Incoming& in, transport::Responder& r) {
     DigestRequest req;
-    Status s = DecodeDigest(in.payload, &req);
-    if (!s.ok()) {
-      bad_requests->Inc();
-      return r.Respond(s);
-    }
+    KVPOOL_RETURN_IF_ERROR(DecodeDigest(in.payload, &req));
     cluster->ObservePeer(req.node_id, req.incarnation);
     auto map = cluster->shard_map();
     DigestReply rep;
@@ -294,31 +289,17 @@ struct AntiEntropy::Impl {
       rep.mismatched = directory->MismatchedShards(req.node_id, req.incarnation, req.shards,
                                                    OwnedBy(*map, cluster->node_id()));
     }
-    Reply(std::move(r), [&](std::vector<uint8_t>* out) { EncodeDigestReply(rep, out); });
+    RespondEncoded(r, [&](std::vector<uint8_t>* out) { EncodeDigestReply(rep, out); });
+    return Status::Ok();
   }
 
-  void OnShardKeys(transport::Incoming in, transport::Responder r) {
-    if (cluster->fenced()) return r.Respond(Unavailable("node is fenced"));
+  Status OnShardKeys(const transport::Incoming& in, transport::Responder& r) {
     ShardKeysRequest req;
-    Status s = DecodeShardKeys(in.payload, &req);
-    if (!s.ok()) {
-      bad_requests->Inc();
-      return r.Respond(s);
-    }
+    KVPOOL_RETURN_IF_ERROR(DecodeShardKeys(in.payload, &req));
     ShardKeysReply rep;
     rep.keys = directory->KeysOf(req.node_id, req.incarnation, req.shards, req.first, &rep.next);
-    Reply(std::move(r), [&](std::vector<uint8_t>* out) { EncodeShardKeysReply(rep, out); });
-  }
-
-  template <typename Encode>
-  static void Reply(transport::Responder r, Encode encode) {
-    auto body = std::make_shared<std::vector<uint8_t>>();
-    encode(body.get());
-    transport::ServerReply reply;
-    reply.status = Status::Ok();
-    reply.payload = *body;
-    reply.release = [body] {};
-    r.Respond(std::move(reply));
+    RespondEncoded(r, [&](std::vector<uint8_t>* out) { EncodeShardKeysReply(rep, out); });
+    return Status::Ok();
   }
 };
 
@@ -352,16 +333,12 @@ AntiEntropy::AntiEntropy(const AntiEntropyOptions& options, Cluster* cluster, Di
                                 "does not hold them");
   i.errors = m->GetCounter("kvpool_peer_errors_total", "Failed peer calls, by operation",
                            {{"op", "anti_entropy"}});
-  i.bad_requests = m->GetCounter("kvpool_anti_entropy_bad_requests_total",
-                                 "Malformed Digest/ShardKeys requests refused");
-  transport::Transport* t = cluster->transport();
   Impl* p = impl_.get();
-  t->RegisterHandler(kPeerDigest, [p](transport::Incoming in, transport::Responder r) {
-    p->OnDigest(std::move(in), std::move(r));
-  });
-  t->RegisterHandler(kPeerShardKeys, [p](transport::Incoming in, transport::Responder r) {
-    p->OnShardKeys(std::move(in), std::move(r));
-  });
+  ServePeer(cluster, m, {kPeerDigest, "digest"},
+            [p](transport::Incoming& in, transport::Responder& r) { return p->OnDigest(in, r); });
+  ServePeer(
+      cluster, m, {kPeerShardKeys, "shard_keys"},
+      [p](transport::Incoming& in, transport::Responder& r) { return p->OnShardKeys(in, r); });
 }
 
 AntiEntropy::~AntiEntropy() { Stop(); }

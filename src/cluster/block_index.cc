@@ -5,6 +5,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "cluster/peer_handler.h"
 #include "common/gate.h"
 #include "common/log.h"
 #include "membership/shard_map.h"
@@ -43,15 +44,6 @@ PublisherOptions IndexPublish() {
   PublisherOptions o;
   o.type = kPeerBlockPublish;
   return o;
-}
-
-void RespondWithBody(Responder& responder, std::vector<uint8_t> bytes) {
-  auto body = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
-  transport::ServerReply reply;
-  reply.status = Status::Ok();
-  reply.payload = *body;
-  reply.release = [body] {};
-  responder.Respond(std::move(reply));
 }
 
 }  // namespace
@@ -95,11 +87,6 @@ struct BlockIndex::Impl {
   // Only touched by the membership's callback thread.
   std::shared_ptr<const ShardMap> last_map;
   uint64_t last_incarnation = 0;
-
-  Status NotServing() const {
-    if (cluster->joining()) return Aborted("node is joining the cluster");
-    return Unavailable("node is fenced");
-  }
 
   void OnView(std::shared_ptr<const ShardMap> before, std::shared_ptr<const ShardMap> after,
               std::shared_ptr<const MembershipView> view, bool replay_all) {
@@ -146,25 +133,22 @@ BlockIndex::BlockIndex(const BlockIndexOptions& options, Cluster* cluster,
   metrics->AddCallbackGauge(
       "kvpool_block_index_entries", "Index keys listed at this node as their home (block_index.h)",
       {}, [im] { return static_cast<double>(im->directory.entries()); }, this);
-  transport::Transport* t = cluster->transport();
-  t->RegisterHandler(kPeerBlockPublish, [im](Incoming in, Responder r) {
-    if (im->cluster->fenced()) return r.Respond(im->NotServing());
-    PublishBatch batch;
-    Status s = DecodePublish(in.payload, &batch);
-    if (s.ok()) {
-      im->cluster->ObservePeer(batch.node_id, batch.incarnation);
-      im->directory.Apply(batch);
-    }
-    r.Respond(s);
-  });
-  t->RegisterHandler(kPeerBlockLookup, [im](Incoming in, Responder r) {
-    if (im->cluster->fenced()) return r.Respond(im->NotServing());
+  ServePeer(cluster, metrics, {kPeerBlockPublish, "block_publish"},
+            [im](Incoming& in, Responder& r) {
+              PublishBatch batch;
+              KVPOOL_RETURN_IF_ERROR(DecodePublish(in.payload, &batch));
+              im->cluster->ObservePeer(batch.node_id, batch.incarnation);
+              im->directory.Apply(batch);
+              r.Respond(Status::Ok());
+              return Status::Ok();
+            });
+  ServePeer(cluster, metrics, {kPeerBlockLookup, "block_lookup"}, [im](Incoming& in, Responder& r) {
     std::vector<KeyId> keys;
-    Status s = DecodeLookup(in.payload, &keys);
-    if (!s.ok()) return r.Respond(s);
-    std::vector<uint8_t> body;
-    EncodeLookupReply(im->directory.Lookup(keys), &body);
-    RespondWithBody(r, std::move(body));
+    KVPOOL_RETURN_IF_ERROR(DecodeLookup(in.payload, &keys));
+    RespondEncoded(r, [&](std::vector<uint8_t>* body) {
+      EncodeLookupReply(im->directory.Lookup(keys), body);
+    });
+    return Status::Ok();
   });
   // A fenced home missed publishes: it starts empty, and the holders
   // publish again to its new incarnation.
@@ -232,7 +216,7 @@ Result<blocks::PrefixAnswer> BlockIndex::Lookup(std::span<const uint64_t> hashes
     return InvalidArgument(fmt::format("a prefix lookup carries at most {} hashes, not {}",
                                        im->opts.max_hashes, hashes.size()));
   }
-  if (im->cluster->fenced()) return im->NotServing();
+  if (im->cluster->fenced()) return NotServing(*im->cluster);
   im->lookups->Inc();
   const auto deadline = transport::SteadyClock::now() + timeout;
   auto view = im->cluster->view();

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "cluster/peer_handler.h"
 #include "common/log.h"
 #include "membership/etcd_membership.h"
 #include "membership/static_membership.h"
@@ -32,7 +33,7 @@ Status ClusterOptions::Validate() const {
     KVPOOL_RETURN_IF_ERROR(
         (EtcdClientOptions{etcd, std::chrono::milliseconds(1000), security}.Validate()));
   }
-  if (!peers.empty() && peer_port == 0) {
+  if (!peers.empty() && transport.listen_port == 0) {
     return InvalidArgument("--peers needs --peer-port: the static list names fixed ports");
   }
   if (cluster.empty()) return InvalidArgument("--cluster is empty");
@@ -90,22 +91,12 @@ class ClusterImpl final : public Cluster {
     if (!opts_.etcd.empty()) {
       KVPOOL_ASSIGN_OR_RETURN(etcd_security, opts_.etcd_security.Load());
     }
-    transport::UcxTransportOptions to;
-    to.listen_host = opts_.peer_address;
-    to.listen_port = opts_.peer_port;
-    to.advertise_host = opts_.advertise_host;
-    if (to.advertise_host.empty() &&
-        (opts_.peer_address == "0.0.0.0" || opts_.peer_address == "::")) {
+    transport::UcxTransportOptions to = opts_.transport;
+    if (to.advertise_host.empty() && (to.listen_host == "0.0.0.0" || to.listen_host == "::")) {
       to.advertise_host = HostNameOr("127.0.0.1");
     }
     to.handler_executor = handler_executor;
-    to.progress_spin = std::chrono::microseconds(opts_.peer_spin_us);
-    to.net_devices = opts_.peer_net_devices;
-    to.registered_region = opts_.registered_region;
     to.metrics = metrics;
-    to.cluster_keys = opts_.cluster_keys;
-    to.client_tokens = opts_.client_tokens;
-    to.peer_encryption = opts_.peer_encryption;
     to.client_message_types = {cluster::kPeerLookup, cluster::kPeerFetch, cluster::kPeerStore,
                                cluster::kPeerMembers};
     to.identity = opts_.node_id;
@@ -134,12 +125,12 @@ class ClusterImpl final : public Cluster {
       eo.probe_peers = [this](transport::Deadline deadline) { return ProbePeers(deadline); };
       eo.old_lease_wait = EtcdMembershipOptions::OldLeaseWait::kInRun;
       eo.on_refused = opts_.on_refused;
-      if (!opts_.cluster_keys.empty()) {
+      if (!opts_.transport.cluster_keys.empty()) {
         // Registrations prove holding the cluster key: one proof per key
         // held (both while a new key is rolled out), "KEYID:MAC" in hex;
         // one good proof under any key held here is enough.
         std::vector<transport::ClusterKey> keys;
-        for (const auto& k : opts_.cluster_keys) {
+        for (const auto& k : opts_.transport.cluster_keys) {
           if (k.principal.empty()) keys.push_back(k);
         }
         eo.prove = [keys](const std::string& record) {
@@ -188,12 +179,15 @@ class ClusterImpl final : public Cluster {
     sub_ = membership_->SubscribeViews(
         [this](const std::shared_ptr<const MembershipView>& v) { OnView(*v); });
     OnView(*membership_->view());
-    transport_->RegisterHandler(cluster::kPeerLeaseStatus,
-                                [this](transport::Incoming, transport::Responder r) {
-                                  std::vector<uint8_t> header;
-                                  cluster::EncodeLeaseStatusReply(LeaseStatus(), &header);
-                                  r.Respond(Status::Ok(), std::move(header));
-                                });
+    // Answered while fenced too: "fenced" is what the asker needs to hear.
+    cluster::ServePeer(this, metrics,
+                       {cluster::kPeerLeaseStatus, "lease_status", cluster::WhenFenced::kServe},
+                       [this](transport::Incoming&, transport::Responder& r) {
+                         std::vector<uint8_t> header;
+                         cluster::EncodeLeaseStatusReply(LeaseStatus(), &header);
+                         r.Respond(Status::Ok(), std::move(header));
+                         return Status::Ok();
+                       });
     metrics->AddCallbackGauge("kvpool_cluster_shards_owned",
                               "Shards whose home is this node in the current shard map", {},
                               [this] { return OwnedShards(); }, this);

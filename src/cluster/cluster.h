@@ -24,17 +24,20 @@
 #include "membership/shard_map.h"
 #include "transport/peer_auth.h"
 #include "transport/transport.h"
+#include "transport/ucx_transport.h"
 
 namespace kvpool {
 
 struct ClusterOptions {
   std::string node_id;
-  // Peer transport bind address and port (0: any free port). Peers reach
-  // this node at advertise_host:port (advertise_host empty: peer_address,
-  // or the host name when peer_address is a wildcard).
-  std::string peer_address = "127.0.0.1";
-  uint16_t peer_port = 0;
-  std::string advertise_host;
+  // The peer transport: bind address (transport.listen_host, loopback by
+  // default) and port (listen_port, 0: any free), the host peers reach it
+  // at (advertise_host; empty: listen_host, or the host name when that is a
+  // wildcard), progress_spin, net_devices, the DRAM segment
+  // (registered_region), cluster keys, client tokens and peer_encryption
+  // (transport/ucx_transport.h). The cluster fills in identity, the
+  // handler executor, metrics and the client message types.
+  transport::UcxTransportOptions transport;
   // etcd endpoints ("http://host:port" or "https://host:port"); empty:
   // static or standalone.
   std::vector<std::string> etcd;
@@ -50,23 +53,6 @@ struct ClusterOptions {
   std::chrono::milliseconds lease_ttl{10000};
   // Relative share of shards this node takes.
   double weight = 1.0;
-  // Microseconds the peer transport's progress thread polls after work
-  // before it sleeps (UcxTransportOptions::progress_spin).
-  int64_t peer_spin_us = 50;
-  // UCX network devices for peer traffic (UcxTransportOptions::net_devices);
-  // empty: the interface that holds peer_address.
-  std::string peer_net_devices;
-  // The DRAM segment, registered with UCX for zero-copy transfers.
-  std::span<uint8_t> registered_region;
-  // Cluster keys (transport/peer_auth.h): every peer connection is mutually
-  // authenticated with them. Empty: no authentication.
-  std::vector<transport::ClusterKey> cluster_keys;
-  // Remote-mode clients' tokens: a connection authenticated with one may
-  // look up, fetch, store and list members, nothing else.
-  std::vector<transport::ClusterKey> client_tokens;
-  // Encrypt every peer connection (UcxTransportOptions::peer_encryption);
-  // needs cluster_keys.
-  bool peer_encryption = false;
   // With etcd and cluster keys: also count registrations that carry no
   // proof at all (nodes of a version before membership proofs), for a
   // rolling upgrade from such a version; a registration whose proofs are

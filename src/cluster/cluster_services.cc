@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "cluster/peer_handler.h"
 #include "peer/peer_messages_format.h"
 
 namespace kvpool::cluster {
@@ -27,12 +28,12 @@ Status ClusterServices::OpenAll(const ClusterServicesOptions& options, TieredSto
   peer_pool_ = std::make_unique<ThreadPool>(2, "kvpool-peer");
   KVPOOL_ASSIGN_OR_RETURN(cluster_, Cluster::Open(options.cluster, peer_pool_.get(), metrics));
   // The admin cluster view asks every member for its key figures.
-  cluster_->transport()->RegisterHandler(
-      kPeerStatus,
-      [key_figures = std::move(key_figures)](transport::Incoming, transport::Responder r) {
-        const std::string j = key_figures();
-        r.Respond(Status::Ok(), std::vector<uint8_t>(j.begin(), j.end()));
-      });
+  ServePeer(cluster_.get(), metrics, {kPeerStatus, "status", WhenFenced::kServe},
+            [key_figures = std::move(key_figures)](transport::Incoming&, transport::Responder& r) {
+              const std::string j = key_figures();
+              r.Respond(Status::Ok(), std::vector<uint8_t>(j.begin(), j.end()));
+              return Status::Ok();
+            });
   cluster_thread_ = std::thread([c = cluster_.get()] { c->Run(); });
   directory_ = std::make_unique<Directory>(options.directory, metrics);
   HoldingsAnnouncerOptions ao;

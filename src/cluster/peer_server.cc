@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "cluster/peer_handler.h"
 #include "common/log.h"
 #include "peer/peer_messages_format.h"
 
@@ -30,19 +31,6 @@ void ReplyWithPin(Responder& responder, TieredStore::Pin pin) {
   reply.header = std::move(header);
   reply.payload = held->bytes();
   reply.release = [held] {};
-  responder.Respond(std::move(reply));
-}
-
-// Answers OK with the body encode(body) writes, kept until the transport
-// has sent it.
-template <typename Encode>
-void RespondWithBody(Responder& responder, Encode&& encode) {
-  auto body = std::make_shared<std::vector<uint8_t>>();
-  encode(body.get());
-  ServerReply reply;
-  reply.status = Status::Ok();
-  reply.payload = *body;
-  reply.release = [body] {};
   responder.Respond(std::move(reply));
 }
 
@@ -71,7 +59,7 @@ void PeerServer::TenantLookup(const ClientTenant& t, std::vector<KeyId> keys, Re
     results[i].size = *size;
     results[i].holders.push_back({cluster_->node_id(), cluster_->incarnation()});
   }
-  RespondWithBody(r, [&](std::vector<uint8_t>* body) { EncodeLookupReply(results, body); });
+  RespondEncoded(r, [&](std::vector<uint8_t>* body) { EncodeLookupReply(results, body); });
 }
 
 PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer* announcer,
@@ -87,43 +75,42 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
       executor_(executor),
       list_executor_(list_executor != nullptr ? list_executor : executor),
       owned_metrics_(metrics == nullptr ? std::make_unique<MetricsRegistry>() : nullptr),
-      ssd_replayed_((metrics != nullptr ? metrics : owned_metrics_.get())
-                        ->GetCounter("kvpool_publish_ssd_replayed_total",
-                                     "Entries held only on SSD published again to their homes "
-                                     "(at start, for moved shards, after re-registration)")),
-      tenant_refused_((metrics != nullptr ? metrics : owned_metrics_.get())
-                          ->GetCounter("kvpool_peer_tenant_refused_total",
-                                       "Tenant-scoped peer requests refused: a tenant this node "
-                                       "does not define, or a malformed scope")),
+      metrics_(metrics != nullptr ? metrics : owned_metrics_.get()),
+      ssd_replayed_(metrics_->GetCounter("kvpool_publish_ssd_replayed_total",
+                                         "Entries held only on SSD published again to their homes "
+                                         "(at start, for moved shards, after re-registration)")),
+      tenant_refused_(
+          metrics_->GetCounter("kvpool_peer_tenant_refused_total",
+                               "Tenant-scoped peer requests refused: a tenant this node "
+                               "does not define, or a malformed scope")),
       last_map_(cluster->shard_map()),
       last_incarnation_(cluster->incarnation()) {
   // The directory learns each member's newest incarnation from the views,
   // the first one included.
   for (const Scope& sc : Scopes()) sc.directory->Prune(*cluster_->view());
-  HandleScoped(kPeerPublish, [this](const Scope& sc, Incoming in, Responder r) {
+  HandleScoped(kPeerPublish, "publish", [this](const Scope& sc, Incoming& in, Responder& r) {
     PublishBatch batch;
-    Status s = DecodePublish(in.payload, &batch);
-    if (s.ok()) {
-      cluster_->ObservePeer(batch.node_id, batch.incarnation);
-      sc.directory->Apply(batch);
-    }
-    r.Respond(s);
+    KVPOOL_RETURN_IF_ERROR(DecodePublish(in.payload, &batch));
+    cluster_->ObservePeer(batch.node_id, batch.incarnation);
+    sc.directory->Apply(batch);
+    r.Respond(Status::Ok());
+    return Status::Ok();
   });
-  HandleScoped(kPeerLookup, [this](const Scope& sc, Incoming in, Responder r) {
+  HandleScoped(kPeerLookup, "lookup", [this](const Scope& sc, Incoming& in, Responder& r) {
     std::vector<KeyId> keys;
-    Status s = DecodeLookup(in.payload, &keys);
-    if (!s.ok()) return r.Respond(s);
+    KVPOOL_RETURN_IF_ERROR(DecodeLookup(in.payload, &keys));
     if (const ClientTenant* t = sc.tenant ? nullptr : TenantOf(in)) {
-      return TenantLookup(*t, std::move(keys), std::move(r));
+      TenantLookup(*t, std::move(keys), std::move(r));
+      return Status::Ok();
     }
     auto results = sc.directory->Lookup(keys);
-    RespondWithBody(r, [&](std::vector<uint8_t>* body) { EncodeLookupReply(results, body); });
+    RespondEncoded(r, [&](std::vector<uint8_t>* body) { EncodeLookupReply(results, body); });
+    return Status::Ok();
   });
-  HandleScoped(kPeerFetch, [this](const Scope& sc, Incoming in, Responder r) {
+  HandleScoped(kPeerFetch, "fetch", [this](const Scope& sc, Incoming& in, Responder& r) {
     KeyId key;
     uint64_t max_size = 0;
-    Status s = DecodeFetch(in.request, &key, &max_size);
-    if (!s.ok()) return r.Respond(s);
+    KVPOOL_RETURN_IF_ERROR(DecodeFetch(in.request, &key, &max_size));
     TieredStore* store = sc.tenant ? sc.store : StoreFor(in, &key);
     // Called from DRAM at once, or (only on SSD) after its promotion.
     auto answer = [r = std::move(r), max_size](Status ps, TieredStore::Pin p) mutable {
@@ -132,15 +119,15 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
       ReplyWithPin(r, std::move(p));
     };
     store->AcquireOrPromote(key, std::move(answer));
+    return Status::Ok();
   });
-  HandleScoped(kPeerStore, [this](const Scope& sc, Incoming in, Responder r) {
+  HandleScoped(kPeerStore, "store", [this](const Scope& sc, Incoming& in, Responder& r) {
     KeyId key;
     uint64_t size = 0;
     std::optional<KeyId> after;
     uint8_t flags = 0;
-    Status s = DecodeStore(in.request, &key, &size, &after, &flags);
-    if (s.ok() && size != in.payload.size()) s = InvalidArgument("store: payload size mismatch");
-    if (!s.ok()) return r.Respond(s);
+    KVPOOL_RETURN_IF_ERROR(DecodeStore(in.request, &key, &size, &after, &flags));
+    if (size != in.payload.size()) return InvalidArgument("store: payload size mismatch");
     TieredStore* store = sc.tenant ? sc.store : StoreFor(in, &key);
     // The one copy of a home placement: the request buffer into the slot.
     // The writer drops its copy on this OK: the key must be in this home's
@@ -149,19 +136,19 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
     // (HoldingsAnnouncer). Placement chain: just colder than the block
     // before it in its chain.
     TieredStore::Chain chain = TieredStore::Chain::After(after ? *after : KeyId{});
-    s = store->Put(
+    Status s = store->Put(
         key, in.payload,
         {WriteOrigin::kPlaced, after ? &chain : nullptr, (flags & kStoreReturning) != 0});
     // Already here: the home holds it, which is all the writer asks.
-    if (s.ok() || s.code() == StatusCode::kAlreadyExists) return r.Respond(Status::Ok());
-    r.Respond(s);
+    if (s.code() == StatusCode::kAlreadyExists) s = Status::Ok();
+    r.Respond(std::move(s));
+    return Status::Ok();
   });
   // Remote-mode clients learn the membership from any node.
-  cluster_->transport()->RegisterHandler(kPeerMembers, [this](Incoming, Responder r) {
-    if (cluster_->fenced()) return r.Respond(NotServing());
-    RespondWithBody(r, [&](std::vector<uint8_t>* body) {
-      EncodeMembersReply(*cluster_->view(), body);
-    });
+  ServePeer(cluster_, metrics_, {kPeerMembers, "members"}, [this](Incoming&, Responder& r) {
+    RespondEncoded(
+        r, [&](std::vector<uint8_t>* body) { EncodeMembersReply(*cluster_->view(), body); });
+    return Status::Ok();
   });
   // A fenced node missed whatever was published or unpublished meanwhile
   // (its handlers refuse while fenced, and a paused process hears nothing):
@@ -188,13 +175,6 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
   for (const Scope& sc : Scopes()) Relist(sc, std::vector<bool>(kNumShards, true));
 }
 
-Status PeerServer::NotServing() const {
-  // A node still joining after a restart is alive and about to serve: its
-  // callers miss without avoiding it (a cool-down follows Unavailable only).
-  if (cluster_->joining()) return Aborted("node is joining the cluster");
-  return Unavailable("node is fenced");
-}
-
 std::vector<PeerServer::Scope> PeerServer::Scopes() const {
   std::vector<Scope> out = {Scope{store_, directory_, announcer_, false}};
   for (const auto& [name, t] : cluster_tenants_) {
@@ -203,38 +183,38 @@ std::vector<PeerServer::Scope> PeerServer::Scopes() const {
   return out;
 }
 
-void PeerServer::HandleScoped(transport::MessageType base, ScopedHandler fn) {
-  transport::Transport* t = cluster_->transport();
+void PeerServer::HandleScoped(transport::MessageType base, std::string_view name,
+                              ScopedHandler fn) {
   auto shared = std::make_shared<ScopedHandler>(std::move(fn));
-  t->RegisterHandler(base, [this, shared](Incoming in, Responder r) {
-    if (cluster_->fenced()) return r.Respond(NotServing());
-    (*shared)(Scope{store_, directory_, announcer_, false}, std::move(in), std::move(r));
+  ServePeer(cluster_, metrics_, {base, name}, [this, shared](Incoming& in, Responder& r) {
+    return (*shared)(Scope{store_, directory_, announcer_, false}, in, r);
   });
-  t->RegisterHandler(ScopedType(base, "tenant"), [this, shared](Incoming in, Responder r) {
-    if (cluster_->fenced()) return r.Respond(NotServing());
-    // A client's tenant is its token's; only members name one.
-    if (!in.principal.empty()) {
-      tenant_refused_->Inc();
-      return r.Respond(PermissionDenied("tenant-scoped requests are for members only"));
-    }
-    std::string tenant;
-    std::span<const uint8_t> rest;
-    if (Status s = DecodeTenantScope(in.request, &tenant, &rest); !s.ok()) {
-      tenant_refused_->Inc();
-      return r.Respond(s);
-    }
-    auto it = cluster_tenants_.find(tenant);
-    if (it == cluster_tenants_.end()) {
-      tenant_refused_->Inc();
-      return r.Respond(FailedPrecondition(fmt::format(
-          "tenant '{}' is not defined on node {} (every node of a tenant needs it in its "
-          "--tenants-file)",
-          tenant, cluster_->node_id())));
-    }
-    in.request = rest;
-    const ClusterTenant& ct = it->second;
-    (*shared)(Scope{ct.store, ct.directory, ct.announcer, true}, std::move(in), std::move(r));
-  });
+  const std::string tenant_name = "tenant_" + std::string(name);
+  ServePeer(cluster_, metrics_, {ScopedType(base, "tenant"), tenant_name},
+            [this, shared](Incoming& in, Responder& r) {
+              // A client's tenant is its token's; only members name one.
+              if (!in.principal.empty()) {
+                tenant_refused_->Inc();
+                return PermissionDenied("tenant-scoped requests are for members only");
+              }
+              std::string tenant;
+              std::span<const uint8_t> rest;
+              if (Status s = DecodeTenantScope(in.request, &tenant, &rest); !s.ok()) {
+                tenant_refused_->Inc();
+                return s;
+              }
+              auto it = cluster_tenants_.find(tenant);
+              if (it == cluster_tenants_.end()) {
+                tenant_refused_->Inc();
+                return FailedPrecondition(fmt::format(
+                    "tenant '{}' is not defined on node {} (every node of a tenant needs it in "
+                    "its --tenants-file)",
+                    tenant, cluster_->node_id()));
+              }
+              in.request = rest;
+              const ClusterTenant& ct = it->second;
+              return (*shared)(Scope{ct.store, ct.directory, ct.announcer, true}, in, r);
+            });
 }
 
 // The membership (and its subscription) is gone by now: see the header.

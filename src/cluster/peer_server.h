@@ -102,14 +102,13 @@ class PeerServer {
     HoldingsAnnouncer* announcer = nullptr;
     bool tenant = false;  // a cluster tenant's (its keys come bound)
   };
-  using ScopedHandler = std::function<void(const Scope&, transport::Incoming, transport::Responder)>;
-  // Registers `base` for the default tenant and its tenant-scoped type for
-  // the cluster's tenants (the scope taken off the request header); both
-  // answer Unavailable while this node is fenced.
-  void HandleScoped(transport::MessageType base, ScopedHandler fn);
-  // What a fenced node answers: Aborted while it is joining (its callers do
-  // not cool it down), else Unavailable.
-  Status NotServing() const;
+  using ScopedHandler =
+      std::function<Status(const Scope&, transport::Incoming&, transport::Responder&)>;
+  // Registers `base` (metrics label `name`) for the default tenant and its
+  // tenant-scoped type ("tenant_" + name) for the cluster's tenants, the
+  // scope taken off the request header; both through ServePeer
+  // (peer_handler.h), which refuses while this node is fenced.
+  void HandleScoped(transport::MessageType base, std::string_view name, ScopedHandler fn);
   // The default tenant's scope, then every cluster tenant's.
   std::vector<Scope> Scopes() const;
 
@@ -141,6 +140,7 @@ class PeerServer {
   Executor* const executor_;
   Executor* const list_executor_;
   std::unique_ptr<MetricsRegistry> owned_metrics_;  // when none was given
+  MetricsRegistry* const metrics_;
   Counter* ssd_replayed_;
   Counter* tenant_refused_;
   // Shared with queued listings, which may run after the server is gone.

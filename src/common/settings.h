@@ -31,6 +31,17 @@ class SettingsTable {
               [field](int64_t v) { *field = static_cast<T>(v); },
               [field] { return static_cast<int64_t>(*field); });
   }
+  // A duration field as a whole number of its own unit (microseconds for
+  // std::chrono::microseconds): the row's name says the unit ("-us").
+  template <typename Rep, typename Period>
+  void AddInt(std::string name, std::chrono::duration<Rep, Period>* field, int64_t min, int64_t max,
+              std::string help) {
+    using D = std::chrono::duration<Rep, Period>;
+    AddIntRow(
+        std::move(name), static_cast<int64_t>(field->count()), min, max, std::move(help),
+        [field](int64_t v) { *field = D(static_cast<Rep>(v)); },
+        [field] { return static_cast<int64_t>(field->count()); });
+  }
   template <typename T>
   void AddBytes(std::string name, T* field, uint64_t min, uint64_t max, std::string help) {
     AddBytesRow(std::move(name), static_cast<uint64_t>(*field), min, max, std::move(help),

@@ -75,6 +75,25 @@ TEST(SettingsTest, EnumRowsBindTheEnumByItsNames) {
   EXPECT_EQ(ValueOf(kColorNames, "green"), std::nullopt);
 }
 
+// An integer row bound to a duration field counts in the field's unit.
+TEST(SettingsTest, IntRowsBindADurationInItsOwnUnit) {
+  std::chrono::microseconds spin{50};
+  uint16_t port = 0;
+  SettingsTable t;
+  t.AddInt("spin-us", &spin, 0, 10000, "Spin");
+  t.AddInt("port", &port, 0, 65535, "Port");
+  EXPECT_EQ(nlohmann::json::parse(t.ToJson())["spin-us"]["default"], "50");
+  ASSERT_TRUE(t.Set("spin-us", "7").ok());
+  EXPECT_EQ(spin, std::chrono::microseconds(7));
+  ASSERT_TRUE(t.Set("port", "65535").ok());
+  EXPECT_EQ(port, 65535);
+  Status s = t.Set("spin-us", "10001");
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(spin, std::chrono::microseconds(7));  // unchanged
+  EXPECT_FALSE(t.Set("port", "65536").ok());
+  EXPECT_EQ(port, 65535);
+}
+
 TEST(SettingsTest, RejectsBadValuesWithClearErrors) {
   Fixture f;
   Status s = f.Parse({"--conns=0"});

@@ -120,13 +120,15 @@ class NodeImpl final : public Node {
       KVPOOL_ASSIGN_OR_RETURN(cluster_keys_, transport::LoadClusterKeyFile(opts_.cluster_key_file));
       LogInfo("cluster: peer connections authenticated with {} key{} from {}{}",
               cluster_keys_.size(), cluster_keys_.size() == 1 ? "" : "s", opts_.cluster_key_file,
-              co.peer_encryption ? ", and encrypted" : "");
+              co.transport.peer_encryption ? ", and encrypted" : "");
     }
-    if (opts_.cluster_key_file.empty() && opts_.insecure && !IsLoopbackAddress(co.peer_address)) {
-      LogWarn("cluster: INSECURE: peer connections on {} are not authenticated (--insecure "
-              "without --cluster-key-file): whoever reaches this port can read and write the "
-              "cluster's values",
-              co.peer_address);
+    if (opts_.cluster_key_file.empty() && opts_.insecure &&
+        !IsLoopbackAddress(co.transport.listen_host)) {
+      LogWarn(
+          "cluster: INSECURE: peer connections on {} are not authenticated (--insecure "
+          "without --cluster-key-file): whoever reaches this port can read and write the "
+          "cluster's values",
+          co.transport.listen_host);
     }
     return Status::Ok();
   }
@@ -189,9 +191,9 @@ class NodeImpl final : public Node {
     cluster::ClusterServicesOptions so;
     so.cluster = opts_.ClusterWithEndpoints(opts_.node_id);
     if (!so.cluster.enabled()) return Status::Ok();
-    so.cluster.cluster_keys = cluster_keys_;
-    so.cluster.client_tokens = client_tokens_;
-    so.cluster.registered_region = stores_.store()->segment();
+    so.cluster.transport.cluster_keys = cluster_keys_;
+    so.cluster.transport.client_tokens = client_tokens_;
+    so.cluster.transport.registered_region = stores_.store()->segment();
     so.cluster.on_refused = [this](const Status& s) {
       if (on_fatal_) on_fatal_(s);
     };

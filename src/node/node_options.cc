@@ -28,7 +28,6 @@ ClusterOptions NodeOptions::ClusterWithEndpoints(const std::string& id) const {
   ClusterOptions c = cluster;
   c.node_id = id;
   c.etcd = SplitCommas(etcd_urls);
-  c.peer_port = static_cast<uint16_t>(peer_port);
   return c;
 }
 
@@ -95,9 +94,9 @@ Status NodeOptions::Validate() const {
           "local user can read and write through it: make one with `openssl rand -hex 32 > "
           "/etc/kvpool/cluster.key && chmod 600 /etc/kvpool/cluster.key`, give every node the "
           "same file with --cluster-key-file, or pass --insecure to run without",
-          co.peers.empty() ? "--etcd" : "--peers", co.peer_address));
+          co.peers.empty() ? "--etcd" : "--peers", co.transport.listen_host));
     }
-    if (co.peer_encryption && cluster_key_file.empty()) {
+    if (co.transport.peer_encryption && cluster_key_file.empty()) {
       return InvalidArgument(
           "--peer-encryption needs --cluster-key-file: the connections' keys come from the "
           "cluster-key handshake");
@@ -245,7 +244,7 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
              "With etcd and a cluster key: also count members whose registration carries no "
              "proof of the key (nodes of a version before proofs), for a rolling upgrade from "
              "such a version; turn off once every node is upgraded");
-  t->AddBool("peer-encryption", &o->cluster.peer_encryption,
+  t->AddBool("peer-encryption", &o->cluster.transport.peer_encryption,
              "Encrypt peer connections (AES-256-GCM, keys from the cluster-key handshake); a "
              "connection is encrypted when either side asks");
   t->AddInt("admin-threads", &o->admin.threads, 1, 16, "Admin HTTP request threads");
@@ -260,13 +259,13 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
             "Admin requests (all but /healthz and /readyz) waiting for a request thread; "
             "more are answered 503");
 
-  t->AddString("peer-address", &o->cluster.peer_address,
+  t->AddString("peer-address", &o->cluster.transport.listen_host,
                "Peer transport (UCX) bind address (loopback unless --insecure)");
-  t->AddInt("peer-port", &o->peer_port, 0, 65535,
+  t->AddInt("peer-port", &o->cluster.transport.listen_port, 0, 65535,
             "Peer transport port (0: any free port; needed with --peers)");
-  t->AddInt("peer-spin-us", &o->cluster.peer_spin_us, 0, 10000,
+  t->AddInt("peer-spin-us", &o->cluster.transport.progress_spin, 0, 10000,
             "Microseconds the peer transport polls after work before it sleeps (0: never)");
-  t->AddString("peer-net-devices", &o->cluster.peer_net_devices,
+  t->AddString("peer-net-devices", &o->cluster.transport.net_devices,
                "UCX devices for peer traffic, e.g. mlx5_0:1 (empty: the interface of "
                "--peer-address; all when it is a wildcard)");
   t->AddString("etcd", &o->etcd_urls,

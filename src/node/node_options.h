@@ -65,7 +65,6 @@ struct NodeOptions {
   // Peer transport and membership (etcd endpoints split out of etcd_urls).
   ClusterOptions cluster;
   std::string etcd_urls;  // comma-separated; empty: no etcd
-  int peer_port = 0;      // copied to cluster.peer_port
   // Where a put is stored (cluster::Placement; reads keep no replicas
   // under kChain, whatever remote.replicas says).
   cluster::Placement placement = cluster::Placement::kLocal;
@@ -97,7 +96,7 @@ struct NodeOptions {
   // tenant's), with its read room: dram_read_room, at most an eighth of the
   // capacity, rounded up to whole slabs; sealed unless writable_segment.
   DramOptions DramFor(uint64_t capacity_bytes) const;
-  // The cluster options with node id, etcd endpoints and port filled in.
+  // The cluster options with node id and etcd endpoints filled in.
   ClusterOptions ClusterWithEndpoints(const std::string& node_id) const;
 };
 
