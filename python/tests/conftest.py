@@ -64,7 +64,13 @@ class NodeProcess:
         self.dram = dram
         self.proc = None
         self.admin_port = None
-        self.start()
+        try:
+            self.start()
+        except Exception:
+            # A node that never started leaves nothing behind: its log is
+            # in the error.
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
 
     def start(self, timeout_s=20.0):
         if self.proc is not None:
