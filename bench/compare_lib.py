@@ -12,6 +12,12 @@ Subcommands:
   json-get PATH                 read JSON on stdin, print the value at a dotted
                                 PATH (e.g. dram.index_bytes_per_entry)
   summarize RESULTS.jsonl       print the comparison table and the metric lines
+  duration-ms TEXT              a kvpool-bench duration (2s, 500ms) in milliseconds
+  size-bytes TEXT               a kvpool-node size (3GiB, 64MiB, 4096) in bytes
+  thread-cpu PID                print {thread name: CPU seconds} of a process
+  cpu-per-gib BEFORE AFTER BENCH_OUT   one "node" results line: CPU seconds
+                                per GiB put by thread, between two thread-cpu
+                                samples around the put run in BENCH_OUT
 SSD mode (bench/compare_ssd.sh):
   sample URL INTERVAL OUT NAME...   append {"t": monotonic s, NAME: value...} to OUT
                                 every INTERVAL s from a Prometheus /metrics URL
@@ -49,6 +55,7 @@ Builds mode (bench/compare_builds.sh):
 import csv
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -135,13 +142,64 @@ def _load_results(path):
     return rows, node
 
 
+def duration_ms(text):
+    """A kvpool-bench duration ("2s", "500ms", "2m", "250") in milliseconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", text)
+    if not m:
+        raise SystemExit("not a duration: %r" % text)
+    scale = {"ms": 1, None: 1, "s": 1000, "m": 60000, "h": 3600000}[m.group(2)]
+    return int(float(m.group(1)) * scale)
+
+
+def size_bytes(text):
+    """A size as kvpool-node reads it ("3GiB", "64MiB", "4096") in bytes."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]i?B?|B)?\s*", text)
+    if not m:
+        raise SystemExit("not a size: %r" % text)
+    unit = (m.group(2) or "B").rstrip("B").rstrip("i")
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[unit]
+
+
+def thread_cpu(pid):
+    """{thread name: CPU seconds} of a process's threads (user + system),
+    summed over threads of one name."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            stat = open("/proc/%d/task/%s/stat" % (pid, tid)).read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return out
+
+
+def cpu_per_gib(before_path, after_path, bench_out_path):
+    """A "node" results row: CPU seconds per GiB put, by thread name, over
+    the put run whose kvpool-bench JSON is in bench_out_path."""
+    before = json.load(open(before_path))
+    after = json.load(open(after_path))
+    runs = [json.loads(l) for l in open(bench_out_path) if l.strip()]
+    put_bytes = sum(r["bytes_per_s"] * r["duration_s"] for r in runs)
+    gib = put_bytes / (1 << 30)
+    per = {name: (after[name] - before.get(name, 0.0)) / gib
+           for name in after if gib > 0 and after[name] - before.get(name, 0.0) > 0}
+    return {"system": "node", "put_cpu_s_per_gib": per, "put_cpu_gib": gib}
+
+
 def summarize(path):
     rows = [json.loads(l) for l in open(path) if l.strip()]
     extra = {}
     groups = {}
+    phased = {}  # phase -> rows (the responsiveness runs)
     for r in rows:
         if r.get("system") == "node":
             extra.update(r)
+            continue
+        if r.get("phase"):
+            phased.setdefault(r["phase"], []).append(r)
             continue
         key = (r["system"], r["op"], int(r["value_size"]), r.get("config", ""))
         groups.setdefault(key, []).append(r)
@@ -210,6 +268,39 @@ def summarize(path):
         ("redis_set_1m_gbps", "%.2f" % gbps("redis", "set")),
         ("local_errors", str(errors)),
     ]
+    # Responsiveness: 4 KiB gets alone and under a 4 MiB put stream (medians
+    # of the runs' p50/p99, per call of one key).
+    if "get-alone" in phased and "get-under-put" in phased:
+        alone, under = phased["get-alone"], phased["get-under-put"]
+        p99_alone, p99_under = _median(alone, "p99_us"), _median(under, "p99_us")
+        print("responsiveness: 4 KiB get (batch 1) p50/p99 alone %s/%s, under a 4 MiB put stream "
+              "%s/%s (%d runs each; misses alone %d, under put %d)" % (
+                  _fmt_us(_median(alone, "p50_us")), _fmt_us(p99_alone),
+                  _fmt_us(_median(under, "p50_us")), _fmt_us(p99_under), len(under),
+                  sum(int(r.get("misses", 0)) for r in alone),
+                  sum(int(r.get("misses", 0)) for r in under)))
+        errors += sum(int(r.get("errors", 0)) for r in alone + under)
+        out += [
+            ("local_get_p50_alone_us", "%.1f" % _median(alone, "p50_us")),
+            ("local_get_p99_alone_us", "%.1f" % p99_alone),
+            ("local_get_p50_under_put_us", "%.1f" % _median(under, "p50_us")),
+            ("local_get_p99_under_put_us", "%.1f" % p99_under),
+            ("local_get_p99_under_put_vs_alone", "%.2f" % ratio(p99_under, p99_alone)),
+        ]
+    if "first-fill" in phased:
+        fills = {int(r["value_size"]): float(r["gbps"]) for r in phased["first-fill"]}
+        if mb in fills:
+            out.append(("local_first_fill_1m_gbps", "%.2f" % fills[mb]))
+            out.append(("local_first_fill_1m_vs_memcpy", "%.3f" % ratio(fills[mb], memcpy_1m)))
+    per = extra.get("put_cpu_s_per_gib")
+    if per:
+        print("node CPU seconds per GiB put (4 MiB values, %.1f GiB): %s" % (
+            extra.get("put_cpu_gib", 0), ", ".join(
+                "%s %.3f" % (n, v) for n, v in sorted(per.items(), key=lambda kv: -kv[1]))))
+        out.append(("local_put_cpu_s_per_gib", "%.3f" % sum(per.values())))
+        for n, v in sorted(per.items()):
+            out.append(("local_put_cpu_%s_s_per_gib" % re.sub(r"[^a-z0-9]+", "_", n.lower()).strip("_"),
+                        "%.3f" % v))
     for name, value in out:
         print("metric %s %s" % (name, value))
     return 1 if errors else 0
@@ -700,7 +791,7 @@ def remote_summarize(path):
 # Metrics where less is better; every other judged metric is a rate or ratio
 # where more is better.
 _LOWER_BETTER = re.compile(
-    r"(_per_entry|_errors|wrong_bytes|failed_items|_s_per_gib|_ms|_cost_.*|_write_per_hit_byte_.*|_share_of_.*)$")
+    r"(_per_entry|_errors|wrong_bytes|failed_items|_s_per_gib|_ms|_us|_vs_alone|_cost_.*|_write_per_hit_byte_.*|_share_of_.*)$")
 # Metrics of the machine or of the other systems in the run (memcpy, Redis,
 # iperf3, fio) and counts that describe the run: shown, never judged.
 _NOT_JUDGED = re.compile(r"^(memcpy|redis|iperf3|fio)_|_threads$|^ssd_(entries|used_bytes)$|_share$|_total$")
@@ -766,6 +857,14 @@ def main(argv):
         print(max(lo, int(rps * secs)))
     elif cmd == "json-get":
         json_get(args[0])
+    elif cmd == "duration-ms":
+        print(duration_ms(argv[2]))
+    elif cmd == "size-bytes":
+        print(size_bytes(argv[2]))
+    elif cmd == "thread-cpu":
+        print(json.dumps(thread_cpu(int(argv[2]))))
+    elif cmd == "cpu-per-gib":
+        print(json.dumps(cpu_per_gib(argv[2], argv[3], argv[4])))
     elif cmd == "summarize":
         return summarize(args[0])
     elif cmd == "sample":

@@ -316,6 +316,80 @@ TEST(NodeIntegration, ConcurrentClientsByteExact) {
   kvpool_close(shared);
 }
 
+// Commits copied by the copy threads (--copy-threads 2, whatever the host's
+// CPUs): four clients put batches of large values and read them back
+// byte-exact while a forked client is killed in the middle of its puts;
+// the node keeps serving, and the copies ran off the loop.
+TEST(NodeIntegration, CopyThreadsCommitByteExactAndSurviveAClientKilledMidPut) {
+  auto node = NodeProcess::Start({"--dram-capacity", "512MiB", "--copy-threads", "2"});
+  ASSERT_NE(node, nullptr);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // puts until killed
+    kvpool_client* c = Open(node->socket(), 1);
+    if (c == nullptr) _exit(2);
+    std::vector<uint8_t> v(1 << 20, 0x5a);
+    for (uint64_t i = 0;; ++i) {
+      kvpool_key_id ids[8];
+      const void* ptrs[8];
+      uint64_t sizes[8];
+      kvpool_status st[8];
+      for (int k = 0; k < 8; ++k) {
+        ids[k] = Id("killed", std::to_string(i * 8 + k));
+        ptrs[k] = v.data();
+        sizes[k] = v.size();
+      }
+      kvpool_put(c, ids, ptrs, sizes, 8, st);
+    }
+  }
+  std::atomic<uint64_t> wrong{0}, hits{0};
+  auto worker = [&](int t) {
+    kvpool_client* c = Open(node->socket(), 1);
+    for (int round = 0; round < 12; ++round) {
+      std::vector<kvpool_key_id> ids;
+      std::vector<std::vector<uint8_t>> vals;
+      for (int k = 0; k < 8; ++k) {
+        const int n = t * 1000 + round * 8 + k;
+        ids.push_back(Id("copies", std::to_string(n)));
+        vals.push_back(Pattern(n, 200000 + (n * 7919) % 800000));
+      }
+      std::vector<const void*> ptrs;
+      std::vector<uint64_t> sizes;
+      for (auto& v : vals) {
+        ptrs.push_back(v.data());
+        sizes.push_back(v.size());
+      }
+      std::vector<kvpool_status> st(8);
+      if (kvpool_put(c, ids.data(), ptrs.data(), sizes.data(), 8, st.data()) != KVPOOL_OK) ++wrong;
+      for (int k = 0; k < 8; ++k) {
+        std::vector<uint8_t> out(1 << 20);
+        void* b = out.data();
+        uint64_t cap = out.size(), got = 0;
+        kvpool_status gs;
+        if (kvpool_get(c, &ids[k], &b, &cap, 1, &got, &gs) != KVPOOL_OK || gs != KVPOOL_OK) {
+          ++wrong;
+          continue;
+        }
+        ++hits;
+        if (got != vals[k].size() || memcmp(out.data(), vals[k].data(), got) != 0) ++wrong;
+      }
+      if (t == 0 && round == 2) {
+        kill(child, SIGKILL);
+        waitpid(child, nullptr, 0);
+      }
+    }
+    kvpool_close(c);
+  };
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t) ts.emplace_back(worker, t);
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(wrong.load(), 0u);
+  EXPECT_EQ(hits.load(), 4u * 12 * 8);
+  EXPECT_GT(node->Metric("kvpool_commit_copy_bytes_total"), 4.0 * 12 * 8 * 200000);
+  int status = 0;
+  EXPECT_EQ(waitpid(node->pid(), &status, WNOHANG), 0) << "the node exited";
+}
+
 TEST(NodeIntegration, CProgramUsesTheAbi) {
   auto node = NodeProcess::Start();
   ASSERT_NE(node, nullptr);

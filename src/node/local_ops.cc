@@ -103,6 +103,10 @@ LocalOps::LocalOps(const LocalServerOptions& o, TieredStore* tiered, ClusterFace
   }
   bytes_read_ = m->GetCounter("kvpool_bytes_read_total", "Value bytes handed to readers");
   bytes_written_ = m->GetCounter("kvpool_bytes_written_total", "Value bytes committed");
+  copied_off_loop_ = m->GetCounter(
+      "kvpool_commit_copy_bytes_total",
+      "Committed bytes copied from staging areas into the segment by the copy threads "
+      "(--copy-threads); smaller commits are copied by the local loop");
   put_failures_ = m->GetCounter("kvpool_put_failures_total",
                                 "Put or reserve items refused (no space, too large)");
   descriptors_invalid_ =
@@ -155,6 +159,9 @@ void LocalOps::Resume(LocalSession& c, ParkedReads::Request& p) {
       break;
     case MessageType::kGet:
       AnswerGet(c, p.header, p.sized, p.pins);
+      break;
+    case MessageType::kCommit:
+      FinishCommit(c, p.header, *p.commit);
       break;
     case MessageType::kLookupPrefix:
       if (!p.call_status.ok()) {
@@ -578,30 +585,130 @@ Status LocalOps::CommitForwarded(LocalSession& c, const LocalSession::Reserved& 
   return s;
 }
 
+// A commit's copies (staging → slot) run on the copy executor when it has
+// one and they are large: the request parks, its connection's later frames
+// waiting behind it, and FinishCommit answers it on the loop. Otherwise the
+// loop copies and commits at once.
 Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {
   KVPOOL_RETURN_IF_ERROR(protocol::DecodeHandles(body, opts_.max_batch, &handles_));
   items_->Inc(handles_.size());
-  statuses_.assign(handles_.size(), 0);
-  Tenant& t = T(c);
-  bool stored = false;  // here: published before the answer (PublishStored)
+  if (copy_ != nullptr && c.staging && c.handshaked) {
+    uint64_t bytes = 0;
+    for (uint64_t hd : handles_) {
+      auto it = c.reservations.find(hd);
+      if (it != c.reservations.end() && it->second.slot.valid() &&
+          it->second.staging_offset != StagingArea::kNone) {
+        bytes += it->second.size();
+      }
+    }
+    if (bytes >= kInlineCopyBytes) {
+      auto cc = std::make_shared<CommitCopies>();
+      TakeReservations(c, cc.get());
+      ParkedReads::Request r = RequestOf(c, h);
+      r.commit = cc;
+      T(c).parked->ParkCall(
+          &r, [this, cc](ParkedReads::CallDone done) { StartCopies(cc.get(), std::move(done)); });
+      c.pending = true;
+      parked_now_ = true;
+      return Status::Ok();
+    }
+  }
+  CommitCopies& cc = inline_commit_;
+  TakeReservations(c, &cc);
+  for (auto& item : cc.items) {
+    if (!item || !item->slot.valid() || item->staging_offset == StagingArea::kNone) continue;
+    std::memcpy(item->slot.data(), cc.staging->data(item->staging_offset), item->size());
+  }
+  FinishCommit(c, h, cc);
+  cc.Clear();
+  return Status::Ok();
+}
+
+void LocalOps::TakeReservations(LocalSession& c, CommitCopies* cc) {
+  cc->items.resize(handles_.size());
+  cc->statuses.assign(handles_.size(), 0);
+  cc->staging = c.staging;
   for (size_t i = 0; i < handles_.size(); ++i) {
     auto it = c.reservations.find(handles_[i]);
     if (it == c.reservations.end()) {
-      statuses_[i] = static_cast<int32_t>(StatusCode::kInvalidArgument);
+      cc->statuses[i] = static_cast<int32_t>(StatusCode::kInvalidArgument);
       continue;
     }
-    LocalSession::Reserved& res = it->second;
-    uint64_t size = res.size();
+    cc->items[i].emplace(std::move(it->second));
+    c.reservations.erase(it);
+  }
+}
+
+uint64_t LocalOps::StagedBytes(const CommitCopies& cc) {
+  uint64_t bytes = 0;
+  for (const auto& item : cc.items) {
+    if (item && item->slot.valid() && item->staging_offset != StagingArea::kNone) {
+      bytes += item->size();
+    }
+  }
+  return bytes;
+}
+
+void LocalOps::StartCopies(CommitCopies* cc, std::function<void(Status, std::string)> done) {
+  struct Range {
+    uint8_t* dst;
+    const uint8_t* src;
+    uint64_t len;
+  };
+  const uint64_t total = StagedBytes(*cc);
+  copied_off_loop_->Inc(total);
+  const uint64_t jobs_wanted =
+      std::max<uint64_t>(1, std::min<uint64_t>(copy_threads_, total / kMinCopyJobBytes));
+  const uint64_t share = (total + jobs_wanted - 1) / jobs_wanted;
+  // Cut the items' bytes into jobs of `share` bytes each, in order; a value
+  // larger than what is left of a job's share continues in the next job.
+  std::vector<std::vector<Range>> jobs(1);
+  uint64_t in_job = 0;
+  for (auto& item : cc->items) {
+    if (!item || !item->slot.valid() || item->staging_offset == StagingArea::kNone) continue;
+    uint8_t* dst = item->slot.data();
+    const uint8_t* src = cc->staging->data(item->staging_offset);
+    uint64_t left = item->size();
+    while (left > 0) {
+      if (in_job == share) {
+        jobs.emplace_back();
+        in_job = 0;
+      }
+      const uint64_t n = std::min(left, share - in_job);
+      jobs.back().push_back({dst, src, n});
+      dst += n;
+      src += n;
+      left -= n;
+      in_job += n;
+    }
+  }
+  cc->jobs_left.store(jobs.size(), std::memory_order_relaxed);
+  auto shared_done = std::make_shared<std::function<void(Status, std::string)>>(std::move(done));
+  for (auto& ranges : jobs) {
+    // The last job to finish answers; none touches cc after its decrement.
+    copy_->Submit([cc, ranges = std::move(ranges), shared_done] {
+      for (const Range& r : ranges) std::memcpy(r.dst, r.src, r.len);
+      if (cc->jobs_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        (*shared_done)(Status::Ok(), std::string());
+      }
+    });
+  }
+}
+
+void LocalOps::FinishCommit(LocalSession& c, const FrameHeader& h, CommitCopies& cc) {
+  statuses_ = cc.statuses;
+  Tenant& t = T(c);
+  bool stored = false;  // here: published before the answer (PublishStored)
+  for (size_t i = 0; i < cc.items.size(); ++i) {
+    if (!cc.items[i]) continue;
+    LocalSession::Reserved& res = *cc.items[i];
+    const uint64_t size = res.size();
     if (!res.slot.valid()) {
       statuses_[i] = static_cast<int32_t>(CommitForwarded(c, res).code());
-      c.staging->Free(res.staging_offset, size);
-      c.reservations.erase(it);
+      cc.staging->Free(res.staging_offset, size);
       continue;
     }
-    if (res.staging_offset != StagingArea::kNone) {
-      std::memcpy(res.slot.data(), c.staging->data(res.staging_offset), size);
-      c.staging->Free(res.staging_offset, size);
-    }
+    if (res.staging_offset != StagingArea::kNone) cc.staging->Free(res.staging_offset, size);
     if (res.batch != c.chain_batch) {
       c.chain_batch = res.batch;
       c.chain = TieredStore::Chain{};
@@ -610,7 +717,6 @@ Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const
     const uint64_t token = Stage(c, key, std::move(res.descriptor));
     Status s = t.store->Commit(std::move(res.slot), WriteOrigin::kPut, &c.chain, Returning(t, key));
     if (!s.ok()) Unstage(key, token);
-    c.reservations.erase(it);
     statuses_[i] = static_cast<int32_t>(s.code());
     if (s.ok()) {
       Wrote(c, t, size);
@@ -621,7 +727,6 @@ Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const
   out_.clear();
   protocol::EncodeStatuses(statuses_, &out_);
   Queue(c, MessageType::kCommit, h.request_id, Status::Ok(), out_);
-  return Status::Ok();
 }
 
 Status LocalOps::OnAbort(LocalSession& c, std::span<const uint8_t> body) {

@@ -11,11 +11,13 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -23,6 +25,7 @@
 
 #include "blocks/descriptor.h"
 #include "cluster/remote_source.h"
+#include "common/executor.h"
 #include "common/metrics.h"
 #include "common/recent_ratio.h"
 #include "common/status.h"
@@ -86,9 +89,28 @@ struct LocalSession {
   bool chain_open = false;
   KeyId chain_next;
   std::vector<KeyId> chain_hits;
-  // The staging area of a client that maps the segment read-only.
-  std::unique_ptr<StagingArea> staging;
+  // The staging area of a client that maps the segment read-only (shared
+  // with the copies of a commit in flight: CommitCopies).
+  std::shared_ptr<StagingArea> staging;
   std::unordered_map<uint64_t, TieredStore::Pin> pins;
+};
+
+// A commit batch taken off its session: per handle, the reservation (none:
+// an unknown handle, whose status is preset) and the staging area it was
+// written to. With a copy executor its staging → slot copies run there and
+// the loop commits once they are done; the request that waits for them
+// keeps this alive (ParkedReads::Request::commit), so a client that leaves
+// meanwhile frees nothing a copy still reads or writes.
+struct CommitCopies {
+  std::vector<std::optional<LocalSession::Reserved>> items;
+  std::vector<int32_t> statuses;
+  std::shared_ptr<StagingArea> staging;
+  std::atomic<size_t> jobs_left{0};
+  void Clear() {
+    items.clear();
+    statuses.clear();
+    staging.reset();
+  }
 };
 
 class LocalOps {
@@ -119,6 +141,20 @@ class LocalOps {
   // Asked when a hello's tenant token moves a connection to another tenant:
   // a refusal (that tenant's connection cap) fails the hello with it.
   void set_admit_tenant(std::function<Status(int tenant)> admit) { admit_tenant_ = std::move(admit); }
+  // Runs commits' staging → slot copies on `copy` (threads: its threads),
+  // so the loop moves no bytes of a large commit; null (the default): the
+  // loop copies. Call before the first request; `copy` must be drained
+  // (ThreadPool::Stop) before this object is destroyed.
+  void set_copy_executor(Executor* copy, int threads) {
+    copy_ = copy;
+    copy_threads_ = threads < 1 ? 1 : threads;
+  }
+  // Commits copying fewer bytes than this are copied by the loop: a hand-off
+  // costs more than the copy.
+  static constexpr uint64_t kInlineCopyBytes = 64 << 10;
+  // A copy job moves at least this much (a value larger than a job's share
+  // is split across jobs).
+  static constexpr uint64_t kMinCopyJobBytes = 64 << 10;
   // Whether any tenant besides the default one is served.
   bool has_tenants() const { return tenants_.size() > 1; }
   size_t num_tenants() const { return tenants_.size(); }
@@ -172,6 +208,16 @@ class LocalOps {
   void Unstage(const KeyId& key, uint64_t token);
   Status OnReserve(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   Status OnCommit(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
+  // Moves the reservations of handles_ out of the session into *cc.
+  void TakeReservations(LocalSession& c, CommitCopies* cc);
+  // Bytes cc's staged items copy into their slots.
+  static uint64_t StagedBytes(const CommitCopies& cc);
+  // Starts cc's copies on the copy executor in up to copy_threads_ jobs of
+  // about equal bytes; done() runs after the last one.
+  void StartCopies(CommitCopies* cc, std::function<void(Status, std::string)> done);
+  // Commits cc's items (their bytes in their slots), frees their staging
+  // and queues the reply.
+  void FinishCommit(LocalSession& c, const protocol::FrameHeader& h, CommitCopies& cc);
   Status OnAbort(LocalSession& c, std::span<const uint8_t> body);
   Status OnAcquire(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   void AnswerAcquire(LocalSession& c, const protocol::FrameHeader& h,
@@ -219,6 +265,9 @@ class LocalOps {
   std::vector<TieredStore::Pin> pins_;
   std::vector<KeyId> chain_keys_;
   std::vector<uint64_t> handles_;
+  CommitCopies inline_commit_;  // the loop's own, for commits it copies
+  Executor* copy_ = nullptr;    // null: the loop copies
+  int copy_threads_ = 1;
   std::vector<int32_t> statuses_;
   RemotePlacement* publish_due_ = nullptr;  // PublishStored: a put or commit stored values
   std::vector<protocol::RegionItem> regions_;
@@ -248,6 +297,7 @@ class LocalOps {
   Counter* bytes_read_;
   Counter* bytes_written_;
   Counter* put_failures_;
+  Counter* copied_off_loop_;
   Counter* descriptors_invalid_;
 };
 

@@ -5,11 +5,14 @@
 #include "node/local_ops.h"
 
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -118,16 +121,24 @@ class LocalOpsTest : public ::testing::Test {
     ASSERT_GE(wake_fd_, 0);
   }
   void TearDown() override {
+    copy_pool_.Stop();
     ops_.reset();
     pool_.Stop();
+    if (staging_ != nullptr) ::munmap(staging_, staging_bytes_);
     if (wake_fd_ >= 0) ::close(wake_fd_);
   }
-  // LocalOps over the store; with the fake cluster or standalone.
-  void Open(bool clustered) {
+  // LocalOps over the store; with the fake cluster or standalone; with
+  // staging_bytes, each connection gets a staging area of that size and
+  // commits copy from it on two copy threads.
+  void Open(bool clustered, uint64_t staging_bytes = 0) {
     ClusterFaces faces;
     if (clustered) faces = {cluster_.get(), cluster_.get()};
-    ops_ = std::make_unique<LocalOps>(LocalServerOptions{}, store_.get(), faces, wake_fd_,
-                                      &metrics_, [] { return std::string("{}"); });
+    LocalServerOptions o;
+    o.client_staging_bytes = staging_bytes;
+    staging_bytes_ = staging_bytes;
+    ops_ = std::make_unique<LocalOps>(o, store_.get(), faces, wake_fd_, &metrics_,
+                                      [] { return std::string("{}"); });
+    if (staging_bytes > 0) ops_->set_copy_executor(&copy_pool_, 2);
     s_.fd = 7;
     s_.id = 1;
   }
@@ -166,6 +177,54 @@ class LocalOpsTest : public ::testing::Test {
     ReplyFrame r = OneReply();
     ASSERT_EQ(r.h.status, 0);
     ASSERT_TRUE(s_.handshaked);
+    if (staging_bytes_ > 0) {
+      // The client's writable view of its staging area.
+      ASSERT_TRUE(s_.staging != nullptr);
+      void* p =
+          ::mmap(nullptr, staging_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, s_.staging->fd(), 0);
+      ASSERT_NE(p, MAP_FAILED);
+      staging_ = static_cast<uint8_t*>(p);
+    }
+  }
+  // Reserves keys of the given sizes and writes Value(seeds[i]) into each
+  // one's staging range, as a client does; the handles.
+  std::vector<uint64_t> ReserveAndWrite(const std::vector<KeyId>& keys,
+                                        const std::vector<size_t>& sizes,
+                                        const std::vector<int>& seeds) {
+    std::vector<SizedKey> items;
+    for (size_t i = 0; i < keys.size(); ++i) items.push_back({keys[i], sizes[i]});
+    std::vector<uint8_t> body;
+    protocol::EncodeSizedKeys(items, &body);
+    Send(MessageType::kReserve, body);
+    ReplyFrame r = OneReply();
+    std::vector<protocol::RegionItem> regions;
+    EXPECT_TRUE(protocol::DecodeRegionItems(r.body, 4096, &regions).ok());
+    std::vector<uint64_t> handles;
+    for (size_t i = 0; i < regions.size(); ++i) {
+      EXPECT_EQ(regions[i].status, 0) << i;
+      auto v = Value(seeds[i], sizes[i]);
+      std::memcpy(staging_ + regions[i].offset, v.data(), v.size());
+      handles.push_back(regions[i].handle);
+    }
+    return handles;
+  }
+  void SendCommit(const std::vector<uint64_t>& handles) {
+    std::vector<uint8_t> body;
+    protocol::EncodeHandles(handles, &body);
+    Send(MessageType::kCommit, body);
+  }
+  // Waits (5 s at most) for the loop's wake fd, then takes what is ready.
+  std::vector<ParkedReads::Request> WaitReady() {
+    pollfd p{wake_fd_, POLLIN, 0};
+    EXPECT_EQ(::poll(&p, 1, 5000), 1);
+    uint64_t n = 0;
+    EXPECT_EQ(::read(wake_fd_, &n, sizeof(n)), static_cast<ssize_t>(sizeof(n)));
+    return ops_->TakeReady();
+  }
+  std::vector<int32_t> Statuses(const ReplyFrame& r) {
+    std::vector<int32_t> statuses;
+    EXPECT_TRUE(protocol::DecodeStatuses(r.body, 4096, &statuses).ok());
+    return statuses;
   }
   // A put of keys with values Value(seeds[i], sizes[i]); its statuses.
   std::vector<int32_t> Put(const std::vector<KeyId>& keys, const std::vector<int>& seeds,
@@ -220,6 +279,9 @@ class LocalOpsTest : public ::testing::Test {
 
   MetricsRegistry metrics_;
   ThreadPool pool_{2, "ops-test"};
+  ThreadPool copy_pool_{2, "ops-copy"};
+  uint64_t staging_bytes_ = 0;
+  uint8_t* staging_ = nullptr;  // the client's view
   std::unique_ptr<TieredStore> store_;
   std::unique_ptr<FakeCluster> cluster_;
   int wake_fd_ = -1;
@@ -346,6 +408,82 @@ TEST_F(LocalOpsTest, APutContinuingAnExistsChainIsNotedAfterItsLastHit) {
   ops_->PublishStored();
   ops_->PublishStored();
   EXPECT_EQ(cluster_->publishes, 1);
+}
+
+// A large commit's copies run on the copy threads (a 1 MiB value split
+// between both): the request parks, the loop is woken when the last copy is
+// done, and Resume commits and answers; an unknown handle keeps its
+// InvalidArgument. A small commit is copied and answered at once.
+TEST_F(LocalOpsTest, ALargeCommitIsCopiedOffTheLoopAndASmallOneOnIt) {
+  Open(/*clustered=*/false, /*staging_bytes=*/4 << 20);
+  Hello();
+  std::vector<KeyId> keys = {Key("big"), Key("mid"), Key("small")};
+  std::vector<size_t> sizes = {1 << 20, 100000, 5000};
+  auto handles = ReserveAndWrite(keys, sizes, {1, 2, 3});
+  handles.push_back(999999);  // never reserved
+  SendCommit(handles);
+  EXPECT_TRUE(s_.pending);
+  EXPECT_TRUE(Replies().empty());
+  EXPECT_TRUE(s_.reservations.empty());  // moved into the parked commit
+  auto ready = WaitReady();
+  ASSERT_EQ(ready.size(), 1u);
+  ops_->Resume(s_, ready[0]);
+  EXPECT_FALSE(s_.pending);
+  EXPECT_EQ(Statuses(OneReply()),
+            (std::vector<int32_t>{0, 0, 0, static_cast<int32_t>(StatusCode::kInvalidArgument)}));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    SendGet({keys[i]}, sizes[i]);
+    ExpectGetReply(OneReply(), {static_cast<int>(i) + 1}, sizes[i]);
+  }
+  EXPECT_EQ(Metric("kvpool_ops_total", {{"op", "commit"}}), 1);
+
+  // 2 x 4 KiB: under LocalOps::kInlineCopyBytes, answered at once.
+  auto small = ReserveAndWrite({Key("s1"), Key("s2")}, {4096, 4096}, {7, 8});
+  SendCommit(small);
+  EXPECT_FALSE(s_.pending);
+  EXPECT_EQ(Statuses(OneReply()), (std::vector<int32_t>{0, 0}));
+  SendGet({Key("s1"), Key("s2")});
+  ExpectGetReply(OneReply(), {7, 8});
+  // The staging ranges were freed: the whole area can be reserved again.
+  auto again = ReserveAndWrite({Key("a0"), Key("a1"), Key("a2"), Key("a3")},
+                               {1 << 20, 1 << 20, 1 << 20, 1 << 20}, {9, 10, 11, 12});
+  EXPECT_EQ(again.size(), 4u);
+}
+
+// The client leaves while its commit's copies run: they finish into slots
+// and staging the parked commit still holds, and the request, found with
+// no connection to answer, aborts its reservations. Nothing is stored.
+TEST_F(LocalOpsTest, AClientLeavingMidCommitFreesNothingACopyStillUses) {
+  Open(/*clustered=*/false, /*staging_bytes=*/4 << 20);
+  Hello();
+  // Hold the copy threads, so the commit is surely in flight when the
+  // session goes.
+  std::mutex gate;
+  gate.lock();
+  for (int i = 0; i < 2; ++i) copy_pool_.Submit([&] { std::lock_guard l(gate); });
+  auto handles = ReserveAndWrite({Key("l1"), Key("l2")}, {1 << 20, 1 << 20}, {1, 2});
+  SendCommit(handles);
+  ASSERT_TRUE(s_.pending);
+  ::munmap(staging_, staging_bytes_);
+  staging_ = nullptr;
+  s_ = LocalSession{};  // the connection closes: its staging area and session go
+  gate.unlock();
+  auto ready = WaitReady();
+  ASSERT_EQ(ready.size(), 1u);
+  ready.clear();  // the loop finds no connection and drops it
+  EXPECT_FALSE(store_->Contains(Key("l1")));
+  EXPECT_FALSE(store_->Contains(Key("l2")));
+  // The aborted slots are free again: the whole store takes new values.
+  Open(/*clustered=*/false, /*staging_bytes=*/4 << 20);
+  Hello();
+  auto h2 = ReserveAndWrite({Key("l1")}, {1 << 20}, {3});
+  SendCommit(h2);
+  auto r2 = WaitReady();
+  ASSERT_EQ(r2.size(), 1u);
+  ops_->Resume(s_, r2[0]);
+  EXPECT_EQ(Statuses(OneReply()), (std::vector<int32_t>{0}));
+  SendGet({Key("l1")}, 1 << 20);
+  ExpectGetReply(OneReply(), {3}, 1 << 20);
 }
 
 }  // namespace

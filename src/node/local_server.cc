@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -15,10 +16,12 @@
 #include <deque>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "common/event_loop_fds.h"
+#include "common/executor.h"
 #include "common/log.h"
 #include "node/local_ops.h"
 #include "node/socket_dir.h"
@@ -145,6 +148,9 @@ class LocalServerImpl final : public LocalServer {
   }
 
   ~LocalServerImpl() override {
+    // The copies in flight finish (and post to the loop's wake fd, still
+    // open) before the connections and their requests go.
+    if (copy_pool_ != nullptr) copy_pool_->Stop();
     for (auto& [fd, c] : conns_) ::close(fd);
     CloseFds({spare_fd_, listen_fd_, epoll_fd_, wake_fd_});
   }
@@ -153,6 +159,11 @@ class LocalServerImpl final : public LocalServer {
     KVPOOL_RETURN_IF_ERROR(OpenEventLoopFds("", &epoll_fd_, &wake_fd_, &spare_fd_));
     handlers_ = std::make_unique<LocalOps>(opts_, tiered_, cluster_, wake_fd_, metrics_,
                                            stats_json_, tenants_);
+    if (const int copiers = opts_.ResolvedCopyThreads();
+        copiers > 0 && opts_.client_staging_bytes > 0) {
+      copy_pool_ = std::make_unique<ThreadPool>(copiers, "kvpool-copy");
+      handlers_->set_copy_executor(copy_pool_.get(), copiers);
+    }
     // A tenant token moves a connection to its tenant: that tenant's cap
     // counts it from the hello on.
     handlers_->set_admit_tenant([this](int tenant) {
@@ -166,6 +177,9 @@ class LocalServerImpl final : public LocalServer {
   }
 
   void Run() override {
+    // Named, so a per-thread CPU figure (top -H, bench/compare.sh local)
+    // tells the loop from the node's other threads.
+    pthread_setname_np(pthread_self(), "kvpool-local");
     std::vector<epoll_event> events(256);
     auto last_activity = std::chrono::steady_clock::now() - std::chrono::hours(1);
     auto last_expiry = std::chrono::steady_clock::now();
@@ -723,6 +737,9 @@ class LocalServerImpl final : public LocalServer {
   const std::vector<LocalTenant> tenants_;
   std::unique_ptr<std::atomic<int>[]> tenant_conns_;  // [0]: the default tenant
   std::unique_ptr<LocalOps> handlers_;  // created with the wake fd
+  // Commits' copies (LocalOps::set_copy_executor); stopped first, so it
+  // goes before handlers_ (whose parked requests its jobs write to).
+  std::unique_ptr<ThreadPool> copy_pool_;
   MetricsRegistry* metrics_ = nullptr;
   const std::function<std::string()> stats_json_;
   std::string socket_path_;  // resolved at Bind()
@@ -754,6 +771,11 @@ class LocalServerImpl final : public LocalServer {
 };
 
 }  // namespace
+
+int LocalServerOptions::ResolvedCopyThreads() const {
+  if (copy_threads >= 0) return copy_threads;
+  return std::thread::hardware_concurrency() >= 4 ? 2 : 0;
+}
 
 Result<std::unique_ptr<LocalServer>> LocalServer::Open(const LocalServerOptions& options,
                                                        TieredStore* store, ClusterFaces cluster,

@@ -97,6 +97,16 @@ struct LocalServerOptions {
   // area of this size for its reservations, copied into the segment on
   // commit. 0: clients map the segment writable and write in place.
   uint64_t client_staging_bytes = 0;
+  // Threads that copy committed values from the staging areas into the
+  // segment, so the loop only admits, parks and answers (a commit of less
+  // than LocalOps::kInlineCopyBytes is copied by the loop). 0: the loop
+  // copies every commit. -1 (auto): 2 on a host of 4 or more CPUs, else 0.
+  // The hand-off costs a copy thread's wake-up and the loop's per commit
+  // chunk: on 2 CPUs shared with the writing client, that costs more put
+  // throughput than the loop's freed time wins (bench/README.md).
+  int32_t copy_threads = -1;
+  // What copy_threads resolves to on this host.
+  int ResolvedCopyThreads() const;
   // Not a setting: where the default tenant's block descriptors are staged
   // (blocks/descriptor_table.h; null: they are checked and dropped).
   // Outlives the server.

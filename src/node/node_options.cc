@@ -219,6 +219,10 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
               "Request bytes buffered across all local connections beyond 64KiB each (at least "
               "one --max-frame); a connection needing more waits");
 
+  t->AddInt("copy-threads", &o->local.copy_threads, -1, 64,
+            "Threads copying committed values from clients' staging areas into the segment, so "
+            "the local loop moves no bytes of a large commit (0: the loop copies; -1: 2 on a host "
+            "of 4 or more CPUs, else 0)");
   t->AddInt("poll-spin-us", &o->local.poll_spin_us, 0, 10000,
             "Microseconds the socket loop polls without sleeping after a request (0: never)");
   t->AddBool("admin", &o->admin_enabled, "Serve the admin HTTP endpoint (metrics, dashboard)");

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <span>
@@ -32,6 +33,8 @@
 
 namespace kvpool {
 
+struct CommitCopies;  // node/local_ops.h
+
 class ParkedReads {
  public:
   // What a parked request carries back to the loop.
@@ -45,6 +48,9 @@ class ParkedReads {
     std::set<KeyId> remote_hits;            // exists: keys the cluster has
     Status call_status;                     // a parked call's outcome
     std::string answer;                     // and its answer (ParkCall)
+    // A commit whose copies run elsewhere (ParkCall): its reservations and
+    // staging, kept alive here until it is answered.
+    std::shared_ptr<CommitCopies> commit;
   };
 
   // wake_fd: the loop's eventfd (written once per completion). remote may
