@@ -592,31 +592,25 @@ Status LocalOps::CommitForwarded(LocalSession& c, const LocalSession::Reserved& 
 Status LocalOps::OnCommit(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {
   KVPOOL_RETURN_IF_ERROR(protocol::DecodeHandles(body, opts_.max_batch, &handles_));
   items_->Inc(handles_.size());
-  if (copy_ != nullptr && c.staging && c.handshaked) {
-    uint64_t bytes = 0;
-    for (uint64_t hd : handles_) {
-      auto it = c.reservations.find(hd);
-      if (it != c.reservations.end() && it->second.slot.valid() &&
-          it->second.staging_offset != StagingArea::kNone) {
-        bytes += it->second.size();
-      }
-    }
-    if (bytes >= kInlineCopyBytes) {
-      auto cc = std::make_shared<CommitCopies>();
-      TakeReservations(c, cc.get());
-      ParkedReads::Request r = RequestOf(c, h);
-      r.commit = cc;
-      T(c).parked->ParkCall(
-          &r, [this, cc](ParkedReads::CallDone done) { StartCopies(cc.get(), std::move(done)); });
-      c.pending = true;
-      parked_now_ = true;
-      return Status::Ok();
-    }
-  }
   CommitCopies& cc = inline_commit_;
   TakeReservations(c, &cc);
+  if (copy_ != nullptr && StagedBytes(cc) >= kInlineCopyBytes) {
+    auto parked = std::make_shared<CommitCopies>();
+    parked->items = std::move(cc.items);
+    parked->statuses = std::move(cc.statuses);
+    parked->staging = std::move(cc.staging);
+    cc.Clear();
+    ParkedReads::Request r = RequestOf(c, h);
+    r.commit = parked;
+    T(c).parked->ParkCall(&r, [this, parked](ParkedReads::CallDone done) {
+      StartCopies(parked.get(), std::move(done));
+    });
+    c.pending = true;
+    parked_now_ = true;
+    return Status::Ok();
+  }
   for (auto& item : cc.items) {
-    if (!item || !item->slot.valid() || item->staging_offset == StagingArea::kNone) continue;
+    if (!FromStaging(item)) continue;
     std::memcpy(item->slot.data(), cc.staging->data(item->staging_offset), item->size());
   }
   FinishCommit(c, h, cc);
@@ -642,9 +636,7 @@ void LocalOps::TakeReservations(LocalSession& c, CommitCopies* cc) {
 uint64_t LocalOps::StagedBytes(const CommitCopies& cc) {
   uint64_t bytes = 0;
   for (const auto& item : cc.items) {
-    if (item && item->slot.valid() && item->staging_offset != StagingArea::kNone) {
-      bytes += item->size();
-    }
+    if (FromStaging(item)) bytes += item->size();
   }
   return bytes;
 }
@@ -665,7 +657,7 @@ void LocalOps::StartCopies(CommitCopies* cc, std::function<void(Status, std::str
   std::vector<std::vector<Range>> jobs(1);
   uint64_t in_job = 0;
   for (auto& item : cc->items) {
-    if (!item || !item->slot.valid() || item->staging_offset == StagingArea::kNone) continue;
+    if (!FromStaging(item)) continue;
     uint8_t* dst = item->slot.data();
     const uint8_t* src = cc->staging->data(item->staging_offset);
     uint64_t left = item->size();

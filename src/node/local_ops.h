@@ -210,6 +210,11 @@ class LocalOps {
   Status OnCommit(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
   // Moves the reservations of handles_ out of the session into *cc.
   void TakeReservations(LocalSession& c, CommitCopies* cc);
+  // Whether a commit item is copied from the staging area into its slot
+  // (not unknown, not forwarded, not written in place).
+  static bool FromStaging(const std::optional<LocalSession::Reserved>& item) {
+    return item && item->slot.valid() && item->staging_offset != StagingArea::kNone;
+  }
   // Bytes cc's staged items copy into their slots.
   static uint64_t StagedBytes(const CommitCopies& cc);
   // Starts cc's copies on the copy executor in up to copy_threads_ jobs of
