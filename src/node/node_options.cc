@@ -179,6 +179,10 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
             "Reclaiming a region keeps entries read at least this often (0: never)");
   t->AddInt("ssd-admit-reads", &o->tiering.admit_min_reads, 0, 15,
             "Demote to SSD only entries read at least this often (0: all)");
+  t->AddBool("ssd-demote-in-place", &o->tiering.demote_in_place,
+             "Demote DRAM evictions to SSD without copying them under the DRAM lock: the "
+             "slot is held until the region's flush copies it, or (huge-page segment, values "
+             "of 256 KiB and more) writes it straight from DRAM");
   t->AddBool("ssd-wipe-other-format", &o->ssd.wipe_other_format,
              "Start with an SSD directory written in another on-disk format version by wiping "
              "it (the SSD tier starts empty); without it such a directory stops the start "

@@ -98,6 +98,7 @@ struct TieredStore::Impl {
   std::array<std::atomic<HoldingsObserver*>, kHoldingsSlots> observers{};
   std::atomic<uint64_t> observer_calls{0};
   std::atomic<bool> ssd_open{false};  // demotions go to the SSD tier
+  LendTerms lend_terms;               // for demotions in place (TieringOptions)
 
   bool observed() const {
     for (const auto& o : observers) {
@@ -125,7 +126,8 @@ struct TieredStore::Impl {
 
   // The DRAM tier's eviction listener, under its lock: the entry is written
   // back to SSD when the SSD tier admits it.
-  void OnDramEviction(const KeyId& key, const uint8_t* data, uint64_t size) {
+  void OnDramEviction(const KeyId& key, const uint8_t* data, uint64_t size,
+                      const DramStore::Lend* lend) {
     using W = HoldingsEvent::Why;
     SsdStore* ssd = ssd_open.load(std::memory_order_acquire) ? self->ssd_ : nullptr;
     if (ssd == nullptr) {
@@ -142,6 +144,13 @@ struct TieredStore::Impl {
       return;
     }
     bool held = ssd->Contains(key);  // already written back earlier
+    if (!held && lend != nullptr && options.demote_in_place) {
+      const LendResult r = ssd->InsertLent(key, data, size, lend_terms, [lend] {
+        return std::make_shared<DramStore::Pin>((*lend)());
+      });
+      held = r != LendResult::kRefused;
+      if (r == LendResult::kLent) demotions->Inc();
+    }
     // Under the DRAM lock: never wait for a region write here (Reserve
     // waited for room before taking the lock).
     if (!held) {
@@ -255,10 +264,19 @@ TieredStore::TieredStore(DramStore* dram, SsdStore* ssd, Executor* executor,
       "kvpool_tier_demotions_dropped_total",
       "DRAM evictions the SSD tier refused (buffers full, offline, disk full)");
   impl_->ssd_open.store(ssd_ != nullptr);
+  const DramStats ds = dram_->GetStats();
+  // A lent slot's memory comes from the read room (DramStore::Lend): half
+  // of it at most, the rest left to the reads it is for.
+  impl_->lend_terms = {ds.huge_pages, ds.read_room_bytes / 2};
+  SetDemotionListener();
+}
+
+void TieredStore::SetDemotionListener() {
   Impl* impl = impl_.get();
-  dram_->SetEvictionListener([impl](const KeyId& key, const uint8_t* data, uint64_t size) {
-    impl->OnDramEviction(key, data, size);
-  });
+  dram_->SetEvictionListener(
+      [impl](const KeyId& key, const uint8_t* data, uint64_t size, const DramStore::Lend* lend) {
+        impl->OnDramEviction(key, data, size, lend);
+      });
 }
 
 TieredStore::~TieredStore() {
@@ -448,10 +466,7 @@ Status TieredStore::Close() {
   // No demotions into a closing tier: an eviction from now on drops the entry.
   impl_->ssd_open.store(false, std::memory_order_release);
   // Set again under the DRAM tier's lock: a demotion running now has ended.
-  Impl* impl = impl_.get();
-  dram_->SetEvictionListener([impl](const KeyId& key, const uint8_t* data, uint64_t size) {
-    impl->OnDramEviction(key, data, size);
-  });
+  SetDemotionListener();
   return ssd_->Close();
 }
 

@@ -45,6 +45,14 @@ struct TieringOptions {
   // read at least N times while cached (estimated by a frequency sketch; at
   // most 15), to spare SSD wear from one-time values.
   uint32_t admit_min_reads = 0;
+  // A demotion leaves the value's bytes in its DRAM slot, held by the SSD
+  // tier, until the region's flush copies them into its buffer or -- on a
+  // segment of huge pages, for values of 256 KiB and more -- writes them
+  // from the slot (SsdStore::InsertLent): nothing is copied under the DRAM
+  // lock. The held slots' memory is the DRAM read room's: at most half of
+  // it is held so at once, and without a read room nothing is; past that,
+  // or when the SSD tier cannot take it now, the eviction copies.
+  bool demote_in_place = true;
 
   Status Validate() const;
 };
@@ -228,6 +236,9 @@ class TieredStore {
   // AlreadyExists when the key is on SSD; else waits (bounded) for room
   // for a demotion (see Reserve).
   Status BeforeReserve(const KeyId& key, uint64_t size);
+
+  // Sets the DRAM tier's eviction listener to the demotion path.
+  void SetDemotionListener();
 
   std::unique_ptr<DramStore> owned_dram_;  // set by Open
   std::unique_ptr<SsdStore> owned_ssd_;    // set by Open with an SSD tier

@@ -487,5 +487,101 @@ TEST(TieredStoreOpenTest, OwnsDramOnlyTier) {
   pool.Stop();
 }
 
+// Runs what is submitted only when told: the SSD tier's copies and region
+// writes wait for the test.
+class HeldExecutor final : public Executor {
+ public:
+  void Submit(std::function<void()> fn) override {
+    std::lock_guard lock(mu_);
+    queue_.push_back(std::move(fn));
+  }
+  void RunAll() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::lock_guard lock(mu_);
+        if (queue_.empty()) return;
+        fn = std::move(queue_.front());
+        queue_.erase(queue_.begin());
+      }
+      fn();
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::function<void()>> queue_;
+};
+
+// A demotion in place keeps the evicted slot: later puts never get it while
+// the SSD tier reads and writes from it, and every key reads back exact
+// from wherever it is, before and after the SSD tier lets the slots go.
+TEST(TieredStoreLendTest, ALentSlotIsNotReusedUntilTheSsdTierLetsItGo) {
+  MetricsRegistry metrics;
+  MemoryDisk disk;
+  HeldExecutor flushes;
+  ThreadPool promote(1, "test-promote");
+  DramOptions d;
+  d.capacity_bytes = 8 * kMiB;
+  d.read_room_bytes = 4 * kMiB;
+  d.slab_bytes = kMiB;
+  d.max_value_bytes = kMiB;
+  d.huge_pages = false;
+  auto dram = DramStore::Open(d, &metrics);
+  ASSERT_TRUE(dram.ok());
+  SsdOptions so;
+  so.dirs = {"/mem/a"};
+  so.capacity_bytes = 64 * kMiB;
+  so.region_bytes = 4 * kMiB;
+  so.device_factory = disk.Factory();
+  auto ssd = SsdStore::Open(so, &metrics, &flushes);
+  ASSERT_TRUE(ssd.ok());
+  auto tiered =
+      std::make_unique<TieredStore>(dram->get(), ssd->get(), &promote, TieringOptions{}, &metrics);
+  const uint64_t n = 200000;
+  const int keys = 48;
+  std::vector<uint8_t> v(n);
+  for (int i = 0; i < keys; ++i) {
+    Fill(v.data(), i, n);
+    ASSERT_TRUE(tiered->Put(K(i), v, {}).ok()) << i;
+  }
+  // Every key, byte-exact, from DRAM or from the SSD tier (which reads a
+  // lent value from its slot).
+  auto check_all = [&] {
+    std::vector<uint8_t> got(n);
+    for (int i = 0; i < keys; ++i) {
+      auto pin = tiered->Acquire(K(i));
+      if (pin.ok()) {
+        ASSERT_TRUE(Check(pin->data(), i, n)) << "DRAM " << i;
+        continue;
+      }
+      ASSERT_TRUE((*ssd)->Read(K(i), got.data(), n).ok()) << i;
+      ASSERT_TRUE(Check(got.data(), i, n)) << "SSD " << i;
+    }
+  };
+  const uint64_t lent = (*dram)->GetStats().lent;
+  EXPECT_GT(lent, 0u);
+  // At most half the read room is lent at once.
+  EXPECT_GT((*ssd)->GetStats().lent_bytes, 0u);
+  EXPECT_LE((*ssd)->GetStats().lent_bytes, 2 * kMiB);
+  EXPECT_EQ((*dram)->GetStats().pinned, (*ssd)->GetStats().lent_bytes / n);
+  check_all();
+  flushes.RunAll();  // the copies, then the region writes
+  ASSERT_TRUE((*ssd)->Flush().ok());
+  EXPECT_EQ((*ssd)->GetStats().lent_bytes, 0u);
+  EXPECT_EQ((*dram)->GetStats().pinned, 0u);
+  check_all();
+  // The slots given back are used again: more puts, all exact.
+  for (int i = keys; i < keys + 16; ++i) {
+    Fill(v.data(), i, n);
+    ASSERT_TRUE(tiered->Put(K(i), v, {}).ok()) << i;
+  }
+  check_all();
+  promote.Stop();
+  tiered.reset();
+  flushes.RunAll();
+  ASSERT_TRUE((*ssd)->Close().ok());
+}
+
 }  // namespace
 }  // namespace kvpool

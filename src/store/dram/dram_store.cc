@@ -237,7 +237,7 @@ class DramStoreImpl final : public DramStore {
     return Pin(this, slot, key, alloc_.offset(slot), m.size);
   }
 
-  void ForEachEntry(const EvictionListener& fn) const override {
+  void ForEachEntry(const EntryVisitor& fn) const override {
     std::lock_guard lock(mu_);
     for (uint32_t si = 0; si < alloc_.num_slabs(); ++si) {
       ForEachInSlabLocked(si, [&](uint32_t slot, const SlotMeta& m) {
@@ -344,6 +344,7 @@ class DramStoreImpl final : public DramStore {
     s.reserved = reserved_;
     s.pinned = pinned_;
     s.evictions = evictions_;
+    s.lent = lent_;
     s.slab_moves = slab_moves_;
     s.lookup_rounds = lookup_rounds_;
     s.index_bytes = IndexBytes();
@@ -405,7 +406,7 @@ class DramStoreImpl final : public DramStore {
   void FitCapacity(uint16_t cls, uint64_t share, uint32_t* colder_than) {
     while (counted_share_ + share > cache_share_) {
       uint32_t slab = TakeSlab(cls, /*any_donor=*/false);
-      if (slab == kNoSlab && !EvictFrom(cls)) {
+      if (slab == kNoSlab && !EvictFrom(cls, /*may_lend=*/true)) {
         slab = TakeSlab(cls, /*any_donor=*/true);
         if (slab == kNoSlab) break;
       }
@@ -505,16 +506,36 @@ class DramStoreImpl final : public DramStore {
   }
 
   // REQUIRES: committed, unpinned, already out of the policy's queues.
-  void EvictSlot(uint32_t slot) {
+  // may_lend: the listener may keep the slot (see EvictionListener); a slab
+  // being emptied for another class frees its slots now instead.
+  void EvictSlot(uint32_t slot, bool may_lend) {
     SlotMeta& m = alloc_.meta(slot);
     KVPOOL_CHECK(m.state == SlotState::kCommitted && m.pins == 0);
-    if (listener_) listener_(m.key, segment_->base() + alloc_.offset(slot), m.size);
+    bool lent = false;
+    if (listener_) {
+      const Lend lend = [&] {
+        KVPOOL_CHECK(!lent);
+        lent = true;
+        return Pin(this, slot, m.key, alloc_.offset(slot), m.size);
+      };
+      listener_(m.key, segment_->base() + alloc_.offset(slot), m.size, may_lend ? &lend : nullptr);
+    }
     NoteEvictionAge(m.key);
     KVPOOL_CHECK(index_.Erase(m.key, slot));
     DropEntry(slot, alloc_.class_of(slot));
     ++evictions_;
     evictions_metric_->Inc();
-    FreeSlot(slot);
+    if (!lent) {
+      FreeSlot(slot);
+      return;
+    }
+    // Out of the index, pinned by the borrower, freed (not cleared) by the
+    // last Unpin, as a read-through copy's slot is.
+    m.state = SlotState::kUnlisted;
+    m.pins = 1;
+    ++alloc_.slab(alloc_.slab_of(slot)).busy;
+    ++pinned_;
+    ++lent_;
   }
 
   // Eviction age (the time from an entry's last commit or hit to its
@@ -534,10 +555,13 @@ class DramStoreImpl final : public DramStore {
     recent_age_us_.Add(static_cast<uint64_t>(us), 1);
   }
 
-  bool EvictFrom(uint16_t cls) {
+  // may_lend: only where the eviction makes room in the capacity and the
+  // memory comes from the read room (FitCapacity); an eviction for memory
+  // itself needs the slot free now.
+  bool EvictFrom(uint16_t cls, bool may_lend = false) {
     const uint32_t victim = policy_->PickVictim(cls);
     if (victim == kNoSlot) return false;
-    EvictSlot(victim);
+    EvictSlot(victim, may_lend);
     return true;
   }
 
@@ -668,14 +692,14 @@ class DramStoreImpl final : public DramStore {
     if (cls == alloc_.large_class()) {
       const uint32_t slot = alloc_.SlotId(i, 0);
       policy_->Erase(slot, cls);
-      EvictSlot(slot);  // frees the run
+      EvictSlot(slot, /*may_lend=*/false);  // frees the run
       return;
     }
     for (uint32_t k = 0; k < alloc_.slots_per_slab(cls); ++k) {
       const uint32_t slot = alloc_.SlotId(i, k);
       if (alloc_.meta(slot).state != SlotState::kCommitted) continue;
       policy_->Erase(slot, cls);
-      EvictSlot(slot);
+      EvictSlot(slot, /*may_lend=*/false);
     }
     alloc_.UnassignSlab(i);
     OnCapacityChange();
@@ -827,6 +851,7 @@ class DramStoreImpl final : public DramStore {
   uint64_t entries_ = 0;
   uint64_t reserved_ = 0;
   uint64_t pinned_ = 0;
+  uint64_t lent_ = 0;  // evictions whose slot the listener kept
   uint64_t evictions_ = 0;
   uint64_t slab_moves_ = 0;
   mutable uint64_t lookup_rounds_ = 0;

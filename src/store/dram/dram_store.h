@@ -81,6 +81,7 @@ struct DramStats {
   uint64_t reserved = 0;         // outstanding reservations
   uint64_t pinned = 0;           // entries with at least one pin
   uint64_t evictions = 0;
+  uint64_t lent = 0;             // evictions whose slot a lower tier kept to write from
   uint64_t slab_moves = 0;       // slabs taken from one class for another
   // Holds of the store's lock to look keys up (Acquire, AcquireBatch,
   // Contains): a batched read costs one.
@@ -173,12 +174,26 @@ class DramStore {
   // Called for each entry evicted (not removed), with its bytes still intact,
   // while the store's lock is held: it must be quick and must not call back
   // into the store. For write-back to a lower tier.
-  using EvictionListener = std::function<void(const KeyId& key, const uint8_t* data, uint64_t size)>;
+  //
+  // lend, when not null (an eviction that makes room in the capacity while
+  // the read room has memory for the reservation: not one for memory
+  // itself, nor one that empties a slab for another size class; never
+  // without a read room), lets the listener keep
+  // the bytes where they are instead of copying them: calling it (at most
+  // once, during the call) returns a pin of the evicted slot. The entry
+  // still leaves the index and the capacity at once, but its slot is not
+  // reused until that pin is released, which must happen without this
+  // store's lock held. The eviction that lent goes on to evict another
+  // entry if it still needs memory.
+  using Lend = std::function<Pin()>;
+  using EvictionListener =
+      std::function<void(const KeyId& key, const uint8_t* data, uint64_t size, const Lend* lend)>;
   virtual void SetEvictionListener(EvictionListener listener) = 0;
   // Calls fn for every committed entry with its bytes, under the store's
   // lock (the same rules as the eviction listener). For writing DRAM out to
   // a lower tier at shutdown.
-  virtual void ForEachEntry(const EvictionListener& fn) const = 0;
+  using EntryVisitor = std::function<void(const KeyId& key, const uint8_t* data, uint64_t size)>;
+  virtual void ForEachEntry(const EntryVisitor& fn) const = 0;
   // Calls fn(key, size) for the committed entries, taking the store's lock
   // for a few thousand slots at a time and calling fn without it, so puts
   // and gets wait at most that long and fn may call into the store. An entry

@@ -430,10 +430,11 @@ TEST(DramStoreTest, IndexBytesPerEntry) {
 TEST(DramStoreTest, EvictionListenerSeesIntactBytes) {
   auto store = OpenStore(SmallOptions());
   uint64_t seen = 0, good = 0;
-  store->SetEvictionListener([&](const KeyId& key, const uint8_t* data, uint64_t size) {
-    ++seen;
-    if (size == 512 * KiB && CheckPattern(key, data, size)) ++good;
-  });
+  store->SetEvictionListener(
+      [&](const KeyId& key, const uint8_t* data, uint64_t size, const DramStore::Lend*) {
+        ++seen;
+        if (size == 512 * KiB && CheckPattern(key, data, size)) ++good;
+      });
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(Put(*store, Key(i), 512 * KiB).ok());
   ASSERT_TRUE(store->Remove(Key(99)).ok());  // removals are not evictions
   const DramStats s = store->GetStats();

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "common/status.h"
@@ -29,6 +30,13 @@ class Device {
   // ResourceExhausted when a write finds the disk full (ENOSPC).
   virtual Status Read(uint64_t offset, void* buf, uint64_t len) = 0;
   virtual Status Write(uint64_t offset, const void* buf, uint64_t len) = 0;
+  // A gather write: the pieces, back to back from offset, each under the
+  // same rules as Write's buffer. The base writes them one by one.
+  struct Piece {
+    const void* buf;
+    uint64_t len;
+  };
+  virtual Status WriteV(uint64_t offset, std::span<const Piece> pieces);
   // Makes completed writes durable (fdatasync).
   virtual Status Sync() = 0;
   // "io_uring", "pread", "memory", ...: for logs and status.

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include "common/log.h"
@@ -66,6 +67,20 @@ class FileDevice final : public Device {
     return rings_.empty() ? SyncIo(true, offset, p, len) : RingIo(true, offset, p, len);
   }
 
+  Status WriteV(uint64_t offset, std::span<const Piece> pieces) override {
+    if (rings_.empty()) return Device::WriteV(offset, pieces);
+    std::vector<Span> spans;
+    spans.reserve(pieces.size());
+    for (const Piece& p : pieces) {
+      KVPOOL_CHECK(offset % kDeviceBlock == 0 && p.len % kDeviceBlock == 0 &&
+                   reinterpret_cast<uintptr_t>(p.buf) % kDeviceBlock == 0);
+      spans.push_back({offset, const_cast<uint8_t*>(static_cast<const uint8_t*>(p.buf)), p.len});
+      offset += p.len;
+    }
+    KVPOOL_CHECK(offset <= size_);
+    return RingIo(true, spans, opts_.write_chunk_bytes);
+  }
+
   Status Sync() override {
     if (::fdatasync(fd_) != 0) return IoErr("fdatasync", path_, 0, errno);
     return Status::Ok();
@@ -98,9 +113,25 @@ class FileDevice final : public Device {
     return Status::Ok();
   }
 
-  // Submits the I/O as up to kRingDepth chunks at once, waits for all, and
-  // finishes short transfers synchronously (rare: signals, end of file).
+  struct Span {
+    uint64_t off;
+    uint8_t* p;
+    uint64_t len;
+  };
+
+  // One span: submitted as up to kRingDepth chunks at once.
   Status RingIo(bool write, uint64_t off, uint8_t* buf, uint64_t len) {
+    uint64_t chunk = write ? std::max<uint64_t>(opts_.write_chunk_bytes, kDeviceBlock) : len;
+    chunk = std::max<uint64_t>(chunk, (len + kRingDepth - 1) / kRingDepth);
+    const Span one{off, buf, len};
+    return RingIo(write, std::span<const Span>(&one, 1), chunk);
+  }
+
+  // Cuts the spans into chunks of at most `chunk` bytes, submits them
+  // kRingDepth at a time, waits for each wave, and finishes short
+  // transfers synchronously (rare: signals, end of file).
+  Status RingIo(bool write, std::span<const Span> spans, uint64_t chunk) {
+    chunk = AlignUpBlock(std::max<uint64_t>(chunk, kDeviceBlock));
     // Spread threads over rings; a busy ring is skipped when another is free.
     static std::atomic<unsigned> next{0};
     thread_local unsigned home = next.fetch_add(1);
@@ -118,45 +149,48 @@ class FileDevice final : public Device {
       ring = rings_[home % rings_.size()].get();
       lock = std::unique_lock<std::mutex>(ring->mu);
     }
-    uint64_t chunk = write ? std::max<uint64_t>(opts_.write_chunk_bytes, kDeviceBlock) : len;
-    chunk = AlignUpBlock(std::max<uint64_t>(chunk, (len + kRingDepth - 1) / kRingDepth));
     struct Piece {
       uint64_t off, len;
       uint8_t* p;
       int64_t res = 0;
     };
     std::vector<Piece> pieces;
-    for (uint64_t done = 0; done < len; done += chunk) {
-      pieces.push_back({off + done, std::min(chunk, len - done), buf + done});
-    }
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      io_uring_sqe* sqe = io_uring_get_sqe(&ring->ring);
-      KVPOOL_CHECK(sqe != nullptr);  // pieces <= kRingDepth and the ring is drained
-      if (write) {
-        io_uring_prep_write(sqe, fd_, pieces[i].p, pieces[i].len, pieces[i].off);
-      } else {
-        io_uring_prep_read(sqe, fd_, pieces[i].p, pieces[i].len, pieces[i].off);
+    for (const Span& s : spans) {
+      for (uint64_t done = 0; done < s.len; done += chunk) {
+        pieces.push_back({s.off + done, std::min(chunk, s.len - done), s.p + done});
       }
-      io_uring_sqe_set_data64(sqe, i);
     }
-    size_t pending = pieces.size();
-    int rc = io_uring_submit(&ring->ring);
-    if (rc < 0 || static_cast<size_t>(rc) != pieces.size()) {
-      // Not submitted at all (the ring is unusable): drain what went and
-      // fall back for this call.
-      LogWarn("ssd: io_uring_submit on {} returned {}; using pread/pwrite for this I/O", path_,
-              rc);
-      pending = rc > 0 ? rc : 0;
-      for (auto& p : pieces) p.res = -EAGAIN;
-    }
-    while (pending > 0) {
-      io_uring_cqe* cqe = nullptr;
-      int w = io_uring_wait_cqe(&ring->ring, &cqe);
-      if (w == -EINTR) continue;
-      KVPOOL_CHECK(w == 0);  // only fails for a broken ring
-      pieces[io_uring_cqe_get_data64(cqe)].res = cqe->res;
-      io_uring_cqe_seen(&ring->ring, cqe);
-      --pending;
+    for (size_t first = 0; first < pieces.size(); first += kRingDepth) {
+      const size_t n = std::min<size_t>(kRingDepth, pieces.size() - first);
+      for (size_t i = first; i < first + n; ++i) {
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring->ring);
+        KVPOOL_CHECK(sqe != nullptr);  // n <= kRingDepth and the ring is drained
+        if (write) {
+          io_uring_prep_write(sqe, fd_, pieces[i].p, pieces[i].len, pieces[i].off);
+        } else {
+          io_uring_prep_read(sqe, fd_, pieces[i].p, pieces[i].len, pieces[i].off);
+        }
+        io_uring_sqe_set_data64(sqe, i);
+      }
+      size_t pending = n;
+      int rc = io_uring_submit(&ring->ring);
+      if (rc < 0 || static_cast<size_t>(rc) != n) {
+        // Not submitted at all (the ring is unusable): drain what went and
+        // fall back for this wave.
+        LogWarn("ssd: io_uring_submit on {} returned {}; using pread/pwrite for this I/O", path_,
+                rc);
+        pending = rc > 0 ? rc : 0;
+        for (size_t i = first; i < first + n; ++i) pieces[i].res = -EAGAIN;
+      }
+      while (pending > 0) {
+        io_uring_cqe* cqe = nullptr;
+        int w = io_uring_wait_cqe(&ring->ring, &cqe);
+        if (w == -EINTR) continue;
+        KVPOOL_CHECK(w == 0);  // only fails for a broken ring
+        pieces[io_uring_cqe_get_data64(cqe)].res = cqe->res;
+        io_uring_cqe_seen(&ring->ring, cqe);
+        --pending;
+      }
     }
     lock.unlock();
     for (auto& p : pieces) {

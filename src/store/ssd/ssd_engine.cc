@@ -29,6 +29,10 @@ double SecondsSince(SteadyClock::time_point t0) {
 
 constexpr uint64_t kHugePage = 2ull << 20;
 
+// The smallest value InsertLent writes from where it lies (gather): up to a
+// device block of padding before its header is then under 2 % of it.
+constexpr uint64_t kGatherMinBytes = 256ull << 10;
+
 // The per-thread aligned buffer O_DIRECT reads land in before the one copy
 // into the caller's memory (whole huge pages: a 1 MiB value with its header
 // needs more than 1 MiB anyway).
@@ -186,6 +190,201 @@ bool SsdEngine::Insert(const KeyId& key, const uint8_t* data, uint64_t size, boo
   return true;
 }
 
+LendResult SsdEngine::InsertLent(const KeyId& key, const uint8_t* data, uint64_t size,
+                                 const LendTerms& terms,
+                                 const std::function<std::shared_ptr<void>()>& take) {
+  const uint64_t rec = RecordBytes(size);
+  // A gather record's payload starts on a device block in the file, so the
+  // write can take its whole blocks from `data`; the header sits just
+  // before (up to a block of padding ahead of it, which recovery scans
+  // over). Only for values large enough that the padding costs little.
+  const bool gather = terms.gather && size >= kGatherMinBytes &&
+                      reinterpret_cast<uintptr_t>(data) % kDeviceBlock == 0;
+  const uint64_t need = rec + (gather ? kDeviceBlock : 0);
+  if (size > opts_.max_value_bytes || size > UINT32_MAX ||
+      need > opts_.region_bytes - kRegionHeaderBytes) {
+    return LendResult::kRefused;
+  }
+  std::lock_guard lock(mu_);
+  if (closing_) return LendResult::kRefused;
+  IndexLoc loc;
+  if (index_.Find(key.hi, &loc)) return LendResult::kAlreadyStored;  // the first value stays
+  if (lent_bytes_ + size > terms.max_lent_bytes) return LendResult::kRefused;
+  uint32_t di = 0;
+  bool ok = false;
+  for (size_t i = 0; i < dirs_.size() && !ok; ++i) {
+    di = rr_++ % dirs_.size();
+    ok = CanWrite(*dirs_[di]) && PrepareRegion(di, need);
+  }
+  if (!ok) return LendResult::kRefused;
+  Dir& d = *dirs_[di];
+  const uint32_t ri = static_cast<uint32_t>(d.filling);
+  Region& r = d.regions[ri];
+  const uint64_t off =
+      gather ? AlignUp(r.used + kRecordHeaderBytes, kDeviceBlock) - kRecordHeaderBytes : r.used;
+  std::memset(r.buf + r.used, 0, off - r.used);
+  // A valid header now (readers of the buffer check the key by it); the
+  // payload's CRC is filled in by the flush (PrepareLent).
+  RecordHeader h;
+  EncodeRecordHeader(key, nullptr, 0, {RegionOffset(ri) + off, r.seq, d.incarnation()}, &h);
+  h.value_len = size;
+  h.header_crc = crc32c::Value(&h, 60);
+  std::memcpy(r.buf + off, &h, sizeof(h));
+  r.used = off + rec;
+  r.keys.push_back(key.hi);
+  index_.Insert(key.hi, {d.first_region + ri, off, static_cast<uint32_t>(size), 0});
+  r.lent.push_back({off, key, data, static_cast<uint32_t>(size), gather, false, take()});
+  lent_bytes_ += size;
+  (gather ? m_.lent_gathered : m_.lent_copied)->Inc();
+  if (!gather && !copy_queued_ && executor_ != nullptr) {
+    copy_queued_ = true;
+    executor_->Submit([weak = weak_from_this()] {
+      if (auto self = weak.lock()) self->CopyLent();
+    });
+  }
+  return LendResult::kLent;
+}
+
+void SsdEngine::CopyLent() {
+  struct Job {
+    uint32_t di, ri;
+    size_t i;      // in the region's lent list (appended to meanwhile, never reordered)
+    LentRecord l;  // without the hold
+    uint8_t* buf;
+    uint64_t seq;
+    RecordHeader h;
+  };
+  std::vector<Job> jobs;
+  std::vector<std::pair<uint32_t, uint32_t>> held;  // regions whose writers count jobs hold
+  std::unique_lock lock(mu_);
+  copy_queued_ = false;
+  if (abandoned_) return;
+  ++running_;
+  for (uint32_t di = 0; di < dirs_.size(); ++di) {
+    Dir& d = *dirs_[di];
+    auto take = [&](uint32_t ri) {
+      Region& r = d.regions[ri];
+      bool any = false;
+      for (size_t i = 0; i < r.lent.size(); ++i) {
+        LentRecord& l = r.lent[i];
+        if (l.gather || l.data == nullptr || l.copying) continue;
+        l.copying = true;
+        jobs.push_back({di,
+                        ri,
+                        i,
+                        {l.offset, l.key, l.data, l.length, false, true, nullptr},
+                        r.buf,
+                        r.seq,
+                        {}});
+        any = true;
+      }
+      if (any) {
+        ++r.writers;  // the region's flush waits for these copies
+        held.emplace_back(di, ri);
+      }
+    };
+    if (d.filling >= 0) take(static_cast<uint32_t>(d.filling));
+    for (uint32_t ri : d.flush_queue) take(ri);
+  }
+  lock.unlock();
+  for (Job& j : jobs) {
+    const Dir& d = *dirs_[j.di];
+    uint8_t* payload = j.buf + j.l.offset + kRecordHeaderBytes;
+    EncodeRecordHeader(j.l.key, j.l.data, j.l.length,
+                       {RegionOffset(j.ri) + j.l.offset, j.seq, d.incarnation()}, &j.h,
+                       kRecordMagic, payload);
+    std::memset(payload + j.l.length, 0, RecordBytes(j.l.length) - kRecordHeaderBytes - j.l.length);
+  }
+  std::vector<std::shared_ptr<void>> copied;
+  lock.lock();
+  for (const Job& j : jobs) {
+    LentRecord& l = dirs_[j.di]->regions[j.ri].lent[j.i];
+    std::memcpy(j.buf + l.offset, &j.h, sizeof(RecordHeader));
+    l.data = nullptr;  // readers take the buffer's copy from now on
+    l.copying = false;
+    lent_bytes_ -= l.length;
+    copied.push_back(std::move(l.hold));
+  }
+  for (auto [di, ri] : held) {
+    Region& r = dirs_[di]->regions[ri];
+    if (--r.writers == 0 && r.state == RegionState::kSealed) cv_.notify_all();
+  }
+  --running_;
+  cv_.notify_all();
+  lock.unlock();
+  copied.clear();  // the slots go back to their store
+}
+
+std::vector<std::shared_ptr<void>> SsdEngine::TakeLent(Region& r) {
+  std::vector<std::shared_ptr<void>> holds;
+  for (LentRecord& l : r.lent) {
+    if (l.hold) {
+      lent_bytes_ -= l.length;
+      holds.push_back(std::move(l.hold));
+    }
+  }
+  r.lent.clear();
+  return holds;
+}
+
+const uint8_t* SsdEngine::BufferedPayload(const Region& r, uint64_t offset) const {
+  auto it = std::lower_bound(r.lent.begin(), r.lent.end(), offset,
+                             [](const LentRecord& l, uint64_t off) { return l.offset < off; });
+  if (it != r.lent.end() && it->offset == offset && it->data != nullptr) return it->data;
+  return r.buf + offset + kRecordHeaderBytes;
+}
+
+std::vector<Device::Piece> SsdEngine::PrepareLent(uint32_t di, uint32_t ri, uint64_t len,
+                                                  std::unique_lock<std::mutex>& lock) {
+  Dir& d = *dirs_[di];
+  Region& r = d.regions[ri];
+  if (r.lent.empty()) return {{r.buf, len}};
+  // The list is final (the region is sealed) and only this flush changes
+  // it until the write is done: read it without the lock.
+  const std::vector<LentRecord>& lent = r.lent;
+  uint8_t* const buf = r.buf;
+  const uint64_t seq = r.seq;
+  lock.unlock();
+  std::vector<RecordHeader> headers(lent.size());
+  std::vector<Device::Piece> pieces;
+  uint64_t pos = 0;  // region bytes before it are in pieces
+  for (size_t i = 0; i < lent.size(); ++i) {
+    const LentRecord& l = lent[i];
+    if (l.data == nullptr) continue;  // copied in already (CopyLent)
+    const RecordExpect at{RegionOffset(ri) + l.offset, seq, d.incarnation()};
+    uint8_t* payload = buf + l.offset + kRecordHeaderBytes;
+    const uint64_t tail = l.gather ? l.length % kDeviceBlock : l.length;
+    const uint64_t body = l.length - tail;  // written from l.data
+    EncodeRecordHeader(l.key, l.data, l.length, at, &headers[i], kRecordMagic,
+                       l.gather ? nullptr : payload);
+    if (l.gather) {
+      std::memcpy(payload + body, l.data + body, tail);
+      pieces.push_back({buf + pos, l.offset + kRecordHeaderBytes - pos});
+      pieces.push_back({l.data, body});
+      pos = l.offset + kRecordHeaderBytes + body;
+    }
+    std::memset(payload + l.length, 0, RecordBytes(l.length) - kRecordHeaderBytes - l.length);
+  }
+  pieces.push_back({buf + pos, len - pos});
+  std::erase_if(pieces, [](const Device::Piece& p) { return p.len == 0; });
+  std::vector<std::shared_ptr<void>> copied;
+  lock.lock();
+  for (size_t i = 0; i < r.lent.size(); ++i) {
+    LentRecord& l = r.lent[i];
+    if (l.data == nullptr) continue;
+    std::memcpy(buf + l.offset, &headers[i], sizeof(RecordHeader));
+    if (!l.gather) {
+      l.data = nullptr;  // readers take the buffer's copy from now on
+      lent_bytes_ -= l.length;
+      copied.push_back(std::move(l.hold));
+    }
+  }
+  lock.unlock();
+  copied.clear();  // the slots go back to their store
+  lock.lock();
+  return pieces;
+}
+
 bool SsdEngine::PrepareRegion(uint32_t di, uint64_t bytes) {
   Dir& d = *dirs_[di];
   if (d.filling >= 0) {
@@ -265,6 +464,10 @@ void SsdEngine::FlushOne(uint32_t di, std::unique_lock<std::mutex>& lock) {
   if (!d.online) {
     // Nothing more is written to an offline directory; what was buffered
     // goes with it.
+    std::vector<std::shared_ptr<void>> lost = TakeLent(r);
+    lock.unlock();
+    lost.clear();
+    lock.lock();
     ReportDropped(DropRegion(di, ri), lock);
     --d.flushing;
     cv_.notify_all();
@@ -275,6 +478,7 @@ void SsdEngine::FlushOne(uint32_t di, std::unique_lock<std::mutex>& lock) {
   uint8_t* buf = r.buf;
   Device* dev = d.dev.get();
   const uint64_t reclaimed_seq = r.reclaimed_seq;
+  const std::vector<Device::Piece> pieces = PrepareLent(di, ri, len, lock);
   lock.unlock();
   std::vector<RecordRef> dropped;
   if (!reclaimed.empty()) {
@@ -283,11 +487,14 @@ void SsdEngine::FlushOne(uint32_t di, std::unique_lock<std::mutex>& lock) {
   Status st;
   for (int attempt = 0; attempt < kWriteAttempts; ++attempt) {
     const auto t0 = SteadyClock::now();
-    st = dev->Write(RegionOffset(ri), buf, len);
+    st = pieces.size() == 1 ? dev->Write(RegionOffset(ri), buf, len)
+                            : dev->WriteV(RegionOffset(ri), pieces);
     m_.write_latency->Observe(SecondsSince(t0));
     if (st.ok() || st.code() == StatusCode::kResourceExhausted) break;
   }
   lock.lock();
+  // The gather records' bytes are on disk, or lost with the region.
+  std::vector<std::shared_ptr<void>> written = TakeLent(r);
   if (st.ok()) {
     r.state = RegionState::kOnDisk;
     r.buf = nullptr;
@@ -316,6 +523,9 @@ void SsdEngine::FlushOne(uint32_t di, std::unique_lock<std::mutex>& lock) {
       LogWarn("ssd: region write to {} failed ({}); region dropped", d.dir, st.ToString());
     }
   }
+  lock.unlock();
+  written.clear();  // the slots go back to their store
+  lock.lock();
   // Reported before the flush counts as done, so Flush() returns after it.
   ReportDropped(dropped, lock);
   --d.flushing;
@@ -497,7 +707,7 @@ Status SsdEngine::Read(const KeyId& key, uint8_t* dst, uint64_t size) {
       RecordHeader h;
       std::memcpy(&h, r.buf + loc.offset, sizeof(h));
       if (h.key_hi != key.hi || h.key_lo != key.lo) return NotFound("ssd: index tag collision");
-      std::memcpy(dst, r.buf + loc.offset + kRecordHeaderBytes, size);
+      std::memcpy(dst, BufferedPayload(r, loc.offset), size);
       reads_.fetch_add(1, std::memory_order_relaxed);
       read_bytes_.fetch_add(size, std::memory_order_relaxed);
       return Status::Ok();
@@ -596,7 +806,20 @@ void SsdEngine::Abandon() {
   abandoned_ = true;
   closing_ = true;
   cv_.wait(lock, [&] { return running_ == 0; });
+  std::vector<std::shared_ptr<void>> lost = ReleaseAllLent();
+  lock.unlock();
+  lost.clear();  // unwritten: the slots go back to their store
   metrics_->RemoveCallbacks(this);
+}
+
+std::vector<std::shared_ptr<void>> SsdEngine::ReleaseAllLent() {
+  std::vector<std::shared_ptr<void>> holds;
+  for (auto& d : dirs_) {
+    for (Region& r : d->regions) {
+      for (auto& h : TakeLent(r)) holds.push_back(std::move(h));
+    }
+  }
+  return holds;
 }
 
 SsdStats SsdEngine::GetStats() const {
@@ -642,6 +865,7 @@ SsdStats SsdEngine::GetStats() const {
   s.crc_failures = crc_failures_.load();
   s.region_evictions = region_evictions_.load();
   s.inserts_dropped = inserts_dropped_.load();
+  s.lent_bytes = lent_bytes_;
   s.online = any_online;
   s.offline_reason = closed_ ? "closed" : (any_online ? "" : reasons);
   s.recovery = recovery_;

@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -62,6 +63,18 @@ struct RecordRef {
 inline constexpr uint64_t kHeaderReadBytes = 1ull << 20;
 inline constexpr uint64_t kHeaderMergeGap = 64ull << 10;
 
+// A record whose payload stays in the writer's memory (InsertLent) until
+// the region's flush copies it in (copy) or writes it from there (gather).
+struct LentRecord {
+  uint64_t offset = 0;  // of the record header in the region
+  KeyId key;
+  const uint8_t* data = nullptr;  // null once copied into the buffer
+  uint32_t length = 0;
+  bool gather = false;         // payload 4 KiB-aligned in the file, written from data
+  bool copying = false;        // a CopyLent job is copying it now
+  std::shared_ptr<void> hold;  // keeps data valid; released without mu_
+};
+
 struct Region {
   RegionState state = RegionState::kFree;
   uint64_t seq = 0;
@@ -75,6 +88,8 @@ struct Region {
   // before the region is written again (FlushOne), then reported.
   std::vector<RecordRef> reclaimed;
   uint64_t reclaimed_seq = 0;
+  // Records lent by InsertLent, by offset (kFilling, kSealed).
+  std::vector<LentRecord> lent;
 };
 
 struct DirMetrics {
@@ -128,6 +143,8 @@ class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
 
   // wait: when no buffer has room, wait up to insert_wait for a flush.
   bool Insert(const KeyId& key, const uint8_t* data, uint64_t size, bool wait);
+  LendResult InsertLent(const KeyId& key, const uint8_t* data, uint64_t size,
+                        const LendTerms& terms, const std::function<std::shared_ptr<void>()>& take);
   bool WaitForRoom(uint64_t size);
   Result<uint64_t> Lookup(const KeyId& key) const;
   Status Read(const KeyId& key, uint8_t* dst, uint64_t size);
@@ -143,7 +160,7 @@ class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
   struct Metrics {
     Counter *reads, *read_bytes, *writes, *write_bytes, *crc_failures, *region_evictions,
         *inserts_dropped, *read_errors, *write_errors, *list_entries, *list_read_bytes,
-        *dropped_reported, *dropped_unreported;
+        *dropped_reported, *dropped_unreported, *lent_copied, *lent_gathered;
     Histogram *read_latency, *write_latency, *list_seconds;
   };
   struct Reinsert {
@@ -171,6 +188,25 @@ class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
   // has, with mu_ released for the call. REQUIRES: lock holds mu_.
   void ReportDropped(const std::vector<RecordRef>& refs, std::unique_lock<std::mutex>& lock);
   void TakeOffline(Dir& d, std::string reason);
+  // Gives up the region's lent records: their holds, to be released by the
+  // caller without mu_. REQUIRES: mu_ held.
+  std::vector<std::shared_ptr<void>> TakeLent(Region& r);
+  // Fills in the lent records' payload CRCs (and copies the copy-mode ones
+  // into the buffer) before the region write, without mu_ for the passes
+  // over the bytes; the copied records' holds are released. Returns the
+  // pieces of the region write: the buffer, and the gather records' bytes
+  // where they lie. REQUIRES: lock holds mu_; the region sealed, no writers.
+  std::vector<Device::Piece> PrepareLent(uint32_t di, uint32_t ri, uint64_t len,
+                                         std::unique_lock<std::mutex>& lock);
+  // Copies the copy-mode lent records of the filling and sealed regions
+  // into their buffers and releases their holds (an executor job, queued
+  // by InsertLent): a lent slot goes back within a job's latency, not when
+  // its region fills.
+  void CopyLent();
+  // Every region's lent holds (a close or a kill). REQUIRES: mu_ held.
+  std::vector<std::shared_ptr<void>> ReleaseAllLent();
+  // Where a buffered record's payload is now. REQUIRES: mu_ held.
+  const uint8_t* BufferedPayload(const Region& r, uint64_t offset) const;
   // Appends a tombstone for key to dir di's filling region (never waits;
   // false when there is no room now: the removal is then not logged).
   bool LogTombstone(uint32_t di, const KeyId& key);
@@ -238,6 +274,8 @@ class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
   std::unordered_map<uint64_t, std::pair<uint64_t, uint64_t>> tombstones_;
   std::vector<uint8_t*> all_bufs_;
   bool report_drops_ = false;      // protected by mu_: a drop listener is set
+  uint64_t lent_bytes_ = 0;        // payload bytes of lent records not yet released
+  bool copy_queued_ = false;       // a CopyLent job is queued and has not started
 
   std::mutex listener_mu_;         // held while the drop listener runs
   SsdDropListener drop_listener_;  // protected by listener_mu_

@@ -361,7 +361,11 @@ Status SsdEngine::Close() {
     }
   }
   closed_ = true;
+  // Lent after the flush above, so never written: the slots go back.
+  std::vector<std::shared_ptr<void>> unwritten = ReleaseAllLent();
   LogInfo("ssd: closed with {} entries", index_.size());
+  lock.unlock();
+  unwritten.clear();
   return st;
 }
 

@@ -38,6 +38,11 @@ class SsdStoreImpl final : public SsdStore {
   bool TryInsert(const KeyId& key, const uint8_t* data, uint64_t size) override {
     return e_->Insert(key, data, size, /*wait=*/false);
   }
+  LendResult InsertLent(const KeyId& key, const uint8_t* data, uint64_t size,
+                        const LendTerms& terms,
+                        const std::function<std::shared_ptr<void>()>& take) override {
+    return e_->InsertLent(key, data, size, terms, take);
+  }
   bool WaitForRoom(uint64_t size) override { return e_->WaitForRoom(size); }
   Result<uint64_t> Lookup(const KeyId& key) const override { return e_->Lookup(key); }
   bool Contains(const KeyId& key) const override { return e_->Lookup(key).ok(); }
@@ -98,6 +103,12 @@ void SsdEngine::RegisterMetrics() {
       "kvpool_ssd_drops_unreported_total",
       "Entries of reclaimed regions not told to the drop listener: too many small records to "
       "read their headers before the region is rewritten.");
+  m_.lent_copied = r->GetCounter(
+      "kvpool_ssd_lent_records_total",
+      "Values demoted without a copy under the DRAM lock, by how their bytes reached the region "
+      "write: copied into the region buffer by its flush, or written from DRAM (gather).",
+      {{"mode", "copy"}});
+  m_.lent_gathered = r->GetCounter("kvpool_ssd_lent_records_total", "", {{"mode", "gather"}});
   m_.list_seconds = r->GetHistogram("kvpool_ssd_list_seconds",
                                     "Time of one entry listing (ListEntries), all regions.");
   m_.read_latency = r->GetHistogram("kvpool_ssd_read_latency_seconds", "Device read latency.");
@@ -117,6 +128,10 @@ void SsdEngine::RegisterMetrics() {
                       stat([](const SsdStats& s) { return s.entries; }), this);
   r->AddCallbackGauge("kvpool_ssd_index_bytes", "Memory of the SSD index.", {},
                       stat([](const SsdStats& s) { return s.index_bytes; }), this);
+  r->AddCallbackGauge("kvpool_ssd_lent_bytes",
+                      "Value bytes demoted without a copy whose DRAM slots the SSD tier still "
+                      "holds (until their region's flush copies or writes them).",
+                      {}, stat([](const SsdStats& s) { return s.lent_bytes; }), this);
   r->AddCallbackGauge("kvpool_ssd_online", "1 while the SSD tier accepts writes.", {},
                       stat([](const SsdStats& s) { return s.online ? 1 : 0; }), this);
   for (size_t i = 0; i < dirs_.size(); ++i) {

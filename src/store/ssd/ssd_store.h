@@ -82,6 +82,7 @@ struct SsdStats {
   uint64_t crc_failures = 0;      // records that did not verify (all kinds)
   uint64_t region_evictions = 0;
   uint64_t inserts_dropped = 0;   // demotions refused: buffers full, offline, too large
+  uint64_t lent_bytes = 0;        // payload bytes demoted in place, their DRAM slots still held
   bool online = true;
   std::string offline_reason;
   std::string recovery;           // "checkpoint", "scan", "cold: <reason>"
@@ -103,6 +104,12 @@ using SsdEntrySink = std::function<bool(const std::vector<SsdEntry>&)>;
 // Told of entries the tier dropped by itself; see SetDropListener.
 using SsdDropListener = std::function<void(const std::vector<SsdEntry>&)>;
 
+enum class LendResult : uint8_t { kLent, kAlreadyStored, kRefused };
+struct LendTerms {
+  bool gather = false;          // write the bytes from where they are
+  uint64_t max_lent_bytes = 0;  // refuse past this many bytes lent at once
+};
+
 class SsdStore {
  public:
   // Opens the files (creating them), then rebuilds the index: from the
@@ -122,6 +129,21 @@ class SsdStore {
   // room now. For callers holding another lock (DRAM eviction), which wait
   // with WaitForRoom before taking it.
   virtual bool TryInsert(const KeyId& key, const uint8_t* data, uint64_t size) = 0;
+  // Demotion without a copy under the caller's lock: places a record for
+  // the value, whose bytes stay at `data`, in a region buffer with room now
+  // (never waits), and calls take() -- under the store's lock, once, only
+  // when the record is placed -- for what keeps `data` unchanged until the
+  // store no longer needs it. The store releases (destroys) that hold
+  // without any lock of its own: copy mode, once the region's flush has
+  // copied the bytes into the buffer; gather mode (terms.gather, for values
+  // whose bytes lie on 4 KiB pages the device can write from), once the
+  // region write that sends them from `data` is done. The value is readable
+  // at once, like an Insert's. kRefused (nothing taken): no room now, the
+  // tier closing or offline, the value too large, or terms.max_lent_bytes
+  // already lent; the caller may copy instead.
+  virtual LendResult InsertLent(const KeyId& key, const uint8_t* data, uint64_t size,
+                                const LendTerms& terms,
+                                const std::function<std::shared_ptr<void>()>& take) = 0;
   // Waits up to insert_wait until an Insert of `size` bytes would find room
   // without waiting for a region write. False on timeout, or at once when
   // no directory is writable or the value could never be stored.
