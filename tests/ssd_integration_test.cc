@@ -235,6 +235,9 @@ TEST_F(SsdNodeTest, CrashDuringDemotionsLosesOnlyTheUnwrittenTail) {
   const uint64_t flushed = SsdStatus(*node_)["entries"].get<uint64_t>();
   ASSERT_EQ(PutRange(client_, b, 0, nb), 0u);
   const uint64_t before_kill = SsdStatus(*node_)["entries"].get<uint64_t>();
+  // The demotions went through the in-place path (slots lent, copied by
+  // the flush threads), the one this crash interrupts.
+  EXPECT_GT(node_->Metric("kvpool_ssd_lent_records_total{mode=\"copy\"}"), 0);
   StopNode(SIGKILL);
 
   std::vector<RecordLoc> recs = ParseRecords(DataFile(dir_));

@@ -29,6 +29,19 @@ double SecondsSince(SteadyClock::time_point t0) {
 
 constexpr uint64_t kHugePage = 2ull << 20;
 
+// Puts a lent record's bytes that the region buffer carries into it -- the
+// whole payload (copy mode) or its last partial block (gather), then the
+// zero padding to the record's end -- and its final header into *h.
+void FillLent(const LentRecord& l, uint8_t* buf, const RecordExpect& at, RecordHeader* h) {
+  uint8_t* payload = buf + l.offset + kRecordHeaderBytes;
+  EncodeRecordHeader(l.key, l.data, l.length, at, h, kRecordMagic, l.gather ? nullptr : payload);
+  if (l.gather) {
+    const uint64_t body = AlignDown(l.length, kDeviceBlock);
+    std::memcpy(payload + body, l.data + body, l.length - body);
+  }
+  std::memset(payload + l.length, 0, RecordBytes(l.length) - kRecordHeaderBytes - l.length);
+}
+
 // The smallest value InsertLent writes from where it lies (gather): up to a
 // device block of padding before its header is then under 2 % of it.
 constexpr uint64_t kGatherMinBytes = 256ull << 10;
@@ -288,12 +301,8 @@ void SsdEngine::CopyLent() {
   }
   lock.unlock();
   for (Job& j : jobs) {
-    const Dir& d = *dirs_[j.di];
-    uint8_t* payload = j.buf + j.l.offset + kRecordHeaderBytes;
-    EncodeRecordHeader(j.l.key, j.l.data, j.l.length,
-                       {RegionOffset(j.ri) + j.l.offset, j.seq, d.incarnation()}, &j.h,
-                       kRecordMagic, payload);
-    std::memset(payload + j.l.length, 0, RecordBytes(j.l.length) - kRecordHeaderBytes - j.l.length);
+    FillLent(j.l, j.buf, {RegionOffset(j.ri) + j.l.offset, j.seq, dirs_[j.di]->incarnation()},
+             &j.h);
   }
   std::vector<std::shared_ptr<void>> copied;
   lock.lock();
@@ -351,19 +360,13 @@ std::vector<Device::Piece> SsdEngine::PrepareLent(uint32_t di, uint32_t ri, uint
   for (size_t i = 0; i < lent.size(); ++i) {
     const LentRecord& l = lent[i];
     if (l.data == nullptr) continue;  // copied in already (CopyLent)
-    const RecordExpect at{RegionOffset(ri) + l.offset, seq, d.incarnation()};
-    uint8_t* payload = buf + l.offset + kRecordHeaderBytes;
-    const uint64_t tail = l.gather ? l.length % kDeviceBlock : l.length;
-    const uint64_t body = l.length - tail;  // written from l.data
-    EncodeRecordHeader(l.key, l.data, l.length, at, &headers[i], kRecordMagic,
-                       l.gather ? nullptr : payload);
+    FillLent(l, buf, {RegionOffset(ri) + l.offset, seq, d.incarnation()}, &headers[i]);
     if (l.gather) {
-      std::memcpy(payload + body, l.data + body, tail);
+      const uint64_t body = AlignDown(l.length, kDeviceBlock);  // written from l.data
       pieces.push_back({buf + pos, l.offset + kRecordHeaderBytes - pos});
       pieces.push_back({l.data, body});
       pos = l.offset + kRecordHeaderBytes + body;
     }
-    std::memset(payload + l.length, 0, RecordBytes(l.length) - kRecordHeaderBytes - l.length);
   }
   pieces.push_back({buf + pos, len - pos});
   std::erase_if(pieces, [](const Device::Piece& p) { return p.len == 0; });
