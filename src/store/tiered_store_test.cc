@@ -513,31 +513,50 @@ class HeldExecutor final : public Executor {
   std::vector<std::function<void()>> queue_;
 };
 
+// The tiers of the lending tests: 8 MiB of DRAM with a 4 MiB read room
+// (demotions in place borrow from it), over an in-memory SSD tier whose
+// background work runs on `flushes`.
+struct LendTiers {
+  void Open(Executor* flushes, uint64_t ssd_bytes, uint64_t region_bytes) {
+    DramOptions d;
+    d.capacity_bytes = 8 * kMiB;
+    d.read_room_bytes = 4 * kMiB;
+    d.slab_bytes = kMiB;
+    d.max_value_bytes = kMiB;
+    d.huge_pages = false;
+    auto dr = DramStore::Open(d, &metrics);
+    ASSERT_TRUE(dr.ok());
+    dram = std::move(dr).value();
+    SsdOptions so;
+    so.dirs = {"/mem/a"};
+    so.capacity_bytes = ssd_bytes;
+    so.region_bytes = region_bytes;
+    so.device_factory = disk.Factory();
+    so.insert_wait = std::chrono::seconds(5);
+    auto sr = SsdStore::Open(so, &metrics, flushes);
+    ASSERT_TRUE(sr.ok());
+    ssd = std::move(sr).value();
+    tiered =
+        std::make_unique<TieredStore>(dram.get(), ssd.get(), &promote, TieringOptions{}, &metrics);
+  }
+  MetricsRegistry metrics;
+  MemoryDisk disk;
+  ThreadPool promote{1, "test-promote"};
+  std::unique_ptr<DramStore> dram;
+  std::unique_ptr<SsdStore> ssd;
+  std::unique_ptr<TieredStore> tiered;
+};
+
 // A demotion in place keeps the evicted slot: later puts never get it while
 // the SSD tier reads and writes from it, and every key reads back exact
 // from wherever it is, before and after the SSD tier lets the slots go.
 TEST(TieredStoreLendTest, ALentSlotIsNotReusedUntilTheSsdTierLetsItGo) {
-  MetricsRegistry metrics;
-  MemoryDisk disk;
   HeldExecutor flushes;
-  ThreadPool promote(1, "test-promote");
-  DramOptions d;
-  d.capacity_bytes = 8 * kMiB;
-  d.read_room_bytes = 4 * kMiB;
-  d.slab_bytes = kMiB;
-  d.max_value_bytes = kMiB;
-  d.huge_pages = false;
-  auto dram = DramStore::Open(d, &metrics);
-  ASSERT_TRUE(dram.ok());
-  SsdOptions so;
-  so.dirs = {"/mem/a"};
-  so.capacity_bytes = 64 * kMiB;
-  so.region_bytes = 4 * kMiB;
-  so.device_factory = disk.Factory();
-  auto ssd = SsdStore::Open(so, &metrics, &flushes);
-  ASSERT_TRUE(ssd.ok());
-  auto tiered =
-      std::make_unique<TieredStore>(dram->get(), ssd->get(), &promote, TieringOptions{}, &metrics);
+  LendTiers t;
+  ASSERT_NO_FATAL_FAILURE(t.Open(&flushes, 64 * kMiB, 4 * kMiB));
+  auto& dram = t.dram;
+  auto& ssd = t.ssd;
+  auto& tiered = t.tiered;
   const uint64_t n = 200000;
   const int keys = 48;
   std::vector<uint8_t> v(n);
@@ -555,21 +574,21 @@ TEST(TieredStoreLendTest, ALentSlotIsNotReusedUntilTheSsdTierLetsItGo) {
         ASSERT_TRUE(Check(pin->data(), i, n)) << "DRAM " << i;
         continue;
       }
-      ASSERT_TRUE((*ssd)->Read(K(i), got.data(), n).ok()) << i;
+      ASSERT_TRUE(ssd->Read(K(i), got.data(), n).ok()) << i;
       ASSERT_TRUE(Check(got.data(), i, n)) << "SSD " << i;
     }
   };
-  const uint64_t lent = (*dram)->GetStats().lent;
+  const uint64_t lent = dram->GetStats().lent;
   EXPECT_GT(lent, 0u);
   // At most half the read room is lent at once.
-  EXPECT_GT((*ssd)->GetStats().lent_bytes, 0u);
-  EXPECT_LE((*ssd)->GetStats().lent_bytes, 2 * kMiB);
-  EXPECT_EQ((*dram)->GetStats().pinned, (*ssd)->GetStats().lent_bytes / n);
+  EXPECT_GT(ssd->GetStats().lent_bytes, 0u);
+  EXPECT_LE(ssd->GetStats().lent_bytes, 2 * kMiB);
+  EXPECT_EQ(dram->GetStats().pinned, ssd->GetStats().lent_bytes / n);
   check_all();
   flushes.RunAll();  // the copies, then the region writes
-  ASSERT_TRUE((*ssd)->Flush().ok());
-  EXPECT_EQ((*ssd)->GetStats().lent_bytes, 0u);
-  EXPECT_EQ((*dram)->GetStats().pinned, 0u);
+  ASSERT_TRUE(ssd->Flush().ok());
+  EXPECT_EQ(ssd->GetStats().lent_bytes, 0u);
+  EXPECT_EQ(dram->GetStats().pinned, 0u);
   check_all();
   // The slots given back are used again: more puts, all exact.
   for (int i = keys; i < keys + 16; ++i) {
@@ -577,37 +596,21 @@ TEST(TieredStoreLendTest, ALentSlotIsNotReusedUntilTheSsdTierLetsItGo) {
     ASSERT_TRUE(tiered->Put(K(i), v, {}).ok()) << i;
   }
   check_all();
-  promote.Stop();
+  t.promote.Stop();
   tiered.reset();
   flushes.RunAll();
-  ASSERT_TRUE((*ssd)->Close().ok());
+  ASSERT_TRUE(ssd->Close().ok());
 }
 
 // Demotions in place with the copies and region writes on their threads,
 // puts and reads racing them: every read is exact.
 TEST(TieredStoreLendTest, ConcurrentPutsAndReadsWhileSlotsAreLentAreExact) {
-  MetricsRegistry metrics;
-  MemoryDisk disk;
   ThreadPool flushes(2, "test-flush");
-  ThreadPool promote(1, "test-promote");
-  DramOptions d;
-  d.capacity_bytes = 8 * kMiB;
-  d.read_room_bytes = 4 * kMiB;
-  d.slab_bytes = kMiB;
-  d.max_value_bytes = kMiB;
-  d.huge_pages = false;
-  auto dram = DramStore::Open(d, &metrics);
-  ASSERT_TRUE(dram.ok());
-  SsdOptions so;
-  so.dirs = {"/mem/a"};
-  so.capacity_bytes = 256 * kMiB;
-  so.region_bytes = 2 * kMiB;
-  so.device_factory = disk.Factory();
-  so.insert_wait = std::chrono::seconds(5);
-  auto ssd = SsdStore::Open(so, &metrics, &flushes);
-  ASSERT_TRUE(ssd.ok());
-  auto tiered =
-      std::make_unique<TieredStore>(dram->get(), ssd->get(), &promote, TieringOptions{}, &metrics);
+  LendTiers t;
+  ASSERT_NO_FATAL_FAILURE(t.Open(&flushes, 256 * kMiB, 2 * kMiB));
+  auto& dram = t.dram;
+  auto& ssd = t.ssd;
+  auto& tiered = t.tiered;
   const uint64_t n = 100000;
   const int per_writer = 400;
   std::atomic<int> written{0}, wrong{0}, misses{0};
@@ -618,7 +621,7 @@ TEST(TieredStoreLendTest, ConcurrentPutsAndReadsWhileSlotsAreLentAreExact) {
       if (!Check(pin->data(), i, n)) ++wrong;
       return;
     }
-    if (!(*ssd)->Read(K(i), got.data(), n).ok()) {
+    if (!ssd->Read(K(i), got.data(), n).ok()) {
       ++misses;  // a demotion dropped, or mid-promotion: not wrong
       return;
     }
@@ -647,15 +650,15 @@ TEST(TieredStoreLendTest, ConcurrentPutsAndReadsWhileSlotsAreLentAreExact) {
   stop = true;
   reader.join();
   EXPECT_EQ(written, 2 * per_writer);
-  EXPECT_GT((*dram)->GetStats().lent, 0u);
-  ASSERT_TRUE((*ssd)->Flush().ok());
-  EXPECT_EQ((*ssd)->GetStats().lent_bytes, 0u);
+  EXPECT_GT(dram->GetStats().lent, 0u);
+  ASSERT_TRUE(ssd->Flush().ok());
+  EXPECT_EQ(ssd->GetStats().lent_bytes, 0u);
   for (int i = 0; i < 2 * per_writer; ++i) read_check(i);
   EXPECT_EQ(wrong, 0);
-  promote.Stop();
+  t.promote.Stop();
   tiered.reset();
   flushes.Stop();
-  ASSERT_TRUE((*ssd)->Close().ok());
+  ASSERT_TRUE(ssd->Close().ok());
 }
 
 }  // namespace
