@@ -2,14 +2,15 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/mount.h>
-#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 
 #include "kvpool/client.h"
 #include "store/ssd/ssd_format.h"
@@ -310,6 +311,46 @@ std::vector<RecordLoc> ParseRecords(const std::string& data_path) {
     }
   }
   return out;
+}
+
+namespace {
+constexpr const char* kNrHugePages = "/proc/sys/vm/nr_hugepages";
+
+long ReadLong(const char* path, const std::string& field = "") {
+  std::ifstream f(path);
+  std::string line;
+  if (field.empty()) return std::getline(f, line) ? std::atol(line.c_str()) : -1;
+  while (std::getline(f, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::atol(line.c_str() + field.size() + 1);
+  }
+  return -1;
+}
+
+bool WriteLong(const char* path, long v) {
+  std::ofstream f(path);
+  f << v << "\n";
+  f.close();
+  return f.good();
+}
+}  // namespace
+
+HugePageReserve::HugePageReserve(int pages) {
+  before_ = ReadLong(kNrHugePages);
+  if (before_ < 0) {
+    why_ = "no /proc/sys/vm/nr_hugepages";
+    return;
+  }
+  if (!WriteLong(kNrHugePages, before_ + pages)) {
+    why_ = "cannot raise vm.nr_hugepages (not root?)";
+    before_ = -1;
+    return;
+  }
+  const long free = ReadLong("/proc/meminfo", "HugePages_Free");
+  if (free < pages) why_ = "only " + std::to_string(free) + " huge pages free after reserving";
+}
+
+HugePageReserve::~HugePageReserve() {
+  if (before_ >= 0) WriteLong(kNrHugePages, before_);
 }
 
 }  // namespace kvpool::testing

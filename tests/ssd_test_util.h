@@ -98,6 +98,23 @@ std::vector<std::string> SsdArgs(const std::string& dirs, const std::string& dra
 
 std::string DataFile(const std::string& dir);  // <dir>/kvpool-ssd.data
 
+// Raises the system's hugetlb page count (vm.nr_hugepages) by `pages` for
+// its lifetime, for a node whose segment should be on huge pages. ok() is
+// false, with why(), where that cannot be done (not root, no memory).
+// System-wide: tests using it run alone (tests/CMakeLists.txt,
+// KVPOOL_SERIAL_TESTS), so no other node takes the pages.
+class HugePageReserve {
+ public:
+  explicit HugePageReserve(int pages);
+  ~HugePageReserve();
+  bool ok() const { return why_.empty(); }
+  const std::string& why() const { return why_; }
+
+ private:
+  long before_ = -1;
+  std::string why_;
+};
+
 struct RecordLoc {
   uint64_t offset = 0;     // of the record header in the file
   uint64_t value_len = 0;
