@@ -78,6 +78,47 @@ class SsdNodeTest : public ::testing::Test {
     return r;
   }
   double M(const std::string& s) { return MetricOr0(*node_, s); }
+  // Puts keys of a, flushes, puts keys of b, checks that the demotions took
+  // the in-place path `mode` (lent slots), and kills the node with SIGKILL.
+  struct KillPoint {
+    uint64_t na = 0, nb = 0;
+    uint64_t flushed = 0;      // SSD entries at the flush
+    uint64_t before_kill = 0;  // SSD entries just before the kill
+  };
+  KillPoint PutFlushPutKill(const Workload& a, const Workload& b, const std::string& mode) {
+    KillPoint k;
+    k.na = a.KeysFor(64 * kMiB);
+    k.nb = b.KeysFor(64 * kMiB);
+    EXPECT_EQ(PutRange(client_, a, 0, k.na), 0u);
+    EXPECT_TRUE(Flush(client_));
+    k.flushed = SsdStatus(*node_)["entries"].get<uint64_t>();
+    EXPECT_EQ(PutRange(client_, b, 0, k.nb), 0u);
+    k.before_kill = SsdStatus(*node_)["entries"].get<uint64_t>();
+    EXPECT_GT(M("kvpool_ssd_lent_records_total{mode=\"" + mode + "\"}"), 0) << mode;
+    StopNode(SIGKILL);
+    return k;
+  }
+  // Restarts after PutFlushPutKill: the tier recovers by scan with at least
+  // what was flushed and at most what was there; every indexed entry reads
+  // back exact and nothing else does. Returns the entries recovered.
+  uint64_t RestartAfterKill(const std::vector<std::string>& args, const Workload& a,
+                            const Workload& b, const KillPoint& k) {
+    Restart(args);
+    if (node_ == nullptr || client_ == nullptr) return 0;
+    nlohmann::json s = SsdStatus(*node_);
+    EXPECT_EQ(s["recovery"], "scan");
+    const uint64_t recovered = s["entries"].get<uint64_t>();
+    EXPECT_GE(recovered, k.flushed);
+    EXPECT_LE(recovered, k.before_kill);
+    GetResult ra = GetRange(client_, a, 0, k.na);
+    GetResult rb = GetRange(client_, b, 0, k.nb);
+    EXPECT_EQ(ra.wrong + rb.wrong, 0u);
+    EXPECT_EQ(ra.errors + rb.errors, 0u);
+    EXPECT_GE(ra.hits, k.flushed);
+    EXPECT_EQ(ra.hits + rb.hits, recovered) << "indexed entries that did not read back";
+    EXPECT_EQ(SsdStatus(*node_)["crc_failures"], 0);
+    return recovered;
+  }
 
   TempDir tmp_;
   std::string dir_ = tmp_.path() + "/ssd";
@@ -229,16 +270,10 @@ TEST_F(SsdNodeTest, CrashDuringDemotionsLosesOnlyTheUnwrittenTail) {
   ASSERT_NO_FATAL_FAILURE(Restart(args));
   Workload a{"c2a", 64 << 10, std::min<uint64_t>(256 << 10, MaxValue()), 14};
   Workload b{"c2b", 64 << 10, std::min<uint64_t>(256 << 10, MaxValue()), 15};
-  const uint64_t na = a.KeysFor(64 * kMiB), nb = b.KeysFor(64 * kMiB);
-  ASSERT_EQ(PutRange(client_, a, 0, na), 0u);
-  ASSERT_TRUE(Flush(client_));
-  const uint64_t flushed = SsdStatus(*node_)["entries"].get<uint64_t>();
-  ASSERT_EQ(PutRange(client_, b, 0, nb), 0u);
-  const uint64_t before_kill = SsdStatus(*node_)["entries"].get<uint64_t>();
-  // The demotions went through the in-place path (slots lent, copied by
-  // the flush threads), the one this crash interrupts.
-  EXPECT_GT(node_->Metric("kvpool_ssd_lent_records_total{mode=\"copy\"}"), 0);
-  StopNode(SIGKILL);
+  // The demotions take the in-place path (slots lent, copied by the flush
+  // threads), the one this crash interrupts.
+  const KillPoint k = PutFlushPutKill(a, b, "copy");
+  ASSERT_FALSE(HasFatalFailure());
 
   std::vector<RecordLoc> recs = ParseRecords(DataFile(dir_));
   std::set<uint64_t> seqs;
@@ -248,20 +283,7 @@ TEST_F(SsdNodeTest, CrashDuringDemotionsLosesOnlyTheUnwrittenTail) {
   EXPECT_EQ(*seqs.rbegin(), seqs.size()) << "region sequence has holes: " << seqs.size()
                                          << " regions, highest seq " << *seqs.rbegin();
 
-  ASSERT_NO_FATAL_FAILURE(Restart(args));
-  nlohmann::json s = SsdStatus(*node_);
-  EXPECT_EQ(s["recovery"], "scan");
-  const uint64_t recovered = s["entries"].get<uint64_t>();
-  EXPECT_EQ(recovered, recs.size());
-  EXPECT_GE(recovered, flushed);
-  EXPECT_LE(recovered, before_kill);
-  GetResult ra = GetRange(client_, a, 0, na);
-  GetResult rb = GetRange(client_, b, 0, nb);
-  EXPECT_EQ(ra.wrong + rb.wrong, 0u);
-  EXPECT_EQ(ra.errors + rb.errors, 0u);
-  EXPECT_GE(ra.hits, flushed);
-  EXPECT_EQ(ra.hits + rb.hits, recovered) << "indexed entries that did not read back";
-  EXPECT_EQ(SsdStatus(*node_)["crc_failures"], 0);
+  EXPECT_EQ(RestartAfterKill(args, a, b, k), recs.size());
 }
 
 // (g') With the segment on huge pages, demotions of values of 256 KiB and
@@ -282,28 +304,9 @@ TEST_F(SsdNodeTest, HugePageSegmentGathersDemotionsAndAKillLosesOnlyTheUnwritten
   const uint64_t top = std::min<uint64_t>(1 << 20, MaxValue());
   Workload a{"g2a", 256 << 10, top, 31};
   Workload b{"g2b", 256 << 10, top, 32};
-  const uint64_t na = a.KeysFor(64 * kMiB), nb = b.KeysFor(64 * kMiB);
-  ASSERT_EQ(PutRange(client_, a, 0, na), 0u);
-  ASSERT_TRUE(Flush(client_));
-  const uint64_t flushed = SsdStatus(*node_)["entries"].get<uint64_t>();
-  ASSERT_EQ(PutRange(client_, b, 0, nb), 0u);
-  const uint64_t before_kill = SsdStatus(*node_)["entries"].get<uint64_t>();
-  EXPECT_GT(M("kvpool_ssd_lent_records_total{mode=\"gather\"}"), 0);
-  StopNode(SIGKILL);
-
-  ASSERT_NO_FATAL_FAILURE(Restart(args));
-  nlohmann::json s = SsdStatus(*node_);
-  EXPECT_EQ(s["recovery"], "scan");
-  const uint64_t recovered = s["entries"].get<uint64_t>();
-  EXPECT_GE(recovered, flushed);
-  EXPECT_LE(recovered, before_kill);
-  GetResult ra = GetRange(client_, a, 0, na);
-  GetResult rb = GetRange(client_, b, 0, nb);
-  EXPECT_EQ(ra.wrong + rb.wrong, 0u);
-  EXPECT_EQ(ra.errors + rb.errors, 0u);
-  EXPECT_GE(ra.hits, flushed);
-  EXPECT_EQ(ra.hits + rb.hits, recovered) << "indexed entries that did not read back";
-  EXPECT_EQ(SsdStatus(*node_)["crc_failures"], 0);
+  const KillPoint k = PutFlushPutKill(a, b, "gather");
+  ASSERT_FALSE(HasFatalFailure());
+  RestartAfterKill(args, a, b, k);
 }
 
 // (g) The SSD file lives on a 64 MiB tmpfs but claims 256 MiB: once the
