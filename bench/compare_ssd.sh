@@ -254,7 +254,11 @@ run_kvpool() {
   start_node
   st="$(status_json)"
   log "kvpool-node restarted in ${READY_S}s: recovery $(printf '%s' "$st" | jget ssd.recovery), $(printf '%s' "$st" | jget ssd.entries) entries"
+  # The node's CPU by thread over the overwrite phase, per GiB put: where
+  # a demotion's bytes are handled (the local loop, the flush threads).
+  "$PY" "$HERE/compare_lib.py" thread-cpu "$NODE_PID" > "$TMP/cpu-before.json"
   put_phase ssd-bench over
+  "$PY" "$HERE/compare_lib.py" thread-cpu "$NODE_PID" > "$TMP/cpu-after.json"
 
   st="$(status_json)"; printf '%s\n' "$st" > "$TMP/status-after-put.json"
   used="$(printf '%s' "$st" | jget ssd.used_bytes)"
@@ -332,4 +336,18 @@ print("first fill (fresh blocks): fio write %.3f GB/s, kvpool SSD write %.3f GB/
 print("metric ssd_first_fill_write_vs_fio %.3f" % (kv_f / fio_f if fio_f else float("nan")))
 print("metric ssd_first_fill_write_gbps %.3f" % kv_f)
 print("metric fio_first_fill_write_gbps %.3f" % fio_f)
+PYEOF
+# CPU seconds per GiB put in the overwrite phase, by the node's threads.
+"$PY" - "$TMP/cpu-before.json" "$TMP/cpu-after.json" "$GIB" <<'PYEOF'
+import json, sys
+before, after = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+gib = float(sys.argv[3])
+def used(name):  # a pool's threads are named name-0, name-1, ...
+    def of(d):
+        return sum(v for k, v in d.items() if k == name or k.startswith(name + "-"))
+    return of(after) - of(before)
+for name in ("kvpool-local", "kvpool-flush"):
+    print("metric ssd_put_cpu_%s_s_per_gib %.3f" % (name.replace("kvpool-", ""), used(name) / gib))
+total = sum(after.values()) - sum(before.get(k, 0.0) for k in after)
+print("metric ssd_put_cpu_node_s_per_gib %.3f" % (total / gib))
 PYEOF
