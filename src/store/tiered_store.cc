@@ -143,16 +143,16 @@ struct TieredStore::Impl {
       }
       return;
     }
-    bool held = ssd->Contains(key);  // already written back earlier
-    if (!held && lend != nullptr && options.demote_in_place) {
-      const LendResult r = ssd->InsertLent(key, data, size, lend_terms, [lend] {
-        return std::make_shared<DramStore::Pin>((*lend)());
-      });
-      held = r != LendResult::kRefused;
-      if (r == LendResult::kLent) demotions->Inc();
+    // In place where it can (InsertLent also tells of a key written back
+    // earlier); else the copy, under the DRAM lock, which never waits for a
+    // region write here (Reserve waited for room before taking the lock).
+    LendResult lent = LendResult::kRefused;
+    if (lend != nullptr && options.demote_in_place) {
+      lent = ssd->InsertLent(key, data, size, lend_terms,
+                             [lend] { return std::make_shared<DramStore::Pin>((*lend)()); });
+      if (lent == LendResult::kLent) demotions->Inc();
     }
-    // Under the DRAM lock: never wait for a region write here (Reserve
-    // waited for room before taking the lock).
+    bool held = lent != LendResult::kRefused || ssd->Contains(key);
     if (!held) {
       held = ssd->TryInsert(key, data, size);
       if (held) demotions->Inc();

@@ -539,6 +539,16 @@ struct LendTiers {
     tiered =
         std::make_unique<TieredStore>(dram.get(), ssd.get(), &promote, TieringOptions{}, &metrics);
   }
+  // Key i's value, read from DRAM or else from the SSD tier (which reads a
+  // lent value from its slot), against what was put.
+  enum class Read { kExact, kWrong, kMissing };
+  Read ReadBack(int i, uint64_t n) {
+    auto pin = tiered->Acquire(K(i));
+    if (pin.ok()) return Check(pin->data(), i, n) ? Read::kExact : Read::kWrong;
+    std::vector<uint8_t> got(n);
+    if (!ssd->Read(K(i), got.data(), n).ok()) return Read::kMissing;
+    return Check(got.data(), i, n) ? Read::kExact : Read::kWrong;
+  }
   MetricsRegistry metrics;
   MemoryDisk disk;
   ThreadPool promote{1, "test-promote"};
@@ -564,19 +574,9 @@ TEST(TieredStoreLendTest, ALentSlotIsNotReusedUntilTheSsdTierLetsItGo) {
     Fill(v.data(), i, n);
     ASSERT_TRUE(tiered->Put(K(i), v, {}).ok()) << i;
   }
-  // Every key, byte-exact, from DRAM or from the SSD tier (which reads a
-  // lent value from its slot).
+  // Every key, byte-exact, from wherever it is.
   auto check_all = [&] {
-    std::vector<uint8_t> got(n);
-    for (int i = 0; i < keys; ++i) {
-      auto pin = tiered->Acquire(K(i));
-      if (pin.ok()) {
-        ASSERT_TRUE(Check(pin->data(), i, n)) << "DRAM " << i;
-        continue;
-      }
-      ASSERT_TRUE(ssd->Read(K(i), got.data(), n).ok()) << i;
-      ASSERT_TRUE(Check(got.data(), i, n)) << "SSD " << i;
-    }
+    for (int i = 0; i < keys; ++i) ASSERT_EQ(t.ReadBack(i, n), LendTiers::Read::kExact) << i;
   };
   const uint64_t lent = dram->GetStats().lent;
   EXPECT_GT(lent, 0u);
@@ -615,17 +615,9 @@ TEST(TieredStoreLendTest, ConcurrentPutsAndReadsWhileSlotsAreLentAreExact) {
   const int per_writer = 400;
   std::atomic<int> written{0}, wrong{0}, misses{0};
   auto read_check = [&](int i) {
-    std::vector<uint8_t> got(n);
-    auto pin = tiered->Acquire(K(i));
-    if (pin.ok()) {
-      if (!Check(pin->data(), i, n)) ++wrong;
-      return;
-    }
-    if (!ssd->Read(K(i), got.data(), n).ok()) {
-      ++misses;  // a demotion dropped, or mid-promotion: not wrong
-      return;
-    }
-    if (!Check(got.data(), i, n)) ++wrong;
+    const LendTiers::Read r = t.ReadBack(i, n);
+    if (r == LendTiers::Read::kWrong) ++wrong;
+    if (r == LendTiers::Read::kMissing) ++misses;  // a demotion dropped, or mid-promotion
   };
   std::vector<std::thread> threads;
   for (int w = 0; w < 2; ++w) {
