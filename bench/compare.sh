@@ -24,6 +24,9 @@
 #          (cache quality on an LLM request trace: the eviction policies vs
 #          offline LRU and Belady, and a pool of three nodes;
 #          bench/compare_trace.sh)
+#        bench/compare.sh trace --shapes all|LIST [--trace FILE] [--seed N] [--keep]
+#          (the policies over the given trace and generated traffic shapes at
+#          2-40 % capacity, against LRU and the best; bench/compare_shapes.sh)
 #        bench/compare.sh events [--reps N] [--duration DURATION] [--put-value-size SIZE] [--keep]
 #          (KV events with a subscriber that stopped reading vs one that
 #          reads and vs none;

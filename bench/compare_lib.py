@@ -46,6 +46,7 @@ Remote mode (bench/compare_remote.sh):
                                 seconds of node A, node B and the client
   remote-summarize RESULTS.jsonl   print the remote table and metric lines
 Builds mode (bench/compare_builds.sh):
+  shapes-summarize RESULTS.jsonl POLICY   the shapes tables and metric lines
   builds-summarize METRICS.tsv TOLERANCE   read "ROUND\tA|B\tNAME\tVALUE" lines,
                                 print per metric both builds' medians, B/A, the
                                 median per-round ratio and the rounds B did
@@ -842,6 +843,53 @@ def builds_summarize(path, tolerance):
     return 0
 
 
+def shapes_summarize(path, judged, slack=0.02):
+    """bench/compare_shapes.sh: a table per trace, and the judged policy's
+    worst and mean ratio to LRU and to the best policy at each point."""
+    rows, _ = _load_results(path)
+    hit = {}
+    traces, policies = [], []
+    for r in rows:
+        name, policy, pct = r["label"].split("/")
+        hit[(name, policy, int(pct))] = r["block_hit_ratio"]
+        for seq, v in ((traces, name), (policies, policy)):
+            if v not in seq:
+                seq.append(v)
+    vs_lru, vs_best, below = [], [], []
+    for name in traces:
+        print("\n%s\n| capacity | %s | %s / lru | best |" % (name, " | ".join(policies), judged))
+        print("|---|" + "---|" * (len(policies) + 2))
+        for pct in sorted({k[2] for k in hit if k[0] == name}):
+            h = {p: hit[(name, p, pct)] for p in policies}
+            best = max(policies, key=lambda p: h[p])
+            # Where LRU keeps nothing there is no ratio to judge (the best-of
+            # check below still covers the point).
+            ratio = h[judged] / h["lru"] if h["lru"] else None
+            if ratio is not None:
+                vs_lru.append((ratio, name, pct))
+            to_best = h[judged] / h[best] if h[best] else 1.0
+            vs_best.append((to_best, name, pct))
+            if to_best < 1 - slack:
+                below.append("%s %d %%" % (name, pct))
+            print("| %d %% | %s | %s | %s |" % (pct, " | ".join("%.4f" % h[p] for p in policies),
+                                              "-" if ratio is None else "%.3f" % ratio, best))
+            for p in policies:
+                print("metric shapes_hit_%s_%s_%dpct %.4f" % (name, p, pct, h[p]))
+    worst = min(vs_lru)
+    print()
+    print("metric shapes_hit_vs_lru_min %.3f" % worst[0])
+    print("(the smallest: %s at %d %%)" % (worst[1], worst[2]))
+    print("metric shapes_hit_vs_lru_mean %.3f" % (sum(v[0] for v in vs_lru) / len(vs_lru)))
+    worst = min(vs_best)
+    print("metric shapes_hit_vs_best_min %.3f" % worst[0])
+    print("(the smallest: %s at %d %%)" % (worst[1], worst[2]))
+    print("metric shapes_points_below_best %d" % len(below))
+    if below:
+        print("(below the best less %g %%: %s)" % (100 * slack, ", ".join(below)))
+    print("metric shapes_wrong_bytes %d" % sum(r["wrong_bytes"] for r in rows))
+    return 0
+
+
 def main(argv):
     if len(argv) < 2:
         sys.exit(__doc__)
@@ -892,6 +940,8 @@ def main(argv):
         return remote_run(*args[:sep], args[sep + 1:])
     elif cmd == "remote-summarize":
         return remote_summarize(args[0])
+    elif cmd == "shapes-summarize":
+        return shapes_summarize(args[0], args[1])
     elif cmd == "builds-summarize":
         return builds_summarize(args[0], args[1])
     else:

@@ -39,6 +39,8 @@
 #   trace_ssd_write_per_hit_byte_{NAME}  per admission setting
 #
 # Usage: bench/compare.sh trace [--trace FILE] [--reps N] [--keep]
+#        bench/compare.sh trace --shapes LIST ...  (bench/compare_shapes.sh: the
+#            given trace and generated traffic shapes at 2-40 % capacity)
 #   --trace  a Mooncake JSONL trace (default ../shared/traces/synthetic_trace.jsonl
 #            beside the repository)
 #   --reps   runs of the 10 % replays, for requests/s (default 5)
@@ -57,6 +59,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 TRACE="$REPO/../shared/traces/synthetic_trace.jsonl"
 REPS=5
 KEEP=0
+# --shapes: the sweep over traffic shapes instead (bench/compare_shapes.sh).
+for arg in "$@"; do
+  [[ "$arg" == --shapes ]] && exec "$HERE/compare_shapes.sh" "$@"
+done
 parse_flags "--trace --reps --keep" "$@"
 VALUE_SIZE="${VALUE_SIZE:-16KiB}"
 POOL_REPS="${POOL_REPS:-3}"
@@ -71,87 +77,15 @@ BENCH="$(find_bin kvpool-bench || true)"
 [[ -r "$TRACE" ]] || missing+=("the trace $TRACE (--trace FILE)")
 check_missing
 
-TMP="$(mktemp -d /tmp/kvpool-trace.XXXXXX)"
-PIDS=()
-cleanup() {
-  local rc=$? p
-  for p in "${PIDS[@]}"; do stop_pid "$p" kvpool-node KILL; done
-  keep_or_remove_tmp "$rc"
-}
-trap cleanup EXIT
-RESULTS="$TMP/results.jsonl"
-: > "$RESULTS"
+# shellcheck source=bench/trace_common.sh
+source "$HERE/trace_common.sh"
+trace_tmp trace
 : > "$TMP/ssd_metrics"
 
-distinct="$("$PY" -c '
-import json, sys
-s = set()
-for line in open(sys.argv[1]):
-    if line.strip():
-        s.update(json.loads(line)["hash_ids"])
-print(len(s))' "$TRACE")"
-value_bytes="$("$PY" -c '
-import re, sys
-m = re.fullmatch(r"(\d+)\s*([KMG]i?B?)?", sys.argv[1].strip(), re.I)
-unit = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[(m.group(2) or "")[:1].lower()]
-print(int(m.group(1)) * unit)' "$VALUE_SIZE")"
+set_trace "$TRACE"
 log "trace $TRACE: $distinct distinct blocks, $VALUE_SIZE per block"
 
-# capacity_mib PERCENT [PARTS]: a node's DRAM for PERCENT of the distinct
-# blocks, split over PARTS nodes, in whole 1 MiB slabs.
-capacity_mib() {
-  "$PY" -c '
-import math, sys
-d, pct, vb, parts = map(int, sys.argv[1:])
-print(max(1, math.ceil(d * pct / 100 / parts * vb / (1 << 20))))' "$distinct" "$1" "$value_bytes" "${2:-1}"
-}
-
-freeport() { "$PY" "$HERE/compare_lib.py" freeport; }
-
-# start NAME MIB EXTRA...: a node on $TMP/NAME.sock.
-start() {
-  local name="$1" mib="$2" rc=0
-  shift 2
-  "$NODE" --socket "$TMP/$name.sock" --dram-capacity "${mib}MiB" --slab-size 1MiB \
-    --admin-port "${ADMIN_PORT:-0}" "$@" > "$TMP/$name.log" 2>&1 &
-  PIDS+=($!)
-  wait_node_ready "$!" "$TMP/$name.log" "$TMP/$name.sock" || rc=$?
-  [[ $rc -eq 0 ]] || die "kvpool-node $name did not start (see $TMP/$name.log)"
-}
-stop_all() {
-  local p
-  for p in "${PIDS[@]}"; do stop_pid "$p" kvpool-node KILL; done
-  PIDS=()
-}
-
-# replay LABEL SOCKETS: one replay; appends its JSON (with the label) to RESULTS.
-replay() {
-  local label="$1" sockets="$2" out rc=0
-  out="$("$BENCH" --trace "$TRACE" --sockets "$sockets" --value-size "$VALUE_SIZE" --json)" || rc=$?
-  [[ $rc -eq 0 || $rc -eq 3 ]] || die "replay $label failed (exit $rc)"
-  # The first line only, without `head`: head exits after one line, and
-  # printf, still writing the metric lines after it, would die of SIGPIPE
-  # (a failed pipeline under pipefail, though the result was kept).
-  printf '%s\n' "${out%%$'\n'*}" | "$PY" -c '
-import json, sys
-line = sys.stdin.readline()
-try:
-    j = json.loads(line)
-except ValueError:
-    sys.exit("kvpool-bench printed no JSON result: %r" % line[:200])
-j["label"] = sys.argv[1]
-print(json.dumps(j))' "$label" >> "$RESULTS" || die "replay $label: no result (kvpool-bench exit $rc)"
-}
-
-for pct in "${FRACTIONS[@]}"; do
-  mib="$(capacity_mib "$pct")"
-  for policy in "${POLICY_LIST[@]}"; do
-    start one "$mib" --eviction "$policy"
-    replay "$policy/$pct/1" "$TMP/one.sock"
-    stop_all
-    log "$pct %: $policy done ($mib MiB)"
-  done
-done
+policy_sweep "" "/1"
 # Replay speed: the judged policy and s3fifo in alternating runs at 10 %, so
 # the machine's drift falls on both alike; the figure is the median of the
 # pairs' ratios.
