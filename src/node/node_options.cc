@@ -155,7 +155,7 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
               "Largest value accepted");
   t->AddEnum("eviction", &o->dram.eviction, {kEvictionPolicies.begin(), kEvictionPolicies.end()},
              "DRAM eviction policy (prefix: made for LLM prefix traffic, docs/eviction.md; "
-             "s3fifo and lru for comparison)");
+             "s3fifo, lru, and slru -- prefix without ageing -- for comparison)");
   t->AddBool("writable-segment", &o->writable_segment,
              "Hand clients the segment writable, so they write reservations in place (saves "
              "one copy per zero-copy put, but any client can then change committed values); "

@@ -28,7 +28,8 @@
 namespace kvpool {
 
 // The eviction policies' names (DramOptions::eviction).
-inline constexpr std::array<std::string_view, 3> kEvictionPolicies = {"prefix", "s3fifo", "lru"};
+inline constexpr std::array<std::string_view, 4> kEvictionPolicies = {"prefix", "s3fifo", "lru",
+                                                                      "slru"};
 
 struct DramOptions {
   // What the cache holds: committed entries never take more slot bytes
@@ -54,8 +55,8 @@ struct DramOptions {
   // Touch every page at start so the first pass over memory is not 20x slower.
   bool prefault = true;
   // One of kEvictionPolicies: "prefix" (default: segmented LRU with a
-  // ghost, for LLM prefix traffic; docs/eviction.md), "s3fifo" or "lru"
-  // (for comparison).
+  // ghost and ageing, for LLM prefix traffic; docs/eviction.md), "s3fifo",
+  // "lru" or "slru" (prefix without ageing), for comparison.
   std::string eviction = "prefix";
   // Seal the segment's fd against writes: clients it is handed to can map
   // it read-only only (the node writes through its own mapping).

@@ -16,7 +16,10 @@
 //    moves a key to a protected list (70% of the class's slots), keys
 //    evicted from probation are remembered (ghost_bloom.h) and
 //    enter protected when they come back. The store touches the keys of
-//    one batch last to first, so a chain's head is the most recent.
+//    one batch last to first, so a chain's head is the most recent. One
+//    victim in 512 also sends protected's oldest entry back to probation,
+//    so every entry ages out once the traffic moves on ("slru": the same
+//    without ageing, for comparison).
 //
 // Pinned entries are never chosen: they are skipped (S3-FIFO: reinserted at
 // their queue's tail; LRU: passed over).
@@ -37,7 +40,8 @@ inline constexpr uint32_t kColdEnd = kNoSlot - 1;
 
 class EvictionPolicy {
  public:
-  // "prefix", "s3fifo" or "lru"; null for anything else.
+  // One of kEvictionPolicies ("prefix", "s3fifo", "lru", "slru"); null for
+  // anything else.
   static std::unique_ptr<EvictionPolicy> Create(std::string_view name, SlabAllocator* alloc);
   virtual ~EvictionPolicy() = default;
 
