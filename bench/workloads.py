@@ -10,8 +10,9 @@ block's id stands for its content *and everything before it*, so two
 requests share a block only while their prompts agree from the first token
 (ids are given out in order of first use, from 0). Each block is 512
 tokens, as in the given trace. The same shape, seed and scale always give
-the same bytes (Python's random.Random is the same generator on every
-version that has it).
+the same bytes from the same interpreter (the benches and tests run
+/usr/bin/python3; Python's random module seeds and draws alike across
+recent versions, but does not promise it).
 
 Shapes (see bench/README.md, "Traffic shapes"):
   chat      multi-turn conversations: each turn's prompt is the whole
