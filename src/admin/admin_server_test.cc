@@ -72,6 +72,15 @@ void PopulateNodeMetrics(MetricsRegistry* r) {
   r->GetCounter("kvpool_protocol_errors_total", "Malformed requests, by reason.",
                 {{"reason", "bad_magic"}})
       ->Inc(2);
+  // The prefix policy's adaptation: shadows at four shares, 30 % chosen.
+  r->AddCallbackGauge("kvpool_dram_eviction_protected_share", "Share.", {}, [] { return 0.3; });
+  r->AddCallbackGauge("kvpool_dram_eviction_share_changes", "Changes.", {}, [] { return 2.0; });
+  const std::pair<const char*, double> shadows[] = {
+      {"0.7", 0.43}, {"0.0", 0.41}, {"0.3", 0.455}, {"0.5", 0.44}};
+  for (const auto& [share, ratio] : shadows) {
+    r->AddCallbackGauge("kvpool_dram_eviction_shadow_hit_ratio", "Shadow.", {{"share", share}},
+                        [v = ratio] { return v; });
+  }
 }
 
 // Two members: this node's figures (as its status says them) and one that
@@ -737,6 +746,18 @@ TEST_F(AdminServerTest, DashboardRendersValuesInHeadlessChromium) {
   EXPECT_EQ(ElementText(dom, "hq-prefix-10m"), "55.0%");
   EXPECT_EQ(ElementText(dom, "hq-age-1m"), "\xE2\x80\x94");  // NaN: no eviction in the window
   EXPECT_EQ(ElementText(dom, "hq-age-10m"), "3m 20s");
+  {  // the adaptation's box is shown: its tag lost `hidden`
+    const auto at = dom.find("id=\"hq-adapt\"");
+    ASSERT_NE(at, std::string::npos);
+    const auto open = dom.rfind('<', at);
+    const std::string tag = dom.substr(open, dom.find('>', at) - open);
+    EXPECT_EQ(tag.find("hidden"), std::string::npos) << tag;
+  }
+  EXPECT_EQ(ElementText(dom, "hq-share"), "30%");
+  EXPECT_EQ(ElementText(dom, "hq-share-changes"), "2");
+  // Ordered by share whatever the exposition's order.
+  EXPECT_EQ(ElementText(dom, "hq-shadows"),
+            "0%: 41.0% \xC2\xB7 30%: 45.5% \xC2\xB7 50%: 44.0% \xC2\xB7 70%: 43.0%");
   EXPECT_EQ(ElementText(dom, "connections"), "3");
   EXPECT_EQ(ElementText(dom, "protocol-errors"), "2");
   // Counters did not move between polls.

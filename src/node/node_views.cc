@@ -77,6 +77,27 @@ std::string NodeViews::AggregateStatusJson() const {
   return j.dump();
 }
 
+namespace {
+
+// What the eviction policy adapts (DramStats::eviction): null for a policy
+// that adapts nothing.
+nlohmann::ordered_json EvictionJson(const EvictionAdaptation& a) {
+  if (!a.adaptive) return nullptr;
+  nlohmann::ordered_json shadows = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < a.candidate_shares.size(); ++i) {
+    shadows.push_back(
+        {{"protected_share", a.candidate_shares[i]}, {"hit_ratio", a.shadow_hit_ratios[i]}});
+  }
+  return {{"protected_share", a.protected_share},
+          {"share_changes", a.share_changes},
+          {"sample_rate", a.sample_rate},
+          {"shadow_keys", a.shadow_keys},
+          {"windows", a.windows},
+          {"shadows", shadows}};
+}
+
+}  // namespace
+
 nlohmann::ordered_json NodeViews::StatusObject() const {
   DramStats st = store()->GetDramStats();
   nlohmann::ordered_json classes = nlohmann::ordered_json::array();
@@ -104,6 +125,7 @@ nlohmann::ordered_json NodeViews::StatusObject() const {
         {"index_bytes", st.index_bytes},
         {"index_bytes_per_entry", st.index_bytes_per_entry},
         {"huge_pages", st.huge_pages},
+        {"eviction", EvictionJson(st.eviction)},
         {"classes", classes}}},
       {"ssd", SsdJson()},
       {"tenants", TenantsJson()},

@@ -41,6 +41,7 @@
 #include "store/dram/dram_store.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -119,6 +120,7 @@ class DramStoreImpl final : public DramStore {
         alloc_(options.capacity_bytes + options.read_room_bytes, options.slab_bytes,
                BuildSizeClasses(options.min_class_bytes, options.class_growth, options.slab_bytes)),
         policy_(EvictionPolicy::Create(options.eviction, &alloc_)),
+        adaptive_(policy_ != nullptr && policy_->adaptation().adaptive),
         chains_(policy_ != nullptr && policy_->TouchChainsHeadLast()),
         class_entries_(alloc_.num_classes(), 0),
         read_bytes_(alloc_.num_classes(), 0) {
@@ -138,7 +140,7 @@ class DramStoreImpl final : public DramStore {
   uint64_t segment_bytes() const override { return segment_->bytes(); }
   uint8_t* segment_base() const override { return segment_->base(); }
   uint64_t max_value_bytes() const override { return max_value_bytes_; }
-  bool touch_chains_head_last() const override { return chains_; }
+  bool touch_chains_head_last() const override { return chains_.load(std::memory_order_relaxed); }
 
   Result<Reservation> Reserve(const KeyId& key, uint64_t size) override {
     return ReserveSlot(key, size, /*for_read=*/false);
@@ -195,7 +197,7 @@ class DramStoreImpl final : public DramStore {
     std::lock_guard lock(mu_);
     // The chain's previous entry, if it is still the one committed then;
     // only a policy that keeps chains from their head uses it.
-    if (!chains_) chain = nullptr;
+    if (!chains_.load(std::memory_order_relaxed)) chain = nullptr;
     uint32_t colder_than = kNoSlot;
     if (chain != nullptr && chain->slot == ChainPlace::kByKey) {
       colder_than = Find(chain->key);
@@ -293,8 +295,9 @@ class DramStoreImpl final : public DramStore {
     size_t pinned = 0;
     std::lock_guard lock(mu_);
     ++lookup_rounds_;
+    const bool head_last = chains_.load(std::memory_order_relaxed);
     for (size_t k = 0; k < n; ++k) {
-      const size_t i = chains_ ? n - 1 - k : k;
+      const size_t i = head_last ? n - 1 - k : k;
       if (pins[i].valid()) continue;
       auto p = AcquireLocked(keys[i]);
       if (!p.ok()) continue;
@@ -348,6 +351,7 @@ class DramStoreImpl final : public DramStore {
     s.slab_moves = slab_moves_;
     s.lookup_rounds = lookup_rounds_;
     s.index_bytes = IndexBytes();
+    s.eviction = policy_->adaptation();
     const uint64_t cap = CapacityEntries();
     s.index_bytes_per_entry = cap == 0 ? 0 : static_cast<double>(s.index_bytes) / cap;
     s.huge_pages = segment_->huge_pages();
@@ -456,6 +460,7 @@ class DramStoreImpl final : public DramStore {
     m.state = SlotState::kCommitted;
     index_.Insert(key, slot);
     policy_->Insert(slot, cls, colder_than, returning);
+    if (adaptive_) NoteAdaptation();
     NoteUse(slot, cls, m.size, /*hit=*/false);
     NoteAgeUse(key);
     ++entries_;
@@ -483,6 +488,7 @@ class DramStoreImpl final : public DramStore {
     const uint16_t cls = alloc_.class_of(slot);
     if (touch) {
       policy_->Touch(slot, cls);
+      if (adaptive_) NoteAdaptation();
       NoteAgeUse(key);
     }
     NoteUse(slot, cls, m.size, /*hit=*/true);
@@ -806,6 +812,7 @@ class DramStoreImpl final : public DramStore {
         "kvpool_dram_eviction_age_seconds",
         "Time from an evicted entry's last commit or hit to its eviction (one key in 64)", {},
         Histogram::ExponentialBounds(0.01, 2, 22));
+    if (policy_->adaptation().adaptive) RegisterAdaptationMetrics();
     for (const RecentWindow& rw : kRecentWindows) {
       metrics_->AddCallbackGauge(
           "kvpool_dram_eviction_age_recent_seconds",
@@ -813,6 +820,44 @@ class DramStoreImpl final : public DramStore {
           {{"window", rw.label}},
           [this, s = rw.seconds] { return recent_age_us_.Ratio(s) / 1e6; }, this);
     }
+  }
+
+  // REQUIRES: mu_ held. After an access an adaptive policy saw: it may
+  // have changed how it wants chains touched.
+  void NoteAdaptation() {
+    chains_.store(policy_->TouchChainsHeadLast(), std::memory_order_relaxed);
+  }
+
+  // What the eviction policy adapts (EvictionPolicy::adaptation).
+  void RegisterAdaptationMetrics() {
+    auto gauge = [this](const char* name, const char* help, Labels labels, auto fn) {
+      metrics_->AddCallbackGauge(
+          name, help, std::move(labels),
+          [this, fn] {
+            std::lock_guard lock(mu_);
+            return static_cast<double>(fn(policy_->adaptation()));
+          },
+          this);
+    };
+    gauge("kvpool_dram_eviction_protected_share",
+          "The prefix policy's protected list, as a share of each size class's slots, as its "
+          "shadow caches chose it.",
+          {}, [](const EvictionAdaptation& a) { return a.protected_share; });
+    const EvictionAdaptation a = policy_->adaptation();
+    for (size_t i = 0; i < a.candidate_shares.size(); ++i) {
+      gauge("kvpool_dram_eviction_shadow_hit_ratio",
+            "Hit ratio of the shadow cache that runs the prefix policy at this protected share "
+            "over sampled keys (recent accesses, halved every window).",
+            {{"share", fmt::format("{:.1f}", a.candidate_shares[i])}},
+            [i](const EvictionAdaptation& x) { return x.shadow_hit_ratios[i]; });
+    }
+    gauge("kvpool_dram_eviction_share_changes",
+          "Times the shadow caches changed the protected share since the store opened.", {},
+          [](const EvictionAdaptation& x) { return x.share_changes; });
+    gauge("kvpool_dram_eviction_shadow_sample_rate", "Fraction of keys the shadow caches follow.",
+          {}, [](const EvictionAdaptation& x) { return x.sample_rate; });
+    gauge("kvpool_dram_eviction_shadow_keys", "Keys the shadow caches hold.", {},
+          [](const EvictionAdaptation& x) { return x.shadow_keys; });
   }
 
   const std::unique_ptr<Segment> segment_;
@@ -837,7 +882,10 @@ class DramStoreImpl final : public DramStore {
   SlabAllocator alloc_;
   SlotIndex index_;
   std::unique_ptr<EvictionPolicy> policy_;
-  const bool chains_;  // policy_->TouchChainsHeadLast(): commits keep their chain place
+  const bool adaptive_;  // policy_->adaptation().adaptive
+  // policy_->TouchChainsHeadLast(): commits keep their chain place. Written
+  // under mu_ (an adaptive policy changes it as it adapts), read without.
+  std::atomic<bool> chains_;
   std::vector<uint32_t> class_entries_;  // per class
   std::vector<uint64_t> read_bytes_;     // per class: bytes hit, decayed
   uint64_t since_decay_ = 0;             // bytes committed and hit since the last halving

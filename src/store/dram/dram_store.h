@@ -28,8 +28,8 @@
 namespace kvpool {
 
 // The eviction policies' names (DramOptions::eviction).
-inline constexpr std::array<std::string_view, 4> kEvictionPolicies = {"prefix", "s3fifo", "lru",
-                                                                      "slru"};
+inline constexpr std::array<std::string_view, 5> kEvictionPolicies = {"prefix", "s3fifo", "lru",
+                                                                      "slru", "prefix-fixed"};
 
 struct DramOptions {
   // What the cache holds: committed entries never take more slot bytes
@@ -55,8 +55,10 @@ struct DramOptions {
   // Touch every page at start so the first pass over memory is not 20x slower.
   bool prefault = true;
   // One of kEvictionPolicies: "prefix" (default: segmented LRU with a
-  // ghost and ageing, for LLM prefix traffic; docs/eviction.md), "s3fifo",
-  // "lru" or "slru" (prefix without ageing), for comparison.
+  // ghost and ageing, its protected share chosen by sampled shadow caches,
+  // for LLM prefix traffic; docs/eviction.md), "s3fifo", "lru",
+  // "prefix-fixed" (prefix at a fixed share of 70%) or "slru" (that
+  // without ageing), for comparison.
   std::string eviction = "prefix";
   // Seal the segment's fd against writes: clients it is handed to can map
   // it read-only only (the node writes through its own mapping).
@@ -71,6 +73,22 @@ struct DramClassStats {
   uint64_t slot_bytes = 0;
   uint64_t slabs = 0;
   uint64_t entries = 0;
+};
+
+// What an adaptive eviction policy has adapted (DramStats::eviction).
+struct EvictionAdaptation {
+  static constexpr size_t kCandidates = 4;
+  bool adaptive = false;
+  // The protected list's share of a class's slots now, and the candidates.
+  double protected_share = 0;
+  std::array<double, kCandidates> candidate_shares{};
+  // Each candidate's shadow hit ratio over its recent sampled accesses.
+  std::array<double, kCandidates> shadow_hit_ratios{};
+  uint64_t share_changes = 0;
+  double sample_rate = 0;     // fraction of keys the shadows follow
+  uint64_t shadow_keys = 0;   // keys the shadows hold
+  uint64_t shadow_bytes = 0;  // their memory (part of DramStats::index_bytes)
+  uint64_t windows = 0;       // decision windows ended
 };
 
 struct DramStats {
@@ -90,6 +108,7 @@ struct DramStats {
   uint64_t index_bytes = 0;      // memory of the index and eviction metadata
   double index_bytes_per_entry = 0;  // index_bytes / capacity in entries at the current mix
   bool huge_pages = false;
+  EvictionAdaptation eviction;  // what the eviction policy adapts
   std::vector<DramClassStats> classes;
 };
 
@@ -111,6 +130,7 @@ class DramStore {
   virtual uint64_t max_value_bytes() const = 0;
   // Whether a batch's hits should be acquired last to first (the eviction
   // policy keeps a chain's head longest: EvictionPolicy::TouchChainsHeadLast).
+  // It can change as the default policy adapts (an LRU touches in order).
   virtual bool touch_chains_head_last() const = 0;
 
   // Reserves a slot of `size` bytes for `key`. AlreadyExists when the key is

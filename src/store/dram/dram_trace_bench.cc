@@ -15,6 +15,8 @@
 // Usage: dram_trace_bench [requests] [prefixes] [pages_per_prefix] [zipf_alpha]
 //                         [scan_every] [scan_factor] [capacity_mib] [value_kib]
 //                         [mix_kib] [scan_kib]
+// Environment: POLICIES, names of kEvictionPolicies separated by spaces
+// (default: every one), run in the order of kEvictionPolicies.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -147,8 +149,14 @@ int main(int argc, char** argv) {
   if (t.scan_kib != 0) {
     std::printf("  scans: %llu KiB values\n", (unsigned long long)t.scan_kib);
   }
+  // POLICIES (environment, names separated by spaces): only those.
+  const char* only = std::getenv("POLICIES");
   for (std::string_view name : kvpool::kEvictionPolicies) {
     const std::string policy(name);
+    if (only != nullptr &&
+        (" " + std::string(only) + " ").find(" " + policy + " ") == std::string::npos) {
+      continue;
+    }
     const Result r = Replay(t, policy.c_str());
     const uint64_t all = r.hot_accesses + r.scan_accesses;
     std::printf(

@@ -6,6 +6,7 @@
 #include "store/dram/dram_store.h"
 #include "store/dram/ghost_bloom.h"
 #include "store/dram/ghost_fifo.h"
+#include "store/dram/shadow_shares.h"
 
 namespace kvpool::dram {
 namespace {
@@ -143,13 +144,32 @@ class S3FifoPolicy final : public EvictionPolicy {
 // flushing the cache; a faster pace lost the scan shape's hits at 2 %
 // capacity (one in 128: 6 %, one in 32: 23 %; docs/eviction.md). "slru" is
 // the policy without ageing, for comparison.
+//
+// Protected's share adapts ("prefix", the default): no one share keeps the
+// most on every traffic (conversations want a large probation, scans and
+// shared documents a large protected list; docs/eviction.md), so sampled
+// shadow caches run this policy at each of a few shares over the store's
+// own traffic, and a share whose shadow clearly keeps more than the
+// enforced one's takes its place (shadow_shares.h). "prefix-fixed" keeps 70%, the share it starts
+// at.
 class PrefixPolicy final : public EvictionPolicy {
  public:
-  PrefixPolicy(SlabAllocator* alloc, bool age)
-      : alloc_(*alloc), age_(age), lists_(alloc->num_classes()), ghost_(kMinGhost) {}
+  PrefixPolicy(SlabAllocator* alloc, bool age, bool adapt)
+      : alloc_(*alloc),
+        age_(age),
+        lists_(alloc->num_classes()),
+        ghost_(kMinGhost),
+        shadows_(adapt ? std::make_unique<ShadowShares>() : nullptr) {}
 
   void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than, bool returning) override {
     SlotMeta& m = alloc_.meta(slot);
+    if (shadows_ != nullptr && shadows_->Sampled(m.key)) {
+      shadows_->Insert(m.key,
+                       colder_than == kColdEnd  ? ShadowShares::Place::kColdest
+                       : colder_than == kNoSlot ? ShadowShares::Place::kWarm
+                                                : ShadowShares::Place::kInChain,
+                       returning);
+    }
     // The list the chain's previous entry is on (kQueueNone: no such entry
     // of this class): the new entry goes just colder than it when it enters
     // the same list, so a chain keeps its order there.
@@ -179,6 +199,7 @@ class PrefixPolicy final : public EvictionPolicy {
 
   void Touch(uint32_t slot, uint16_t cls) override {
     SlotMeta& m = alloc_.meta(slot);
+    if (shadows_ != nullptr && shadows_->Sampled(m.key)) shadows_->Touch(m.key);
     if (m.queue == kQueueMain) {
       lists_[cls].main.Unlink(alloc_, slot);
       lists_[cls].main.PushTail(alloc_, slot);
@@ -195,7 +216,8 @@ class PrefixPolicy final : public EvictionPolicy {
     // Protected's share is enforced when the class must give up an entry,
     // so it is measured against the class's slots when full, not while the
     // store still fills.
-    const uint64_t share = std::max<uint64_t>(1, alloc_.class_slots(cls) * kProtectedTenths / 10);
+    const uint64_t tenths = shadows_ != nullptr ? shadows_->share_tenths() : kProtectedTenths;
+    const uint64_t share = std::max<uint64_t>(1, alloc_.class_slots(cls) * tenths / 10);
     while (l.main.count > share) Demote(l);
     if (age_ && ++victims_ % kAgeEvery == 0 && l.main.count > 0) Demote(l);
     for (SlotList* list : {&l.small, &l.main}) {
@@ -214,16 +236,44 @@ class PrefixPolicy final : public EvictionPolicy {
   void SetCapacityEntries(uint64_t entries) override {
     const uint64_t want = std::max<uint64_t>(kMinGhost, entries);
     if (want > ghost_.window() * 5 / 4 || want < ghost_.window() * 3 / 4) ghost_.Resize(want);
+    if (shadows_ != nullptr) shadows_->SetCapacityEntries(entries);
   }
 
-  uint64_t bytes() const override { return lists_.capacity() * sizeof(TwoLists) + ghost_.bytes(); }
+  uint64_t bytes() const override {
+    return lists_.capacity() * sizeof(TwoLists) + ghost_.bytes() +
+           (shadows_ != nullptr ? shadows_->bytes() : 0);
+  }
 
-  bool TouchChainsHeadLast() const override { return true; }
+  EvictionAdaptation adaptation() const override {
+    EvictionAdaptation a;
+    if (shadows_ == nullptr) return a;
+    static_assert(EvictionAdaptation::kCandidates == ShadowShares::kCandidates);
+    a.adaptive = true;
+    a.protected_share = shadows_->share_tenths() / 10.0;
+    for (size_t i = 0; i < ShadowShares::kCandidates; ++i) {
+      a.candidate_shares[i] = ShadowShares::kShareTenths[i] / 10.0;
+    }
+    a.shadow_hit_ratios = shadows_->hit_ratios();
+    a.share_changes = shadows_->changes();
+    a.sample_rate = shadows_->rate();
+    a.shadow_keys = shadows_->keys();
+    a.shadow_bytes = shadows_->bytes();
+    a.windows = shadows_->windows();
+    return a;
+  }
+
+  // At a protected share of 0 the policy is an LRU (probation alone, a hit
+  // going to its warm end through the one-entry protected list), and a
+  // batch's hits are touched in order, as an LRU's are.
+  bool TouchChainsHeadLast() const override {
+    return shadows_ == nullptr || shadows_->share_tenths() != 0;
+  }
 
  private:
   static constexpr uint64_t kMinGhost = 64;
-  // Protected's share of a class's slots, in tenths.
+  // Protected's share of a class's slots, in tenths, when it does not adapt.
   static constexpr uint64_t kProtectedTenths = 7;
+  static_assert(ShadowShares::kShareTenths[ShadowShares::kStart] == kProtectedTenths);
   // One victim in this many also ages protected by one entry.
   static constexpr uint64_t kAgeEvery = 512;
 
@@ -245,6 +295,7 @@ class PrefixPolicy final : public EvictionPolicy {
   std::vector<TwoLists> lists_;  // small: probation, main: protected
   GhostBloom ghost_;
   uint64_t victims_ = 0;
+  const std::unique_ptr<ShadowShares> shadows_;  // null: the share is fixed
 };
 
 class LruPolicy final : public EvictionPolicy {
@@ -284,11 +335,18 @@ class LruPolicy final : public EvictionPolicy {
 
 std::unique_ptr<EvictionPolicy> EvictionPolicy::Create(std::string_view name,
                                                        SlabAllocator* alloc) {
-  static_assert(kEvictionPolicies.size() == 4);
-  if (name == kEvictionPolicies[0]) return std::make_unique<PrefixPolicy>(alloc, /*age=*/true);
+  static_assert(kEvictionPolicies.size() == 5);
+  if (name == kEvictionPolicies[0]) {
+    return std::make_unique<PrefixPolicy>(alloc, /*age=*/true, /*adapt=*/true);
+  }
   if (name == kEvictionPolicies[1]) return std::make_unique<S3FifoPolicy>(alloc);
   if (name == kEvictionPolicies[2]) return std::make_unique<LruPolicy>(alloc);
-  if (name == kEvictionPolicies[3]) return std::make_unique<PrefixPolicy>(alloc, /*age=*/false);
+  if (name == kEvictionPolicies[3]) {
+    return std::make_unique<PrefixPolicy>(alloc, /*age=*/false, /*adapt=*/false);
+  }
+  if (name == kEvictionPolicies[4]) {
+    return std::make_unique<PrefixPolicy>(alloc, /*age=*/true, /*adapt=*/false);
+  }
   return nullptr;
 }
 

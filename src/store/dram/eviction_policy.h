@@ -13,13 +13,14 @@
 //  - LRU: one list per class, an access moves the entry to the tail.
 //  - prefix (the default; docs/eviction.md): segmented LRU with a ghost,
 //    made for LLM prefix traffic. New keys enter a probation list, a hit
-//    moves a key to a protected list (70% of the class's slots), keys
+//    moves a key to a protected list (a share of the class's slots that
+//    sampled shadow caches choose: shadow_shares.h; 70% to start), keys
 //    evicted from probation are remembered (ghost_bloom.h) and
 //    enter protected when they come back. The store touches the keys of
 //    one batch last to first, so a chain's head is the most recent. One
 //    victim in 512 also sends protected's oldest entry back to probation,
-//    so every entry ages out once the traffic moves on ("slru": the same
-//    without ageing, for comparison).
+//    so every entry ages out once the traffic moves on ("prefix-fixed":
+//    the same at a fixed 70%, "slru": that without ageing, for comparison).
 //
 // Pinned entries are never chosen: they are skipped (S3-FIFO: reinserted at
 // their queue's tail; LRU: passed over).
@@ -31,6 +32,7 @@
 #include <memory>
 #include <string_view>
 
+#include "store/dram/dram_store.h"
 #include "store/dram/slab_allocator.h"
 
 namespace kvpool::dram {
@@ -40,7 +42,8 @@ inline constexpr uint32_t kColdEnd = kNoSlot - 1;
 
 class EvictionPolicy {
  public:
-  // One of kEvictionPolicies ("prefix", "s3fifo", "lru", "slru"); null for
+  // One of kEvictionPolicies ("prefix", "s3fifo", "lru", "slru",
+  // "prefix-fixed"); null for
   // anything else.
   static std::unique_ptr<EvictionPolicy> Create(std::string_view name, SlabAllocator* alloc);
   virtual ~EvictionPolicy() = default;
@@ -65,9 +68,12 @@ class EvictionPolicy {
   virtual void SetCapacityEntries(uint64_t entries) = 0;
   // Heap bytes of the policy's own structures.
   virtual uint64_t bytes() const = 0;
+  // What the policy adapts to the traffic (adaptive == false: nothing).
+  virtual EvictionAdaptation adaptation() const { return {}; }
   // Whether the hits of one batch should be touched last to first: a batch
   // of an engine is a block chain in order, and touching its head last makes
-  // the head the most recent, so a chain is evicted from its tail.
+  // the head the most recent, so a chain is evicted from its tail. An
+  // adaptive policy may change its answer after an Insert or Touch.
   virtual bool TouchChainsHeadLast() const { return false; }
 };
 

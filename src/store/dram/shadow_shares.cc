@@ -1,0 +1,275 @@
+#include "store/dram/shadow_shares.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/check.h"
+
+namespace kvpool::dram {
+
+ShadowShares::ShadowShares(double max_rate) : max_rate_(std::clamp(max_rate, 1e-6, 1.0)) {
+  for (size_t i = 0; i < kCandidates; ++i) shadows_[i].tenths = kShareTenths[i];
+  SetCapacityEntries(1);
+}
+
+void ShadowShares::SetCapacityEntries(uint64_t entries) {
+  entries = std::max<uint64_t>(entries, 1);
+  const double rate = std::min(max_rate_, static_cast<double>(kShadowEntries) / entries);
+  const bool resample = rate > rate_ * 5 / 4 || rate < rate_ * 3 / 4 || keys_ == 0;
+  if (resample) {
+    rate_ = rate;
+    threshold_ = rate >= 1 ? UINT64_MAX : static_cast<uint64_t>(std::ldexp(rate, 64));
+  }
+  capacity_ = std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(rate_ * entries)));
+  window_ = std::max<uint64_t>(kMinWindow, capacity_);
+  if (resample) {
+    Reset();
+    return;
+  }
+  for (size_t i = 0; i < kCandidates; ++i) {
+    while (shadows_[i].size() > capacity_) Evict(i);
+  }
+}
+
+void ShadowShares::Reset() {
+  // Most keys are held by every shadow: room for a quarter more than one
+  // shadow's capacity before the vector grows.
+  entries_.clear();
+  entries_.shrink_to_fit();
+  entries_.reserve(capacity_ + capacity_ / 4);
+  free_.clear();
+  free_.shrink_to_fit();
+  index_.assign(64, kNone);
+  index_.shrink_to_fit();
+  keys_ = 0;
+  for (Shadow& s : shadows_) {
+    const uint8_t tenths = s.tenths;
+    s = Shadow{};
+    s.tenths = tenths;
+    s.ghost.Resize(std::max<uint64_t>(64, capacity_));
+  }
+  in_window_ = 0;
+}
+
+void ShadowShares::Insert(const KeyId& key, Place place, bool returning) {
+  Access(key, /*insert=*/true, place, returning);
+}
+
+void ShadowShares::Touch(const KeyId& key) {
+  Access(key, /*insert=*/false, Place::kWarm, /*returning=*/false);
+}
+
+void ShadowShares::Access(const KeyId& key, bool insert, Place place, bool returning) {
+  const uint32_t e = FindOrAdd(key);
+  const bool chosen_hits = (entries_[e].held >> chosen_) & 1;
+  for (size_t i = 0; i < kCandidates; ++i) {
+    Shadow& s = shadows_[i];
+    s.accesses += 1;
+    if ((entries_[e].held >> i) & 1) {
+      s.hits += 1;
+      if (!chosen_hits) s.wins += 1;
+      // A hit: to protected's warm end.
+      Unlink(i, e);
+      PushTail(i, kProtected, e);
+      if (insert) s.last_chain = e;
+      continue;
+    }
+    if (chosen_hits) s.losses += 1;
+    // A miss here: room first (as the store reserves before it commits),
+    // then the key enters. Evict never drops `e`: this shadow does not
+    // hold it and it was just made or is held by another.
+    while (s.size() >= capacity_) Evict(i);
+    Add(i, e, insert ? place : Place::kWarm, insert && returning);
+  }
+  if (++in_window_ >= window_) EndWindow();
+}
+
+void ShadowShares::Add(size_t i, uint32_t e, Place place, bool returning) {
+  Shadow& s = shadows_[i];
+  entries_[e].held |= static_cast<uint8_t>(1u << i);
+  const uint8_t list = returning || s.ghost.Contains(entries_[e].key) ? kProtected : kProbation;
+  const uint32_t prev = place == Place::kInChain ? s.last_chain : kNone;
+  if (prev != kNone && ((entries_[prev].protected_ >> i) & 1) == list) {
+    InsertBefore(i, prev, e);
+  } else if (place == Place::kColdest && list == kProbation && s.lists[kProbation].head != kNone) {
+    InsertBefore(i, s.lists[kProbation].head, e);
+  } else {
+    PushTail(i, list, e);
+  }
+  s.last_chain = place == Place::kColdest ? kNone : e;
+}
+
+void ShadowShares::Evict(size_t i) {
+  Shadow& s = shadows_[i];
+  List& probation = s.lists[kProbation];
+  List& prot = s.lists[kProtected];
+  auto demote = [&] {
+    const uint32_t old = prot.head;
+    Unlink(i, old);
+    PushTail(i, kProbation, old);
+  };
+  const uint64_t share = std::max<uint64_t>(1, capacity_ * s.tenths / 10);
+  while (prot.count > share) demote();
+  if (++s.victims % kAgeEvery == 0 && prot.count > 0) demote();
+  const bool from_probation = probation.head != kNone;
+  const uint32_t victim = from_probation ? probation.head : prot.head;
+  KVPOOL_CHECK(victim != kNone);
+  if (from_probation) s.ghost.Insert(entries_[victim].key);
+  Unlink(i, victim);
+  if (s.last_chain == victim) s.last_chain = kNone;
+  entries_[victim].held &= static_cast<uint8_t>(~(1u << i));
+  if (entries_[victim].held == 0) Drop(victim);
+}
+
+void ShadowShares::Choose() {
+  // The share whose shadow hit where the chosen one missed more often than
+  // the other way round, by more than kZ standard deviations of that
+  // difference (a paired sign test over the same sampled accesses).
+  size_t best = chosen_;
+  double best_gain = 0;
+  for (size_t i = 0; i < kCandidates; ++i) {
+    const Shadow& s = shadows_[i];
+    const double gain = s.wins - s.losses;
+    if (i == chosen_ || gain <= best_gain || gain <= kZ * std::sqrt(s.wins + s.losses)) continue;
+    best = i;
+    best_gain = gain;
+  }
+  if (best == chosen_) return;
+  chosen_ = best;
+  ++changes_;
+  for (Shadow& s : shadows_) s.wins = s.losses = 0;
+}
+
+void ShadowShares::EndWindow() {
+  in_window_ = 0;
+  ++windows_;
+  Choose();
+  for (Shadow& s : shadows_) {
+    s.hits /= 2;
+    s.accesses /= 2;
+    s.wins /= 2;
+    s.losses /= 2;
+  }
+}
+
+std::array<double, ShadowShares::kCandidates> ShadowShares::hit_ratios() const {
+  std::array<double, kCandidates> out{};
+  for (size_t i = 0; i < kCandidates; ++i) {
+    out[i] = shadows_[i].accesses > 0 ? shadows_[i].hits / shadows_[i].accesses : 0;
+  }
+  return out;
+}
+
+uint64_t ShadowShares::bytes() const {
+  uint64_t b = entries_.capacity() * sizeof(Entry) + free_.capacity() * sizeof(uint32_t) +
+               index_.capacity() * sizeof(uint32_t);
+  for (const Shadow& s : shadows_) b += s.ghost.bytes();
+  return b;
+}
+
+uint32_t ShadowShares::FindOrAdd(const KeyId& key) {
+  if ((keys_ + 1) * 2 > index_.size()) Rehash(index_.size() * 2);
+  size_t h = Home(key);
+  for (;; h = (h + 1) & (index_.size() - 1)) {
+    const uint32_t e = index_[h];
+    if (e == kNone) break;
+    if (entries_[e].key == key) return e;
+  }
+  uint32_t e;
+  if (!free_.empty()) {
+    e = free_.back();
+    free_.pop_back();
+  } else {
+    e = static_cast<uint32_t>(entries_.size());
+    entries_.emplace_back();
+  }
+  Entry& x = entries_[e];
+  x.key = key;
+  x.prev.fill(kNone);
+  x.next.fill(kNone);
+  x.held = x.protected_ = 0;
+  index_[h] = e;
+  ++keys_;
+  return e;
+}
+
+void ShadowShares::Drop(uint32_t e) {
+  const size_t mask = index_.size() - 1;
+  size_t h = Home(entries_[e].key);
+  while (index_[h] != e) h = (h + 1) & mask;
+  // Backward shift: later entries of the run move into the hole when their
+  // home does not lie between the hole and them.
+  for (size_t j = (h + 1) & mask;; j = (j + 1) & mask) {
+    const uint32_t f = index_[j];
+    if (f == kNone) break;
+    const size_t home = Home(entries_[f].key);
+    if (((j - home) & mask) >= ((j - h) & mask)) {
+      index_[h] = f;
+      h = j;
+    }
+  }
+  index_[h] = kNone;
+  free_.push_back(e);
+  --keys_;
+}
+
+void ShadowShares::Rehash(size_t buckets) {
+  index_.assign(buckets, kNone);
+  for (uint32_t e = 0; e < entries_.size(); ++e) {
+    if (entries_[e].held == 0) continue;
+    size_t h = Home(entries_[e].key);
+    while (index_[h] != kNone) h = (h + 1) & (buckets - 1);
+    index_[h] = e;
+  }
+}
+
+void ShadowShares::Unlink(size_t i, uint32_t e) {
+  Entry& x = entries_[e];
+  List& l = shadows_[i].lists[(x.protected_ >> i) & 1];
+  if (x.prev[i] != kNone) {
+    entries_[x.prev[i]].next[i] = x.next[i];
+  } else {
+    l.head = x.next[i];
+  }
+  if (x.next[i] != kNone) {
+    entries_[x.next[i]].prev[i] = x.prev[i];
+  } else {
+    l.tail = x.prev[i];
+  }
+  x.prev[i] = x.next[i] = kNone;
+  --l.count;
+}
+
+void ShadowShares::PushTail(size_t i, uint8_t list, uint32_t e) {
+  Entry& x = entries_[e];
+  List& l = shadows_[i].lists[list];
+  x.protected_ = static_cast<uint8_t>((x.protected_ & ~(1u << i)) | (uint32_t{list} << i));
+  x.prev[i] = l.tail;
+  x.next[i] = kNone;
+  if (l.tail != kNone) {
+    entries_[l.tail].next[i] = e;
+  } else {
+    l.head = e;
+  }
+  l.tail = e;
+  ++l.count;
+}
+
+void ShadowShares::InsertBefore(size_t i, uint32_t before, uint32_t e) {
+  Entry& b = entries_[before];
+  Entry& x = entries_[e];
+  const uint8_t list = (b.protected_ >> i) & 1;
+  List& l = shadows_[i].lists[list];
+  x.protected_ = static_cast<uint8_t>((x.protected_ & ~(1u << i)) | (uint32_t{list} << i));
+  x.next[i] = before;
+  x.prev[i] = b.prev[i];
+  if (b.prev[i] != kNone) {
+    entries_[b.prev[i]].next[i] = e;
+  } else {
+    l.head = e;
+  }
+  b.prev[i] = e;
+  ++l.count;
+}
+
+}  // namespace kvpool::dram

@@ -1,0 +1,188 @@
+// ShadowShares: what the prefix policy would keep at other protected
+// shares, measured on the store's own traffic by sampled shadow caches
+// (spatial sampling as in SHARDS, Waldspurger et al., FAST'15).
+//
+// A key is sampled when a hash of its id falls under a threshold, so a
+// fixed fraction R of the keys is, and every access of a sampled key is.
+// For each candidate share (kShareTenths) a shadow runs the prefix policy's
+// rules over the sampled keys alone, at R times the store's capacity in
+// entries: probation and protected lists, protected held to its share when
+// an entry must go, a ghost of keys evicted from probation, chains placed
+// head first, ageing. An access the store sees (an insert after a miss, a
+// hit) of a sampled key is an access in each shadow: a hit when that shadow
+// holds the key, else an insert there.
+//
+// The store sees a miss only when the engine writes the block it missed
+// (as engines do: a block they had to recompute); a read that misses and
+// is never written again is not counted anywhere.
+//
+// Choosing: for each shadow, the sampled accesses it hit where the chosen
+// share's shadow missed (wins) and the reverse (losses) are counted. At
+// the end of each window (the shadows' capacity in sampled accesses, at
+// least kMinWindow) the share with the largest wins - losses is chosen
+// when that exceeds kZ standard deviations of it, sqrt(wins + losses) (a
+// paired sign test: the shadows see the same accesses, so only where they
+// differ counts); then every count is halved, so the choice follows the
+// traffic of the last few windows. Checking more often than once a window
+// made the choice flap on the traffic shapes of bench/workloads.py and
+// lost hits.
+//
+// Bounds: the share is always one of kShareTenths. A share of 0 makes the
+// policy an LRU (EvictionPolicy::TouchChainsHeadLast). The sampling rate is
+// at most max_rate (the work per access: one hash, and for a sampled key
+// one lookup and a list move in each shadow) and each shadow holds
+// rate x entries keys, at most kShadowEntries; all shadows share one entry
+// per key (under 100 bytes with the ghosts), so the memory is at most
+// about 100 x max_rate bytes per store entry (12.5 at the default).
+//
+// Not thread-safe; owned by the prefix policy under DramStore's mutex.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "common/key_id.h"
+#include "store/dram/ghost_bloom.h"
+
+namespace kvpool::dram {
+
+class ShadowShares {
+ public:
+  // The candidate shares of protected, in tenths of a class's slots; the
+  // last is where a store starts (the share the policy was tuned with).
+  static constexpr std::array<uint8_t, 4> kShareTenths = {0, 3, 5, 7};
+  static constexpr size_t kCandidates = kShareTenths.size();
+  static constexpr size_t kStart = kCandidates - 1;
+  // Sampled keys each shadow holds at the store's capacity, when the rate
+  // allows (the store holds at least kShadowEntries / max_rate entries).
+  static constexpr uint64_t kShadowEntries = 4096;
+  // The default for max_rate.
+  static constexpr double kMaxRate = 1.0 / 8;
+
+  // Where an inserted entry goes, as EvictionPolicy::Insert's colder_than.
+  enum class Place : uint8_t {
+    kWarm,     // a chain's first entry (or none): the warm end
+    kInChain,  // just colder than its chain's previous entry
+    kColdest,  // a replica: first in line to go
+  };
+
+  explicit ShadowShares(double max_rate = kMaxRate);
+
+  // The store can now hold about `entries` entries. A change of the
+  // sampling rate of more than a quarter starts the shadows afresh (the
+  // sampled keys change); the chosen share stays.
+  void SetCapacityEntries(uint64_t entries);
+
+  bool Sampled(const KeyId& key) const { return SampleHash(key) <= threshold_; }
+  // An entry enters the store (after a miss); returning as in
+  // EvictionPolicy::Insert. Call for sampled keys only.
+  void Insert(const KeyId& key, Place place, bool returning);
+  // A hit. Call for sampled keys only.
+  void Touch(const KeyId& key);
+  // Entries that leave the store other than by its own eviction (removed,
+  // or evicted for a slab move) are not told: such a key stays in each
+  // shadow until that shadow evicts it, alike in all of them.
+
+  // The chosen share of protected, in tenths.
+  uint8_t share_tenths() const { return kShareTenths[chosen_]; }
+  size_t chosen() const { return chosen_; }
+  // Times the chosen share changed.
+  uint64_t changes() const { return changes_; }
+  // Hit ratio of each shadow over its recent accesses (decayed as the
+  // counts that decide).
+  std::array<double, kCandidates> hit_ratios() const;
+  double rate() const { return rate_; }
+  // Sampled keys each shadow holds at capacity.
+  uint64_t shadow_capacity() const { return capacity_; }
+  // Keys held, over all shadows (each key once).
+  uint64_t keys() const { return keys_; }
+  uint64_t windows() const { return windows_; }
+  uint64_t bytes() const;
+
+ private:
+  static constexpr uint32_t kNone = UINT32_MAX;
+  static constexpr uint8_t kProbation = 0, kProtected = 1;
+  // As the policy's kAgeEvery.
+  static constexpr uint64_t kAgeEvery = 512;
+  static constexpr uint64_t kMinWindow = 512;
+  static constexpr double kZ = 3;
+
+  // A sampled key, once for all shadows: its links in each shadow's lists.
+  struct Entry {
+    KeyId key;
+    std::array<uint32_t, kCandidates> prev;
+    std::array<uint32_t, kCandidates> next;
+    uint8_t held = 0;        // bit i: shadow i holds the key
+    uint8_t protected_ = 0;  // bit i: on shadow i's protected list
+  };
+  struct List {
+    uint32_t head = kNone;
+    uint32_t tail = kNone;
+    uint64_t count = 0;
+  };
+  struct Shadow {
+    uint8_t tenths = 0;
+    List lists[2];  // kProbation, kProtected
+    GhostBloom ghost{64};
+    uint64_t victims = 0;
+    uint32_t last_chain = kNone;  // the entry a kInChain insert goes just colder than
+    double hits = 0;
+    double accesses = 0;
+    // Accesses this shadow hit and the chosen one missed, and the reverse.
+    double wins = 0;
+    double losses = 0;
+    uint64_t size() const { return lists[kProbation].count + lists[kProtected].count; }
+  };
+
+  static uint64_t SampleHash(const KeyId& key) {
+    uint64_t z = key.hi ^ (key.lo * 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+
+  void Reset();
+  // An access of key in every shadow; insert: the access is an insert into
+  // the store (placed by `place`), else a hit.
+  void Access(const KeyId& key, bool insert, Place place, bool returning);
+  void Add(size_t i, uint32_t e, Place place, bool returning);
+  void Evict(size_t i);
+  // At a window's end: the share is chosen, then the counts are halved.
+  void EndWindow();
+  void Choose();
+
+  // The entry of key; a new one (held nowhere) when it has none.
+  uint32_t FindOrAdd(const KeyId& key);
+  // Drops an entry no shadow holds.
+  void Drop(uint32_t e);
+  // Not SampleHash: sampled keys share its high bits.
+  size_t Home(const KeyId& key) const {
+    const uint64_t z = (key.lo ^ (key.hi >> 17)) * 0xd6e8feb86659fd93ull;
+    return (z ^ (z >> 32)) & (index_.size() - 1);
+  }
+  void Rehash(size_t buckets);
+
+  void Unlink(size_t i, uint32_t e);
+  void PushTail(size_t i, uint8_t list, uint32_t e);
+  void InsertBefore(size_t i, uint32_t before, uint32_t e);
+
+  const double max_rate_;
+  double rate_ = 1;
+  uint64_t threshold_ = UINT64_MAX;
+  uint64_t capacity_ = 1;
+  uint64_t window_ = kMinWindow;
+  uint64_t in_window_ = 0;
+  uint64_t windows_ = 0;
+  size_t chosen_ = kStart;
+  uint64_t changes_ = 0;
+  std::array<Shadow, kCandidates> shadows_;
+  std::vector<Entry> entries_;
+  std::vector<uint32_t> free_;
+  // Open addressing over entries_ (linear probing, backward-shift erase),
+  // at most half full.
+  std::vector<uint32_t> index_;
+  uint64_t keys_ = 0;
+};
+
+}  // namespace kvpool::dram

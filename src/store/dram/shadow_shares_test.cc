@@ -1,0 +1,175 @@
+// The shadow caches that choose the prefix policy's protected share, on
+// hand-made traffic: each choice moves the way the traffic says, and the
+// sampling, the shadows' size and the choice stay within their bounds.
+#include "store/dram/shadow_shares.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+
+namespace kvpool::dram {
+namespace {
+
+KeyId K(uint64_t k) { return KeyId{k * 0x9e3779b97f4a7c15ull + 1, k}; }
+
+// With max_rate 1 and a capacity of 100 entries every key is sampled and
+// each shadow holds 100 keys, as the store would.
+ShadowShares Full() {
+  ShadowShares s(/*max_rate=*/1.0);
+  s.SetCapacityEntries(100);
+  EXPECT_EQ(s.rate(), 1.0);
+  EXPECT_EQ(s.shadow_capacity(), 100u);
+  return s;
+}
+
+// A conversation: each step a new block enters and the block that entered
+// 40 steps earlier is read again, once (79 other blocks are used in
+// between, so an LRU of 100 keeps it). A block read once is protected and
+// never read again, so at 70 % protected fills with stale blocks and the
+// rest cannot keep a block for 40 steps; with no protected list all 100
+// can.
+void Conversation(ShadowShares& s, uint64_t from, uint64_t steps) {
+  for (uint64_t t = from; t < from + steps; ++t) {
+    s.Insert(K(t), ShadowShares::Place::kWarm, false);
+    if (t >= from + 40) s.Touch(K(t - 40));
+  }
+}
+
+// A hot set of 60 blocks read in turn between one-off blocks: two new
+// blocks per hot read, so between two reads of one hot block 120 new ones
+// pass. A protected list of P keeps the P hot blocks read last; the one it
+// lets go is the next to be read, 60 - P steps later, while probation's
+// 100 - P entries turn over at 3 per step: only P > 40 keeps it.
+void HotSetAndScan(ShadowShares& s, uint64_t from, uint64_t steps) {
+  for (uint64_t t = 0; t < steps; ++t) {
+    s.Touch(K(1'000'000 + t % 60));
+    s.Insert(K(from + 2 * t), ShadowShares::Place::kWarm, false);
+    s.Insert(K(from + 2 * t + 1), ShadowShares::Place::kWarm, false);
+  }
+}
+
+TEST(ShadowSharesTest, StartsAtTheTunedShare) {
+  ShadowShares s = Full();
+  EXPECT_EQ(s.share_tenths(), 7);
+  EXPECT_EQ(s.chosen(), ShadowShares::kStart);
+  EXPECT_EQ(s.changes(), 0u);
+}
+
+TEST(ShadowSharesTest, AConversationMovesTheShareDown) {
+  ShadowShares s = Full();
+  Conversation(s, 0, 20'000);
+  EXPECT_EQ(s.share_tenths(), 0);
+  EXPECT_EQ(s.changes(), 1u);  // straight there, and it stays
+  const auto r = s.hit_ratios();
+  // Shadow 0 (no protected list) hits every read; at 70 % none.
+  EXPECT_GT(r[0], 0.45);
+  EXPECT_LT(r[3], 0.01);
+}
+
+TEST(ShadowSharesTest, AHotSetUnderAScanMovesItBackUp) {
+  ShadowShares s = Full();
+  Conversation(s, 0, 20'000);
+  ASSERT_EQ(s.share_tenths(), 0);
+  HotSetAndScan(s, 100'000, 20'000);
+  // 50 and 70 % keep the hot set; 0 and 30 % lose it.
+  const auto r = s.hit_ratios();
+  EXPECT_GE(s.share_tenths(), 5) << r[0] << " " << r[1] << " " << r[2] << " " << r[3];
+  EXPECT_GT(r[2], 0.3);
+  EXPECT_LT(r[0], 0.01);
+}
+
+TEST(ShadowSharesTest, TrafficWithNoHitsLeavesTheShareAlone) {
+  ShadowShares s = Full();
+  for (uint64_t t = 0; t < 50'000; ++t) s.Insert(K(t), ShadowShares::Place::kWarm, false);
+  EXPECT_EQ(s.share_tenths(), 7);
+  EXPECT_EQ(s.changes(), 0u);
+  EXPECT_GT(s.windows(), 10u);
+}
+
+TEST(ShadowSharesTest, TheChoiceNeedsAClearMargin) {
+  // A hot set that every share keeps (20 blocks, read in turn, new blocks
+  // between): all shadows hit alike, and the share stays where it is.
+  ShadowShares s = Full();
+  for (uint64_t t = 0; t < 50'000; ++t) {
+    s.Touch(K(1'000'000 + t % 20));
+    if (t % 4 == 0) s.Insert(K(t), ShadowShares::Place::kWarm, false);
+  }
+  EXPECT_EQ(s.share_tenths(), 7);
+  EXPECT_EQ(s.changes(), 0u);
+}
+
+TEST(ShadowSharesTest, SamplingFollowsTheRateAndTheShadowsStayBounded) {
+  constexpr uint64_t kEntries = 1'000'000;
+  ShadowShares s;
+  s.SetCapacityEntries(kEntries);
+  const double want = static_cast<double>(ShadowShares::kShadowEntries) / kEntries;
+  EXPECT_DOUBLE_EQ(s.rate(), want);
+  EXPECT_EQ(s.shadow_capacity(), ShadowShares::kShadowEntries);
+  std::mt19937_64 rng(7);
+  uint64_t sampled = 0;
+  constexpr uint64_t kKeys = 2'000'000;
+  for (uint64_t i = 0; i < kKeys; ++i) {
+    const KeyId key{rng(), rng()};
+    if (!s.Sampled(key)) continue;
+    ++sampled;
+    s.Insert(key, ShadowShares::Place::kWarm, false);
+  }
+  const double got = static_cast<double>(sampled) / kKeys;
+  EXPECT_NEAR(got, want, want * 0.1);
+  // 8,000-odd distinct keys passed, none twice: each shadow holds its
+  // capacity, the same keys but for the odd ghost false hit that protects a
+  // new key in all of them and that the shares then order apart.
+  EXPECT_NEAR(static_cast<double>(s.keys()), ShadowShares::kShadowEntries, 16);
+
+  // A small store: the rate is capped (max_rate), not the shadows' size.
+  ShadowShares small;
+  small.SetCapacityEntries(1000);
+  EXPECT_DOUBLE_EQ(small.rate(), ShadowShares::kMaxRate);
+  EXPECT_EQ(small.shadow_capacity(), 125u);
+}
+
+TEST(ShadowSharesTest, ACapacityChangeResamplesOnlyWhenTheRateMoves) {
+  ShadowShares s(1.0);
+  s.SetCapacityEntries(100'000);
+  for (uint64_t t = 0; t < 200'000; ++t) {
+    if (s.Sampled(K(t))) s.Insert(K(t), ShadowShares::Place::kWarm, false);
+  }
+  const uint64_t held = s.keys();
+  ASSERT_GT(held, 0u);
+  s.SetCapacityEntries(110'000);  // the rate moves by a tenth: kept
+  EXPECT_EQ(s.keys(), held);
+  s.SetCapacityEntries(50'000);  // it doubles: afresh
+  EXPECT_EQ(s.keys(), 0u);
+  EXPECT_EQ(s.share_tenths(), 7);
+}
+
+// Within a chain, an entry placed kInChain goes just colder than the
+// chain's previous sampled entry, so the chain leaves from its tail.
+TEST(ShadowSharesTest, AChainLeavesTheShadowFromItsTail) {
+  ShadowShares s = Full();
+  // 100 blocks as 10 chains of 10, then the chain 0..9 is read again in
+  // full: every shadow holds it.
+  for (uint64_t c = 0; c < 10; ++c) {
+    for (uint64_t b = 0; b < 10; ++b) {
+      s.Insert(K(c * 10 + b), b == 0 ? ShadowShares::Place::kWarm : ShadowShares::Place::kInChain,
+               false);
+    }
+  }
+  // 5 new chain heads push out 5 entries: chain 0's tail (probation's cold
+  // end holds chain 0 with its head warmest), so blocks 5..9 go.
+  for (uint64_t b = 0; b < 5; ++b) s.Insert(K(500 + b), ShadowShares::Place::kWarm, false);
+  const auto before = s.hit_ratios();
+  for (uint64_t b = 0; b < 5; ++b) s.Touch(K(b));
+  const auto after = s.hit_ratios();
+  // Every shadow hit all five heads (their ratios rose alike).
+  for (size_t i = 0; i < ShadowShares::kCandidates; ++i) EXPECT_GT(after[i], before[i]);
+  // The tail was evicted: reading it now misses in every shadow.
+  ShadowShares copy = s;
+  for (uint64_t b = 5; b < 10; ++b) copy.Touch(K(b));
+  const auto tail = copy.hit_ratios();
+  for (size_t i = 0; i < ShadowShares::kCandidates; ++i) EXPECT_LT(tail[i], after[i]);
+}
+
+}  // namespace
+}  // namespace kvpool::dram
