@@ -848,17 +848,24 @@ def shapes_summarize(path, judged, slack=0.02):
     worst and mean ratio to LRU and to the best policy at each point."""
     rows, _ = _load_results(path)
     hit = {}
+    # The offline LRU and Belady caches at the entries the judged policy's
+    # node reached (kvpool-bench --trace computes them beside each replay).
+    offline = {}
     traces, policies = [], []
     for r in rows:
         name, policy, pct = r["label"].split("/")
         hit[(name, policy, int(pct))] = r["block_hit_ratio"]
+        if policy == judged:
+            offline[(name, int(pct))] = (r.get("offline_lru_block_hit_ratio"),
+                                         r.get("offline_belady_block_hit_ratio"))
         for seq, v in ((traces, name), (policies, policy)):
             if v not in seq:
                 seq.append(v)
     vs_lru, vs_best, below = [], [], []
     for name in traces:
-        print("\n%s\n| capacity | %s | %s / lru | best |" % (name, " | ".join(policies), judged))
-        print("|---|" + "---|" * (len(policies) + 2))
+        print("\n%s\n| capacity | %s | %s / lru | best | offline LRU | Belady |" %
+              (name, " | ".join(policies), judged))
+        print("|---|" + "---|" * (len(policies) + 4))
         for pct in sorted({k[2] for k in hit if k[0] == name}):
             h = {p: hit[(name, p, pct)] for p in policies}
             best = max(policies, key=lambda p: h[p])
@@ -871,10 +878,15 @@ def shapes_summarize(path, judged, slack=0.02):
             vs_best.append((to_best, name, pct))
             if to_best < 1 - slack:
                 below.append("%s %d %%" % (name, pct))
-            print("| %d %% | %s | %s | %s |" % (pct, " | ".join("%.4f" % h[p] for p in policies),
-                                              "-" if ratio is None else "%.3f" % ratio, best))
+            lru_off, belady = offline.get((name, pct), (None, None))
+            fmt = lambda v: "-" if v is None else "%.4f" % v
+            print("| %d %% | %s | %s | %s | %s | %s |" % (
+                pct, " | ".join("%.4f" % h[p] for p in policies),
+                "-" if ratio is None else "%.3f" % ratio, best, fmt(lru_off), fmt(belady)))
             for p in policies:
                 print("metric shapes_hit_%s_%s_%dpct %.4f" % (name, p, pct, h[p]))
+            if belady is not None:
+                print("metric shapes_hit_%s_belady_%dpct %.4f" % (name, pct, belady))
     worst = min(vs_lru)
     print()
     print("metric shapes_hit_vs_lru_min %.3f" % worst[0])

@@ -18,6 +18,9 @@
 #   shapes_points_below_best points where the judged policy keeps less than
 #                            the best policy's hit ratio, less 2 %
 #   shapes_hit_{TRACE}_{POLICY}_{N}pct  each run's block hit ratio
+#   shapes_hit_{TRACE}_belady_{N}pct    Belady's (offline, at the entries the
+#                            judged policy's node reached; the table also
+#                            shows the offline LRU there)
 #   shapes_wrong_bytes       over every run (must be 0)
 #
 # Usage: bench/compare.sh trace --shapes LIST [--trace FILE] [--seed N]

@@ -115,7 +115,12 @@ def test_shapes_summary_finds_the_worst_point_and_the_points_below_the_best(tmp_
         for pct, hs in points.items():
             for policy, h in zip(("prefix", "lru", "s3fifo"), hs):
                 rows.append({"label": "%s/%s/%d" % (name, policy, pct), "block_hit_ratio": h,
-                             "wrong_bytes": 0})
+                             "wrong_bytes": 0,
+                             # the offline caches at this node's entries
+                             "offline_lru_block_hit_ratio":
+                                 hs[1] + (0.001 if policy == "prefix" else 0),
+                             "offline_belady_block_hit_ratio":
+                                 0.9 if policy == "prefix" else 0.1})
     path = tmp_path / "results.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     p = subprocess.run(["/usr/bin/python3", LIB, "shapes-summarize", str(path), "prefix"],
@@ -130,3 +135,6 @@ def test_shapes_summary_finds_the_worst_point_and_the_points_below_the_best(tmp_
     assert "(below the best less 2 %: loop 15 %)" in p.stdout
     assert metrics["shapes_hit_vs_best_min"] == "0.962"
     assert metrics["shapes_wrong_bytes"] == "0"
+    # The offline columns are the judged policy's run's.
+    assert "| 40 % | 0.6000 | 0.5000 | 0.6100 | 1.200 | s3fifo | 0.5010 | 0.9000 |" in p.stdout
+    assert metrics["shapes_hit_given_belady_40pct"] == "0.9000"
