@@ -48,6 +48,7 @@ void ShadowShares::Reset() {
     s.tenths = tenths;
     s.ghost.Resize(std::max<uint64_t>(64, capacity_));
   }
+  accesses_ = 0;
   in_window_ = 0;
 }
 
@@ -62,9 +63,9 @@ void ShadowShares::Touch(const KeyId& key) {
 void ShadowShares::Access(const KeyId& key, bool insert, Place place, bool returning) {
   const uint32_t e = FindOrAdd(key);
   const bool chosen_hits = (entries_[e].held >> chosen_) & 1;
+  accesses_ += 1;
   for (size_t i = 0; i < kCandidates; ++i) {
     Shadow& s = shadows_[i];
-    s.accesses += 1;
     if ((entries_[e].held >> i) & 1) {
       s.hits += 1;
       if (!chosen_hits) s.wins += 1;
@@ -144,9 +145,9 @@ void ShadowShares::EndWindow() {
   in_window_ = 0;
   ++windows_;
   Choose();
+  accesses_ /= 2;
   for (Shadow& s : shadows_) {
     s.hits /= 2;
-    s.accesses /= 2;
     s.wins /= 2;
     s.losses /= 2;
   }
@@ -155,7 +156,7 @@ void ShadowShares::EndWindow() {
 std::array<double, ShadowShares::kCandidates> ShadowShares::hit_ratios() const {
   std::array<double, kCandidates> out{};
   for (size_t i = 0; i < kCandidates; ++i) {
-    out[i] = shadows_[i].accesses > 0 ? shadows_[i].hits / shadows_[i].accesses : 0;
+    out[i] = accesses_ > 0 ? shadows_[i].hits / accesses_ : 0;
   }
   return out;
 }

@@ -134,7 +134,6 @@ class ShadowShares {
     uint64_t victims = 0;
     uint32_t last_chain = kNone;  // the entry a kInChain insert goes just colder than
     double hits = 0;
-    double accesses = 0;
     // Accesses this shadow hit and the chosen one missed, and the reverse.
     double wins = 0;
     double losses = 0;
@@ -180,6 +179,8 @@ class ShadowShares {
   uint64_t window_ = kMinWindow;
   uint64_t in_window_ = 0;
   uint64_t windows_ = 0;
+  // Sampled accesses, halved with the counts (every shadow sees each one).
+  double accesses_ = 0;
   size_t chosen_ = kStart;
   uint64_t changes_ = 0;
   std::array<Shadow, kCandidates> shadows_;
