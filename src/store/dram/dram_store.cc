@@ -120,8 +120,6 @@ class DramStoreImpl final : public DramStore {
         alloc_(options.capacity_bytes + options.read_room_bytes, options.slab_bytes,
                BuildSizeClasses(options.min_class_bytes, options.class_growth, options.slab_bytes)),
         policy_(EvictionPolicy::Create(options.eviction, &alloc_)),
-        adaptive_(policy_ != nullptr && policy_->adaptation().adaptive),
-        chains_(policy_ != nullptr && policy_->TouchChainsHeadLast()),
         class_entries_(alloc_.num_classes(), 0),
         read_bytes_(alloc_.num_classes(), 0) {
     KVPOOL_CHECK(policy_ != nullptr);
@@ -140,7 +138,7 @@ class DramStoreImpl final : public DramStore {
   uint64_t segment_bytes() const override { return segment_->bytes(); }
   uint8_t* segment_base() const override { return segment_->base(); }
   uint64_t max_value_bytes() const override { return max_value_bytes_; }
-  bool touch_chains_head_last() const override { return chains_.load(std::memory_order_relaxed); }
+  bool touch_chains_head_last() const override { return policy_->TouchChainsHeadLast(); }
 
   Result<Reservation> Reserve(const KeyId& key, uint64_t size) override {
     return ReserveSlot(key, size, /*for_read=*/false);
@@ -197,7 +195,7 @@ class DramStoreImpl final : public DramStore {
     std::lock_guard lock(mu_);
     // The chain's previous entry, if it is still the one committed then;
     // only a policy that keeps chains from their head uses it.
-    if (!chains_.load(std::memory_order_relaxed)) chain = nullptr;
+    if (!policy_->TouchChainsHeadLast()) chain = nullptr;
     uint32_t colder_than = kNoSlot;
     if (chain != nullptr && chain->slot == ChainPlace::kByKey) {
       colder_than = Find(chain->key);
@@ -295,7 +293,7 @@ class DramStoreImpl final : public DramStore {
     size_t pinned = 0;
     std::lock_guard lock(mu_);
     ++lookup_rounds_;
-    const bool head_last = chains_.load(std::memory_order_relaxed);
+    const bool head_last = policy_->TouchChainsHeadLast();
     for (size_t k = 0; k < n; ++k) {
       const size_t i = head_last ? n - 1 - k : k;
       if (pins[i].valid()) continue;
@@ -460,7 +458,6 @@ class DramStoreImpl final : public DramStore {
     m.state = SlotState::kCommitted;
     index_.Insert(key, slot);
     policy_->Insert(slot, cls, colder_than, returning);
-    if (adaptive_) NoteAdaptation();
     NoteUse(slot, cls, m.size, /*hit=*/false);
     NoteAgeUse(key);
     ++entries_;
@@ -488,7 +485,6 @@ class DramStoreImpl final : public DramStore {
     const uint16_t cls = alloc_.class_of(slot);
     if (touch) {
       policy_->Touch(slot, cls);
-      if (adaptive_) NoteAdaptation();
       NoteAgeUse(key);
     }
     NoteUse(slot, cls, m.size, /*hit=*/true);
@@ -822,12 +818,6 @@ class DramStoreImpl final : public DramStore {
     }
   }
 
-  // REQUIRES: mu_ held. After an access an adaptive policy saw: it may
-  // have changed how it wants chains touched.
-  void NoteAdaptation() {
-    chains_.store(policy_->TouchChainsHeadLast(), std::memory_order_relaxed);
-  }
-
   // What the eviction policy adapts (EvictionPolicy::adaptation).
   void RegisterAdaptationMetrics() {
     auto gauge = [this](const char* name, const char* help, Labels labels, auto fn) {
@@ -881,11 +871,9 @@ class DramStoreImpl final : public DramStore {
   // Everything below is protected by mu_.
   SlabAllocator alloc_;
   SlotIndex index_;
+  // Set once. Its TouchChainsHeadLast() (commits keep their chain place)
+  // is an atomic, changed under mu_ as the policy adapts and read without.
   std::unique_ptr<EvictionPolicy> policy_;
-  const bool adaptive_;  // policy_->adaptation().adaptive
-  // policy_->TouchChainsHeadLast(): commits keep their chain place. Written
-  // under mu_ (an adaptive policy changes it as it adapts), read without.
-  std::atomic<bool> chains_;
   std::vector<uint32_t> class_entries_;  // per class
   std::vector<uint64_t> read_bytes_;     // per class: bytes hit, decayed
   uint64_t since_decay_ = 0;             // bytes committed and hit since the last halving

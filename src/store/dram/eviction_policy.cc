@@ -150,8 +150,8 @@ class S3FifoPolicy final : public EvictionPolicy {
 // shared documents a large protected list; docs/eviction.md), so sampled
 // shadow caches run this policy at each of a few shares over the store's
 // own traffic, and a share whose shadow clearly keeps more than the
-// enforced one's takes its place (shadow_shares.h). "prefix-fixed" keeps 70%, the share it starts
-// at.
+// enforced one's takes its place (shadow_shares.h). At a share of 0 it is
+// an LRU (IsLru). "prefix-fixed" keeps 70%, the share it starts at.
 class PrefixPolicy final : public EvictionPolicy {
  public:
   PrefixPolicy(SlabAllocator* alloc, bool age, bool adapt)
@@ -159,7 +159,9 @@ class PrefixPolicy final : public EvictionPolicy {
         age_(age),
         lists_(alloc->num_classes()),
         ghost_(kMinGhost),
-        shadows_(adapt ? std::make_unique<ShadowShares>() : nullptr) {}
+        shadows_(adapt ? std::make_unique<ShadowShares>() : nullptr) {
+    SetTouchChainsHeadLast(true);
+  }
 
   void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than, bool returning) override {
     SlotMeta& m = alloc_.meta(slot);
@@ -169,10 +171,17 @@ class PrefixPolicy final : public EvictionPolicy {
                        : colder_than == kNoSlot ? ShadowShares::Place::kWarm
                                                 : ShadowShares::Place::kInChain,
                        returning);
+      NoteShare();
     }
     // The list the chain's previous entry is on (kQueueNone: no such entry
     // of this class): the new entry goes just colder than it when it enters
     // the same list, so a chain keeps its order there.
+    if (IsLru()) {
+      // An LRU: every entry enters probation's warm end.
+      m.queue = kQueueSmall;
+      lists_[cls].small.PushTail(alloc_, slot);
+      return;
+    }
     const uint8_t prev_queue =
         colder_than != kNoSlot && colder_than != kColdEnd && alloc_.class_of(colder_than) == cls
             ? alloc_.meta(colder_than).queue
@@ -199,13 +208,26 @@ class PrefixPolicy final : public EvictionPolicy {
 
   void Touch(uint32_t slot, uint16_t cls) override {
     SlotMeta& m = alloc_.meta(slot);
-    if (shadows_ != nullptr && shadows_->Sampled(m.key)) shadows_->Touch(m.key);
+    if (shadows_ != nullptr && shadows_->Sampled(m.key)) {
+      shadows_->Touch(m.key);
+      NoteShare();
+    }
     if (m.queue == kQueueMain) {
       lists_[cls].main.Unlink(alloc_, slot);
+      if (IsLru()) {
+        // Left from a share above 0: into the one list, at its warm end.
+        m.queue = kQueueSmall;
+        lists_[cls].small.PushTail(alloc_, slot);
+        return;
+      }
       lists_[cls].main.PushTail(alloc_, slot);
       return;
     }
     lists_[cls].small.Unlink(alloc_, slot);
+    if (IsLru()) {
+      lists_[cls].small.PushTail(alloc_, slot);
+      return;
+    }
     Protect(slot, cls);
   }
 
@@ -217,7 +239,8 @@ class PrefixPolicy final : public EvictionPolicy {
     // so it is measured against the class's slots when full, not while the
     // store still fills.
     const uint64_t tenths = shadows_ != nullptr ? shadows_->share_tenths() : kProtectedTenths;
-    const uint64_t share = std::max<uint64_t>(1, alloc_.class_slots(cls) * tenths / 10);
+    const uint64_t share =
+        tenths == 0 ? 0 : std::max<uint64_t>(1, alloc_.class_slots(cls) * tenths / 10);
     while (l.main.count > share) Demote(l);
     if (age_ && ++victims_ % kAgeEvery == 0 && l.main.count > 0) Demote(l);
     for (SlotList* list : {&l.small, &l.main}) {
@@ -262,13 +285,6 @@ class PrefixPolicy final : public EvictionPolicy {
     return a;
   }
 
-  // At a protected share of 0 the policy is an LRU (probation alone, a hit
-  // going to its warm end through the one-entry protected list), and a
-  // batch's hits are touched in order, as an LRU's are.
-  bool TouchChainsHeadLast() const override {
-    return shadows_ == nullptr || shadows_->share_tenths() != 0;
-  }
-
  private:
   static constexpr uint64_t kMinGhost = 64;
   // Protected's share of a class's slots, in tenths, when it does not adapt.
@@ -276,6 +292,17 @@ class PrefixPolicy final : public EvictionPolicy {
   static_assert(ShadowShares::kShareTenths[ShadowShares::kStart] == kProtectedTenths);
   // One victim in this many also ages protected by one entry.
   static constexpr uint64_t kAgeEvery = 512;
+
+  // Protected's share is 0: the policy is an LRU, the same order as
+  // LruPolicy's. Probation is the one list: an entry enters its warm end
+  // (no ghost, no chain place) and a hit moves it there. Entries left on
+  // protected from a higher share go to probation's warm end when hit, and
+  // all of them when the class must give up an entry. The ghost still
+  // learns probation's victims, for when the share rises again.
+  bool IsLru() const { return shadows_ != nullptr && shadows_->share_tenths() == 0; }
+  // After a sampled access, which may have ended a window and moved the
+  // share: at 0 a batch's hits are touched in order, as an LRU's are.
+  void NoteShare() { SetTouchChainsHeadLast(!IsLru()); }
 
   // Moves a slot (in no list) to protected's warm end.
   void Protect(uint32_t slot, uint16_t cls) {

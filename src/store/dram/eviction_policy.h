@@ -28,6 +28,7 @@
 // Not thread-safe; owned by DramStore under its mutex.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string_view>
@@ -73,8 +74,15 @@ class EvictionPolicy {
   // Whether the hits of one batch should be touched last to first: a batch
   // of an engine is a block chain in order, and touching its head last makes
   // the head the most recent, so a chain is evicted from its tail. An
-  // adaptive policy may change its answer after an Insert or Touch.
-  virtual bool TouchChainsHeadLast() const { return false; }
+  // adaptive policy may change its answer in an Insert or Touch (under the
+  // store's lock); the store reads it with or without the lock.
+  bool TouchChainsHeadLast() const { return chains_head_last_.load(std::memory_order_relaxed); }
+
+ protected:
+  void SetTouchChainsHeadLast(bool v) { chains_head_last_.store(v, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<bool> chains_head_last_{false};
 };
 
 }  // namespace kvpool::dram

@@ -324,6 +324,50 @@ TEST(PrefixPolicyTest, TheProtectedShareFollowsTheTraffic) {
   EXPECT_EQ(st.entries, 256u);
 }
 
+// At a share of 0 the prefix policy keeps exactly what an LRU keeps: once
+// a conversation moved the share there and 256 new keys replaced every
+// entry, the same uniform random traffic over 1.5 times the cache (misses written again, so keys
+// come back from the ghost, which at any other share sends them to protected) hits and misses alike
+// in both stores, and leaves the same keys.
+TEST(PrefixPolicyTest, AtAShareOfZeroItIsAnLru) {
+  auto store = Open("prefix");
+  auto lru = Open("lru");
+  for (uint64_t t = 0; t < 40'000; ++t) {
+    ASSERT_TRUE(Put(*store, Key(t), kValue).ok());
+    if (t >= 100 && !store->Acquire(Key(t - 100)).ok()) {
+      ASSERT_TRUE(Put(*store, Key(t - 100), kValue).ok());
+    }
+  }
+  ASSERT_EQ(store->GetStats().eviction.protected_share, 0.0);
+  const uint64_t changes = store->GetStats().eviction.share_changes;
+  for (uint64_t k = 100'000; k < 100'256; ++k) {
+    ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
+    ASSERT_TRUE(Put(*lru, Key(k), kValue).ok());
+  }
+  std::mt19937_64 rng(7);
+  std::uniform_int_distribution<uint64_t> dist(0, 383);
+  uint64_t hits = 0, misses = 0;
+  for (int i = 0; i < 50'000; ++i) {
+    const KeyId key = Key(100'000 + dist(rng));
+    const bool hit = store->Acquire(key).ok();
+    ASSERT_EQ(lru->Acquire(key).ok(), hit)
+        << i << " share " << store->GetStats().eviction.protected_share;
+    if (hit) {
+      ++hits;
+      continue;
+    }
+    ++misses;
+    ASSERT_TRUE(Put(*store, key, kValue).ok());
+    ASSERT_TRUE(Put(*lru, key, kValue).ok());
+  }
+  // The traffic kept the share at 0, and had both hits and misses.
+  EXPECT_EQ(store->GetStats().eviction.protected_share, 0.0);
+  EXPECT_EQ(store->GetStats().eviction.share_changes, changes);
+  EXPECT_GT(hits, 10'000u);
+  EXPECT_GT(misses, 10'000u);
+  EXPECT_EQ(Present(*store, 100'000, 100'384), Present(*lru, 100'000, 100'384));
+}
+
 // A hot set survives a one-time scan four times the cache under the prefix
 // policy and S3-FIFO, and is flushed by it under LRU. The prefix policy's
 // ageing costs it one entry: of the scan's 768 evictions, the 512th sent

@@ -6,7 +6,7 @@ namespace kvpool::dram {
 
 void GhostBloom::Insert(const KeyId& key) {
   const Hashes h = HashesOf(key);
-  for (int i = 0; i < kProbes; ++i) {
+  for (int i = 0; i < probes_; ++i) {
     const uint64_t bit = Probe(h, i);
     current_[bit >> 6] |= uint64_t{1} << (bit & 63);
   }
@@ -20,7 +20,7 @@ void GhostBloom::Insert(const KeyId& key) {
 bool GhostBloom::Contains(const KeyId& key) const {
   const Hashes h = HashesOf(key);
   bool in_current = true, in_previous = true;
-  for (int i = 0; i < kProbes && (in_current || in_previous); ++i) {
+  for (int i = 0; i < probes_ && (in_current || in_previous); ++i) {
     const uint64_t bit = Probe(h, i);
     in_current = in_current && Test(current_, bit);
     in_previous = in_previous && Test(previous_, bit);

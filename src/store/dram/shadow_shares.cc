@@ -69,9 +69,9 @@ void ShadowShares::Access(const KeyId& key, bool insert, Place place, bool retur
     if ((entries_[e].held >> i) & 1) {
       s.hits += 1;
       if (!chosen_hits) s.wins += 1;
-      // A hit: to protected's warm end.
+      // A hit: to protected's warm end (probation's, at a share of 0).
       Unlink(i, e);
-      PushTail(i, kProtected, e);
+      PushTail(i, s.tenths == 0 ? kProbation : kProtected, e);
       if (insert) s.last_chain = e;
       continue;
     }
@@ -88,6 +88,12 @@ void ShadowShares::Access(const KeyId& key, bool insert, Place place, bool retur
 void ShadowShares::Add(size_t i, uint32_t e, Place place, bool returning) {
   Shadow& s = shadows_[i];
   entries_[e].held |= static_cast<uint8_t>(1u << i);
+  if (s.tenths == 0) {
+    // An LRU, as the policy at a share of 0: the warm end, whatever the place.
+    PushTail(i, kProbation, e);
+    s.last_chain = kNone;
+    return;
+  }
   const uint8_t list = returning || s.ghost.Contains(entries_[e].key) ? kProtected : kProbation;
   const uint32_t prev = place == Place::kInChain ? s.last_chain : kNone;
   if (prev != kNone && ((entries_[prev].protected_ >> i) & 1) == list) {
@@ -109,13 +115,13 @@ void ShadowShares::Evict(size_t i) {
     Unlink(i, old);
     PushTail(i, kProbation, old);
   };
-  const uint64_t share = std::max<uint64_t>(1, capacity_ * s.tenths / 10);
+  const uint64_t share = s.tenths == 0 ? 0 : std::max<uint64_t>(1, capacity_ * s.tenths / 10);
   while (prot.count > share) demote();
   if (++s.victims % kAgeEvery == 0 && prot.count > 0) demote();
   const bool from_probation = probation.head != kNone;
   const uint32_t victim = from_probation ? probation.head : prot.head;
   KVPOOL_CHECK(victim != kNone);
-  if (from_probation) s.ghost.Insert(entries_[victim].key);
+  if (from_probation && s.tenths != 0) s.ghost.Insert(entries_[victim].key);
   Unlink(i, victim);
   if (s.last_chain == victim) s.last_chain = kNone;
   entries_[victim].held &= static_cast<uint8_t>(~(1u << i));

@@ -34,7 +34,8 @@
 // trace at 10 % moved 4 times and kept 4 % less than at a fixed 70 %.
 //
 // Bounds: the share is always one of kShareTenths. A share of 0 makes the
-// policy an LRU (EvictionPolicy::TouchChainsHeadLast). The sampling rate is
+// policy an LRU (EvictionPolicy::TouchChainsHeadLast), and its shadow one:
+// no ghost, no chain place, a hit to probation's warm end. The sampling rate is
 // at most max_rate (the work per access: one hash, and for a sampled key
 // one lookup and a list move in each shadow) and each shadow holds
 // rate x entries keys, at most kShadowEntries; all shadows share one entry
@@ -130,7 +131,9 @@ class ShadowShares {
   struct Shadow {
     uint8_t tenths = 0;
     List lists[2];  // kProbation, kProtected
-    GhostBloom ghost{64};
+    // Fewer probes than the policy's ghost: a false hit in one shadow of
+    // 4,096 keys counts little against the work on every sampled miss.
+    GhostBloom ghost{64, 4};
     uint64_t victims = 0;
     uint32_t last_chain = kNone;  // the entry a kInChain insert goes just colder than
     double hits = 0;
