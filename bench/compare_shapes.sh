@@ -4,9 +4,9 @@
 # shared, rag, agentic, scan, loop), replays the trace against a fresh
 # kvpool-node per run at DRAM capacities of 2, 5, 15 and 40 % of its
 # distinct blocks, once per eviction policy (POLICIES, default
-# "prefix lru s3fifo prefix-fixed": prefix-fixed is the prefix policy at
-# its fixed share of 70 %, as it was before it adapted; the first is the
-# one judged), and compares every
+# "prefix lru s3fifo prefix-fixed tinylfu": prefix-fixed is the prefix
+# policy at its fixed share of 70 %, as it was before it adapted, tinylfu
+# W-TinyLFU; the first is the one judged), and compares every
 # point with the node's own lru run (which equals the offline LRU exactly)
 # and with the best of the policies.
 #
@@ -49,7 +49,7 @@ KEEP=0
 parse_flags "--trace --shapes --seed --scale --keep" "$@"
 GIVEN="$TRACE"
 VALUE_SIZE="${VALUE_SIZE:-16KiB}"
-read -r -a POLICY_LIST <<< "${POLICIES:-prefix lru s3fifo prefix-fixed}"
+read -r -a POLICY_LIST <<< "${POLICIES:-prefix lru s3fifo prefix-fixed tinylfu}"
 read -r -a FRACTIONS <<< "${FRACTIONS:-2 5 15 40}"
 [[ " ${POLICY_LIST[*]} " == *" lru "* ]] || die "POLICIES must include lru (the reference)"
 

@@ -156,7 +156,8 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddEnum("eviction", &o->dram.eviction, {kEvictionPolicies.begin(), kEvictionPolicies.end()},
              "DRAM eviction policy (prefix: made for LLM prefix traffic, its protected share "
              "chosen by sampled shadow caches, docs/eviction.md; s3fifo, lru, prefix-fixed -- "
-             "prefix at a fixed 70% -- and slru -- that without ageing -- for comparison)");
+             "prefix at a fixed 70% --, slru -- that without ageing -- and tinylfu -- "
+             "W-TinyLFU -- for comparison)");
   t->AddBool("writable-segment", &o->writable_segment,
              "Hand clients the segment writable, so they write reservations in place (saves "
              "one copy per zero-copy put, but any client can then change committed values); "

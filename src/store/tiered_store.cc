@@ -10,6 +10,7 @@
 
 #include "common/check.h"
 #include "common/log.h"
+#include "store/dram/frequency_sketch.h"
 
 namespace kvpool {
 
@@ -34,44 +35,24 @@ const char* HoldingsWhyName(HoldingsEvent::Why why) {
 
 namespace {
 
-// Approximate read counts per key in 4-bit saturating counters, halved
-// periodically so old popularity fades. Bounded memory, no per-key state.
-class FrequencySketch {
+// Reads per key lately, for SSD admission: the frequency sketch the
+// tinylfu eviction policy keeps (4-bit counters, halved every 4 M reads so
+// old popularity fades), behind a lock of its own, since reads are counted
+// from any thread. Bounded memory, no per-key state.
+class ReadCounts {
  public:
-  explicit FrequencySketch(size_t counters) : table_(counters / 2, 0), mask_(counters - 1) {}
   void Increment(const KeyId& k) {
     std::lock_guard lock(mu_);
-    for (int i = 0; i < 2; ++i) {
-      size_t idx = Index(k, i);
-      uint8_t& b = table_[idx >> 1];
-      int shift = (idx & 1) * 4;
-      if (((b >> shift) & 0xf) < 15) b = static_cast<uint8_t>(b + (1 << shift));
-    }
-    if (++increments_ >= table_.size() * 8) {
-      for (auto& b : table_) b = static_cast<uint8_t>((b >> 1) & 0x77);
-      increments_ = 0;
-    }
+    sketch_.Increment(k);
   }
   uint32_t Estimate(const KeyId& k) const {
     std::lock_guard lock(mu_);
-    uint32_t est = 15;
-    for (int i = 0; i < 2; ++i) {
-      size_t idx = Index(k, i);
-      est = std::min<uint32_t>(est, (table_[idx >> 1] >> ((idx & 1) * 4)) & 0xf);
-    }
-    return est;
+    return sketch_.Estimate(k);
   }
 
  private:
-  size_t Index(const KeyId& k, int i) const {
-    // lo's low 32 bits are the namespace tag, shared by many keys.
-    return static_cast<size_t>(i == 0 ? (k.lo >> 32) ^ k.hi : (k.hi >> 17) ^ (k.lo >> 32)) &
-           mask_;
-  }
   mutable std::mutex mu_;
-  std::vector<uint8_t> table_;  // protected by mu_; two counters per byte
-  size_t mask_;
-  uint64_t increments_ = 0;  // protected by mu_
+  dram::FrequencySketch sketch_{1 << 20, 1 << 22};  // protected by mu_
 };
 
 }  // namespace
@@ -80,7 +61,7 @@ struct TieredStore::Impl {
   TieredStore* self;
   Executor* executor;
   TieringOptions options;
-  FrequencySketch sketch{1 << 20};
+  ReadCounts sketch;
   std::mutex mu;
   // Promotions in flight: later callers for the same key wait on the first.
   std::unordered_map<KeyId, std::vector<PromoteDone>, KeyIdHash> inflight;  // mu

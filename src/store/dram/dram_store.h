@@ -28,8 +28,8 @@
 namespace kvpool {
 
 // The eviction policies' names (DramOptions::eviction).
-inline constexpr std::array<std::string_view, 5> kEvictionPolicies = {"prefix", "s3fifo", "lru",
-                                                                      "slru", "prefix-fixed"};
+inline constexpr std::array<std::string_view, 6> kEvictionPolicies = {
+    "prefix", "s3fifo", "lru", "slru", "prefix-fixed", "tinylfu"};
 
 struct DramOptions {
   // What the cache holds: committed entries never take more slot bytes
@@ -57,8 +57,8 @@ struct DramOptions {
   // One of kEvictionPolicies: "prefix" (default: segmented LRU with a
   // ghost and ageing, its protected share chosen by sampled shadow caches,
   // for LLM prefix traffic; docs/eviction.md), "s3fifo", "lru",
-  // "prefix-fixed" (prefix at a fixed share of 70%) or "slru" (that
-  // without ageing), for comparison.
+  // "prefix-fixed" (prefix at a fixed share of 70%), "slru" (that
+  // without ageing) or "tinylfu" (W-TinyLFU), for comparison.
   std::string eviction = "prefix";
   // Seal the segment's fd against writes: clients it is handed to can map
   // it read-only only (the node writes through its own mapping).

@@ -44,8 +44,7 @@ inline constexpr uint32_t kColdEnd = kNoSlot - 1;
 class EvictionPolicy {
  public:
   // One of kEvictionPolicies ("prefix", "s3fifo", "lru", "slru",
-  // "prefix-fixed"); null for
-  // anything else.
+  // "prefix-fixed", "tinylfu"); null for anything else.
   static std::unique_ptr<EvictionPolicy> Create(std::string_view name, SlabAllocator* alloc);
   virtual ~EvictionPolicy() = default;
 

@@ -368,12 +368,39 @@ TEST(PrefixPolicyTest, AtAShareOfZeroItIsAnLru) {
   EXPECT_EQ(Present(*store, 100'000, 100'384), Present(*lru, 100'000, 100'384));
 }
 
+// W-TinyLFU: a new key passes a window of 1 % (2 of 256 slots) and enters
+// main only when the sketch has seen it more often than main's least
+// recent entry; on a tie the newcomer goes.
+TEST(TinyLfuTest, ANewKeyEntersMainOnlyWhenSeenMoreOftenThanItsVictim) {
+  auto store = Open("tinylfu");
+  EXPECT_FALSE(store->touch_chains_head_last());
+  // While the store fills, the window's overflow enters main as it comes.
+  for (uint64_t k = 0; k < 256; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
+  for (uint64_t k = 0; k < 10; ++k) Touch(*store, k);  // 0..9 seen twice
+  // 1,000 one-off keys: each ties with main's victim (seen once) and goes.
+  for (uint64_t k = 1000; k < 2000; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
+  EXPECT_EQ(Present(*store, 0, 254), std::string(254, '1'));
+  // 254 and 255 were the window; the last two one-offs are now.
+  EXPECT_EQ(Present(*store, 254, 256), "00");
+  EXPECT_EQ(Present(*store, 1000, 1998), std::string(998, '0'));
+  EXPECT_EQ(Present(*store, 1998, 2000), "11");
+  // A key written again after its miss (seen twice) beats main's victim
+  // (10, seen once) once the next newcomer pushes it out of the window.
+  ASSERT_TRUE(Put(*store, Key(1000), kValue).ok());
+  ASSERT_TRUE(Put(*store, Key(3000), kValue).ok());
+  ASSERT_TRUE(Put(*store, Key(3001), kValue).ok());
+  EXPECT_TRUE(store->Contains(Key(1000)));
+  EXPECT_FALSE(store->Contains(Key(10)));
+  EXPECT_TRUE(store->Contains(Key(11)));
+  EXPECT_EQ(store->GetStats().entries, 256u);
+}
+
 // A hot set survives a one-time scan four times the cache under the prefix
 // policy and S3-FIFO, and is flushed by it under LRU. The prefix policy's
 // ageing costs it one entry: of the scan's 768 evictions, the 512th sent
 // protected's oldest entry back to probation, and the scan flushed it.
 TEST(EvictionTest, ScanResistance) {
-  for (const char* policy : {"prefix", "s3fifo", "lru", "slru"}) {
+  for (const char* policy : {"prefix", "s3fifo", "lru", "slru", "tinylfu"}) {
     auto store = Open(policy);
     for (uint64_t k = 0; k < 100; ++k) ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
     for (int round = 0; round < 3; ++round) {

@@ -28,7 +28,7 @@ inline constexpr uint16_t kRunTail = UINT16_MAX - 1;  // slab inside a run, not 
 // kUnlisted: a pinned copy never in the index (PinUncommitted; freed by the
 // last Unpin, its bytes left as an evicted entry's are).
 enum class SlotState : uint8_t { kFree, kReserved, kCommitted, kZombie, kUnlisted };
-enum QueueId : uint8_t { kQueueNone = 0, kQueueSmall = 1, kQueueMain = 2 };
+enum QueueId : uint8_t { kQueueNone = 0, kQueueSmall = 1, kQueueMain = 2, kQueueWindow = 3 };
 
 // 32 bytes per slot. prev/next link the slot into its class's free list while
 // free and into an eviction queue while committed.
