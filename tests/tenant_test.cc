@@ -556,6 +556,10 @@ TEST_F(TenantTest, EachTenantsFiguresShowInKvpoolctlMetricsAndStatusAndOthersAre
   EXPECT_EQ(node_->Metric("kvpool_tenant_hits_total{tenant=\"alpha\"}"), 2);
   EXPECT_EQ(node_->Metric("kvpool_tenant_dram_capacity_bytes{tenant=\"bee\"}"), 16 << 20);
   EXPECT_EQ(node_->Metric("kvpool_tenant_dram_entries{tenant=\"default\"}"), 2);
+  // Each tenant's store adapts on its own (3 puts move nothing: 70 %).
+  EXPECT_EQ(alpha["dram"]["eviction"]["protected_share"], 0.7);
+  EXPECT_EQ(node_->Metric("kvpool_tenant_dram_eviction_protected_share{tenant=\"alpha\"}"), 0.7);
+  EXPECT_EQ(node_->Metric("kvpool_tenant_dram_eviction_share_changes{tenant=\"bee\"}"), 0);
 
   std::string out;
   ASSERT_EQ(RunCommand({CtlBinary(), "tenants", "--admin",

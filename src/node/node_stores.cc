@@ -99,6 +99,19 @@ void NodeStores::AddTenantGauges(const std::string& name, TieredStore* store) {
   metrics_->AddCallbackGauge("kvpool_tenant_dram_evictions",
                              "DRAM entries evicted since start, per tenant", l,
                              dram(&DramStats::evictions), this);
+  if (store->GetDramStats().eviction.adaptive) {
+    // Each tenant's store adapts its policy to its own traffic.
+    auto adaptation = [store](auto field) {
+      return [store, field] { return static_cast<double>(store->GetDramStats().eviction.*field); };
+    };
+    metrics_->AddCallbackGauge("kvpool_tenant_dram_eviction_protected_share",
+                               "The prefix policy's protected share, as the tenant's own shadow "
+                               "caches chose it, per tenant",
+                               l, adaptation(&EvictionAdaptation::protected_share), this);
+    metrics_->AddCallbackGauge("kvpool_tenant_dram_eviction_share_changes",
+                               "Times the tenant's protected share changed, per tenant", l,
+                               adaptation(&EvictionAdaptation::share_changes), this);
+  }
   if (!store->has_ssd_tier()) return;
   auto ssd = [store](uint64_t SsdStats::*f) {
     return [store, f] { return static_cast<double>(store->GetSsdStats().*f); };
