@@ -14,6 +14,7 @@
 //   HOST:PORT] [--json]           per tenant: quotas, use, traffic clients [--admin HOST:PORT]
 //   [--json]           connected engines and their traffic top [--admin HOST:PORT] [--interval D]
 //   [--count N]  key figures, refreshed
+//   retain|pin|release NS KEY... [--ttl D] ...    cache hints (POST /api/v1/hints)
 // Every command takes --help. Durations and sizes read as the node's do.
 // Exit status: 0 done, 1 a miss, 2 usage, 3 an error.
 #include <httplib.h>
@@ -68,6 +69,13 @@ constexpr Command kCommands[] = {
      "connected engines: pid, user, name, tenant, connection age, ops, bytes"},
     {"top", "[--admin HOST:PORT] [--interval DURATION] [--count N]",
      "key figures refreshed every interval (default 1s; N frames, default until ^C)"},
+    {"retain", "NS KEY... --ttl DURATION [--priority N] [--tenant NAME] [--admin HOST:PORT]",
+     "cache hint: keep the keys last in DRAM's eviction order for the TTL (priority 0..255: "
+     "higher is kept longer)"},
+    {"pin", "NS KEY... --ttl DURATION [--tenant NAME] [--admin HOST:PORT]",
+     "cache hint: DRAM does not evict the keys for the TTL (within --pin-max-bytes)"},
+    {"release", "NS KEY... [--tenant NAME] [--admin HOST:PORT]",
+     "cache hint: end the keys' retention or pin now"},
 };
 
 const Command* FindCommand(const std::string& name) {
@@ -90,8 +98,8 @@ int Usage(FILE* out = stderr) {
     std::fprintf(out, "  %-46s %s\n", synopsis.c_str(), c.what);
   }
   std::fputs(
-      "  (metrics, members, shards, tenants, clients, top: --token-file PATH sends the node's "
-      "admin bearer token)\n"
+      "  (metrics, members, shards, tenants, clients, top, retain, pin, release: --token-file "
+      "PATH sends the node's admin bearer token)\n"
       "  kvpoolctl COMMAND --help: that command alone\n"
       "exit status: 0 done, 1 a miss, 2 usage, 3 an error\n",
       out);
@@ -129,20 +137,29 @@ struct Admin {
   std::string token;
 };
 
-// GETs path from the admin endpoint into *body; false (with a message) on failure.
-bool AdminGet(const Admin& a, const std::string& path, std::string* body) {
+// A client of the admin endpoint, with the token; null (with a message)
+// for an address that is not HOST:PORT.
+std::unique_ptr<httplib::Client> AdminClient(const Admin& a) {
   const std::string& admin = a.address;
   auto colon = admin.rfind(':');
   int port = colon == std::string::npos ? 0 : std::atoi(admin.c_str() + colon + 1);
   if (port <= 0) {
     std::fprintf(stderr, "kvpoolctl: --admin wants HOST:PORT, got '%s'\n", admin.c_str());
-    return false;
+    return nullptr;
   }
-  httplib::Client http(admin.substr(0, colon), port);
-  http.set_connection_timeout(5);
-  http.set_read_timeout(5);
-  if (!a.token.empty()) http.set_bearer_token_auth(a.token);
-  auto res = http.Get(path);
+  auto http = std::make_unique<httplib::Client>(admin.substr(0, colon), port);
+  http->set_connection_timeout(5);
+  http->set_read_timeout(5);
+  if (!a.token.empty()) http->set_bearer_token_auth(a.token);
+  return http;
+}
+
+// GETs path from the admin endpoint into *body; false (with a message) on failure.
+bool AdminGet(const Admin& a, const std::string& path, std::string* body) {
+  const std::string& admin = a.address;
+  auto http = AdminClient(a);
+  if (http == nullptr) return false;
+  auto res = http->Get(path);
   if (res && res->status == 401) {
     std::fprintf(stderr, "kvpoolctl: http://%s%s needs the node's admin token (%s)\n",
                  admin.c_str(), path.c_str(), a.token.empty() ? "give --token-file" : "wrong token");
@@ -169,6 +186,35 @@ bool AdminJson(const Admin& a, const std::string& path, nlohmann::json* j,
     return false;
   }
   return true;
+}
+
+// kvpoolctl retain|pin|release: one cache hint (POST /api/v1/hints).
+// Prints what it applied to; exit 3 when the node refuses it.
+int Hint(const Admin& a, const nlohmann::json& hint) {
+  auto http = AdminClient(a);
+  if (http == nullptr) return 3;
+  auto res = http->Post("/api/v1/hints", hint.dump(), "application/json");
+  if (!res) {
+    std::fprintf(stderr, "kvpoolctl: cannot reach http://%s\n", a.address.c_str());
+    return 3;
+  }
+  const nlohmann::json j = nlohmann::json::parse(res->body, nullptr, /*allow_exceptions=*/false);
+  if (res->status != 200) {
+    const std::string why = j.is_object() && j.contains("error") && j["error"].is_string()
+                                ? j["error"].get<std::string>()
+                                : res->body;
+    std::fprintf(stderr, "kvpoolctl: %s refused (HTTP %d): %s\n",
+                 hint["op"].get<std::string>().c_str(), res->status, why.c_str());
+    return 3;
+  }
+  if (!j.is_object() || !j.contains("applied") || !j.contains("unknown")) {
+    std::fprintf(stderr, "kvpoolctl: malformed hint reply\n");
+    return 3;
+  }
+  std::printf("applied %llu, not in DRAM %llu\n",
+              static_cast<unsigned long long>(j["applied"].get<uint64_t>()),
+              static_cast<unsigned long long>(j["unknown"].get<uint64_t>()));
+  return 0;
 }
 
 // A hash as a router writes it: decimal, or 0x and hex (its last 16 digits).
@@ -567,14 +613,35 @@ int main(int argc, char** argv) {
       cmd != "clients" && cmd != "lookup") {
     return Usage();
   }
+  const bool hint = cmd == "retain" || cmd == "pin" || cmd == "release";
   if (cmd == "metrics" || cmd == "members" || cmd == "shards" || cmd == "tenants" ||
-      cmd == "clients" || cmd == "top") {
+      cmd == "clients" || cmd == "top" || hint) {
     Admin admin;
     std::string token_file;
     Top top;
+    nlohmann::json h = {{"op", cmd}, {"keys", nlohmann::json::array()}};
     for (size_t i = 1; i < args.size(); ++i) {
       if (args[i] == "--admin" && i + 1 < args.size()) admin.address = args[++i];
-      else if (args[i].rfind("--admin=", 0) == 0) admin.address = args[i].substr(8);
+      else if (hint && cmd != "release" && args[i] == "--ttl" && i + 1 < args.size()) {
+        auto d = kvpool::SettingsTable::ParseDuration("ttl", args[++i]);
+        if (!d.ok() || d->count() <= 0) {
+          std::fprintf(stderr, "kvpoolctl: --ttl: %s\n",
+                       d.ok() ? "must be above 0" : std::string(d.status().message()).c_str());
+          return 2;
+        }
+        h["ttl_s"] = static_cast<double>(d->count()) / 1000;
+      } else if (cmd == "retain" && args[i] == "--priority" && i + 1 < args.size()) {
+        h["priority"] = std::atoi(args[++i].c_str());
+      } else if (hint && args[i] == "--tenant" && i + 1 < args.size()) {
+        h["tenant"] = args[++i];
+      } else if (hint && args[i].rfind("--", 0) != 0) {
+        if (!h.contains("namespace")) {
+          h["namespace"] = args[i];
+        } else {
+          h["keys"].push_back(args[i]);
+        }
+      } else if (args[i].rfind("--admin=", 0) == 0)
+        admin.address = args[i].substr(8);
       else if (args[i] == "--token-file" && i + 1 < args.size()) token_file = args[++i];
       else if (cmd == "top" && args[i] == "--interval" && i + 1 < args.size()) {
         auto d = kvpool::SettingsTable::ParseDuration("interval", args[++i]);
@@ -604,6 +671,10 @@ int main(int argc, char** argv) {
         return 3;
       }
       admin.token = lines.front();
+    }
+    if (hint) {
+      if (h["keys"].empty() || (cmd != "release" && !h.contains("ttl_s"))) return Usage();
+      return Hint(admin, h);
     }
     if (cmd == "metrics") return Metrics(admin);
     if (cmd == "top") return RunTop(admin, top);

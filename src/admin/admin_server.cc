@@ -77,7 +77,7 @@ constexpr char kDashboardCsp[] =
     "frame-ancestors 'none'";
 
 // The request-counter label set is fixed: every other path counts as "other".
-constexpr std::array<std::string_view, 12> kKnownPaths = {"/",
+constexpr std::array<std::string_view, 13> kKnownPaths = {"/",
                                                           "/metrics",
                                                           "/healthz",
                                                           "/readyz",
@@ -88,12 +88,13 @@ constexpr std::array<std::string_view, 12> kKnownPaths = {"/",
                                                           "/api/v1/history",
                                                           "/api/v1/clients",
                                                           "/api/v1/cluster",
-                                                          "/api/v1/lookup"};
+                                                          "/api/v1/lookup",
+                                                          "/api/v1/hints"};
 constexpr std::string_view kOtherPath = "other";
 
 // Only GETs of short URLs are served: a head beyond this is refused (431).
 constexpr size_t kMaxHeadBytes = 8192;
-// A POST body (a prefix lookup's hashes) at most.
+// A POST body (a prefix lookup's hashes, a hint's keys) at most.
 constexpr size_t kMaxBodyBytes = 1 << 20;
 // After its response a connection is shut for writing and drained briefly,
 // so a client still sending (a body we refused) reads the response instead
@@ -563,7 +564,7 @@ class HttpAdminServer final : public AdminServer {
     c.in.shrink_to_fit();
     const bool head_only = head.method == "HEAD";
     const bool post = head.method == "POST";
-    const bool post_path = head.path == "/api/v1/lookup";
+    const bool post_path = head.path == "/api/v1/lookup" || head.path == "/api/v1/hints";
     if (post != post_path || (head.method != "GET" && !head_only && !post)) {
       Response r = Error(405, "method not allowed", head.path);
       r.headers.emplace_back("Allow", post_path ? "POST" : "GET, HEAD");
@@ -796,10 +797,15 @@ class HttpAdminServer final : public AdminServer {
     return out;
   }
 
-  // POST /api/v1/lookup (the only POST path; Dispatch checked it).
+  // POST /api/v1/lookup and /api/v1/hints (the POST paths; Dispatch
+  // checked it). Hints change what a node keeps: never from the untokened
+  // view of a node with tenants.
   Response Post(const std::string& path, const std::string& body) {
-    if (!hooks_.lookup) return Error(404, "not found", path);
-    auto [status, json] = hooks_.lookup(body);
+    const bool hints = path == "/api/v1/hints";
+    const auto& hook = hints ? hooks_.hints : hooks_.lookup;
+    if (!hook) return Error(404, "not found", path);
+    if (hints && PublicView()) return Error(403, "hints need the admin token", path);
+    auto [status, json] = hook(body);
     Response r;
     r.status = status;
     r.content_type = kJsonContentType;

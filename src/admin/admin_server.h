@@ -4,7 +4,7 @@
 // /api/v1/status, /api/v1/members and /api/v1/config (JSON from hooks the node provides),
 // /api/v1/clients (the connected engines), /api/v1/cluster (every member's
 // key figures), POST /api/v1/lookup (a router's prefix lookup, its body at
-// most kMaxBodyBytes), /api/v1/history (the key figures
+// most kMaxBodyBytes), POST /api/v1/hints (cache hints), /api/v1/history (the key figures
 // of the last 15 minutes, MetricsHistory), and
 // a self-contained dashboard page at / (no network fetches). It renders what
 // it is given and holds no node logic.
@@ -85,6 +85,8 @@ struct AdminHooks {
   // JSON body out (400 with the reason for a bad request). Runs on a
   // request thread and may take its deadline.
   std::function<std::pair<int, std::string>(const std::string& body)> lookup;
+  // POST /api/v1/hints: cache hints (node/hints_api.h), as lookup.
+  std::function<std::pair<int, std::string>(const std::string& body)> hints;
   // /readyz: 200 when true, else 503. Runs on the admin thread: must be quick.
   std::function<bool()> ready;
   // What keeps the node from cluster work (joining, fenced), empty when

@@ -18,6 +18,7 @@
 #include "common/metrics.h"
 #include "common/secret_file.h"
 #include "events/kv_events.h"
+#include "node/hints_api.h"
 #include "node/local_server.h"
 #include "node/node_stores.h"
 #include "node/node_views.h"
@@ -259,6 +260,8 @@ class NodeImpl final : public Node {
     hooks.clients_json = [this] { return views_.ClientsJson().dump(); };
     hooks.cluster_json = [this] { return views_.ClusterJson().dump(); };
     hooks.lookup = [this](const std::string& body) { return lookups_->Http(body); };
+    hints_ = std::make_unique<HintsApi>(&stores_, &metrics_);
+    hooks.hints = [this](const std::string& body) { return hints_->Http(body); };
     hooks.ready = [this] { return !stopping_.load(); };
     hooks.cluster_missing = [this] { return views_.ClusterMissing(); };
     if (!stores_.tenants().empty()) {
@@ -303,6 +306,7 @@ class NodeImpl final : public Node {
   std::unique_ptr<blocks::DescriptorTable> descriptors_;
   std::unique_ptr<events::KvEventsPublisher> kv_events_;  // null unless configured
   std::unique_ptr<PrefixLookups> lookups_;
+  std::unique_ptr<HintsApi> hints_;                     // POST /api/v1/hints
   std::unique_ptr<cluster::ClusterServices> services_;  // null when standalone
   std::unique_ptr<LocalServer> local_;
   std::unique_ptr<AdminServer> admin_;

@@ -125,6 +125,7 @@ DramOptions NodeOptions::DramFor(uint64_t capacity_bytes) const {
   d.max_value_bytes = std::min(d.max_value_bytes, capacity_bytes);
   const uint64_t room = std::min(dram_read_room, capacity_bytes / 8);
   d.read_room_bytes = (room + d.slab_bytes - 1) / d.slab_bytes * d.slab_bytes;
+  d.hint_max_ttl = hint_max_ttl;
   return d;
 }
 
@@ -158,6 +159,12 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
              "chosen by sampled shadow caches, docs/eviction.md; s3fifo, lru, prefix-fixed -- "
              "prefix at a fixed 70% --, slru -- that without ageing -- and tinylfu -- "
              "W-TinyLFU -- for comparison)");
+  t->AddBytes("pin-max-bytes", &o->dram.pin_max_bytes, 0, 1ull << 50,
+              "Cache hints: values that pins (POST /api/v1/hints, op pin) may hold in DRAM at "
+              "once, per tenant's store; a pin past it is refused (0: no pins)");
+  t->AddDuration("hint-max-ttl", &o->hint_max_ttl, std::chrono::milliseconds(1),
+                 std::chrono::hours(24 * 7),
+                 "Cache hints: the longest TTL a retain or pin may ask; a longer one is refused");
   t->AddBool("writable-segment", &o->writable_segment,
              "Hand clients the segment writable, so they write reservations in place (saves "
              "one copy per zero-copy put, but any client can then change committed values); "

@@ -50,6 +50,9 @@ struct NodeOptions {
   // nodes (DramOptions::read_room_bytes): at most an eighth of the capacity,
   // rounded up to whole slabs; 0: none. See ReadRoomFor.
   uint64_t dram_read_room = 64ull << 20;
+  // Cache hints (DramOptions::hint_max_ttl): the longest TTL a retain or
+  // pin may ask. The pin budget is dram.pin_max_bytes, per tenant's store.
+  std::chrono::milliseconds hint_max_ttl = std::chrono::hours(24);
   // Comma-separated SSD directories; empty: DRAM only.
   std::string ssd_dirs;
   SsdOptions ssd;  // dirs filled from ssd_dirs

@@ -99,6 +99,15 @@ void NodeStores::AddTenantGauges(const std::string& name, TieredStore* store) {
   metrics_->AddCallbackGauge("kvpool_tenant_dram_evictions",
                              "DRAM entries evicted since start, per tenant", l,
                              dram(&DramStats::evictions), this);
+  metrics_->AddCallbackGauge("kvpool_tenant_dram_retained_bytes",
+                             "DRAM bytes of values cache hints retain now, per tenant", l,
+                             dram(&DramStats::retained_bytes), this);
+  metrics_->AddCallbackGauge("kvpool_tenant_dram_hint_pinned_bytes",
+                             "DRAM bytes of values cache hints pin now, per tenant", l,
+                             dram(&DramStats::hint_pinned_bytes), this);
+  metrics_->AddCallbackGauge("kvpool_tenant_dram_leases_expired",
+                             "Cache hints' leases that ran out, per tenant", l,
+                             dram(&DramStats::leases_expired), this);
   if (store->GetDramStats().eviction.adaptive) {
     // Each tenant's store adapts its policy to its own traffic.
     auto adaptation = [store](auto field) {

@@ -17,6 +17,7 @@
 // bytes); they must not outlive the store.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -178,6 +179,17 @@ class TieredStore {
   // observer is told: kRemoved, or kHandedOff when another node took the
   // value over.
   Status Remove(const KeyId& key, HoldingsEvent::Why why = HoldingsEvent::Why::kRemoved);
+
+  // Cache hints on the DRAM tier's entries (DramStore::Retain, PinFor,
+  // ReleaseLeases). A key held only on SSD counts as unknown.
+  Result<HintResult> Retain(std::span<const KeyId> keys, std::chrono::nanoseconds ttl,
+                            uint8_t priority) {
+    return dram_->Retain(keys, ttl, priority);
+  }
+  Result<HintResult> PinFor(std::span<const KeyId> keys, std::chrono::nanoseconds ttl) {
+    return dram_->PinFor(keys, ttl);
+  }
+  HintResult ReleaseLeases(std::span<const KeyId> keys) { return dram_->ReleaseLeases(keys); }
 
   // Drops every entry whose key id carries namespace tag `tag`
   // (common/key_id.h), from both tiers, each told as kRemoved. Returns how

@@ -45,7 +45,11 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <set>
+#include <string>
+#include <tuple>
 #include <unordered_map>
+#include <utility>
 
 #include "common/log.h"
 #include "common/recent_ratio.h"
@@ -84,6 +88,10 @@ Status DramOptions::Validate() const {
       names += (names.empty() ? "" : ", ") + std::string(n);
     return InvalidArgument("dram: eviction must be one of " + names);
   }
+  if (hint_max_ttl <= std::chrono::nanoseconds::zero()) {
+    return InvalidArgument("dram: hint_max_ttl must be positive");
+  }
+  if (hint_max_keys == 0) return InvalidArgument("dram: hint_max_keys must be at least 1");
   // Slot ids are 32 bits: slab index, then the slot's index in the slab.
   const uint64_t max_slots = slab_bytes / dram::BuildSizeClasses(min_class_bytes, class_growth,
                                                                    slab_bytes).front();
@@ -117,6 +125,9 @@ class DramStoreImpl final : public DramStore {
         has_read_room_(options.read_room_bytes > 0),
         time_(options.clock != nullptr ? options.clock : SystemClock::Get()),
         recent_age_us_(time_),
+        pin_max_bytes_(options.pin_max_bytes),
+        hint_max_ttl_(options.hint_max_ttl),
+        hint_max_keys_(options.hint_max_keys),
         alloc_(options.capacity_bytes + options.read_room_bytes, options.slab_bytes,
                BuildSizeClasses(options.min_class_bytes, options.class_growth, options.slab_bytes)),
         policy_(EvictionPolicy::Create(options.eviction, &alloc_)),
@@ -305,6 +316,70 @@ class DramStoreImpl final : public DramStore {
     return pinned;
   }
 
+  Result<HintResult> Retain(std::span<const KeyId> keys, std::chrono::nanoseconds ttl,
+                            uint8_t priority) override {
+    KVPOOL_RETURN_IF_ERROR(CheckHint(keys.size(), ttl));
+    std::lock_guard lock(mu_);
+    ExpireLeases();
+    const uint64_t expiry = NowNs() + static_cast<uint64_t>(ttl.count());
+    return ForEachFound(keys, [&](uint32_t slot) {
+      SlotMeta& m = alloc_.meta(slot);
+      if (m.hint == kHintPinned) return;
+      const uint16_t cls = alloc_.class_of(slot);
+      uint64_t until = expiry;
+      if (m.hint == kHintRetained) {
+        until = std::max(until, leases_.at(slot).expiry_ns);
+        DropLease(slot, cls);
+      } else {
+        policy_->Erase(slot, cls);
+      }
+      AddLease(slot, cls, kHintRetained, until, priority);
+    });
+  }
+
+  Result<HintResult> PinFor(std::span<const KeyId> keys, std::chrono::nanoseconds ttl) override {
+    KVPOOL_RETURN_IF_ERROR(CheckHint(keys.size(), ttl));
+    std::lock_guard lock(mu_);
+    ExpireLeases();
+    // The bytes this batch would newly pin, each entry once: past the
+    // budget, nothing is pinned.
+    std::vector<uint32_t> slots;
+    slots.reserve(keys.size());
+    uint64_t adding = 0;
+    const HintResult r = ForEachFound(keys, [&](uint32_t slot) {
+      if (std::find(slots.begin(), slots.end(), slot) != slots.end()) return;
+      slots.push_back(slot);
+      if (alloc_.meta(slot).hint != kHintPinned) adding += alloc_.meta(slot).size;
+    });
+    if (hint_pinned_bytes_ + adding > pin_max_bytes_) {
+      return ResourceExhausted("dram: pins would hold " +
+                               std::to_string(hint_pinned_bytes_ + adding) +
+                               " bytes, over the pin budget of " + std::to_string(pin_max_bytes_));
+    }
+    const uint64_t expiry = NowNs() + static_cast<uint64_t>(ttl.count());
+    for (uint32_t slot : slots) {
+      SlotMeta& m = alloc_.meta(slot);
+      const uint16_t cls = alloc_.class_of(slot);
+      uint64_t until = expiry;
+      if (m.hint == kHintNone) {
+        policy_->Erase(slot, cls);
+      } else {
+        if (m.hint == kHintPinned) until = std::max(until, leases_.at(slot).expiry_ns);
+        DropLease(slot, cls);
+      }
+      AddLease(slot, cls, kHintPinned, until, 0);
+    }
+    return r;
+  }
+
+  HintResult ReleaseLeases(std::span<const KeyId> keys) override {
+    std::lock_guard lock(mu_);
+    ExpireLeases();
+    return ForEachFound(keys, [&](uint32_t slot) {
+      if (alloc_.meta(slot).hint != kHintNone) EndLease(slot);
+    });
+  }
+
   bool Contains(const KeyId& key) const override {
     std::lock_guard lock(mu_);
     ++lookup_rounds_;
@@ -319,7 +394,7 @@ class DramStoreImpl final : public DramStore {
     if (removed_size != nullptr) *removed_size = m.size;
     const uint16_t cls = alloc_.class_of(slot);
     KVPOOL_CHECK(index_.Erase(key, slot));
-    policy_->Erase(slot, cls);
+    OrderErase(slot, cls);
     DropEntry(slot, cls);
     if (m.pins > 0) {
       m.state = SlotState::kZombie;  // cleared and freed by the last Unpin
@@ -349,6 +424,11 @@ class DramStoreImpl final : public DramStore {
     s.slab_moves = slab_moves_;
     s.lookup_rounds = lookup_rounds_;
     s.index_bytes = IndexBytes();
+    s.retained_entries = retained_entries_;
+    s.retained_bytes = retained_bytes_;
+    s.hint_pinned_entries = hint_pinned_entries_;
+    s.hint_pinned_bytes = hint_pinned_bytes_;
+    s.leases_expired = leases_expired_;
     s.eviction = policy_->adaptation();
     const uint64_t cap = CapacityEntries();
     s.index_bytes_per_entry = cap == 0 ? 0 : static_cast<double>(s.index_bytes) / cap;
@@ -484,7 +564,8 @@ class DramStoreImpl final : public DramStore {
     }
     const uint16_t cls = alloc_.class_of(slot);
     if (touch) {
-      policy_->Touch(slot, cls);
+      // A leased entry keeps its place in the lease order.
+      if (m.hint == kHintNone) policy_->Touch(slot, cls);
       NoteAgeUse(key);
     }
     NoteUse(slot, cls, m.size, /*hit=*/true);
@@ -561,10 +642,135 @@ class DramStoreImpl final : public DramStore {
   // memory comes from the read room (FitCapacity); an eviction for memory
   // itself needs the slot free now.
   bool EvictFrom(uint16_t cls, bool may_lend = false) {
-    const uint32_t victim = policy_->PickVictim(cls);
+    ExpireLeases();
+    uint32_t victim = policy_->PickVictim(cls);
+    if (victim == kNoSlot) victim = PickRetained(cls);
     if (victim == kNoSlot) return false;
     EvictSlot(victim, may_lend);
     return true;
+  }
+
+  // Cache hints' leases (Retain, PinFor). A leased entry is out of the
+  // policy's lists: a retained one is in retained_, taken by PickRetained
+  // only when the policy has nothing of its class to evict; a pinned one is
+  // in neither and keeps its slab busy, so nothing evicts or moves it.
+  struct Lease {
+    uint64_t expiry_ns;
+    uint8_t priority;
+  };
+
+  // REQUIRES: mu_ held. fn(slot) for each key in DRAM, in order; the
+  // others are counted unknown.
+  template <typename F>
+  HintResult ForEachFound(std::span<const KeyId> keys, F fn) {
+    HintResult r;
+    for (const KeyId& key : keys) {
+      const uint32_t slot = Find(key);
+      if (slot == kNoSlot) {
+        ++r.unknown;
+        continue;
+      }
+      ++r.applied;
+      fn(slot);
+    }
+    return r;
+  }
+
+  Status CheckHint(size_t keys, std::chrono::nanoseconds ttl) const {
+    if (keys > hint_max_keys_) {
+      return InvalidArgument("dram: a hint names " + std::to_string(keys) +
+                             " keys, more than the most of " + std::to_string(hint_max_keys_));
+    }
+    if (ttl <= std::chrono::nanoseconds::zero() || ttl > hint_max_ttl_) {
+      return InvalidArgument("dram: a hint's ttl must be in (0, " +
+                             std::to_string(hint_max_ttl_.count() / 1'000'000'000) + " s]");
+    }
+    return Status::Ok();
+  }
+
+  uint64_t NowNs() const {
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(time_->Now().time_since_epoch())
+            .count());
+  }
+
+  // REQUIRES: mu_ held; slot committed and in no order.
+  void AddLease(uint32_t slot, uint16_t cls, uint8_t kind, uint64_t expiry_ns, uint8_t priority) {
+    SlotMeta& m = alloc_.meta(slot);
+    m.hint = kind;
+    leases_[slot] = Lease{expiry_ns, priority};
+    expiries_.insert({expiry_ns, slot});
+    if (kind == kHintRetained) {
+      retained_.insert({cls, priority, expiry_ns, slot});
+      retained_bytes_ += m.size;
+      ++retained_entries_;
+    } else {
+      ++alloc_.slab(alloc_.slab_of(slot)).busy;
+      hint_pinned_bytes_ += m.size;
+      ++hint_pinned_entries_;
+    }
+  }
+
+  // REQUIRES: mu_ held; slot leased. Leaves it in no order.
+  void DropLease(uint32_t slot, uint16_t cls) {
+    SlotMeta& m = alloc_.meta(slot);
+    auto it = leases_.find(slot);
+    KVPOOL_CHECK(it != leases_.end());
+    const Lease l = it->second;
+    leases_.erase(it);
+    expiries_.erase({l.expiry_ns, slot});
+    if (m.hint == kHintRetained) {
+      KVPOOL_CHECK(retained_.erase({cls, l.priority, l.expiry_ns, slot}) == 1);
+      retained_bytes_ -= m.size;
+      --retained_entries_;
+    } else {
+      --alloc_.slab(alloc_.slab_of(slot)).busy;
+      hint_pinned_bytes_ -= m.size;
+      --hint_pinned_entries_;
+    }
+    m.hint = kHintNone;
+  }
+
+  // REQUIRES: mu_ held. A lease ends: the entry returns to the policy's
+  // order as if just written.
+  void EndLease(uint32_t slot) {
+    const uint16_t cls = alloc_.class_of(slot);
+    DropLease(slot, cls);
+    policy_->Insert(slot, cls);
+  }
+
+  // REQUIRES: mu_ held. Ends the leases whose time has come.
+  void ExpireLeases() {
+    if (expiries_.empty()) return;
+    const uint64_t now = NowNs();
+    while (!expiries_.empty() && expiries_.begin()->first <= now) {
+      EndLease(expiries_.begin()->second);
+      ++leases_expired_;
+    }
+  }
+
+  // REQUIRES: mu_ held. The retained entry of cls to evict (the lowest
+  // priority, then the soonest to expire; not pinned for a read), taken out
+  // of the lease order; kNoSlot when there is none.
+  uint32_t PickRetained(uint16_t cls) {
+    for (auto it = retained_.lower_bound({cls, 0, 0, 0});
+         it != retained_.end() && std::get<0>(*it) == cls; ++it) {
+      const uint32_t slot = std::get<3>(*it);
+      if (alloc_.meta(slot).pins > 0) continue;
+      DropLease(slot, cls);
+      return slot;
+    }
+    return kNoSlot;
+  }
+
+  // REQUIRES: mu_ held. Takes slot out of whichever order holds it: the
+  // policy's, or a lease's.
+  void OrderErase(uint32_t slot, uint16_t cls) {
+    if (alloc_.meta(slot).hint == kHintNone) {
+      policy_->Erase(slot, cls);
+    } else {
+      DropLease(slot, cls);
+    }
   }
 
   // A commit or hit of `bytes` in `slot`: advances the clock, marks the slab
@@ -693,14 +899,14 @@ class DramStoreImpl final : public DramStore {
     const uint16_t cls = s.cls;
     if (cls == alloc_.large_class()) {
       const uint32_t slot = alloc_.SlotId(i, 0);
-      policy_->Erase(slot, cls);
+      OrderErase(slot, cls);
       EvictSlot(slot, /*may_lend=*/false);  // frees the run
       return;
     }
     for (uint32_t k = 0; k < alloc_.slots_per_slab(cls); ++k) {
       const uint32_t slot = alloc_.SlotId(i, k);
       if (alloc_.meta(slot).state != SlotState::kCommitted) continue;
-      policy_->Erase(slot, cls);
+      OrderErase(slot, cls);
       EvictSlot(slot, /*may_lend=*/false);
     }
     alloc_.UnassignSlab(i);
@@ -864,8 +1070,11 @@ class DramStoreImpl final : public DramStore {
   Counter* hits_ = nullptr;
   Counter* misses_ = nullptr;
   Histogram* eviction_age_ = nullptr;
-  const Clock* const time_;  // eviction ages
+  const Clock* const time_;    // eviction ages, leases
   RecentRatio recent_age_us_;  // microseconds of sampled eviction ages, per eviction
+  const uint64_t pin_max_bytes_;                 // DramOptions::pin_max_bytes
+  const std::chrono::nanoseconds hint_max_ttl_;  // DramOptions::hint_max_ttl
+  const uint64_t hint_max_keys_;                 // DramOptions::hint_max_keys
 
   mutable std::mutex mu_;
   // Everything below is protected by mu_.
@@ -891,6 +1100,16 @@ class DramStoreImpl final : public DramStore {
   uint64_t evictions_ = 0;
   uint64_t slab_moves_ = 0;
   mutable uint64_t lookup_rounds_ = 0;
+  // Cache hints' leases: by slot; by expiry; retained entries in their
+  // eviction order (class, priority, expiry, slot).
+  std::unordered_map<uint32_t, Lease> leases_;
+  std::set<std::pair<uint64_t, uint32_t>> expiries_;
+  std::set<std::tuple<uint16_t, uint8_t, uint64_t, uint32_t>> retained_;
+  uint64_t retained_entries_ = 0;
+  uint64_t retained_bytes_ = 0;
+  uint64_t hint_pinned_entries_ = 0;
+  uint64_t hint_pinned_bytes_ = 0;
+  uint64_t leases_expired_ = 0;
   std::unordered_map<KeyId, Clock::time_point, KeyIdHash> age_last_use_;  // sampled keys
 };
 

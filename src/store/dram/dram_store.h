@@ -12,6 +12,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -63,10 +64,23 @@ struct DramOptions {
   // Seal the segment's fd against writes: clients it is handed to can map
   // it read-only only (the node writes through its own mapping).
   bool seal_client_writes = false;
-  // What eviction ages are measured with (null: the steady clock).
+  // What eviction ages are measured with, and leases' TTLs (null: the
+  // steady clock).
   const Clock* clock = nullptr;
+  // Cache hints (DramStore::Retain, PinFor): values that pins may hold at
+  // once (0: no pins), the longest TTL a hint may ask, and the most keys
+  // one hint may name.
+  uint64_t pin_max_bytes = 0;
+  std::chrono::nanoseconds hint_max_ttl = std::chrono::hours(24);
+  uint64_t hint_max_keys = 8192;
 
   Status Validate() const;
+};
+
+// What a cache hint did (DramStore::Retain, PinFor, ReleaseLeases).
+struct HintResult {
+  uint64_t applied = 0;  // keys in DRAM it applied to
+  uint64_t unknown = 0;  // keys not in DRAM: counted, not an error
 };
 
 struct DramClassStats {
@@ -108,6 +122,13 @@ struct DramStats {
   uint64_t index_bytes = 0;      // memory of the index and eviction metadata
   double index_bytes_per_entry = 0;  // index_bytes / capacity in entries at the current mix
   bool huge_pages = false;
+  // Cache hints' leases now (DramStore::Retain, PinFor), and leases that
+  // ran out (not released or removed) since start.
+  uint64_t retained_entries = 0;
+  uint64_t retained_bytes = 0;
+  uint64_t hint_pinned_entries = 0;
+  uint64_t hint_pinned_bytes = 0;
+  uint64_t leases_expired = 0;
   EvictionAdaptation eviction;  // what the eviction policy adapts
   std::vector<DramClassStats> classes;
 };
@@ -191,6 +212,28 @@ class DramStore {
   // Drops the entry from the index; its slot is reused once unpinned. Sets
   // *removed_size (when given) to the entry's size.
   virtual Status Remove(const KeyId& key, uint64_t* removed_size = nullptr) = 0;
+
+  // Cache hints: leases on committed entries, which a writer or a router
+  // sets because it knows what comes back (docs/hints.md). Advisory: they
+  // change what is evicted when, never the bytes a read returns.
+  //
+  // Retain: until ttl has passed, the entries go last in their size
+  // class's eviction order (among them, the lowest priority first, then the
+  // soonest to expire); then they return to the policy's order as if just
+  // written. They are still evicted when nothing else of their class can be.
+  // PinFor: until ttl has passed, the entries are not evicted (and a slab
+  // holding one is not moved to another class). At most pin_max_bytes of
+  // values are so held: a batch that would pass it is ResourceExhausted.
+  // Either: InvalidArgument for a ttl of 0 or over hint_max_ttl, or more
+  // than hint_max_keys keys. On an error nothing changes. A lease is never
+  // shortened by another (the later expiry stays); a pin replaces a
+  // retention, and a retention leaves a pin as it is.
+  virtual Result<HintResult> Retain(std::span<const KeyId> keys, std::chrono::nanoseconds ttl,
+                                    uint8_t priority) = 0;
+  virtual Result<HintResult> PinFor(std::span<const KeyId> keys, std::chrono::nanoseconds ttl) = 0;
+  // Ends the keys' leases now: their entries return to the policy's order
+  // as if just written.
+  virtual HintResult ReleaseLeases(std::span<const KeyId> keys) = 0;
 
   // Called for each entry evicted (not removed), with its bytes still intact,
   // while the store's lock is held: it must be quick and must not call back
