@@ -27,6 +27,9 @@
 #        bench/compare.sh trace --shapes all|LIST [--trace FILE] [--seed N] [--keep]
 #          (the policies over the given trace and generated traffic shapes at
 #          2-40 % capacity, against LRU and the best; bench/compare_shapes.sh)
+#        bench/compare.sh hints [--seed N] [--scale X] [--keep]
+#          (the agentic shape at 5-20 % capacity without and with cache hints
+#          retaining paused sessions; bench/compare_hints.sh)
 #        bench/compare.sh events [--reps N] [--duration DURATION] [--put-value-size SIZE] [--keep]
 #          (KV events with a subscriber that stopped reading vs one that
 #          reads and vs none;
@@ -67,6 +70,10 @@ fi
 if [[ "${1:-}" == "trace" ]]; then
   shift
   exec "$HERE/compare_trace.sh" "$@"
+fi
+if [[ "${1:-}" == "hints" ]]; then
+  shift
+  exec "$HERE/compare_hints.sh" "$@"
 fi
 if [[ "${1:-}" == "events" ]]; then
   shift

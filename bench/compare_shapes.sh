@@ -82,13 +82,7 @@ for name in "${NAMES[@]}"; do
       || die "bench/workloads.py $name failed"
   fi
   set_trace "$file"
-  VALUE_SIZE="$("$PY" -c '
-import sys
-d, pct, v = int(sys.argv[1]), min(map(float, sys.argv[2].split())), int(sys.argv[3])
-while d * pct / 100 * v < 16 << 20:
-    v *= 2
-print(v)' "$distinct" "${FRACTIONS[*]}" "$BASE_VALUE_BYTES")"
-  value_bytes="$VALUE_SIZE"
+  fit_value_size "$BASE_VALUE_BYTES"
   log "$name: $distinct distinct blocks of $((VALUE_SIZE >> 10)) KiB"
   policy_sweep "$name/" ""
 done

@@ -2,6 +2,7 @@
 # Helpers of the trace benches (bench/compare_trace.sh, bench/compare_shapes.sh):
 # sourced after common.sh, with NODE, BENCH and VALUE_SIZE set.
 # TRACE is the trace replay() replays; set_trace sets it and `distinct`.
+REPLAY_ARGS=()
 
 value_bytes="$("$PY" -c '
 import re, sys
@@ -33,6 +34,19 @@ for line in open(sys.argv[1]):
 print(len(s))' "$TRACE")"
 }
 
+# fit_value_size BYTES: VALUE_SIZE and value_bytes for the trace: BYTES, or
+# the smallest power of two times it that gives the smallest of FRACTIONS
+# the node's minimum of 16 MiB (only entry counts decide hit ratios).
+fit_value_size() {
+  VALUE_SIZE="$("$PY" -c '
+import sys
+d, pct, v = int(sys.argv[1]), min(map(float, sys.argv[2].split())), int(sys.argv[3])
+while d * pct / 100 * v < 16 << 20:
+    v *= 2
+print(v)' "$distinct" "${FRACTIONS[*]}" "$1")"
+  value_bytes="$VALUE_SIZE"
+}
+
 # capacity_mib PERCENT [PARTS]: a node's DRAM for PERCENT of the distinct
 # blocks, split over PARTS nodes, in whole 1 MiB slabs.
 capacity_mib() {
@@ -60,10 +74,12 @@ stop_all() {
   PIDS=()
 }
 
-# replay LABEL SOCKETS: one replay; appends its JSON (with the label) to RESULTS.
+# replay LABEL SOCKETS: one replay (with REPLAY_ARGS, when set); appends its
+# JSON (with the label) to RESULTS.
 replay() {
   local label="$1" sockets="$2" out rc=0
-  out="$("$BENCH" --trace "$TRACE" --sockets "$sockets" --value-size "$VALUE_SIZE" --json)" || rc=$?
+  out="$("$BENCH" --trace "$TRACE" --sockets "$sockets" --value-size "$VALUE_SIZE" --json \
+    "${REPLAY_ARGS[@]}")" || rc=$?
   [[ $rc -eq 0 || $rc -eq 3 ]] || die "replay $label failed (exit $rc)"
   # The first line only, without `head`: head exits after one line, and
   # printf, still writing the metric lines after it, would die of SIGPIPE

@@ -68,16 +68,25 @@ class Trace:
         self.unique += n
         return [("u", self.unique - n + i) for i in range(n)]
 
-    def add(self, t_ms, contents, output_tokens):
-        self.requests.append((t_ms, len(self.requests), list(contents), output_tokens))
+    def add(self, t_ms, contents, output_tokens, session=None, retain=False):
+        """session, retain: what an orchestrator knows (agentic): the
+        request's session, and whether the session will resume after it (a
+        tool call is out), so its context is worth retaining until then."""
+        self.requests.append((t_ms, len(self.requests), list(contents), output_tokens,
+                              session, retain))
 
     def lines(self, rng):
-        for t, _, contents, out in sorted(self.requests, key=lambda r: (r[0], r[1])):
+        for t, _, contents, out, session, retain in sorted(self.requests,
+                                                           key=lambda r: (r[0], r[1])):
             ids = self.blocks.chain(contents)
             # The last block is partly filled, as a prompt rarely ends on a block.
             tokens = len(ids) * BLOCK_TOKENS - rng.randrange(BLOCK_TOKENS)
-            yield {"timestamp": int(t), "input_length": tokens, "output_length": out,
-                   "hash_ids": ids}
+            line = {"timestamp": int(t), "input_length": tokens, "output_length": out,
+                    "hash_ids": ids}
+            if session is not None:
+                line["session"] = session
+                line["retain"] = retain
+            yield line
 
 
 def zipf_picker(rng, n, s):
@@ -142,23 +151,26 @@ def shape_rag(rng, tr, scale):
 
 def shape_agentic(rng, tr, scale):
     tools = [("tools", 0, i) for i in range(16)]
-    events = []  # (t, agent context, steps left)
+    events = []  # (t, agent context, steps left, session)
     t = 0.0
-    for _ in range(int(90 * scale)):
+    for sid in range(int(90 * scale)):
         t += rng.expovariate(1 / 6000.0)
-        events.append((t, tools + tr.fresh(rng.randint(2, 6)), rng.randint(4, 24)))
+        events.append((t, tools + tr.fresh(rng.randint(2, 6)), rng.randint(4, 24), sid))
+    sessions = len(events)
     while events:
         events.sort(key=lambda e: e[0])
-        now, ctx, left = events.pop(0)
-        tr.add(now, ctx, rng.randint(30, 300))
+        now, ctx, left, sid = events.pop(0)
+        tr.add(now, ctx, rng.randint(30, 300), session=sid, retain=left > 1)
         ctx = ctx + tr.fresh(1)  # the model's tool call
         if left > 1:
             # A tool's output joins the context; the pause is the tool's run:
             # seconds mostly, minutes for some (a build, a human's approval).
             pause = rng.expovariate(1 / 3000.0) if rng.random() < 0.85 else rng.uniform(60e3, 300e3)
-            events.append((now + pause, ctx + tr.fresh(rng.randint(1, 4)), left - 1))
+            events.append((now + pause, ctx + tr.fresh(rng.randint(1, 4)), left - 1, sid))
             if rng.random() < 0.08:  # a subagent starts from the parent's context
-                events.append((now + rng.uniform(100, 2000), ctx + tr.fresh(2), rng.randint(3, 12)))
+                events.append((now + rng.uniform(100, 2000), ctx + tr.fresh(2),
+                               rng.randint(3, 12), sessions))
+                sessions += 1
 
 
 def shape_scan(rng, tr, scale):

@@ -721,6 +721,9 @@ int main(int argc, char** argv) {
   app.add_option("--trace-limit", replay.limit, "--trace: replay only the first N requests (0: all)");
   bool no_offline = false;
   app.add_flag("--no-offline", no_offline, "--trace: skip the offline LRU and Belady figures");
+  app.add_option("--hints", replay.hints_admin,
+                 "--trace: HOST:PORT of the node's admin endpoint: retain a session's blocks "
+                 "while it is paused, as the trace's session hints say (POST /api/v1/hints)");
   CLI11_PARSE(app, argc, argv);
 
   auto usage = [](const std::string& msg) {

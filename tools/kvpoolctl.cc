@@ -211,9 +211,15 @@ int Hint(const Admin& a, const nlohmann::json& hint) {
     std::fprintf(stderr, "kvpoolctl: malformed hint reply\n");
     return 3;
   }
-  std::printf("applied %llu, not in DRAM %llu\n",
+  std::printf("applied %llu, not in DRAM %llu",
               static_cast<unsigned long long>(j["applied"].get<uint64_t>()),
               static_cast<unsigned long long>(j["unknown"].get<uint64_t>()));
+  const uint64_t clipped = j.value("clipped", uint64_t{0});
+  if (clipped > 0) {
+    std::printf(", %llu retentions ended by --retain-max-percent",
+                static_cast<unsigned long long>(clipped));
+  }
+  std::printf("\n");
   return 0;
 }
 

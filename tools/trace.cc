@@ -57,6 +57,17 @@ Result<std::vector<Request>> LoadTrace(const std::string& path) {
       }
       r.blocks.push_back(id.get<uint64_t>());
     }
+    if (const auto sess = j.find("session"); sess != j.end()) {
+      if (!sess->is_number_unsigned() &&
+          !(sess->is_number_integer() && sess->get<int64_t>() >= 0)) {
+        return bad("\"session\" is not a non-negative integer");
+      }
+      r.session = sess->get<int64_t>();
+    }
+    if (const auto ret = j.find("retain"); ret != j.end()) {
+      if (!ret->is_boolean()) return bad("\"retain\" is not a boolean");
+      r.retain = ret->get<bool>();
+    }
     if (!out.empty() && r.timestamp_ms < out.back().timestamp_ms) {
       return bad("the timestamp goes backwards");
     }

@@ -4,7 +4,11 @@
 // One JSON object per line: `timestamp` (ms from the start), `input_length`
 // and `output_length` (tokens), `hash_ids` (the prompt's blocks in order;
 // equal ids across requests are the same KV block, i.e. a shared prefix).
-// Other fields are ignored.
+// Optional: `session` (a non-negative integer) and `retain` (a boolean):
+// what an orchestrator knows, the request's session and whether it will
+// resume after this request (bench/workloads.py's agentic shape writes
+// them; kvpool-bench --hints retains the blocks until it does). Other
+// fields are ignored.
 //
 // Prefix semantics throughout: a request uses the leading run of its blocks
 // that are cached (its hit prefix), reads those, and writes the blocks after
@@ -31,6 +35,8 @@ struct Request {
   uint64_t input_length = 0;
   uint64_t output_length = 0;
   std::vector<uint64_t> blocks;
+  int64_t session = -1;  // -1: none
+  bool retain = false;
 };
 
 inline constexpr size_t kMaxLineBytes = 4u << 20;

@@ -1,13 +1,20 @@
 #include "tools/trace_replay.h"
 
+#include <httplib.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <string_view>
 #include <thread>
-
-#include <nlohmann/json.hpp>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
 
 #include "kvpool/kvpool.h"
 #include "tools/trace.h"
@@ -41,6 +48,74 @@ struct Node {
   uint64_t max_entries = 0;
 };
 
+// The trace's session hints, acted on as an orchestrator would
+// (ReplayConfig::hints_admin): retain a paused session's blocks until its
+// next request, each block while any paused session holds it.
+class Orchestrator {
+ public:
+  Orchestrator(const std::string& admin, std::string ns, uint32_t ttl_s)
+      : ns_(std::move(ns)), ttl_s_(ttl_s) {
+    const auto colon = admin.rfind(':');
+    const int port = colon == std::string::npos ? 0 : std::atoi(admin.c_str() + colon + 1);
+    if (port > 0) http_ = std::make_unique<httplib::Client>(admin.substr(0, colon), port);
+  }
+  bool ok() const { return http_ != nullptr; }
+
+  // After request r is served.
+  void After(const Request& r) {
+    if (r.session < 0) return;
+    std::vector<uint64_t>& held = held_[r.session];
+    std::unordered_set<uint64_t> now;
+    if (r.retain) now.insert(r.blocks.begin(), r.blocks.end());
+    // The whole context is retained again (in chain order), so its lease
+    // runs from this pause; a block shared with other paused sessions gets
+    // the later of their leases.
+    std::vector<uint64_t> retain;
+    std::vector<uint64_t> release;
+    if (r.retain) {
+      for (uint64_t b : r.blocks) {
+        if (std::find(held.begin(), held.end(), b) == held.end()) ++count_[b];
+        retain.push_back(b);
+      }
+    }
+    for (uint64_t b : held) {
+      if (now.count(b) == 0 && --count_[b] == 0) {
+        count_.erase(b);
+        release.push_back(b);
+      }
+    }
+    held.assign(now.begin(), now.end());
+    if (held.empty()) held_.erase(r.session);
+    Send("retain", retain);
+    Send("release", release);
+  }
+
+  uint64_t sent() const { return sent_; }
+  uint64_t refused() const { return refused_; }
+
+ private:
+  void Send(const char* op, const std::vector<uint64_t>& blocks) {
+    constexpr size_t kBatch = 8192;  // the node's most keys per hint
+    for (size_t at = 0; at < blocks.size(); at += kBatch) {
+      nlohmann::json h = {{"op", op}, {"namespace", ns_}, {"keys", nlohmann::json::array()}};
+      if (std::string_view(op) != "release") h["ttl_s"] = ttl_s_;
+      for (size_t i = at; i < std::min(blocks.size(), at + kBatch); ++i) {
+        h["keys"].push_back("b" + std::to_string(blocks[i]));
+      }
+      auto res = http_->Post("/api/v1/hints", h.dump(), "application/json");
+      ++sent_;
+      if (!res || res->status != 200) ++refused_;
+    }
+  }
+
+  const std::string ns_;
+  const uint32_t ttl_s_;
+  std::unique_ptr<httplib::Client> http_;
+  std::unordered_map<int64_t, std::vector<uint64_t>> held_;  // by session
+  std::unordered_map<uint64_t, uint32_t> count_;             // sessions holding a block
+  uint64_t sent_ = 0, refused_ = 0;
+};
+
 }  // namespace
 
 int RunReplay(const ReplayConfig& cfg) {
@@ -52,6 +127,21 @@ int RunReplay(const ReplayConfig& cfg) {
   std::vector<Request> trace = std::move(loaded).value();
   if (cfg.limit > 0 && trace.size() > cfg.limit) trace.resize(cfg.limit);
   const TraceShape shape = Shape(trace);
+
+  std::unique_ptr<Orchestrator> orchestrator;
+  if (!cfg.hints_admin.empty()) {
+    orchestrator = std::make_unique<Orchestrator>(cfg.hints_admin, cfg.ns, cfg.hint_ttl_s);
+    if (!orchestrator->ok()) {
+      std::fprintf(stderr, "kvpool-bench: --hints wants HOST:PORT, got '%s'\n",
+                   cfg.hints_admin.c_str());
+      return 1;
+    }
+  }
+  bool sessions = false;
+  for (const Request& r : trace) sessions = sessions || r.session >= 0;
+  // Requests of a session after its first (a resume), and the others.
+  std::unordered_set<int64_t> seen_sessions;
+  uint64_t resume_refs = 0, resume_hits = 0, other_refs = 0, other_hits = 0;
 
   std::vector<Node> nodes;
   auto close_all = [&] {
@@ -162,6 +252,9 @@ int RunReplay(const ReplayConfig& cfg) {
     }
     hit_blocks += got;
     hit_tokens += HitTokens(r, got, cfg.block_tokens);
+    const bool resume = r.session >= 0 && !seen_sessions.insert(r.session).second;
+    (resume ? resume_refs : other_refs) += n;
+    (resume ? resume_hits : other_hits) += got;
     // The blocks after the prefix that are not cached, written.
     size_t m = 0;
     for (size_t i = got; i < n; ++i) {
@@ -191,6 +284,7 @@ int RunReplay(const ReplayConfig& cfg) {
     }
     latency_us.push_back(
         std::chrono::duration<double, std::micro>(SteadyClock::now() - t0).count());
+    if (orchestrator) orchestrator->After(r);
     if ((ri & 63) == 63 || ri + 1 == trace.size()) {
       node.max_entries = std::max(node.max_entries, DramEntries(node.client));
     }
@@ -237,6 +331,15 @@ int RunReplay(const ReplayConfig& cfg) {
                       {"p99", Percentile(latency_us, 0.99)}}},
   };
   if (!first_error.empty()) j["first_error"] = first_error;
+  auto ratio = [](uint64_t a, uint64_t b) { return b ? double(a) / double(b) : 0.0; };
+  if (sessions) {
+    j["resume_block_hit_ratio"] = ratio(resume_hits, resume_refs);
+    j["other_block_hit_ratio"] = ratio(other_hits, other_refs);
+  }
+  if (orchestrator) {
+    j["hints_sent"] = orchestrator->sent();
+    j["hints_refused"] = orchestrator->refused();
+  }
   if (cfg.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
@@ -264,6 +367,16 @@ int RunReplay(const ReplayConfig& cfg) {
   if (cfg.offline) {
     std::printf("metric trace_offline_lru_hit_ratio %.6f\n", lru.block_hit_ratio());
     std::printf("metric trace_offline_belady_hit_ratio %.6f\n", belady.block_hit_ratio());
+  }
+  if (sessions) {
+    std::printf("metric trace_resume_block_hit_ratio %.6f\n", ratio(resume_hits, resume_refs));
+    std::printf("metric trace_other_block_hit_ratio %.6f\n", ratio(other_hits, other_refs));
+  }
+  if (orchestrator) {
+    std::printf("metric trace_hints_sent %llu\n",
+                static_cast<unsigned long long>(orchestrator->sent()));
+    std::printf("metric trace_hints_refused %llu\n",
+                static_cast<unsigned long long>(orchestrator->refused()));
   }
   std::printf("metric trace_wrong_bytes %llu\n", static_cast<unsigned long long>(wrong_bytes));
   std::printf("metric trace_failed_items %llu\n", static_cast<unsigned long long>(failed_items));

@@ -30,6 +30,13 @@ struct ReplayConfig {
   uint64_t seed = 1;
   bool json = false;
   bool offline = true;  // compute the offline LRU and Belady ratios
+  // HOST:PORT of the node's admin endpoint: act on the trace's session
+  // hints as an orchestrator would (POST /api/v1/hints): a request whose
+  // session will resume has its blocks retained (for hint_ttl_s) until the
+  // session's next request; a block that paused sessions share stays
+  // retained while any of them holds it. Empty: no hints.
+  std::string hints_admin;
+  uint32_t hint_ttl_s = 600;
 };
 
 // Runs the replay and prints the report (and `metric` lines). Exit status:

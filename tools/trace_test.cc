@@ -81,18 +81,23 @@ class TraceFile : public ::testing::Test {
 TEST_F(TraceFile, ReadsRequestsAndTheirShape) {
   Write(R"({"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [7, 8]}
 {"timestamp": 12.5, "input_length": 600, "output_length": 1, "hash_ids": [7, 9], "extra": 1}
+{"timestamp": 13, "input_length": 600, "output_length": 1, "hash_ids": [7], "session": 4, "retain": true}
 
 )");
   auto t = LoadTrace(path_);
   ASSERT_TRUE(t.ok()) << t.status().ToString();
-  ASSERT_EQ(t->size(), 2u);
+  ASSERT_EQ(t->size(), 3u);
   EXPECT_EQ((*t)[1].timestamp_ms, 12.5);
   EXPECT_EQ((*t)[1].blocks, (std::vector<uint64_t>{7, 9}));
+  EXPECT_EQ((*t)[1].session, -1);  // no session hint
+  EXPECT_FALSE((*t)[1].retain);
+  EXPECT_EQ((*t)[2].session, 4);
+  EXPECT_TRUE((*t)[2].retain);
   TraceShape s = Shape(*t);
-  EXPECT_EQ(s.requests, 2u);
-  EXPECT_EQ(s.block_refs, 4u);
+  EXPECT_EQ(s.requests, 3u);
+  EXPECT_EQ(s.block_refs, 5u);
   EXPECT_EQ(s.distinct_blocks, 3u);
-  EXPECT_EQ(s.input_tokens, 1600u);
+  EXPECT_EQ(s.input_tokens, 2200u);
 }
 
 TEST_F(TraceFile, ABadLineIsNamed) {
@@ -106,6 +111,10 @@ TEST_F(TraceFile, ABadLineIsNamed) {
       {"{\"timestamp\": 5, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n"
        "{\"timestamp\": 4, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n",
        "line 2: the timestamp goes backwards"},
+      {R"({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [], "session": -2})",
+       "\"session\" is not a non-negative integer"},
+      {R"({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [], "retain": 1})",
+       "\"retain\" is not a boolean"},
       {"\n", "holds no request"},
   };
   for (const auto& [text, says] : cases) {

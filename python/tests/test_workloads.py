@@ -38,12 +38,35 @@ def test_lines_are_traces_the_replay_reads():
         assert lines, shape
         last = 0
         for l in lines:
-            assert set(l) == {"timestamp", "input_length", "output_length", "hash_ids"}
+            keys = {"timestamp", "input_length", "output_length", "hash_ids"}
+            if shape == "agentic":  # what an orchestrator knows (docs/hints.md)
+                keys |= {"session", "retain"}
+            assert set(l) == keys, shape
             assert l["timestamp"] >= last
             last = l["timestamp"]
             n = len(l["hash_ids"])
             assert 1 <= n and (n - 1) * 512 < l["input_length"] <= n * 512, (shape, l)
             assert all(isinstance(h, int) and h >= 0 for h in l["hash_ids"])
+
+
+def test_an_agentic_request_says_retain_exactly_when_its_session_resumes():
+    lines = workloads.generate("agentic", seed=2, scale=0.5)
+    last = {}
+    for i, l in enumerate(lines):
+        last[l["session"]] = i
+    resumed = 0
+    for i, l in enumerate(lines):
+        assert l["retain"] == (last[l["session"]] > i), (i, l["session"])
+        resumed += l["retain"]
+    assert 0 < resumed < len(lines)
+    # A resumed step extends its session's context: the last request of the
+    # session holds the one before it whole.
+    prev = {}
+    for l in lines:
+        p = prev.get(l["session"])
+        if p is not None:
+            assert l["hash_ids"][:len(p)] == p
+        prev[l["session"]] = l["hash_ids"]
 
 
 def test_a_block_id_names_its_whole_prefix():

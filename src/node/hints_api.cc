@@ -86,7 +86,9 @@ std::pair<int, std::string> HintsApi::Http(const std::string& body) {
                    {{"op", op->get<std::string>()}})
       ->Inc();
   unknown_keys_->Inc(r->unknown);
-  return {200, nlohmann::json{{"applied", r->applied}, {"unknown", r->unknown}}.dump()};
+  return {200,
+          nlohmann::json{{"applied", r->applied}, {"unknown", r->unknown}, {"clipped", r->clipped}}
+              .dump()};
 }
 
 }  // namespace kvpool

@@ -162,6 +162,9 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
   t->AddBytes("pin-max-bytes", &o->dram.pin_max_bytes, 0, 1ull << 50,
               "Cache hints: values that pins (POST /api/v1/hints, op pin) may hold in DRAM at "
               "once, per tenant's store; a pin past it is refused (0: no pins)");
+  t->AddInt("retain-max-percent", &o->dram.retain_max_percent, 1, 100,
+            "Cache hints: the most of each store's DRAM capacity retained values may take; past "
+            "it, the retentions first in line to go end");
   t->AddDuration("hint-max-ttl", &o->hint_max_ttl, std::chrono::milliseconds(1),
                  std::chrono::hours(24 * 7),
                  "Cache hints: the longest TTL a retain or pin may ask; a longer one is refused");

@@ -108,6 +108,9 @@ void NodeStores::AddTenantGauges(const std::string& name, TieredStore* store) {
   metrics_->AddCallbackGauge("kvpool_tenant_dram_leases_expired",
                              "Cache hints' leases that ran out, per tenant", l,
                              dram(&DramStats::leases_expired), this);
+  metrics_->AddCallbackGauge("kvpool_tenant_dram_retains_clipped",
+                             "Retentions ended by --retain-max-percent, per tenant", l,
+                             dram(&DramStats::retains_clipped), this);
   if (store->GetDramStats().eviction.adaptive) {
     // Each tenant's store adapts its policy to its own traffic.
     auto adaptation = [store](auto field) {

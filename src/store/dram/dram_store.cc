@@ -92,6 +92,9 @@ Status DramOptions::Validate() const {
     return InvalidArgument("dram: hint_max_ttl must be positive");
   }
   if (hint_max_keys == 0) return InvalidArgument("dram: hint_max_keys must be at least 1");
+  if (retain_max_percent == 0 || retain_max_percent > 100) {
+    return InvalidArgument("dram: retain_max_percent must be in 1..100");
+  }
   // Slot ids are 32 bits: slab index, then the slot's index in the slab.
   const uint64_t max_slots = slab_bytes / dram::BuildSizeClasses(min_class_bytes, class_growth,
                                                                    slab_bytes).front();
@@ -128,6 +131,7 @@ class DramStoreImpl final : public DramStore {
         pin_max_bytes_(options.pin_max_bytes),
         hint_max_ttl_(options.hint_max_ttl),
         hint_max_keys_(options.hint_max_keys),
+        retain_max_bytes_(options.capacity_bytes * options.retain_max_percent / 100),
         alloc_(options.capacity_bytes + options.read_room_bytes, options.slab_bytes,
                BuildSizeClasses(options.min_class_bytes, options.class_growth, options.slab_bytes)),
         policy_(EvictionPolicy::Create(options.eviction, &alloc_)),
@@ -322,7 +326,8 @@ class DramStoreImpl final : public DramStore {
     std::lock_guard lock(mu_);
     ExpireLeases();
     const uint64_t expiry = NowNs() + static_cast<uint64_t>(ttl.count());
-    return ForEachFound(keys, [&](uint32_t slot) {
+    NewLeaseBatch();
+    HintResult r = ForEachFound(keys, [&](uint32_t slot) {
       SlotMeta& m = alloc_.meta(slot);
       if (m.hint == kHintPinned) return;
       const uint16_t cls = alloc_.class_of(slot);
@@ -335,6 +340,13 @@ class DramStoreImpl final : public DramStore {
       }
       AddLease(slot, cls, kHintRetained, until, priority);
     });
+    // Within the bound: retentions end in the order their entries would go.
+    while (retained_bytes_ > retain_max_bytes_) {
+      EndLease(std::get<3>(*retained_all_.begin()));
+      ++retains_clipped_;
+      ++r.clipped;
+    }
+    return r;
   }
 
   Result<HintResult> PinFor(std::span<const KeyId> keys, std::chrono::nanoseconds ttl) override {
@@ -357,6 +369,7 @@ class DramStoreImpl final : public DramStore {
                                " bytes, over the pin budget of " + std::to_string(pin_max_bytes_));
     }
     const uint64_t expiry = NowNs() + static_cast<uint64_t>(ttl.count());
+    NewLeaseBatch();
     for (uint32_t slot : slots) {
       SlotMeta& m = alloc_.meta(slot);
       const uint16_t cls = alloc_.class_of(slot);
@@ -429,6 +442,7 @@ class DramStoreImpl final : public DramStore {
     s.hint_pinned_entries = hint_pinned_entries_;
     s.hint_pinned_bytes = hint_pinned_bytes_;
     s.leases_expired = leases_expired_;
+    s.retains_clipped = retains_clipped_;
     s.eviction = policy_->adaptation();
     const uint64_t cap = CapacityEntries();
     s.index_bytes_per_entry = cap == 0 ? 0 : static_cast<double>(s.index_bytes) / cap;
@@ -657,7 +671,22 @@ class DramStoreImpl final : public DramStore {
   struct Lease {
     uint64_t expiry_ns;
     uint8_t priority;
+    uint64_t batch;  // the hint that set it (retain_batches_)
+    uint32_t pos;    // its key's place in that hint
   };
+  // Retained entries in the order they go: the lowest priority first; then
+  // the least recently retained (the retained entries are an LRU of their
+  // own: retaining again refreshes); within one hint, the last key first,
+  // so a chain retained head first goes from its tail.
+  using RetainedOrder = std::tuple<uint16_t, uint8_t, uint64_t, uint32_t, uint32_t>;
+  static RetainedOrder OrderOf(uint16_t cls, const Lease& l, uint32_t slot) {
+    return {cls, l.priority, l.batch, UINT32_MAX - l.pos, slot};
+  }
+  // The same order over every class (the bound on retained bytes).
+  using GlobalOrder = std::tuple<uint8_t, uint64_t, uint32_t, uint32_t>;
+  static GlobalOrder GlobalOrderOf(const Lease& l, uint32_t slot) {
+    return {l.priority, l.batch, UINT32_MAX - l.pos, slot};
+  }
 
   // REQUIRES: mu_ held. fn(slot) for each key in DRAM, in order; the
   // others are counted unknown.
@@ -694,14 +723,22 @@ class DramStoreImpl final : public DramStore {
             .count());
   }
 
+  // REQUIRES: mu_ held. The leases set from here on are one hint's.
+  void NewLeaseBatch() {
+    ++retain_batches_;
+    lease_pos_ = 0;
+  }
+
   // REQUIRES: mu_ held; slot committed and in no order.
   void AddLease(uint32_t slot, uint16_t cls, uint8_t kind, uint64_t expiry_ns, uint8_t priority) {
     SlotMeta& m = alloc_.meta(slot);
     m.hint = kind;
-    leases_[slot] = Lease{expiry_ns, priority};
+    const Lease l{expiry_ns, priority, retain_batches_, lease_pos_++};
+    leases_[slot] = l;
     expiries_.insert({expiry_ns, slot});
     if (kind == kHintRetained) {
-      retained_.insert({cls, priority, expiry_ns, slot});
+      retained_.insert(OrderOf(cls, l, slot));
+      retained_all_.insert(GlobalOrderOf(l, slot));
       retained_bytes_ += m.size;
       ++retained_entries_;
     } else {
@@ -720,7 +757,8 @@ class DramStoreImpl final : public DramStore {
     leases_.erase(it);
     expiries_.erase({l.expiry_ns, slot});
     if (m.hint == kHintRetained) {
-      KVPOOL_CHECK(retained_.erase({cls, l.priority, l.expiry_ns, slot}) == 1);
+      KVPOOL_CHECK(retained_.erase(OrderOf(cls, l, slot)) == 1);
+      KVPOOL_CHECK(retained_all_.erase(GlobalOrderOf(l, slot)) == 1);
       retained_bytes_ -= m.size;
       --retained_entries_;
     } else {
@@ -749,13 +787,13 @@ class DramStoreImpl final : public DramStore {
     }
   }
 
-  // REQUIRES: mu_ held. The retained entry of cls to evict (the lowest
-  // priority, then the soonest to expire; not pinned for a read), taken out
-  // of the lease order; kNoSlot when there is none.
+  // REQUIRES: mu_ held. The retained entry of cls to evict first
+  // (RetainedOrder; not pinned for a read), taken out of the lease order;
+  // kNoSlot when there is none.
   uint32_t PickRetained(uint16_t cls) {
-    for (auto it = retained_.lower_bound({cls, 0, 0, 0});
+    for (auto it = retained_.lower_bound({cls, 0, 0, 0, 0});
          it != retained_.end() && std::get<0>(*it) == cls; ++it) {
-      const uint32_t slot = std::get<3>(*it);
+      const uint32_t slot = std::get<4>(*it);
       if (alloc_.meta(slot).pins > 0) continue;
       DropLease(slot, cls);
       return slot;
@@ -1075,6 +1113,7 @@ class DramStoreImpl final : public DramStore {
   const uint64_t pin_max_bytes_;                 // DramOptions::pin_max_bytes
   const std::chrono::nanoseconds hint_max_ttl_;  // DramOptions::hint_max_ttl
   const uint64_t hint_max_keys_;                 // DramOptions::hint_max_keys
+  const uint64_t retain_max_bytes_;              // DramOptions::retain_max_percent of the capacity
 
   mutable std::mutex mu_;
   // Everything below is protected by mu_.
@@ -1101,10 +1140,14 @@ class DramStoreImpl final : public DramStore {
   uint64_t slab_moves_ = 0;
   mutable uint64_t lookup_rounds_ = 0;
   // Cache hints' leases: by slot; by expiry; retained entries in their
-  // eviction order (class, priority, expiry, slot).
+  // eviction order (RetainedOrder).
   std::unordered_map<uint32_t, Lease> leases_;
   std::set<std::pair<uint64_t, uint32_t>> expiries_;
-  std::set<std::tuple<uint16_t, uint8_t, uint64_t, uint32_t>> retained_;
+  std::set<RetainedOrder> retained_;
+  std::set<GlobalOrder> retained_all_;
+  uint64_t retain_batches_ = 0;  // hints that set leases
+  uint32_t lease_pos_ = 0;       // leases the current one has set
+  uint64_t retains_clipped_ = 0;
   uint64_t retained_entries_ = 0;
   uint64_t retained_bytes_ = 0;
   uint64_t hint_pinned_entries_ = 0;

@@ -73,6 +73,10 @@ struct DramOptions {
   uint64_t pin_max_bytes = 0;
   std::chrono::nanoseconds hint_max_ttl = std::chrono::hours(24);
   uint64_t hint_max_keys = 8192;
+  // Retained values take at most this percentage of capacity_bytes: past
+  // it, the retained entries first in line to go lose their retention
+  // (DramStore::Retain), so retention never starves the rest of the cache.
+  uint32_t retain_max_percent = 50;
 
   Status Validate() const;
 };
@@ -81,6 +85,9 @@ struct DramOptions {
 struct HintResult {
   uint64_t applied = 0;  // keys in DRAM it applied to
   uint64_t unknown = 0;  // keys not in DRAM: counted, not an error
+  // Retentions it ended to stay within retain_max_percent (its own keys'
+  // or earlier ones').
+  uint64_t clipped = 0;
 };
 
 struct DramClassStats {
@@ -129,6 +136,7 @@ struct DramStats {
   uint64_t hint_pinned_entries = 0;
   uint64_t hint_pinned_bytes = 0;
   uint64_t leases_expired = 0;
+  uint64_t retains_clipped = 0;  // retentions ended by retain_max_percent
   EvictionAdaptation eviction;  // what the eviction policy adapts
   std::vector<DramClassStats> classes;
 };
@@ -218,9 +226,14 @@ class DramStore {
   // change what is evicted when, never the bytes a read returns.
   //
   // Retain: until ttl has passed, the entries go last in their size
-  // class's eviction order (among them, the lowest priority first, then the
-  // soonest to expire); then they return to the policy's order as if just
-  // written. They are still evicted when nothing else of their class can be.
+  // class's eviction order; then they return to the policy's order as if
+  // just written. They are still evicted when nothing else of their class
+  // can be: the lowest priority first, then the least recently retained
+  // (retaining again refreshes), and within one hint the last key first (a
+  // chain retained in order goes from its tail). Retained values take at
+  // most retain_max_percent of the capacity: past it, retentions end in
+  // that same order (HintResult::clipped) and their entries return to the
+  // policy's order.
   // PinFor: until ttl has passed, the entries are not evicted (and a slab
   // holding one is not moved to another class). At most pin_max_bytes of
   // values are so held: a batch that would pass it is ResourceExhausted.

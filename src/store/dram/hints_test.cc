@@ -32,7 +32,7 @@ class HintsTest : public ::testing::Test {
     o.clock = &clock_;
     o.pin_max_bytes = pin_max_bytes;
     o.hint_max_ttl = seconds(60);
-    o.hint_max_keys = 16;
+    o.hint_max_keys = 100;
     auto s = DramStore::Open(o, nullptr);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     store_ = std::move(s).value();
@@ -79,35 +79,37 @@ TEST_F(HintsTest, RetainedEntriesGoLast) {
 }
 
 // When nothing else of the class can go (every other entry pinned for a
-// read), retained entries go: the lowest priority first, then the soonest
-// to expire.
-TEST_F(HintsTest, RetainedEntriesGoWhenNothingElseCanByPriorityThenExpiry) {
+// read), retained entries go: the lowest priority first, then the least
+// recently retained, and within one hint its last key first (a chain
+// retained in order goes from its tail). TTLs do not order them.
+TEST_F(HintsTest, RetainedEntriesGoWhenNothingElseCanInTheirOrder) {
   Open();
   ASSERT_TRUE(store_->Retain(Keys({0}), seconds(30), 2).ok());
   ASSERT_TRUE(store_->Retain(Keys({1}), seconds(20), 1).ok());
   ASSERT_TRUE(store_->Retain(Keys({2}), seconds(10), 1).ok());
   ASSERT_TRUE(store_->Retain(Keys({3}), seconds(40), 0).ok());
+  ASSERT_TRUE(store_->Retain(Keys({4, 5, 6}), seconds(50), 1).ok());  // a chain
   std::vector<DramStore::Pin> held;
-  for (uint64_t k = 4; k < 256; ++k) {
+  for (uint64_t k = 7; k < 256; ++k) {
     auto p = store_->Acquire(Key(k));
     ASSERT_TRUE(p.ok());
     held.push_back(std::move(p).value());
   }
   std::string order;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 7; ++i) {
     // Each new key is pinned for a read as well, so the next one cannot
     // take it.
     Flood(1);
     auto p = store_->Acquire(Key(next_ - 1));
     ASSERT_TRUE(p.ok());
     held.push_back(std::move(p).value());
-    for (uint64_t k = 0; k < 4; ++k) {
+    for (uint64_t k = 0; k < 7; ++k) {
       if (!store_->Contains(Key(k)) && order.find(char('0' + k)) == std::string::npos) {
         order += char('0' + k);
       }
     }
   }
-  EXPECT_EQ(order, "3210");
+  EXPECT_EQ(order, "3126540");
   EXPECT_EQ(store_->GetStats().retained_entries, 0u);
 }
 
@@ -138,6 +140,34 @@ TEST_F(HintsTest, ALeaseEndsExactlyAtItsTtl) {
   clock_.Advance(seconds(1));
   Flood(256);
   EXPECT_EQ(Present({1555}), "0");
+}
+
+// Retained values take at most retain_max_percent of the capacity: past
+// it, the least recently retained retentions end (their entries return to
+// the LRU order), so retention cannot starve the rest of the cache.
+TEST_F(HintsTest, RetentionIsBoundedByItsShareOfTheCapacity) {
+  Open();  // 50 %: 128 of the 256 entries
+  std::vector<KeyId> first, second;
+  for (uint64_t k = 0; k < 100; ++k) first.push_back(Key(k));
+  for (uint64_t k = 100; k < 200; ++k) second.push_back(Key(k));
+  auto r = store_->Retain(first, seconds(10), 0);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->clipped, 0u);
+  r = store_->Retain(second, seconds(10), 0);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->applied, 100u);
+  EXPECT_EQ(r->clipped, 72u);  // 200 retained, 128 allowed: the first hint's last 72 go
+  DramStats st = store_->GetStats();
+  EXPECT_EQ(st.retained_entries, 128u);
+  EXPECT_EQ(st.retained_bytes, 128 * kValue);
+  EXPECT_EQ(st.retains_clipped, 72u);
+  // A flood takes every entry that is not retained: the first hint's last
+  // 72 keys among them, its first 28 and the whole second hint stay.
+  Flood(400);
+  std::string kept;
+  for (uint64_t k : {0, 27, 28, 99, 100, 199}) kept += store_->Contains(Key(k)) ? '1' : '0';
+  EXPECT_EQ(kept, "110011");
+  EXPECT_EQ(store_->GetStats().entries, 256u);
 }
 
 // Pinned entries are not evicted, up to the budget at the byte; a batch
@@ -200,7 +230,7 @@ TEST_F(HintsTest, BadHintsChangeNothing) {
   }
   EXPECT_TRUE(store_->Retain(Keys({0}), seconds(60), 0).ok());  // the most is allowed
   std::vector<KeyId> many;
-  for (uint64_t k = 10; k < 27; ++k) many.push_back(Key(k));  // 17 keys, over 16
+  for (uint64_t k = 10; k < 111; ++k) many.push_back(Key(k));  // 101 keys, over 100
   EXPECT_EQ(store_->Retain(many, seconds(1), 0).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(store_->PinFor(many, seconds(1)).status().code(), StatusCode::kInvalidArgument);
   DramStats st = store_->GetStats();

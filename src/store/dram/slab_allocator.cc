@@ -106,6 +106,7 @@ void SlabAllocator::Free(uint32_t slot) {
   KVPOOL_CHECK(s.used > 0 && m.pins == 0);
   m.state = SlotState::kFree;
   m.queue = kQueueNone;
+  m.hint = kHintNone;
   --s.used;
   if (s.cls != large_class()) {
     classes_[s.cls].free.PushTail(*this, slot);
