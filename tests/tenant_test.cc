@@ -556,6 +556,25 @@ TEST_F(TenantTest, EachTenantsFiguresShowInKvpoolctlMetricsAndStatusAndOthersAre
   EXPECT_EQ(node_->Metric("kvpool_tenant_hits_total{tenant=\"alpha\"}"), 2);
   EXPECT_EQ(node_->Metric("kvpool_tenant_dram_capacity_bytes{tenant=\"bee\"}"), 16 << 20);
   EXPECT_EQ(node_->Metric("kvpool_tenant_dram_entries{tenant=\"default\"}"), 2);
+  // Cache hints name a tenant's keys as its clients do: the node binds
+  // them to the tenant (alpha's k-2 is found in alpha's store; the default
+  // tenant, which holds k-0 and k-1 only, has no such key).
+  int hs = 0;
+  auto hint = [&](const std::string& tenant) {
+    std::string body = std::string("{\"op\": \"retain\", \"namespace\": \"") + kNs +
+                       "\", \"keys\": [\"k-2\", \"k-9\"], \"ttl_s\": 60" +
+                       (tenant.empty() ? "" : ", \"tenant\": \"" + tenant + "\"") + "}";
+    return nlohmann::json::parse(node_->HttpPost("/api/v1/hints", body, &hs), nullptr, false);
+  };
+  auto h = hint("alpha");
+  EXPECT_EQ(hs, 200);
+  EXPECT_EQ(h["applied"], 1) << h.dump();
+  EXPECT_EQ(h["unknown"], 1);
+  h = hint("");
+  EXPECT_EQ(h["applied"], 0) << h.dump();
+  EXPECT_EQ(h["unknown"], 2);
+  EXPECT_EQ(node_->Metric("kvpool_tenant_dram_retained_bytes{tenant=\"alpha\"}"), 4096);
+  EXPECT_EQ(node_->Metric("kvpool_tenant_dram_retained_bytes{tenant=\"default\"}"), 0);
   // Each tenant's store adapts on its own (3 puts move nothing: 70 %).
   EXPECT_EQ(alpha["dram"]["eviction"]["protected_share"], 0.7);
   EXPECT_EQ(node_->Metric("kvpool_tenant_dram_eviction_protected_share{tenant=\"alpha\"}"), 0.7);

@@ -67,6 +67,9 @@ std::pair<int, std::string> HintsApi::Http(const std::string& body) {
         if (ts.spec.name == *t) store = ts.store.get();
       }
       if (store == nullptr) return Refuse(404, "unknown_tenant", "no tenant " + t->dump());
+      // A tenant's entries are kept under its own ids (common/tenant_keys.h).
+      const TenantKeys bind(t->get<std::string>());
+      for (KeyId& id : ids) id = bind.Bind(id);
     }
   }
   Result<HintResult> r = *op == "retain" ? store->Retain(ids, ttl, priority)
