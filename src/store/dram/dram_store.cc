@@ -357,12 +357,13 @@ class DramStoreImpl final : public DramStore {
     // budget, nothing is pinned.
     std::vector<uint32_t> slots;
     slots.reserve(keys.size());
+    const HintResult r = ForEachFound(keys, [&](uint32_t slot) { slots.push_back(slot); });
+    std::sort(slots.begin(), slots.end());
+    slots.erase(std::unique(slots.begin(), slots.end()), slots.end());
     uint64_t adding = 0;
-    const HintResult r = ForEachFound(keys, [&](uint32_t slot) {
-      if (std::find(slots.begin(), slots.end(), slot) != slots.end()) return;
-      slots.push_back(slot);
+    for (uint32_t slot : slots) {
       if (alloc_.meta(slot).hint != kHintPinned) adding += alloc_.meta(slot).size;
-    });
+    }
     if (hint_pinned_bytes_ + adding > pin_max_bytes_) {
       return ResourceExhausted("dram: pins would hold " +
                                std::to_string(hint_pinned_bytes_ + adding) +
@@ -437,9 +438,9 @@ class DramStoreImpl final : public DramStore {
     s.slab_moves = slab_moves_;
     s.lookup_rounds = lookup_rounds_;
     s.index_bytes = IndexBytes();
-    s.retained_entries = retained_entries_;
+    s.retained_entries = retained_all_.size();
     s.retained_bytes = retained_bytes_;
-    s.hint_pinned_entries = hint_pinned_entries_;
+    s.hint_pinned_entries = leases_.size() - retained_all_.size();
     s.hint_pinned_bytes = hint_pinned_bytes_;
     s.leases_expired = leases_expired_;
     s.retains_clipped = retains_clipped_;
@@ -740,11 +741,9 @@ class DramStoreImpl final : public DramStore {
       retained_.insert(OrderOf(cls, l, slot));
       retained_all_.insert(GlobalOrderOf(l, slot));
       retained_bytes_ += m.size;
-      ++retained_entries_;
     } else {
       ++alloc_.slab(alloc_.slab_of(slot)).busy;
       hint_pinned_bytes_ += m.size;
-      ++hint_pinned_entries_;
     }
   }
 
@@ -760,11 +759,9 @@ class DramStoreImpl final : public DramStore {
       KVPOOL_CHECK(retained_.erase(OrderOf(cls, l, slot)) == 1);
       KVPOOL_CHECK(retained_all_.erase(GlobalOrderOf(l, slot)) == 1);
       retained_bytes_ -= m.size;
-      --retained_entries_;
     } else {
       --alloc_.slab(alloc_.slab_of(slot)).busy;
       hint_pinned_bytes_ -= m.size;
-      --hint_pinned_entries_;
     }
     m.hint = kHintNone;
   }
@@ -1148,9 +1145,7 @@ class DramStoreImpl final : public DramStore {
   uint64_t retain_batches_ = 0;  // hints that set leases
   uint32_t lease_pos_ = 0;       // leases the current one has set
   uint64_t retains_clipped_ = 0;
-  uint64_t retained_entries_ = 0;
   uint64_t retained_bytes_ = 0;
-  uint64_t hint_pinned_entries_ = 0;
   uint64_t hint_pinned_bytes_ = 0;
   uint64_t leases_expired_ = 0;
   std::unordered_map<KeyId, Clock::time_point, KeyIdHash> age_last_use_;  // sampled keys
