@@ -211,7 +211,8 @@ class TenantTest : public ::testing::Test {
     std::filesystem::create_directories(dir_ + "/ssd");
     tenants_ = dir_ + "/tenants";
     std::ofstream(tenants_) << "# two tenants of the test\n"
-                            << "tenant alpha dram=32MiB ssd=64MiB uids=" << kAlphaUid << "\n"
+                            << "tenant alpha dram=32MiB ssd=64MiB pins=4KiB uids=" << kAlphaUid
+                            << "\n"
                             << "tenant bee dram=16MiB ssd=32MiB uids=" << kBeeUid << "\n";
     chmod(tenants_.c_str(), 0644);
     // Each tenant's figures and the clients are shown with the admin token.
@@ -575,6 +576,39 @@ TEST_F(TenantTest, EachTenantsFiguresShowInKvpoolctlMetricsAndStatusAndOthersAre
   EXPECT_EQ(h["unknown"], 2);
   EXPECT_EQ(node_->Metric("kvpool_tenant_dram_retained_bytes{tenant=\"alpha\"}"), 4096);
   EXPECT_EQ(node_->Metric("kvpool_tenant_dram_retained_bytes{tenant=\"default\"}"), 0);
+  // A tenant's pin budget is its own (alpha: pins=4KiB, one entry of 4 KiB;
+  // the default tenant: --pin-max-bytes, 0 here).
+  auto pin = [&](const std::string& tenant, const std::string& keys) {
+    std::string body = std::string("{\"op\": \"pin\", \"namespace\": \"") + kNs +
+                       "\", \"keys\": [" + keys + "], \"ttl_s\": 60" +
+                       (tenant.empty() ? "" : ", \"tenant\": \"" + tenant + "\"") + "}";
+    return nlohmann::json::parse(node_->HttpPost("/api/v1/hints", body, &hs), nullptr, false);
+  };
+  h = pin("alpha", "\"k-2\"");
+  EXPECT_EQ(hs, 200) << h.dump();
+  EXPECT_EQ(h["applied"], 1);
+  h = pin("alpha", "\"k-0\"");  // alpha's k-0 is another 4 KiB: past the budget
+  EXPECT_EQ(hs, 429) << h.dump();
+  h = pin("", "\"k-0\"");
+  EXPECT_EQ(hs, 429) << h.dump();
+  EXPECT_EQ(node_->Metric("kvpool_tenant_dram_hint_pinned_bytes{tenant=\"alpha\"}"), 4096);
+  EXPECT_EQ(node_->Metric("kvpool_tenant_dram_hint_pinned_bytes{tenant=\"default\"}"), 0);
+  // A client's hints (kvpool_hint) reach its own tenant's keys: alpha's
+  // client demotes alpha's k-1 to alpha's SSD space.
+  r = AsUser(kAlphaUid, [&] {
+    kvpool_client* c = Open(sock);
+    if (c == nullptr) return std::string("open failed");
+    std::vector<kvpool_key_id> ids = {C(Id("k-1")), C(Id("absent"))};
+    kvpool_hint_result hr{};
+    const kvpool_status st = kvpool_hint(c, KVPOOL_HINT_DEMOTE, ids.data(), ids.size(), 0, 0, &hr);
+    kvpool_close(c);
+    return std::to_string(st) + " " + std::to_string(hr.applied) + " " +
+           std::to_string(hr.unknown) + " " + std::to_string(hr.moved);
+  });
+  EXPECT_EQ(r, "0 1 1 1");
+  EXPECT_EQ(node_->Metric("kvpool_tenant_dram_entries{tenant=\"alpha\"}"), 2);
+  EXPECT_EQ(node_->Metric("kvpool_tenant_ssd_entries{tenant=\"alpha\"}"), 1);
+  EXPECT_EQ(node_->Metric("kvpool_tenant_dram_entries{tenant=\"default\"}"), 2);
   // Each tenant's store adapts on its own (3 puts move nothing: 70 %).
   EXPECT_EQ(alpha["dram"]["eviction"]["protected_share"], 0.7);
   EXPECT_EQ(node_->Metric("kvpool_tenant_dram_eviction_protected_share{tenant=\"alpha\"}"), 0.7);
@@ -603,7 +637,7 @@ TEST_F(TenantTest, EachTenantsFiguresShowInKvpoolctlMetricsAndStatusAndOthersAre
   ASSERT_EQ(wa.size(), 11u) << out;
   EXPECT_EQ(wa[0], "alpha");
   EXPECT_EQ(wa[3], "32MiB");  // DRAM quota
-  EXPECT_EQ(wa[4], "3");      // entries
+  EXPECT_EQ(wa[4], "2");      // entries in DRAM (k-1 demoted above)
   EXPECT_EQ(wa[7], "64MiB");  // SSD quota
   EXPECT_EQ(wa[8], "2");      // hits
   EXPECT_EQ(wa[9], "1");      // misses

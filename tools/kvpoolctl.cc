@@ -74,8 +74,13 @@ constexpr Command kCommands[] = {
      "higher is kept longer)"},
     {"pin", "NS KEY... --ttl DURATION [--tenant NAME] [--admin HOST:PORT]",
      "cache hint: DRAM does not evict the keys for the TTL (within --pin-max-bytes)"},
+    {"prefetch", "NS KEY... [--tenant NAME] [--admin HOST:PORT]",
+     "cache hint: bring the keys held on this node's SSD into DRAM now (answered once there)"},
+    {"demote", "NS KEY... [--tenant NAME] [--admin HOST:PORT]",
+     "cache hint: move the keys from DRAM to SSD now (without an SSD tier: first in line to "
+     "go)"},
     {"release", "NS KEY... [--tenant NAME] [--admin HOST:PORT]",
-     "cache hint: end the keys' retention or pin now"},
+     "cache hint: end the keys' retention, pin or demotion now"},
 };
 
 const Command* FindCommand(const std::string& name) {
@@ -188,8 +193,9 @@ bool AdminJson(const Admin& a, const std::string& path, nlohmann::json* j,
   return true;
 }
 
-// kvpoolctl retain|pin|release: one cache hint (POST /api/v1/hints).
-// Prints what it applied to; exit 3 when the node refuses it.
+// kvpoolctl retain|pin|prefetch|demote|release: one cache hint (POST
+// /api/v1/hints). Prints what it applied to; exit 3 when the node refuses
+// it.
 int Hint(const Admin& a, const nlohmann::json& hint) {
   auto http = AdminClient(a);
   if (http == nullptr) return 3;
@@ -211,9 +217,17 @@ int Hint(const Admin& a, const nlohmann::json& hint) {
     std::fprintf(stderr, "kvpoolctl: malformed hint reply\n");
     return 3;
   }
-  std::printf("applied %llu, not in DRAM %llu",
-              static_cast<unsigned long long>(j["applied"].get<uint64_t>()),
-              static_cast<unsigned long long>(j["unknown"].get<uint64_t>()));
+  const std::string op = hint["op"].get<std::string>();
+  const auto n = [&](const char* field) {
+    return static_cast<unsigned long long>(j.value(field, uint64_t{0}));
+  };
+  if (op == "prefetch") {
+    std::printf("in DRAM %llu (brought in %llu), not held %llu\n", n("applied"), n("moved"),
+                n("unknown"));
+    return 0;
+  }
+  std::printf("applied %llu, not in DRAM %llu", n("applied"), n("unknown"));
+  if (op == "demote" && n("moved") > 0) std::printf(", moved to SSD %llu", n("moved"));
   const uint64_t clipped = j.value("clipped", uint64_t{0});
   if (clipped > 0) {
     std::printf(", %llu retentions ended by --retain-max-percent",
@@ -619,7 +633,9 @@ int main(int argc, char** argv) {
       cmd != "clients" && cmd != "lookup") {
     return Usage();
   }
-  const bool hint = cmd == "retain" || cmd == "pin" || cmd == "release";
+  const bool hint =
+      cmd == "retain" || cmd == "pin" || cmd == "release" || cmd == "prefetch" || cmd == "demote";
+  const bool hint_ttl = cmd == "retain" || cmd == "pin";
   if (cmd == "metrics" || cmd == "members" || cmd == "shards" || cmd == "tenants" ||
       cmd == "clients" || cmd == "top" || hint) {
     Admin admin;
@@ -628,7 +644,7 @@ int main(int argc, char** argv) {
     nlohmann::json h = {{"op", cmd}, {"keys", nlohmann::json::array()}};
     for (size_t i = 1; i < args.size(); ++i) {
       if (args[i] == "--admin" && i + 1 < args.size()) admin.address = args[++i];
-      else if (hint && cmd != "release" && args[i] == "--ttl" && i + 1 < args.size()) {
+      else if (hint_ttl && args[i] == "--ttl" && i + 1 < args.size()) {
         auto d = kvpool::SettingsTable::ParseDuration("ttl", args[++i]);
         if (!d.ok() || d->count() <= 0) {
           std::fprintf(stderr, "kvpoolctl: --ttl: %s\n",
@@ -679,7 +695,7 @@ int main(int argc, char** argv) {
       admin.token = lines.front();
     }
     if (hint) {
-      if (h["keys"].empty() || (cmd != "release" && !h.contains("ttl_s"))) return Usage();
+      if (h["keys"].empty() || (hint_ttl && !h.contains("ttl_s"))) return Usage();
       return Hint(admin, h);
     }
     if (cmd == "metrics") return Metrics(admin);

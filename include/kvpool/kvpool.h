@@ -294,6 +294,33 @@ KVPOOL_API kvpool_status kvpool_clear_namespace(kvpool_client* client, const voi
 KVPOOL_API kvpool_status kvpool_lookup_prefix(kvpool_client* client, const uint64_t* hashes,
                                               size_t n, uint32_t timeout_ms, char* buf, size_t cap,
                                               size_t* len);
+/* ---- Cache hints (docs/hints.md). ---------------------------------------- */
+/* Advisory: they change what the node keeps in DRAM and when, never the
+ * bytes a read returns. They apply to this client's tenant's keys on the
+ * local node. */
+typedef enum {
+  KVPOOL_HINT_RETAIN = 1,   /* last in DRAM's eviction order for ttl_ms (priority 0..255) */
+  KVPOOL_HINT_PIN = 2,      /* not evicted for ttl_ms, within the tenant's pin budget */
+  KVPOOL_HINT_PREFETCH = 3, /* SSD -> DRAM now; returns once they are in DRAM */
+  KVPOOL_HINT_DEMOTE = 4,   /* DRAM -> SSD now (no SSD tier: first in line to go) */
+  KVPOOL_HINT_RELEASE = 5   /* ends retentions, pins and demotions now */
+} kvpool_hint_op;
+typedef struct {
+  uint64_t applied; /* keys in DRAM it applied to (prefetch: in DRAM when it returned) */
+  uint64_t unknown; /* keys not in DRAM (prefetch: in neither tier): not an error */
+  uint64_t clipped; /* retentions ended by the node's --retain-max-percent */
+  uint64_t moved;   /* keys moved between tiers (demote: to SSD; prefetch: into DRAM) */
+} kvpool_hint_result;
+/* One hint on ids[0..n) (at most 8,192 keys), applied whole; *result (when
+ * non-NULL) gets its counts. INVALID_ARGUMENT
+ * for an unknown op, a ttl_ms of 0 (retain, pin) or past the node's
+ * --hint-max-ttl, a priority over 255, or more than 8,192 keys;
+ * RESOURCE_EXHAUSTED for pins past the tenant's pin budget. On an
+ * error nothing changes for the keys it names. Local mode only. */
+KVPOOL_API kvpool_status kvpool_hint(kvpool_client* client, kvpool_hint_op op,
+                                     const kvpool_key_id* ids, size_t n, uint64_t ttl_ms,
+                                     uint32_t priority, kvpool_hint_result* result);
+
 /* Largest value the node accepts, in bytes (0 when not connected; remote
  * mode: the peer transport's limit, 64 MiB). */
 KVPOOL_API uint64_t kvpool_max_value_size(kvpool_client* client);

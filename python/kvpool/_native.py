@@ -26,6 +26,11 @@ class Descriptor(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("size", ctypes.c_uint64)]
 
 
+class HintResult(ctypes.Structure):
+    _fields_ = [("applied", ctypes.c_uint64), ("unknown", ctypes.c_uint64),
+                ("clipped", ctypes.c_uint64), ("moved", ctypes.c_uint64)]
+
+
 class Options(ctypes.Structure):
     # Field order and types mirror struct kvpool_options; struct_size tells
     # the library which fields this binding knows.
@@ -81,6 +86,8 @@ _SIGNATURES = {
                                             _P(Region), _stp]),
     "kvpool_lookup_prefix": (c_status, [_vp, _u64p, _sz, ctypes.c_uint32, ctypes.c_char_p, _sz,
                                         _P(_sz)]),
+    "kvpool_hint": (c_status, [_vp, ctypes.c_int, _P(KeyId), _sz, ctypes.c_uint64, ctypes.c_uint32,
+                               _P(HintResult)]),
 }
 
 _lock = threading.Lock()

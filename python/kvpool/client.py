@@ -543,6 +543,31 @@ class Client:
             raise KvpoolError(rc, _last_error())
         raise KvpoolError(StatusCode.INTERNAL, "the lookup's answer kept growing")
 
+    HINT_OPS = {"retain": 1, "pin": 2, "prefetch": 3, "demote": 4, "release": 5}
+
+    def hint(self, op, keys, ttl_s=0.0, priority=0):
+        """A cache hint on keys of this client's namespace (kvpool_hint,
+        docs/hints.md): "retain" (ttl_s, priority 0..255: kept last in DRAM's
+        eviction order), "pin" (ttl_s: not evicted, within the pin budget),
+        "prefetch" (SSD -> DRAM, returns once there), "demote" (DRAM -> SSD)
+        or "release". Returns {"applied", "unknown", "clipped", "moved"}.
+        Raises KvpoolError: INVALID_ARGUMENT for a bad op, TTL, priority or
+        more than 8,192 keys; RESOURCE_EXHAUSTED past the pin budget."""
+        if op not in self.HINT_OPS:
+            raise KvpoolError(StatusCode.INVALID_ARGUMENT,
+                              "op must be one of " + ", ".join(self.HINT_OPS))
+        ids = self.key_ids(keys)
+        result = _native.HintResult()
+        ttl_ms = int(round(float(ttl_s) * 1000))
+        if ttl_ms < 0:
+            raise KvpoolError(StatusCode.INVALID_ARGUMENT, "ttl_s must not be negative")
+        rc = self._native_call(self._lib.kvpool_hint, self.HINT_OPS[op], ids.ids, ids.n, ttl_ms,
+                               int(priority) & 0xFFFFFFFF, ctypes.byref(result))
+        if rc != 0:
+            raise KvpoolError(rc, _last_error())
+        return {"applied": result.applied, "unknown": result.unknown,
+                "clipped": result.clipped, "moved": result.moved}
+
     def flush(self):
         """Durability barrier for the node's SSD tier (kvpool_flush)."""
         rc = self._native_call(self._lib.kvpool_flush)

@@ -109,7 +109,19 @@ std::string StatusJson() {
         {"pinned", 7},
         {"reserved", 3},
         {"evictions", 42},
-        {"index_bytes_per_entry", 96}}},
+        {"index_bytes_per_entry", 96},
+        {"hints",
+         {{"retained_entries", 4},
+          {"retained_bytes", 4 << 20},
+          {"pinned_entries", 2},
+          {"pinned_bytes", 1 << 20},
+          {"demoted_entries", 0},
+          {"leases_expired", 9},
+          {"retains_clipped", 0},
+          {"prefetched_entries", 3},
+          {"prefetch_hits", 12},
+          {"prefetch_unused", 1},
+          {"prefetch_mean_lead_s", 2.5}}}}},
       {"members",
        {{{"node_id", "node-test-1"}, {"address", "127.0.0.1:7000"}, {"state", "alive"}},
         {{"node_id", "node-test-2"}, {"address", "127.0.0.1:7001"}, {"state", "suspect"}}}}};
@@ -758,6 +770,21 @@ TEST_F(AdminServerTest, DashboardRendersValuesInHeadlessChromium) {
   // Ordered by share whatever the exposition's order.
   EXPECT_EQ(ElementText(dom, "hq-shadows"),
             "0%: 41.0% \xC2\xB7 30%: 45.5% \xC2\xB7 50%: 44.0% \xC2\xB7 70%: 43.0%");
+  {  // the hints card is shown: the node holds leases
+    const auto at = dom.find("id=\"hints-card\"");
+    ASSERT_NE(at, std::string::npos);
+    const auto open = dom.rfind('<', at);
+    const std::string tag = dom.substr(open, dom.find('>', at) - open);
+    EXPECT_EQ(tag.find("hidden"), std::string::npos) << tag;
+  }
+  EXPECT_EQ(ElementText(dom, "hints-retained"), "4 \xC2\xB7 4.00 MiB");
+  EXPECT_EQ(ElementText(dom, "hints-pinned"), "2 \xC2\xB7 1.00 MiB");
+  EXPECT_EQ(ElementText(dom, "hints-expired"), "9");
+  EXPECT_EQ(ElementText(dom, "hints-prefetched"), "3");
+  EXPECT_EQ(ElementText(dom, "hints-prefetch-hits"), "12");
+  EXPECT_EQ(ElementText(dom, "hints-prefetch-unused"), "1");
+  EXPECT_EQ(ElementText(dom, "hints-lead"), "2.5 s");
+  EXPECT_EQ(ElementText(dom, "hints-refused"), "\xE2\x80\x94");  // none on /metrics
   EXPECT_EQ(ElementText(dom, "connections"), "3");
   EXPECT_EQ(ElementText(dom, "protocol-errors"), "2");
   // Counters did not move between polls.

@@ -48,6 +48,10 @@ class LocalNodeOps {
   // A router's prefix lookup through the node: its JSON answer.
   virtual Result<std::string> LookupPrefix(std::span<const uint64_t> hashes,
                                            uint32_t timeout_ms) = 0;
+  // A cache hint on the keys (kvpool_hint), sent whole (at most
+  // protocol::kMaxHintKeys keys).
+  virtual Status Hint(uint32_t op, std::span<const KeyId> keys, uint64_t ttl_ms, uint32_t priority,
+                      kvpool_hint_result* result) = 0;
 };
 
 class ClientBackend {

@@ -333,6 +333,22 @@ kvpool_status kvpool_lookup_prefix(kvpool_client* c, const uint64_t* hashes, siz
                   len);
 }
 
+kvpool_status kvpool_hint(kvpool_client* c, kvpool_hint_op op, const kvpool_key_id* ids, size_t n,
+                          uint64_t ttl_ms, uint32_t priority, kvpool_hint_result* result) {
+  kvpool_status st;
+  client::LocalNodeOps* ops = NodeOps(c, "kvpool_hint", &st);
+  if (ops == nullptr) return st;
+  if (n > 0 && ids == nullptr) return Fail(InvalidArgument("kvpool_hint: ids is NULL"));
+  if (op < KVPOOL_HINT_RETAIN || op > KVPOOL_HINT_RELEASE) {
+    return Fail(InvalidArgument(fmt::format("kvpool_hint: unknown operation {}", int{op})));
+  }
+  if (priority > 255) return Fail(InvalidArgument("kvpool_hint: priority must be in 0..255"));
+  kvpool_hint_result r{};
+  Status s = ops->Hint(static_cast<uint32_t>(op), AsKeys(ids, n), ttl_ms, priority, &r);
+  if (result != nullptr) *result = r;
+  return s.ok() ? KVPOOL_OK : Fail(s);
+}
+
 kvpool_status kvpool_flush(kvpool_client* c) {
   kvpool_status st;
   client::LocalNodeOps* ops = NodeOps(c, "kvpool_flush", &st);

@@ -165,6 +165,8 @@ class LocalBackend final : public ClientBackend, public LocalNodeOps {
   Status Flush() override;
   Result<uint64_t> ClearNamespace(uint32_t tag) override;
   Result<std::string> LookupPrefix(std::span<const uint64_t> hashes, uint32_t timeout_ms) override;
+  Status Hint(uint32_t op, std::span<const KeyId> keys, uint64_t ttl_ms, uint32_t priority,
+              kvpool_hint_result* result) override;
 
  private:
   friend class Lease;
@@ -898,6 +900,26 @@ Result<uint64_t> LocalBackend::ClearNamespace(uint32_t tag) {
   uint64_t dropped = 0;
   KVPOOL_RETURN_IF_ERROR(protocol::DecodeU64Body(reply, &dropped));
   return dropped;
+}
+
+Status LocalBackend::Hint(uint32_t op, std::span<const KeyId> keys, uint64_t ttl_ms,
+                          uint32_t priority, kvpool_hint_result* result) {
+  if (keys.size() > protocol::kMaxHintKeys) {
+    return InvalidArgument(fmt::format("a hint names {} keys, more than the most of {}",
+                                       keys.size(), protocol::kMaxHintKeys));
+  }
+  protocol::HintRequest m;
+  m.op = op;
+  m.priority = priority;
+  m.ttl_ms = ttl_ms;
+  m.keys.assign(keys.begin(), keys.end());
+  std::vector<uint8_t> body, reply;
+  protocol::EncodeHint(m, &body);
+  KVPOOL_RETURN_IF_ERROR(OneCall(MessageType::kHint, std::move(body), &reply));
+  protocol::HintReply r;
+  KVPOOL_RETURN_IF_ERROR(protocol::DecodeHintReply(reply, &r));
+  *result = {r.applied, r.unknown, r.clipped, r.moved};
+  return Status::Ok();
 }
 
 Status LocalBackend::Flush() {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -11,6 +12,8 @@
 #include "cluster/peer_handler.h"
 #include "common/log.h"
 #include "peer/peer_messages_format.h"
+#include "protocol/codec.h"
+#include "protocol/message_format.h"
 
 namespace kvpool::cluster {
 
@@ -142,6 +145,36 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
     // Already here: the home holds it, which is all the writer asks.
     if (s.code() == StatusCode::kAlreadyExists) s = Status::Ok();
     r.Respond(std::move(s));
+    return Status::Ok();
+  });
+  // A cache hint another node was given for keys this node holds.
+  HandleScoped(kPeerHint, "hint", [this](const Scope& sc, Incoming& in, Responder& r) {
+    if (!sc.tenant && !in.principal.empty()) {
+      return PermissionDenied("cache hints between nodes are for members only");
+    }
+    protocol::HintRequest m;
+    KVPOOL_RETURN_IF_ERROR(protocol::DecodeHint(in.payload, protocol::kMaxHintKeys, &m));
+    const auto op = static_cast<HintOp>(m.op);
+    if (HintOpName(op) == nullptr || m.priority > 255) {
+      return InvalidArgument("hint: unknown operation or priority over 255");
+    }
+    auto answer = [r = std::move(r)](Result<HintResult> res) mutable {
+      if (!res.ok()) return r.Respond(res.status());
+      std::vector<uint8_t> header;
+      protocol::EncodeHintReply({res->applied, res->unknown, res->clipped, res->moved}, &header);
+      transport::ServerReply reply;
+      reply.status = Status::Ok();
+      reply.header = std::move(header);
+      r.Respond(std::move(reply));
+    };
+    if (op == HintOp::kPrefetch) {
+      auto shared = std::make_shared<decltype(answer)>(std::move(answer));
+      sc.store->Prefetch(m.keys, [shared](Result<HintResult> res) { (*shared)(std::move(res)); });
+    } else {
+      const auto ttl =
+          std::chrono::milliseconds(std::min<uint64_t>(m.ttl_ms, INT64_MAX / 1'000'000));
+      answer(sc.store->Hint(op, m.keys, ttl, static_cast<uint8_t>(m.priority)));
+    }
     return Status::Ok();
   });
   // Remote-mode clients learn the membership from any node.

@@ -12,8 +12,10 @@
 #include <unordered_set>
 
 #include "common/gate.h"
+#include "common/log.h"
 #include "peer/peer_messages_format.h"
 #include "peer/route_fetch.h"
+#include "protocol/codec.h"
 
 namespace kvpool::cluster {
 
@@ -155,18 +157,10 @@ struct ExistsOp : LookupBatch {
   RemoteReads::ExistsDone done;
 };
 
-// A fetch: once every key's home has answered, each key is fetched from
-// its live holders in turn into a reserved local DRAM slot.
-struct FetchOp : LookupBatch {
+// A batch resolved by several homes, acted on once all have answered.
+struct ResolvingBatch : LookupBatch {
   using LookupBatch::LookupBatch;
-  std::vector<TieredStore::Reservation> slots;
-  std::mutex mu;
-  std::vector<TieredStore::Pin> pins;  // protected by mu
-  // Keys not finished yet, plus one held until the lookups are all out, so
-  // `done` never runs inside Fetch().
-  std::atomic<size_t> pending{0};
-  RemoteReads::FetchDone done;
-  // The keys the homes resolved so far; fetched once all have answered.
+  // The keys the homes resolved so far.
   std::mutex resolved_mu;
   std::vector<size_t> resolved;  // protected by resolved_mu
 
@@ -180,20 +174,45 @@ struct FetchOp : LookupBatch {
     all->swap(resolved);
     return true;
   }
+};
+
+// A fetch: once every key's home has answered, each key is fetched from
+// its live holders in turn into a reserved local DRAM slot. A prefetch
+// (prefetch_done set) commits each as a write and answers with the keys.
+struct FetchOp : ResolvingBatch {
+  using ResolvingBatch::ResolvingBatch;
+  std::vector<TieredStore::Reservation> slots;
+  std::mutex mu;
+  std::vector<TieredStore::Pin> pins;  // protected by mu
+  std::vector<KeyId> here;             // a prefetch's committed keys; protected by mu
+  // Keys not finished yet, plus one held until the lookups are all out, so
+  // `done` never runs inside Fetch().
+  std::atomic<size_t> pending{0};
+  RemoteReads::FetchDone done;
+  RemoteReads::PrefetchDone prefetch_done;
 
   void AddPin(TieredStore::Pin pin) {
     std::lock_guard lock(mu);
     pins.push_back(std::move(pin));
   }
+  void AddHere(const KeyId& key) {
+    std::lock_guard lock(mu);
+    here.push_back(key);
+  }
   void Finished(size_t n) {
     if (n == 0 || pending.fetch_sub(n, std::memory_order_acq_rel) != n) return;
     std::vector<TieredStore::Pin> out;
+    std::vector<KeyId> keys_here;
     {
       std::lock_guard lock(mu);
       out.swap(pins);
+      keys_here.swap(here);
     }
     slots.clear();
-    done(std::move(out));
+    if (!prefetch_done) return done(std::move(out));
+    for (const TieredStore::Pin& p : out) keys_here.push_back(p.key());
+    out.clear();
+    prefetch_done(std::move(keys_here));
   }
 };
 
@@ -213,6 +232,20 @@ void IssueFetch(const std::shared_ptr<RemoteReader::State>& st, const std::share
     st->Continue(st, [step] { step(true); }, [step] { step(false); });
   };
   st->fetcher->Fetch(std::move(req), retry, [st, op, i](const Status& s, uint64_t got) {
+    if (s.ok() && op->prefetch_done) {
+      // Kept, placed as a write: a prefetch names what comes back.
+      Status c = st->store->Commit(std::move(op->slots[i]), WriteOrigin::kCopy);
+      if (c.ok() || c.code() == StatusCode::kAlreadyExists) {
+        st->hits->Inc();
+        st->fetch_bytes->Inc(got);
+        if (c.ok()) st->replicas_kept->Inc();
+        op->AddHere(op->keys[i]);
+      } else {
+        st->misses->Inc();
+      }
+      op->Finished(1);
+      return;
+    }
     if (s.ok()) {
       bool keep = st->KeepReplica(op->keys[i]);
       const uint64_t slot = op->slots[i].offset();
@@ -288,6 +321,24 @@ void StartFetches(const std::shared_ptr<RemoteReader::State>& st,
   op->Finished(misses + finished);
 }
 
+void StartFetchOp(const std::shared_ptr<RemoteReader::State>& st,
+                  const std::shared_ptr<FetchOp>& op);
+
+// A fetch (done in FetchOp::done) or a prefetch (FetchOp::prefetch_done):
+// nothing when there is nothing to do or the reader cannot ask now.
+template <typename Done>
+void BeginFetch(const std::shared_ptr<RemoteReader::State>& st, std::vector<KeyId> keys, Done done,
+                Done FetchOp::*slot) {
+  if (keys.empty() || st->cluster->fenced() || !st->Enter()) {
+    if (!keys.empty()) st->misses->Inc(keys.size());
+    done({});
+    return;
+  }
+  auto op = std::make_shared<FetchOp>(std::move(keys));
+  (*op).*slot = std::move(done);
+  StartFetchOp(st, op);
+}
+
 }  // namespace
 
 RemoteReader::RemoteReader(const RemoteReaderOptions& options, Cluster* cluster,
@@ -325,15 +376,20 @@ RemoteReader::~RemoteReader() { Stop(); }
 void RemoteReader::Stop() { state_->gate.Close(); }
 
 void RemoteReader::Fetch(std::vector<KeyId> keys, FetchDone done) {
-  auto st = state_;
-  if (keys.empty() || st->cluster->fenced() || !st->Enter()) {
-    if (!keys.empty()) st->misses->Inc(keys.size());
-    done({});
-    return;
-  }
-  auto op = std::make_shared<FetchOp>(std::move(keys));
+  BeginFetch(state_, std::move(keys), std::move(done), &FetchOp::done);
+}
+
+void RemoteReader::Prefetch(std::vector<KeyId> keys, PrefetchDone done) {
+  BeginFetch(state_, std::move(keys), std::move(done), &FetchOp::prefetch_done);
+}
+
+namespace {
+
+// Looks a fetch's keys up and fetches them (Fetch, Prefetch). Called inside
+// the gate, which it leaves.
+void StartFetchOp(const std::shared_ptr<RemoteReader::State>& st,
+                  const std::shared_ptr<FetchOp>& op) {
   op->slots.resize(op->keys.size());
-  op->done = std::move(done);
   op->pending.store(op->keys.size() + 1, std::memory_order_relaxed);
   StartLookup(st, op, st->CurrentRoutes(),
               [st, op](std::vector<size_t> part, const Status&, ResolvedOn on) {
@@ -357,6 +413,117 @@ void RemoteReader::Fetch(std::vector<KeyId> keys, FetchDone done) {
               });
   // The extra count is dropped from the executor, so done never runs here.
   st->Continue(st, [op] { op->Finished(1); }, [op] { op->Finished(1); });
+  st->Leave();
+}
+
+// A hint for keys held elsewhere: once every home has answered, one peer
+// hint per holder.
+struct HintBatch : ResolvingBatch {
+  using ResolvingBatch::ResolvingBatch;
+  RemoteReads::HintSpec spec;
+  RemoteReads::HintDone done;
+  std::mutex mu;
+  HintResult sum;      // protected by mu
+  Status refused;      // a holder's refusal; protected by mu
+  size_t pending = 0;  // calls out, plus one while they are sent; protected by mu
+
+  // One call (or the sending) ended: the answer once none is out.
+  void Ended(size_t unknown, const HintResult* got, const Status& refusal) {
+    bool last = false;
+    {
+      std::lock_guard lock(mu);
+      sum.unknown += unknown;
+      if (got != nullptr) {
+        sum.applied += got->applied;
+        sum.unknown += got->unknown;
+        sum.clipped += got->clipped;
+        sum.moved += got->moved;
+      }
+      if (!refusal.ok() && refused.ok()) refused = refusal;
+      last = --pending == 0;
+    }
+    if (!last) return;
+    if (!refused.ok()) return done(refused);
+    done(sum);
+  }
+};
+
+// Sends each holder its keys of the hint (on the executor, inside the gate).
+void SendHints(const std::shared_ptr<RemoteReader::State>& st,
+               const std::shared_ptr<HintBatch>& op) {
+  Routes routes = st->CurrentRoutes();
+  std::map<std::string, std::vector<KeyId>> by_holder;
+  size_t unknown = 0;
+  for (size_t i = 0; i < op->keys.size(); ++i) {
+    std::vector<std::string> peers;
+    if (op->results[i].size > 0) peers = st->fetcher->Candidates(routes, op->results[i]);
+    if (peers.empty()) {
+      ++unknown;
+    } else {
+      by_holder[peers.front()].push_back(op->keys[i]);
+    }
+  }
+  {
+    std::lock_guard lock(op->mu);
+    op->pending += by_holder.size();
+  }
+  std::vector<uint8_t> header;
+  EncodeTenantScope(st->opts.tenant, {}, &header);
+  for (auto& [peer, keys] : by_holder) {
+    protocol::HintRequest m;
+    m.op = static_cast<uint32_t>(op->spec.op);
+    m.priority = op->spec.priority;
+    m.ttl_ms = op->spec.ttl_ms;
+    m.keys = std::move(keys);
+    auto payload = std::make_shared<std::vector<uint8_t>>();
+    protocol::EncodeHint(m, payload.get());
+    const size_t n = m.keys.size();
+    transport::CallArgs args;
+    args.peer = peer;
+    args.type = ScopedType(kPeerHint, st->opts.tenant);
+    args.request = header;
+    args.payload = *payload;
+    args.deadline = SteadyClock::now() + st->opts.fetch_timeout;
+    st->cluster->transport()->Call(args, [op, payload, n, peer](transport::Reply rep) {
+      protocol::HintReply r;
+      Status s = rep.status;
+      if (s.ok()) s = protocol::DecodeHintReply(rep.header, &r);
+      if (s.ok()) {
+        const HintResult got{r.applied, r.unknown, r.clipped, r.moved};
+        return op->Ended(0, &got, Status::Ok());
+      }
+      LogDebug("hint of {} keys to {}: {}", n, peer, s.ToString());
+      // A refusal is the answer; an unreachable holder leaves its keys unknown.
+      const bool refusal =
+          s.code() == StatusCode::kInvalidArgument || s.code() == StatusCode::kResourceExhausted;
+      op->Ended(n, nullptr, refusal ? s : Status::Ok());
+    });
+  }
+  op->Ended(unknown, nullptr, Status::Ok());
+}
+
+}  // namespace
+
+void RemoteReader::Hint(const HintSpec& spec, std::vector<KeyId> keys, HintDone done) {
+  auto st = state_;
+  if (keys.empty() || st->cluster->fenced() || !st->Enter()) {
+    HintResult r;
+    r.unknown = keys.size();
+    done(r);
+    return;
+  }
+  auto op = std::make_shared<HintBatch>(std::move(keys));
+  op->spec = spec;
+  op->done = std::move(done);
+  op->pending = 1;
+  StartLookup(st, op, st->CurrentRoutes(),
+              [st, op](std::vector<size_t> part, const Status&, ResolvedOn) {
+                std::vector<size_t> idx;
+                if (!op->AllResolved(part, &idx)) return;
+                st->Continue(
+                    st, [st, op] { SendHints(st, op); },
+                    [op] { op->Ended(op->keys.size(), nullptr, Status::Ok()); });
+              });
   st->Leave();
 }
 

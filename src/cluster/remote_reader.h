@@ -83,6 +83,8 @@ class RemoteReader final : public RemoteReads {
   void Fetch(std::vector<KeyId> keys, FetchDone done) override;
   void Exists(std::vector<KeyId> keys, ExistsDone done) override;
   bool EvictedLately(const KeyId& key) const override;
+  void Hint(const HintSpec& spec, std::vector<KeyId> keys, HintDone done) override;
+  void Prefetch(std::vector<KeyId> keys, PrefetchDone done) override;
   // Where key is as far as this node knows without asking: "" here, a
   // holder a lookup named (the lookup cache, or this node's own directory
   // when it is the home), nullopt not known.

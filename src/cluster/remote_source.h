@@ -36,6 +36,36 @@ class RemoteReads {
   // held it (its home's ghost), or a fetch found it gone from the holder a
   // lookup named: a write of it is a block coming back.
   virtual bool EvictedLately(const KeyId& key) const = 0;
+
+  // Cache hints (docs/hints.md) for keys this node holds in neither tier:
+  // each key's hint goes to a live holder its home names (a peer hint, to
+  // each holder its keys at once); done gets the holders' counts summed,
+  // and every key no holder took (none known, or its holder unreachable)
+  // counted unknown. A holder's refusal (its pin budget, a bad TTL) is the
+  // answer, though other holders may have applied their part. Not
+  // prefetch (Prefetch). A source that cannot send hints (this default)
+  // counts every key unknown, calling done inside the call.
+  struct HintSpec {
+    HintOp op = HintOp::kRetain;
+    uint64_t ttl_ms = 0;
+    uint8_t priority = 0;
+  };
+  using HintDone = std::function<void(Result<HintResult>)>;
+  virtual void Hint(const HintSpec& spec, std::vector<KeyId> keys, HintDone done) {
+    (void)spec;
+    HintResult r;
+    r.unknown = keys.size();
+    done(r);
+  }
+  // Prefetch of keys this node holds in neither tier: fetches each from a
+  // live holder into local DRAM and keeps it here, placed as a write (not
+  // first in line, whatever --read-replicas says); done gets the keys now
+  // here. This default fetches none, calling done inside the call.
+  using PrefetchDone = std::function<void(std::vector<KeyId> here)>;
+  virtual void Prefetch(std::vector<KeyId> keys, PrefetchDone done) {
+    (void)keys;
+    done({});
+  }
 };
 
 class RemotePlacement {

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <openssl/crypto.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -10,6 +12,7 @@
 
 #include "blocks/descriptor_table.h"
 #include "common/log.h"
+#include "node/hints_api.h"
 #include "protocol/descriptor_format.h"
 
 namespace kvpool {
@@ -34,7 +37,8 @@ constexpr const char* kOpNames[] = {"",
                                     "clear",
                                     "reserve_described",
                                     "put_described",
-                                    "lookup_prefix"};
+                                    "lookup_prefix",
+                                    "hint"};
 }  // namespace
 
 LocalOps::LocalOps(const LocalServerOptions& o, TieredStore* tiered, ClusterFaces cluster,
@@ -170,6 +174,14 @@ void LocalOps::Resume(LocalSession& c, ParkedReads::Request& p) {
         out_.clear();
         protocol::EncodeString(p.answer, &out_);
         Queue(c, MessageType::kLookupPrefix, p.header.request_id, Status::Ok(), out_);
+      }
+      break;
+    case MessageType::kHint:  // a prefetch: its reply's bytes
+      if (!p.call_status.ok()) {
+        QueueError(c, p.header.request_id, p.call_status);
+      } else {
+        out_.assign(p.answer.begin(), p.answer.end());
+        Queue(c, MessageType::kHint, p.header.request_id, Status::Ok(), out_);
       }
       break;
     default:
@@ -347,6 +359,9 @@ void LocalOps::Handle(LocalSession& c, const FrameHeader& h, std::span<const uin
     case MessageType::kLookupPrefix:
       s = OnLookupPrefix(c, h, body);
       break;
+    case MessageType::kHint:
+      s = OnHint(c, h, body);
+      break;
     default:
       ProtocolError("unknown_type");
       QueueError(c, h.request_id, InvalidArgument(fmt::format("unknown message type {}", h.type)));
@@ -495,6 +510,47 @@ Status LocalOps::OnLookupPrefix(LocalSession& c, const FrameHeader& h,
   r.header = h;
   T(c).parked->ParkCall(&r, [&](ParkedReads::CallDone done) {
     opts_.lookup_prefix(std::move(hashes), timeout_ms, std::move(done));
+  });
+  c.pending = true;
+  parked_now_ = true;
+  return Status::Ok();
+}
+
+// Applies to this client's tenant's store (its keys bound to it, as a
+// get's are) and, for keys held in neither tier, at their holders in the
+// cluster (RunHint); parked until it is done.
+Status LocalOps::OnHint(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {
+  protocol::HintRequest m;
+  KVPOOL_RETURN_IF_ERROR(protocol::DecodeHint(body, protocol::kMaxHintKeys, &m));
+  const auto op = static_cast<HintOp>(m.op);
+  if (HintOpName(op) == nullptr) {
+    CountHintRefused(metrics_, "bad_request");
+    return InvalidArgument(fmt::format("unknown hint operation {}", m.op));
+  }
+  if (m.priority > 255) {
+    CountHintRefused(metrics_, "bad_request");
+    return InvalidArgument("a hint's priority must be in 0..255");
+  }
+  Bind(c, &m.keys);
+  items_->Inc(m.keys.size());
+  // Answered once done: at once here, or after promotions and the cluster's
+  // holders (keys held elsewhere).
+  ParkedReads::Request r;
+  r.fd = c.fd;
+  r.conn_id = c.id;
+  r.header = h;
+  T(c).parked->ParkCall(&r, [&](ParkedReads::CallDone done) {
+    const auto ttl =
+        std::chrono::milliseconds(std::min<uint64_t>(m.ttl_ms, INT64_MAX / 1'000'000'000));
+    RunHint(
+        T(c).store, T(c).remote, op, std::move(m.keys), ttl, static_cast<uint8_t>(m.priority),
+        [op, metrics = metrics_, done = std::move(done)](Result<HintResult> res) {
+          CountHint(metrics, op, res);
+          if (!res.ok()) return done(res.status(), std::string());
+          std::vector<uint8_t> out;
+          protocol::EncodeHintReply({res->applied, res->unknown, res->clipped, res->moved}, &out);
+          done(Status::Ok(), std::string(out.begin(), out.end()));
+        });
   });
   c.pending = true;
   parked_now_ = true;

@@ -250,6 +250,7 @@ class LocalOps {
   Status OnLookupPrefix(LocalSession& c, const protocol::FrameHeader& h,
                         std::span<const uint8_t> body);
   Status OnClear(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
+  Status OnHint(LocalSession& c, const protocol::FrameHeader& h, std::span<const uint8_t> body);
 
   const LocalServerOptions opts_;
   std::vector<Tenant> tenants_;  // [0]: the default tenant
@@ -283,7 +284,7 @@ class LocalOps {
   std::vector<blocks::Descriptor> described_;  // per item of the request
   std::vector<bool> descriptor_ok_;
 
-  static constexpr int kNumOps = 17;  // MessageType values 1..16
+  static constexpr int kNumOps = 18;  // MessageType values 1..17
   Counter* ops_[kNumOps] = {};
   Histogram* latency_[kNumOps] = {};
   std::unordered_map<std::string, Counter*> protocol_errors_;

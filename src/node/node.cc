@@ -260,7 +260,14 @@ class NodeImpl final : public Node {
     hooks.clients_json = [this] { return views_.ClientsJson().dump(); };
     hooks.cluster_json = [this] { return views_.ClusterJson().dump(); };
     hooks.lookup = [this](const std::string& body) { return lookups_->Http(body); };
-    hints_ = std::make_unique<HintsApi>(&stores_, &metrics_);
+    hints_ = std::make_unique<HintsApi>(
+        &stores_,
+        [this](int tenant) -> RemoteReads* {
+          if (!services_) return nullptr;
+          return tenant < 0 ? services_->reader()
+                            : services_->tenant_reader(static_cast<size_t>(tenant));
+        },
+        &metrics_);
     hooks.hints = [this](const std::string& body) { return hints_->Http(body); };
     hooks.ready = [this] { return !stopping_.load(); };
     hooks.cluster_missing = [this] { return views_.ClusterMissing(); };

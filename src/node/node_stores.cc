@@ -69,8 +69,10 @@ Status NodeStores::Open(const NodeOptions& o, MetricsRegistry* metrics) {
       }
     }
     t.metrics = std::make_unique<MetricsRegistry>();
-    auto store = TieredStore::Open(o.DramFor(t.spec.dram_bytes), tso ? &*tso : nullptr,
-                                   io_pool_.get(), flush_pool_.get(), o.tiering, t.metrics.get());
+    DramOptions tdo = o.DramFor(t.spec.dram_bytes);
+    if (t.spec.pin_bytes) tdo.pin_max_bytes = *t.spec.pin_bytes;
+    auto store = TieredStore::Open(tdo, tso ? &*tso : nullptr, io_pool_.get(), flush_pool_.get(),
+                                   o.tiering, t.metrics.get());
     if (!store.ok()) {
       return Status(store.status().code(),
                     fmt::format("tenant {}: {}", t.spec.name, store.status().message()));
@@ -111,6 +113,30 @@ void NodeStores::AddTenantGauges(const std::string& name, TieredStore* store) {
   metrics_->AddCallbackGauge("kvpool_tenant_dram_retains_clipped",
                              "Retentions ended by --retain-max-percent, per tenant", l,
                              dram(&DramStats::retains_clipped), this);
+  metrics_->AddCallbackGauge("kvpool_tenant_dram_demoted_entries",
+                             "DRAM entries cache hints demoted, first in line to go, per tenant", l,
+                             dram(&DramStats::demoted_entries), this);
+  metrics_->AddCallbackGauge("kvpool_tenant_dram_prefetched_entries",
+                             "DRAM entries a prefetch brought in, not read yet, per tenant", l,
+                             dram(&DramStats::prefetched_entries), this);
+  metrics_->AddCallbackGauge("kvpool_tenant_dram_prefetch_hits",
+                             "Prefetched entries read (each at its first read), per tenant", l,
+                             dram(&DramStats::prefetch_hits), this);
+  metrics_->AddCallbackGauge("kvpool_tenant_dram_prefetch_unused",
+                             "Prefetched entries that left DRAM unread, per tenant", l,
+                             dram(&DramStats::prefetch_unused), this);
+  metrics_->AddCallbackGauge(
+      "kvpool_tenant_dram_prefetch_mean_lead_seconds",
+      "Mean time from a prefetch to the entry's first read, over the prefetch hits since start, "
+      "per tenant",
+      l,
+      [store] {
+        const DramStats s = store->GetDramStats();
+        return s.prefetch_hits == 0
+                   ? 0.0
+                   : s.prefetch_lead_seconds / static_cast<double>(s.prefetch_hits);
+      },
+      this);
   if (store->GetDramStats().eviction.adaptive) {
     // Each tenant's store adapts its policy to its own traffic.
     auto adaptation = [store](auto field) {

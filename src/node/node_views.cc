@@ -96,6 +96,18 @@ nlohmann::ordered_json EvictionJson(const EvictionAdaptation& a) {
           {"shadows", shadows}};
 }
 
+// A store's cache hints now and since start (docs/hints.md).
+nlohmann::ordered_json HintsJson(const DramStats& s) {
+  const double mean_lead =
+      s.prefetch_hits == 0 ? 0 : s.prefetch_lead_seconds / static_cast<double>(s.prefetch_hits);
+  return {{"retained_entries", s.retained_entries},  {"retained_bytes", s.retained_bytes},
+          {"pinned_entries", s.hint_pinned_entries}, {"pinned_bytes", s.hint_pinned_bytes},
+          {"demoted_entries", s.demoted_entries},    {"leases_expired", s.leases_expired},
+          {"retains_clipped", s.retains_clipped},    {"prefetched_entries", s.prefetched_entries},
+          {"prefetch_hits", s.prefetch_hits},        {"prefetch_unused", s.prefetch_unused},
+          {"prefetch_mean_lead_s", mean_lead}};
+}
+
 }  // namespace
 
 nlohmann::ordered_json NodeViews::StatusObject() const {
@@ -126,6 +138,7 @@ nlohmann::ordered_json NodeViews::StatusObject() const {
         {"index_bytes_per_entry", st.index_bytes_per_entry},
         {"huge_pages", st.huge_pages},
         {"eviction", EvictionJson(st.eviction)},
+        {"hints", HintsJson(st)},
         {"classes", classes}}},
       {"ssd", SsdJson()},
       {"tenants", TenantsJson()},
@@ -310,7 +323,8 @@ nlohmann::ordered_json NodeViews::TenantsJson() const {
                                   {"used_bytes", d.used_bytes},
                                   {"entries", d.entries},
                                   {"evictions", d.evictions},
-                                  {"eviction", EvictionJson(d.eviction)}}},
+                                  {"eviction", EvictionJson(d.eviction)},
+                                  {"hints", HintsJson(d)}}},
                                 {"ssd", nullptr},
                                 {"hits", count("kvpool_tenant_hits_total")},
                                 {"misses", count("kvpool_tenant_misses_total")},

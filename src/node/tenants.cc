@@ -79,7 +79,9 @@ Result<std::vector<TenantSpec>> ParseTenants(std::string_view text, std::string_
       return InvalidArgument(fmt::format("{} line {}: {}", where, lineno, why));
     };
     if (w[0] != "tenant" || w.size() < 2) {
-      return bad("expected 'tenant NAME dram=SIZE [ssd=SIZE] [uids=...] [gids=...] [tokens=...]'");
+      return bad(
+          "expected 'tenant NAME dram=SIZE [ssd=SIZE] [pins=SIZE] [uids=...] [gids=...] "
+          "[tokens=...]'");
     }
     TenantSpec t;
     t.name = w[1];
@@ -98,10 +100,14 @@ Result<std::vector<TenantSpec>> ParseTenants(std::string_view text, std::string_
       if (eq == std::string::npos || val.empty()) {
         return bad(fmt::format("'{}' has no value", w[i]));
       }
-      if (key == "dram" || key == "ssd") {
+      if (key == "dram" || key == "ssd" || key == "pins") {
         uint64_t v = 0;
         if (!SettingsTable::ParseBytes(val, &v)) return bad(fmt::format("bad size '{}'", val));
-        (key == "dram" ? t.dram_bytes : t.ssd_bytes) = v;
+        if (key == "pins") {
+          t.pin_bytes = v;
+        } else {
+          (key == "dram" ? t.dram_bytes : t.ssd_bytes) = v;
+        }
         have_dram |= key == "dram";
       } else if (key == "uids" || key == "gids") {
         bool group = key == "gids";
@@ -128,7 +134,7 @@ Result<std::vector<TenantSpec>> ParseTenants(std::string_view text, std::string_
           t.tokens.push_back(item);
         }
       } else {
-        return bad(fmt::format("unknown setting '{}' (dram, ssd, uids, gids, tokens)", key));
+        return bad(fmt::format("unknown setting '{}' (dram, ssd, pins, uids, gids, tokens)", key));
       }
     }
     if (!have_dram || t.dram_bytes == 0) {

@@ -4,8 +4,11 @@
 //
 // A tenants file (--tenants-file) has one line per tenant:
 //
-//   tenant NAME dram=SIZE [ssd=SIZE] [uids=U,U...] [gids=G,G...] [tokens=T,T...]
+//   tenant NAME dram=SIZE [ssd=SIZE] [pins=SIZE] [uids=U,U...] [gids=G,G...]
+//               [tokens=T,T...]
 //
+// (on one line). pins= is the tenant's pin budget for cache hints (values
+// pins may hold in its DRAM at once; default --pin-max-bytes).
 // NAME is 1-32 of [a-z0-9_-] and not "default"; SIZE uses the node's units
 // ("8GiB"); a uid or gid is a number or a user or group name. A local
 // client whose uid is listed belongs to that tenant, else one whose
@@ -32,13 +35,14 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "common/key_id.h"
-#include "common/tenant_keys.h"
 #include "common/status.h"
+#include "common/tenant_keys.h"
 
 namespace kvpool {
 
@@ -46,6 +50,7 @@ struct TenantSpec {
   std::string name;
   uint64_t dram_bytes = 0;
   uint64_t ssd_bytes = 0;
+  std::optional<uint64_t> pin_bytes;  // pins=; unset: --pin-max-bytes
   std::vector<uint32_t> uids;
   std::vector<uint32_t> gids;
   std::vector<std::string> tokens;  // client token names (remote-mode clients)

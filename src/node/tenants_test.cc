@@ -15,7 +15,7 @@ TEST(TenantsTest, ParsesTenantsWithQuotasUidsAndGroups) {
       "# comment\n"
       "tenant alpha dram=8GiB ssd=100GiB uids=1001,root  # trailing comment\n"
       "\n"
-      "tenant b-2 dram=64MiB gids=2000 tokens=remote-a,remote-b\n",
+      "tenant b-2 dram=64MiB pins=1MiB gids=2000 tokens=remote-a,remote-b\n",
       "f");
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   ASSERT_EQ(t->size(), 2u);
@@ -25,6 +25,8 @@ TEST(TenantsTest, ParsesTenantsWithQuotasUidsAndGroups) {
   EXPECT_EQ((*t)[0].uids, (std::vector<uint32_t>{1001, 0}));
   EXPECT_EQ((*t)[1].name, "b-2");
   EXPECT_EQ((*t)[1].ssd_bytes, 0u);
+  EXPECT_FALSE((*t)[0].pin_bytes.has_value());  // --pin-max-bytes
+  EXPECT_EQ((*t)[1].pin_bytes, std::optional<uint64_t>(1 << 20));
   EXPECT_EQ((*t)[1].gids, (std::vector<uint32_t>{2000}));
   EXPECT_EQ((*t)[1].tokens, (std::vector<std::string>{"remote-a", "remote-b"}));
 
@@ -47,6 +49,7 @@ TEST(TenantsTest, RefusesBadLinesWithTheLineAndTheReason) {
            Case{"tenant a dram=1GiB tokens=x\ntenant b dram=1GiB tokens=y,x",
                 "line 2: token 'x' already belongs to tenant 'a'"},
            Case{"tenant a dram=lots uids=1", "bad size 'lots'"},
+           Case{"tenant a dram=1GiB pins=some uids=1", "bad size 'some'"},
            Case{"tenant a dram=1GiB uids=no-such-user-here", "unknown user 'no-such-user-here'"},
            Case{"tenant a dram=1GiB uids=1\ntenant b dram=1GiB uids=1",
                 "line 2: uid 1 already belongs to tenant 'a'"},

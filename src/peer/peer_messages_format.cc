@@ -142,10 +142,12 @@ transport::MessageType ScopedType(transport::MessageType base, const std::string
       return kPeerTenantFetch;
     case kPeerStore:
       return kPeerTenantStore;
+    case kPeerHint:
+      return kPeerTenantHint;
     default:
       break;
   }
-  KVPOOL_CHECK(false && "only publish, lookup, fetch and store are tenant-scoped");
+  KVPOOL_CHECK(false && "only publish, lookup, fetch, store and hint are tenant-scoped");
   return base;
 }
 

@@ -86,10 +86,19 @@
 // Reply payload: u32 next (index to ask from next; == count when done),
 // u32 keys (<= kMaxShardKeys), keys × key id. Whole shards per reply.
 //
+// kPeerHint (a cache hint, docs/hints.md, sent to the node holding the
+// keys by the node it was given to). Request header: empty (the tenant
+// scope only, for kPeerTenantHint). Payload: the local protocol's Hint
+// body (protocol/codec.h EncodeHint: u32 op, u32 priority, u64 ttl_ms, u32
+// count (<= 8192), count key ids). Reply: OK with header u64 applied, u64
+// unknown, u64 clipped, u64 moved (EncodeHintReply), or the hint's error
+// (InvalidArgument, ResourceExhausted past the holder's pin budget).
+// Members only: a client token's connection is refused.
+//
 // Tenant-scoped messages (a tenant defined on every node is one tenant
 // across the cluster; node/tenants.h). kPeerTenantPublish, ...Lookup,
-// ...Fetch and ...Store are kPeerPublish, ...Lookup, ...Fetch and ...Store
-// about one tenant's keys: the request header is
+// ...Fetch, ...Store and ...Hint are kPeerPublish, ...Lookup, ...Fetch,
+// ...Store and kPeerHint about one tenant's keys: the request header is
 // | field        | type        | meaning                                          |
 // |--------------|-------------|--------------------------------------------------|
 // | tenant       | str (<=32)  | the tenant's name, as in the tenants file         |
@@ -135,10 +144,12 @@ inline constexpr transport::MessageType kPeerTenantPublish = 0x0111;
 inline constexpr transport::MessageType kPeerTenantLookup = 0x0112;
 inline constexpr transport::MessageType kPeerTenantFetch = 0x0113;
 inline constexpr transport::MessageType kPeerTenantStore = 0x0114;
+inline constexpr transport::MessageType kPeerHint = 0x010C;
+inline constexpr transport::MessageType kPeerTenantHint = 0x011C;
 inline constexpr uint32_t kMaxTenantNameBytes = 32;
 
-// The type that carries `base` (kPeerPublish, kPeerLookup, kPeerFetch or
-// kPeerStore) for `tenant`: base itself for the default tenant (empty).
+// The type that carries `base` (kPeerPublish, kPeerLookup, kPeerFetch,
+// kPeerStore or kPeerHint) for `tenant`: base itself for the default tenant (empty).
 transport::MessageType ScopedType(transport::MessageType base, const std::string& tenant);
 // The request header of a tenant-scoped message: `tenant`, then `rest`.
 // An empty tenant writes `rest` alone (the unscoped message).

@@ -248,6 +248,41 @@ Status DecodeLookupPrefix(std::span<const uint8_t> body, uint32_t max_hashes, ui
   return r.Finish("prefix lookup");
 }
 
+void EncodeHint(const HintRequest& m, std::vector<uint8_t>* out) {
+  BodyWriter w(out);
+  w.U32(m.op);
+  w.U32(m.priority);
+  w.U64(m.ttl_ms);
+  w.U32(static_cast<uint32_t>(m.keys.size()));
+  for (const auto& k : m.keys) w.Key(k);
+}
+
+Status DecodeHint(std::span<const uint8_t> body, uint32_t max_batch, HintRequest* m) {
+  BodyReader r(body);
+  uint32_t n = 0;
+  if (r.U32(&m->op) && r.U32(&m->priority) && r.U64(&m->ttl_ms) && r.Count(max_batch, 16, &n)) {
+    m->keys.resize(n);
+    for (auto& k : m->keys) {
+      if (!r.Key(&k)) break;
+    }
+  }
+  return r.Finish("hint");
+}
+
+void EncodeHintReply(const HintReply& m, std::vector<uint8_t>* out) {
+  BodyWriter w(out);
+  w.U64(m.applied);
+  w.U64(m.unknown);
+  w.U64(m.clipped);
+  w.U64(m.moved);
+}
+
+Status DecodeHintReply(std::span<const uint8_t> body, HintReply* m) {
+  BodyReader r(body);
+  (void)(r.U64(&m->applied) && r.U64(&m->unknown) && r.U64(&m->clipped) && r.U64(&m->moved));
+  return r.Finish("hint reply");
+}
+
 void EncodeKeys(std::span<const KeyId> keys, std::vector<uint8_t>* out) {
   BodyWriter w(out);
   w.U32(static_cast<uint32_t>(keys.size()));

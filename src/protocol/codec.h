@@ -175,6 +175,24 @@ void EncodeLookupPrefix(uint32_t timeout_ms, std::span<const uint64_t> hashes,
 Status DecodeLookupPrefix(std::span<const uint8_t> body, uint32_t max_hashes, uint32_t* timeout_ms,
                           std::vector<uint64_t>* hashes);
 
+// Hint request (a cache hint on the client's tenant's keys) and reply.
+struct HintRequest {
+  uint32_t op = 0;  // kvpool::HintOp (1 retain, 2 pin, 3 prefetch, 4 demote, 5 release)
+  uint32_t priority = 0;
+  uint64_t ttl_ms = 0;
+  std::vector<KeyId> keys;
+};
+void EncodeHint(const HintRequest& m, std::vector<uint8_t>* out);
+Status DecodeHint(std::span<const uint8_t> body, uint32_t max_batch, HintRequest* m);
+struct HintReply {
+  uint64_t applied = 0;
+  uint64_t unknown = 0;
+  uint64_t clipped = 0;
+  uint64_t moved = 0;
+};
+void EncodeHintReply(const HintReply& m, std::vector<uint8_t>* out);
+Status DecodeHintReply(std::span<const uint8_t> body, HintReply* m);
+
 void EncodeKeys(std::span<const KeyId> keys, std::vector<uint8_t>* out);
 Status DecodeKeys(std::span<const uint8_t> body, uint32_t max_batch, std::vector<KeyId>* keys);
 

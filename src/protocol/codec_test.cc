@@ -77,6 +77,32 @@ TEST(CodecTest, KeysRoundTripAndLimits) {
   EXPECT_NE(DecodeKeys(body, 16, &back).message().find("trailing"), std::string::npos);
 }
 
+TEST(CodecTest, HintsRoundTripAndLimits) {
+  HintRequest m;
+  m.op = 3;
+  m.priority = 200;
+  m.ttl_ms = 30'000;
+  m.keys = {MakeKeyId("n", "a"), MakeKeyId("n", "b")};
+  std::vector<uint8_t> body;
+  EncodeHint(m, &body);
+  HintRequest back;
+  ASSERT_TRUE(DecodeHint(body, 16, &back).ok());
+  EXPECT_EQ(back.op, 3u);
+  EXPECT_EQ(back.priority, 200u);
+  EXPECT_EQ(back.ttl_ms, 30'000u);
+  EXPECT_EQ(back.keys, m.keys);
+  EXPECT_NE(DecodeHint(body, 1, &back).message().find("batch limit"), std::string::npos);
+  body.pop_back();
+  EXPECT_EQ(DecodeHint(body, 16, &back).code(), StatusCode::kInvalidArgument);
+  std::vector<uint8_t> reply;
+  EncodeHintReply({1, 2, 3, 4}, &reply);
+  HintReply r;
+  ASSERT_TRUE(DecodeHintReply(reply, &r).ok());
+  EXPECT_EQ(r.applied + 10 * r.unknown + 100 * r.clipped + 1000 * r.moved, 4321u);
+  reply.push_back(0);
+  EXPECT_NE(DecodeHintReply(reply, &r).message().find("trailing"), std::string::npos);
+}
+
 TEST(CodecTest, CountLargerThanBodyIsRejectedBeforeAllocation) {
   // A count of 4 billion items in an 8-byte body must fail on the count
   // check, not try to allocate.

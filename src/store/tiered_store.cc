@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -493,6 +494,98 @@ uint64_t TieredStore::DemoteAll() {
     if (ssd_->Insert(key, data, size)) ++written;
   });
   return written;
+}
+
+Result<HintResult> TieredStore::Hint(HintOp op, std::span<const KeyId> keys,
+                                     std::chrono::nanoseconds ttl, uint8_t priority) {
+  switch (op) {
+    case HintOp::kRetain:
+      return Retain(keys, ttl, priority);
+    case HintOp::kPin:
+      return PinFor(keys, ttl);
+    case HintOp::kDemote:
+      return Demote(keys);
+    case HintOp::kRelease:
+      return ReleaseLeases(keys);
+    case HintOp::kPrefetch:
+      break;
+  }
+  return InvalidArgument("not a hint answered at once");
+}
+
+Result<HintResult> TieredStore::Demote(std::span<const KeyId> keys) {
+  SsdStore* ssd = impl_->ssd_open.load(std::memory_order_acquire) ? ssd_ : nullptr;
+  std::vector<Pin> pins;
+  KVPOOL_ASSIGN_OR_RETURN(HintResult r, dram_->Demote(keys, ssd != nullptr ? &pins : nullptr));
+  // Outside the DRAM lock: the copy to SSD may wait for buffer room.
+  for (Pin& pin : pins) {
+    const KeyId key = pin.key();
+    const bool held = ssd->Contains(key) || ssd->Insert(key, pin.data(), pin.size());
+    pin.Reset();
+    if (!held) continue;
+    uint64_t size = 0;
+    if (!dram_->Remove(key, &size).ok()) continue;  // gone meanwhile
+    impl_->EmitDropped(HoldingsEvent::Why::kMovedToSsd, HoldingTier::kDram, true, key, size);
+    ++r.moved;
+  }
+  return r;
+}
+
+void TieredStore::Prefetch(std::span<const KeyId> keys, PrefetchDone done) {
+  if (keys.size() > dram_->hint_max_keys()) {
+    done(InvalidArgument("a hint names " + std::to_string(keys.size()) +
+                         " keys, more than the most of " + std::to_string(dram_->hint_max_keys())));
+    return;
+  }
+  struct Pending {
+    std::mutex mu;
+    HintResult r;
+    size_t waiting = 1;  // the promotions, and the loop below until it ends
+    PrefetchDone done;
+  };
+  auto p = std::make_shared<Pending>();
+  p->done = std::move(done);
+  auto end_one = [p] {
+    bool last = false;
+    {
+      std::lock_guard lock(p->mu);
+      last = --p->waiting == 0;
+    }
+    if (last) p->done(p->r);
+  };
+  DramStore* dram = dram_;
+  for (const KeyId& key : keys) {
+    if (dram_->Contains(key)) {
+      std::lock_guard lock(p->mu);
+      ++p->r.applied;
+      continue;
+    }
+    if (ssd_ == nullptr || !ssd_->Contains(key)) {
+      std::lock_guard lock(p->mu);
+      ++p->r.unknown;
+      continue;
+    }
+    {
+      std::lock_guard lock(p->mu);
+      ++p->waiting;
+    }
+    Promote(key, [p, dram, key, end_one](Status s, Pin pin) {
+      const bool ok = s.ok() && pin.valid();
+      pin.Reset();
+      if (ok) dram->MarkPrefetched({&key, 1});
+      {
+        std::lock_guard lock(p->mu);
+        if (ok) {
+          ++p->r.applied;
+          ++p->r.moved;
+        } else {
+          ++p->r.unknown;
+        }
+      }
+      end_one();
+    });
+  }
+  end_one();
 }
 
 void TieredStore::Promote(const KeyId& key, PromoteDone done) {

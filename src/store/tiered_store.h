@@ -190,6 +190,29 @@ class TieredStore {
     return dram_->PinFor(keys, ttl);
   }
   HintResult ReleaseLeases(std::span<const KeyId> keys) { return dram_->ReleaseLeases(keys); }
+  // One hint of those answered at once (not kPrefetch: Prefetch): Retain,
+  // PinFor, Demote or ReleaseLeases. InvalidArgument for kPrefetch or a
+  // value that is no operation.
+  Result<HintResult> Hint(HintOp op, std::span<const KeyId> keys, std::chrono::nanoseconds ttl,
+                          uint8_t priority);
+  // Demote: with an SSD tier, each key's DRAM entry is written to SSD now
+  // and then leaves DRAM (told as moved to SSD; HintResult::moved); one the
+  // SSD tier cannot take stays, first in line to go. Without one, the
+  // entries go first in line (DramStore::Demote). applied: keys found in
+  // DRAM. Waits for SSD buffer room (bounded, as Insert).
+  Result<HintResult> Demote(std::span<const KeyId> keys);
+  // Prefetch: brings the keys held only on SSD into DRAM ahead of use, in
+  // the background (on the promotion executor), and calls done once all
+  // have ended: applied = keys in DRAM now (already, or brought in: moved),
+  // unknown = keys in neither tier or whose read failed. Entries it brought
+  // in are marked (DramStore::MarkPrefetched), so their first read counts
+  // as a prefetch hit. InvalidArgument (done called at once) for more than
+  // DramOptions::hint_max_keys keys. done may run on an executor thread.
+  using PrefetchDone = std::function<void(Result<HintResult>)>;
+  void Prefetch(std::span<const KeyId> keys, PrefetchDone done);
+  // Marks DRAM entries brought in ahead of use by other means (a fetch from
+  // another node): DramStore::MarkPrefetched. Returns how many it found.
+  uint64_t MarkPrefetched(std::span<const KeyId> keys) { return dram_->MarkPrefetched(keys); }
 
   // Drops every entry whose key id carries namespace tag `tag`
   // (common/key_id.h), from both tiers, each told as kRemoved. Returns how

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "common/executor.h"
@@ -286,6 +287,123 @@ TEST_F(TieredStoreTest, ConcurrentPromotionsOfOneKeyShareOneRead) {
   // the read in flight or found the key in DRAM already.
   EXPECT_EQ(metrics_.ValueOf("kvpool_ssd_read_bytes_total") - bytes_before, kMiB);
   EXPECT_EQ(metrics_.ValueOf("kvpool_tier_promotions_total"), 1);
+}
+
+// Prefetches a batch and waits for its answer.
+Result<HintResult> PrefetchAndWait(TieredStore* tiered, const std::vector<KeyId>& keys) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<Result<HintResult>> answer;
+  tiered->Prefetch(keys, [&](Result<HintResult> r) {
+    std::lock_guard lock(mu);
+    answer = std::move(r);
+    cv.notify_all();
+  });
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return answer.has_value(); });
+  return std::move(*answer);
+}
+
+class CountHoldings final : public HoldingsObserver {
+ public:
+  void OnHoldings(const HoldingsEvent& e) override {
+    std::lock_guard lock(mu);
+    if (e.kind == HoldingsEvent::Kind::kDropped && e.why == HoldingsEvent::Why::kMovedToSsd &&
+        e.still_held) {
+      ++moved_to_ssd;
+    }
+  }
+  std::mutex mu;
+  int moved_to_ssd = 0;
+};
+
+// Demote writes each DRAM entry to SSD now and drops it from DRAM, told as
+// moved to SSD (still held); its next read promotes it byte-exact.
+TEST_F(TieredStoreTest, DemoteMovesEntriesToSsdStillHeld) {
+  CountHoldings seen;
+  tiered_->SetHoldingsObserver(&seen);
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(Put(i, kMiB).ok());
+  std::vector<KeyId> keys = {K(1), K(3), K(5), K(500)};
+  auto r = tiered_->Demote(keys);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->applied, 3u);
+  EXPECT_EQ(r->moved, 3u);
+  EXPECT_EQ(r->unknown, 1u);
+  for (int i : {1, 3, 5}) {
+    EXPECT_FALSE(dram_->Contains(K(i))) << i;
+    EXPECT_TRUE(tiered_->Where(K(i)) == HoldingTier::kSsd) << i;
+  }
+  EXPECT_TRUE(dram_->Contains(K(2)));
+  EXPECT_EQ(dram_->GetStats().entries, 5u);
+  EXPECT_EQ(dram_->GetStats().evictions, 0u);  // moved, not evicted
+  {
+    std::lock_guard lock(seen.mu);
+    EXPECT_EQ(seen.moved_to_ssd, 3);
+  }
+  for (int i = 0; i < 8; ++i) EXPECT_TRUE(PromoteAndCheck(i, kMiB).ok()) << i;
+  tiered_->SetHoldingsObserver(nullptr);
+}
+
+// Prefetch brings SSD-held keys into DRAM: the answer counts them, and the
+// next read of each is a DRAM hit counted as a prefetch hit, byte-exact.
+TEST_F(TieredStoreTest, PrefetchBringsSsdKeysIntoDram) {
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(Put(i, kMiB).ok());
+  std::vector<KeyId> keys;
+  int cold = 0;
+  for (int i = 0; i < 4; ++i) {
+    keys.push_back(K(i));
+    if (tiered_->Where(K(i)) == HoldingTier::kSsd) ++cold;
+  }
+  ASSERT_EQ(cold, 4);
+  keys.push_back(K(39));   // in DRAM already
+  keys.push_back(K(777));  // in neither tier
+  auto r = PrefetchAndWait(tiered_.get(), keys);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->applied, 5u);
+  EXPECT_EQ(r->moved, 4u);
+  EXPECT_EQ(r->unknown, 1u);
+  EXPECT_EQ(dram_->GetStats().prefetched_entries, 4u);
+  const double misses = metrics_.ValueOf("kvpool_dram_misses_total");
+  for (int i = 0; i < 4; ++i) {
+    auto pin = tiered_->Acquire(K(i));  // a DRAM hit: no promotion
+    ASSERT_TRUE(pin.ok()) << i;
+    EXPECT_TRUE(Check(pin->data(), i, kMiB)) << i;
+  }
+  EXPECT_EQ(metrics_.ValueOf("kvpool_dram_misses_total"), misses);
+  EXPECT_EQ(dram_->GetStats().prefetch_hits, 4u);
+  EXPECT_EQ(dram_->GetStats().prefetched_entries, 0u);
+  // Too many keys: refused at once, nothing starts.
+  std::vector<KeyId> many(8193, K(0));
+  EXPECT_EQ(PrefetchAndWait(tiered_.get(), many).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Prefetches racing reads and demotions of the same keys: every read
+// returns the exact bytes, and every key stays held.
+TEST_F(TieredStoreTest, PrefetchRacingReadsAndDemotesIsByteExact) {
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(Put(i, kMiB).ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad{0};
+  std::thread hinter([&] {
+    std::vector<KeyId> keys;
+    for (int i = 0; i < 40; i += 3) keys.push_back(K(i));
+    for (int round = 0; round < 20; ++round) {
+      if (!PrefetchAndWait(tiered_.get(), keys).ok()) ++bad;
+      if (!tiered_->Demote(keys).ok()) ++bad;
+    }
+    stop = true;
+  });
+  int reads = 0;
+  while (!stop.load() || reads < 200) {
+    const int i = reads++ % 40;
+    Status s = PromoteAndCheck(i, kMiB);
+    if (!s.ok()) {
+      ADD_FAILURE() << i << ": " << s.ToString();
+      ++bad;
+    }
+  }
+  hinter.join();
+  EXPECT_EQ(bad.load(), 0);
+  for (int i = 0; i < 40; ++i) EXPECT_TRUE(tiered_->Contains(K(i))) << i;
 }
 
 TEST_F(TieredStoreTest, RemoveDropsBothTiers) {

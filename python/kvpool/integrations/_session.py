@@ -82,9 +82,13 @@ class SessionSettings:
     # would carry for it, so the node's events name the block the engine's
     # way (kvpool.integrations._descriptors); costs a few hundred bytes a page.
     block_descriptors: bool = True
+    # Cache hints (kvpool.integrations._hints): the TTL of a retain or pin
+    # that names none, and of the retention an LMCache lookup's pin asks.
+    hint_default_ttl_s: float = 60.0
 
     PARSERS = {"socket": _text, "remote": _text, "namespace": str, "timeout_ms": _ms,
-               "retry_interval_ms": _ms, "block_descriptors": _bool}
+               "retry_interval_ms": _ms, "block_descriptors": _bool,
+               "hint_default_ttl_s": float}
 
     def update(self, values: Optional[Mapping]) -> "SessionSettings":
         """Takes the settings in `values` (aliases included; a name wins over
@@ -103,6 +107,9 @@ class SessionSettings:
         if self.retry_interval_ms < 0:
             raise ValueError("kvpool: retry_interval_ms must not be negative, not %r"
                              % self.retry_interval_ms)
+        if not 0 < self.hint_default_ttl_s <= 7 * 24 * 3600:
+            raise ValueError("kvpool: hint_default_ttl_s must be in (0, 604800], not %r"
+                             % self.hint_default_ttl_s)
 
 
 def canonical(values: Optional[Mapping]) -> dict:

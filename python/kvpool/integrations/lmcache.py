@@ -81,6 +81,7 @@ import kvpool
 from kvpool.integrations import _lmcache_format as fmt
 from kvpool.integrations._descriptors import Describer, int_hash
 from kvpool.integrations._dtypes import dtype_name, element_size
+from kvpool.integrations._hints import Action, Applier
 from kvpool.integrations._session import Session, SessionSettings
 
 logger = logging.getLogger(__name__)
@@ -265,6 +266,7 @@ class KvpoolRemoteConnector(RemoteConnector):
         self._session = Session(self.settings, on_open=self._opened, log=logger,
                                 client_name="lmcache")
         self._describer = Describer(self.settings.block_descriptors, logger)
+        self._hints = Applier(self._session, logger, self.settings.hint_default_ttl_s)
         chunk = getattr(config, "chunk_size", None)
         kv_shape = tuple(getattr(metadata, "kv_shape", ()) or ())
         if not chunk and len(kv_shape) == 5:
@@ -706,8 +708,26 @@ class KvpoolRemoteConnector(RemoteConnector):
         return True
 
     async def batched_async_contains(self, lookup_id: str, keys, pin: bool = False) -> int:
-        result = await self._offload(self._prefix, list(keys))
+        keys = list(keys)
+        result = await self._offload(self._prefix, keys)
+        if pin and result:
+            await self._offload(self._pin_found, keys[:result])
         return result or 0
+
+    def _pin_found(self, keys: Sequence) -> None:
+        """LMCache's pin of a lookup's hits (kept until the retrieval that
+        follows): a retention of their objects at the highest priority for
+        hint_default_ttl_s. (A kvpool pin would need the node's pin budget;
+        a retention has none.) A partial last chunk's payload keys are not
+        known here: its header is retained."""
+        full = self._full_chunk_layout()
+        names = []
+        for k in keys:
+            s = k.to_string()
+            names.append(fmt.meta_key(s))
+            if full is not None:
+                names.extend(fmt.payload_keys(s, full))
+        self._hints.apply(Action("retain", self.settings.hint_default_ttl_s, 255), names)
 
     def support_batched_get_non_blocking(self) -> bool:
         return True

@@ -109,6 +109,7 @@ from kvpool.client import Client, StatusCode
 
 from ._descriptors import Describer, sha256_hex_to_int64
 from ._dtypes import dtype_name
+from ._hints import OPS as HINT_OPS, Applier
 from ._session import Session, SessionSettings
 
 try:  # SGLang 2026: the v2 (pool-aware) interface
@@ -213,6 +214,11 @@ def _largest_prefix(limit, present, policies):
     return 0
 
 
+# The hints applied when pages are backed up (batch_set_*): a prefetch
+# applies at the exists check instead.
+_STORE_HINTS = tuple(op for op in HINT_OPS if op != "prefetch")
+
+
 @dataclass
 class KvpoolStorageStats:
     """What get_stats() returns. The four lists follow SGLang's StorageMetrics
@@ -283,6 +289,7 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         self._session = Session(self.settings, self.namespace, log=logger,
                                 client_name="sglang hicache tp%d" % self.tp_rank)
         self._describer = Describer(self.settings.block_descriptors, logger)
+        self._hints = Applier(self._session, logger, self.settings.hint_default_ttl_s)
 
     # ---- naming ----------------------------------------------------------------
     def _rank_suffix(self):
@@ -405,6 +412,8 @@ class KvpoolHiCacheStorage(HiCacheStorage):
             return 0
         objects = self._object_keys(keys)
         hit = self._session.call(lambda c: c.hit_prefix(objects), 0, "exists") // self._pieces
+        # A prefetch hint rides on the check that comes before a prefetch.
+        self._apply_hints(extra_info, objects, ("prefetch",))
         with self._lock:
             self._stats.exists_calls += 1
             self._stats.exists_hit_pages += hit
@@ -458,7 +467,17 @@ class KvpoolHiCacheStorage(HiCacheStorage):
         descs = self._object_descriptors(keys, self._parent_of_batch(extra_info))
         out, nbytes = self._zero_copy_io(keys, host_indices, self._put, "put_ptrs", descs)
         self._count_set(len(keys), out, nbytes, t0)
+        self._apply_hints(extra_info, self._object_keys(keys), _STORE_HINTS)
         return out
+
+    def _apply_hints(self, extra_info, objects, ops):
+        """The kv_hints envelope a call's extra_info carries (its free-form
+        extra_info dict, "kv_hints"; kvpool.integrations._hints): its
+        actions among ops, on the call's pages."""
+        info = getattr(extra_info, "extra_info", None)
+        envelope = info.get("kv_hints") if isinstance(info, dict) else None
+        if envelope is not None:
+            self._hints.apply_envelope(envelope, objects, ops)
 
     # ---- generic (copy) path: flat page tensors --------------------------------
     def _flat_pieces(self, tensor):
@@ -719,7 +738,9 @@ class KvpoolHiCacheStorage(HiCacheStorage):
             return [False] * len(keys)
         if store:
             pages = [pool.get_data_page(f, flat=True).contiguous() for f in firsts]
-            return self._store_flat(keys, pages, self._parent_of_batch(extra_info))
+            out = self._store_flat(keys, pages, self._parent_of_batch(extra_info))
+            self._apply_hints(extra_info, self._object_keys(keys), _STORE_HINTS)
+            return out
         got = self.batch_get(keys)
         for f, page in zip(firsts, got):
             if page is not None:

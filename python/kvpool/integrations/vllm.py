@@ -97,6 +97,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
                                                                KVConnectorRole)
 
 from . import _vllm_keys as keys_mod
+from ._hints import Applier
 from ._session import Session, SessionSettings
 from ._vllm_events import block_info, common_events
 from ._vllm_groups import (FULL, NULL_BLOCK_ID, groups_of, is_hybrid, lcm_block_size,
@@ -231,6 +232,7 @@ class _SchedulerSide:
                                 client_name="vllm scheduler")
         self._suffixes = keys_mod.all_rank_suffixes(settings.use_mla, settings.tp_size,
                                                     settings.pp_size)
+        self._hints = Applier(self._session, logger, settings.session.hint_default_ttl_s)
         self._reqs = {}
         self._lookups = {}  # req id -> (first tokens, hit tokens) of the last lookup
         self._events = []
@@ -430,7 +432,31 @@ class _SchedulerSide:
     def request_finished(self, request, block_ids):
         self._reqs.pop(request.request_id, None)
         self._lookups.pop(request.request_id, None)
+        self._hint(request)
         return False, None
+
+    def _hint(self, request):
+        """The cache hints a request's kv_transfer_params carry under
+        "kv_hints" (kvpool.integrations._hints), applied to the request's
+        full blocks as this connector stores them, once it finishes: an
+        orchestrator retains a session's context for the tool call that
+        pauses it, or demotes a finished branch."""
+        params = getattr(request, "kv_transfer_params", None)
+        envelope = params.get("kv_hints") if isinstance(params, dict) else None
+        if envelope is None or not self._s.usable:
+            return
+        if self._s.layerwise:
+            # Each layer is its own key there; the scheduler does not know
+            # the workers' layers.
+            self._hints.skip()
+            return
+        keys = []
+        for sfx in self._suffixes:
+            for g in self._s.groups:
+                hs = keys_mod.BlockHasher(request, g.block_size).upto(
+                    request.num_tokens // g.block_size)
+                keys.extend(self._lookup_key(g.index, h, sfx) for h in hs)
+        self._hints.apply_envelope(envelope, keys)
 
     def take_events(self):
         events, self._events = self._events, []

@@ -153,6 +153,7 @@ class DramStoreImpl final : public DramStore {
   uint64_t segment_bytes() const override { return segment_->bytes(); }
   uint8_t* segment_base() const override { return segment_->base(); }
   uint64_t max_value_bytes() const override { return max_value_bytes_; }
+  uint64_t hint_max_keys() const override { return hint_max_keys_; }
   bool touch_chains_head_last() const override { return policy_->TouchChainsHeadLast(); }
 
   Result<Reservation> Reserve(const KeyId& key, uint64_t size) override {
@@ -185,6 +186,7 @@ class DramStoreImpl final : public DramStore {
     m.pins = 0;
     m.freq = 0;
     m.queue = kQueueNone;
+    m.prefetched = 0;
     m.state = SlotState::kReserved;
     m.for_read = for_read;
     if (!for_read) counted_share_ += SlabShare(slot);
@@ -335,6 +337,8 @@ class DramStoreImpl final : public DramStore {
       if (m.hint == kHintRetained) {
         until = std::max(until, leases_.at(slot).expiry_ns);
         DropLease(slot, cls);
+      } else if (m.hint == kHintDemoted) {
+        DropLease(slot, cls);
       } else {
         policy_->Erase(slot, cls);
       }
@@ -394,6 +398,34 @@ class DramStoreImpl final : public DramStore {
     });
   }
 
+  Result<HintResult> Demote(std::span<const KeyId> keys, std::vector<Pin>* pins) override {
+    KVPOOL_RETURN_IF_ERROR(CheckHintKeys(keys.size()));
+    std::lock_guard lock(mu_);
+    ExpireLeases();
+    NewLeaseBatch();
+    return ForEachFound(keys, [&](uint32_t slot) {
+      SlotMeta& m = alloc_.meta(slot);
+      const uint16_t cls = alloc_.class_of(slot);
+      if (m.hint != kHintDemoted) {
+        OrderErase(slot, cls);
+        AddLease(slot, cls, kHintDemoted, 0, 0);
+      }
+      if (pins != nullptr) pins->push_back(PinLocked(slot));
+    });
+  }
+
+  uint64_t MarkPrefetched(std::span<const KeyId> keys) override {
+    std::lock_guard lock(mu_);
+    const uint64_t now = NowNs();
+    return ForEachFound(keys,
+                        [&](uint32_t slot) {
+                          SlotMeta& m = alloc_.meta(slot);
+                          m.prefetched = 1;
+                          prefetched_at_[slot] = now;
+                        })
+        .applied;
+  }
+
   bool Contains(const KeyId& key) const override {
     std::lock_guard lock(mu_);
     ++lookup_rounds_;
@@ -440,7 +472,12 @@ class DramStoreImpl final : public DramStore {
     s.index_bytes = IndexBytes();
     s.retained_entries = retained_all_.size();
     s.retained_bytes = retained_bytes_;
-    s.hint_pinned_entries = leases_.size() - retained_all_.size();
+    s.hint_pinned_entries = leases_.size() - retained_all_.size() - demoted_.size();
+    s.demoted_entries = demoted_.size();
+    s.prefetched_entries = prefetched_at_.size();
+    s.prefetch_hits = prefetch_hits_;
+    s.prefetch_unused = prefetch_unused_;
+    s.prefetch_lead_seconds = static_cast<double>(prefetch_lead_ns_) / 1e9;
     s.hint_pinned_bytes = hint_pinned_bytes_;
     s.leases_expired = leases_expired_;
     s.retains_clipped = retains_clipped_;
@@ -486,6 +523,7 @@ class DramStoreImpl final : public DramStore {
 
   // Accounting for an entry leaving the index (evicted or removed).
   void DropEntry(uint32_t slot, uint16_t cls) {
+    if (alloc_.meta(slot).prefetched) NotePrefetchedRead(slot, /*read=*/false);
     if (AgeSampled(alloc_.meta(slot).key)) age_last_use_.erase(alloc_.meta(slot).key);
     --entries_;
     --class_entries_[cls];
@@ -573,19 +611,46 @@ class DramStoreImpl final : public DramStore {
     if (m.pins == std::numeric_limits<uint16_t>::max()) {
       return Unavailable("dram: entry has too many pins");
     }
-    if (m.pins++ == 0) {
-      ++alloc_.slab(alloc_.slab_of(slot)).busy;
-      ++pinned_;
-    }
     const uint16_t cls = alloc_.class_of(slot);
     if (touch) {
       // A leased entry keeps its place in the lease order.
       if (m.hint == kHintNone) policy_->Touch(slot, cls);
       NoteAgeUse(key);
+      if (m.prefetched) NotePrefetchedRead(slot, /*read=*/true);
     }
     NoteUse(slot, cls, m.size, /*hit=*/true);
     hits_->Inc();
+    return PinLocked(slot);
+  }
+
+  // REQUIRES: mu_ held; slot committed with fewer than the most pins. A
+  // pin that is no access (not counted, not touched).
+  Pin PinLocked(uint32_t slot) {
+    SlotMeta& m = alloc_.meta(slot);
+    KVPOOL_CHECK(m.pins < std::numeric_limits<uint16_t>::max());
+    if (m.pins++ == 0) {
+      ++alloc_.slab(alloc_.slab_of(slot)).busy;
+      ++pinned_;
+    }
     return Pin(this, slot, m.key, alloc_.offset(slot), m.size);
+  }
+
+  // REQUIRES: mu_ held; slot prefetched. Its first read (read) or its
+  // leaving unread ends the mark.
+  void NotePrefetchedRead(uint32_t slot, bool read) {
+    alloc_.meta(slot).prefetched = 0;
+    auto it = prefetched_at_.find(slot);
+    KVPOOL_CHECK(it != prefetched_at_.end());
+    if (read) {
+      const uint64_t now = NowNs();
+      const uint64_t lead = now > it->second ? now - it->second : 0;
+      ++prefetch_hits_;
+      prefetch_lead_ns_ += lead;
+      prefetch_lead_->Observe(static_cast<double>(lead) / 1e9);
+    } else {
+      ++prefetch_unused_;
+    }
+    prefetched_at_.erase(it);
   }
 
   // A removed value's bytes are zeroed before its slot is reused: clients
@@ -658,7 +723,8 @@ class DramStoreImpl final : public DramStore {
   // itself needs the slot free now.
   bool EvictFrom(uint16_t cls, bool may_lend = false) {
     ExpireLeases();
-    uint32_t victim = policy_->PickVictim(cls);
+    uint32_t victim = PickDemoted(cls);
+    if (victim == kNoSlot) victim = policy_->PickVictim(cls);
     if (victim == kNoSlot) victim = PickRetained(cls);
     if (victim == kNoSlot) return false;
     EvictSlot(victim, may_lend);
@@ -683,6 +749,11 @@ class DramStoreImpl final : public DramStore {
   static RetainedOrder OrderOf(uint16_t cls, const Lease& l, uint32_t slot) {
     return {cls, l.priority, l.batch, UINT32_MAX - l.pos, slot};
   }
+  // Demoted entries go first in their class, the first demoted first.
+  using DemotedOrder = std::tuple<uint16_t, uint64_t, uint32_t, uint32_t>;
+  static DemotedOrder DemotedOrderOf(uint16_t cls, const Lease& l, uint32_t slot) {
+    return {cls, l.batch, l.pos, slot};
+  }
   // The same order over every class (the bound on retained bytes).
   using GlobalOrder = std::tuple<uint8_t, uint64_t, uint32_t, uint32_t>;
   static GlobalOrder GlobalOrderOf(const Lease& l, uint32_t slot) {
@@ -706,11 +777,16 @@ class DramStoreImpl final : public DramStore {
     return r;
   }
 
-  Status CheckHint(size_t keys, std::chrono::nanoseconds ttl) const {
+  Status CheckHintKeys(size_t keys) const {
     if (keys > hint_max_keys_) {
       return InvalidArgument("dram: a hint names " + std::to_string(keys) +
                              " keys, more than the most of " + std::to_string(hint_max_keys_));
     }
+    return Status::Ok();
+  }
+
+  Status CheckHint(size_t keys, std::chrono::nanoseconds ttl) const {
+    KVPOOL_RETURN_IF_ERROR(CheckHintKeys(keys));
     if (ttl <= std::chrono::nanoseconds::zero() || ttl > hint_max_ttl_) {
       return InvalidArgument("dram: a hint's ttl must be in (0, " +
                              std::to_string(hint_max_ttl_.count() / 1'000'000'000) + " s]");
@@ -736,6 +812,10 @@ class DramStoreImpl final : public DramStore {
     m.hint = kind;
     const Lease l{expiry_ns, priority, retain_batches_, lease_pos_++};
     leases_[slot] = l;
+    if (kind == kHintDemoted) {
+      demoted_.insert(DemotedOrderOf(cls, l, slot));
+      return;
+    }
     expiries_.insert({expiry_ns, slot});
     if (kind == kHintRetained) {
       retained_.insert(OrderOf(cls, l, slot));
@@ -754,6 +834,11 @@ class DramStoreImpl final : public DramStore {
     KVPOOL_CHECK(it != leases_.end());
     const Lease l = it->second;
     leases_.erase(it);
+    if (m.hint == kHintDemoted) {
+      KVPOOL_CHECK(demoted_.erase(DemotedOrderOf(cls, l, slot)) == 1);
+      m.hint = kHintNone;
+      return;
+    }
     expiries_.erase({l.expiry_ns, slot});
     if (m.hint == kHintRetained) {
       KVPOOL_CHECK(retained_.erase(OrderOf(cls, l, slot)) == 1);
@@ -784,19 +869,25 @@ class DramStoreImpl final : public DramStore {
     }
   }
 
-  // REQUIRES: mu_ held. The retained entry of cls to evict first
-  // (RetainedOrder; not pinned for a read), taken out of the lease order;
-  // kNoSlot when there is none.
-  uint32_t PickRetained(uint16_t cls) {
-    for (auto it = retained_.lower_bound({cls, 0, 0, 0, 0});
-         it != retained_.end() && std::get<0>(*it) == cls; ++it) {
-      const uint32_t slot = std::get<4>(*it);
+  // REQUIRES: mu_ held. The first entry of cls in a lease order (a set of
+  // tuples led by the class and ended by the slot) that no reader has
+  // pinned, taken out of the lease order; kNoSlot when there is none.
+  template <typename Order>
+  uint32_t PickLeased(const std::set<Order>& order, uint16_t cls) {
+    Order from{};
+    std::get<0>(from) = cls;
+    for (auto it = order.lower_bound(from); it != order.end() && std::get<0>(*it) == cls; ++it) {
+      const uint32_t slot = std::get<std::tuple_size_v<Order> - 1>(*it);
       if (alloc_.meta(slot).pins > 0) continue;
       DropLease(slot, cls);
       return slot;
     }
     return kNoSlot;
   }
+  // The retained entry of cls to evict first (RetainedOrder).
+  uint32_t PickRetained(uint16_t cls) { return PickLeased(retained_, cls); }
+  // The demoted entry of cls to evict first: the first demoted.
+  uint32_t PickDemoted(uint16_t cls) { return PickLeased(demoted_, cls); }
 
   // REQUIRES: mu_ held. Takes slot out of whichever order holds it: the
   // policy's, or a lease's.
@@ -1049,6 +1140,10 @@ class DramStoreImpl final : public DramStore {
         "kvpool_dram_eviction_age_seconds",
         "Time from an evicted entry's last commit or hit to its eviction (one key in 64)", {},
         Histogram::ExponentialBounds(0.01, 2, 22));
+    prefetch_lead_ =
+        metrics_->GetHistogram("kvpool_dram_prefetch_lead_seconds",
+                               "Time from a prefetch bringing an entry into DRAM to its first read",
+                               {}, Histogram::ExponentialBounds(0.001, 2, 20));
     if (policy_->adaptation().adaptive) RegisterAdaptationMetrics();
     for (const RecentWindow& rw : kRecentWindows) {
       metrics_->AddCallbackGauge(
@@ -1105,6 +1200,7 @@ class DramStoreImpl final : public DramStore {
   Counter* hits_ = nullptr;
   Counter* misses_ = nullptr;
   Histogram* eviction_age_ = nullptr;
+  Histogram* prefetch_lead_ = nullptr;
   const Clock* const time_;    // eviction ages, leases
   RecentRatio recent_age_us_;  // microseconds of sampled eviction ages, per eviction
   const uint64_t pin_max_bytes_;                 // DramOptions::pin_max_bytes
@@ -1148,11 +1244,33 @@ class DramStoreImpl final : public DramStore {
   uint64_t retained_bytes_ = 0;
   uint64_t hint_pinned_bytes_ = 0;
   uint64_t leases_expired_ = 0;
+  std::set<DemotedOrder> demoted_;
+  // Prefetched entries not read yet: when they were marked.
+  std::unordered_map<uint32_t, uint64_t> prefetched_at_;
+  uint64_t prefetch_hits_ = 0;
+  uint64_t prefetch_unused_ = 0;
+  uint64_t prefetch_lead_ns_ = 0;  // summed over prefetch_hits_
   std::unordered_map<KeyId, Clock::time_point, KeyIdHash> age_last_use_;  // sampled keys
 };
 
 }  // namespace
 }  // namespace dram
+
+const char* HintOpName(HintOp op) {
+  switch (op) {
+    case HintOp::kRetain:
+      return "retain";
+    case HintOp::kPin:
+      return "pin";
+    case HintOp::kPrefetch:
+      return "prefetch";
+    case HintOp::kDemote:
+      return "demote";
+    case HintOp::kRelease:
+      return "release";
+  }
+  return nullptr;
+}
 
 Result<std::unique_ptr<DramStore>> DramStore::Open(const DramOptions& options,
                                                    MetricsRegistry* metrics) {

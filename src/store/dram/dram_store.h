@@ -81,6 +81,12 @@ struct DramOptions {
   Status Validate() const;
 };
 
+// The cache hints (docs/hints.md); the values are the wire's (the local
+// protocol's Hint, the peers' kPeerHint, kvpool_hint_op).
+enum class HintOp : uint8_t { kRetain = 1, kPin = 2, kPrefetch = 3, kDemote = 4, kRelease = 5 };
+// "retain", "pin", ...; nullptr for a value that is no operation.
+const char* HintOpName(HintOp op);
+
 // What a cache hint did (DramStore::Retain, PinFor, ReleaseLeases).
 struct HintResult {
   uint64_t applied = 0;  // keys in DRAM it applied to
@@ -88,6 +94,9 @@ struct HintResult {
   // Retentions it ended to stay within retain_max_percent (its own keys'
   // or earlier ones').
   uint64_t clipped = 0;
+  // Keys it moved between tiers (TieredStore::Demote: to SSD;
+  // TieredStore::Prefetch: into DRAM).
+  uint64_t moved = 0;
 };
 
 struct DramClassStats {
@@ -137,6 +146,14 @@ struct DramStats {
   uint64_t hint_pinned_bytes = 0;
   uint64_t leases_expired = 0;
   uint64_t retains_clipped = 0;  // retentions ended by retain_max_percent
+  uint64_t demoted_entries = 0;  // first in line to go (DramStore::Demote)
+  // Prefetched entries (DramStore::MarkPrefetched): not read yet; read
+  // (each once, at its first read) and the time from prefetch to that read,
+  // summed; and those that left unread.
+  uint64_t prefetched_entries = 0;
+  uint64_t prefetch_hits = 0;
+  double prefetch_lead_seconds = 0;
+  uint64_t prefetch_unused = 0;
   EvictionAdaptation eviction;  // what the eviction policy adapts
   std::vector<DramClassStats> classes;
 };
@@ -157,6 +174,8 @@ class DramStore {
   virtual uint64_t segment_bytes() const = 0;
   virtual uint8_t* segment_base() const = 0;
   virtual uint64_t max_value_bytes() const = 0;
+  // DramOptions::hint_max_keys.
+  virtual uint64_t hint_max_keys() const = 0;
   // Whether a batch's hits should be acquired last to first (the eviction
   // policy keeps a chain's head longest: EvictionPolicy::TouchChainsHeadLast).
   // It can change as the default policy adapts (an LRU touches in order).
@@ -247,6 +266,17 @@ class DramStore {
   // Ends the keys' leases now: their entries return to the policy's order
   // as if just written.
   virtual HintResult ReleaseLeases(std::span<const KeyId> keys) = 0;
+  // Demote: the entries go first in line to leave their size class (the
+  // first demoted first), ending any lease they had; a read does not move
+  // them back (Retain, PinFor or ReleaseLeases does). With pins, each entry
+  // found is also pinned there, without counting an access (a caller
+  // writing them to a lower tier before it removes them). InvalidArgument
+  // for more than hint_max_keys keys.
+  virtual Result<HintResult> Demote(std::span<const KeyId> keys, std::vector<Pin>* pins) = 0;
+  // Marks the entries as brought in ahead of use (a prefetch): the first
+  // read of each counts a prefetch hit and its lead time; one evicted or
+  // removed unread counts as unused (DramStats). Returns how many it found.
+  virtual uint64_t MarkPrefetched(std::span<const KeyId> keys) = 0;
 
   // Called for each entry evicted (not removed), with its bytes still intact,
   // while the store's lock is held: it must be quick and must not call back

@@ -1,5 +1,5 @@
 // Cache hints' leases in the DRAM tier (DramStore::Retain, PinFor,
-// ReleaseLeases): exact eviction order on hand-made sequences, TTLs on a
+// ReleaseLeases, Demote, MarkPrefetched): exact eviction order on hand-made sequences, TTLs on a
 // manual clock, the pin budget at the byte, and bad input.
 #include <gtest/gtest.h>
 
@@ -241,6 +241,94 @@ TEST_F(HintsTest, BadHintsChangeNothing) {
   // Hints never change the bytes a read returns.
   for (uint64_t k = 1045; k < 1300; ++k) EXPECT_TRUE(Get(*store_, Key(k), kValue).ok()) << k;
   EXPECT_TRUE(Get(*store_, Key(0), kValue).ok());
+}
+
+// Demoted entries go first in their class, the first demoted first, ahead
+// of the LRU's own victim; a read does not move them back; a demotion ends
+// a retention or a pin; a pinned-for-read demoted entry is passed over.
+TEST_F(HintsTest, DemotedEntriesGoFirst) {
+  Open();
+  ASSERT_TRUE(store_->Retain(Keys({200}), seconds(30), 0).ok());
+  ASSERT_TRUE(store_->PinFor(Keys({201}), seconds(30)).ok());
+  auto r = store_->Demote(Keys({100, 200, 201, 5000}), nullptr);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->applied, 3u);
+  EXPECT_EQ(r->unknown, 1u);
+  ASSERT_TRUE(store_->Demote(Keys({50}), nullptr).ok());
+  DramStats st = store_->GetStats();
+  EXPECT_EQ(st.demoted_entries, 4u);
+  EXPECT_EQ(st.retained_entries, 0u);
+  EXPECT_EQ(st.hint_pinned_entries, 0u);
+  EXPECT_EQ(st.hint_pinned_bytes, 0u);
+  EXPECT_TRUE(Get(*store_, Key(100), kValue).ok());  // a read leaves it first in line
+  {
+    auto held = store_->Acquire(Key(200));  // pinned for a read: passed over
+    ASSERT_TRUE(held.ok());
+    Flood(3);
+    EXPECT_EQ(Present({100, 200, 201, 50, 0, 1}), "010011");
+    Flood(1);
+    EXPECT_EQ(Present({200, 0, 1}), "101");  // the LRU's victim next
+  }
+  Flood(1);
+  EXPECT_EQ(Present({200, 1}), "01");  // unpinned: first in line again
+  EXPECT_EQ(store_->GetStats().demoted_entries, 0u);
+
+  // Release returns a demoted entry to the LRU order as if just written.
+  ASSERT_TRUE(store_->Demote(Keys({2}), nullptr).ok());
+  EXPECT_EQ(store_->ReleaseLeases(Keys({2})).applied, 1u);
+  Flood(2);
+  EXPECT_EQ(Present({2, 3, 4}), "101");
+
+  // Over hint_max_keys: refused, nothing changes.
+  std::vector<KeyId> many;
+  for (uint64_t k = 10; k < 111; ++k) many.push_back(Key(k));
+  EXPECT_EQ(store_->Demote(many, nullptr).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->GetStats().demoted_entries, 0u);
+}
+
+// Demote with pins: each entry found is pinned without counting a read,
+// and its bytes are exact.
+TEST_F(HintsTest, DemoteHandsOutPinsOfTheBytes) {
+  Open();
+  const uint64_t rounds = store_->GetStats().lookup_rounds;
+  std::vector<DramStore::Pin> pins;
+  auto r = store_->Demote(Keys({7, 9, 5000}), &pins);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(pins.size(), 2u);
+  EXPECT_EQ(pins[0].key(), Key(7));
+  EXPECT_EQ(pins[1].key(), Key(9));
+  EXPECT_TRUE(testing::CheckPattern(Key(9), pins[1].data(), kValue));
+  EXPECT_EQ(store_->GetStats().pinned, 2u);
+  EXPECT_EQ(store_->GetStats().lookup_rounds, rounds);
+  pins.clear();
+  EXPECT_EQ(store_->GetStats().pinned, 0u);
+}
+
+// A prefetched entry's first read counts one prefetch hit and its lead
+// time on the store's clock; later reads count none; one evicted unread
+// counts as unused.
+TEST_F(HintsTest, PrefetchedEntriesCountTheirFirstRead) {
+  Open();
+  EXPECT_EQ(store_->MarkPrefetched(Keys({0, 1, 5000})), 2u);
+  EXPECT_EQ(store_->GetStats().prefetched_entries, 2u);
+  clock_.Advance(std::chrono::milliseconds(1500));
+  EXPECT_TRUE(Get(*store_, Key(1), kValue).ok());
+  EXPECT_TRUE(Get(*store_, Key(1), kValue).ok());
+  DramStats st = store_->GetStats();
+  EXPECT_EQ(st.prefetch_hits, 1u);
+  EXPECT_DOUBLE_EQ(st.prefetch_lead_seconds, 1.5);
+  EXPECT_EQ(st.prefetched_entries, 1u);
+  EXPECT_EQ(st.prefetch_unused, 0u);
+  Flood(1);  // evicts 0, the LRU's victim, unread
+  st = store_->GetStats();
+  EXPECT_EQ(Present({0, 1}), "01");
+  EXPECT_EQ(st.prefetch_unused, 1u);
+  EXPECT_EQ(st.prefetched_entries, 0u);
+  // A new entry in the slot 0 had is not marked.
+  Flood(300);
+  EXPECT_EQ(store_->GetStats().prefetch_hits, 1u);
+  for (uint64_t k = 1045; k < 1301; ++k) EXPECT_TRUE(Get(*store_, Key(k), kValue).ok()) << k;
+  EXPECT_EQ(store_->GetStats().prefetch_hits, 1u);
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ inline constexpr uint16_t kRunTail = UINT16_MAX - 1;  // slab inside a run, not 
 // last Unpin, its bytes left as an evicted entry's are).
 enum class SlotState : uint8_t { kFree, kReserved, kCommitted, kZombie, kUnlisted };
 enum QueueId : uint8_t { kQueueNone = 0, kQueueSmall = 1, kQueueMain = 2, kQueueWindow = 3 };
-enum HintId : uint8_t { kHintNone = 0, kHintRetained = 1, kHintPinned = 2 };
+enum HintId : uint8_t { kHintNone = 0, kHintRetained = 1, kHintPinned = 2, kHintDemoted = 3 };
 
 // 32 bytes per slot. prev/next link the slot into its class's free list while
 // free and into an eviction queue while committed.
@@ -45,9 +45,11 @@ struct SlotMeta {
   // Reserved for a value read from elsewhere (DramStore::ReserveForRead):
   // not counted against the capacity until it is committed.
   uint8_t for_read : 1 = 0;
-  // A cache hint's lease (DramStore::Retain, PinFor): the entry is then in
-  // the store's lease order, not the eviction policy's.
+  // A cache hint's lease (DramStore::Retain, PinFor, Demote): the entry is
+  // then in the store's lease order, not the eviction policy's.
   uint8_t hint : 2 = kHintNone;
+  // Brought in ahead of use (DramStore::MarkPrefetched) and not read since.
+  uint8_t prefetched : 1 = 0;
 };
 static_assert(sizeof(SlotMeta) == 32);
 
