@@ -593,6 +593,13 @@ TEST_F(TenantTest, EachTenantsFiguresShowInKvpoolctlMetricsAndStatusAndOthersAre
   EXPECT_EQ(hs, 429) << h.dump();
   EXPECT_EQ(node_->Metric("kvpool_tenant_dram_hint_pinned_bytes{tenant=\"alpha\"}"), 4096);
   EXPECT_EQ(node_->Metric("kvpool_tenant_dram_hint_pinned_bytes{tenant=\"default\"}"), 0);
+  EXPECT_EQ(
+      node_->Metric("kvpool_tenant_hints_refused_total{tenant=\"alpha\",reason=\"pin_budget\"}"),
+      1);
+  EXPECT_EQ(
+      node_->Metric("kvpool_tenant_hints_refused_total{tenant=\"default\",reason=\"pin_budget\"}"),
+      1);
+  EXPECT_EQ(node_->Metric("kvpool_tenant_hints_total{tenant=\"alpha\",op=\"pin\"}"), 1);
   // A client's hints (kvpool_hint) reach its own tenant's keys: alpha's
   // client demotes alpha's k-1 to alpha's SSD space.
   r = AsUser(kAlphaUid, [&] {

@@ -27,17 +27,27 @@ void CountHintRefused(MetricsRegistry* metrics, const char* reason) {
       ->Inc();
 }
 
-const char* CountHint(MetricsRegistry* metrics, HintOp op, const Result<HintResult>& r) {
+const char* CountHint(MetricsRegistry* metrics, const std::string& tenant, HintOp op,
+                      const Result<HintResult>& r) {
   if (!r.ok()) {
     const char* reason = r.status().code() == StatusCode::kResourceExhausted     ? "pin_budget"
                          : r.status().message().find("ttl") != std::string::npos ? "bad_ttl"
                                                                                  : "too_many_keys";
     CountHintRefused(metrics, reason);
+    metrics
+        ->GetCounter("kvpool_tenant_hints_refused_total",
+                     "Cache hints refused, by reason, per tenant.",
+                     {{"tenant", tenant}, {"reason", reason}})
+        ->Inc();
     return reason;
   }
   metrics
       ->GetCounter("kvpool_hints_total", "Cache hints applied, by operation.",
                    {{"op", HintOpName(op)}})
+      ->Inc();
+  metrics
+      ->GetCounter("kvpool_tenant_hints_total", "Cache hints applied, by operation, per tenant.",
+                   {{"tenant", tenant}, {"op", HintOpName(op)}})
       ->Inc();
   UnknownKeys(metrics)->Inc(r->unknown);
   return nullptr;
@@ -154,6 +164,7 @@ std::pair<int, std::string> HintsApi::Http(const std::string& body) {
   }
   TieredStore* store = stores_->store();
   RemoteReads* reads = reads_of_ ? reads_of_(-1) : nullptr;
+  std::string tenant = kDefaultTenant;
   if (const auto t = j.find("tenant"); t != j.end()) {
     if (!t->is_string()) return Refuse(400, "bad_request", "tenant must be a string");
     if (*t != kDefaultTenant) {
@@ -162,6 +173,7 @@ std::pair<int, std::string> HintsApi::Http(const std::string& body) {
       for (size_t i = 0; i < tenants.size(); ++i) {
         if (tenants[i].spec.name != *t) continue;
         store = tenants[i].store.get();
+        tenant = tenants[i].spec.name;
         reads = reads_of_ ? reads_of_(static_cast<int>(i)) : nullptr;
       }
       if (store == nullptr) return Refuse(404, "unknown_tenant", "no tenant " + t->dump());
@@ -177,7 +189,7 @@ std::pair<int, std::string> HintsApi::Http(const std::string& body) {
   RunHint(store, reads, op, std::move(ids), ttl, priority,
           [answer](Result<HintResult> r) { answer->set_value(std::move(r)); });
   const Result<HintResult> r = waited.get();
-  if (const char* reason = CountHint(metrics_, op, r); reason != nullptr) {
+  if (const char* reason = CountHint(metrics_, tenant, op, r); reason != nullptr) {
     return {r.status().code() == StatusCode::kResourceExhausted ? 429 : 400,
             nlohmann::json{{"error", std::string(r.status().message())}}.dump()};
   }

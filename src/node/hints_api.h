@@ -33,11 +33,14 @@
 
 namespace kvpool {
 
-// Counts a hint's outcome on /metrics: kvpool_hints_total{op} and
-// kvpool_hint_unknown_keys_total when it applied, else
-// kvpool_hints_refused_total{reason}. Returns the reason of a refusal
-// ("pin_budget", "bad_ttl", "too_many_keys"), nullptr when it applied.
-const char* CountHint(MetricsRegistry* metrics, HintOp op, const Result<HintResult>& r);
+// Counts a hint's outcome on /metrics: kvpool_hints_total{op},
+// kvpool_tenant_hints_total{tenant,op} and kvpool_hint_unknown_keys_total
+// when it applied, else kvpool_hints_refused_total{reason} and
+// kvpool_tenant_hints_refused_total{tenant,reason}. Returns the reason of a
+// refusal ("pin_budget", "bad_ttl", "too_many_keys"), nullptr when it
+// applied.
+const char* CountHint(MetricsRegistry* metrics, const std::string& tenant, HintOp op,
+                      const Result<HintResult>& r);
 
 // One hint on one tenant's store and, for the keys it holds in neither
 // tier, at their holders in the cluster (reads; null on a standalone node):

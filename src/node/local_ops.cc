@@ -544,8 +544,9 @@ Status LocalOps::OnHint(LocalSession& c, const FrameHeader& h, std::span<const u
         std::chrono::milliseconds(std::min<uint64_t>(m.ttl_ms, INT64_MAX / 1'000'000'000));
     RunHint(
         T(c).store, T(c).remote, op, std::move(m.keys), ttl, static_cast<uint8_t>(m.priority),
-        [op, metrics = metrics_, done = std::move(done)](Result<HintResult> res) {
-          CountHint(metrics, op, res);
+        [op, metrics = metrics_, tenant = T(c).name,
+         done = std::move(done)](Result<HintResult> res) {
+          CountHint(metrics, tenant, op, res);
           if (!res.ok()) return done(res.status(), std::string());
           std::vector<uint8_t> out;
           protocol::EncodeHintReply({res->applied, res->unknown, res->clipped, res->moved}, &out);
