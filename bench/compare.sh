@@ -30,6 +30,9 @@
 #        bench/compare.sh hints [--seed N] [--scale X] [--keep]
 #          (the agentic shape at 5-20 % capacity without and with cache hints
 #          retaining paused sessions; bench/compare_hints.sh)
+#        bench/compare.sh scale [--nodes LIST] [--chains N] [--keep]
+#          (what a chain's read and put cost at N simulated nodes;
+#          bench/compare_scale.sh)
 #        bench/compare.sh events [--reps N] [--duration DURATION] [--put-value-size SIZE] [--keep]
 #          (KV events with a subscriber that stopped reading vs one that
 #          reads and vs none;
@@ -74,6 +77,10 @@ fi
 if [[ "${1:-}" == "hints" ]]; then
   shift
   exec "$HERE/compare_hints.sh" "$@"
+fi
+if [[ "${1:-}" == "scale" ]]; then
+  shift
+  exec "$HERE/compare_scale.sh" "$@"
 fi
 if [[ "${1:-}" == "events" ]]; then
   shift
