@@ -410,7 +410,10 @@ class DramStoreImpl final : public DramStore {
         OrderErase(slot, cls);
         AddLease(slot, cls, kHintDemoted, 0, 0);
       }
-      if (pins != nullptr) pins->push_back(PinLocked(slot));
+      // An entry at the most pins stays (first in line) rather than fail.
+      if (pins != nullptr && m.pins < std::numeric_limits<uint16_t>::max()) {
+        pins->push_back(PinLocked(slot));
+      }
     });
   }
 

@@ -270,7 +270,8 @@ class DramStore {
   // first demoted first), ending any lease they had; a read does not move
   // them back (Retain, PinFor or ReleaseLeases does). With pins, each entry
   // found is also pinned there, without counting an access (a caller
-  // writing them to a lower tier before it removes them). InvalidArgument
+  // writing them to a lower tier before it removes them), but for one
+  // already at the most pins a slot can hold. InvalidArgument
   // for more than hint_max_keys keys.
   virtual Result<HintResult> Demote(std::span<const KeyId> keys, std::vector<Pin>* pins) = 0;
   // Marks the entries as brought in ahead of use (a prefetch): the first
