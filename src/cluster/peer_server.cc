@@ -154,10 +154,11 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
     }
     protocol::HintRequest m;
     KVPOOL_RETURN_IF_ERROR(protocol::DecodeHint(in.payload, protocol::kMaxHintKeys, &m));
-    const auto op = static_cast<HintOp>(m.op);
-    if (HintOpName(op) == nullptr || m.priority > 255) {
+    const std::optional<HintOp> known = HintOpOf(m.op);
+    if (!known || m.priority > 255) {
       return InvalidArgument("hint: unknown operation or priority over 255");
     }
+    const HintOp op = *known;
     auto answer = [r = std::move(r)](Result<HintResult> res) mutable {
       if (!res.ok()) return r.Respond(res.status());
       std::vector<uint8_t> header;

@@ -522,11 +522,12 @@ Status LocalOps::OnLookupPrefix(LocalSession& c, const FrameHeader& h,
 Status LocalOps::OnHint(LocalSession& c, const FrameHeader& h, std::span<const uint8_t> body) {
   protocol::HintRequest m;
   KVPOOL_RETURN_IF_ERROR(protocol::DecodeHint(body, protocol::kMaxHintKeys, &m));
-  const auto op = static_cast<HintOp>(m.op);
-  if (HintOpName(op) == nullptr) {
+  const std::optional<HintOp> known = HintOpOf(m.op);
+  if (!known) {
     CountHintRefused(metrics_, "bad_request");
     return InvalidArgument(fmt::format("unknown hint operation {}", m.op));
   }
+  const HintOp op = *known;
   if (m.priority > 255) {
     CountHintRefused(metrics_, "bad_request");
     return InvalidArgument("a hint's priority must be in 0..255");

@@ -341,6 +341,42 @@ TEST_F(LocalOpsTest, AFrameBeforeTheHelloAndAMalformedPutAreRefusedWithNothingSt
   EXPECT_EQ(Put({Key("x")}, {5}), (std::vector<int32_t>{0}));
 }
 
+// A Hint naming no operation (0, one past the last, one that would read
+// as retain if cut to a byte) or a priority over 255 is refused with its
+// reason; nothing is retained, and the connection keeps serving.
+TEST_F(LocalOpsTest, AHintWithAnUnknownOperationOrPriorityIsRefused) {
+  Open(/*clustered=*/false);
+  Hello();
+  EXPECT_EQ(Put({Key("x")}, {5}), (std::vector<int32_t>{0}));
+  for (uint32_t op : {0u, 6u, 257u}) {
+    protocol::HintRequest m;
+    m.op = op;
+    m.ttl_ms = 1000;
+    m.keys = {Key("x")};
+    std::vector<uint8_t> body;
+    protocol::EncodeHint(m, &body);
+    Send(MessageType::kHint, body);
+    ReplyFrame r = OneReply();
+    EXPECT_EQ(r.h.status, static_cast<int32_t>(StatusCode::kInvalidArgument)) << op;
+    std::string text;
+    ASSERT_TRUE(protocol::DecodeString(r.body, &text).ok());
+    EXPECT_EQ(text, "unknown hint operation " + std::to_string(op));
+  }
+  protocol::HintRequest m;
+  m.op = 1;
+  m.priority = 256;
+  m.ttl_ms = 1000;
+  m.keys = {Key("x")};
+  std::vector<uint8_t> body;
+  protocol::EncodeHint(m, &body);
+  Send(MessageType::kHint, body);
+  EXPECT_EQ(OneReply().h.status, static_cast<int32_t>(StatusCode::kInvalidArgument));
+  EXPECT_EQ(Metric("kvpool_hints_refused_total", {{"reason", "bad_request"}}), 4);
+  EXPECT_EQ(store_->GetDramStats().retained_entries, 0u);
+  EXPECT_FALSE(s_.closing);
+  EXPECT_EQ(Put({Key("y")}, {6}), (std::vector<int32_t>{0}));
+}
+
 // Keys held elsewhere park the get (no reply, later frames wait); the
 // fetch's completion wakes the loop's fd and Resume answers from the pins
 // the wait took, in the request's order.

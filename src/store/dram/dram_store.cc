@@ -1275,6 +1275,14 @@ const char* HintOpName(HintOp op) {
   return nullptr;
 }
 
+std::optional<HintOp> HintOpOf(uint32_t wire) {
+  if (wire < static_cast<uint32_t>(HintOp::kRetain) ||
+      wire > static_cast<uint32_t>(HintOp::kRelease)) {
+    return std::nullopt;
+  }
+  return static_cast<HintOp>(wire);
+}
+
 Result<std::unique_ptr<DramStore>> DramStore::Open(const DramOptions& options,
                                                    MetricsRegistry* metrics) {
   KVPOOL_RETURN_IF_ERROR(options.Validate());

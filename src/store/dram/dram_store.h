@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -86,6 +87,8 @@ struct DramOptions {
 enum class HintOp : uint8_t { kRetain = 1, kPin = 2, kPrefetch = 3, kDemote = 4, kRelease = 5 };
 // "retain", "pin", ...; nullptr for a value that is no operation.
 const char* HintOpName(HintOp op);
+// The operation a wire value names (1..5), or nullopt.
+std::optional<HintOp> HintOpOf(uint32_t wire);
 
 // What a cache hint did (DramStore::Retain, PinFor, ReleaseLeases).
 struct HintResult {
