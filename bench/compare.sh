@@ -54,42 +54,19 @@ LOG_TAG=compare
 # shellcheck source=bench/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-if [[ "${1:-}" == "remote" ]]; then
-  shift
-  exec "$HERE/compare_remote.sh" "$@"
-fi
-if [[ "${1:-}" == "builds" ]]; then
-  shift
-  exec "$HERE/compare_builds.sh" "$@"
-fi
-if [[ "${1:-}" == "connectors" ]]; then
-  shift
-  exec "$HERE/compare_connectors.sh" "$@"
-fi
-if [[ "${1:-}" == "security" ]]; then
-  shift
-  exec "$HERE/compare_security.sh" "$@"
-fi
-if [[ "${1:-}" == "trace" ]]; then
-  shift
-  exec "$HERE/compare_trace.sh" "$@"
-fi
-if [[ "${1:-}" == "hints" ]]; then
-  shift
-  exec "$HERE/compare_hints.sh" "$@"
-fi
-if [[ "${1:-}" == "scale" ]]; then
-  shift
-  exec "$HERE/compare_scale.sh" "$@"
-fi
-if [[ "${1:-}" == "events" ]]; then
-  shift
-  exec "$HERE/compare_kv_events.sh" "$@"
-fi
-if [[ "${1:-}" == "ssd" ]]; then
-  shift
-  exec "$HERE/compare_ssd.sh" "$@"
-fi
+# Every mode but local is its own script: bench/compare_<mode>.sh (events:
+# compare_kv_events.sh).
+case "${1:-}" in
+  remote | builds | connectors | security | trace | hints | scale | ssd)
+    mode="$1"
+    shift
+    exec "$HERE/compare_$mode.sh" "$@"
+    ;;
+  events)
+    shift
+    exec "$HERE/compare_kv_events.sh" "$@"
+    ;;
+esac
 [[ "${1:-}" == "local" ]] || usage
 shift
 REPS=3

@@ -129,14 +129,7 @@ void NodeStores::AddTenantGauges(const std::string& name, TieredStore* store) {
       "kvpool_tenant_dram_prefetch_mean_lead_seconds",
       "Mean time from a prefetch to the entry's first read, over the prefetch hits since start, "
       "per tenant",
-      l,
-      [store] {
-        const DramStats s = store->GetDramStats();
-        return s.prefetch_hits == 0
-                   ? 0.0
-                   : s.prefetch_lead_seconds / static_cast<double>(s.prefetch_hits);
-      },
-      this);
+      l, [store] { return store->GetDramStats().prefetch_mean_lead_seconds(); }, this);
   if (store->GetDramStats().eviction.adaptive) {
     // Each tenant's store adapts its policy to its own traffic.
     auto adaptation = [store](auto field) {

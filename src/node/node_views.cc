@@ -98,14 +98,17 @@ nlohmann::ordered_json EvictionJson(const EvictionAdaptation& a) {
 
 // A store's cache hints now and since start (docs/hints.md).
 nlohmann::ordered_json HintsJson(const DramStats& s) {
-  const double mean_lead =
-      s.prefetch_hits == 0 ? 0 : s.prefetch_lead_seconds / static_cast<double>(s.prefetch_hits);
-  return {{"retained_entries", s.retained_entries},  {"retained_bytes", s.retained_bytes},
-          {"pinned_entries", s.hint_pinned_entries}, {"pinned_bytes", s.hint_pinned_bytes},
-          {"demoted_entries", s.demoted_entries},    {"leases_expired", s.leases_expired},
-          {"retains_clipped", s.retains_clipped},    {"prefetched_entries", s.prefetched_entries},
-          {"prefetch_hits", s.prefetch_hits},        {"prefetch_unused", s.prefetch_unused},
-          {"prefetch_mean_lead_s", mean_lead}};
+  return {{"retained_entries", s.retained_entries},
+          {"retained_bytes", s.retained_bytes},
+          {"pinned_entries", s.hint_pinned_entries},
+          {"pinned_bytes", s.hint_pinned_bytes},
+          {"demoted_entries", s.demoted_entries},
+          {"leases_expired", s.leases_expired},
+          {"retains_clipped", s.retains_clipped},
+          {"prefetched_entries", s.prefetched_entries},
+          {"prefetch_hits", s.prefetch_hits},
+          {"prefetch_unused", s.prefetch_unused},
+          {"prefetch_mean_lead_s", s.prefetch_mean_lead_seconds()}};
 }
 
 }  // namespace

@@ -157,6 +157,10 @@ struct DramStats {
   uint64_t prefetch_hits = 0;
   double prefetch_lead_seconds = 0;
   uint64_t prefetch_unused = 0;
+  // The mean time from a prefetch to its entry's first read (0: no hit yet).
+  double prefetch_mean_lead_seconds() const {
+    return prefetch_hits == 0 ? 0 : prefetch_lead_seconds / static_cast<double>(prefetch_hits);
+  }
   EvictionAdaptation eviction;  // what the eviction policy adapts
   std::vector<DramClassStats> classes;
 };
