@@ -2,17 +2,24 @@
 # bench/compare.sh scale: what a request costs as the cluster grows.
 # kvpool-scale-sim (src/cluster/scale_sim.h) stands up N nodes' real cluster
 # services in one process over the in-process transport, puts chains of
-# 128 blocks (each from one node) and reads each from another node, and
-# counts the peer messages each request sends. Prints a table for each N
-# and `metric` lines:
-#   scale_chain_read_messages_max           most messages one chain read sent, any N
-#                                           (lookups at the keys' homes + one fetch a block)
-#   scale_chain_read_lookups_max            most lookup messages one chain read sent
+# 128 blocks (each from one node) and reads each from another node twice,
+# cold: with lookups at every key's home ("home") and as a chain read (the
+# first key's home, then its holder: "chain", what placements chain and
+# local do). It counts the peer messages each request sends and replays
+# each read's call graph over a link model (10 and 50 us links, seeded
+# jitter, CPU costs measured from the real handlers) for get p50/p99.
+# Prints a table for each N and `metric` lines:
+#   scale_chain_read_messages_max           most lookup messages (home and holder lookups)
+#                                           one chain read sent, any N
+#   scale_chain_read_fetches_max            fetch calls of one chain read (one per block)
+#   scale_home_read_messages_max            most lookup messages one read by keys' homes sent
 #   scale_chain_put_messages_max            most publishes one chain put sent, any N
 #   scale_directory_bytes_per_key_spread    max/min - 1 of directory bytes per key over N
 #   scale_shards_moved_per_join_vs_ideal    worst over N: shards a join moves / (4096/(N+1))
 #   scale_membership_bytes_per_node_max     a node's view and shard map at the largest N
-#   scale_get_p99_1024_vs_4                 not measured yet (no link-latency model): n/a
+#   scale_get_p99_1024_vs_4                 chain reads' modelled get p99 at the largest N
+#                                           over N = 4 (10 us links; "_50us": 50 us links)
+#   scale_home_get_p99_1024_vs_4            the same for reads by keys' homes
 #   scale_chain_read_misses                 blocks a read did not find (must be 0)
 #
 # Usage: bench/compare.sh scale [--nodes LIST] [--chains N] [--keep]
@@ -45,28 +52,53 @@ import json
 import sys
 
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-cols = [("nodes", "N", "%d"), ("chain_read_messages_max", "read msgs max", "%d"),
-        ("chain_read_lookups_mean", "lookups mean", "%.1f"),
-        ("chain_read_homes_max", "homes max", "%d"),
-        ("chain_put_messages_max", "put msgs max", "%d"),
-        ("directory_bytes_per_key", "dir B/key", "%.0f"),
-        ("membership_bytes_per_node", "view B/node", "%d"),
-        ("peers_called_max", "peers max", "%d"),
-        ("shards_moved_join_vs_ideal", "join/ideal", "%.2f"),
-        ("setup_s", "setup s", "%.1f")]
-print(" | ".join(h for _, h, _ in cols))
+cols = [("N", "%d", lambda r: r["nodes"]),
+        ("home lookups max", "%d", lambda r: r["home_read"]["lookup_messages_max"]),
+        ("chain lookups max", "%d", lambda r: r["chain_read"]["lookup_messages_max"]),
+        ("fetches", "%d", lambda r: r["chain_read"]["fetches_max"]),
+        ("put msgs max", "%d", lambda r: r["chain_put_messages_max"]),
+        ("home p50/p99 us (10us)", "%s", lambda r: "%.0f / %.0f" % (
+            r["home_read"]["get_us_10"]["p50"], r["home_read"]["get_us_10"]["p99"])),
+        ("chain p50/p99 us (10us)", "%s", lambda r: "%.0f / %.0f" % (
+            r["chain_read"]["get_us_10"]["p50"], r["chain_read"]["get_us_10"]["p99"])),
+        ("chain p50/p99 us (50us)", "%s", lambda r: "%.0f / %.0f" % (
+            r["chain_read"]["get_us_50"]["p50"], r["chain_read"]["get_us_50"]["p99"])),
+        ("dir B/key", "%.0f", lambda r: r["directory_bytes_per_key"]),
+        ("view B/node", "%d", lambda r: r["membership_bytes_per_node"]),
+        ("peers max", "%d", lambda r: r["peers_called_max"]),
+        ("join/ideal", "%.2f", lambda r: r["shards_moved_join_vs_ideal"]),
+        ("setup s", "%.1f", lambda r: r["setup_s"])]
+print(" | ".join(h for h, _, _ in cols))
 print(" | ".join("---" for _ in cols))
 for r in rows:
-    print(" | ".join(f % r[k] for k, _, f in cols))
+    print(" | ".join(f % get(r) for _, f, get in cols))
 per_key = [r["directory_bytes_per_key"] for r in rows if r["directory_bytes_per_key"] > 0]
-print("metric scale_chain_read_messages_max %d" % max(r["chain_read_messages_max"] for r in rows))
-print("metric scale_chain_read_lookups_max %d" % max(r["chain_read_homes_max"] for r in rows))
+small = min(rows, key=lambda r: r["nodes"])
+large = max(rows, key=lambda r: r["nodes"])
+
+
+def p99_ratio(kind, link):
+    a = small[kind]["get_us_%d" % link]["p99"]
+    b = large[kind]["get_us_%d" % link]["p99"]
+    return "%.3f" % (b / a) if a > 0 else "n/a"
+
+
+print("metric scale_chain_read_messages_max %d"
+      % max(r["chain_read"]["lookup_messages_max"] for r in rows))
+print("metric scale_chain_read_fetches_max %d" % max(r["chain_read"]["fetches_max"] for r in rows))
+print("metric scale_home_read_messages_max %d"
+      % max(r["home_read"]["lookup_messages_max"] for r in rows))
 print("metric scale_chain_put_messages_max %d" % max(r["chain_put_messages_max"] for r in rows))
 print("metric scale_directory_bytes_per_key_spread %.3f" % (max(per_key) / min(per_key) - 1))
 print("metric scale_shards_moved_per_join_vs_ideal %.3f"
       % max(r["shards_moved_join_vs_ideal"] for r in rows))
 print("metric scale_membership_bytes_per_node_max %d"
       % max(r["membership_bytes_per_node"] for r in rows))
-print("metric scale_get_p99_1024_vs_4 n/a")
-print("metric scale_chain_read_misses %d" % sum(r["chain_read_misses"] for r in rows))
+# Named for the acceptance's sizes; it compares the largest N run with the smallest.
+print("metric scale_get_p99_1024_vs_4 %s (N=%d over N=%d)"
+      % (p99_ratio("chain_read", 10), large["nodes"], small["nodes"]))
+print("metric scale_get_p99_1024_vs_4_50us %s" % p99_ratio("chain_read", 50))
+print("metric scale_home_get_p99_1024_vs_4 %s" % p99_ratio("home_read", 10))
+print("metric scale_chain_read_misses %d"
+      % sum(r["chain_read"]["misses"] + r["home_read"]["misses"] for r in rows))
 PYEOF

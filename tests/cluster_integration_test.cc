@@ -353,6 +353,9 @@ TEST_F(ClusterTest, RemoteReadsAreByteExactAndADeadHolderIsAMiss) {
     auto got = conn->Get(shared);
     ASSERT_NO_FATAL_FAILURE(ExpectValues(got, shared_v));
   }
+  // Placement local keeps a writer's keys on its node: C's reads of A's
+  // 24-key batches are chain reads, which ask A which keys it holds.
+  EXPECT_GT(c->Metric("kvpool_remote_holder_lookups_total"), 0);
   // Read twice through B: a value B fetches again is kept as a replica
   // (--read-replicas repeat), the shared ones B read once are not.
   for (int round = 0; round < 2; ++round) {

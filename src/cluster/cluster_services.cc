@@ -97,6 +97,9 @@ RemoteReaderOptions ClusterServices::ReaderOptions(const ClusterServicesOptions&
   RemoteReaderOptions ro = options.remote;
   // Placement chain keeps a chain on one node: reads keep no replicas.
   if (options.placement == Placement::kChain) ro.replicas = RemoteReaderOptions::Replicas::kNone;
+  // A chain lives on one node under placements chain and local (its
+  // writer's); under home its blocks are spread over their homes.
+  ro.chain_reads = options.placement != Placement::kHome;
   return ro;
 }
 

@@ -52,12 +52,11 @@ TieredStore* PeerServer::StoreFor(const Incoming& in, KeyId* key) const {
   return t->store;
 }
 
-// A tenant's keys are held by their home alone (this node, which the
-// client asked as the keys' home), in the tenant's store.
-void PeerServer::TenantLookup(const ClientTenant& t, std::vector<KeyId> keys, Responder r) {
+void PeerServer::OwnLookup(TieredStore* store, const TenantKeys* bind, std::vector<KeyId> keys,
+                           Responder r) {
   std::vector<LookupResult> results(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    auto size = t.store->SizeOf(t.keys.Bind(keys[i]));
+    auto size = store->SizeOf(bind != nullptr ? bind->Bind(keys[i]) : keys[i]);
     if (!size.ok()) continue;
     results[i].size = *size;
     results[i].holders.push_back({cluster_->node_id(), cluster_->incarnation()});
@@ -102,14 +101,26 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
   HandleScoped(kPeerLookup, "lookup", [this](const Scope& sc, Incoming& in, Responder& r) {
     std::vector<KeyId> keys;
     KVPOOL_RETURN_IF_ERROR(DecodeLookup(in.payload, &keys));
+    // A tenant's keys are held by their home alone (this node, which the
+    // client asked as the keys' home), in the tenant's store.
     if (const ClientTenant* t = sc.tenant ? nullptr : TenantOf(in)) {
-      TenantLookup(*t, std::move(keys), std::move(r));
+      OwnLookup(t->store, &t->keys, std::move(keys), std::move(r));
       return Status::Ok();
     }
     auto results = sc.directory->Lookup(keys);
     RespondEncoded(r, [&](std::vector<uint8_t>* body) { EncodeLookupReply(results, body); });
     return Status::Ok();
   });
+  // A chain read asks the node holding the chain's first block about the rest.
+  HandleScoped(kPeerHolderLookup, "holder_lookup",
+               [this](const Scope& sc, Incoming& in, Responder& r) {
+                 std::vector<KeyId> keys;
+                 KVPOOL_RETURN_IF_ERROR(DecodeLookup(in.payload, &keys));
+                 const ClientTenant* t = sc.tenant ? nullptr : TenantOf(in);
+                 OwnLookup(t != nullptr ? t->store : sc.store, t != nullptr ? &t->keys : nullptr,
+                           std::move(keys), std::move(r));
+                 return Status::Ok();
+               });
   HandleScoped(kPeerFetch, "fetch", [this](const Scope& sc, Incoming& in, Responder& r) {
     KeyId key;
     uint64_t max_size = 0;

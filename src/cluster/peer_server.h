@@ -118,7 +118,10 @@ class PeerServer {
   // The store a request's key is in: its client's tenant's (binding *key to
   // the tenant), else this node's.
   TieredStore* StoreFor(const transport::Incoming& in, KeyId* key) const;
-  void TenantLookup(const ClientTenant& t, std::vector<KeyId> keys, transport::Responder r);
+  // Answers a lookup from `store` itself, not a directory: each key it
+  // holds (bound by `bind` when given) lists this node alone as holder.
+  void OwnLookup(TieredStore* store, const TenantKeys* bind, std::vector<KeyId> keys,
+                 transport::Responder r);
 
   void OnView(std::shared_ptr<const ShardMap> before, std::shared_ptr<const ShardMap> after,
               std::shared_ptr<const MembershipView> view, bool replay_all);

@@ -137,17 +137,83 @@ namespace {
 using ResolvedOn = RouteFetcher::ResolvedOn;
 
 // Starts the lookups of every key of `batch` at their homes (this node's
-// directory for keys homed here); see RouteFetcher::Lookup.
+// directory for keys homed here); see RouteFetcher::Lookup. With chain
+// reads, the first key's home, then its holder (ChainLookup).
+void ChainLookup(const std::shared_ptr<RemoteReader::State>& st,
+                 const std::shared_ptr<LookupBatch>& batch, const Routes& routes,
+                 transport::Deadline deadline, const RouteFetcher::Resolved& resolved);
+
 void StartLookup(const std::shared_ptr<RemoteReader::State>& st,
                  const std::shared_ptr<LookupBatch>& batch, const Routes& routes,
                  RouteFetcher::Resolved resolved) {
   st->SampleChurn();
+  const auto deadline = SteadyClock::now() + st->opts.lookup_timeout;
+  if (st->opts.chain_reads && batch->keys.size() >= RemoteReaderOptions::kChainReadMinKeys) {
+    return ChainLookup(st, batch, routes, deadline, resolved);
+  }
   std::vector<size_t> all(batch->keys.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
   st->fetcher->Lookup(
-      routes, batch, all, SteadyClock::now() + st->opts.lookup_timeout,
+      routes, batch, all, deadline,
       [st](std::span<const KeyId> keys) { return st->directory->Lookup(keys); },
       std::move(resolved));
+}
+
+// The keys idx of batch looked up at their homes, each group handed on as
+// resolved on `on` (a group the fetcher resolved at once counts as `on`:
+// the thread this runs on, where that is a transport thread).
+void LookupAtHomes(const std::shared_ptr<RemoteReader::State>& st,
+                   const std::shared_ptr<LookupBatch>& batch, const Routes& routes,
+                   const std::vector<size_t>& idx, transport::Deadline deadline, ResolvedOn on,
+                   const RouteFetcher::Resolved& resolved) {
+  st->fetcher->Lookup(
+      routes, batch, idx, deadline,
+      [st](std::span<const KeyId> keys) { return st->directory->Lookup(keys); },
+      [resolved, on](std::vector<size_t> part, const Status& s, ResolvedOn got) {
+        resolved(std::move(part), s, got == ResolvedOn::kCaller ? on : got);
+      });
+}
+
+void ChainLookup(const std::shared_ptr<RemoteReader::State>& st,
+                 const std::shared_ptr<LookupBatch>& batch, const Routes& routes,
+                 transport::Deadline deadline, const RouteFetcher::Resolved& resolved) {
+  std::vector<size_t> rest(batch->keys.size() - 1);
+  for (size_t i = 0; i < rest.size(); ++i) rest[i] = i + 1;
+  // The first key, at its home (or this node's directory, or the cache).
+  LookupAtHomes(st, batch, routes, {0}, deadline, ResolvedOn::kCaller,
+                [st, batch, routes, deadline, resolved, rest = std::move(rest)](
+                    std::vector<size_t> head, const Status& s, ResolvedOn on) {
+                  std::vector<std::string> holders;
+                  if (s.ok() && batch->results[0].size > 0) {
+                    holders = st->fetcher->Candidates(routes, batch->results[0]);
+                  }
+                  resolved(std::move(head), s, on);
+                  if (holders.empty()) {
+                    // Nobody holds the first key: the rest at their homes.
+                    return LookupAtHomes(st, batch, routes, rest, deadline, on, resolved);
+                  }
+                  // Its holder says which of the rest it holds; the others are
+                  // looked up at their homes. With several holders (replicas of a hot
+                  // prefix), each reader asks its own pick, so the readers of one
+                  // chain spread over its copies.
+                  const std::string& holder =
+                      holders[std::hash<std::string>{}(routes.self) % holders.size()];
+                  st->fetcher->AskHolder(
+                      routes, batch, rest, holder, deadline,
+                      [st, batch, routes, deadline, resolved, on](
+                          std::vector<size_t> part, const Status& hs, ResolvedOn got) {
+                        // Answered from the cache: on this thread.
+                        const ResolvedOn on2 = got == ResolvedOn::kCaller ? on : got;
+                        std::vector<size_t> found, lacking;
+                        for (size_t i : part) {
+                          (hs.ok() && batch->results[i].size > 0 ? found : lacking).push_back(i);
+                        }
+                        if (!lacking.empty()) {
+                          LookupAtHomes(st, batch, routes, lacking, deadline, on2, resolved);
+                        }
+                        if (!found.empty()) resolved(std::move(found), Status::Ok(), on2);
+                      });
+                });
 }
 
 // An exists: counts the keys resolved and answers once all are.

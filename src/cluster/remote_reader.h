@@ -66,6 +66,15 @@ struct RemoteReaderOptions {
   // the holder their lookup named (EvictedLately), kept at most (all are
   // forgotten when full).
   size_t evicted_lately_entries = 1u << 16;
+  // Chain reads: a read (or exists, or hint) of kChainReadMinKeys keys or
+  // more looks only its first key up at its home, then asks that key's
+  // holder which of the others it holds (one kPeerHolderLookup), and looks
+  // up at their homes only the keys the holder lacks. Where a chain lives
+  // on one node (placement chain or local) a read so costs two lookup
+  // messages at any cluster size, where per-key homes cost up to
+  // min(N, keys); it waits two round trips before fetching, not one.
+  bool chain_reads = false;
+  static constexpr size_t kChainReadMinKeys = 4;
   // The tenant whose keys this reader reads (empty: the default tenant):
   // its store, directory and peer messages are that tenant's.
   std::string tenant;

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <future>
 #include <mutex>
@@ -28,29 +30,110 @@ using std::chrono::milliseconds;
 
 std::string SimNodeId(size_t i) { return fmt::format("n{:04d}", i); }
 
-// The calls a node sends: per message type, their peers and bytes. A window
-// (BeginWindow .. Take) is one request's.
+// Wall times per message type of the real handlers (at receivers) and
+// sends (at senders), the first kMaxSamples of each. The latency model's
+// CPU costs are the handlers' medians and the sends' tenth percentiles: a
+// send here also waits for the in-process network's one delivery thread
+// (its lock, its wake-up), which a real sender does not.
+class SimCosts {
+ public:
+  static constexpr size_t kMaxSamples = 1u << 16;
+  void Add(bool handler, uint16_t type, double us) {
+    std::lock_guard lock(mu_);
+    auto& v = (handler ? handlers_ : sends_)[type];
+    if (v.size() < kMaxSamples) v.push_back(us);
+  }
+  SimCostTable Medians() const {
+    std::lock_guard lock(mu_);
+    SimCostTable t;
+    auto quantile = [](std::vector<double> v, double q) {
+      const auto at = static_cast<ptrdiff_t>(q * static_cast<double>(v.size() - 1));
+      std::nth_element(v.begin(), v.begin() + at, v.end());
+      return v[static_cast<size_t>(at)];
+    };
+    for (const auto& [type, samples] : handlers_) t.handler_us[type] = quantile(samples, 0.5);
+    for (const auto& [type, samples] : sends_) t.send_us[type] = quantile(samples, 0.1);
+    return t;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<uint16_t, std::vector<double>> handlers_, sends_;  // protected by mu_
+};
+
+double MicrosSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+class CountingTransport;
+// The call whose reply callback this thread is running, if any: a call
+// sent from there was caused by that reply.
+struct ReplyContext {
+  const CountingTransport* transport = nullptr;
+  uint64_t window = 0;
+  int call = -1;
+};
+thread_local ReplyContext tl_reply;
+
+// The calls a node sends: per message type, their peers and bytes, and the
+// graph of which reply each was sent from. A window (BeginWindow .. Take)
+// is one request's.
 class CountingTransport final : public transport::Transport {
  public:
-  explicit CountingTransport(std::unique_ptr<transport::Transport> inner)
-      : inner_(std::move(inner)) {}
+  CountingTransport(std::unique_ptr<transport::Transport> inner, uint32_t self,
+                    const std::map<std::string, uint32_t>* index, SimCosts* costs)
+      : inner_(std::move(inner)), self_(self), index_(index), costs_(costs) {}
   std::string address() const override { return inner_->address(); }
   void RegisterHandler(transport::MessageType type, transport::Handler h) override {
-    inner_->RegisterHandler(type, std::move(h));
+    inner_->RegisterHandler(
+        type, [this, type, h = std::move(h)](transport::Incoming in, transport::Responder r) {
+          const auto t0 = std::chrono::steady_clock::now();
+          h(std::move(in), std::move(r));
+          costs_->Add(true, type, MicrosSince(t0));
+        });
   }
   void Call(const transport::CallArgs& args, transport::ReplyCallback done) override {
+    int idx = -1;
+    uint64_t window = 0;
     {
       std::lock_guard lock(mu_);
       ++window_.messages;
       window_.bytes += args.request.size() + args.payload.size();
       if (args.type == kPeerLookup) ++window_.lookups;
+      if (args.type == kPeerHolderLookup) ++window_.holder_lookups;
       if (args.type == kPeerFetch) ++window_.fetches;
       if (args.type == kPeerPublish) ++window_.publishes;
       if (args.type == kPeerStore) ++window_.stores;
-      if (args.type == kPeerLookup || args.type == kPeerPublish) homes_.insert(args.peer);
+      if (args.type == kPeerLookup || args.type == kPeerHolderLookup || args.type == kPeerPublish) {
+        homes_.insert(args.peer);
+      }
       peers_.insert(args.peer);
+      SimCall c;
+      const ReplyContext& ctx = tl_reply;
+      c.parent = ctx.transport == this && ctx.window == generation_ ? ctx.call : -1;
+      c.from = self_;
+      auto to = index_->find(args.peer);
+      c.to = to == index_->end() ? self_ : to->second;
+      c.type = args.type;
+      c.request_bytes = args.request.size() + args.payload.size();
+      idx = static_cast<int>(window_.calls.size());
+      window_.calls.push_back(c);
+      window = generation_;
     }
-    inner_->Call(args, std::move(done));
+    const auto t0 = std::chrono::steady_clock::now();
+    inner_->Call(args, [this, idx, window, done = std::move(done)](transport::Reply r) {
+      {
+        std::lock_guard lock(mu_);
+        if (window == generation_) {
+          window_.calls[static_cast<size_t>(idx)].reply_bytes = r.header.size() + r.payload_bytes;
+        }
+      }
+      const ReplyContext before = tl_reply;
+      tl_reply = {this, window, idx};
+      done(std::move(r));
+      tl_reply = before;
+    });
+    costs_->Add(false, args.type, MicrosSince(t0));
   }
   void Stop() override { inner_->Stop(); }
 
@@ -58,6 +141,7 @@ class CountingTransport final : public transport::Transport {
     std::lock_guard lock(mu_);
     window_ = {};
     homes_.clear();
+    ++generation_;
   }
   RequestCost Take() {
     std::lock_guard lock(mu_);
@@ -72,11 +156,26 @@ class CountingTransport final : public transport::Transport {
 
  private:
   std::unique_ptr<transport::Transport> inner_;
+  const uint32_t self_;
+  const std::map<std::string, uint32_t>* const index_;  // address -> node index
+  SimCosts* const costs_;
   std::mutex mu_;
   RequestCost window_;           // protected by mu_
+  uint64_t generation_ = 0;      // the window's; protected by mu_
   std::set<std::string> homes_;  // this window's; protected by mu_
   std::set<std::string> peers_;  // ever called; protected by mu_
 };
+
+// A uniform draw in (0, 1) from (seed, a, b).
+double Uniform(uint64_t seed, uint64_t a, uint64_t b) {
+  uint64_t x = seed ^ (a * 0x9E3779B97F4A7C15ull) ^ (b * 0xC2B2AE3D27D4EB4Full);
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return (static_cast<double>(x >> 11) + 0.5) / static_cast<double>(1ull << 53);
+}
 
 // The bytes of key's value at offset j: checkable without keeping them.
 uint8_t ValueByte(const KeyId& key, uint64_t j) {
@@ -94,6 +193,8 @@ struct ScaleSimNode {
   std::unique_ptr<HoldingsAnnouncer> announcer;
   std::unique_ptr<PeerServer> server;
   std::unique_ptr<RemoteReader> reader;
+  std::unique_ptr<RemoteReader> chain_reader;    // chain reads on
+  std::unique_ptr<RemoteReader> keeping_reader;  // chain reads on, keeping what it fetched
 };
 
 struct ScaleSim::Impl {
@@ -102,17 +203,23 @@ struct ScaleSim::Impl {
   std::unique_ptr<ThreadPool> pool;
   std::vector<std::unique_ptr<ScaleSimNode>> nodes;
   std::vector<std::string> ids;
+  std::map<std::string, uint32_t> index;  // address -> node
+  SimCosts costs;
 
   ~Impl() {
     for (auto& n : nodes) {
       n->announcer->Stop();
       n->reader->Stop();
+      n->chain_reader->Stop();
+      n->keeping_reader->Stop();
     }
     if (pool) pool->Stop();
     for (auto& n : nodes) {
       n->cluster.reset();
       n->server.reset();
       n->reader.reset();
+      n->chain_reader.reset();
+      n->keeping_reader.reset();
       n->announcer.reset();
       n->directory.reset();
     }
@@ -137,6 +244,7 @@ Result<std::unique_ptr<ScaleSim>> ScaleSim::Open(const ScaleSimOptions& options)
     Member m;
     m.node_id = impl->ids.back();
     m.address = m.node_id + ":1";
+    impl->index[m.address] = static_cast<uint32_t>(i);
     members.push_back(m);
   }
   for (size_t i = 0; i < options.nodes; ++i) {
@@ -154,7 +262,9 @@ Result<std::unique_ptr<ScaleSim>> ScaleSim::Open(const ScaleSimOptions& options)
     // Incarnation 0: no home learns a new view from a peer's publish.
     KVPOOL_ASSIGN_OR_RETURN(auto membership,
                             StaticMembership::Open({impl->ids[i], 0, members}, &n->metrics));
-    auto counter = std::make_unique<CountingTransport>(impl->net.AddNode(members[i].address));
+    auto counter =
+        std::make_unique<CountingTransport>(impl->net.AddNode(members[i].address),
+                                            static_cast<uint32_t>(i), &impl->index, &impl->costs);
     n->counter = counter.get();
     n->cluster = Cluster::Assemble(impl->ids[i], std::move(counter), std::move(membership));
     n->directory = std::make_unique<Directory>(DirectoryOptions{}, &n->metrics);
@@ -170,8 +280,15 @@ Result<std::unique_ptr<ScaleSim>> ScaleSim::Open(const ScaleSimOptions& options)
     ro.fetch_timeout = milliseconds(5000);
     ro.lookup_cache_ttl = milliseconds(0);  // every read pays its lookups
     ro.replicas = RemoteReaderOptions::Replicas::kNone;
+    ro.chain_reads = options.chain_reads;
     n->reader = std::make_unique<RemoteReader>(ro, n->cluster.get(), n->directory.get(),
                                                n->tiered.get(), impl->pool.get(), &n->metrics);
+    ro.chain_reads = true;
+    n->chain_reader = std::make_unique<RemoteReader>(
+        ro, n->cluster.get(), n->directory.get(), n->tiered.get(), impl->pool.get(), &n->metrics);
+    ro.replicas = RemoteReaderOptions::Replicas::kAll;
+    n->keeping_reader = std::make_unique<RemoteReader>(
+        ro, n->cluster.get(), n->directory.get(), n->tiered.get(), impl->pool.get(), &n->metrics);
     n->announcer->Start();
     impl->nodes.push_back(std::move(n));
   }
@@ -213,12 +330,21 @@ Status ScaleSim::Put(size_t writer, std::span<const KeyId> keys, uint64_t value_
 
 Status ScaleSim::Read(size_t reader, std::span<const KeyId> keys, size_t* found,
                       RequestCost* cost) {
+  return Read(reader, impl_->opts.chain_reads ? ReadKind::kChain : ReadKind::kHomes, keys, found,
+              cost);
+}
+
+Status ScaleSim::Read(size_t reader, ReadKind kind, std::span<const KeyId> keys, size_t* found,
+                      RequestCost* cost) {
   ScaleSimNode& n = *impl_->nodes.at(reader);
   n.counter->BeginWindow();
   std::promise<std::vector<TieredStore::Pin>> done;
   auto got = done.get_future();
-  n.reader->Fetch(std::vector<KeyId>(keys.begin(), keys.end()),
-                  [&done](std::vector<TieredStore::Pin> pins) { done.set_value(std::move(pins)); });
+  RemoteReader* r = kind == ReadKind::kHomes   ? n.reader.get()
+                    : kind == ReadKind::kChain ? n.chain_reader.get()
+                                               : n.keeping_reader.get();
+  r->Fetch(std::vector<KeyId>(keys.begin(), keys.end()),
+           [&done](std::vector<TieredStore::Pin> pins) { done.set_value(std::move(pins)); });
   if (got.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
     return DeadlineExceeded("scale sim: a read did not end in 30 s");
   }
@@ -232,7 +358,78 @@ Status ScaleSim::Read(size_t reader, std::span<const KeyId> keys, size_t* found,
   }
   if (found != nullptr) *found = ok;
   if (cost != nullptr) *cost = n.counter->Take();
+  if (kind != ReadKind::kChainKeep) return Status::Ok();
+  // The copies kept here are published: once every key's home lists this
+  // node, the next reader can be sent here.
+  n.announcer->Flush();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  const auto map = n.cluster->shard_map();
+  for (const TieredStore::Pin& p : pins) {
+    const Member* home = map->HomeOf(p.key());
+    if (home == nullptr) continue;
+    Directory& d = *impl_->nodes.at(impl_->index.at(home->address))->directory;
+    for (;;) {
+      const KeyId key = p.key();
+      auto res = d.Lookup(std::span<const KeyId>(&key, 1));
+      if (std::any_of(res[0].holders.begin(), res[0].holders.end(),
+                      [&](const HolderRef& h) { return h.node_id == n.cluster->node_id(); })) {
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        return DeadlineExceeded("scale sim: a kept copy was not published in 30 s");
+      }
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+  }
   return Status::Ok();
+}
+
+double SimCostTable::Handler(uint16_t type) const {
+  auto it = handler_us.find(type);
+  return it == handler_us.end() ? 0.0 : it->second;
+}
+double SimCostTable::Send(uint16_t type) const {
+  auto it = send_us.find(type);
+  return it == send_us.end() ? 0.0 : it->second;
+}
+
+SimCostTable ScaleSim::costs() const { return impl_->costs.Medians(); }
+
+double ScaleSim::LatencyUs(const std::vector<SimCall>& calls, const LinkModel& link,
+                           const SimCostTable& costs, uint64_t seed,
+                           std::vector<double>* replied_at) {
+  const double bytes_per_us = link.gbit * 1e3 / 8;
+  // One way: the latency with its jitter (draw k of the call).
+  auto trip = [&](size_t call, uint64_t k) {
+    double extra = -link.jitter * std::log(Uniform(seed, call, 2 * k));
+    if (link.slow_every > 0 && Uniform(seed, call, 2 * k + 1) < 1.0 / link.slow_every) {
+      extra += link.slow_factor;
+    }
+    return link.latency_us * (1 + extra);
+  };
+  std::vector<double> replied(calls.size(), 0);
+  // When each node's CPU (handlers, sends) and each node's link out are
+  // free next.
+  std::map<uint32_t, double> cpu_free, wire_free;
+  double end = 0;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const SimCall& c = calls[i];
+    const double ready = c.parent < 0 ? 0 : replied[static_cast<size_t>(c.parent)];
+    double& sender = cpu_free[c.from];
+    const double sent = std::max(ready, sender) + costs.Send(c.type);
+    sender = sent;
+    double& out = wire_free[c.from];
+    out = std::max(out, sent) + static_cast<double>(c.request_bytes) / bytes_per_us;
+    const double arrived = out + trip(i, 0);
+    double& receiver = cpu_free[c.to];
+    receiver = std::max(receiver, arrived) + costs.Handler(c.type);
+    double& back = wire_free[c.to];
+    back = std::max(back, receiver) + static_cast<double>(c.reply_bytes) / bytes_per_us;
+    replied[i] = back + trip(i, 1);
+    end = std::max(end, replied[i]);
+  }
+  if (replied_at != nullptr) *replied_at = std::move(replied);
+  return end;
 }
 
 uint64_t ScaleSim::directory_entries() const {

@@ -13,8 +13,14 @@
 // cached (lookup_cache_ttl 0): every read pays its lookups, as a cold read
 // does.
 //
-// What it does not model yet: link latency and bandwidth (the network
-// delivers at once, on one thread), per-message CPU cost, etcd.
+// Latency is modelled, not timed: the in-process network delivers at once
+// on one thread, so wall time says nothing about a cluster's. Each read
+// records its calls and which call's reply each was sent from (the call
+// graph the real code made), and LatencyUs replays that graph over a
+// network model: per-link latency with seeded jitter, per-link bandwidth,
+// and per-message CPU costs measured from the real handlers and senders of
+// this run (per message type), queued per node. Not
+// modelled: etcd.
 //
 // Not thread-safe: one caller drives it.
 #pragma once
@@ -40,16 +46,48 @@ struct ScaleSimOptions {
   size_t threads = 4;
   // Each node's DRAM (a memfd it maps lazily; nothing is touched up front).
   uint64_t dram_bytes = 64ull << 20;
+  // Reads look up only their first key at its home and ask its holder
+  // about the rest (RemoteReaderOptions::chain_reads).
+  bool chain_reads = false;
+};
+
+// One call a request made, for the latency model.
+struct SimCall {
+  int parent = -1;            // the call from whose reply it was sent; -1: the request's start
+  uint32_t from = 0, to = 0;  // node indexes
+  uint16_t type = 0;
+  uint64_t request_bytes = 0;
+  uint64_t reply_bytes = 0;
+};
+
+// The network a call graph is replayed over.
+struct LinkModel {
+  double latency_us = 10;  // one way, per link
+  double gbit = 100;       // per link and direction
+  // Each one-way trip takes latency_us * (1 + an exponential of mean
+  // jitter); one in slow_every takes slow_factor times as long on top.
+  double jitter = 0.1;
+  uint32_t slow_every = 1000;
+  double slow_factor = 5;
+};
+
+// CPU costs per message type, in microseconds (0 for a type not seen).
+struct SimCostTable {
+  std::map<uint16_t, double> handler_us, send_us;
+  double Handler(uint16_t type) const;
+  double Send(uint16_t type) const;
 };
 
 // What one request sent, from the node that made it (its outgoing calls).
 struct RequestCost {
+  std::vector<SimCall> calls;  // in the order they were sent
   uint64_t messages = 0;   // calls of every type
   uint64_t lookups = 0;    // kPeerLookup
+  uint64_t holder_lookups = 0;  // kPeerHolderLookup
   uint64_t fetches = 0;    // kPeerFetch
   uint64_t publishes = 0;  // kPeerPublish
   uint64_t stores = 0;     // kPeerStore
-  uint64_t homes = 0;      // distinct peers sent lookups or publishes
+  uint64_t homes = 0;      // distinct peers sent lookups (of either kind) or publishes
   uint64_t bytes = 0;      // request and payload bytes sent
 };
 
@@ -71,6 +109,26 @@ class ScaleSim {
   // keys' homes, then a fetch from a holder each); *found gets how many
   // came back, byte-exact (the values Put wrote). *cost: what it sent.
   Status Read(size_t reader, std::span<const KeyId> keys, size_t* found, RequestCost* cost);
+
+  // Read with a reader of the given kind, whatever
+  // ScaleSimOptions::chain_reads says (each node has one of each): lookups
+  // at every key's home; a chain read (RemoteReaderOptions::chain_reads);
+  // or a chain read that keeps what it fetched as replicas and returns
+  // once their homes list them.
+  enum class ReadKind { kHomes, kChain, kChainKeep };
+  Status Read(size_t reader, ReadKind kind, std::span<const KeyId> keys, size_t* found,
+              RequestCost* cost);
+
+  // The CPU costs measured so far: per message type, the median wall time
+  // of the real handler (at the receiver) and the tenth percentile of the
+  // send's (at the sender; the rest is the in-process network's queueing).
+  SimCostTable costs() const;
+  // The modelled latency of a request whose calls were `calls`, in
+  // microseconds, for one draw (`seed`) of the model's jitter: when its
+  // last reply is in. *replied_at (when given): each call's reply time.
+  static double LatencyUs(const std::vector<SimCall>& calls, const LinkModel& link,
+                          const SimCostTable& costs, uint64_t seed,
+                          std::vector<double>* replied_at = nullptr);
 
   // Directory entries and bytes (Directory::entries(), bytes()) summed
   // over the nodes, and the largest and smallest node's bytes.

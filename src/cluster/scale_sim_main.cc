@@ -5,12 +5,21 @@
 // object per N. Before those, every node puts `fill` keys of its own (in
 // chains of 128, 64-byte values), so each directory holds what a busy
 // cluster's does per node and its bytes per key are a steady state's, not a
-// fresh table's. The object:
-//   {"nodes", "setup_s", "chain_read_messages_max", "chain_read_messages_mean",
-//    "chain_read_lookups_mean", "chain_read_homes_max", "chain_put_messages_max",
-//    "chain_put_messages_mean", "directory_bytes_per_key", "directory_bytes_max_node",
+// fresh table's. Each chain is read twice, cold: with lookups at every
+// key's home ("home_read") and as a chain read ("chain_read"). The object:
+//   {"nodes", "setup_s", "fill_s", "keys_per_node",
+//    "home_read" and "chain_read": {"messages_max", "messages_mean",
+//      "lookup_messages_max", "lookup_messages_mean", "peers_asked_max",
+//      "fetches_max", "misses", "get_us_10": {"p50", "p99"}, "get_us_50"},
+//    "chain_put_messages_max", "chain_put_messages_mean",
+//    "hot_prefix" and "hot_prefix_kept": {"readers", "busiest_node_messages",
+//      "busiest_node_messages_per_reader", "misses", "get_us_10"},
+//    "directory_bytes_per_key", "directory_bytes_max_node",
 //    "membership_bytes_per_node", "peers_called_max", "shards_moved_join",
-//    "shards_moved_join_vs_ideal", "shards_moved_leave_vs_ideal", "chain_read_misses"}
+//    "shards_moved_join_vs_ideal", "shards_moved_leave_vs_ideal", "cpu_us"}
+// get_us_L: the modelled latency of a read (ScaleSim::LatencyUs) with
+// L-microsecond links, over every read and 200 draws of the jitter each;
+// cpu_us: the measured CPU costs the model used.
 // (A read that returned wrong bytes ends the run with an error.)
 // Used by bench/compare.sh scale.
 #include <CLI/CLI.hpp>
@@ -18,15 +27,133 @@
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cluster/scale_sim.h"
+#include "peer/peer_messages_format.h"
 
 using kvpool::KeyId;
 using kvpool::cluster::RequestCost;
 using kvpool::cluster::ScaleSim;
 using kvpool::cluster::ScaleSimOptions;
+
+namespace {
+
+// The reads of one kind at one N: their message counts and call graphs.
+struct Reads {
+  uint64_t messages_max = 0, messages_sum = 0, lookups_max = 0, lookups_sum = 0;
+  uint64_t homes_max = 0, fetches_max = 0, misses = 0;
+  std::vector<std::vector<kvpool::cluster::SimCall>> graphs;
+
+  void Add(const RequestCost& c, uint64_t missed) {
+    const uint64_t lookups = c.lookups + c.holder_lookups;
+    messages_max = std::max(messages_max, c.messages);
+    messages_sum += c.messages;
+    lookups_max = std::max(lookups_max, lookups);
+    lookups_sum += lookups;
+    homes_max = std::max(homes_max, c.homes);
+    fetches_max = std::max(fetches_max, c.fetches);
+    misses += missed;
+    graphs.push_back(c.calls);
+  }
+  // Modelled get latency percentiles over every read and kDraws draws of
+  // the link model's jitter each.
+  nlohmann::json Latency(const ScaleSim& sim, double link_us) const {
+    static constexpr uint64_t kDraws = 200;
+    kvpool::cluster::LinkModel link;
+    link.latency_us = link_us;
+    const kvpool::cluster::SimCostTable costs = sim.costs();
+    std::vector<double> us;
+    for (size_t r = 0; r < graphs.size(); ++r) {
+      for (uint64_t d = 0; d < kDraws; ++d) {
+        us.push_back(ScaleSim::LatencyUs(graphs[r], link, costs, r * kDraws + d + 1));
+      }
+    }
+    std::sort(us.begin(), us.end());
+    auto at = [&](double q) {
+      return us.empty() ? 0.0 : us[static_cast<size_t>(q * (us.size() - 1))];
+    };
+    return {{"p50", at(0.5)}, {"p99", at(0.99)}};
+  }
+  nlohmann::json Json(const ScaleSim& sim, size_t chains) const {
+    return {{"messages_max", messages_max},
+            {"messages_mean", static_cast<double>(messages_sum) / chains},
+            {"lookup_messages_max", lookups_max},
+            {"lookup_messages_mean", static_cast<double>(lookups_sum) / chains},
+            {"peers_asked_max", homes_max},
+            {"fetches_max", fetches_max},
+            {"misses", misses},
+            {"get_us_10", Latency(sim, 10)},
+            {"get_us_50", Latency(sim, 50)}};
+  }
+};
+
+// The hot prefix: one chain (a shared system prompt) put by node 0 and read
+// once by every other node, each keeping a copy (`keep`: replicas, as
+// --read-replicas all does) or not (placement chain). The reads are made
+// one after another, each finding the copies the earlier ones kept, and
+// their call graphs are replayed as if all came at once (10 us links):
+// the busiest node queues them. Null on an error (printed).
+std::optional<nlohmann::json> HotPrefix(ScaleSim& sim, size_t blocks, uint64_t value_bytes,
+                                        bool keep) {
+  const size_t n = sim.size();
+  std::vector<KeyId> keys;
+  for (size_t b = 0; b < blocks; ++b) {
+    keys.push_back(kvpool::MakeKeyId(keep ? "hot-kept" : "hot", std::to_string(b)));
+  }
+  kvpool::Status s = sim.Put(0, keys, value_bytes, nullptr);
+  std::vector<kvpool::cluster::SimCall> all;
+  std::vector<size_t> first_call;  // per reader, its first call's index in `all`
+  std::vector<uint64_t> received(n, 0);
+  uint64_t misses = 0;
+  for (size_t r = 1; r < n && s.ok(); ++r) {
+    RequestCost c;
+    size_t found = 0;
+    s = sim.Read(r, keep ? ScaleSim::ReadKind::kChainKeep : ScaleSim::ReadKind::kChain, keys,
+                 &found, &c);
+    misses += keys.size() - found;
+    first_call.push_back(all.size());
+    const int offset = static_cast<int>(all.size());
+    for (kvpool::cluster::SimCall call : c.calls) {
+      if (call.parent >= 0) call.parent += offset;
+      ++received[call.to];
+      all.push_back(call);
+    }
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "kvpool-scale-sim: hot prefix: %s\n", s.ToString().c_str());
+    return std::nullopt;
+  }
+  first_call.push_back(all.size());
+  const kvpool::cluster::SimCostTable costs = sim.costs();
+  kvpool::cluster::LinkModel link;
+  link.latency_us = 10;
+  std::vector<double> us;
+  for (uint64_t d = 1; d <= 20; ++d) {
+    std::vector<double> replied;
+    ScaleSim::LatencyUs(all, link, costs, d, &replied);
+    for (size_t r = 0; r + 1 < first_call.size(); ++r) {
+      double end = 0;
+      for (size_t i = first_call[r]; i < first_call[r + 1]; ++i) end = std::max(end, replied[i]);
+      us.push_back(end);
+    }
+  }
+  std::sort(us.begin(), us.end());
+  auto at = [&](double q) {
+    return us.empty() ? 0.0 : us[static_cast<size_t>(q * static_cast<double>(us.size() - 1))];
+  };
+  const uint64_t busiest = *std::max_element(received.begin(), received.end());
+  return nlohmann::json{{"readers", n - 1},
+                        {"busiest_node_messages", busiest},
+                        {"busiest_node_messages_per_reader",
+                         n > 1 ? static_cast<double>(busiest) / static_cast<double>(n - 1) : 0.0},
+                        {"misses", misses},
+                        {"get_us_10", {{"p50", at(0.5)}, {"p99", at(0.99)}}}};
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"kvpool-scale-sim: per-request costs of N simulated nodes (docs/scale.md)"};
@@ -74,8 +201,11 @@ int main(int argc, char** argv) {
     }
     const double fill_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - setup_s;
-    uint64_t read_max = 0, read_sum = 0, lookups_sum = 0, homes_max = 0, put_max = 0, put_sum = 0;
-    uint64_t misses = 0;
+    // Each chain is read twice, cold, through the same node: with lookups
+    // at every key's home, and as a chain read (its first key's home, then
+    // its holder).
+    Reads home, chain;
+    uint64_t put_max = 0, put_sum = 0;
     for (size_t c = 0; c < chains; ++c) {
       std::vector<KeyId> keys;
       for (size_t b = 0; b < blocks; ++b) {
@@ -83,38 +213,40 @@ int main(int argc, char** argv) {
       }
       const size_t writer = (c * 7919) % n;
       const size_t reader = (writer + 1 + c % std::max<size_t>(1, n - 1)) % n;
-      RequestCost put, read;
+      RequestCost put, read, chain_read;
       kvpool::Status s = sim.Put(writer, keys, value_bytes, &put);
-      size_t found = 0;
-      if (s.ok()) s = sim.Read(reader, keys, &found, &read);
+      size_t found = 0, chain_found = 0;
+      if (s.ok()) s = sim.Read(reader, ScaleSim::ReadKind::kHomes, keys, &found, &read);
+      if (s.ok()) s = sim.Read(reader, ScaleSim::ReadKind::kChain, keys, &chain_found, &chain_read);
       if (!s.ok()) {
         std::fprintf(stderr, "kvpool-scale-sim: N=%zu: %s\n", n, s.ToString().c_str());
         return 1;
       }
-      misses += keys.size() - found;
-      read_max = std::max(read_max, read.messages);
-      read_sum += read.messages;
-      lookups_sum += read.lookups;
-      homes_max = std::max(homes_max, read.homes);
+      home.Add(read, keys.size() - found);
+      chain.Add(chain_read, keys.size() - chain_found);
       put_max = std::max(put_max, put.messages);
       put_sum += put.messages;
     }
+    const auto hot = HotPrefix(sim, blocks, value_bytes, false);
+    const auto hot_kept = HotPrefix(sim, blocks, value_bytes, true);
+    if (!hot || !hot_kept) return 1;
     const double entries = static_cast<double>(sim.directory_entries());
     uint64_t peers_max = 0;
     for (size_t i = 0; i < n; ++i) peers_max = std::max(peers_max, sim.peers_called(i));
     uint64_t moved = 0;
     const double join = kvpool::cluster::ShardsMovedVsIdeal(n, false, &moved);
     const double leave = kvpool::cluster::ShardsMovedVsIdeal(n - 1 > 0 ? n - 1 : 1, true, nullptr);
+    const kvpool::cluster::SimCostTable costs = sim.costs();
     nlohmann::json j = {
         {"nodes", n},
         {"setup_s", setup_s},
         {"fill_s", fill_s},
         {"keys_per_node", entries / static_cast<double>(n)},
-        {"chain_read_messages_max", read_max},
-        {"chain_read_messages_mean", static_cast<double>(read_sum) / chains},
-        {"chain_read_lookups_mean", static_cast<double>(lookups_sum) / chains},
-        {"chain_read_homes_max", homes_max},
+        {"home_read", home.Json(sim, chains)},
+        {"chain_read", chain.Json(sim, chains)},
         {"chain_put_messages_max", put_max},
+        {"hot_prefix", *hot},
+        {"hot_prefix_kept", *hot_kept},
         {"chain_put_messages_mean", static_cast<double>(put_sum) / chains},
         {"directory_bytes_per_key", entries > 0 ? sim.directory_bytes() / entries : 0.0},
         {"directory_bytes_max_node", sim.directory_bytes_max()},
@@ -123,7 +255,12 @@ int main(int argc, char** argv) {
         {"shards_moved_join", moved},
         {"shards_moved_join_vs_ideal", join},
         {"shards_moved_leave_vs_ideal", leave},
-        {"chain_read_misses", misses}};
+        {"cpu_us",
+         {{"lookup", costs.Handler(kvpool::cluster::kPeerLookup)},
+          {"holder_lookup", costs.Handler(kvpool::cluster::kPeerHolderLookup)},
+          {"fetch", costs.Handler(kvpool::cluster::kPeerFetch)},
+          {"send_lookup", costs.Send(kvpool::cluster::kPeerLookup)},
+          {"send_fetch", costs.Send(kvpool::cluster::kPeerFetch)}}}};
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);
   }

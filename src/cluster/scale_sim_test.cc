@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "peer/peer_messages_format.h"
+
 namespace kvpool::cluster {
 namespace {
 
@@ -76,7 +78,121 @@ TEST_P(ScaleSimTest, AChainCostsOneLookupPerHomeAndOneFetchPerBlock) {
   EXPECT_GE(s.membership_bytes(0), n * 2 * sizeof(Member));
 }
 
+// Chain reads: a chain held by one node costs the first key's lookup at
+// its home (none when the reader is that home), one holder lookup and a
+// fetch per block, at any N. A chain whose second half another node holds
+// costs, on top, the lookups of that half at its homes. A chain nobody
+// holds costs the first key's lookup and the rest's at their homes.
+TEST_P(ScaleSimTest, AChainReadAsksTheFirstKeysHomeAndThenItsHolder) {
+  const size_t n = GetParam();
+  ScaleSimOptions o;
+  o.nodes = n;
+  o.threads = 2;
+  o.chain_reads = true;
+  auto sim = ScaleSim::Open(o);
+  ASSERT_TRUE(sim.ok()) << sim.status().ToString();
+  ScaleSim& s = **sim;
+  const auto map = s.shard_map();
+  for (int c = 0; c < 4; ++c) {
+    const auto keys = Chain(c, 128);
+    const size_t writer = static_cast<size_t>(c) % n;
+    const size_t reader = (writer + 1) % n;
+    ASSERT_TRUE(s.Put(writer, keys, 1024, nullptr).ok());
+    size_t found = 0;
+    RequestCost read;
+    ASSERT_TRUE(s.Read(reader, keys, &found, &read).ok());
+    EXPECT_EQ(found, 128u) << c;
+    EXPECT_EQ(read.lookups, RemoteHomes(*map, {keys[0]}, s.node_id(reader)).size()) << c;
+    EXPECT_EQ(read.holder_lookups, 1u) << c;
+    EXPECT_EQ(read.fetches, 128u);
+    EXPECT_EQ(read.messages, read.lookups + 1 + 128);
+  }
+  // Split over two holders: the half the first key's holder lacks is
+  // looked up at its homes.
+  const auto split = Chain(50, 128);
+  const std::vector<KeyId> first(split.begin(), split.begin() + 64);
+  const std::vector<KeyId> second(split.begin() + 64, split.end());
+  ASSERT_TRUE(s.Put(0, first, 1024, nullptr).ok());
+  ASSERT_TRUE(s.Put(1, second, 1024, nullptr).ok());
+  size_t found = 0;
+  RequestCost read;
+  ASSERT_TRUE(s.Read(2, split, &found, &read).ok());
+  EXPECT_EQ(found, 128u);
+  EXPECT_EQ(read.holder_lookups, 1u);
+  // The first key's home, then the second half's homes (one call per home
+  // and round: a home of both counts twice).
+  const size_t first_home = RemoteHomes(*map, {split[0]}, s.node_id(2)).size();
+  EXPECT_EQ(read.lookups, first_home + RemoteHomes(*map, second, s.node_id(2)).size());
+  EXPECT_EQ(read.fetches, 128u);
+  // Held nowhere.
+  const auto missing = Chain(99, 32);
+  RequestCost miss;
+  found = 7;
+  ASSERT_TRUE(s.Read(0, missing, &found, &miss).ok());
+  EXPECT_EQ(found, 0u);
+  EXPECT_EQ(miss.holder_lookups, 0u);
+  EXPECT_EQ(miss.fetches, 0u);
+  const std::vector<KeyId> rest(missing.begin() + 1, missing.end());
+  EXPECT_EQ(miss.lookups, RemoteHomes(*map, {missing[0]}, s.node_id(0)).size() +
+                              RemoteHomes(*map, rest, s.node_id(0)).size());
+}
+
 INSTANTIATE_TEST_SUITE_P(Nodes, ScaleSimTest, ::testing::Values(4, 16));
+
+// The latency model replays a call graph: calls sent from the request's
+// start go out together (after each one's send cost at the sender), a call
+// sent from another's reply waits for it, a node handles one message at a
+// time, and the bytes queue on a node's link out.
+TEST(ScaleSimLatencyTest, AReplayWaitsForParentsAndQueuesAtNodes) {
+  ScaleSimOptions o;
+  o.nodes = 4;
+  o.threads = 2;
+  auto sim = ScaleSim::Open(o);
+  ASSERT_TRUE(sim.ok()) << sim.status().ToString();
+  ScaleSim& s = **sim;
+  // Measure some real costs first.
+  const auto keys = Chain(7, 16);
+  ASSERT_TRUE(s.Put(0, keys, 1024, nullptr).ok());
+  size_t found = 0;
+  RequestCost read;
+  ASSERT_TRUE(s.Read(1, keys, &found, &read).ok());
+  ASSERT_EQ(found, 16u);
+  const SimCostTable costs = s.costs();
+  const double send = costs.Send(kPeerLookup), handle = costs.Handler(kPeerLookup);
+  ASSERT_GT(handle, 0);
+  LinkModel link;
+  link.latency_us = 10;
+  link.gbit = 8;  // 1,000 bytes per microsecond
+  link.jitter = 0;
+  link.slow_every = 0;
+  auto lookup = [](int parent, uint32_t to) {
+    SimCall c;
+    c.parent = parent;
+    c.from = 0;
+    c.to = to;
+    c.type = kPeerLookup;
+    return c;
+  };
+  const double one = send + 10 + handle + 10;
+  EXPECT_DOUBLE_EQ(ScaleSim::LatencyUs({lookup(-1, 1)}, link, costs, 1), one);
+  // Two at once to two nodes: the second waits for the first's send only.
+  EXPECT_DOUBLE_EQ(ScaleSim::LatencyUs({lookup(-1, 1), lookup(-1, 2)}, link, costs, 1), one + send);
+  // One after the other's reply.
+  EXPECT_DOUBLE_EQ(ScaleSim::LatencyUs({lookup(-1, 1), lookup(0, 2)}, link, costs, 1), 2 * one);
+  // Two at once to one node: it handles them in turn.
+  EXPECT_NEAR(ScaleSim::LatencyUs({lookup(-1, 1), lookup(-1, 1)}, link, costs, 1),
+              std::max(one + send, one + handle), 1e-9);
+  // A 5,000-byte reply takes 5 microseconds on the wire.
+  SimCall big = lookup(-1, 1);
+  big.reply_bytes = 5000;
+  EXPECT_DOUBLE_EQ(ScaleSim::LatencyUs({big}, link, costs, 1), one + 5);
+  // Jitter only adds, and a draw is repeatable.
+  link.jitter = 0.1;
+  link.slow_every = 10;
+  const double a = ScaleSim::LatencyUs({lookup(-1, 1), lookup(0, 2)}, link, costs, 42);
+  EXPECT_GE(a, 2 * one);
+  EXPECT_EQ(a, ScaleSim::LatencyUs({lookup(-1, 1), lookup(0, 2)}, link, costs, 42));
+}
 
 // A member joining moves about its fair share of the 4096 shards
 // (rendezvous hashing): near 1.0 of the ideal at small N. (Leaving moves

@@ -144,10 +144,13 @@ transport::MessageType ScopedType(transport::MessageType base, const std::string
       return kPeerTenantStore;
     case kPeerHint:
       return kPeerTenantHint;
+    case kPeerHolderLookup:
+      return kPeerTenantHolderLookup;
     default:
       break;
   }
-  KVPOOL_CHECK(false && "only publish, lookup, fetch, store and hint are tenant-scoped");
+  KVPOOL_CHECK(false &&
+               "only publish, lookup, fetch, store, hint and holder lookup are tenant-scoped");
   return base;
 }
 

@@ -95,10 +95,17 @@
 // (InvalidArgument, ResourceExhausted past the holder's pin budget).
 // Members only: a client token's connection is refused.
 //
+// kPeerHolderLookup (a chain read asks the node holding a chain's first
+// block which of the chain's other blocks it holds; remote_reader.h).
+// Request and reply are kPeerLookup's; the answer comes from the asked
+// node's own tiers, not its directory: each key it holds lists it alone
+// as holder (its node id and incarnation), every other key has size 0.
+//
 // Tenant-scoped messages (a tenant defined on every node is one tenant
 // across the cluster; node/tenants.h). kPeerTenantPublish, ...Lookup,
-// ...Fetch, ...Store and ...Hint are kPeerPublish, ...Lookup, ...Fetch,
-// ...Store and kPeerHint about one tenant's keys: the request header is
+// ...Fetch, ...Store, ...Hint and ...HolderLookup are kPeerPublish,
+// ...Lookup, ...Fetch, ...Store, kPeerHint and kPeerHolderLookup about one
+// tenant's keys: the request header is
 // | field        | type        | meaning                                          |
 // |--------------|-------------|--------------------------------------------------|
 // | tenant       | str (<=32)  | the tenant's name, as in the tenants file         |
@@ -146,10 +153,13 @@ inline constexpr transport::MessageType kPeerTenantFetch = 0x0113;
 inline constexpr transport::MessageType kPeerTenantStore = 0x0114;
 inline constexpr transport::MessageType kPeerHint = 0x010C;
 inline constexpr transport::MessageType kPeerTenantHint = 0x011C;
+inline constexpr transport::MessageType kPeerHolderLookup = 0x010D;
+inline constexpr transport::MessageType kPeerTenantHolderLookup = 0x011D;
 inline constexpr uint32_t kMaxTenantNameBytes = 32;
 
 // The type that carries `base` (kPeerPublish, kPeerLookup, kPeerFetch,
-// kPeerStore or kPeerHint) for `tenant`: base itself for the default tenant (empty).
+// kPeerStore, kPeerHint or kPeerHolderLookup) for `tenant`: base itself for the default tenant
+// (empty).
 transport::MessageType ScopedType(transport::MessageType base, const std::string& tenant);
 // The request header of a tenant-scoped message: `tenant`, then `rest`.
 // An empty tenant writes `rest` alone (the unscoped message).

@@ -25,6 +25,7 @@ struct RouteFetcher::State {
   std::unique_ptr<MetricsRegistry> own_metrics;  // when none was given
 
   Counter* lookups = nullptr;
+  Counter* holder_lookups = nullptr;
   Counter* fetches = nullptr;
   Counter* lookup_errors = nullptr;
   Counter* fetch_errors = nullptr;
@@ -172,6 +173,9 @@ RouteFetcher::RouteFetcher(const RouteFetcherOptions& options, transport::Transp
     m = s.own_metrics.get();
   }
   s.lookups = m->GetCounter("kvpool_remote_lookups_total", "Keys looked up at their home nodes");
+  s.holder_lookups =
+      m->GetCounter("kvpool_remote_holder_lookups_total",
+                    "Keys a chain read asked the holder of its first block about, not their homes");
   s.fetches = m->GetCounter("kvpool_remote_fetches_total", "Values fetched from peers");
   s.lookup_errors = m->GetCounter("kvpool_peer_errors_total", "Failed peer calls, by operation",
                                   {{"op", "lookup"}});
@@ -232,41 +236,7 @@ void RouteFetcher::Lookup(const Routes& routes, const std::shared_ptr<LookupBatc
   // The remote lookups go out first: their round trips overlap the local
   // lookups and the caller's handling of the keys resolved here.
   for (auto& [address, keys_idx] : groups) {
-    for (size_t start = 0; start < keys_idx.size(); start += kMaxPeerBatch) {
-      size_t end = std::min(keys_idx.size(), start + kMaxPeerBatch);
-      std::vector<size_t> part(keys_idx.begin() + static_cast<ptrdiff_t>(start),
-                               keys_idx.begin() + static_cast<ptrdiff_t>(end));
-      std::vector<KeyId> keys;
-      for (size_t i : part) keys.push_back(batch->keys[i]);
-      auto payload = std::make_shared<std::vector<uint8_t>>();
-      EncodeLookup(keys, payload.get());
-      std::vector<uint8_t> scope;  // copied by Call
-      EncodeTenantScope(st->opts.tenant, {}, &scope);
-      transport::CallArgs args;
-      args.peer = address;
-      args.type = ScopedType(kPeerLookup, st->opts.tenant);
-      args.request = scope;
-      args.payload = *payload;
-      args.deadline = deadline;
-      st->transport->Call(args, [st, batch, payload, part = std::move(part), address,
-                                 resolved](transport::Reply r) mutable {
-        std::vector<LookupResult> res;
-        Status s = r.status;
-        if (s.ok()) s = DecodeLookupReply(r.payload, part.size(), &res);
-        if (s.ok()) {
-          for (size_t j = 0; j < part.size(); ++j) {
-            st->CachePut(batch->keys[part[j]], res[j]);
-            batch->results[part[j]] = std::move(res[j]);
-          }
-        } else {
-          st->lookup_errors->Inc();
-          st->NoteFailure(address, s);
-          LogDebug("lookup at {}: {}", address, s.ToString());
-          s = Status(s.code(), fmt::format("lookup at {}: {}", address, s.message()));
-        }
-        resolved(std::move(part), s, ResolvedOn::kTransportThread);
-      });
-    }
+    SendLookups(st, batch, keys_idx, address, kPeerLookup, deadline, resolved);
   }
   if (!no_home.empty()) {
     resolved(std::move(no_home), Unavailable("the cluster has no member that owns shards"),
@@ -277,6 +247,67 @@ void RouteFetcher::Lookup(const Routes& routes, const std::shared_ptr<LookupBatc
              ResolvedOn::kCaller);
   }
   if (!now.empty()) resolved(std::move(now), Status::Ok(), ResolvedOn::kCaller);
+}
+
+void RouteFetcher::AskHolder(const Routes& routes, const std::shared_ptr<LookupBatch>& batch,
+                             const std::vector<size_t>& idx, const std::string& address,
+                             transport::Deadline deadline, Resolved resolved) {
+  const std::shared_ptr<State>& st = state_;
+  st->NoteView(*routes.view);
+  std::vector<size_t> ask, now;
+  for (size_t i : idx) {
+    if (st->CacheGet(batch->keys[i], *routes.view, &batch->results[i])) {
+      st->cache_hits->Inc();
+      now.push_back(i);
+    } else {
+      ask.push_back(i);
+    }
+  }
+  st->holder_lookups->Inc(ask.size());
+  SendLookups(st, batch, ask, address, kPeerHolderLookup, deadline, resolved);
+  if (!now.empty()) resolved(std::move(now), Status::Ok(), ResolvedOn::kCaller);
+}
+
+void RouteFetcher::SendLookups(const std::shared_ptr<State>& st,
+                               const std::shared_ptr<LookupBatch>& batch,
+                               const std::vector<size_t>& idx, const std::string& address,
+                               transport::MessageType base, transport::Deadline deadline,
+                               const Resolved& resolved) {
+  for (size_t start = 0; start < idx.size(); start += kMaxPeerBatch) {
+    size_t end = std::min(idx.size(), start + kMaxPeerBatch);
+    std::vector<size_t> part(idx.begin() + static_cast<ptrdiff_t>(start),
+                             idx.begin() + static_cast<ptrdiff_t>(end));
+    std::vector<KeyId> keys;
+    for (size_t i : part) keys.push_back(batch->keys[i]);
+    auto payload = std::make_shared<std::vector<uint8_t>>();
+    EncodeLookup(keys, payload.get());
+    std::vector<uint8_t> scope;  // copied by Call
+    EncodeTenantScope(st->opts.tenant, {}, &scope);
+    transport::CallArgs args;
+    args.peer = address;
+    args.type = ScopedType(base, st->opts.tenant);
+    args.request = scope;
+    args.payload = *payload;
+    args.deadline = deadline;
+    st->transport->Call(args, [st, batch, payload, part = std::move(part), address,
+                               resolved](transport::Reply r) mutable {
+      std::vector<LookupResult> res;
+      Status s = r.status;
+      if (s.ok()) s = DecodeLookupReply(r.payload, part.size(), &res);
+      if (s.ok()) {
+        for (size_t j = 0; j < part.size(); ++j) {
+          st->CachePut(batch->keys[part[j]], res[j]);
+          batch->results[part[j]] = std::move(res[j]);
+        }
+      } else {
+        st->lookup_errors->Inc();
+        st->NoteFailure(address, s);
+        LogDebug("lookup at {}: {}", address, s.ToString());
+        s = Status(s.code(), fmt::format("lookup at {}: {}", address, s.message()));
+      }
+      resolved(std::move(part), s, ResolvedOn::kTransportThread);
+    });
+  }
 }
 
 std::vector<std::string> RouteFetcher::Candidates(const Routes& routes, const LookupResult& r) {

@@ -136,6 +136,17 @@ class RouteFetcher {
               const std::vector<size_t>& idx, transport::Deadline deadline,
               const LocalLookup& local, Resolved resolved);
 
+  // Asks the node at `address`, a holder rather than a home, which of
+  // batch->keys[i], i in idx, it holds itself (kPeerHolderLookup, one call
+  // per kMaxPeerBatch keys, each bounded by deadline), and hands each part
+  // to `resolved` on a transport thread: Ok with the holder's answers in
+  // batch->results (size 0: not held there), or why the call failed. Keys
+  // the lookup cache answers are not asked about: they are handed on at
+  // once, on the caller's thread, after the calls went out.
+  void AskHolder(const Routes& routes, const std::shared_ptr<LookupBatch>& batch,
+                 const std::vector<size_t>& idx, const std::string& address,
+                 transport::Deadline deadline, Resolved resolved);
+
   // The live holders in r as peer addresses, in the home's order: not
   // routes.self, in the view under the same incarnation (0 in the view:
   // any), not cooling down; each once.
@@ -163,6 +174,12 @@ class RouteFetcher {
   // state), never the RouteFetcher itself.
   static void Attempt(const std::shared_ptr<Walk>& walk);
   static void Next(const std::shared_ptr<Walk>& walk);
+  // Sends batch->keys[i], i in idx, to address as `base` lookups (scoped
+  // by the tenant), at most kMaxPeerBatch keys a call.
+  static void SendLookups(const std::shared_ptr<State>& st,
+                          const std::shared_ptr<LookupBatch>& batch, const std::vector<size_t>& idx,
+                          const std::string& address, transport::MessageType base,
+                          transport::Deadline deadline, const Resolved& resolved);
   std::shared_ptr<State> state_;
 };
 
