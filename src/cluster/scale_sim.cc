@@ -18,7 +18,6 @@
 #include "cluster/remote_reader.h"
 #include "common/executor.h"
 #include "common/metrics.h"
-#include "membership/static_membership.h"
 #include "peer/peer_messages_format.h"
 #include "store/tiered_store.h"
 #include "transport/in_process_transport.h"
@@ -87,12 +86,14 @@ class CountingTransport final : public transport::Transport {
   void RegisterHandler(transport::MessageType type, transport::Handler h) override {
     inner_->RegisterHandler(
         type, [this, type, h = std::move(h)](transport::Incoming in, transport::Responder r) {
+          if (down_.load()) return r.Respond(Unavailable("crashed"));
           const auto t0 = std::chrono::steady_clock::now();
           h(std::move(in), std::move(r));
           costs_->Add(true, type, MicrosSince(t0));
         });
   }
   void Call(const transport::CallArgs& args, transport::ReplyCallback done) override {
+    if (down_.load()) return done(transport::Reply{Unavailable("crashed"), {}, 0, {}});
     int idx = -1;
     uint64_t window = 0;
     {
@@ -137,6 +138,9 @@ class CountingTransport final : public transport::Transport {
   }
   void Stop() override { inner_->Stop(); }
 
+  // A crash: from now on it neither sends nor answers.
+  void Crash() { down_.store(true); }
+
   void BeginWindow() {
     std::lock_guard lock(mu_);
     window_ = {};
@@ -159,11 +163,24 @@ class CountingTransport final : public transport::Transport {
   const uint32_t self_;
   const std::map<std::string, uint32_t>* const index_;  // address -> node index
   SimCosts* const costs_;
+  std::atomic<bool> down_{false};
   std::mutex mu_;
   RequestCost window_;           // protected by mu_
   uint64_t generation_ = 0;      // the window's; protected by mu_
   std::set<std::string> homes_;  // this window's; protected by mu_
   std::set<std::string> peers_;  // ever called; protected by mu_
+};
+
+// A membership whose views the simulation sets: every node starts with the
+// same view, and a join or a leave publishes the next one to each node.
+class SimMembership final : public Membership {
+ public:
+  SimMembership(const std::string& node_id, std::vector<Member> members, uint64_t epoch,
+                MetricsRegistry* metrics)
+      : Membership(node_id, metrics) {
+    Publish(std::move(members), epoch);
+  }
+  void Set(std::vector<Member> members, uint64_t epoch) { Publish(std::move(members), epoch); }
 };
 
 // A uniform draw in (0, 1) from (seed, a, b).
@@ -188,6 +205,8 @@ struct ScaleSimNode {
   MetricsRegistry metrics;  // outlives everything below
   std::unique_ptr<TieredStore> tiered;
   CountingTransport* counter = nullptr;  // owned by cluster
+  SimMembership* membership = nullptr;   // owned by cluster
+  bool up = true;
   std::unique_ptr<Cluster> cluster;
   std::unique_ptr<Directory> directory;
   std::unique_ptr<HoldingsAnnouncer> announcer;
@@ -205,6 +224,13 @@ struct ScaleSim::Impl {
   std::vector<std::string> ids;
   std::map<std::string, uint32_t> index;  // address -> node
   SimCosts costs;
+  std::vector<Member> members;  // the current view's
+  uint64_t epoch = 1;
+  // Every key Put stored, and the node holding it.
+  std::vector<std::pair<KeyId, uint32_t>> held;
+
+  // Adds node i (named ids[i]) with the current view.
+  Status AddNode(size_t i);
 
   ~Impl() {
     for (auto& n : nodes) {
@@ -230,6 +256,50 @@ struct ScaleSim::Impl {
 ScaleSim::ScaleSim(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ScaleSim::~ScaleSim() = default;
 
+Status ScaleSim::Impl::AddNode(size_t i) {
+  auto n = std::make_unique<ScaleSimNode>();
+  DramOptions d;
+  d.capacity_bytes = opts.dram_bytes;
+  d.slab_bytes = 1u << 20;
+  d.max_value_bytes = 1u << 20;
+  d.huge_pages = false;
+  d.prefault = false;
+  d.eviction = "lru";
+  KVPOOL_ASSIGN_OR_RETURN(n->tiered, TieredStore::Open(d, nullptr, pool.get(), pool.get(),
+                                                       TieringOptions{}, &n->metrics));
+  // Incarnation 0 throughout: views change only when the simulation says.
+  auto membership = std::make_unique<SimMembership>(ids[i], members, epoch, &n->metrics);
+  n->membership = membership.get();
+  auto counter = std::make_unique<CountingTransport>(net.AddNode(ids[i] + ":1"),
+                                                     static_cast<uint32_t>(i), &index, &costs);
+  n->counter = counter.get();
+  n->cluster = Cluster::Assemble(ids[i], std::move(counter), std::move(membership));
+  n->directory = std::make_unique<Directory>(DirectoryOptions{}, &n->metrics);
+  HoldingsAnnouncerOptions ao;
+  ao.publish_interval = milliseconds(0);  // Put flushes, and so do Join and Leave
+  n->announcer = std::make_unique<HoldingsAnnouncer>(ao, n->cluster.get(), n->directory.get(),
+                                                     n->tiered.get(), pool.get(), &n->metrics);
+  n->server = std::make_unique<PeerServer>(n->cluster.get(), n->directory.get(), n->announcer.get(),
+                                           n->tiered.get(), pool.get(), nullptr, &n->metrics);
+  RemoteReaderOptions ro;
+  ro.lookup_timeout = milliseconds(5000);
+  ro.fetch_timeout = milliseconds(5000);
+  ro.lookup_cache_ttl = milliseconds(0);  // every read pays its lookups
+  ro.replicas = RemoteReaderOptions::Replicas::kNone;
+  ro.chain_reads = opts.chain_reads;
+  n->reader = std::make_unique<RemoteReader>(ro, n->cluster.get(), n->directory.get(),
+                                             n->tiered.get(), pool.get(), &n->metrics);
+  ro.chain_reads = true;
+  n->chain_reader = std::make_unique<RemoteReader>(ro, n->cluster.get(), n->directory.get(),
+                                                   n->tiered.get(), pool.get(), &n->metrics);
+  ro.replicas = RemoteReaderOptions::Replicas::kAll;
+  n->keeping_reader = std::make_unique<RemoteReader>(ro, n->cluster.get(), n->directory.get(),
+                                                     n->tiered.get(), pool.get(), &n->metrics);
+  n->announcer->Start();
+  nodes.push_back(std::move(n));
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<ScaleSim>> ScaleSim::Open(const ScaleSimOptions& options) {
   if (options.nodes < 1 || options.nodes > 4096) {
     return InvalidArgument("scale sim: nodes must be in 1..4096");
@@ -238,60 +308,18 @@ Result<std::unique_ptr<ScaleSim>> ScaleSim::Open(const ScaleSimOptions& options)
   impl->opts = options;
   impl->pool = std::make_unique<ThreadPool>(static_cast<int>(std::max<size_t>(1, options.threads)),
                                             "kvpool-sim");
-  std::vector<Member> members;
-  for (size_t i = 0; i < options.nodes; ++i) {
+  // Named (and indexed) up front, joiners included: the index is read by
+  // every node's transport.
+  for (size_t i = 0; i < options.nodes + ScaleSim::kMaxJoins; ++i) {
     impl->ids.push_back(SimNodeId(i));
+    impl->index[impl->ids.back() + ":1"] = static_cast<uint32_t>(i);
+    if (i >= options.nodes) continue;
     Member m;
     m.node_id = impl->ids.back();
     m.address = m.node_id + ":1";
-    impl->index[m.address] = static_cast<uint32_t>(i);
-    members.push_back(m);
+    impl->members.push_back(m);
   }
-  for (size_t i = 0; i < options.nodes; ++i) {
-    auto n = std::make_unique<ScaleSimNode>();
-    DramOptions d;
-    d.capacity_bytes = options.dram_bytes;
-    d.slab_bytes = 1u << 20;
-    d.max_value_bytes = 1u << 20;
-    d.huge_pages = false;
-    d.prefault = false;
-    d.eviction = "lru";
-    KVPOOL_ASSIGN_OR_RETURN(n->tiered,
-                            TieredStore::Open(d, nullptr, impl->pool.get(), impl->pool.get(),
-                                              TieringOptions{}, &n->metrics));
-    // Incarnation 0: no home learns a new view from a peer's publish.
-    KVPOOL_ASSIGN_OR_RETURN(auto membership,
-                            StaticMembership::Open({impl->ids[i], 0, members}, &n->metrics));
-    auto counter =
-        std::make_unique<CountingTransport>(impl->net.AddNode(members[i].address),
-                                            static_cast<uint32_t>(i), &impl->index, &impl->costs);
-    n->counter = counter.get();
-    n->cluster = Cluster::Assemble(impl->ids[i], std::move(counter), std::move(membership));
-    n->directory = std::make_unique<Directory>(DirectoryOptions{}, &n->metrics);
-    HoldingsAnnouncerOptions ao;
-    ao.publish_interval = milliseconds(0);  // Put flushes
-    n->announcer = std::make_unique<HoldingsAnnouncer>(
-        ao, n->cluster.get(), n->directory.get(), n->tiered.get(), impl->pool.get(), &n->metrics);
-    n->server =
-        std::make_unique<PeerServer>(n->cluster.get(), n->directory.get(), n->announcer.get(),
-                                     n->tiered.get(), impl->pool.get(), nullptr, &n->metrics);
-    RemoteReaderOptions ro;
-    ro.lookup_timeout = milliseconds(5000);
-    ro.fetch_timeout = milliseconds(5000);
-    ro.lookup_cache_ttl = milliseconds(0);  // every read pays its lookups
-    ro.replicas = RemoteReaderOptions::Replicas::kNone;
-    ro.chain_reads = options.chain_reads;
-    n->reader = std::make_unique<RemoteReader>(ro, n->cluster.get(), n->directory.get(),
-                                               n->tiered.get(), impl->pool.get(), &n->metrics);
-    ro.chain_reads = true;
-    n->chain_reader = std::make_unique<RemoteReader>(
-        ro, n->cluster.get(), n->directory.get(), n->tiered.get(), impl->pool.get(), &n->metrics);
-    ro.replicas = RemoteReaderOptions::Replicas::kAll;
-    n->keeping_reader = std::make_unique<RemoteReader>(
-        ro, n->cluster.get(), n->directory.get(), n->tiered.get(), impl->pool.get(), &n->metrics);
-    n->announcer->Start();
-    impl->nodes.push_back(std::move(n));
-  }
+  for (size_t i = 0; i < options.nodes; ++i) KVPOOL_RETURN_IF_ERROR(impl->AddNode(i));
   return std::unique_ptr<ScaleSim>(new ScaleSim(std::move(impl)));
 }
 
@@ -311,6 +339,7 @@ Status ScaleSim::Put(size_t writer, std::span<const KeyId> keys, uint64_t value_
     }
     for (uint64_t j = 0; j < value_bytes; ++j) slot->data()[j] = ValueByte(key, j);
     KVPOOL_RETURN_IF_ERROR(n.tiered->Commit(std::move(slot).value()));
+    impl_->held.emplace_back(key, static_cast<uint32_t>(writer));
     ++fresh;
   }
   n.counter->BeginWindow();
@@ -381,6 +410,93 @@ Status ScaleSim::Read(size_t reader, ReadKind kind, std::span<const KeyId> keys,
       std::this_thread::sleep_for(milliseconds(1));
     }
   }
+  return Status::Ok();
+}
+
+Status ScaleSim::Join(ViewChange* change) {
+  Impl& im = *impl_;
+  const size_t i = im.nodes.size();
+  if (i >= im.ids.size()) return FailedPrecondition("scale sim: no more joins");
+  const auto before = im.nodes.front()->cluster->shard_map();
+  Member m;
+  m.node_id = im.ids[i];
+  m.address = m.node_id + ":1";
+  im.members.push_back(m);
+  ++im.epoch;
+  KVPOOL_RETURN_IF_ERROR(im.AddNode(i));  // with the new view
+  return ChangeView(before, change);
+}
+
+Status ScaleSim::Leave(size_t node, ViewChange* change) {
+  Impl& im = *impl_;
+  ScaleSimNode& n = *im.nodes.at(node);
+  if (!n.up) return FailedPrecondition("scale sim: that node is down already");
+  const auto before = n.cluster->shard_map();
+  n.counter->Crash();
+  n.up = false;
+  std::erase_if(im.members, [&](const Member& m) { return m.node_id == im.ids[node]; });
+  ++im.epoch;
+  return ChangeView(before, change);
+}
+
+Status ScaleSim::ChangeView(const std::shared_ptr<const ShardMap>& before, ViewChange* change) {
+  Impl& im = *impl_;
+  ViewChange c;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto& n : im.nodes) {
+    if (n->up) n->membership->Set(im.members, im.epoch);
+  }
+  c.views_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::shared_ptr<const ShardMap> after;
+  for (auto& n : im.nodes) {
+    if (n->up) after = n->cluster->shard_map();
+  }
+  if (after == nullptr) return FailedPrecondition("scale sim: no node is up");
+  std::vector<bool> moved(kNumShards, false);
+  for (uint32_t shard : ShardMap::Moved(*before, *after)) {
+    moved[shard] = true;
+    ++c.shards_moved;
+  }
+  // The keys whose home moved, held by a node still up: unreachable until
+  // a holder has told the new home.
+  std::vector<std::pair<KeyId, uint32_t>> waiting;
+  for (const auto& [key, holder] : im.held) {
+    if (!im.nodes[holder]->up) {
+      ++c.keys_lost;
+    } else if (moved[ShardOf(key)]) {
+      waiting.emplace_back(key, holder);
+    }
+  }
+  c.keys_moved = waiting.size();
+  // Until each is listed at its new home; the publishers flushed every 5
+  // ms, as a node's --publish-interval does.
+  const auto t1 = std::chrono::steady_clock::now();
+  const auto limit = t1 + std::chrono::seconds(300);
+  while (!waiting.empty()) {
+    if (std::chrono::steady_clock::now() > limit) {
+      c.whole_s = -1;
+      if (change != nullptr) *change = c;
+      return Status::Ok();
+    }
+    for (auto& n : im.nodes) {
+      if (n->up) n->announcer->Flush();
+    }
+    std::this_thread::sleep_for(milliseconds(5));
+    std::erase_if(waiting, [&](const std::pair<KeyId, uint32_t>& kh) {
+      const Member* home = after->HomeOf(kh.first);
+      if (home == nullptr) return false;
+      const auto res = im.nodes[im.index.at(home->address)]->directory->Lookup(
+          std::span<const KeyId>(&kh.first, 1));
+      // Reachable again: its new home names a holder that is up (a home
+      // names at most kDirectoryHoldersPerKey, the others are spares).
+      return std::any_of(res[0].holders.begin(), res[0].holders.end(), [&](const HolderRef& h) {
+        auto at = im.index.find(h.node_id + ":1");
+        return at != im.index.end() && at->second < im.nodes.size() && im.nodes[at->second]->up;
+      });
+    });
+  }
+  c.whole_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  if (change != nullptr) *change = c;
   return Status::Ok();
 }
 

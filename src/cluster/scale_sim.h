@@ -19,8 +19,8 @@
 // graph the real code made), and LatencyUs replays that graph over a
 // network model: per-link latency with seeded jitter, per-link bandwidth,
 // and per-message CPU costs measured from the real handlers and senders of
-// this run (per message type), queued per node. Not
-// modelled: etcd.
+// this run (per message type), queued per node. Membership is a view the
+// simulation sets (Join, Leave); etcd's side is kvpool-etcd-load's.
 //
 // Not thread-safe: one caller drives it.
 #pragma once
@@ -130,6 +130,24 @@ class ScaleSim {
                           const SimCostTable& costs, uint64_t seed,
                           std::vector<double>* replied_at = nullptr);
 
+  // A view change: one node joins (a new node, with the view that lists it),
+  // or node `node` crashes (it neither sends nor answers from then on) and
+  // the view drops it. Every node up is given the new view at once; then
+  // the keys Put stored whose home moved, held by a node still up, are
+  // unreachable until a holder has told the new home (the publishers
+  // flushed every 5 ms). Returns once the new home of every such key names
+  // a holder that is up, or after 300 s (whole_s -1).
+  static constexpr size_t kMaxJoins = 4;
+  struct ViewChange {
+    uint64_t shards_moved = 0;  // shards whose home changed
+    uint64_t keys_moved = 0;    // keys unreachable at the change
+    uint64_t keys_lost = 0;     // keys only a crashed node held
+    double views_s = 0;         // giving every node the view (one after another, here)
+    double whole_s = 0;         // from then until every moved key is listed again
+  };
+  Status Join(ViewChange* change);
+  Status Leave(size_t node, ViewChange* change);
+
   // Directory entries and bytes (Directory::entries(), bytes()) summed
   // over the nodes, and the largest and smallest node's bytes.
   uint64_t directory_entries() const;
@@ -147,6 +165,7 @@ class ScaleSim {
 
  private:
   explicit ScaleSim(std::unique_ptr<Impl> impl);
+  Status ChangeView(const std::shared_ptr<const ShardMap>& before, ViewChange* change);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -14,6 +14,9 @@
 //    "chain_put_messages_max", "chain_put_messages_mean",
 //    "hot_prefix" and "hot_prefix_kept": {"readers", "busiest_node_messages",
 //      "busiest_node_messages_per_reader", "misses", "get_us_10"},
+//    "join" and "leave" (one node joins, then node 1 crashes, on the running
+//      simulation; ScaleSim::ViewChange): {"shards_moved",
+//      "shards_moved_vs_ideal", "keys_moved", "keys_lost", "views_s", "whole_s"},
 //    "directory_bytes_per_key", "directory_bytes_max_node",
 //    "membership_bytes_per_node", "peers_called_max", "shards_moved_join",
 //    "shards_moved_join_vs_ideal", "shards_moved_leave_vs_ideal", "cpu_us"}
@@ -230,37 +233,59 @@ int main(int argc, char** argv) {
     const auto hot = HotPrefix(sim, blocks, value_bytes, false);
     const auto hot_kept = HotPrefix(sim, blocks, value_bytes, true);
     if (!hot || !hot_kept) return 1;
+    // The directory and the membership as the workload left them.
     const double entries = static_cast<double>(sim.directory_entries());
+    const double dir_bytes = static_cast<double>(sim.directory_bytes());
+    const uint64_t dir_max = sim.directory_bytes_max();
+    const uint64_t view_bytes = sim.membership_bytes(0);
     uint64_t peers_max = 0;
     for (size_t i = 0; i < n; ++i) peers_max = std::max(peers_max, sim.peers_called(i));
+    // One node joins, then node 1 crashes.
+    ScaleSim::ViewChange join, leave;
+    kvpool::Status vs = sim.Join(&join);
+    if (vs.ok()) vs = sim.Leave(1, &leave);
+    if (!vs.ok()) {
+      std::fprintf(stderr, "kvpool-scale-sim: N=%zu: %s\n", n, vs.ToString().c_str());
+      return 1;
+    }
+    auto view_json = [](const ScaleSim::ViewChange& v, double ideal) {
+      return nlohmann::json{{"shards_moved", v.shards_moved},
+                            {"shards_moved_vs_ideal", static_cast<double>(v.shards_moved) / ideal},
+                            {"keys_moved", v.keys_moved},
+                            {"keys_lost", v.keys_lost},
+                            {"views_s", v.views_s},
+                            {"whole_s", v.whole_s}};
+    };
     uint64_t moved = 0;
-    const double join = kvpool::cluster::ShardsMovedVsIdeal(n, false, &moved);
-    const double leave = kvpool::cluster::ShardsMovedVsIdeal(n - 1 > 0 ? n - 1 : 1, true, nullptr);
+    const double computed_join = kvpool::cluster::ShardsMovedVsIdeal(n, false, &moved);
+    const double computed_leave =
+        kvpool::cluster::ShardsMovedVsIdeal(n - 1 > 0 ? n - 1 : 1, true, nullptr);
     const kvpool::cluster::SimCostTable costs = sim.costs();
-    nlohmann::json j = {
-        {"nodes", n},
-        {"setup_s", setup_s},
-        {"fill_s", fill_s},
-        {"keys_per_node", entries / static_cast<double>(n)},
-        {"home_read", home.Json(sim, chains)},
-        {"chain_read", chain.Json(sim, chains)},
-        {"chain_put_messages_max", put_max},
-        {"hot_prefix", *hot},
-        {"hot_prefix_kept", *hot_kept},
-        {"chain_put_messages_mean", static_cast<double>(put_sum) / chains},
-        {"directory_bytes_per_key", entries > 0 ? sim.directory_bytes() / entries : 0.0},
-        {"directory_bytes_max_node", sim.directory_bytes_max()},
-        {"membership_bytes_per_node", sim.membership_bytes(0)},
-        {"peers_called_max", peers_max},
-        {"shards_moved_join", moved},
-        {"shards_moved_join_vs_ideal", join},
-        {"shards_moved_leave_vs_ideal", leave},
-        {"cpu_us",
-         {{"lookup", costs.Handler(kvpool::cluster::kPeerLookup)},
-          {"holder_lookup", costs.Handler(kvpool::cluster::kPeerHolderLookup)},
-          {"fetch", costs.Handler(kvpool::cluster::kPeerFetch)},
-          {"send_lookup", costs.Send(kvpool::cluster::kPeerLookup)},
-          {"send_fetch", costs.Send(kvpool::cluster::kPeerFetch)}}}};
+    nlohmann::json j = {{"nodes", n},
+                        {"setup_s", setup_s},
+                        {"fill_s", fill_s},
+                        {"keys_per_node", entries / static_cast<double>(n)},
+                        {"home_read", home.Json(sim, chains)},
+                        {"chain_read", chain.Json(sim, chains)},
+                        {"chain_put_messages_max", put_max},
+                        {"hot_prefix", *hot},
+                        {"hot_prefix_kept", *hot_kept},
+                        {"join", view_json(join, 4096.0 / static_cast<double>(n + 1))},
+                        {"leave", view_json(leave, 4096.0 / static_cast<double>(n + 1))},
+                        {"chain_put_messages_mean", static_cast<double>(put_sum) / chains},
+                        {"directory_bytes_per_key", entries > 0 ? dir_bytes / entries : 0.0},
+                        {"directory_bytes_max_node", dir_max},
+                        {"membership_bytes_per_node", view_bytes},
+                        {"peers_called_max", peers_max},
+                        {"shards_moved_join", moved},
+                        {"shards_moved_join_vs_ideal", computed_join},
+                        {"shards_moved_leave_vs_ideal", computed_leave},
+                        {"cpu_us",
+                         {{"lookup", costs.Handler(kvpool::cluster::kPeerLookup)},
+                          {"holder_lookup", costs.Handler(kvpool::cluster::kPeerHolderLookup)},
+                          {"fetch", costs.Handler(kvpool::cluster::kPeerFetch)},
+                          {"send_lookup", costs.Send(kvpool::cluster::kPeerLookup)},
+                          {"send_fetch", costs.Send(kvpool::cluster::kPeerFetch)}}}};
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);
   }

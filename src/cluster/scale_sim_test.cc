@@ -33,6 +33,18 @@ std::set<std::string> RemoteHomes(const ShardMap& map, const std::vector<KeyId>&
   return homes;
 }
 
+// A simulation of `nodes` nodes on 2 threads; null (a test failure) when it
+// cannot open.
+std::unique_ptr<ScaleSim> OpenSim(size_t nodes, bool chain_reads = false) {
+  ScaleSimOptions o;
+  o.nodes = nodes;
+  o.threads = 2;
+  o.chain_reads = chain_reads;
+  auto sim = ScaleSim::Open(o);
+  EXPECT_TRUE(sim.ok()) << sim.status().ToString();
+  return sim.ok() ? std::move(sim).value() : nullptr;
+}
+
 class ScaleSimTest : public ::testing::TestWithParam<size_t> {};
 
 // A chain's put sends one publish per remote home; its read from another
@@ -41,12 +53,9 @@ class ScaleSimTest : public ::testing::TestWithParam<size_t> {};
 // their lookups only.
 TEST_P(ScaleSimTest, AChainCostsOneLookupPerHomeAndOneFetchPerBlock) {
   const size_t n = GetParam();
-  ScaleSimOptions o;
-  o.nodes = n;
-  o.threads = 2;
-  auto sim = ScaleSim::Open(o);
-  ASSERT_TRUE(sim.ok()) << sim.status().ToString();
-  ScaleSim& s = **sim;
+  auto sim = OpenSim(n);
+  ASSERT_NE(sim, nullptr);
+  ScaleSim& s = *sim;
   const auto map = s.shard_map();
   for (int c = 0; c < 3; ++c) {
     const auto keys = Chain(c, 128);
@@ -85,13 +94,9 @@ TEST_P(ScaleSimTest, AChainCostsOneLookupPerHomeAndOneFetchPerBlock) {
 // holds costs the first key's lookup and the rest's at their homes.
 TEST_P(ScaleSimTest, AChainReadAsksTheFirstKeysHomeAndThenItsHolder) {
   const size_t n = GetParam();
-  ScaleSimOptions o;
-  o.nodes = n;
-  o.threads = 2;
-  o.chain_reads = true;
-  auto sim = ScaleSim::Open(o);
-  ASSERT_TRUE(sim.ok()) << sim.status().ToString();
-  ScaleSim& s = **sim;
+  auto sim = OpenSim(n, /*chain_reads=*/true);
+  ASSERT_NE(sim, nullptr);
+  ScaleSim& s = *sim;
   const auto map = s.shard_map();
   for (int c = 0; c < 4; ++c) {
     const auto keys = Chain(c, 128);
@@ -144,12 +149,9 @@ INSTANTIATE_TEST_SUITE_P(Nodes, ScaleSimTest, ::testing::Values(4, 16));
 // sent from another's reply waits for it, a node handles one message at a
 // time, and the bytes queue on a node's link out.
 TEST(ScaleSimLatencyTest, AReplayWaitsForParentsAndQueuesAtNodes) {
-  ScaleSimOptions o;
-  o.nodes = 4;
-  o.threads = 2;
-  auto sim = ScaleSim::Open(o);
-  ASSERT_TRUE(sim.ok()) << sim.status().ToString();
-  ScaleSim& s = **sim;
+  auto sim = OpenSim(4);
+  ASSERT_NE(sim, nullptr);
+  ScaleSim& s = *sim;
   // Measure some real costs first.
   const auto keys = Chain(7, 16);
   ASSERT_TRUE(s.Put(0, keys, 1024, nullptr).ok());
@@ -192,6 +194,47 @@ TEST(ScaleSimLatencyTest, AReplayWaitsForParentsAndQueuesAtNodes) {
   const double a = ScaleSim::LatencyUs({lookup(-1, 1), lookup(0, 2)}, link, costs, 42);
   EXPECT_GE(a, 2 * one);
   EXPECT_EQ(a, ScaleSim::LatencyUs({lookup(-1, 1), lookup(0, 2)}, link, costs, 42));
+}
+
+// A join and a crash on a running simulation: the shards that move are the
+// shard maps' difference, every key whose home moved is listed at its new
+// home again, reads find every key still held, byte-exact, and the keys
+// only the crashed node held are lost (misses).
+TEST(ScaleSimViewTest, AJoinAndACrashLeaveTheDirectoryWholeAgain) {
+  auto sim = OpenSim(8);
+  ASSERT_NE(sim, nullptr);
+  ScaleSim& s = *sim;
+  std::vector<std::vector<KeyId>> put;
+  for (int w = 0; w < 8; ++w) {
+    put.push_back(Chain(100 + w, 64));
+    ASSERT_TRUE(s.Put(static_cast<size_t>(w), put.back(), 512, nullptr).ok());
+  }
+  uint64_t ideal_moved = 0;
+  ShardsMovedVsIdeal(8, /*leave=*/false, &ideal_moved);
+  ScaleSim::ViewChange join;
+  ASSERT_TRUE(s.Join(&join).ok());
+  EXPECT_EQ(join.shards_moved, ideal_moved);  // the same members, the same maps
+  EXPECT_GT(join.keys_moved, 0u);
+  EXPECT_EQ(join.keys_lost, 0u);
+  EXPECT_GE(join.whole_s, 0);
+  EXPECT_EQ(s.size(), 9u);
+  // Read through the new node: every key, from its holder.
+  for (int w = 0; w < 8; ++w) {
+    size_t found = 0;
+    ASSERT_TRUE(s.Read(8, ScaleSim::ReadKind::kHomes, put[w], &found, nullptr).ok());
+    EXPECT_EQ(found, 64u) << w;
+  }
+  ScaleSim::ViewChange leave;
+  ASSERT_TRUE(s.Leave(3, &leave).ok());
+  EXPECT_GT(leave.shards_moved, 0u);
+  EXPECT_EQ(leave.keys_lost, 64u);
+  EXPECT_GE(leave.whole_s, 0);
+  for (int w = 0; w < 8; ++w) {
+    size_t found = 0;
+    ASSERT_TRUE(s.Read(w == 0 ? 1 : 0, ScaleSim::ReadKind::kHomes, put[w], &found, nullptr).ok());
+    EXPECT_EQ(found, w == 3 ? 0u : 64u) << w;
+  }
+  EXPECT_FALSE(s.Leave(3, nullptr).ok());
 }
 
 // A member joining moves about its fair share of the 4096 shards
