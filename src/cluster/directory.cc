@@ -388,7 +388,7 @@ void Directory::Apply(const PublishBatch& batch) {
   }
 }
 
-std::vector<LookupResult> Directory::Lookup(std::span<const KeyId> keys) const {
+std::vector<LookupResult> Directory::Lookup(std::span<const KeyId> keys, uint64_t asker) const {
   std::vector<LookupResult> out(keys.size());
   uint64_t hits = 0;
   {
@@ -400,7 +400,20 @@ std::vector<LookupResult> Directory::Lookup(std::span<const KeyId> keys) const {
         continue;
       }
       out[k].size = s->size;
-      for (uint8_t i = 0; i < s->count; ++i) out[k].holders.push_back(impl_->refs[s->holders[i]]);
+      auto sp =
+          asker == 0 || impl_->spares.empty() ? impl_->spares.end() : impl_->spares.find(keys[k]);
+      if (sp == impl_->spares.end()) {
+        for (uint8_t i = 0; i < s->count; ++i) {
+          out[k].holders.push_back(impl_->refs[s->holders[i]]);
+        }
+      } else {
+        const size_t total = s->count + sp->second.size();
+        for (size_t j = 0; j < std::min<size_t>(kDirectoryHoldersPerKey, total); ++j) {
+          const size_t at = (asker + j) % total;
+          out[k].holders.push_back(
+              impl_->refs[at < s->count ? s->holders[at] : sp->second[at - s->count]]);
+        }
+      }
       ++hits;
     }
   }

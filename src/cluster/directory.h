@@ -54,8 +54,13 @@ class Directory {
   Directory& operator=(const Directory&) = delete;
 
   void Apply(const PublishBatch& batch);
-  // One result per key, in order.
-  std::vector<LookupResult> Lookup(std::span<const KeyId> keys) const;
+  // One result per key, in order. Names the listed holders (at most
+  // kDirectoryHoldersPerKey) when asker is 0. Otherwise (a hash of who
+  // asks), a key held by more (spares) is answered with its own window of
+  // them: the listed, then the spares, from asker % their number on. So the readers of a key
+  // many nodes hold (a hot prefix every reader keeps) spread over all of
+  // its holders, not the newest five.
+  std::vector<LookupResult> Lookup(std::span<const KeyId> keys, uint64_t asker = 0) const;
   // Drops holders that are not alive in `view` with the same incarnation
   // (an incarnation 0 in the view, a static member, matches any). A holder
   // incarnation newer than any seen in a view so far is kept: the node

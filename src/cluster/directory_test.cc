@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
+#include <string>
 
 #include "peer/peer_messages_format.h"
 
@@ -186,6 +188,39 @@ TEST(Directory, AddRemovePruneAndBound) {
   v.members.push_back({"b", "h:1", 6, 1.0});
   dir.Prune(v);
   EXPECT_EQ(dir.entries(), 0u);
+}
+
+// A key held by more nodes than a lookup names (a hot prefix every reader
+// kept): asked without an asker, the five listed are named; each asker is
+// named five distinct holders of its own window, and over eight askers
+// every one of the eight holders is named. A key with five or fewer
+// holders is named the same to everyone.
+TEST(Directory, AskersOfAKeyHeldByManyAreNamedTheirOwnHolders) {
+  MetricsRegistry m;
+  Directory dir(DirectoryOptions{}, &m);
+  const KeyId hot = K(7), cold = K(8);
+  for (int h = 0; h < 8; ++h) {
+    dir.Apply({"r" + std::to_string(h), 1, {{hot, PublishOp::kAdd, 64}}});
+  }
+  dir.Apply({"r0", 1, {{cold, PublishOp::kAdd, 64}}});
+  dir.Apply({"r1", 1, {{cold, PublishOp::kAdd, 64}}});
+  auto newest = dir.Lookup(std::vector<KeyId>{hot})[0].holders;
+  std::set<std::string> listed;
+  for (const HolderRef& h : newest) listed.insert(h.node_id);
+  EXPECT_EQ(listed.size(), 5u);
+  EXPECT_TRUE(listed.count("r7"));  // the last to publish is listed
+  std::set<std::string> named;
+  for (uint64_t asker = 1; asker <= 8; ++asker) {
+    auto r = dir.Lookup(std::vector<KeyId>{hot, cold}, asker);
+    std::set<std::string> distinct;
+    for (const HolderRef& h : r[0].holders) distinct.insert(h.node_id);
+    EXPECT_EQ(r[0].holders.size(), 5u);
+    EXPECT_EQ(distinct.size(), 5u);
+    named.insert(distinct.begin(), distinct.end());
+    ASSERT_EQ(r[1].holders.size(), 2u);
+    EXPECT_EQ(r[1].holders[0].node_id, "r0");
+  }
+  EXPECT_EQ(named.size(), 8u);
 }
 
 // A holder re-registers (incarnation 2 -> 5) and its replay reaches the home

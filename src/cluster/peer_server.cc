@@ -107,7 +107,8 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
       OwnLookup(t->store, &t->keys, std::move(keys), std::move(r));
       return Status::Ok();
     }
-    auto results = sc.directory->Lookup(keys);
+    // Who asks picks which of a key's many holders are named (Directory::Lookup).
+    auto results = sc.directory->Lookup(keys, std::hash<std::string>{}(in.peer) | 1);
     RespondEncoded(r, [&](std::vector<uint8_t>* body) { EncodeLookupReply(results, body); });
     return Status::Ok();
   });

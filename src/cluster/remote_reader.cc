@@ -111,6 +111,12 @@ struct RemoteReader::State {
   // Stages that may call the transport run inside it.
   Gate gate;
 
+  // This node's own directory's answers, as it names holders to itself
+  // (Directory::Lookup's asker: this node).
+  std::vector<LookupResult> LocalLookup(std::span<const KeyId> keys) const {
+    return directory->Lookup(keys, std::hash<std::string>{}(cluster->node_id()) | 1);
+  }
+
   // Where keys live now, as this node sees it.
   Routes CurrentRoutes() const {
     return Routes{cluster->view(), cluster->shard_map(), cluster->node_id()};
@@ -155,8 +161,7 @@ void StartLookup(const std::shared_ptr<RemoteReader::State>& st,
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;
   st->fetcher->Lookup(
       routes, batch, all, deadline,
-      [st](std::span<const KeyId> keys) { return st->directory->Lookup(keys); },
-      std::move(resolved));
+      [st](std::span<const KeyId> keys) { return st->LocalLookup(keys); }, std::move(resolved));
 }
 
 // The keys idx of batch looked up at their homes, each group handed on as
@@ -168,7 +173,7 @@ void LookupAtHomes(const std::shared_ptr<RemoteReader::State>& st,
                    const RouteFetcher::Resolved& resolved) {
   st->fetcher->Lookup(
       routes, batch, idx, deadline,
-      [st](std::span<const KeyId> keys) { return st->directory->Lookup(keys); },
+      [st](std::span<const KeyId> keys) { return st->LocalLookup(keys); },
       [resolved, on](std::vector<size_t> part, const Status& s, ResolvedOn got) {
         resolved(std::move(part), s, got == ResolvedOn::kCaller ? on : got);
       });
