@@ -400,8 +400,9 @@ std::vector<LookupResult> Directory::Lookup(std::span<const KeyId> keys, uint64_
         continue;
       }
       out[k].size = s->size;
-      auto sp =
-          asker == 0 || impl_->spares.empty() ? impl_->spares.end() : impl_->spares.find(keys[k]);
+      // Only a full slot can have spares.
+      auto sp = asker == 0 || s->count < kDirectoryHoldersPerKey ? impl_->spares.end()
+                                                                 : impl_->spares.find(keys[k]);
       if (sp == impl_->spares.end()) {
         for (uint8_t i = 0; i < s->count; ++i) {
           out[k].holders.push_back(impl_->refs[s->holders[i]]);

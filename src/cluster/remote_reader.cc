@@ -114,8 +114,10 @@ struct RemoteReader::State {
   // This node's own directory's answers, as it names holders to itself
   // (Directory::Lookup's asker: this node).
   std::vector<LookupResult> LocalLookup(std::span<const KeyId> keys) const {
-    return directory->Lookup(keys, std::hash<std::string>{}(cluster->node_id()) | 1);
+    return directory->Lookup(keys, self_hash | 1);
   }
+  // A hash of this node's id: how it is named among askers and readers.
+  uint64_t self_hash = 0;
 
   // Where keys live now, as this node sees it.
   Routes CurrentRoutes() const {
@@ -201,8 +203,7 @@ void ChainLookup(const std::shared_ptr<RemoteReader::State>& st,
                   // looked up at their homes. With several holders (replicas of a hot
                   // prefix), each reader asks its own pick, so the readers of one
                   // chain spread over its copies.
-                  const std::string& holder =
-                      holders[std::hash<std::string>{}(routes.self) % holders.size()];
+                  const std::string& holder = holders[st->self_hash % holders.size()];
                   st->fetcher->AskHolder(
                       routes, batch, rest, holder, deadline,
                       [st, batch, routes, deadline, resolved, on](
@@ -429,6 +430,7 @@ RemoteReader::RemoteReader(const RemoteReaderOptions& options, Cluster* cluster,
   fo.tenant = options.tenant;
   s.fetcher = std::make_unique<RouteFetcher>(fo, cluster->transport(), m, clock);
   s.clock = clock != nullptr ? clock : SystemClock::Get();
+  s.self_hash = std::hash<std::string>{}(cluster->node_id());
   s.evicted_lately_found =
       m->GetCounter("kvpool_remote_evicted_lately_total",
                     "Exists items no node holds that their home saw dropped lately (written "
