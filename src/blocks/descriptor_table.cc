@@ -264,7 +264,9 @@ struct DescriptorTable::Impl {
 DescriptorTable::DescriptorTable(uint64_t max_bytes, MetricsRegistry* metrics,
                                  std::chrono::microseconds apply_interval)
     : impl_(std::make_unique<Impl>(max_bytes, metrics, apply_interval)) {
-  impl_->applier = std::thread([im = impl_.get()] { im->Applier(); });
+  if (apply_interval.count() > 0) {
+    impl_->applier = std::thread([im = impl_.get()] { im->Applier(); });
+  }
 }
 
 DescriptorTable::~DescriptorTable() {
@@ -273,7 +275,7 @@ DescriptorTable::~DescriptorTable() {
     impl_->stopping = true;
   }
   impl_->queue_cv.notify_all();
-  impl_->applier.join();
+  if (impl_->applier.joinable()) impl_->applier.join();
 }
 
 void DescriptorTable::SetListeners(BlockEventListener* events, BlockTierListener* tiers) {

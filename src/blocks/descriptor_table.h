@@ -17,7 +17,10 @@
 // queued, in the order they are told, and applied in that order on the
 // table's own thread within apply_interval, or at once by a read (Tiers,
 // ForEachHeld, entries, bytes, Sync), so what a read returns follows every
-// change told before it. Listeners are called by the applying thread. While
+// change told before it. A table made with an apply interval of 0 has no
+// thread: its owner calls Sync as often (the node's KV events publisher
+// does, on its own thread, before each batch). Listeners are called by the
+// applying thread. While
 // the table holds nothing and has nothing queued, a holdings event goes to
 // the event listener at once. At most kMaxQueued changes wait: the one that
 // finds the queue full applies it on its own thread.
@@ -75,7 +78,8 @@ class DescriptorTable final : public HoldingsObserver {
   // the node a tenth of its put rate against rounds of 10 ms.
   static constexpr std::chrono::microseconds kDefaultApplyInterval{10'000};
 
-  // metrics must outlive the table.
+  // metrics must outlive the table. apply_interval 0: no thread of its own
+  // (the owner calls Sync).
   DescriptorTable(uint64_t max_bytes, MetricsRegistry* metrics,
                   std::chrono::microseconds apply_interval = kDefaultApplyInterval);
   ~DescriptorTable() override;

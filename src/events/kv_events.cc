@@ -103,6 +103,7 @@ struct KvEventsPublisher::Impl {
   std::mutex mu;
   std::condition_variable cv;
   bool stopping = false;      // protected by mu
+  std::function<void()> before_batch;  // protected by mu; called without it
   std::vector<Told> pending;  // protected by mu
   uint64_t pending_keys = 0;  // protected by mu
 
@@ -198,6 +199,12 @@ struct KvEventsPublisher::Impl {
 
   // Sends what is queued, in batches of at most max_batch_keys blocks.
   void Flush() {
+    std::function<void()> before;
+    {
+      std::lock_guard lock(mu);
+      before = before_batch;
+    }
+    if (before) before();
     taken.clear();
     {
       std::lock_guard lock(mu);
@@ -449,6 +456,11 @@ void KvEventsPublisher::OnBlockEvent(const HoldingsEvent& e, const blocks::Descr
 
 void KvEventsPublisher::Recovered(const KeyId& key) {
   impl_->Queue(KvEvent::Type::kStored, Medium::kStorage, key, blocks::Descriptor(), /*wait=*/true);
+}
+
+void KvEventsPublisher::SetBeforeBatch(std::function<void()> fn) {
+  std::lock_guard lock(impl_->mu);
+  impl_->before_batch = std::move(fn);
 }
 
 std::string KvEventsPublisher::bound_endpoint() const { return impl_->bound; }

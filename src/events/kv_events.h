@@ -29,6 +29,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -104,6 +105,13 @@ class KvEventsPublisher final : public blocks::BlockEventListener {
   // Queues BlockStored on STORAGE for an entry the SSD tier held when the
   // node started (the holdings stream does not tell those).
   void Recovered(const KeyId& key);
+
+  // Called on the batching thread at the start of every batch round, before
+  // it takes what is queued (null: none): the descriptor table applies its
+  // queued changes there (blocks::DescriptorTable::Sync), so their events
+  // go out in the same round, with no thread of the table's own to wake.
+  // It may call OnBlockEvent; it must not block.
+  void SetBeforeBatch(std::function<void()> fn);
 
   // The endpoints as bound (a tcp port of 0 resolved), for tests.
   std::string bound_endpoint() const;

@@ -353,6 +353,26 @@ TEST(KvEventsPublisher, ReplayInTwoFramesForOlderSubscribers) {
   zmq_ctx_term(ctx);
 }
 
+// (type, medium, block hash) of each block the replay socket returns, in
+// order (the start's AllBlocksCleared left out).
+using ToldBlock = std::tuple<std::string, std::string, uint64_t>;
+std::vector<ToldBlock> ReplayedBlocks(void* ctx, const std::string& endpoint) {
+  std::vector<ToldBlock> told;
+  for (const auto& frames : Replay(ctx, endpoint, 0)) {
+    const std::string& payload = frames.back();
+    msgpack::object_handle oh = msgpack::unpack(payload.data(), payload.size());
+    const msgpack::object& events = oh.get().via.array.ptr[1];
+    for (uint32_t i = 0; i < events.via.array.size; ++i) {
+      Fields f = events.via.array.ptr[i].as<Fields>();
+      if (f["type"].as<std::string>() == "AllBlocksCleared") continue;
+      for (uint64_t h : f["block_hashes"].as<std::vector<uint64_t>>()) {
+        told.emplace_back(f["type"].as<std::string>(), f["medium"].as<std::string>(), h);
+      }
+    }
+  }
+  return told;
+}
+
 // Through the block descriptors, the publisher names a staged key's block
 // by its descriptor from its write to its last event; a stage whose commit
 // failed is forgotten, and a stage past the budget leaves the key named by
@@ -396,26 +416,57 @@ TEST(KvEventsPublisher, DescribedKeysAreNamedFromTheirWriteToTheirLastEvent) {
   EXPECT_EQ(table.entries(), 0u);
   EXPECT_EQ(table.bytes(), 0u);
   void* ctx = zmq_ctx_new();
-  std::vector<std::tuple<std::string, std::string, uint64_t>> told;  // type, medium, hash
-  for (const auto& frames : Replay(ctx, (*p)->bound_replay_endpoint(), 0)) {
-    const std::string& payload = frames.back();
-    msgpack::object_handle oh = msgpack::unpack(payload.data(), payload.size());
-    const msgpack::object& events = oh.get().via.array.ptr[1];
-    for (uint32_t i = 0; i < events.via.array.size; ++i) {
-      Fields f = events.via.array.ptr[i].as<Fields>();
-      if (f["type"].as<std::string>() == "AllBlocksCleared") continue;
-      for (uint64_t h : f["block_hashes"].as<std::vector<uint64_t>>()) {
-        told.emplace_back(f["type"].as<std::string>(), f["medium"].as<std::string>(), h);
-      }
-    }
-  }
-  const std::vector<std::tuple<std::string, std::string, uint64_t>> want = {
-      {"BlockStored", "CPU", 0xa1},
-      {"BlockStored", "CPU", K(2).hi},
-      {"BlockRemoved", "CPU", 0xa1},
-      {"BlockStored", "STORAGE", 0xa1},
-      {"BlockRemoved", "STORAGE", 0xa1}};
+  const std::vector<ToldBlock> told = ReplayedBlocks(ctx, (*p)->bound_replay_endpoint());
+  const std::vector<ToldBlock> want = {{"BlockStored", "CPU", 0xa1},
+                                       {"BlockStored", "CPU", K(2).hi},
+                                       {"BlockRemoved", "CPU", 0xa1},
+                                       {"BlockStored", "STORAGE", 0xa1},
+                                       {"BlockRemoved", "STORAGE", 0xa1}};
   EXPECT_EQ(told, want);
+  table.SetListeners(nullptr, nullptr);
+  p->reset();
+  zmq_ctx_term(ctx);
+}
+
+// A table made without a thread of its own (apply interval 0) is applied by
+// the publisher's batch rounds through SetBeforeBatch, as the node wires it:
+// its events go out with no read of the table. Without the hook nothing
+// applies it, and nothing is sent (the control).
+TEST(KvEventsPublisher, ABatchRoundAppliesATableThatHasNoThread) {
+  const std::string d1 = Bytes(Described(0xa1, std::nullopt, 1));
+  auto stored = [](blocks::DescriptorTable& table, const KeyId& key, const std::string& d) {
+    EXPECT_NE(table.Stage(key, blocks::Descriptor::Parse(d)), 0u);
+    HoldingsEvent e;
+    e.key = key;
+    table.OnHoldings(e);
+  };
+  {  // the control: no hook
+    MetricsRegistry metrics;
+    blocks::DescriptorTable table(1 << 20, &metrics, std::chrono::microseconds(0));
+    auto p = KvEventsPublisher::Start(LoopbackOptions(), &metrics);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    table.SetListeners(p->get(), nullptr);
+    stored(table, K(1), d1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // 200 batch rounds
+    EXPECT_EQ(metrics.ValueOf("kvpool_kv_events_total"), 0);
+    EXPECT_EQ(metrics.ValueOf("kvpool_descriptors"), 0);  // staged, not applied
+    table.SetListeners(nullptr, nullptr);
+  }
+  MetricsRegistry metrics;
+  blocks::DescriptorTable table(1 << 20, &metrics, std::chrono::microseconds(0));
+  auto p = KvEventsPublisher::Start(LoopbackOptions(), &metrics);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  table.SetListeners(p->get(), nullptr);
+  (*p)->SetBeforeBatch([&table] { table.Sync(); });
+  stored(table, K(1), d1);
+  WaitFor([&] { return metrics.ValueOf("kvpool_kv_events_total") >= 1; },
+          std::chrono::milliseconds(2000));
+  EXPECT_EQ(metrics.ValueOf("kvpool_kv_events_total"), 1);
+  EXPECT_EQ(metrics.ValueOf("kvpool_descriptors"), 1);
+  void* ctx = zmq_ctx_new();
+  const std::vector<ToldBlock> want = {{"BlockStored", "CPU", 0xa1}};  // named by its descriptor
+  EXPECT_EQ(ReplayedBlocks(ctx, (*p)->bound_replay_endpoint()), want);
+  (*p)->SetBeforeBatch(nullptr);
   table.SetListeners(nullptr, nullptr);
   p->reset();
   zmq_ctx_term(ctx);

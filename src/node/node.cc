@@ -96,6 +96,7 @@ class NodeImpl final : public Node {
       stores_.store()->SetHoldingsObserver(nullptr, HoldingsSlot::kBlocks);
       descriptors_->SetListeners(nullptr, nullptr);
     }
+    if (kv_events_) kv_events_->SetBeforeBatch(nullptr);
     kv_events_.reset();
     metrics_.RemoveCallbacks(this);
     stores_.Close(opts_.ssd_persist_on_stop);
@@ -155,12 +156,15 @@ class NodeImpl final : public Node {
   // KV events of what it holds.
   Status OpenEvents() {
     TieredStore* store = stores_.store();
-    // The table applies its changes as often as the publisher batches:
-    // what it applies sooner waits in the publisher's queue anyway, and
-    // each round wakes a thread (the block index's updates wait as long).
+    // With KV events on, the publisher's thread applies the table's changes
+    // before each batch (SetBeforeBatch), so the table has no thread of its
+    // own: what it applied sooner would wait in the publisher's queue
+    // anyway, and on a small host every thread woken each round costs the
+    // put path more than its CPU time (the block index's updates wait as
+    // long).
     descriptors_ = std::make_unique<blocks::DescriptorTable>(
         opts_.descriptor_bytes, &metrics_,
-        opts_.kv_events.enabled() ? std::chrono::microseconds(opts_.kv_events.batch_interval)
+        opts_.kv_events.enabled() ? std::chrono::microseconds(0)
                                   : blocks::DescriptorTable::kDefaultApplyInterval);
     store->SetHoldingsObserver(descriptors_.get(), HoldingsSlot::kBlocks);
     lookups_ = std::make_unique<PrefixLookups>(opts_.node_id, opts_.block_index,
@@ -173,6 +177,7 @@ class NodeImpl final : public Node {
     KVPOOL_ASSIGN_OR_RETURN(kv_events_,
                             events::KvEventsPublisher::Start(opts_.kv_events, &metrics_));
     descriptors_->SetListeners(kv_events_.get(), nullptr);
+    kv_events_->SetBeforeBatch([t = descriptors_.get()] { t->Sync(); });
     // What the SSD tier recovered is not streamed: listed (ListHeld; DRAM
     // holds nothing yet) before anyone can write (so no drop of an entry is
     // told before its listing). Reads the record headers: a large tier adds
