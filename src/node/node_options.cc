@@ -285,6 +285,13 @@ void BuildNodeSettings(NodeOptions* o, SettingsTable* t) {
             "Peer transport port (0: any free port; needed with --peers)");
   t->AddInt("peer-spin-us", &o->cluster.transport.progress_spin, 0, 10000,
             "Microseconds the peer transport polls after work before it sleeps (0: never)");
+  t->AddDuration("peer-idle-close", &o->cluster.transport.idle_close, std::chrono::milliseconds(0),
+                 std::chrono::milliseconds(86400000),
+                 "Close an outgoing peer connection after this long with no call in flight (0: "
+                 "never); the next call to that peer connects again");
+  t->AddInt("peer-max-connections", &o->cluster.transport.max_endpoints, 1, 1000000,
+            "Peer connections open at most, both directions; at the limit a new outgoing one "
+            "first closes the least recently used idle one");
   t->AddString("peer-net-devices", &o->cluster.transport.net_devices,
                "UCX devices for peer traffic, e.g. mlx5_0:1 (empty: the interface of "
                "--peer-address; all when it is a wildcard)");

@@ -356,7 +356,7 @@ Result<uint64_t> UcxTransport::Core::ClientEndpoint(const std::string& peer,
                                                     const sockaddr_storage& addr) {
   auto found = client_eps.find(peer);
   if (found != client_eps.end()) return found->second;
-  if (endpoints.size() >= opts.max_endpoints) {
+  if (OpenEndpoints() >= opts.max_endpoints && !CloseLeastRecentIdle()) {
     return ResourceExhausted("too many peer connections");
   }
   BootstrapMessage hello;
@@ -509,6 +509,34 @@ void UcxTransport::Core::OnEndpointSocket(uint64_t ep_id, uint32_t events) {
   std::vector<std::function<void()>> waiting;
   waiting.swap(e->waiting);
   for (auto& send : waiting) send();
+}
+
+void UcxTransport::Core::CloseIdleEndpoints() {
+  if (opts.idle_close.count() <= 0) return;
+  const auto now = SteadyClock::now();
+  if (now < next_idle_sweep) return;
+  next_idle_sweep = now + IdleSweepEvery();
+  std::vector<uint64_t> idle;
+  for (const auto& [peer, id] : client_eps) {
+    const Endpoint& e = *endpoints.at(id);
+    if (Idle(e) && now - e.last_used >= opts.idle_close) idle.push_back(id);
+  }
+  for (uint64_t id : idle) {
+    idle_closed->Inc();
+    FailEndpoint(id, Unavailable("peer connection closed idle"));
+  }
+}
+
+bool UcxTransport::Core::CloseLeastRecentIdle() {
+  const Endpoint* oldest = nullptr;
+  for (const auto& [peer, id] : client_eps) {
+    const Endpoint& e = *endpoints.at(id);
+    if (Idle(e) && (oldest == nullptr || e.last_used < oldest->last_used)) oldest = &e;
+  }
+  if (oldest == nullptr) return false;
+  idle_closed->Inc();
+  FailEndpoint(oldest->id, Unavailable("peer connection closed idle"));
+  return true;
 }
 
 void UcxTransport::Core::ExpireBootstraps() {

@@ -202,6 +202,7 @@ void UcxTransport::Core::Loop() {
     // at once when their epoll set wakes a sleeping thread: accepts and
     // bootstraps are rare, and a syscall per pass would slow a busy stream.
     if (SteadyClock::now() - last_sock_poll >= std::chrono::milliseconds(1)) PollSockets();
+    CloseIdleEndpoints();
     CloseFailedEndpoints();
     ReapClosing();
     FireTimers();
@@ -241,7 +242,13 @@ void UcxTransport::Core::Loop() {
 
 int UcxTransport::Core::NextTimeoutMs() const {
   // Bootstraps in flight have deadlines of their own, checked by PollSockets.
-  const int cap = pending.empty() && bootstrapping.empty() ? 1000 : 100;
+  int cap = pending.empty() && bootstrapping.empty() ? 1000 : 100;
+  if (opts.idle_close.count() > 0 && !client_eps.empty()) {
+    // Wakes for the next sweep of idle connections.
+    const auto to_sweep =
+        std::chrono::ceil<std::chrono::milliseconds>(next_idle_sweep - SteadyClock::now());
+    cap = static_cast<int>(std::clamp<int64_t>(to_sweep.count(), 0, cap));
+  }
   if (timers.empty()) return cap;
   auto left = timers.begin()->first - SteadyClock::now();
   if (left <= SteadyClock::duration::zero()) return 0;
@@ -411,6 +418,7 @@ void UcxTransport::Core::StartCall(uint64_t id, std::string peer, Result<sockadd
   c.ep_id = *ep_id;
   Endpoint* e = endpoints[*ep_id].get();
   e->calls.insert(id);
+  e->last_used = SteadyClock::now();
   if (e->ready) return SendRequest(id, *ep_id, std::move(am_header), payload);
   // Held until the bootstrap is done; dropped with the endpoint if it fails
   // (which settles the call), and a call settled meanwhile sends nothing.
@@ -579,7 +587,10 @@ void UcxTransport::Core::MaybeFinish(uint64_t id) {
   }
   latency->Observe(std::chrono::duration<double>(SteadyClock::now() - c.start).count());
   auto e = endpoints.find(c.ep_id);
-  if (e != endpoints.end()) e->second->calls.erase(id);
+  if (e != endpoints.end()) {
+    e->second->calls.erase(id);
+    e->second->last_used = SteadyClock::now();
+  }
   ReplyCallback done = std::move(c.done);
   calls.erase(it);
   deferred.push_back([done = std::move(done), reply = std::move(reply)]() mutable {

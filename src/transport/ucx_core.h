@@ -7,6 +7,7 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -89,6 +90,7 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
     bool client = false;
     bool failed = false;
     std::unordered_set<uint64_t> calls;
+    SteadyClock::time_point last_used{};  // client: a call started or settled
     int fd = -1;
     uint32_t token = 0;
     bool ready = false;                // client: welcome received, ep created
@@ -157,6 +159,10 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
     latency = metrics->GetHistogram("kvpool_transport_call_seconds", "Peer call latency");
     bootstrapping_gauge = metrics->GetGauge("kvpool_transport_bootstrapping",
                                             "Accepted peer-port connections in their bootstrap");
+    idle_closed = metrics->GetCounter(
+        "kvpool_transport_idle_closed_total",
+        "Outgoing peer connections closed with no call in flight: idle for --peer-idle-close, "
+        "or the least recently used one at --peer-max-connections");
     const std::string auth_help = "Peer connections that passed cluster authentication, by side";
     authenticated_listener = metrics->GetCounter("kvpool_transport_authenticated_total", auth_help,
                                                  {{"side", "listener"}});
@@ -238,6 +244,20 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   void OnEndpointSocket(uint64_t ep_id, uint32_t events);
   bool FlushOut(Endpoint* e);
   void ExpireBootstraps();
+  // Closes the outgoing connections idle for opts.idle_close, at most a few
+  // times per idle_close.
+  void CloseIdleEndpoints();
+  // Closes the least recently used idle outgoing connection; false: none.
+  bool CloseLeastRecentIdle();
+  // Connections open, those being closed left out.
+  size_t OpenEndpoints() const { return endpoints.size() - to_close.size(); }
+  static bool Idle(const Endpoint& e) {
+    return e.client && e.ready && !e.failed && e.calls.empty() && e.waiting.empty();
+  }
+  std::chrono::milliseconds IdleSweepEvery() const {
+    return std::clamp(opts.idle_close / 4, std::chrono::milliseconds(10),
+                      std::chrono::milliseconds(1000));
+  }
   Result<ucp_ep_h> CreateUcpEndpoint(Endpoint* e, std::span<const uint8_t> worker_address);
   Status WatchFd(int fd, uint32_t events);
   // Refuses a connection in its bootstrap for its credentials (logged at
@@ -312,6 +332,7 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   Counter *bytes_sent, *bytes_received;
   Gauge* endpoints_gauge;
   Gauge* bootstrapping_gauge;
+  Counter* idle_closed;
   Counter *authenticated_listener, *authenticated_connector;
   Counter *encrypted_listener, *encrypted_connector;
   Histogram* latency;
@@ -360,6 +381,7 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   std::unordered_map<uint64_t, std::unique_ptr<Endpoint>> endpoints;
   std::unordered_map<std::string, uint64_t> client_eps;
   std::vector<uint64_t> to_close;
+  SteadyClock::time_point next_idle_sweep{};
   std::vector<std::pair<void*, std::unique_ptr<Endpoint>>> closing;
   // Client endpoints whose UCX endpoint closes at the time given (see
   // CloseFailedEndpoints).

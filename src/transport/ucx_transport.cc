@@ -14,6 +14,7 @@ Status UcxTransportOptions::Validate() const {
   if (limits.max_payload_bytes == 0) return InvalidArgument("max_payload_bytes is 0");
   if (max_endpoints == 0) return InvalidArgument("max_endpoints is 0");
   if (max_bootstrapping == 0) return InvalidArgument("max_bootstrapping is 0");
+  if (idle_close < std::chrono::milliseconds(0)) return InvalidArgument("idle_close is negative");
   if (bootstrap_timeout <= std::chrono::milliseconds(0)) {
     return InvalidArgument("bootstrap_timeout must be positive");
   }

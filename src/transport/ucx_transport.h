@@ -102,8 +102,17 @@ struct UcxTransportOptions {
   // ucp_config_modify; empty keeps UCX's choice (and the environment's).
   std::string tls;
   TransportLimits limits;
-  // Open peer connections (both directions) at most; more are refused.
+  // Open peer connections (both directions) at most. A new outgoing one at
+  // the limit first closes this side's least recently used outgoing
+  // connection with no call in flight; without one it is refused, as an
+  // incoming one at the limit is.
   uint32_t max_endpoints = 4096;
+  // An outgoing connection with no call in flight for this long is closed
+  // (kvpool_transport_idle_closed_total); the next call to that peer
+  // connects again. The peer closes its side when it sees the close. So a
+  // node holds connections to the peers it talks to now, not to every peer
+  // it ever called. 0: never.
+  std::chrono::milliseconds idle_close{std::chrono::minutes(2)};
   // Where handlers run; null runs them on the progress thread (they must then
   // be quick and non-blocking). Not owned; must outlive the transport.
   Executor* handler_executor = nullptr;

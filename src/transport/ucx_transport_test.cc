@@ -178,6 +178,122 @@ TEST(UcxTransportTest, BurstOfRequestsIsHandedToTheExecutorInBatches) {
   EXPECT_LT(executor.tasks.load(), kCalls);
 }
 
+// An outgoing connection with no call in flight for idle_close is closed,
+// on both sides, and the next call connects again. With idle_close 0 it
+// stays open (the control).
+TEST(UcxTransportTest, AnIdleOutgoingConnectionIsClosedAndTheNextCallConnectsAgain) {
+  for (const auto idle : {milliseconds(0), milliseconds(100)}) {
+    SCOPED_TRACE(idle.count());
+    MetricsRegistry server_metrics, client_metrics;
+    UcxTransportOptions so = TcpOptions();
+    so.metrics = &server_metrics;
+    auto server = OpenOrDie(so);
+    server->RegisterHandler(1, [](Incoming in, Responder r) {
+      r.Respond(Status::Ok(), {in.request.begin(), in.request.end()});
+    });
+    UcxTransportOptions co = TcpOptions();
+    co.idle_close = idle;
+    co.metrics = &client_metrics;
+    auto client = OpenOrDie(co);
+    auto echo = [&](const std::string& body) {
+      CallArgs a;
+      a.peer = server->address();
+      a.type = 1;
+      a.request = AsBytes(body);
+      a.deadline = SteadyClock::now() + milliseconds(10000);
+      Reply r = client->CallSync(a);
+      return r.status.ok() ? std::string(AsString(r.header)) : r.status.ToString();
+    };
+    auto open = [](MetricsRegistry& m) { return m.ValueOf("kvpool_transport_endpoints"); };
+    ASSERT_EQ(echo("first"), "first");
+    EXPECT_EQ(open(client_metrics), 1);
+    if (idle.count() == 0) {
+      std::this_thread::sleep_for(milliseconds(1500));
+      EXPECT_EQ(open(client_metrics), 1);
+      EXPECT_EQ(open(server_metrics), 1);
+      EXPECT_EQ(client_metrics.ValueOf("kvpool_transport_idle_closed_total"), 0);
+      continue;
+    }
+    kvpool::testing::WaitFor([&] { return open(client_metrics) == 0 && open(server_metrics) == 0; },
+                             milliseconds(5000));
+    EXPECT_EQ(open(client_metrics), 0);
+    EXPECT_EQ(open(server_metrics), 0);  // the server saw the close
+    EXPECT_EQ(client_metrics.ValueOf("kvpool_transport_idle_closed_total"), 1);
+    ASSERT_EQ(echo("second"), "second");
+    EXPECT_EQ(open(client_metrics), 1);
+    EXPECT_EQ(client_metrics.ValueOf("kvpool_transport_idle_closed_total"), 1);
+    EXPECT_EQ(client_metrics.ValueOf("kvpool_transport_calls_total", {{"result", "ok"}}), 2);
+  }
+}
+
+// At max_endpoints, a call to a new peer closes the least recently used
+// outgoing connection with no call in flight; when every connection has a
+// call in flight, the call is refused.
+TEST(UcxTransportTest, AtTheConnectionLimitTheLeastRecentlyUsedIdleConnectionMakesRoom) {
+  std::mutex mu;
+  std::vector<Responder> held;
+  std::vector<std::unique_ptr<UcxTransport>> servers;
+  std::vector<MetricsRegistry> server_metrics(3);
+  for (int i = 0; i < 3; ++i) {
+    UcxTransportOptions so = TcpOptions();
+    so.metrics = &server_metrics[i];
+    servers.push_back(OpenOrDie(so));
+    servers.back()->RegisterHandler(1, [](Incoming, Responder r) { r.Respond(Status::Ok()); });
+    // Type 2 is answered only when the test lets it.
+    servers.back()->RegisterHandler(2, [&](Incoming, Responder r) {
+      std::lock_guard lock(mu);
+      held.push_back(std::move(r));
+    });
+  }
+  MetricsRegistry metrics;
+  UcxTransportOptions co = TcpOptions();
+  co.max_endpoints = 2;
+  co.idle_close = milliseconds(0);
+  co.metrics = &metrics;
+  auto client = OpenOrDie(co);
+  ASSERT_TRUE(CallType1(client.get(), servers[0]->address()).ok());
+  ASSERT_TRUE(CallType1(client.get(), servers[1]->address()).ok());
+  ASSERT_TRUE(CallType1(client.get(), servers[0]->address()).ok());  // 1 is now the older
+  ASSERT_TRUE(CallType1(client.get(), servers[2]->address()).ok());
+  EXPECT_EQ(metrics.ValueOf("kvpool_transport_idle_closed_total"), 1);
+  EXPECT_EQ(metrics.ValueOf("kvpool_transport_endpoints"), 2);
+  kvpool::testing::WaitFor(
+      [&] { return server_metrics[1].ValueOf("kvpool_transport_endpoints") == 0; },
+      milliseconds(5000));
+  EXPECT_EQ(server_metrics[1].ValueOf("kvpool_transport_endpoints"), 0);  // closed
+  EXPECT_EQ(server_metrics[0].ValueOf("kvpool_transport_endpoints"), 1);  // kept
+
+  // Calls in flight on both connections: none is idle, so a third peer is refused.
+  std::atomic<int> answered{0};
+  for (int i : {0, 2}) {
+    CallArgs a;
+    a.peer = servers[i]->address();
+    a.type = 2;
+    a.deadline = SteadyClock::now() + milliseconds(20000);
+    client->Call(a, [&](Reply r) {
+      if (r.status.ok()) answered++;
+    });
+  }
+  kvpool::testing::WaitFor(
+      [&] {
+        std::lock_guard lock(mu);
+        return held.size() == 2;
+      },
+      milliseconds(5000));
+  Status refused = CallType1(client.get(), servers[1]->address());
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable) << refused.ToString();
+  EXPECT_NE(refused.message().find("too many peer connections"), std::string::npos);
+  EXPECT_EQ(metrics.ValueOf("kvpool_transport_idle_closed_total"), 1);
+  {
+    std::lock_guard lock(mu);
+    for (Responder& r : held) r.Respond(Status::Ok());
+  }
+  kvpool::testing::WaitFor([&] { return answered.load() == 2; }, milliseconds(5000));
+  EXPECT_EQ(answered.load(), 2);
+  ASSERT_TRUE(CallType1(client.get(), servers[1]->address()).ok());  // room again
+  EXPECT_EQ(metrics.ValueOf("kvpool_transport_idle_closed_total"), 2);
+}
+
 TEST(UcxTransportTest, ReportsBoundPort) {
   auto t = OpenOrDie(TcpOptions());
   EXPECT_NE(t->port(), 0);
