@@ -311,6 +311,47 @@ TEST(PeerPort, KilledNodeRestartsOnItsPeerPortAtOnce) {
   kvpool_close(ca);
 }
 
+// With --peer-idle-close, the connections two real nodes opened for a read
+// close once no call uses them, on both nodes, and the next read through
+// them connects again and is exact.
+TEST(PeerPort, IdlePeerConnectionsCloseAndTheNextReadConnectsAgain) {
+  StaticCluster c;
+  ASSERT_TRUE(c.PickPorts({"a", "b"}));
+  ASSERT_TRUE(c.StartNodes({"a", "b"}, {"--peer-idle-close", "300ms", "--anti-entropy-interval",
+                                        "0", "--read-replicas", "none"}));
+  NodeProcess& a = *c.nodes[0];
+  NodeProcess& b = *c.nodes[1];
+  kvpool_client* ca = OpenLocal(a, /*copy_mode=*/true);
+  kvpool_client* cb = OpenLocal(b, /*copy_mode=*/true);
+  ASSERT_NE(ca, nullptr);
+  ASSERT_NE(cb, nullptr);
+  auto ids = NumberedKeys("idle", "k-", 8);
+  ByteValues vals;
+  for (size_t i = 0; i < ids.size(); ++i) vals.push_back(Pattern(700 + i, 4096));
+  std::vector<kvpool_status> st(ids.size(), KVPOOL_OK);
+  ASSERT_EQ(PutValues(cb, ids, vals, &st), KVPOOL_OK);
+  ASSERT_TRUE(WaitFor(std::chrono::seconds(10), [&] { return AllHit(GetValues(ca, ids, 8192)); }));
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(GetValues(ca, ids, 8192), vals));
+  EXPECT_GT(a.Metric("kvpool_transport_endpoints"), 0);
+  auto all_closed = [&] {
+    return a.Metric("kvpool_transport_endpoints") == 0 &&
+           b.Metric("kvpool_transport_endpoints") == 0;
+  };
+  ASSERT_TRUE(WaitFor(std::chrono::seconds(10), all_closed))
+      << "a " << a.Metric("kvpool_transport_endpoints") << ", b "
+      << b.Metric("kvpool_transport_endpoints");
+  EXPECT_GE(a.Metric("kvpool_transport_idle_closed_total"), 1);
+  // The values are still on b, and a reads them through a new connection.
+  kvpool_close(ca);
+  ca = OpenLocal(a, /*copy_mode=*/true);  // a fresh client: nothing cached from the first read
+  ASSERT_NE(ca, nullptr);
+  const double fetched = a.Metric("kvpool_transport_calls_total{result=\"ok\"}");
+  ASSERT_NO_FATAL_FAILURE(ExpectValues(GetValues(ca, ids, 8192), vals));
+  EXPECT_GT(a.Metric("kvpool_transport_calls_total{result=\"ok\"}"), fetched);
+  EXPECT_EQ(a.Metric("kvpool_transport_calls_total{result=\"unavailable\"}"), 0);
+  kvpool_close(ca);
+  kvpool_close(cb);
+}
 
 long RssKiB(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
