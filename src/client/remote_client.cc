@@ -273,7 +273,11 @@ Result<std::unique_ptr<RemoteClient>> RemoteClient::Open(const RemoteClientOptio
   // Client only: nodes answer over the connection this client opens, so it
   // has no peer port for anyone to call.
   topts.listen = false;
+  // Connections to the nodes stay open while idle (a reconnect would add a
+  // handshake to an engine's next request); past 64 nodes the least
+  // recently used idle one closes to make room.
   topts.max_endpoints = 64;
+  topts.idle_close = std::chrono::milliseconds(0);
   if (!options.token_file.empty()) {
     KVPOOL_ASSIGN_OR_RETURN(std::vector<transport::ClusterKey> tokens,
                             transport::LoadClientTokenFile(options.token_file));
