@@ -317,8 +317,8 @@ TEST(PeerPort, KilledNodeRestartsOnItsPeerPortAtOnce) {
 TEST(PeerPort, IdlePeerConnectionsCloseAndTheNextReadConnectsAgain) {
   StaticCluster c;
   ASSERT_TRUE(c.PickPorts({"a", "b"}));
-  ASSERT_TRUE(c.StartNodes({"a", "b"}, {"--peer-idle-close", "300ms", "--anti-entropy-interval",
-                                        "0", "--read-replicas", "none"}));
+  ASSERT_TRUE(c.StartNodes({"a", "b"}, {"--peer-idle-close", "1s", "--anti-entropy-interval", "0",
+                                        "--read-replicas", "none"}));
   NodeProcess& a = *c.nodes[0];
   NodeProcess& b = *c.nodes[1];
   kvpool_client* ca = OpenLocal(a, /*copy_mode=*/true);

@@ -304,7 +304,7 @@ void UcxTransport::Core::RefuseAuth(int fd, const std::string& peer, const char*
 }
 
 void UcxTransport::Core::Welcome(int fd, Pending p) {
-  if (endpoints.size() >= opts.max_endpoints) {
+  if (OpenEndpoints() >= opts.max_endpoints) {
     return Refuse(fd, "too_many_endpoints", "too many peer connections");
   }
   std::unique_ptr<PeerSeal> seal;
@@ -517,9 +517,8 @@ void UcxTransport::Core::CloseIdleEndpoints() {
   if (now < next_idle_sweep) return;
   next_idle_sweep = now + IdleSweepEvery();
   std::vector<uint64_t> idle;
-  for (const auto& [peer, id] : client_eps) {
-    const Endpoint& e = *endpoints.at(id);
-    if (Idle(e) && now - e.last_used >= opts.idle_close) idle.push_back(id);
+  for (const auto& [id, used] : LastUseOfClients()) {
+    if (now - used >= opts.idle_close) idle.push_back(id);
   }
   for (uint64_t id : idle) {
     idle_closed->Inc();
@@ -528,15 +527,35 @@ void UcxTransport::Core::CloseIdleEndpoints() {
 }
 
 bool UcxTransport::Core::CloseLeastRecentIdle() {
-  const Endpoint* oldest = nullptr;
+  uint64_t oldest = 0;
+  SteadyClock::time_point oldest_use = SteadyClock::time_point::max();
+  for (const auto& [id, used] : LastUseOfClients()) {
+    if (used < oldest_use) {
+      oldest = id;
+      oldest_use = used;
+    }
+  }
+  if (oldest == 0) return false;
+  idle_closed->Inc();
+  FailEndpoint(oldest, Unavailable("peer connection closed idle"));
+  return true;
+}
+
+std::unordered_map<uint64_t, SteadyClock::time_point> UcxTransport::Core::LastUseOfClients() const {
+  std::unordered_map<ucp_ep_h, SteadyClock::time_point> answered_on;
+  for (const auto& [id, e] : endpoints) {
+    if (e->client || e->failed || e->reply_ep == nullptr) continue;
+    auto& t = answered_on[e->reply_ep];
+    t = std::max(t, e->last_request);
+  }
+  std::unordered_map<uint64_t, SteadyClock::time_point> out;
   for (const auto& [peer, id] : client_eps) {
     const Endpoint& e = *endpoints.at(id);
-    if (Idle(e) && (oldest == nullptr || e.last_used < oldest->last_used)) oldest = &e;
+    if (!Idle(e)) continue;
+    auto it = answered_on.find(e.ep);
+    out[id] = it == answered_on.end() ? e.last_used : std::max(e.last_used, it->second);
   }
-  if (oldest == nullptr) return false;
-  idle_closed->Inc();
-  FailEndpoint(oldest->id, Unavailable("peer connection closed idle"));
-  return true;
+  return out;
 }
 
 void UcxTransport::Core::ExpireBootstraps() {

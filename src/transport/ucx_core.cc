@@ -375,9 +375,14 @@ void UcxTransport::Core::CloseLingering(bool all) {
     lingering[i] = std::move(lingering.back());
     lingering.pop_back();
     // UCX may have matched this endpoint with the one a peer's connection
-    // arrived on; that connection's replies stop here too.
+    // arrived on: that connection can no longer be answered, so it is
+    // closed too, and the peer, seeing its bootstrap socket close, drops its
+    // side and connects afresh on its next call (left open, the peer's
+    // calls on it would wait out their deadlines).
     for (auto& [id, other] : endpoints) {
-      if (other->reply_ep == e->ep) other->reply_ep = nullptr;
+      if (other->reply_ep != e->ep) continue;
+      other->reply_ep = nullptr;
+      FailEndpoint(id, Unavailable("the UCX endpoint its replies went out on closed"));
     }
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -638,6 +643,7 @@ ucs_status_t UcxTransport::Core::OnRequest(const void* header, size_t header_len
     return UCS_OK;
   }
   e->reply_ep = param->reply_ep;
+  e->last_request = SteadyClock::now();
   bytes_received->Inc(header_len + len);
   const auto* am = static_cast<const uint8_t*>(header);
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {

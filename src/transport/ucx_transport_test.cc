@@ -182,7 +182,7 @@ TEST(UcxTransportTest, BurstOfRequestsIsHandedToTheExecutorInBatches) {
 // on both sides, and the next call connects again. With idle_close 0 it
 // stays open (the control).
 TEST(UcxTransportTest, AnIdleOutgoingConnectionIsClosedAndTheNextCallConnectsAgain) {
-  for (const auto idle : {milliseconds(0), milliseconds(100)}) {
+  for (const auto idle : {milliseconds(0), milliseconds(500)}) {
     SCOPED_TRACE(idle.count());
     MetricsRegistry server_metrics, client_metrics;
     UcxTransportOptions so = TcpOptions();
@@ -224,6 +224,54 @@ TEST(UcxTransportTest, AnIdleOutgoingConnectionIsClosedAndTheNextCallConnectsAga
     EXPECT_EQ(client_metrics.ValueOf("kvpool_transport_idle_closed_total"), 1);
     EXPECT_EQ(client_metrics.ValueOf("kvpool_transport_calls_total", {{"result", "ok"}}), 2);
   }
+}
+
+// UCX may pair a node's connection to a peer with the peer's connection to
+// it, so one node's idle close must not cut the other direction: a
+// connection whose reverse direction is in use is not idle. Once both are
+// idle and one side closes, the other side's connection closes too, and its
+// next call connects again.
+TEST(UcxTransportTest, AConnectionUsedTheOtherWayIsNotIdleAndAClosedOneReconnects) {
+  MetricsRegistry ma, mb;
+  UcxTransportOptions oa = TcpOptions();
+  oa.metrics = &ma;
+  oa.idle_close = milliseconds(300);
+  UcxTransportOptions ob = TcpOptions();
+  ob.metrics = &mb;
+  ob.idle_close = milliseconds(0);
+  auto a = OpenOrDie(oa);
+  auto b = OpenOrDie(ob);
+  std::atomic<int> handled_a{0}, handled_b{0};
+  CountCallsOfType1(a.get(), &handled_a);
+  CountCallsOfType1(b.get(), &handled_b);
+  ASSERT_TRUE(CallType1(b.get(), a->address()).ok());
+  ASSERT_TRUE(CallType1(a.get(), b->address()).ok());  // a's own connection to b, then idle
+  int failed = 0;
+  std::string first_failure;
+  const auto until = SteadyClock::now() + milliseconds(1500);  // 5 x a's idle time
+  while (SteadyClock::now() < until) {
+    CallArgs c;
+    c.peer = a->address();
+    c.type = 1;
+    c.deadline = SteadyClock::now() + milliseconds(1000);
+    Status s = b->CallSync(c).status;
+    if (!s.ok() && failed++ == 0) first_failure = s.ToString();
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  EXPECT_EQ(failed, 0) << first_failure;
+  // a's connection carried b's calls all along (UCX paired them), so a kept it.
+  EXPECT_EQ(ma.ValueOf("kvpool_transport_idle_closed_total"), 0);
+  // Both ways idle: a closes; b's connection goes with it, and b's next call
+  // to a connects again.
+  kvpool::testing::WaitFor([&] { return ma.ValueOf("kvpool_transport_idle_closed_total") >= 1; },
+                           milliseconds(5000));
+  EXPECT_GE(ma.ValueOf("kvpool_transport_idle_closed_total"), 1);
+  std::this_thread::sleep_for(milliseconds(200));  // the close reaches b
+  const int before = handled_a.load();
+  EXPECT_TRUE(CallType1(b.get(), a->address()).ok());
+  EXPECT_TRUE(CallType1(a.get(), b->address()).ok());
+  EXPECT_EQ(handled_a.load(), before + 1);
+  EXPECT_EQ(mb.ValueOf("kvpool_transport_calls_total", {{"result", "timeout"}}), 0);
 }
 
 // At max_endpoints, a call to a new peer closes the least recently used
