@@ -517,7 +517,7 @@ void UcxTransport::Core::CloseIdleEndpoints() {
   if (now < next_idle_sweep) return;
   next_idle_sweep = now + IdleSweepEvery();
   std::vector<uint64_t> idle;
-  for (const auto& [id, used] : LastUseOfClients()) {
+  for (const auto& [id, used] : LastUseOfIdleClients()) {
     if (now - used >= opts.idle_close) idle.push_back(id);
   }
   for (uint64_t id : idle) {
@@ -529,7 +529,7 @@ void UcxTransport::Core::CloseIdleEndpoints() {
 bool UcxTransport::Core::CloseLeastRecentIdle() {
   uint64_t oldest = 0;
   SteadyClock::time_point oldest_use = SteadyClock::time_point::max();
-  for (const auto& [id, used] : LastUseOfClients()) {
+  for (const auto& [id, used] : LastUseOfIdleClients()) {
     if (used < oldest_use) {
       oldest = id;
       oldest_use = used;
@@ -541,19 +541,30 @@ bool UcxTransport::Core::CloseLeastRecentIdle() {
   return true;
 }
 
-std::unordered_map<uint64_t, SteadyClock::time_point> UcxTransport::Core::LastUseOfClients() const {
-  std::unordered_map<ucp_ep_h, SteadyClock::time_point> answered_on;
+std::vector<std::pair<uint64_t, SteadyClock::time_point>> UcxTransport::Core::LastUseOfIdleClients()
+    const {
+  struct Answered {
+    SteadyClock::time_point last;
+    bool serving = false;
+  };
+  std::unordered_map<ucp_ep_h, Answered> answered_on;
   for (const auto& [id, e] : endpoints) {
     if (e->client || e->failed || e->reply_ep == nullptr) continue;
-    auto& t = answered_on[e->reply_ep];
-    t = std::max(t, e->last_request);
+    Answered& a = answered_on[e->reply_ep];
+    a.last = std::max(a.last, e->last_request);
+    a.serving = a.serving || e->in_service > 0;
   }
-  std::unordered_map<uint64_t, SteadyClock::time_point> out;
+  std::vector<std::pair<uint64_t, SteadyClock::time_point>> out;
+  out.reserve(client_eps.size());
   for (const auto& [peer, id] : client_eps) {
     const Endpoint& e = *endpoints.at(id);
     if (!Idle(e)) continue;
     auto it = answered_on.find(e.ep);
-    out[id] = it == answered_on.end() ? e.last_used : std::max(e.last_used, it->second);
+    if (it == answered_on.end()) {
+      out.emplace_back(id, e.last_used);
+    } else if (!it->second.serving) {
+      out.emplace_back(id, std::max(e.last_used, it->second.last));
+    }
   }
   return out;
 }

@@ -486,6 +486,10 @@ void UcxTransport::Core::SendReply(uint64_t ep_id, uint64_t request_id, MessageT
                                    Deadline deadline, ServerReply r) {
   auto it = endpoints.find(ep_id);
   Endpoint* e = it != endpoints.end() ? it->second.get() : nullptr;
+  if (e != nullptr) {
+    if (e->in_service > 0) --e->in_service;
+    e->last_request = SteadyClock::now();
+  }
   // The reply endpoint is UCX's: it is destroyed once its connection fails,
   // which the connector announces by closing the bootstrap socket first (a
   // connector closes its UCX endpoint only after that socket, see
@@ -681,6 +685,8 @@ ucs_status_t UcxTransport::Core::OnRequest(const void* header, size_t header_len
 void UcxTransport::Core::Dispatch(uint64_t ep_id, Frame frame, std::vector<uint8_t> header,
                                   std::vector<uint8_t> payload) {
   Deadline deadline = SteadyClock::now() + std::chrono::milliseconds(frame.budget_ms);
+  // Every request dispatched is answered through SendReply once.
+  if (auto served = endpoints.find(ep_id); served != endpoints.end()) ++served->second->in_service;
   Handler handler;
   {
     std::lock_guard<std::mutex> lock(handlers_mu);

@@ -91,7 +91,8 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
     bool failed = false;
     std::unordered_set<uint64_t> calls;
     SteadyClock::time_point last_used{};  // client: a call started or settled
-    SteadyClock::time_point last_request{};  // server: a request arrived
+    SteadyClock::time_point last_request{};  // server: a request arrived or was answered
+    uint32_t in_service = 0;                 // server: requests dispatched, not yet answered
     int fd = -1;
     uint32_t token = 0;
     bool ready = false;                // client: welcome received, ep created
@@ -255,11 +256,12 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   static bool Idle(const Endpoint& e) {
     return e.client && e.ready && !e.failed && e.calls.empty() && e.waiting.empty();
   }
-  // When each client endpoint was last used, either way: UCX may pair a
-  // node's endpoint to a peer with the peer's endpoint to it, so the
+  // When each idle client endpoint was last used, either way: UCX may pair
+  // a node's endpoint to a peer with the peer's endpoint to it, so the
   // peer's requests arrive (and are answered) on this node's endpoint; a
-  // request on a connection whose replies go out on e.ep uses e too.
-  std::unordered_map<uint64_t, SteadyClock::time_point> LastUseOfClients() const;
+  // request on a connection whose replies go out on e.ep uses e too, and
+  // while one is being served e is not idle (left out).
+  std::vector<std::pair<uint64_t, SteadyClock::time_point>> LastUseOfIdleClients() const;
   std::chrono::milliseconds IdleSweepEvery() const {
     return std::clamp(opts.idle_close / 4, std::chrono::milliseconds(10),
                       std::chrono::milliseconds(1000));
