@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "harness/node_process.h"
@@ -119,6 +121,34 @@ TEST_P(NodeTest, PutGetExistsRemoveByteExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(MappedAndCopyMode, NodeTest, ::testing::Values(false, true));
+
+// The names of process pid's threads (/proc/PID/task/*/comm).
+std::multiset<std::string> ThreadNames(pid_t pid) {
+  std::multiset<std::string> names;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  for (const auto& task : std::filesystem::directory_iterator(dir)) {
+    std::ifstream in(task.path() / "comm");
+    std::string name;
+    std::getline(in, name);
+    names.insert(name);
+  }
+  return names;
+}
+
+// With KV events on, the publisher's thread applies the block descriptor
+// table, which has no thread of its own; with them off, the table has one.
+TEST(NodeIntegration, TheEventsThreadAppliesTheDescriptorTableWhenEventsAreOn) {
+  auto with = NodeProcess::Start({"--kv-events-endpoint", "tcp://127.0.0.1:0"});
+  ASSERT_NE(with, nullptr);
+  const auto on = ThreadNames(with->pid());
+  EXPECT_EQ(on.count("kvpool-events"), 1u);
+  EXPECT_EQ(on.count("kvpool-blocks"), 0u);
+  auto without = NodeProcess::Start();
+  ASSERT_NE(without, nullptr);
+  const auto off = ThreadNames(without->pid());
+  EXPECT_EQ(off.count("kvpool-events"), 0u);
+  EXPECT_EQ(off.count("kvpool-blocks"), 1u);
+}
 
 TEST(NodeIntegration, ValueOverMaximumAndZeroSizeAreInvalid) {
   auto node = NodeProcess::Start({"--max-value-size", "1MiB", "--max-frame", "2MiB"});

@@ -1,6 +1,7 @@
 #include "events/kv_events.h"
 
 #include <fmt/format.h>
+#include <pthread.h>
 #include <zmq.h>
 
 #include <cerrno>
@@ -343,6 +344,7 @@ struct KvEventsPublisher::Impl {
   }
 
   void Run() {
+    pthread_setname_np(pthread_self(), "kvpool-events");
     auto next = std::chrono::steady_clock::now() + opts.batch_interval;
     for (;;) {
       {
