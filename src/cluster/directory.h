@@ -23,8 +23,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "common/metrics.h"
@@ -61,6 +63,9 @@ class Directory {
   // many nodes hold (a hot prefix every reader keeps) spread over all of
   // its holders, not the newest five.
   std::vector<LookupResult> Lookup(std::span<const KeyId> keys, uint64_t asker = 0) const;
+  // The asker Lookup takes for `who` (a node id, or a peer's address): a
+  // hash of it, never 0.
+  static uint64_t AskerOf(std::string_view who) { return std::hash<std::string_view>{}(who) | 1; }
   // Drops holders that are not alive in `view` with the same incarnation
   // (an incarnation 0 in the view, a static member, matches any). A holder
   // incarnation newer than any seen in a view so far is kept: the node

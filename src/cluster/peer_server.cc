@@ -108,7 +108,7 @@ PeerServer::PeerServer(Cluster* cluster, Directory* directory, HoldingsAnnouncer
       return Status::Ok();
     }
     // Who asks picks which of a key's many holders are named (Directory::Lookup).
-    auto results = sc.directory->Lookup(keys, std::hash<std::string>{}(in.peer) | 1);
+    auto results = sc.directory->Lookup(keys, Directory::AskerOf(in.peer));
     RespondEncoded(r, [&](std::vector<uint8_t>* body) { EncodeLookupReply(results, body); });
     return Status::Ok();
   });

@@ -114,8 +114,9 @@ struct RemoteReader::State {
   // This node's own directory's answers, as it names holders to itself
   // (Directory::Lookup's asker: this node).
   std::vector<LookupResult> LocalLookup(std::span<const KeyId> keys) const {
-    return directory->Lookup(keys, self_hash | 1);
+    return directory->Lookup(keys, self_asker);
   }
+  uint64_t self_asker = 0;  // Directory::AskerOf(this node's id)
   // A hash of this node's id: how it is named among askers and readers.
   uint64_t self_hash = 0;
 
@@ -431,6 +432,7 @@ RemoteReader::RemoteReader(const RemoteReaderOptions& options, Cluster* cluster,
   s.fetcher = std::make_unique<RouteFetcher>(fo, cluster->transport(), m, clock);
   s.clock = clock != nullptr ? clock : SystemClock::Get();
   s.self_hash = std::hash<std::string>{}(cluster->node_id());
+  s.self_asker = Directory::AskerOf(cluster->node_id());
   s.evicted_lately_found =
       m->GetCounter("kvpool_remote_evicted_lately_total",
                     "Exists items no node holds that their home saw dropped lately (written "
