@@ -11,33 +11,39 @@
 //    counted: a new class then evicted its own fresh values instead of
 //    taking memory from a stale class).
 //  - Age. A clock counts bytes of traffic; each commit or hit stamps its
-//    slab with it (Slab::last_used) and moves the slab to the tail of its
-//    class's slab list, so a class's list head is its least recently used
-//    slab. A slab's age (clock - stamp) is that of its youngest entry. A
-//    class's eviction age is its oldest slab's age times n/(n-1) for n slabs
-//    (the oldest slab's youngest entry is about one slab fill, 1/n of the
-//    eviction age, younger than the entries evicted next).
+//    entry with it (SlabAllocator::StampIn, Restamp) and its slab
+//    (Slab::last_used), and moves the slab to the tail of its class's slab
+//    list, so a class's list head is its least recently used slab. Each
+//    slab and class keeps the sum of its entries' stamps, so a slab's mean
+//    entry age is known in O(1). A class's eviction age is estimated as
+//    twice its entries' mean age (write-only entries' ages spread evenly
+//    up to it). A slab's last touch is not its entries' age: a class whose
+//    policy does not evict in slab order (chains tail first, keys back from
+//    the ghost protected) refills freed slots in place, so every slab looks
+//    young while it holds values written long ago.
 //
 // When class C needs a slot and has none free (and no slab is unassigned),
 // each other class D offers its least recently used reclaimable slab (the
 // first of its 4 oldest without reserved or pinned slots). D may give it to
 // C when D's reads per slab are under half C's (memory flows to where it is
 // read; the 2x is hysteresis), or when neither class is read at all and
-// D's slab is older than C's eviction age by more than half (the oldest
-// write-only data goes first, as in one global FIFO; the 1.5x is hysteresis,
-// so two write-only classes at equal eviction ages do not trade slabs back
-// and forth). Among the classes that may, the least read gives, the oldest
-// slab on a tie; the slab's entries are evicted (through the listener) and
+// the mean age of the slab's entries is above C's eviction age by more
+// than half (the oldest write-only data goes first, as in one global LRU;
+// the 1.5x is hysteresis, so two write-only classes at equal eviction ages
+// do not trade slabs back and forth). Among the classes that may, the
+// least read gives, the oldest slab on a tie; the slab's entries are
+// evicted (through the listener) and
 // it goes to C. Otherwise C evicts one of its own entries (S3-FIFO or LRU
 // within the class). A class without slabs has infinite reads per slab, so
 // it always gets one; when C cannot evict (everything pinned or reserved)
 // it takes the oldest reclaimable slab of any class. Runs (values above
 // slab_bytes) use the same test per slab of a window of contiguous slabs,
-// against the large class's reads and oldest run; else the oldest run goes.
+// against the large class's reads and eviction age; else the oldest run
+// goes.
 //
-// Cost: a commit or hit stamps a slab and moves it in a list (O(1)) and adds
-// to a counter; a Reserve that must make room looks at each class's list
-// head (O(classes)), and none when one class holds every slab.
+// Cost: a commit or hit stamps its entry and slab, moves the slab in a list
+// (O(1)) and adds to counters (8 bytes per slot for the stamp); a Reserve that must make room looks
+// at each class's list head (O(classes)), and none when one class holds every slab.
 #include "store/dram/dram_store.h"
 
 #include <algorithm>
@@ -528,6 +534,7 @@ class DramStoreImpl final : public DramStore {
   void DropEntry(uint32_t slot, uint16_t cls) {
     if (alloc_.meta(slot).prefetched) NotePrefetchedRead(slot, /*read=*/false);
     if (AgeSampled(alloc_.meta(slot).key)) age_last_use_.erase(alloc_.meta(slot).key);
+    alloc_.StampOut(slot);
     --entries_;
     --class_entries_[cls];
     used_bytes_ -= alloc_.meta(slot).size;
@@ -907,6 +914,11 @@ class DramStoreImpl final : public DramStore {
   void NoteUse(uint32_t slot, uint16_t cls, uint64_t bytes, bool hit) {
     clock_ += bytes;
     alloc_.TouchSlab(alloc_.slab_of(slot), clock_);
+    if (hit) {
+      alloc_.Restamp(slot, clock_);
+    } else {
+      alloc_.StampIn(slot, clock_);
+    }
     if (hit) read_bytes_[cls] += bytes;
     since_decay_ += bytes;
     if (since_decay_ >= decay_bytes_) {
@@ -922,26 +934,20 @@ class DramStoreImpl final : public DramStore {
                       : static_cast<double>(read_bytes_[cls]) / static_cast<double>(slabs);
   }
 
-  // Age of the entries class cls evicts next: its oldest slab's age, scaled
-  // by n/(n-1) for n slabs because the oldest slab's stamp is that of its
-  // youngest entry (about one slab fill younger than its oldest, and a slab
-  // fill is 1/n of the class's eviction age). 0 when it has no slab.
-  uint64_t EvictionAge(uint16_t cls) const {
-    const uint32_t head = alloc_.oldest_slab(cls);
-    if (head == kNoSlab) return 0;
-    const uint64_t age = clock_ - alloc_.slab(head).last_used;
-    const uint64_t n =
-        cls == alloc_.large_class() ? alloc_.class_slots(cls) : alloc_.class_slabs(cls);
-    return n <= 1 ? age : age + age / (n - 1);
-  }
+  // Age of the entries class cls evicts next, estimated as twice its
+  // entries' mean age (their ages spread evenly from 0 to the eviction age
+  // when nothing is read, the one case this is used in). 0 without entries.
+  uint64_t EvictionAge(uint16_t cls) const { return 2 * alloc_.ClassMeanAge(cls, clock_); }
 
-  // Whether class `donor` may give its slab `slab` to class `needy`, whose
-  // read density and eviction age are given (see the top of the file).
-  bool MayDonate(uint16_t donor, const Slab& slab, double needy_reads, uint64_t needy_age) const {
+  // Whether class `donor` may give its slab `slab` (index i) to class
+  // `needy`, whose read density and eviction age are given (see the top of
+  // the file).
+  bool MayDonate(uint16_t donor, uint32_t i, double needy_reads, uint64_t needy_age) const {
     const double donor_reads = ReadDensity(donor);
     if (donor_reads * 2 < needy_reads) return true;
     if (donor_reads != 0 || needy_reads != 0) return false;
-    const uint64_t donor_age = clock_ - slab.last_used;
+    const uint64_t donor_age = alloc_.slab(i).stamped == 0 ? clock_ - alloc_.slab(i).last_used
+                                                           : alloc_.SlabMeanAge(i, clock_);
     return donor_age > needy_age && donor_age - needy_age > needy_age / 2;
   }
 
@@ -967,7 +973,7 @@ class DramStoreImpl final : public DramStore {
       if (i == kNoSlab || alloc_.slab(i).busy != 0) continue;
       const Slab& s = alloc_.slab(i);
       const double reads = any_donor ? 0 : ReadDensity(c);
-      if (!any_donor && !MayDonate(c, s, needy_reads, needy_age)) continue;
+      if (!any_donor && !MayDonate(c, i, needy_reads, needy_age)) continue;
       if (best == kNoSlab || reads < best_reads ||
           (reads == best_reads && s.last_used < alloc_.slab(best).last_used)) {
         best = i;
@@ -1083,7 +1089,7 @@ class DramStoreImpl final : public DramStore {
       } else if (h.cls == large) {
         cost[i] = any_donor ? 1 : -1;  // without any_donor, the large class evicts in order
       } else {
-        cost[i] = (any_donor || MayDonate(h.cls, h, large_reads, large_age)) ? 1 + h.used : -1;
+        cost[i] = (any_donor || MayDonate(h.cls, head, large_reads, large_age)) ? 1 + h.used : -1;
       }
     }
     int64_t best = -1;

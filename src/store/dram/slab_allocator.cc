@@ -143,6 +143,7 @@ void SlabAllocator::AssignSlab(uint32_t si, uint16_t c) {
   s.used = 0;
   s.busy = 0;
   s.meta = std::make_unique<SlotMeta[]>(cl.slots_per_slab);
+  s.stamps = std::make_unique<uint64_t[]>(cl.slots_per_slab);
   for (uint32_t i = 0; i < cl.slots_per_slab; ++i) cl.free.PushTail(*this, SlotId(si, i));
   LinkSlab(si);
   ++cl.slabs;
@@ -189,6 +190,7 @@ uint32_t SlabAllocator::AssignRun(uint32_t first, uint32_t n) {
   head.used = 1;
   head.busy = 0;
   head.meta = std::make_unique<SlotMeta[]>(1);
+  head.stamps = std::make_unique<uint64_t[]>(1);
   LinkSlab(first);
   Class& large = classes_[large_class()];
   large.slabs += n;
@@ -239,9 +241,40 @@ void SlabAllocator::TouchSlab(uint32_t si, uint64_t stamp) {
   LinkSlab(si);
 }
 
+void SlabAllocator::StampIn(uint32_t slot, uint64_t clock) {
+  Slab& s = slabs_[slab_of(slot)];
+  Class& cl = classes_[s.cls];
+  s.stamps[index_in_slab(slot)] = clock;
+  s.stamp_sum += clock >> kStampShift;
+  ++s.stamped;
+  cl.stamp_sum += clock >> kStampShift;
+  ++cl.stamped;
+}
+
+void SlabAllocator::Restamp(uint32_t slot, uint64_t clock) {
+  Slab& s = slabs_[slab_of(slot)];
+  Class& cl = classes_[s.cls];
+  uint64_t& stamp = s.stamps[index_in_slab(slot)];
+  const uint64_t add = (clock >> kStampShift) - (stamp >> kStampShift);  // stamps only grow
+  s.stamp_sum += add;
+  cl.stamp_sum += add;
+  stamp = clock;
+}
+
+void SlabAllocator::StampOut(uint32_t slot) {
+  Slab& s = slabs_[slab_of(slot)];
+  Class& cl = classes_[s.cls];
+  const uint64_t stamp = s.stamps[index_in_slab(slot)];
+  KVPOOL_CHECK(s.stamped > 0 && cl.stamped > 0);
+  s.stamp_sum -= stamp >> kStampShift;
+  --s.stamped;
+  cl.stamp_sum -= stamp >> kStampShift;
+  --cl.stamped;
+}
+
 uint64_t SlabAllocator::metadata_bytes() const {
   return slabs_.capacity() * sizeof(Slab) + classes_.capacity() * sizeof(Class) +
-         meta_slots_ * sizeof(SlotMeta);
+         meta_slots_ * (sizeof(SlotMeta) + sizeof(uint64_t));
 }
 
 }  // namespace kvpool::dram

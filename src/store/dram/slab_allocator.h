@@ -64,6 +64,13 @@ struct Slab {
   uint32_t prev = kNoSlab;
   uint32_t next = kNoSlab;
   uint64_t last_used = 0;  // the owner's clock at the slab's last TouchSlab
+  // Per slot, the owner's clock at its entry's last commit or hit (StampIn,
+  // Restamp); null when unassigned or a run tail. The sum (in units of
+  // kStampUnit) and count are of the slots stamped (entries), so their mean
+  // age is known in O(1).
+  std::unique_ptr<uint64_t[]> stamps;
+  uint64_t stamp_sum = 0;
+  uint32_t stamped = 0;
 };
 
 class SlabAllocator;
@@ -140,6 +147,24 @@ class SlabAllocator {
   // Makes slabs [first, first+n) a run and returns its (used) slot.
   uint32_t AssignRun(uint32_t first, uint32_t n);
 
+  // Entry stamps: an entry enters slot at the owner's clock `clock`
+  // (StampIn), is used again (Restamp), or leaves (StampOut). Each slot's
+  // slab and class keep the sum and count of their entries' stamps.
+  // REQUIRES: StampIn and StampOut alternate per slot, on an assigned one.
+  void StampIn(uint32_t slot, uint64_t clock);
+  void Restamp(uint32_t slot, uint64_t clock);
+  void StampOut(uint32_t slot);
+  // The mean age at `clock` of the entries of slab i (a run's head) or of
+  // class c; 0 when there are none.
+  uint64_t SlabMeanAge(uint32_t i, uint64_t clock) const {
+    const Slab& s = slabs_[i];
+    return MeanAge(s.stamp_sum, s.stamped, clock);
+  }
+  uint64_t ClassMeanAge(uint16_t c, uint64_t clock) const {
+    const Class& cl = classes_[c];
+    return MeanAge(cl.stamp_sum, cl.stamped, clock);
+  }
+
   // Sets the slab's last_used (REQUIRES: >= every other slab's) and moves it
   // to the tail of its class's slab list. REQUIRES: a slab class's slab or a
   // run head. O(1).
@@ -164,7 +189,19 @@ class SlabAllocator {
     SlotList free;
     uint32_t lru_head = kNoSlab;  // slab list, least recently touched first
     uint32_t lru_tail = kNoSlab;
+    uint64_t stamp_sum = 0;  // of its entries (StampIn), in kStampUnit
+    uint32_t stamped = 0;
   };
+
+  // Sums of stamps count in units of 4 KiB of the owner's clock (bytes of
+  // traffic): 2^16 slots of a slab stamped after 2^58 bytes (a year at
+  // 9 GB/s) still sum below 2^64.
+  static constexpr unsigned kStampShift = 12;
+  static uint64_t MeanAge(uint64_t sum, uint32_t n, uint64_t clock) {
+    if (n == 0) return 0;
+    const uint64_t mean = (sum / n) << kStampShift;
+    return clock > mean ? clock - mean : 0;
+  }
 
   void LinkSlab(uint32_t slab);  // at the tail of its class's list
   void UnlinkSlab(uint32_t slab);

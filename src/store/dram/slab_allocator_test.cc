@@ -109,12 +109,37 @@ TEST(SlabAllocatorTest, SlabListsOrderedByLastTouch) {
   EXPECT_EQ(a.oldest_slab(a.large_class()), kNoSlab);
 }
 
-TEST(SlabAllocatorTest, MetadataIsThirtyTwoBytesPerSlot) {
+// 32 bytes of SlotMeta and an 8-byte entry stamp per slot.
+TEST(SlabAllocatorTest, MetadataIsFortyBytesPerSlot) {
   SlabAllocator a = Make(8);
   const uint64_t base = a.metadata_bytes();
   a.AssignSlab(0, a.ClassFor(64 << 10));  // 16 slots
-  EXPECT_EQ(a.metadata_bytes() - base, 16 * sizeof(SlotMeta));
+  EXPECT_EQ(a.metadata_bytes() - base, 16 * 40u);
   EXPECT_EQ(sizeof(SlotMeta), 32u);
+}
+
+// A slab's and a class's mean entry age follow the stamps in, restamped
+// and out, exactly (at 4 KiB of clock).
+TEST(SlabAllocatorTest, MeanEntryAgeFollowsStamps) {
+  SlabAllocator a = Make(8);
+  const uint16_t c = a.ClassFor(64 << 10);
+  a.AssignSlab(0, c);
+  a.AssignSlab(1, c);
+  constexpr uint64_t kUnit = 4096;
+  EXPECT_EQ(a.SlabMeanAge(0, 100 * kUnit), 0u);  // no entries
+  const uint32_t s0 = a.PopFree(c), s1 = a.PopFree(c);
+  ASSERT_EQ(a.slab_of(s0), a.slab_of(s1));
+  a.StampIn(s0, 10 * kUnit);
+  a.StampIn(s1, 30 * kUnit);
+  EXPECT_EQ(a.SlabMeanAge(a.slab_of(s0), 100 * kUnit), 80 * kUnit);
+  a.Restamp(s0, 50 * kUnit);  // a hit
+  EXPECT_EQ(a.SlabMeanAge(a.slab_of(s0), 100 * kUnit), 60 * kUnit);
+  a.StampOut(s1);
+  EXPECT_EQ(a.SlabMeanAge(a.slab_of(s0), 100 * kUnit), 50 * kUnit);
+  EXPECT_EQ(a.ClassMeanAge(c, 100 * kUnit), 50 * kUnit);
+  a.StampOut(s0);
+  EXPECT_EQ(a.SlabMeanAge(a.slab_of(s0), 100 * kUnit), 0u);
+  EXPECT_EQ(a.ClassMeanAge(c, 100 * kUnit), 0u);
 }
 
 }  // namespace
