@@ -5,7 +5,9 @@
 // of its bytes and a small header.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -35,7 +37,12 @@ class Descriptor {
   explicit operator bool() const { return rep_ != nullptr; }
   std::span<const uint8_t> bytes() const;
   std::string_view str() const;
-  size_t size() const { return bytes().size(); }
+  size_t size() const {
+    if (rep_ == nullptr) return 0;
+    uint64_t n;
+    std::memcpy(&n, rep_.get() + offsetof(Header, size), sizeof(n));
+    return static_cast<size_t>(n);
+  }
   uint64_t hash64() const;  // EngineHash64 of its hash
 
  private:

@@ -197,6 +197,50 @@ TEST(KvEventsFormat, DescribedBlocksAreNamedTheEnginesWay) {
   EXPECT_EQ(arr.via.array.ptr[7].as<std::string>(), "sql-lora");
 }
 
+// Token ids at each width msgpack has for them (fixint, uint8, uint16,
+// uint32) decode to what was put, and their bytes are msgpack's own: the
+// token array packed here with msgpack's packer is found in the batch as is.
+TEST(KvEventsFormat, TokensOfEveryWidthAreMsgpacksSmallestForm) {
+  const std::vector<uint32_t> tokens = {0,     1,     127,   128,        255,        256,
+                                        65535, 65536, 70000, 0x7fffffff, 0xffffffff, 5};
+  protocol::BlockDescriptor d;
+  d.hash = {protocol::EngineHash::Kind::kUint64, 0x77, ""};
+  d.block_size = static_cast<uint32_t>(tokens.size());
+  d.token_ids = tokens;
+  const std::string b = Bytes(d);
+  const std::vector<KeyId> keys = {K(1)};
+  const std::vector<protocol::DescriptorView> views = {View(b)};
+  const std::vector<EventRun> runs = {{KvEvent::Type::kStored, Medium::kCpu, 0, 1, true}};
+  msgpack::sbuffer want;
+  msgpack::pack(want, tokens);
+  for (Encoding enc : {Encoding::kMap, Encoding::kArray}) {
+    std::string out;
+    EncodeBatchInto(&out, 1.0, runs, keys, enc, HashType::kInt64, views);
+    EXPECT_NE(out.find(std::string(want.data(), want.size())), std::string::npos);
+    msgpack::object_handle oh = msgpack::unpack(out.data(), out.size());
+    const msgpack::object& ev = oh.get().via.array.ptr[1].via.array.ptr[0];
+    const msgpack::object got =
+        enc == Encoding::kMap ? ev.as<Fields>()["token_ids"] : ev.via.array.ptr[3];
+    EXPECT_EQ(got.as<std::vector<uint32_t>>(), tokens);
+  }
+  // More tokens than one run of the encoder's buffer (64): 4,096 of them.
+  protocol::BlockDescriptor big = d;
+  big.token_ids.clear();
+  for (uint32_t t = 0; t < 4096; ++t) big.token_ids.push_back(t * 1049u);
+  big.block_size = 4096;
+  const std::string bb = Bytes(big);
+  const std::vector<protocol::DescriptorView> big_views = {View(bb)};
+  std::string out;
+  EncodeBatchInto(&out, 1.0, runs, keys, Encoding::kMap, HashType::kInt64, big_views);
+  msgpack::object_handle oh = msgpack::unpack(out.data(), out.size());
+  EXPECT_EQ(oh.get()
+                .via.array.ptr[1]
+                .via.array.ptr[0]
+                .as<Fields>()["token_ids"]
+                .as<std::vector<uint32_t>>(),
+            big.token_ids);
+}
+
 // Which blocks may share an event: a chain of one block size, group, LoRA
 // and spec kind.
 TEST(KvEventsFormat, OnlyAChainOfLikeBlocksSharesAnEvent) {
