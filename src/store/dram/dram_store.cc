@@ -32,18 +32,17 @@
 // the 1.5x is hysteresis, so two write-only classes at equal eviction ages
 // do not trade slabs back and forth). Among the classes that may, the
 // least read gives, the oldest slab on a tie; the slab's entries are
-// evicted (through the listener) and
-// it goes to C. Otherwise C evicts one of its own entries (S3-FIFO or LRU
-// within the class). A class without slabs has infinite reads per slab, so
-// it always gets one; when C cannot evict (everything pinned or reserved)
-// it takes the oldest reclaimable slab of any class. Runs (values above
-// slab_bytes) use the same test per slab of a window of contiguous slabs,
-// against the large class's reads and eviction age; else the oldest run
-// goes.
+// evicted (through the listener) and it goes to C. Otherwise C evicts one
+// of its own entries (S3-FIFO or LRU within the class). A class without slabs has infinite reads
+// per slab, so it always gets one; when C cannot evict (everything pinned or reserved) it takes the
+// oldest reclaimable slab of any class. Runs (values above slab_bytes) use the same test per slab
+// of a window of contiguous slabs, against the large class's reads and eviction age; else the
+// oldest run goes.
 //
 // Cost: a commit or hit stamps its entry and slab, moves the slab in a list
-// (O(1)) and adds to counters (8 bytes per slot for the stamp); a Reserve that must make room looks
-// at each class's list head (O(classes)), and none when one class holds every slab.
+// (O(1)) and adds to counters (8 bytes per slot for the stamp); a Reserve
+// that must make room looks at each class's list head (O(classes)), and
+// none when one class holds every slab.
 #include "store/dram/dram_store.h"
 
 #include <algorithm>
@@ -916,10 +915,10 @@ class DramStoreImpl final : public DramStore {
     alloc_.TouchSlab(alloc_.slab_of(slot), clock_);
     if (hit) {
       alloc_.Restamp(slot, clock_);
+      read_bytes_[cls] += bytes;
     } else {
       alloc_.StampIn(slot, clock_);
     }
-    if (hit) read_bytes_[cls] += bytes;
     since_decay_ += bytes;
     if (since_decay_ >= decay_bytes_) {
       for (uint64_t& r : read_bytes_) r >>= 1;
@@ -939,9 +938,9 @@ class DramStoreImpl final : public DramStore {
   // when nothing is read, the one case this is used in). 0 without entries.
   uint64_t EvictionAge(uint16_t cls) const { return 2 * alloc_.ClassMeanAge(cls, clock_); }
 
-  // Whether class `donor` may give its slab `slab` (index i) to class
-  // `needy`, whose read density and eviction age are given (see the top of
-  // the file).
+  // Whether class `donor` may give its slab i to class `needy`, whose read
+  // density and eviction age are given (see the top of the file). A slab
+  // without entries is as old as its last touch.
   bool MayDonate(uint16_t donor, uint32_t i, double needy_reads, uint64_t needy_age) const {
     const double donor_reads = ReadDensity(donor);
     if (donor_reads * 2 < needy_reads) return true;
