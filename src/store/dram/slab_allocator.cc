@@ -245,9 +245,9 @@ void SlabAllocator::StampIn(uint32_t slot, uint64_t clock) {
   Slab& s = slabs_[slab_of(slot)];
   Class& cl = classes_[s.cls];
   s.stamps[index_in_slab(slot)] = clock;
-  s.stamp_sum += clock >> kStampShift;
+  s.stamp_sum.Add(clock);
   ++s.stamped;
-  cl.stamp_sum += clock >> kStampShift;
+  cl.stamp_sum.Add(clock);
   ++cl.stamped;
 }
 
@@ -255,9 +255,9 @@ void SlabAllocator::Restamp(uint32_t slot, uint64_t clock) {
   Slab& s = slabs_[slab_of(slot)];
   Class& cl = classes_[s.cls];
   uint64_t& stamp = s.stamps[index_in_slab(slot)];
-  const uint64_t add = (clock >> kStampShift) - (stamp >> kStampShift);  // stamps only grow
-  s.stamp_sum += add;
-  cl.stamp_sum += add;
+  const uint64_t add = clock - stamp;  // stamps only grow
+  s.stamp_sum.Add(add);
+  cl.stamp_sum.Add(add);
   stamp = clock;
 }
 
@@ -266,9 +266,9 @@ void SlabAllocator::StampOut(uint32_t slot) {
   Class& cl = classes_[s.cls];
   const uint64_t stamp = s.stamps[index_in_slab(slot)];
   KVPOOL_CHECK(s.stamped > 0 && cl.stamped > 0);
-  s.stamp_sum -= stamp >> kStampShift;
+  s.stamp_sum.Sub(stamp);
   --s.stamped;
-  cl.stamp_sum -= stamp >> kStampShift;
+  cl.stamp_sum.Sub(stamp);
   --cl.stamped;
 }
 

@@ -53,6 +53,26 @@ struct SlotMeta {
 };
 static_assert(sizeof(SlotMeta) == 32);
 
+// A sum of entry stamps (64-bit clocks) in 128 bits, so no count of
+// entries and no clock can overflow it; kept as two words, so a Slab stays
+// 8-byte aligned.
+struct StampSum {
+  uint64_t lo = 0;
+  uint64_t hi = 0;
+  void Add(uint64_t v) {
+    lo += v;
+    hi += lo < v ? 1 : 0;
+  }
+  void Sub(uint64_t v) {
+    hi -= lo < v ? 1 : 0;
+    lo -= v;
+  }
+  // The mean of n stamps (n > 0).
+  uint64_t Mean(uint32_t n) const {
+    return static_cast<uint64_t>(((static_cast<unsigned __int128>(hi) << 64) | lo) / n);
+  }
+};
+
 struct Slab {
   std::unique_ptr<SlotMeta[]> meta;  // one per slot; null when unassigned or a run tail
   uint32_t used = 0;                 // slots not free
@@ -65,11 +85,10 @@ struct Slab {
   uint32_t next = kNoSlab;
   uint64_t last_used = 0;  // the owner's clock at the slab's last TouchSlab
   // Per slot, the owner's clock at its entry's last commit or hit (StampIn,
-  // Restamp); null when unassigned or a run tail. The sum (in units of
-  // kStampUnit) and count are of the slots stamped (entries), so their mean
-  // age is known in O(1).
+  // Restamp); null when unassigned or a run tail. The sum and count are of
+  // the slots stamped (entries), so their mean age is known in O(1).
   std::unique_ptr<uint64_t[]> stamps;
-  uint64_t stamp_sum = 0;
+  StampSum stamp_sum;
   uint32_t stamped = 0;
 };
 
@@ -189,17 +208,13 @@ class SlabAllocator {
     SlotList free;
     uint32_t lru_head = kNoSlab;  // slab list, least recently touched first
     uint32_t lru_tail = kNoSlab;
-    uint64_t stamp_sum = 0;  // of its entries (StampIn), in kStampUnit
+    StampSum stamp_sum;  // of its entries' stamps (StampIn)
     uint32_t stamped = 0;
   };
 
-  // Sums of stamps count in units of 4 KiB of the owner's clock (bytes of
-  // traffic): 2^16 slots of a slab stamped after 2^58 bytes (a year at
-  // 9 GB/s) still sum below 2^64.
-  static constexpr unsigned kStampShift = 12;
-  static uint64_t MeanAge(uint64_t sum, uint32_t n, uint64_t clock) {
+  static uint64_t MeanAge(const StampSum& sum, uint32_t n, uint64_t clock) {
     if (n == 0) return 0;
-    const uint64_t mean = (sum / n) << kStampShift;
+    const uint64_t mean = sum.Mean(n);
     return clock > mean ? clock - mean : 0;
   }
 

@@ -119,7 +119,7 @@ TEST(SlabAllocatorTest, MetadataIsFortyBytesPerSlot) {
 }
 
 // A slab's and a class's mean entry age follow the stamps in, restamped
-// and out, exactly (at 4 KiB of clock).
+// and out, exactly; sums past 64 bits (stamps near 2^64) do not wrap.
 TEST(SlabAllocatorTest, MeanEntryAgeFollowsStamps) {
   SlabAllocator a = Make(8);
   const uint16_t c = a.ClassFor(64 << 10);
@@ -140,6 +140,16 @@ TEST(SlabAllocatorTest, MeanEntryAgeFollowsStamps) {
   a.StampOut(s0);
   EXPECT_EQ(a.SlabMeanAge(a.slab_of(s0), 100 * kUnit), 0u);
   EXPECT_EQ(a.ClassMeanAge(c, 100 * kUnit), 0u);
+  // 16 entries stamped near the clock's end: their sum needs 68 bits.
+  const uint64_t late = ~uint64_t{0} - 1000;
+  std::vector<uint32_t> slots;
+  for (int i = 0; i < 16; ++i) {
+    slots.push_back(a.PopFree(c));
+    a.StampIn(slots.back(), late - 10 * i);
+  }
+  EXPECT_EQ(a.ClassMeanAge(c, late), 75u);  // ages 0, 10, ..., 150
+  for (uint32_t s : slots) a.StampOut(s);
+  EXPECT_EQ(a.ClassMeanAge(c, late), 0u);
 }
 
 }  // namespace
