@@ -187,8 +187,9 @@ size_t PutToken(char* to, uint32_t t) {
 }
 
 // The tokens' array: its items encoded here, 64 at a time, and written as
-// one run of bytes each (pack_bin_body writes bytes as they are), which
-// costs a third of a pack_uint32 per token.
+// one run of bytes each (pack_bin_body writes bytes as they are), not a
+// write per token (kv_events_format_bench: 86-92 ns an event of 16 tokens
+// against 94-99 with pack_uint32 per token).
 void PackTokens(Packer& p, std::span<const protocol::DescriptorView> views) {
   uint32_t n = 0;
   for (const auto& v : views) n += v.n_tokens;
