@@ -140,7 +140,6 @@ class DramStoreImpl final : public DramStore {
         alloc_(options.capacity_bytes + options.read_room_bytes, options.slab_bytes,
                BuildSizeClasses(options.min_class_bytes, options.class_growth, options.slab_bytes)),
         policy_(EvictionPolicy::Create(options.eviction, &alloc_)),
-        class_entries_(alloc_.num_classes(), 0),
         read_bytes_(alloc_.num_classes(), 0) {
     KVPOOL_CHECK(policy_ != nullptr);
     RegisterMetrics();
@@ -449,7 +448,7 @@ class DramStoreImpl final : public DramStore {
     const uint16_t cls = alloc_.class_of(slot);
     KVPOOL_CHECK(index_.Erase(key, slot));
     OrderErase(slot, cls);
-    DropEntry(slot, cls);
+    DropEntry(slot);
     if (m.pins > 0) {
       m.state = SlotState::kZombie;  // cleared and freed by the last Unpin
     } else {
@@ -495,7 +494,7 @@ class DramStoreImpl final : public DramStore {
     s.huge_pages = segment_->huge_pages();
     for (uint16_t c = 0; c < alloc_.num_classes(); ++c) {
       s.classes.push_back(DramClassStats{alloc_.class_slot_bytes(c), alloc_.class_slabs(c),
-                                         class_entries_[c]});
+                                         alloc_.class_entries(c)});
     }
     return s;
   }
@@ -530,12 +529,11 @@ class DramStoreImpl final : public DramStore {
   }
 
   // Accounting for an entry leaving the index (evicted or removed).
-  void DropEntry(uint32_t slot, uint16_t cls) {
+  void DropEntry(uint32_t slot) {
     if (alloc_.meta(slot).prefetched) NotePrefetchedRead(slot, /*read=*/false);
     if (AgeSampled(alloc_.meta(slot).key)) age_last_use_.erase(alloc_.meta(slot).key);
     alloc_.StampOut(slot);
     --entries_;
-    --class_entries_[cls];
     used_bytes_ -= alloc_.meta(slot).size;
     counted_share_ -= SlabShare(slot);
   }
@@ -603,7 +601,6 @@ class DramStoreImpl final : public DramStore {
     NoteUse(slot, cls, m.size, /*hit=*/false);
     NoteAgeUse(key);
     ++entries_;
-    ++class_entries_[cls];
     used_bytes_ += m.size;
     counted_share_ += share;
     return Status::Ok();
@@ -694,7 +691,7 @@ class DramStoreImpl final : public DramStore {
     }
     NoteEvictionAge(m.key);
     KVPOOL_CHECK(index_.Erase(m.key, slot));
-    DropEntry(slot, alloc_.class_of(slot));
+    DropEntry(slot);
     ++evictions_;
     evictions_metric_->Inc();
     if (!lent) {
@@ -996,7 +993,6 @@ class DramStoreImpl final : public DramStore {
   uint64_t IndexBytes() const {
     return index_.bytes() + alloc_.metadata_bytes() + policy_->bytes() +
            read_bytes_.capacity() * sizeof(uint64_t) +
-           class_entries_.capacity() * sizeof(uint32_t) +
            age_last_use_.bucket_count() * sizeof(void*) +
            age_last_use_.size() * (sizeof(KeyId) + sizeof(Clock::time_point) + 2 * sizeof(void*));
   }
@@ -1223,7 +1219,6 @@ class DramStoreImpl final : public DramStore {
   // Set once. Its TouchChainsHeadLast() (commits keep their chain place)
   // is an atomic, changed under mu_ as the policy adapts and read without.
   std::unique_ptr<EvictionPolicy> policy_;
-  std::vector<uint32_t> class_entries_;  // per class
   std::vector<uint64_t> read_bytes_;     // per class: bytes hit, decayed
   uint64_t since_decay_ = 0;             // bytes committed and hit since the last halving
   uint64_t clock_ = 0;                   // bytes committed and hit: stamps slabs (NoteUse)

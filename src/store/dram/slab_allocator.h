@@ -179,6 +179,8 @@ class SlabAllocator {
     const Slab& s = slabs_[i];
     return MeanAge(s.stamp_sum, s.stamped, clock);
   }
+  // Entries of class c: its slots stamped.
+  uint32_t class_entries(uint16_t c) const { return classes_[c].stamped; }
   uint64_t ClassMeanAge(uint16_t c, uint64_t clock) const {
     const Class& cl = classes_[c];
     return MeanAge(cl.stamp_sum, cl.stamped, clock);
