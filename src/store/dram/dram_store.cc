@@ -1217,7 +1217,7 @@ class DramStoreImpl final : public DramStore {
   SlabAllocator alloc_;
   SlotIndex index_;
   // Set once. Its TouchChainsHeadLast() (commits keep their chain place)
-  // is an atomic, changed under mu_ as the policy adapts and read without.
+  // is fixed, read with or without mu_.
   std::unique_ptr<EvictionPolicy> policy_;
   std::vector<uint64_t> read_bytes_;     // per class: bytes hit, decayed
   uint64_t since_decay_ = 0;             // bytes committed and hit since the last halving

@@ -185,7 +185,6 @@ class DramStore {
   virtual uint64_t hint_max_keys() const = 0;
   // Whether a batch's hits should be acquired last to first (the eviction
   // policy keeps a chain's head longest: EvictionPolicy::TouchChainsHeadLast).
-  // It can change as the default policy adapts (an LRU touches in order).
   virtual bool touch_chains_head_last() const = 0;
 
   // Reserves a slot of `size` bytes for `key`. AlreadyExists when the key is

@@ -153,17 +153,17 @@ class S3FifoPolicy final : public EvictionPolicy {
 // shadow caches run this policy at each of a few shares over the store's
 // own traffic, and a share whose shadow clearly keeps more than the
 // enforced one's takes its place (shadow_shares.h). At a share of 0 it is
-// an LRU (IsLru). "prefix-fixed" keeps 70%, the share it starts at.
+// an LRU of chains (IsLru). "prefix-fixed" keeps 70%, the share it starts
+// at.
 class PrefixPolicy final : public EvictionPolicy {
  public:
   PrefixPolicy(SlabAllocator* alloc, bool age, bool adapt)
-      : alloc_(*alloc),
+      : EvictionPolicy(/*chains_head_last=*/true),
+        alloc_(*alloc),
         age_(age),
         lists_(alloc->num_classes()),
         ghost_(kMinGhost),
-        shadows_(adapt ? std::make_unique<ShadowShares>() : nullptr) {
-    SetTouchChainsHeadLast(true);
-  }
+        shadows_(adapt ? std::make_unique<ShadowShares>() : nullptr) {}
 
   void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than, bool returning) override {
     SlotMeta& m = alloc_.meta(slot);
@@ -173,21 +173,25 @@ class PrefixPolicy final : public EvictionPolicy {
                        : colder_than == kNoSlot ? ShadowShares::Place::kWarm
                                                 : ShadowShares::Place::kInChain,
                        returning);
-      NoteShare();
     }
     // The list the chain's previous entry is on (kQueueNone: no such entry
     // of this class): the new entry goes just colder than it when it enters
     // the same list, so a chain keeps its order there.
-    if (IsLru()) {
-      // An LRU: every entry enters probation's warm end.
-      m.queue = kQueueSmall;
-      lists_[cls].small.PushTail(alloc_, slot);
-      return;
-    }
     const uint8_t prev_queue =
         colder_than != kNoSlot && colder_than != kColdEnd && alloc_.class_of(colder_than) == cls
             ? alloc_.meta(colder_than).queue
             : uint8_t{kQueueNone};
+    if (IsLru()) {
+      // An LRU of chains: probation's warm end, or just colder than the
+      // chain's previous entry (no ghost, no replica place).
+      m.queue = kQueueSmall;
+      if (prev_queue == kQueueSmall) {
+        lists_[cls].small.InsertBefore(alloc_, colder_than, slot);
+      } else {
+        lists_[cls].small.PushTail(alloc_, slot);
+      }
+      return;
+    }
     if (returning || ghost_.Contains(m.key)) {
       if (prev_queue == kQueueMain) {
         m.queue = kQueueMain;
@@ -210,10 +214,7 @@ class PrefixPolicy final : public EvictionPolicy {
 
   void Touch(uint32_t slot, uint16_t cls) override {
     SlotMeta& m = alloc_.meta(slot);
-    if (shadows_ != nullptr && shadows_->Sampled(m.key)) {
-      shadows_->Touch(m.key);
-      NoteShare();
-    }
+    if (shadows_ != nullptr && shadows_->Sampled(m.key)) shadows_->Touch(m.key);
     if (m.queue == kQueueMain) {
       lists_[cls].main.Unlink(alloc_, slot);
       if (IsLru()) {
@@ -295,16 +296,18 @@ class PrefixPolicy final : public EvictionPolicy {
   // One victim in this many also ages protected by one entry.
   static constexpr uint64_t kAgeEvery = 512;
 
-  // Protected's share is 0: the policy is an LRU, the same order as
-  // LruPolicy's. Probation is the one list: an entry enters its warm end
-  // (no ghost, no chain place) and a hit moves it there. Entries left on
-  // protected from a higher share go to probation's warm end when hit, and
-  // all of them when the class must give up an entry. The ghost still
-  // learns probation's victims, for when the share rises again.
+  // Protected's share is 0: the policy is an LRU of chains. Probation is
+  // the one list: an entry enters its warm end, or just colder than its
+  // chain's previous entry (no ghost), and a hit moves it to the warm end;
+  // a batch's hits are touched last to first, as at every share. So it is
+  // LruPolicy's order over the same accesses with each batch taken from its
+  // last block to its first: the least recently used chain goes first, from
+  // its tail, where an LRU that touches in order drops the chain's head and
+  // with it the worth of the rest. Entries left on protected from a higher
+  // share go to probation's warm end when hit, and all of them when the
+  // class must give up an entry. The ghost still learns probation's
+  // victims, for when the share rises again.
   bool IsLru() const { return shadows_ != nullptr && shadows_->share_tenths() == 0; }
-  // After a sampled access, which may have ended a window and moved the
-  // share: at 0 a batch's hits are touched in order, as an LRU's are.
-  void NoteShare() { SetTouchChainsHeadLast(!IsLru()); }
 
   // Moves a slot (in no list) to protected's warm end.
   void Protect(uint32_t slot, uint16_t cls) {

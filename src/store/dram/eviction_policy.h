@@ -28,7 +28,6 @@
 // Not thread-safe; owned by DramStore under its mutex.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string_view>
@@ -72,16 +71,15 @@ class EvictionPolicy {
   virtual EvictionAdaptation adaptation() const { return {}; }
   // Whether the hits of one batch should be touched last to first: a batch
   // of an engine is a block chain in order, and touching its head last makes
-  // the head the most recent, so a chain is evicted from its tail. An
-  // adaptive policy may change its answer in an Insert or Touch (under the
-  // store's lock); the store reads it with or without the lock.
-  bool TouchChainsHeadLast() const { return chains_head_last_.load(std::memory_order_relaxed); }
+  // the head the most recent, so a chain is evicted from its tail. Fixed for
+  // the policy's life.
+  bool TouchChainsHeadLast() const { return chains_head_last_; }
 
  protected:
-  void SetTouchChainsHeadLast(bool v) { chains_head_last_.store(v, std::memory_order_relaxed); }
+  explicit EvictionPolicy(bool chains_head_last = false) : chains_head_last_(chains_head_last) {}
 
  private:
-  std::atomic<bool> chains_head_last_{false};
+  const bool chains_head_last_;
 };
 
 }  // namespace kvpool::dram

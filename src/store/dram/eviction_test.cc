@@ -4,6 +4,7 @@
 
 #include <random>
 #include <string>
+#include <vector>
 
 #include "store/dram/dram_store.h"
 #include "store/dram/dram_test_util.h"
@@ -298,7 +299,7 @@ TEST(PrefixPolicyTest, TheProtectedShareFollowsTheTraffic) {
   st = store->GetStats();
   EXPECT_EQ(st.eviction.protected_share, 0.0);
   EXPECT_GE(st.eviction.share_changes, 1u);
-  EXPECT_FALSE(store->touch_chains_head_last());
+  EXPECT_TRUE(store->touch_chains_head_last());  // at every share
   EXPECT_GT(st.eviction.shadow_hit_ratios[0], st.eviction.shadow_hit_ratios[3]);
   EXPECT_EQ(fixed->GetStats().eviction.protected_share, 0.0);  // not adaptive: no figures
   // Most of the 39,900 reads hit once the share moved; at 70 % almost none
@@ -329,16 +330,22 @@ TEST(PrefixPolicyTest, TheProtectedShareFollowsTheTraffic) {
 // entry, the same uniform random traffic over 1.5 times the cache (misses written again, so keys
 // come back from the ghost, which at any other share sends them to protected) hits and misses alike
 // in both stores, and leaves the same keys.
+// A conversation of single blocks (as in TheProtectedShareFollowsTheTraffic)
+// that moves the share to 0.
+void MoveShareToZero(DramStore& store) {
+  for (uint64_t t = 0; t < 40'000; ++t) {
+    ASSERT_TRUE(Put(store, Key(t), kValue).ok());
+    if (t >= 100 && !store.Acquire(Key(t - 100)).ok()) {
+      ASSERT_TRUE(Put(store, Key(t - 100), kValue).ok());
+    }
+  }
+  ASSERT_EQ(store.GetStats().eviction.protected_share, 0.0);
+}
+
 TEST(PrefixPolicyTest, AtAShareOfZeroItIsAnLru) {
   auto store = Open("prefix");
   auto lru = Open("lru");
-  for (uint64_t t = 0; t < 40'000; ++t) {
-    ASSERT_TRUE(Put(*store, Key(t), kValue).ok());
-    if (t >= 100 && !store->Acquire(Key(t - 100)).ok()) {
-      ASSERT_TRUE(Put(*store, Key(t - 100), kValue).ok());
-    }
-  }
-  ASSERT_EQ(store->GetStats().eviction.protected_share, 0.0);
+  MoveShareToZero(*store);
   const uint64_t changes = store->GetStats().eviction.share_changes;
   for (uint64_t k = 100'000; k < 100'256; ++k) {
     ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
@@ -366,6 +373,87 @@ TEST(PrefixPolicyTest, AtAShareOfZeroItIsAnLru) {
   EXPECT_GT(hits, 10'000u);
   EXPECT_GT(misses, 10'000u);
   EXPECT_EQ(Present(*store, 100'000, 100'384), Present(*lru, 100'000, 100'384));
+}
+
+// With chains, a share of 0 is an LRU of chains: LruPolicy's order over the
+// same traffic with each batch taken from its last block to its first. An
+// engine's request reads the first 1 to 4 blocks of a chain (the store
+// touches its hits last to first) and writes the ones it missed as one chain in order (each
+// placed just colder than the one before); the LRU is told the same hits
+// last to first and writes the misses last to first. Both hit and miss
+// alike, block for block, and keep the same keys; a chain leaves from its
+// tail.
+TEST(PrefixPolicyTest, AtAShareOfZeroChainsLeaveAnLruFromTheirTail) {
+  auto store = Open("prefix");
+  auto lru = Open("lru");
+  MoveShareToZero(*store);
+  const uint64_t changes = store->GetStats().eviction.share_changes;
+  EXPECT_TRUE(store->touch_chains_head_last());
+  constexpr uint64_t kLen = 4, kChains = 96;  // 384 blocks, 1.5 times the cache
+  auto block = [](uint64_t c, uint64_t b) { return Key(200'000 + c * kLen + b); };
+  for (uint64_t c = 0; c < 64; ++c) {
+    for (uint64_t b = kLen; b-- > 0;) ASSERT_TRUE(Put(*lru, block(c, b), kValue).ok());
+    DramStore::ChainPlace chain;
+    for (uint64_t b = 0; b < kLen; ++b) {
+      auto r = store->Reserve(block(c, b), kValue);
+      ASSERT_TRUE(r.ok());
+      ASSERT_TRUE(store->Commit(std::move(r).value(), &chain).ok());
+    }
+  }
+  std::mt19937_64 rng(11);
+  std::uniform_int_distribution<uint64_t> dist(0, kChains - 1);
+  std::uniform_int_distribution<uint64_t> length(1, kLen);
+  uint64_t hits = 0, misses = 0, partial = 0;
+  for (int i = 0; i < 20'000; ++i) {
+    // A chain's first 1 to 4 blocks, as prompts of one prefix differ in length.
+    const uint64_t c = dist(rng), n = length(rng);
+    std::vector<KeyId> keys;
+    for (uint64_t b = 0; b < n; ++b) keys.push_back(block(c, b));
+    std::string hit(n, '0');
+    {
+      std::vector<DramStore::Pin> pins(n);
+      store->AcquireBatch(keys, pins);
+      for (uint64_t b = 0; b < n; ++b) hit[b] = pins[b].valid() ? '1' : '0';
+    }
+    std::string lru_hit(n, '0');
+    for (uint64_t b = n; b-- > 0;) lru_hit[b] = lru->Acquire(keys[b]).ok() ? '1' : '0';
+    ASSERT_EQ(hit, lru_hit) << i;
+    if (hit.find('0') != std::string::npos && hit.find('1') != std::string::npos) ++partial;
+    DramStore::ChainPlace chain;
+    for (uint64_t b = 0; b < n; ++b) {
+      if (hit[b] == '1') {
+        ++hits;
+        continue;
+      }
+      ++misses;
+      auto r = store->Reserve(keys[b], kValue);
+      ASSERT_TRUE(r.ok());
+      ASSERT_TRUE(store->Commit(std::move(r).value(), &chain).ok());
+    }
+    for (uint64_t b = n; b-- > 0;) {
+      if (hit[b] == '0') {
+        ASSERT_TRUE(Put(*lru, keys[b], kValue).ok());
+      }
+    }
+  }
+  EXPECT_EQ(store->GetStats().eviction.protected_share, 0.0);
+  EXPECT_EQ(store->GetStats().eviction.share_changes, changes);
+  EXPECT_GT(hits, 10'000u) << misses << " " << partial;
+  EXPECT_GT(misses, 10'000u) << hits;
+  EXPECT_GT(partial, 1'000u);  // chains found in part
+  EXPECT_EQ(Present(*store, 200'000, 200'000 + kChains * kLen),
+            Present(*lru, 200'000, 200'000 + kChains * kLen));
+
+  // The oldest chain loses its tail first; an LRU that is told a chain in
+  // order loses its head.
+  PutChain(*store, 300'000, 300'004);
+  PutChain(*lru, 300'000, 300'004);
+  for (uint64_t k = 400'000; k < 400'253; ++k) {
+    ASSERT_TRUE(Put(*store, Key(k), kValue).ok());
+    ASSERT_TRUE(Put(*lru, Key(k), kValue).ok());
+  }
+  EXPECT_EQ(Present(*store, 300'000, 300'004), "1110");
+  EXPECT_EQ(Present(*lru, 300'000, 300'004), "0111");
 }
 
 // W-TinyLFU: a new key passes a window of 1 % (2 of 256 slots) and enters

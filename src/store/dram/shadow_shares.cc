@@ -89,9 +89,15 @@ void ShadowShares::Add(size_t i, uint32_t e, Place place, bool returning) {
   Shadow& s = shadows_[i];
   entries_[e].held |= static_cast<uint8_t>(1u << i);
   if (s.tenths == 0) {
-    // An LRU, as the policy at a share of 0: the warm end, whatever the place.
-    PushTail(i, kProbation, e);
-    s.last_chain = kNone;
+    // An LRU of chains, as the policy at a share of 0: the warm end, or just
+    // colder than the chain's previous entry; no ghost, no replica place.
+    const uint32_t prev = place == Place::kInChain ? s.last_chain : kNone;
+    if (prev != kNone) {
+      InsertBefore(i, prev, e);
+    } else {
+      PushTail(i, kProbation, e);
+    }
+    s.last_chain = place == Place::kColdest ? kNone : e;
     return;
   }
   const uint8_t list = returning || s.ghost.Contains(entries_[e].key) ? kProtected : kProbation;
@@ -151,11 +157,11 @@ void ShadowShares::EndWindow() {
   in_window_ = 0;
   ++windows_;
   Choose();
-  accesses_ /= 2;
+  accesses_ *= kKeep;
   for (Shadow& s : shadows_) {
-    s.hits /= 2;
-    s.wins /= 2;
-    s.losses /= 2;
+    s.hits *= kKeep;
+    s.wins *= kKeep;
+    s.losses *= kKeep;
   }
 }
 

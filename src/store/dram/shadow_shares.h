@@ -22,10 +22,20 @@
 // least kMinWindow) the share with the largest wins - losses is chosen
 // when that exceeds kZ standard deviations of it, sqrt(wins + losses) (a
 // paired sign test: the shadows see the same accesses, so only where they
-// differ counts); then every count is halved, so the choice follows the
-// traffic of the last few windows. Checking more often than once a window
-// made the choice flap on the traffic shapes of bench/workloads.py and
-// lost hits.
+// differ counts); then every count is multiplied by kKeep, so the choice
+// follows the traffic of the last several windows. Checking more often
+// than once a window made the choice flap on the traffic shapes of
+// bench/workloads.py and lost hits.
+//
+// kKeep is 2^(-1/4): a count's half-life is four windows. A share that
+// wins by the same margin every window is judged on what the counts
+// settle at, 1 / (1 - kKeep) windows' worth: 6.3 windows, so its z grows
+// to 2.5 times one window's. Halving every window settles at two windows,
+// 1.4 times one window's z: a share that keeps more by 2.8 standard
+// deviations a window never reaches the bar, and the conversation shape
+// (bench/workloads.py chat --seed 2, at 15 %), whose share of 0 led by
+// 2.9 to 3.7 standard deviations from its second window on, moved there
+// only at the end of its sixth.
 //
 // The bar is high (kZ = 4) because a shadow counts blocks, and what an
 // engine gains is a chain's leading run: a shadow sees only the blocks the
@@ -34,13 +44,14 @@
 // trace at 10 % moved 4 times and kept 4 % less than at a fixed 70 %.
 //
 // Bounds: the share is always one of kShareTenths. A share of 0 makes the
-// policy an LRU (EvictionPolicy::TouchChainsHeadLast), and its shadow one:
-// no ghost, no chain place, a hit to probation's warm end. The sampling rate is
-// at most max_rate (the work per access: one hash, and for a sampled key
-// one lookup and a list move in each shadow) and each shadow holds
-// rate x entries keys, at most kShadowEntries; all shadows share one entry
-// per key (under 100 bytes with the ghosts), so the memory is at most
-// about 100 x max_rate bytes per store entry (12.5 at the default).
+// policy an LRU of chains, and its shadow one: no ghost, an entry to
+// probation's warm end or just colder than its chain's previous entry, a
+// hit to the warm end. The sampling rate is at most max_rate (the work per
+// access: one hash, and for a sampled key one lookup and a list move in
+// each shadow) and each shadow holds rate x entries keys, at most
+// kShadowEntries; all shadows share one entry per key (under 100 bytes
+// with the ghosts), so the memory is at most about 100 x max_rate bytes
+// per store entry (12.5 at the default).
 //
 // Not thread-safe; owned by the prefix policy under DramStore's mutex.
 #pragma once
@@ -114,6 +125,7 @@ class ShadowShares {
   static constexpr uint64_t kAgeEvery = 512;
   static constexpr uint64_t kMinWindow = 512;
   static constexpr double kZ = 4;
+  static constexpr double kKeep = 0.8408964152537145;  // 2^(-1/4)
 
   // A sampled key, once for all shadows: its links in each shadow's lists.
   struct Entry {

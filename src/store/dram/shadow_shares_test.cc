@@ -146,9 +146,9 @@ TEST(ShadowSharesTest, ACapacityChangeResamplesOnlyWhenTheRateMoves) {
 }
 
 // Within a chain, an entry placed kInChain goes just colder than the
-// chain's previous sampled entry, so the chain leaves from its tail. The
-// shadow at a share of 0 is an LRU, as the policy is there: places do not
-// count, and the chain leaves from its head, the oldest entry.
+// chain's previous sampled entry, so the chain leaves from its tail, in
+// every shadow: at a share of 0 the shadow is an LRU of chains, as the
+// policy is there.
 TEST(ShadowSharesTest, AChainLeavesTheShadowFromItsTail) {
   ShadowShares s = Full();
   ASSERT_EQ(ShadowShares::kShareTenths[0], 0);
@@ -160,8 +160,7 @@ TEST(ShadowSharesTest, AChainLeavesTheShadowFromItsTail) {
     }
   }
   // 5 new chain heads push out 5 entries: chain 0's tail (probation's cold
-  // end holds chain 0 with its head warmest), so blocks 5..9 go; in the LRU,
-  // blocks 0..4.
+  // end holds chain 0 with its head warmest), so blocks 5..9 go.
   for (uint64_t b = 0; b < 5; ++b) s.Insert(K(500 + b), ShadowShares::Place::kWarm, false);
   auto read = [](ShadowShares copy, uint64_t from) {
     const auto before = copy.hit_ratios();
@@ -172,8 +171,8 @@ TEST(ShadowSharesTest, AChainLeavesTheShadowFromItsTail) {
     return rose;
   };
   // Which shadows hit the chain's head, and which its tail.
-  EXPECT_EQ(read(s, 0), "0111");
-  EXPECT_EQ(read(s, 5), "1000");
+  EXPECT_EQ(read(s, 0), "1111");
+  EXPECT_EQ(read(s, 5), "0000");
 }
 
 }  // namespace
