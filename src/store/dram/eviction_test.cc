@@ -325,11 +325,6 @@ TEST(PrefixPolicyTest, TheProtectedShareFollowsTheTraffic) {
   EXPECT_EQ(st.entries, 256u);
 }
 
-// At a share of 0 the prefix policy keeps exactly what an LRU keeps: once
-// a conversation moved the share there and 256 new keys replaced every
-// entry, the same uniform random traffic over 1.5 times the cache (misses written again, so keys
-// come back from the ghost, which at any other share sends them to protected) hits and misses alike
-// in both stores, and leaves the same keys.
 // A conversation of single blocks (as in TheProtectedShareFollowsTheTraffic)
 // that moves the share to 0.
 void MoveShareToZero(DramStore& store) {
@@ -342,6 +337,12 @@ void MoveShareToZero(DramStore& store) {
   ASSERT_EQ(store.GetStats().eviction.protected_share, 0.0);
 }
 
+// At a share of 0 the prefix policy keeps exactly what an LRU keeps of
+// single blocks: once a conversation moved the share there and 256 new
+// keys replaced every entry, the same uniform random traffic over 1.5
+// times the cache (misses written again, so keys come back from the
+// ghost, which at any other share sends them to protected) hits and misses
+// alike in both stores, and leaves the same keys.
 TEST(PrefixPolicyTest, AtAShareOfZeroItIsAnLru) {
   auto store = Open("prefix");
   auto lru = Open("lru");
@@ -378,11 +379,11 @@ TEST(PrefixPolicyTest, AtAShareOfZeroItIsAnLru) {
 // With chains, a share of 0 is an LRU of chains: LruPolicy's order over the
 // same traffic with each batch taken from its last block to its first. An
 // engine's request reads the first 1 to 4 blocks of a chain (the store
-// touches its hits last to first) and writes the ones it missed as one chain in order (each
-// placed just colder than the one before); the LRU is told the same hits
-// last to first and writes the misses last to first. Both hit and miss
-// alike, block for block, and keep the same keys; a chain leaves from its
-// tail.
+// touches its hits last to first) and writes the ones it missed as one
+// chain in order (each placed just colder than the one before); the LRU is
+// told the same hits last to first and writes the misses last to first.
+// Both hit and miss alike, block for block, and keep the same keys; a
+// chain leaves from its tail.
 TEST(PrefixPolicyTest, AtAShareOfZeroChainsLeaveAnLruFromTheirTail) {
   auto store = Open("prefix");
   auto lru = Open("lru");
