@@ -247,7 +247,9 @@ bool LocalOps::ReadOrPark(LocalSession& c, const FrameHeader& h) {
   }
   r.keys = std::move(keys_);
   r.pins = std::move(pins_);
-  if (!t.parked->Read(&r, may_wait)) {  // not moved from: take the vectors back
+  const bool parked = t.parked->Read(&r, may_wait);
+  c.read_run = r.run;
+  if (!parked) {  // not moved from: take the vectors back
     keys_ = std::move(r.keys);
     pins_ = std::move(r.pins);
     if (get) sized_ = std::move(r.sized);
@@ -762,6 +764,7 @@ void LocalOps::FinishCommit(LocalSession& c, const FrameHeader& h, CommitCopies&
     if (res.batch != c.chain_batch) {
       c.chain_batch = res.batch;
       c.chain = TieredStore::Chain{};
+      c.chain.run = std::exchange(c.read_run, UINT8_MAX);
     }
     const KeyId key = res.slot.key();
     const uint64_t token = Stage(c, key, std::move(res.descriptor));
@@ -841,6 +844,7 @@ Status LocalOps::OnExists(LocalSession& c, const FrameHeader& h, std::span<const
   KVPOOL_RETURN_IF_ERROR(protocol::DecodeKeys(body, opts_.max_batch, &keys_));
   Bind(c, &keys_);
   items_->Inc(keys_.size());
+  c.read_run = UINT8_MAX;  // a request's lookup: no read of its chain yet
   if (ExistsOrPark(c, h)) return Status::Ok();
   AnswerExists(c, h, keys_, nullptr);
   return Status::Ok();

@@ -81,6 +81,11 @@ struct LocalSession {
   // a batch is a block chain in order (DramStore::Commit's chain).
   uint64_t chain_batch = 0;
   TieredStore::Chain chain;
+  // The leading run of this session's last read, as the eviction policy
+  // judged it: the next write batch is taken as the rest of that chain
+  // (Chain::run), once; an exists call (the next request's lookup) clears
+  // it.
+  uint8_t read_run = UINT8_MAX;
   // In a cluster, the last exists call that stopped at a miss: the key it
   // stopped at and the keys it hit, in order. A put or reserve batch
   // starting with that key writes the rest of the chain after the last hit

@@ -34,6 +34,7 @@ bool ParkedReads::Read(Request* request, bool may_wait) {
   batch_.pins.swap(request->pins);
   tiered_->ReadBatch(request->keys, &batch_, promoted);
   batch_.pins.swap(request->pins);
+  request->run = batch_.run;
   const bool fetch = may_wait && remote_ != nullptr && !batch_.absent.empty();
   if (!may_wait || (batch_.cold.empty() && !fetch)) return false;
   // The promotions started post under this id, read once this returns.

@@ -45,6 +45,7 @@ class ParkedReads {
     std::vector<KeyId> keys;                // decoded: the keys, in request order
     std::vector<protocol::SizedKey> sized;  // decoded, for a get: keys with buffer sizes
     std::vector<TieredStore::Pin> pins;     // read: per key, request order; empty: not found
+    uint8_t run = UINT8_MAX;                // read: TieredStore::BatchRead::run
     std::set<KeyId> remote_hits;            // exists: keys the cluster has
     Status call_status;                     // a parked call's outcome
     std::string answer;                     // and its answer (ParkCall)

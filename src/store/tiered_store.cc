@@ -340,14 +340,14 @@ void TieredStore::CountRead(const KeyId& key) {
   if (ssd_ != nullptr && impl_->options.admit_min_reads > 0) impl_->sketch.Increment(key);
 }
 
-size_t TieredStore::PinHeld(std::span<const KeyId> keys, std::span<Pin> pins) {
+size_t TieredStore::PinHeld(std::span<const KeyId> keys, std::span<Pin> pins, uint8_t* run) {
   const bool counted = ssd_ != nullptr && impl_->options.admit_min_reads > 0;
   std::vector<bool> had;
   if (counted) {
     had.resize(pins.size());
     for (size_t i = 0; i < pins.size(); ++i) had[i] = pins[i].valid();
   }
-  const size_t pinned = dram_->AcquireBatch(keys, pins);
+  const size_t pinned = dram_->AcquireBatch(keys, pins, run);
   if (counted) {
     for (size_t i = 0; i < pins.size(); ++i) {
       if (!had[i] && pins[i].valid()) impl_->sketch.Increment(keys[i]);
@@ -361,7 +361,8 @@ void TieredStore::ReadBatch(std::span<const KeyId> keys, BatchRead* out, const P
   out->pins.resize(keys.size());
   out->cold.clear();
   out->absent.clear();
-  if (PinHeld(keys, out->pins) == keys.size()) return;
+  out->run = UINT8_MAX;
+  if (PinHeld(keys, out->pins, &out->run) == keys.size()) return;
   for (uint32_t i = 0; i < keys.size(); ++i) {
     if (out->pins[i].valid()) continue;
     if (ssd_ == nullptr || !ssd_->Contains(keys[i])) {

@@ -134,6 +134,9 @@ class TieredStore {
     std::vector<Pin> pins;         // per key, in request order: valid for a key DRAM held
     std::vector<uint32_t> cold;    // indexes of the keys only on SSD
     std::vector<uint32_t> absent;  // indexes of the keys in neither tier
+    // The chain's leading run as the eviction policy judges it, for the
+    // writes of the chain's rest (Chain::run; DramStore::AcquireBatch).
+    uint8_t run = UINT8_MAX;
   };
   // Called once per cold key, from an executor thread, when its promotion
   // ends: its index, and its pin (empty when the promotion failed).
@@ -147,8 +150,9 @@ class TieredStore {
   void ReadBatch(std::span<const KeyId> keys, BatchRead* out, const Promoted& promoted);
   // Pins, under one hold of the DRAM lock and in ReadBatch's order, each
   // keys[i] DRAM holds whose pins[i] is empty (a read that waited, before
-  // it is answered); counted as reads. Returns how many it pinned.
-  size_t PinHeld(std::span<const KeyId> keys, std::span<Pin> pins);
+  // it is answered); counted as reads. Returns how many it pinned. *run:
+  // as BatchRead::run.
+  size_t PinHeld(std::span<const KeyId> keys, std::span<Pin> pins, uint8_t* run = nullptr);
   // Calls fn(i) for i in [0, n), in the order the eviction policy wants a
   // chain of n blocks read (ReadBatch's): for reads of a batch issued one
   // by one, such as fetches from other nodes.

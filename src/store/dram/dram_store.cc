@@ -223,8 +223,12 @@ class DramStoreImpl final : public DramStore {
     } else if (chain != nullptr && chain->slot != kNoSlot && Find(chain->key) == chain->slot) {
       colder_than = chain->slot;
     }
-    Status s = CommitLocked(key, slot, colder_than, returning);
-    if (s.ok() && chain != nullptr) *chain = ChainPlace{slot, key};
+    Status s =
+        CommitLocked(key, slot, colder_than, returning, chain != nullptr ? &chain->run : nullptr);
+    if (s.ok() && chain != nullptr) {
+      chain->slot = slot;
+      chain->key = key;
+    }
     return s;
   }
 
@@ -308,13 +312,14 @@ class DramStoreImpl final : public DramStore {
     return AcquireLocked(key);
   }
 
-  size_t AcquireBatch(std::span<const KeyId> keys, std::span<Pin> pins) override {
+  size_t AcquireBatch(std::span<const KeyId> keys, std::span<Pin> pins, uint8_t* run) override {
     KVPOOL_CHECK(pins.size() == keys.size());
     const size_t n = keys.size();
     size_t pinned = 0;
     std::lock_guard lock(mu_);
     ++lookup_rounds_;
     const bool head_last = policy_->TouchChainsHeadLast();
+    policy_->BeginHits();
     for (size_t k = 0; k < n; ++k) {
       const size_t i = head_last ? n - 1 - k : k;
       if (pins[i].valid()) continue;
@@ -323,6 +328,7 @@ class DramStoreImpl final : public DramStore {
       pins[i] = std::move(p).value();
       ++pinned;
     }
+    policy_->EndHits(run);
     return pinned;
   }
 
@@ -581,7 +587,7 @@ class DramStoreImpl final : public DramStore {
   // REQUIRES: mu_ held; slot reserved for key. colder_than: a committed
   // entry this one follows in its chain (EvictionPolicy::Insert), or kNoSlot.
   Status CommitLocked(const KeyId& key, uint32_t slot, uint32_t colder_than = kNoSlot,
-                      bool returning = false) {
+                      bool returning = false, uint8_t* run = nullptr) {
     SlotMeta& m = alloc_.meta(slot);
     KVPOOL_CHECK(m.state == SlotState::kReserved && m.key == key);
     Unreserve(slot);
@@ -597,7 +603,7 @@ class DramStoreImpl final : public DramStore {
     if (counted_share_ + share > cache_share_) FitCapacity(cls, share, &colder_than);
     m.state = SlotState::kCommitted;
     index_.Insert(key, slot);
-    policy_->Insert(slot, cls, colder_than, returning);
+    policy_->Insert(slot, cls, colder_than, returning, run);
     NoteUse(slot, cls, m.size, /*hit=*/false);
     NoteAgeUse(key);
     ++entries_;

@@ -205,6 +205,10 @@ class DramStore {
     static constexpr uint32_t kByKey = UINT32_MAX - 1;
     uint32_t slot = UINT32_MAX;
     KeyId key{};
+    // The chain's leading run so far as the eviction policy judges it
+    // (EvictionPolicy::Insert): where a read of the chain left it
+    // (AcquireBatch), or all set for a chain of its own.
+    uint8_t run = UINT8_MAX;
     static ChainPlace After(const KeyId& k) { return ChainPlace{kByKey, k}; }
   };
   // Publishes the reserved bytes. AlreadyExists when another writer committed
@@ -238,8 +242,11 @@ class DramStore {
   // is empty (a miss leaves it empty). The batch is a block chain in order:
   // its entries are touched in the order the eviction policy keeps chains
   // by (last to first when it keeps a chain's head longest). Returns how
-  // many it pinned. REQUIRES: pins.size() == keys.size().
-  virtual size_t AcquireBatch(std::span<const KeyId> keys, std::span<Pin> pins) = 0;
+  // many it pinned. *run (if not null): the chain's leading run at its end
+  // as the policy judges it, for ChainPlace::run of the chain's writes
+  // that follow. REQUIRES: pins.size() == keys.size().
+  virtual size_t AcquireBatch(std::span<const KeyId> keys, std::span<Pin> pins,
+                              uint8_t* run = nullptr) = 0;
   // True when committed. Does not count as an access for eviction.
   virtual bool Contains(const KeyId& key) const = 0;
   // Drops the entry from the index; its slot is reused once unpinned. Sets

@@ -36,7 +36,8 @@ class S3FifoPolicy final : public EvictionPolicy {
   explicit S3FifoPolicy(SlabAllocator* alloc)
       : alloc_(*alloc), queues_(alloc->num_classes()), ghost_(kMinGhost) {}
 
-  void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than, bool returning) override {
+  void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than, bool returning,
+              uint8_t*) override {
     SlotMeta& m = alloc_.meta(slot);
     m.freq = 0;
     if (ghost_.Take(m.key) || returning) {
@@ -165,14 +166,15 @@ class PrefixPolicy final : public EvictionPolicy {
         ghost_(kMinGhost),
         shadows_(adapt ? std::make_unique<ShadowShares>() : nullptr) {}
 
-  void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than, bool returning) override {
+  void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than, bool returning,
+              uint8_t* run) override {
     SlotMeta& m = alloc_.meta(slot);
     if (shadows_ != nullptr && shadows_->Sampled(m.key)) {
       shadows_->Insert(m.key,
                        colder_than == kColdEnd  ? ShadowShares::Place::kColdest
                        : colder_than == kNoSlot ? ShadowShares::Place::kWarm
                                                 : ShadowShares::Place::kInChain,
-                       returning);
+                       returning, run);
     }
     // The list the chain's previous entry is on (kQueueNone: no such entry
     // of this class): the new entry goes just colder than it when it enters
@@ -232,6 +234,13 @@ class PrefixPolicy final : public EvictionPolicy {
       return;
     }
     Protect(slot, cls);
+  }
+
+  void BeginHits() override {
+    if (shadows_ != nullptr) shadows_->BeginHits();
+  }
+  void EndHits(uint8_t* run) override {
+    if (shadows_ != nullptr) shadows_->EndHits(run);
   }
 
   void Erase(uint32_t slot, uint16_t cls) override { lists_[cls].Erase(alloc_, slot); }
@@ -334,7 +343,8 @@ class LruPolicy final : public EvictionPolicy {
  public:
   explicit LruPolicy(SlabAllocator* alloc) : alloc_(*alloc), lists_(alloc->num_classes()) {}
 
-  void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than, bool returning) override {
+  void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than, bool returning,
+              uint8_t*) override {
     alloc_.meta(slot).queue = kQueueMain;
     lists_[cls].PushTail(alloc_, slot);
   }
@@ -377,7 +387,7 @@ class TinyLfuPolicy final : public EvictionPolicy {
   explicit TinyLfuPolicy(SlabAllocator* alloc)
       : alloc_(*alloc), lists_(alloc->num_classes()), sketch_(kMinCounters, kMinCounters) {}
 
-  void Insert(uint32_t slot, uint16_t cls, uint32_t, bool) override {
+  void Insert(uint32_t slot, uint16_t cls, uint32_t, bool, uint8_t*) override {
     SlotMeta& m = alloc_.meta(slot);
     sketch_.Increment(m.key);
     Lists& l = lists_[cls];

@@ -54,10 +54,18 @@ class EvictionPolicy {
   // entry, or a replica first in line to go. The others ignore it.
   // returning: the writer knows the key left the cache lately (another
   // node's ghost, DramStore::Commit): treated as the policy's own ghost hit.
+  // run: the chain's leading run so far, as the policy tracks it
+  // (DramStore::ChainPlace::run), updated; null for an entry alone.
   virtual void Insert(uint32_t slot, uint16_t cls, uint32_t colder_than = kNoSlot,
-                      bool returning = false) = 0;
+                      bool returning = false, uint8_t* run = nullptr) = 0;
   // A hit.
   virtual void Touch(uint32_t slot, uint16_t cls) = 0;
+  // The Touch calls between BeginHits and EndHits are one batch's hits, a
+  // block chain read from its head (touched in TouchChainsHeadLast's
+  // order). *run (if not null): the chain's leading run at its end, for
+  // the chain's writes that follow (Insert).
+  virtual void BeginHits() {}
+  virtual void EndHits(uint8_t* run) { (void)run; }
   // The entry leaves the cache other than through PickVictim.
   virtual void Erase(uint32_t slot, uint16_t cls) = 0;
   // Unlinks and returns the entry of `cls` to evict next; kNoSlot when every

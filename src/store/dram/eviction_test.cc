@@ -8,6 +8,7 @@
 
 #include "store/dram/dram_store.h"
 #include "store/dram/dram_test_util.h"
+#include "store/dram/shadow_shares.h"
 
 namespace kvpool::dram {
 namespace {
@@ -69,6 +70,44 @@ void PutChain(DramStore& store, uint64_t lo, uint64_t hi) {
     ASSERT_TRUE(r.ok()) << k;
     ASSERT_TRUE(store.Commit(std::move(r).value(), &chain).ok()) << k;
   }
+}
+
+// The shadows judge a chain by its leading run (shadow_shares.h): a read
+// of a chain reports where the run stands at its end (all shadows still
+// hitting), and the chain's writes carry it on (ChainPlace::run) until a
+// block every shadow misses ends it. A 256-slot store samples every key.
+TEST(PrefixPolicyTest, AReadsRunGoesOnIntoTheChainsWrites) {
+  auto store = Open("prefix");
+  ASSERT_EQ(store->GetStats().eviction.sample_rate, 1.0);
+  DramStore::ChainPlace chain;
+  EXPECT_EQ(chain.run, UINT8_MAX);
+  for (uint64_t k = 0; k < 4; ++k) {
+    auto r = store->Reserve(Key(k), kValue);
+    ASSERT_TRUE(r.ok());
+    ASSERT_TRUE(store->Commit(std::move(r).value(), &chain).ok());
+    EXPECT_EQ(chain.run, 0) << k;  // a new block: every shadow missed it
+  }
+  std::vector<KeyId> keys = {Key(0), Key(1), Key(2), Key(3)};
+  std::vector<DramStore::Pin> pins(keys.size());
+  uint8_t run = 0;
+  EXPECT_EQ(store->AcquireBatch(keys, pins, &run), 4u);
+  EXPECT_EQ(run, ShadowShares::kRunAlive);  // every shadow holds the chain
+  pins.clear();
+  pins.resize(keys.size());
+  // Carried into the chain's rest: it goes on until the first new block.
+  DramStore::ChainPlace rest;
+  rest.run = run;
+  auto r = store->Reserve(Key(4), kValue);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(store->Commit(std::move(r).value(), &rest).ok());
+  EXPECT_EQ(rest.run, 0);
+  // A policy without shadows leaves the caller's run as it was.
+  auto lru = Open("lru");
+  PutChain(*lru, 0, 4);
+  uint8_t untouched = 7;
+  EXPECT_EQ(lru->AcquireBatch(keys, pins, &untouched), 4u);
+  EXPECT_EQ(untouched, 7);
+  pins.clear();  // before the stores go
 }
 
 // Which of keys [lo, hi) are present, as a string of 0/1.
@@ -274,7 +313,7 @@ TEST(PrefixPolicyTest, TheProtectedShareFollowsTheTraffic) {
   DramStats st = store->GetStats();
   ASSERT_TRUE(st.eviction.adaptive);
   EXPECT_EQ(st.eviction.protected_share, 0.7);
-  EXPECT_EQ(st.eviction.sample_rate, 1.0 / 8);  // 256 entries: the rate is capped
+  EXPECT_EQ(st.eviction.sample_rate, 1.0);  // 256 entries: every key (kMinShadowEntries)
   EXPECT_TRUE(store->touch_chains_head_last());
 
   // A conversation: each step one new block, and the one written 100 steps
@@ -404,8 +443,25 @@ TEST(PrefixPolicyTest, AtAShareOfZeroChainsLeaveAnLruFromTheirTail) {
   std::mt19937_64 rng(11);
   std::uniform_int_distribution<uint64_t> dist(0, kChains - 1);
   std::uniform_int_distribution<uint64_t> length(1, kLen);
-  uint64_t hits = 0, misses = 0, partial = 0;
+  uint64_t hits = 0, misses = 0, partial = 0, turns = 0;
   for (int i = 0; i < 20'000; ++i) {
+    // A conversation's turn between the reads, its block of 40 turns ago
+    // read again (an LRU keeps it, probation at 70 % does not), so the
+    // share stays at 0: the chain reads alone favour a protected list,
+    // which keeps their often-read heads.
+    const KeyId turn = Key(500'000 + i);
+    ASSERT_TRUE(Put(*store, turn, kValue).ok());
+    ASSERT_TRUE(Put(*lru, turn, kValue).ok());
+    if (i >= 40) {
+      const KeyId back = Key(500'000 + i - 40);
+      const bool hit = store->Acquire(back).ok();
+      ASSERT_EQ(lru->Acquire(back).ok(), hit) << i;
+      turns += hit;
+      if (!hit) {
+        ASSERT_TRUE(Put(*store, back, kValue).ok());
+        ASSERT_TRUE(Put(*lru, back, kValue).ok());
+      }
+    }
     // A chain's first 1 to 4 blocks, as prompts of one prefix differ in length.
     const uint64_t c = dist(rng), n = length(rng);
     std::vector<KeyId> keys;
@@ -442,8 +498,10 @@ TEST(PrefixPolicyTest, AtAShareOfZeroChainsLeaveAnLruFromTheirTail) {
   EXPECT_GT(hits, 10'000u) << misses << " " << partial;
   EXPECT_GT(misses, 10'000u) << hits;
   EXPECT_GT(partial, 1'000u);  // chains found in part
+  EXPECT_GT(turns, 10'000u);
   EXPECT_EQ(Present(*store, 200'000, 200'000 + kChains * kLen),
             Present(*lru, 200'000, 200'000 + kChains * kLen));
+  EXPECT_EQ(Present(*store, 500'000, 520'000), Present(*lru, 500'000, 520'000));
 
   // The oldest chain loses its tail first; an LRU that is told a chain in
   // order loses its head.

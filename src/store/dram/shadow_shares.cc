@@ -14,7 +14,11 @@ ShadowShares::ShadowShares(double max_rate) : max_rate_(std::clamp(max_rate, 1e-
 
 void ShadowShares::SetCapacityEntries(uint64_t entries) {
   entries = std::max<uint64_t>(entries, 1);
-  const double rate = std::min(max_rate_, static_cast<double>(kShadowEntries) / entries);
+  // At most max_rate and kShadowEntries keys a shadow; but on a small store
+  // at least kMinShadowEntries, or all of its keys.
+  const double rate =
+      std::min(1.0, std::max(std::min(max_rate_, static_cast<double>(kShadowEntries) / entries),
+                             static_cast<double>(kMinShadowEntries) / entries));
   const bool resample = rate > rate_ * 5 / 4 || rate < rate_ * 3 / 4 || keys_ == 0;
   if (resample) {
     rate_ = rate;
@@ -52,35 +56,88 @@ void ShadowShares::Reset() {
   in_window_ = 0;
 }
 
-void ShadowShares::Insert(const KeyId& key, Place place, bool returning) {
-  Access(key, /*insert=*/true, place, returning);
+void ShadowShares::Insert(const KeyId& key, Place place, bool returning, uint8_t* run) {
+  Access(key, /*insert=*/true, place, returning, run);
 }
 
 void ShadowShares::Touch(const KeyId& key) {
-  Access(key, /*insert=*/false, Place::kWarm, /*returning=*/false);
+  if (batching_) {
+    batch_.push_back(key);
+    return;
+  }
+  Access(key, /*insert=*/false, Place::kWarm, /*returning=*/false, nullptr);
 }
 
-void ShadowShares::Access(const KeyId& key, bool insert, Place place, bool returning) {
+void ShadowShares::EndHits(uint8_t* run) {
+  batching_ = false;
+  // Judged from the chain's first block (batch_ is last to first): shadow
+  // i's hit counts while every sampled block before it hit there too.
+  hits_.resize(batch_.size());
+  uint8_t alive = kRunAlive;
+  for (size_t k = batch_.size(); k-- > 0;) {
+    const uint32_t e = Find(batch_[k]);
+    alive &= e == kNone ? 0 : entries_[e].held;
+    hits_[k] = alive;
+  }
+  // Applied last to first, as the store touches them.
+  for (size_t k = 0; k < batch_.size(); ++k) {
+    const uint32_t e = FindOrAdd(batch_[k]);
+    for (size_t i = 0; i < kCandidates; ++i) {
+      const bool held = (entries_[e].held >> i) & 1;
+      const bool counts = (hits_[k] >> i) & 1;
+      // Held behind the shadow's first miss: the engine neither reads it
+      // nor writes it there.
+      if (held && !counts) continue;
+      Apply(i, e, counts && held, /*insert=*/false, Place::kWarm, false);
+    }
+    Count(hits_[k]);
+  }
+  batch_.clear();
+  if (run != nullptr) *run = alive;
+}
+
+void ShadowShares::Access(const KeyId& key, bool insert, Place place, bool returning,
+                          uint8_t* run) {
   const uint32_t e = FindOrAdd(key);
-  const bool chosen_hits = (entries_[e].held >> chosen_) & 1;
+  const uint8_t alive = run != nullptr ? *run : kRunAlive;
+  const uint8_t hit = entries_[e].held & alive;
+  for (size_t i = 0; i < kCandidates; ++i) {
+    // Held behind the shadow's first miss: the engine neither reads it nor
+    // writes it there.
+    if (((entries_[e].held & ~alive) >> i) & 1) continue;
+    Apply(i, e, (hit >> i) & 1, insert, place, returning);
+  }
+  if (run != nullptr) *run = hit;
+  Count(hit);
+}
+
+void ShadowShares::Apply(size_t i, uint32_t e, bool hit, bool insert, Place place, bool returning) {
+  Shadow& s = shadows_[i];
+  if (hit) {
+    // A hit: to protected's warm end (probation's, at a share of 0).
+    Unlink(i, e);
+    PushTail(i, s.tenths == 0 ? kProbation : kProtected, e);
+    if (insert) s.last_chain = e;
+    return;
+  }
+  // A miss here: room first (as the store reserves before it commits),
+  // then the key enters. Evict never drops `e`: this shadow does not hold
+  // it and it was just made or is held by another.
+  while (s.size() >= capacity_) Evict(i);
+  Add(i, e, insert ? place : Place::kWarm, insert && returning);
+}
+
+void ShadowShares::Count(uint8_t hit) {
+  const bool chosen_hits = (hit >> chosen_) & 1;
   accesses_ += 1;
   for (size_t i = 0; i < kCandidates; ++i) {
     Shadow& s = shadows_[i];
-    if ((entries_[e].held >> i) & 1) {
+    if ((hit >> i) & 1) {
       s.hits += 1;
       if (!chosen_hits) s.wins += 1;
-      // A hit: to protected's warm end (probation's, at a share of 0).
-      Unlink(i, e);
-      PushTail(i, s.tenths == 0 ? kProbation : kProtected, e);
-      if (insert) s.last_chain = e;
-      continue;
+    } else if (chosen_hits) {
+      s.losses += 1;
     }
-    if (chosen_hits) s.losses += 1;
-    // A miss here: room first (as the store reserves before it commits),
-    // then the key enters. Evict never drops `e`: this shadow does not
-    // hold it and it was just made or is held by another.
-    while (s.size() >= capacity_) Evict(i);
-    Add(i, e, insert ? place : Place::kWarm, insert && returning);
   }
   if (++in_window_ >= window_) EndWindow();
 }
@@ -175,9 +232,17 @@ std::array<double, ShadowShares::kCandidates> ShadowShares::hit_ratios() const {
 
 uint64_t ShadowShares::bytes() const {
   uint64_t b = entries_.capacity() * sizeof(Entry) + free_.capacity() * sizeof(uint32_t) +
-               index_.capacity() * sizeof(uint32_t);
+               index_.capacity() * sizeof(uint32_t) + batch_.capacity() * sizeof(KeyId) +
+               hits_.capacity();
   for (const Shadow& s : shadows_) b += s.ghost.bytes();
   return b;
+}
+
+uint32_t ShadowShares::Find(const KeyId& key) const {
+  for (size_t h = Home(key);; h = (h + 1) & (index_.size() - 1)) {
+    const uint32_t e = index_[h];
+    if (e == kNone || entries_[e].key == key) return e;
+  }
 }
 
 uint32_t ShadowShares::FindOrAdd(const KeyId& key) {

@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <random>
 #include <string>
+#include <vector>
 
 namespace kvpool::dram {
 namespace {
@@ -123,11 +126,20 @@ TEST(ShadowSharesTest, SamplingFollowsTheRateAndTheShadowsStayBounded) {
   // new key in all of them and that the shares then order apart.
   EXPECT_NEAR(static_cast<double>(s.keys()), ShadowShares::kShadowEntries, 16);
 
-  // A small store: the rate is capped (max_rate), not the shadows' size.
+  // A mid-sized store: the rate is capped (max_rate), not the shadows' size.
+  ShadowShares mid;
+  mid.SetCapacityEntries(4000);
+  EXPECT_DOUBLE_EQ(mid.rate(), ShadowShares::kMaxRate);
+  EXPECT_EQ(mid.shadow_capacity(), 500u);
+  // A small store: each shadow still holds kMinShadowEntries keys, or all.
   ShadowShares small;
   small.SetCapacityEntries(1000);
-  EXPECT_DOUBLE_EQ(small.rate(), ShadowShares::kMaxRate);
-  EXPECT_EQ(small.shadow_capacity(), 125u);
+  EXPECT_DOUBLE_EQ(small.rate(), 0.256);
+  EXPECT_EQ(small.shadow_capacity(), ShadowShares::kMinShadowEntries);
+  ShadowShares tiny;
+  tiny.SetCapacityEntries(100);
+  EXPECT_DOUBLE_EQ(tiny.rate(), 1.0);
+  EXPECT_EQ(tiny.shadow_capacity(), 100u);
 }
 
 TEST(ShadowSharesTest, ACapacityChangeResamplesOnlyWhenTheRateMoves) {
@@ -173,6 +185,82 @@ TEST(ShadowSharesTest, AChainLeavesTheShadowFromItsTail) {
   // Which shadows hit the chain's head, and which its tail.
   EXPECT_EQ(read(s, 0), "1111");
   EXPECT_EQ(read(s, 5), "0000");
+}
+
+// 100 blocks as 10 chains of 10, then 5 new chain heads: every shadow
+// holds chains 1..9 and chain 0's blocks 0..4, and none holds 5..9
+// (AChainLeavesTheShadowFromItsTail).
+ShadowShares TenChainsAndATail() {
+  ShadowShares s = Full();
+  for (uint64_t c = 0; c < 10; ++c) {
+    for (uint64_t b = 0; b < 10; ++b) {
+      s.Insert(K(c * 10 + b), b == 0 ? ShadowShares::Place::kWarm : ShadowShares::Place::kInChain,
+               false);
+    }
+  }
+  for (uint64_t b = 0; b < 5; ++b) s.Insert(K(500 + b), ShadowShares::Place::kWarm, false);
+  return s;
+}
+
+// The blocks of `keys` read as one batch (a chain from its head), touched
+// last to first as the store does: how many of them each shadow counted as
+// hits, from its hit ratio before and after (every shadow saw the same
+// accesses), and the run the batch left.
+std::array<double, ShadowShares::kCandidates> ReadChain(ShadowShares& s,
+                                                        const std::vector<uint64_t>& keys,
+                                                        uint8_t* run) {
+  // The accesses so far, from a probe that every shadow hits (a block of
+  // chain 9, held by all).
+  ShadowShares probe = s;
+  const auto r0 = probe.hit_ratios();
+  probe.Touch(K(99));
+  const auto r1 = probe.hit_ratios();
+  // h0 = r0 a, h0 + 1 = r1 (a + 1): a = (1 - r1) / (r1 - r0).
+  const double accesses = (1 - r1[0]) / (r1[0] - r0[0]);
+  const auto before = s.hit_ratios();
+  s.BeginHits();
+  for (size_t k = keys.size(); k-- > 0;) s.Touch(K(keys[k]));
+  s.EndHits(run);
+  const auto after = s.hit_ratios();
+  std::array<double, ShadowShares::kCandidates> hits{};
+  for (size_t i = 0; i < ShadowShares::kCandidates; ++i) {
+    hits[i] = std::round(after[i] * (accesses + keys.size()) - before[i] * accesses);
+  }
+  return hits;
+}
+
+// What an engine gains from a read is its leading run of hits: a shadow's
+// hit behind its first miss in the chain does not count, and the run the
+// read leaves goes on into the chain's writes.
+TEST(ShadowSharesTest, AHitBehindAShadowsFirstMissInTheChainDoesNotCount) {
+  using Hits = std::array<double, ShadowShares::kCandidates>;
+  {
+    ShadowShares s = TenChainsAndATail();
+    uint8_t run = 0;
+    EXPECT_EQ(ReadChain(s, {10, 11, 12, 13}, &run), (Hits{4, 4, 4, 4}));
+    EXPECT_EQ(run, ShadowShares::kRunAlive);
+  }
+  {
+    // Chain 0 read past its tail's loss: 0..4 hit, 5 misses everywhere, and
+    // 20..21 (held by all) after it count nowhere.
+    ShadowShares s = TenChainsAndATail();
+    uint8_t run = ShadowShares::kRunAlive;
+    EXPECT_EQ(ReadChain(s, {0, 1, 2, 3, 4, 5, 20, 21}, &run), (Hits{5, 5, 5, 5}));
+    EXPECT_EQ(run, 0);
+    // The chain's writes that follow go on from that run: a block every
+    // shadow holds is not a hit there either.
+    ShadowShares alive = s;
+    uint8_t alive_run = ShadowShares::kRunAlive;
+    const auto before = s.hit_ratios();
+    s.Insert(K(22), ShadowShares::Place::kInChain, false, &run);
+    alive.Insert(K(22), ShadowShares::Place::kInChain, false, &alive_run);
+    EXPECT_EQ(run, 0);
+    EXPECT_EQ(alive_run, ShadowShares::kRunAlive);
+    for (size_t i = 0; i < ShadowShares::kCandidates; ++i) {
+      EXPECT_LT(s.hit_ratios()[i], before[i]) << i;
+      EXPECT_GT(alive.hit_ratios()[i], before[i]) << i;
+    }
+  }
 }
 
 }  // namespace
