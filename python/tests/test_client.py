@@ -217,13 +217,21 @@ def test_remote_mode_reaches_a_node_over_its_peer_port(node_factory, monkeypatch
 
     monkeypatch.setenv("UCX_TLS", "tcp")
     monkeypatch.setenv("UCX_NET_DEVICES", "lo")
-    s = sk.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    # A remote client without a token: the node runs without the cluster key.
-    node = node_factory(["--node-id", "n1", "--peers", "n1=127.0.0.1:%d" % port,
-                         "--peer-port", str(port), "--insecure"])
+    # A port found free can be taken by another test's process before the
+    # node binds it: then the node says so, and another port is tried.
+    for attempt in range(5):
+        s = sk.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        # A remote client without a token: the node runs without the cluster key.
+        try:
+            node = node_factory(["--node-id", "n1", "--peers", "n1=127.0.0.1:%d" % port,
+                                 "--peer-port", str(port), "--insecure"])
+            break
+        except RuntimeError as e:
+            if "Address already in use" not in str(e) or attempt == 4:
+                raise
     big = pattern(4, 3 << 20)  # over the first 1 MiB guess: a second, exact-size round
     with Client(remote="127.0.0.1:%d" % port, namespace="r") as c:
         assert c.put(["a", "big"], [b"hello", big]) == [OK, OK]
