@@ -15,19 +15,21 @@ import zmq
 
 import kvpool
 from event_decoders import DECODERS
-from kv_events_util import free_port
+from ports_util import start_on_free_ports
 
 MASK64 = (1 << 64) - 1
 
 
 def events_node(node_factory, encoding="map", hash_mode="int64", extra=()):
     """(node, PUB endpoint) of a fresh node publishing KV events."""
-    endpoint = "tcp://127.0.0.1:%d" % free_port()
-    node = node_factory(extra_args=["--kv-events-endpoint", endpoint,
-                                    "--kv-events-encoding", encoding,
-                                    "--kv-events-hash", hash_mode,
-                                    "--kv-events-batch-interval", "2ms"] + list(extra))
-    return node, endpoint
+    def start(ports):
+        endpoint = "tcp://127.0.0.1:%d" % ports[0]
+        return node_factory(extra_args=["--kv-events-endpoint", endpoint,
+                                        "--kv-events-encoding", encoding,
+                                        "--kv-events-hash", hash_mode,
+                                        "--kv-events-batch-interval", "2ms"] + list(extra)), endpoint
+
+    return start_on_free_ports(start, 1)
 
 
 def raw_events(payload):

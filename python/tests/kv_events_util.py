@@ -2,7 +2,6 @@
 src/events/kv_events_format.h with Debian's python3-zmq and python3-msgpack:
 decodes batches in both event encodings (maps and arrays in field order)."""
 
-import socket
 import struct
 
 import msgpack
@@ -15,12 +14,6 @@ FIELDS = {
     "BlockRemoved": ["block_hashes", "medium"],
     "AllBlocksCleared": [],
 }
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def decode_event(ev):

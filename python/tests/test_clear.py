@@ -7,6 +7,7 @@ import os
 import subprocess
 
 import kvpool
+from ports_util import start_on_free_ports
 
 VALUE = 64 * 1024
 
@@ -109,12 +110,9 @@ def test_kvpoolctl_clear(node_factory):
 
 
 def test_a_node_pooled_with_a_cluster_refuses_to_clear(node_factory):
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    node = node_factory(extra_args=["--node-id", "n0", "--peers", "n0=127.0.0.1:%d" % port,
-                                    "--peer-port", str(port)])
+    node = start_on_free_ports(lambda ports: node_factory(extra_args=[
+        "--node-id", "n0", "--peers", "n0=127.0.0.1:%d" % ports[0], "--peer-port", str(ports[0])]),
+        1)
     c = kvpool.Client(node.socket, namespace="pooled")
     try:
         fill(c, "pooled", 3)

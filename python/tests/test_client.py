@@ -10,6 +10,7 @@ import torch
 
 import kvpool
 from kvpool import Client, KvpoolError, StatusCode, buffer_address
+from ports_util import start_on_free_ports
 
 OK = StatusCode.OK
 
@@ -213,25 +214,12 @@ def test_library_path_from_environment(monkeypatch):
 def test_remote_mode_reaches_a_node_over_its_peer_port(node_factory, monkeypatch):
     """Client(remote=...) on a host without a node socket: a one-node static
     --peers cluster, UCX over loopback TCP."""
-    import socket as sk
-
     monkeypatch.setenv("UCX_TLS", "tcp")
     monkeypatch.setenv("UCX_NET_DEVICES", "lo")
-    # A port found free can be taken by another test's process before the
-    # node binds it: then the node says so, and another port is tried.
-    for attempt in range(5):
-        s = sk.socket()
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
-        # A remote client without a token: the node runs without the cluster key.
-        try:
-            node = node_factory(["--node-id", "n1", "--peers", "n1=127.0.0.1:%d" % port,
-                                 "--peer-port", str(port), "--insecure"])
-            break
-        except RuntimeError as e:
-            if "Address already in use" not in str(e) or attempt == 4:
-                raise
+    # A remote client without a token: the node runs without the cluster key.
+    node, (port,) = start_on_free_ports(
+        lambda ports: (node_factory(["--node-id", "n1", "--peers", "n1=127.0.0.1:%d" % ports[0],
+                                     "--peer-port", str(ports[0]), "--insecure"]), ports), 1)
     big = pattern(4, 3 << 20)  # over the first 1 MiB guess: a second, exact-size round
     with Client(remote="127.0.0.1:%d" % port, namespace="r") as c:
         assert c.put(["a", "big"], [b"hello", big]) == [OK, OK]

@@ -6,7 +6,7 @@ import os
 import re
 import urllib.request
 
-from kv_events_util import free_port
+from ports_util import start_on_free_ports
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DASHBOARD = os.path.join(REPO, "deploy", "grafana", "kvpool.json")
@@ -35,11 +35,11 @@ def test_every_query_names_metrics_a_node_exports(node_factory, tmp_path):
             wanted.add(re.sub(r"_(bucket|sum|count)$", "", name))
     assert "kvpool_op_latency_seconds" in wanted and "kvpool_ssd_used_bytes" in wanted
     # A one-member cluster with an SSD tier exports the SSD and peer metrics too.
-    port = free_port()
     ssd = tmp_path / "ssd"
     ssd.mkdir()
-    node = node_factory(["--ssd", str(ssd), "--ssd-capacity", "64MiB", "--node-id", "n0",
-                         "--peers", "n0=127.0.0.1:%d" % port, "--peer-port", str(port)])
+    node = start_on_free_ports(lambda ports: node_factory([
+        "--ssd", str(ssd), "--ssd-capacity", "64MiB", "--node-id", "n0",
+        "--peers", "n0=127.0.0.1:%d" % ports[0], "--peer-port", str(ports[0])]), 1)
     have = exported_families(node.admin_port)
     missing = sorted(wanted - have)
     assert missing == [], "the dashboard queries metrics no node exports: %s" % missing

@@ -7,18 +7,18 @@ import time
 import pytest
 
 import kvpool
-from kv_events_util import Subscriber, flatten, free_port
+from kv_events_util import Subscriber, flatten
+from ports_util import start_on_free_ports
 
 VALUE = 256 * 1024
 
 
 def events_node(node_factory, encoding="map", extra=()):
-    pub, rep = free_port(), free_port()
-    node = node_factory(extra_args=[
-        "--kv-events-endpoint", "tcp://127.0.0.1:%d" % pub,
-        "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % rep,
+    node, (pub, rep) = start_on_free_ports(lambda ports: (node_factory(extra_args=[
+        "--kv-events-endpoint", "tcp://127.0.0.1:%d" % ports[0],
+        "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % ports[1],
         "--kv-events-encoding", encoding, "--kv-events-batch-interval", "2ms",
-        "--eviction", "lru"] + list(extra), dram="16MiB")
+        "--eviction", "lru"] + list(extra), dram="16MiB"), ports), 2)
     return node, "tcp://127.0.0.1:%d" % pub, "tcp://127.0.0.1:%d" % rep
 
 

@@ -18,7 +18,8 @@ import zmq
 
 import kvpool
 from event_decoders import DECODERS, Rejected, dynamo, dynamo_tier, llmd, msgspec_vllm
-from kv_events_util import free_port, seq_of
+from kv_events_util import seq_of
+from ports_util import free_port, start_on_free_ports
 
 VALUE = 256 * 1024
 TOPIC = b"kv@node-a@model-x"
@@ -63,14 +64,13 @@ def indexed(events, router):
 def run_script(node_factory, tmp_path, encoding):
     """Runs the sequence on a fresh node; returns (live frames, replayed
     payloads, the int hashes of the keys put)."""
-    pub, rep = free_port(), free_port()
-    node = node_factory(extra_args=[
-        "--kv-events-endpoint", "tcp://127.0.0.1:%d" % pub,
-        "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % rep,
+    node, (pub, rep) = start_on_free_ports(lambda ports: (node_factory(extra_args=[
+        "--kv-events-endpoint", "tcp://127.0.0.1:%d" % ports[0],
+        "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % ports[1],
         "--kv-events-encoding", encoding, "--kv-events-batch-interval", "2ms",
         "--kv-events-topic", TOPIC.decode(), "--eviction", "lru",
         "--ssd", str(tmp_path / encoding), "--ssd-capacity", "64MiB",
-        "--ssd-region-size", "1MiB"], dram="16MiB")
+        "--ssd-region-size", "1MiB"], dram="16MiB"), ports), 2)
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"kv@")  # as llm-d subscribes
@@ -217,12 +217,11 @@ def test_namespace_topics_carry_their_namespaces_blocks(node_factory, tmp_path):
     events; the replay answers each batch with its own topic."""
     topics = tmp_path / "topics"
     topics.write_text("# namespace=topic\nmodel-a=kv@node-a@model-a\n\nmodel|b=c=kv@node-a@model-b\n")
-    pub, rep = free_port(), free_port()
-    node = node_factory(extra_args=[
-        "--kv-events-endpoint", "tcp://127.0.0.1:%d" % pub,
-        "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % rep,
+    node, (pub, rep) = start_on_free_ports(lambda ports: (node_factory(extra_args=[
+        "--kv-events-endpoint", "tcp://127.0.0.1:%d" % ports[0],
+        "--kv-events-replay-endpoint", "tcp://127.0.0.1:%d" % ports[1],
         "--kv-events-batch-interval", "2ms", "--kv-events-topic", TOPIC.decode(),
-        "--kv-events-topics-file", str(topics)])
+        "--kv-events-topics-file", str(topics)]), ports), 2)
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
