@@ -79,17 +79,11 @@ void ShadowShares::EndHits(uint8_t* run) {
     alive &= e == kNone ? 0 : entries_[e].held;
     hits_[k] = alive;
   }
-  // Applied last to first, as the store touches them.
+  // Applied last to first, as the store touches them. Each key is looked
+  // up again: applying one may have evicted another from every shadow
+  // (its entry dropped), and it then enters afresh.
   for (size_t k = 0; k < batch_.size(); ++k) {
-    const uint32_t e = FindOrAdd(batch_[k]);
-    for (size_t i = 0; i < kCandidates; ++i) {
-      const bool held = (entries_[e].held >> i) & 1;
-      const bool counts = (hits_[k] >> i) & 1;
-      // Held behind the shadow's first miss: the engine neither reads it
-      // nor writes it there.
-      if (held && !counts) continue;
-      Apply(i, e, counts && held, /*insert=*/false, Place::kWarm, false);
-    }
+    ApplyAll(FindOrAdd(batch_[k]), hits_[k], /*insert=*/false, Place::kWarm, false);
     Count(hits_[k]);
   }
   batch_.clear();
@@ -101,14 +95,20 @@ void ShadowShares::Access(const KeyId& key, bool insert, Place place, bool retur
   const uint32_t e = FindOrAdd(key);
   const uint8_t alive = run != nullptr ? *run : kRunAlive;
   const uint8_t hit = entries_[e].held & alive;
-  for (size_t i = 0; i < kCandidates; ++i) {
-    // Held behind the shadow's first miss: the engine neither reads it nor
-    // writes it there.
-    if (((entries_[e].held & ~alive) >> i) & 1) continue;
-    Apply(i, e, (hit >> i) & 1, insert, place, returning);
-  }
+  ApplyAll(e, hit, insert, place, returning);
   if (run != nullptr) *run = hit;
   Count(hit);
+}
+
+void ShadowShares::ApplyAll(uint32_t e, uint8_t counted, bool insert, Place place, bool returning) {
+  for (size_t i = 0; i < kCandidates; ++i) {
+    const bool held = (entries_[e].held >> i) & 1;
+    const bool counts = (counted >> i) & 1;
+    // Held behind the shadow's first miss: the engine neither reads it nor
+    // writes it there.
+    if (held && !counts) continue;
+    Apply(i, e, held && counts, insert, place, returning);
+  }
 }
 
 void ShadowShares::Apply(size_t i, uint32_t e, bool hit, bool insert, Place place, bool returning) {

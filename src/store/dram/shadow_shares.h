@@ -198,6 +198,10 @@ class ShadowShares {
   // Shadow i's part of an access of entry e: a hit there (counted when
   // `counts`), or a miss and the entry added.
   void Apply(size_t i, uint32_t e, bool counts, bool insert, Place place, bool returning);
+  // Each shadow's part of an access of entry e whose counted hits are the
+  // bits of `counted`: a counted hit where the shadow still holds it, a
+  // miss where it does not, nothing where it holds e uncounted.
+  void ApplyAll(uint32_t e, uint8_t counted, bool insert, Place place, bool returning);
   // Wins, losses and hits of one sampled access whose counted hits are
   // the bits of `hit`; then the window.
   void Count(uint8_t hit);
