@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/loopback_test_util.h"
@@ -72,14 +73,19 @@ void PopulateNodeMetrics(MetricsRegistry* r) {
   r->GetCounter("kvpool_protocol_errors_total", "Malformed requests, by reason.",
                 {{"reason", "bad_magic"}})
       ->Inc(2);
-  // The prefix policy's adaptation: shadows at four shares, 30 % chosen.
-  r->AddCallbackGauge("kvpool_dram_eviction_protected_share", "Share.", {}, [] { return 0.3; });
+  // The prefix policy's adaptation: shadows at four shares and one of them
+  // bimodal, 70 % bimodal chosen.
+  r->AddCallbackGauge("kvpool_dram_eviction_protected_share", "Share.", {}, [] { return 0.7; });
+  r->AddCallbackGauge("kvpool_dram_eviction_bimodal", "Bimodal.", {}, [] { return 1.0; });
   r->AddCallbackGauge("kvpool_dram_eviction_share_changes", "Changes.", {}, [] { return 2.0; });
-  const std::pair<const char*, double> shadows[] = {
-      {"0.7", 0.43}, {"0.0", 0.41}, {"0.3", 0.455}, {"0.5", 0.44}};
-  for (const auto& [share, ratio] : shadows) {
-    r->AddCallbackGauge("kvpool_dram_eviction_shadow_hit_ratio", "Shadow.", {{"share", share}},
-                        [v = ratio] { return v; });
+  const std::tuple<const char*, const char*, double> shadows[] = {{"0.7", "bimodal", 0.47},
+                                                                  {"0.7", "warm", 0.43},
+                                                                  {"0.0", "warm", 0.41},
+                                                                  {"0.3", "warm", 0.455},
+                                                                  {"0.5", "warm", 0.44}};
+  for (const auto& [share, insert, ratio] : shadows) {
+    r->AddCallbackGauge("kvpool_dram_eviction_shadow_hit_ratio", "Shadow.",
+                        {{"share", share}, {"insert", insert}}, [v = ratio] { return v; });
   }
 }
 
@@ -770,11 +776,13 @@ TEST_F(AdminServerTest, DashboardRendersValuesInHeadlessChromium) {
   EXPECT_EQ(ElementText(dom, "hq-age-10m"), "3m 20s");
   // The adaptation's box is shown: its tag lost `hidden`.
   EXPECT_TRUE(ElementShown(dom, "hq-adapt"));
-  EXPECT_EQ(ElementText(dom, "hq-share"), "30%");
+  EXPECT_EQ(ElementText(dom, "hq-share"), "70% bimodal");
   EXPECT_EQ(ElementText(dom, "hq-share-changes"), "2");
-  // Ordered by share whatever the exposition's order.
+  // Ordered by share, the bimodal one after its share's warm one, whatever
+  // the exposition's order.
   EXPECT_EQ(ElementText(dom, "hq-shadows"),
-            "0%: 41.0% \xC2\xB7 30%: 45.5% \xC2\xB7 50%: 44.0% \xC2\xB7 70%: 43.0%");
+            "0%: 41.0% \xC2\xB7 30%: 45.5% \xC2\xB7 50%: 44.0% \xC2\xB7 70%: 43.0% \xC2\xB7 "
+            "70% bimodal: 47.0%");
   EXPECT_TRUE(ElementShown(dom, "hints-card"));  // the node holds leases
   EXPECT_EQ(ElementText(dom, "hints-retained"), "4 \xC2\xB7 4.00 MiB");
   EXPECT_EQ(ElementText(dom, "hints-pinned"), "2 \xC2\xB7 1.00 MiB");

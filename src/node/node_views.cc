@@ -85,10 +85,12 @@ nlohmann::ordered_json EvictionJson(const EvictionAdaptation& a) {
   if (!a.adaptive) return nullptr;
   nlohmann::ordered_json shadows = nlohmann::ordered_json::array();
   for (size_t i = 0; i < a.candidate_shares.size(); ++i) {
-    shadows.push_back(
-        {{"protected_share", a.candidate_shares[i]}, {"hit_ratio", a.shadow_hit_ratios[i]}});
+    shadows.push_back({{"protected_share", a.candidate_shares[i]},
+                       {"insert", a.candidate_bimodal[i] ? "bimodal" : "warm"},
+                       {"hit_ratio", a.shadow_hit_ratios[i]}});
   }
   return {{"protected_share", a.protected_share},
+          {"insert", a.bimodal ? "bimodal" : "warm"},
           {"share_changes", a.share_changes},
           {"sample_rate", a.sample_rate},
           {"shadow_keys", a.shadow_keys},

@@ -1179,12 +1179,18 @@ class DramStoreImpl final : public DramStore {
           "The prefix policy's protected list, as a share of each size class's slots, as its "
           "shadow caches chose it.",
           {}, [](const EvictionAdaptation& a) { return a.protected_share; });
+    gauge("kvpool_dram_eviction_bimodal",
+          "1 when the share the shadow caches chose inserts bimodally (an entry bound for a "
+          "list's warm end enters its cold end, but for one in 32), else 0.",
+          {}, [](const EvictionAdaptation& a) { return a.bimodal ? 1.0 : 0.0; });
     const EvictionAdaptation a = policy_->adaptation();
     for (size_t i = 0; i < a.candidate_shares.size(); ++i) {
       gauge("kvpool_dram_eviction_shadow_hit_ratio",
             "Hit ratio of the shadow cache that runs the prefix policy at this protected share "
-            "over sampled keys (recent accesses, halved every window).",
-            {{"share", fmt::format("{:.1f}", a.candidate_shares[i])}},
+            "and insertion (warm, or bimodal) over sampled keys (recent accesses, decayed every "
+            "window).",
+            {{"share", fmt::format("{:.1f}", a.candidate_shares[i])},
+             {"insert", a.candidate_bimodal[i] ? "bimodal" : "warm"}},
             [i](const EvictionAdaptation& x) { return x.shadow_hit_ratios[i]; });
     }
     gauge("kvpool_dram_eviction_share_changes",

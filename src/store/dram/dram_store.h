@@ -110,11 +110,14 @@ struct DramClassStats {
 
 // What an adaptive eviction policy has adapted (DramStats::eviction).
 struct EvictionAdaptation {
-  static constexpr size_t kCandidates = 4;
+  static constexpr size_t kCandidates = 5;
   bool adaptive = false;
   // The protected list's share of a class's slots now, and the candidates.
   double protected_share = 0;
+  // Whether the chosen candidate inserts bimodally (ShadowShares::kBimodal).
+  bool bimodal = false;
   std::array<double, kCandidates> candidate_shares{};
+  std::array<bool, kCandidates> candidate_bimodal{};
   // Each candidate's shadow hit ratio over its recent sampled accesses.
   std::array<double, kCandidates> shadow_hit_ratios{};
   uint64_t share_changes = 0;

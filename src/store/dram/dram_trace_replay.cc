@@ -46,6 +46,7 @@ struct Result {
   double ns_per_ref = 0;
   double share = 0;
   uint64_t share_changes = 0;
+  bool bimodal = false;  // the chosen candidate inserts bimodally
 };
 
 // A request: its blocks' keys, named as kvpool-bench --trace names them.
@@ -110,6 +111,7 @@ Result Replay(const std::vector<Request>& trace, uint64_t capacity_bytes, uint64
   const kvpool::DramStats s = store->GetStats();
   r.share = s.eviction.protected_share;
   r.share_changes = s.eviction.share_changes;
+  r.bimodal = s.eviction.bimodal;
   return r;
 }
 
@@ -164,8 +166,9 @@ int main(int argc, char** argv) {
   std::istringstream names(env != nullptr ? env : "prefix lru");
   for (std::string policy; names >> policy;) {
     const Result r = Replay(trace, mib << 20, value, policy);
-    std::printf("%-12s hit ratio %.4f  %.0f ns/ref  share %.1f (%llu changes)\n", policy.c_str(),
-                r.hit_ratio, r.ns_per_ref, r.share, (unsigned long long)r.share_changes);
+    std::printf("%-12s hit ratio %.4f  %.0f ns/ref  share %.1f%s (%llu changes)\n", policy.c_str(),
+                r.hit_ratio, r.ns_per_ref, r.share, r.bimodal ? " bimodal" : "",
+                (unsigned long long)r.share_changes);
   }
   return 0;
 }

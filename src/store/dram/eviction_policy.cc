@@ -195,9 +195,13 @@ class PrefixPolicy final : public EvictionPolicy {
       return;
     }
     if (returning || ghost_.Contains(m.key)) {
+      SlotList& prot = lists_[cls].main;
       if (prev_queue == kQueueMain) {
         m.queue = kQueueMain;
-        lists_[cls].main.InsertBefore(alloc_, colder_than, slot);
+        prot.InsertBefore(alloc_, colder_than, slot);
+      } else if (prot.head != kNoSlot && Bimodal()) {
+        m.queue = kQueueMain;
+        prot.InsertBefore(alloc_, prot.head, slot);
       } else {
         Protect(slot, cls);
       }
@@ -205,10 +209,10 @@ class PrefixPolicy final : public EvictionPolicy {
     }
     m.queue = kQueueSmall;
     SlotList& probation = lists_[cls].small;
-    if (colder_than == kColdEnd && probation.head != kNoSlot) {
-      probation.InsertBefore(alloc_, probation.head, slot);
-    } else if (prev_queue == kQueueSmall) {
+    if (prev_queue == kQueueSmall) {
       probation.InsertBefore(alloc_, colder_than, slot);
+    } else if (probation.head != kNoSlot && (colder_than == kColdEnd || Bimodal())) {
+      probation.InsertBefore(alloc_, probation.head, slot);
     } else {
       probation.PushTail(alloc_, slot);
     }
@@ -285,8 +289,10 @@ class PrefixPolicy final : public EvictionPolicy {
     static_assert(EvictionAdaptation::kCandidates == ShadowShares::kCandidates);
     a.adaptive = true;
     a.protected_share = shadows_->share_tenths() / 10.0;
+    a.bimodal = shadows_->bimodal();
     for (size_t i = 0; i < ShadowShares::kCandidates; ++i) {
       a.candidate_shares[i] = ShadowShares::kShareTenths[i] / 10.0;
+      a.candidate_bimodal[i] = ShadowShares::kBimodal[i];
     }
     a.shadow_hit_ratios = shadows_->hit_ratios();
     a.share_changes = shadows_->changes();
@@ -318,6 +324,15 @@ class PrefixPolicy final : public EvictionPolicy {
   // victims, for when the share rises again.
   bool IsLru() const { return shadows_ != nullptr && shadows_->share_tenths() == 0; }
 
+  // Whether an entry bound for a list's warm end (probation's, or
+  // protected's after a ghost hit or as a returning key) goes to its cold
+  // end: the chosen candidate inserts bimodally (ShadowShares::kBimodal),
+  // and this is not one in kBimodalEvery such entries.
+  bool Bimodal() {
+    return shadows_ != nullptr && shadows_->bimodal() &&
+           ++warm_inserts_ % ShadowShares::kBimodalEvery != 0;
+  }
+
   // Moves a slot (in no list) to protected's warm end.
   void Protect(uint32_t slot, uint16_t cls) {
     alloc_.meta(slot).queue = kQueueMain;
@@ -336,6 +351,7 @@ class PrefixPolicy final : public EvictionPolicy {
   std::vector<TwoLists> lists_;  // small: probation, main: protected
   GhostBloom ghost_;
   uint64_t victims_ = 0;
+  uint64_t warm_inserts_ = 0;                    // bimodal: entries bound for a list's warm end
   const std::unique_ptr<ShadowShares> shadows_;  // null: the share is fixed
 };
 

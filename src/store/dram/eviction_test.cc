@@ -364,6 +364,55 @@ TEST(PrefixPolicyTest, TheProtectedShareFollowsTheTraffic) {
   EXPECT_EQ(st.entries, 256u);
 }
 
+// A loop of 384 keys read in turn (1.5 times the store's 256 slots), a
+// miss written again: an LRU, and the prefix policy at any share that
+// inserts at probation's warm end, let each key go before its turn, so
+// nothing hits. The default policy's shadows move it to bimodal insertion
+// (ShadowShares::kBimodal), which keeps most of what it holds from pass to
+// pass. Then one-off keys only: every loop key still ages out.
+TEST(PrefixPolicyTest, ALoopLargerThanTheStoreMovesItToBimodalInsertion) {
+  auto loop = [](DramStore& s, uint64_t passes) {
+    uint64_t hits = 0;
+    for (uint64_t t = 0; t < passes * 384; ++t) {
+      const KeyId k = Key(t % 384);
+      if (s.Acquire(k).ok()) {
+        ++hits;
+      } else {
+        EXPECT_TRUE(Put(s, k, kValue).ok()) << t;
+      }
+    }
+    return hits;
+  };
+  auto store = Open("prefix");
+  auto lru = Open("lru");
+  auto fixed = Open("prefix-fixed");
+  loop(*store, 40);
+  DramStats st = store->GetStats();
+  EXPECT_TRUE(st.eviction.bimodal);
+  EXPECT_EQ(st.eviction.protected_share, 0.7);
+  EXPECT_EQ(st.eviction.share_changes, 1u);
+  EXPECT_TRUE(st.eviction.candidate_bimodal[4]);
+  EXPECT_FALSE(st.eviction.candidate_bimodal[3]);
+  EXPECT_GT(st.eviction.shadow_hit_ratios[4], 0.4);
+  EXPECT_LT(st.eviction.shadow_hit_ratios[3], 0.01);
+  // The next 10 passes (3,840 reads): about half hit (all 256 held keys
+  // at most, 2,560); LRU and the fixed 70 % hit none.
+  const uint64_t hits = loop(*store, 10);
+  EXPECT_GT(hits, 1'500u);
+  EXPECT_EQ(loop(*lru, 50), 0u);
+  EXPECT_LT(loop(*fixed, 50), 10u);
+  EXPECT_EQ(store->GetStats().entries, 256u);
+
+  // One-off keys only: no shadow hits, so the choice stays; probation's
+  // warm-end entries (one in 32 of them) push the loop's keys out, and
+  // protected ages (one victim in 512), so none of them is kept forever.
+  for (uint64_t t = 0; t < 200'000; ++t) ASSERT_TRUE(Put(*store, Key(1'000'000 + t), kValue).ok());
+  st = store->GetStats();
+  EXPECT_TRUE(st.eviction.bimodal);
+  EXPECT_EQ(Present(*store, 0, 384), std::string(384, '0'));
+  EXPECT_EQ(st.entries, 256u);
+}
+
 // A conversation of single blocks (as in TheProtectedShareFollowsTheTraffic)
 // that moves the share to 0.
 void MoveShareToZero(DramStore& store) {

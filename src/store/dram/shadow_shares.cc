@@ -8,7 +8,10 @@
 namespace kvpool::dram {
 
 ShadowShares::ShadowShares(double max_rate) : max_rate_(std::clamp(max_rate, 1e-6, 1.0)) {
-  for (size_t i = 0; i < kCandidates; ++i) shadows_[i].tenths = kShareTenths[i];
+  for (size_t i = 0; i < kCandidates; ++i) {
+    shadows_[i].tenths = kShareTenths[i];
+    shadows_[i].bimodal = kBimodal[i];
+  }
   SetCapacityEntries(1);
 }
 
@@ -48,8 +51,10 @@ void ShadowShares::Reset() {
   keys_ = 0;
   for (Shadow& s : shadows_) {
     const uint8_t tenths = s.tenths;
+    const bool bimodal = s.bimodal;
     s = Shadow{};
     s.tenths = tenths;
+    s.bimodal = bimodal;
     s.ghost.Resize(std::max<uint64_t>(64, capacity_));
   }
   accesses_ = 0;
@@ -161,8 +166,10 @@ void ShadowShares::Add(size_t i, uint32_t e, Place place, bool returning) {
   const uint32_t prev = place == Place::kInChain ? s.last_chain : kNone;
   if (prev != kNone && ((entries_[prev].protected_ >> i) & 1) == list) {
     InsertBefore(i, prev, e);
-  } else if (place == Place::kColdest && list == kProbation && s.lists[kProbation].head != kNone) {
-    InsertBefore(i, s.lists[kProbation].head, e);
+  } else if (s.lists[list].head != kNone &&
+             ((place == Place::kColdest && list == kProbation) ||
+              (s.bimodal && ++s.warm_inserts % kBimodalEvery != 0))) {
+    InsertBefore(i, s.lists[list].head, e);
   } else {
     PushTail(i, list, e);
   }
@@ -200,7 +207,8 @@ void ShadowShares::Choose() {
   for (size_t i = 0; i < kCandidates; ++i) {
     const Shadow& s = shadows_[i];
     const double gain = s.wins - s.losses;
-    if (i == chosen_ || gain <= best_gain || gain <= kZ * std::sqrt(s.wins + s.losses)) continue;
+    const double bar = kBimodal[i] != kBimodal[chosen_] ? kZInsertion : kZ;
+    if (i == chosen_ || gain <= best_gain || gain <= bar * std::sqrt(s.wins + s.losses)) continue;
     best = i;
     best_gain = gain;
   }
