@@ -12,6 +12,7 @@
 #include <span>
 #include <string_view>
 
+#include "common/prefetch.h"
 #include "protocol/descriptor_format.h"
 
 namespace kvpool::blocks {
@@ -44,6 +45,14 @@ class Descriptor {
     return static_cast<size_t>(n);
   }
   uint64_t hash64() const;  // EngineHash64 of its hash
+  // Starts loading its header and first bytes (and the count beside them)
+  // into the cache, for a read or a copy a little later.
+  void Prefetch() const {
+    if (rep_ == nullptr) return;
+    const auto at = reinterpret_cast<uintptr_t>(rep_.get());
+    PrefetchForRead(reinterpret_cast<const void*>(at - 16));  // the counts
+    PrefetchForRead(reinterpret_cast<const void*>(at + 48));
+  }
 
  private:
   struct Header {

@@ -127,7 +127,14 @@ struct DescriptorTable::Impl {
       if (queued.empty()) return;
       applying.swap(queued);
     }
-    for (Change& c : applying) {
+    // The keys' slots, and the descriptors the holdings events read, are
+    // mostly out of the cache: each is asked for a few changes ahead, so
+    // the loads overlap instead of each waiting its turn.
+    const size_t n = applying.size();
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kPrefetchSlots < n) keys.Prefetch(applying[i + kPrefetchSlots].event.key);
+      if (i + kPrefetchDescriptors < n) PrefetchDescriptors(applying[i + kPrefetchDescriptors]);
+      Change& c = applying[i];
       switch (c.kind) {
         case Change::Kind::kStage:
           ApplyStage(c);
@@ -140,12 +147,24 @@ struct DescriptorTable::Impl {
           break;
       }
     }
-    const uint64_t n = applying.size();
     applying.clear();  // the descriptors the changes held go now
     Report();
     std::lock_guard q(queue_mu);
     unapplied -= n;
     keys_empty = keys.empty();
+  }
+
+  // How many changes ahead ApplyLocked asks for a key's slot, and for the
+  // descriptors its entry holds (read from the slot, which must be in by
+  // then).
+  static constexpr size_t kPrefetchSlots = 8;
+  static constexpr size_t kPrefetchDescriptors = 4;
+  void PrefetchDescriptors(const Change& c) {  // REQUIRES: mu held
+    if (c.kind != Change::Kind::kHoldings) return;
+    if (const Entry* e = keys.Find(c.event.key)) {
+      e->live.Prefetch();
+      e->staged.Prefetch();
+    }
   }
 
   // Sets or clears a held key's tier, telling the tier listener when the

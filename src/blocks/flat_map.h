@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/prefetch.h"
+
 namespace kvpool::blocks {
 
 template <typename K, typename V, typename Hash>
@@ -30,6 +32,14 @@ class FlatMap {
     }
   }
   const V* Find(const K& k) const { return const_cast<FlatMap*>(this)->Find(k); }
+
+  // Starts loading k's home slot into the cache, so that a Find, Emplace
+  // or Erase of k a little later does not wait for memory.
+  void Prefetch(const K& k) const {
+    const char* at = reinterpret_cast<const char*>(&slots_[Home(k)]);
+    PrefetchForRead(at);
+    PrefetchForRead(at + sizeof(Slot) - 1);
+  }
 
   // The entry of k, default-constructed when new; second: whether it is.
   std::pair<V*, bool> Emplace(const K& k) {
