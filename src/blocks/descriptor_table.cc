@@ -72,9 +72,9 @@ struct DescriptorTable::Impl {
   std::vector<Change> applying;                           // kept for its capacity
 
   // Bytes of the descriptors staged or kept: taken by a stage, given back
-  // when its descriptor goes.
+  // at the end of the apply that drops its descriptor.
   std::atomic<uint64_t> bytes{0};
-  uint64_t freed = 0;  // protected by mu: bytes given back by the apply running
+  uint64_t freed = 0;  // protected by mu: what the apply running has dropped
   std::atomic<uint64_t> next_token{1};
 
   // The changes told and not yet applied.
