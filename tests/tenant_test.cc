@@ -619,6 +619,8 @@ TEST_F(TenantTest, EachTenantsFiguresShowInKvpoolctlMetricsAndStatusAndOthersAre
   // Each tenant's store adapts on its own (3 puts move nothing: 70 %).
   EXPECT_EQ(alpha["dram"]["eviction"]["protected_share"], 0.7);
   EXPECT_EQ(node_->Metric("kvpool_tenant_dram_eviction_protected_share{tenant=\"alpha\"}"), 0.7);
+  EXPECT_EQ(alpha["dram"]["eviction"]["insert"], "warm");
+  EXPECT_EQ(node_->Metric("kvpool_tenant_dram_eviction_bimodal{tenant=\"alpha\"}"), 0);
   EXPECT_EQ(node_->Metric("kvpool_tenant_dram_eviction_share_changes{tenant=\"bee\"}"), 0);
 
   std::string out;

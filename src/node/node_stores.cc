@@ -139,6 +139,10 @@ void NodeStores::AddTenantGauges(const std::string& name, TieredStore* store) {
                                "The prefix policy's protected share, as the tenant's own shadow "
                                "caches chose it, per tenant",
                                l, adaptation(&EvictionAdaptation::protected_share), this);
+    metrics_->AddCallbackGauge("kvpool_tenant_dram_eviction_bimodal",
+                               "1 when the share the tenant's shadow caches chose inserts "
+                               "bimodally, else 0, per tenant",
+                               l, adaptation(&EvictionAdaptation::bimodal), this);
     metrics_->AddCallbackGauge("kvpool_tenant_dram_eviction_share_changes",
                                "Times the tenant's protected share changed, per tenant", l,
                                adaptation(&EvictionAdaptation::share_changes), this);
