@@ -8,10 +8,7 @@
 namespace kvpool::dram {
 
 ShadowShares::ShadowShares(double max_rate) : max_rate_(std::clamp(max_rate, 1e-6, 1.0)) {
-  for (size_t i = 0; i < kCandidates; ++i) {
-    shadows_[i].tenths = kShareTenths[i];
-    shadows_[i].bimodal = kBimodal[i];
-  }
+  for (size_t i = 0; i < kCandidates; ++i) shadows_[i].tenths = kShareTenths[i];
   SetCapacityEntries(1);
 }
 
@@ -51,10 +48,8 @@ void ShadowShares::Reset() {
   keys_ = 0;
   for (Shadow& s : shadows_) {
     const uint8_t tenths = s.tenths;
-    const bool bimodal = s.bimodal;
     s = Shadow{};
     s.tenths = tenths;
-    s.bimodal = bimodal;
     s.ghost.Resize(std::max<uint64_t>(64, capacity_));
   }
   accesses_ = 0;
@@ -168,7 +163,7 @@ void ShadowShares::Add(size_t i, uint32_t e, Place place, bool returning) {
     InsertBefore(i, prev, e);
   } else if (s.lists[list].head != kNone &&
              ((place == Place::kColdest && list == kProbation) ||
-              (s.bimodal && ++s.warm_inserts % kBimodalEvery != 0))) {
+              (kBimodal[i] && ++s.warm_inserts % kBimodalEvery != 0))) {
     InsertBefore(i, s.lists[list].head, e);
   } else {
     PushTail(i, list, e);

@@ -191,8 +191,7 @@ class ShadowShares {
   };
   struct Shadow {
     uint8_t tenths = 0;
-    bool bimodal = false;
-    uint64_t warm_inserts = 0;  // bimodal: entries bound for a list's warm end
+    uint64_t warm_inserts = 0;  // kBimodal: entries bound for a list's warm end
     List lists[2];  // kProbation, kProtected
     // Fewer probes than the policy's ghost: a false hit in one shadow of
     // 4,096 keys counts little against the work on every sampled miss.
