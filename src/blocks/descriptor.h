@@ -45,13 +45,14 @@ class Descriptor {
     return static_cast<size_t>(n);
   }
   uint64_t hash64() const;  // EngineHash64 of its hash
-  // Starts loading its header and first bytes (and the count beside them)
-  // into the cache, for a read or a copy a little later.
+  // Starts loading its header and the bytes after it, 128 bytes from its
+  // start, into the cache, for a read or a copy a little later. (The
+  // size is in the header, not read here: that would wait for it.)
   void Prefetch() const {
     if (rep_ == nullptr) return;
     const auto at = reinterpret_cast<uintptr_t>(rep_.get());
-    PrefetchForRead(reinterpret_cast<const void*>(at - 16));  // the counts
-    PrefetchForRead(reinterpret_cast<const void*>(at + 48));
+    PrefetchForRead(reinterpret_cast<const void*>(at));
+    PrefetchForRead(reinterpret_cast<const void*>(at + 64));
   }
 
  private:
