@@ -1005,9 +1005,10 @@ TEST_F(RemoteReaderTest, DegradedNetworkCostsMissesNeverHangsOrWrongBytes) {
   Outcome delayed = read_all();
   EXPECT_EQ(delayed.wrong, 0);
   EXPECT_LE(delayed.max_ms, kBoundMs);
-  // Delays under the deadlines cost nothing (a little slack for a loaded
-  // machine: a call starved past its 175 ms margin is a miss, not an error).
-  EXPECT_GE(delayed.hits, kN * 9 / 10);
+  // Delays under the deadlines cost nothing, but for slack for a loaded
+  // machine: a call starved past its 175 ms margin is a miss, not an error,
+  // and it misses its whole batch, so the slack is one batch of the six.
+  EXPECT_GE(delayed.hits, kN - kBatch);
 
   transport::FaultRule lossy;
   lossy.drop_probability = 0.5;
@@ -1026,7 +1027,7 @@ TEST_F(RemoteReaderTest, DegradedNetworkCostsMissesNeverHangsOrWrongBytes) {
   Outcome one_slow = read_all();
   EXPECT_EQ(one_slow.wrong, 0);
   EXPECT_LE(one_slow.max_ms, kBoundMs);
-  EXPECT_GE(one_slow.hits, kN * 9 / 10);
+  EXPECT_GE(one_slow.hits, kN - kBatch);  // the same slack: one batch
 
   // Healed: every key hits again.
   fault.ClearRules();
