@@ -8,7 +8,6 @@
 namespace kvpool::dram {
 
 ShadowShares::ShadowShares(double max_rate) : max_rate_(std::clamp(max_rate, 1e-6, 1.0)) {
-  for (size_t i = 0; i < kCandidates; ++i) shadows_[i].tenths = kShareTenths[i];
   SetCapacityEntries(1);
 }
 
@@ -47,9 +46,7 @@ void ShadowShares::Reset() {
   index_.shrink_to_fit();
   keys_ = 0;
   for (Shadow& s : shadows_) {
-    const uint8_t tenths = s.tenths;
     s = Shadow{};
-    s.tenths = tenths;
     s.ghost.Resize(std::max<uint64_t>(64, capacity_));
   }
   accesses_ = 0;
@@ -116,7 +113,7 @@ void ShadowShares::Apply(size_t i, uint32_t e, bool hit, bool insert, Place plac
   if (hit) {
     // A hit: to protected's warm end (probation's, at a share of 0).
     Unlink(i, e);
-    PushTail(i, s.tenths == 0 ? kProbation : kProtected, e);
+    PushTail(i, kShareTenths[i] == 0 ? kProbation : kProtected, e);
     if (insert) s.last_chain = e;
     return;
   }
@@ -145,7 +142,7 @@ void ShadowShares::Count(uint8_t hit) {
 void ShadowShares::Add(size_t i, uint32_t e, Place place, bool returning) {
   Shadow& s = shadows_[i];
   entries_[e].held |= static_cast<uint8_t>(1u << i);
-  if (s.tenths == 0) {
+  if (kShareTenths[i] == 0) {
     // An LRU of chains, as the policy at a share of 0: the warm end, or just
     // colder than the chain's previous entry; no ghost, no replica place.
     const uint32_t prev = place == Place::kInChain ? s.last_chain : kNone;
@@ -180,13 +177,14 @@ void ShadowShares::Evict(size_t i) {
     Unlink(i, old);
     PushTail(i, kProbation, old);
   };
-  const uint64_t share = s.tenths == 0 ? 0 : std::max<uint64_t>(1, capacity_ * s.tenths / 10);
+  const uint64_t tenths = kShareTenths[i];
+  const uint64_t share = tenths == 0 ? 0 : std::max<uint64_t>(1, capacity_ * tenths / 10);
   while (prot.count > share) demote();
   if (++s.victims % kAgeEvery == 0 && prot.count > 0) demote();
   const bool from_probation = probation.head != kNone;
   const uint32_t victim = from_probation ? probation.head : prot.head;
   KVPOOL_CHECK(victim != kNone);
-  if (from_probation && s.tenths != 0) s.ghost.Insert(entries_[victim].key);
+  if (from_probation && tenths != 0) s.ghost.Insert(entries_[victim].key);
   Unlink(i, victim);
   if (s.last_chain == victim) s.last_chain = kNone;
   entries_[victim].held &= static_cast<uint8_t>(~(1u << i));

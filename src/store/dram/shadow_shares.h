@@ -189,8 +189,7 @@ class ShadowShares {
     uint32_t tail = kNone;
     uint64_t count = 0;
   };
-  struct Shadow {
-    uint8_t tenths = 0;
+  struct Shadow {               // candidate i's: its share is kShareTenths[i]
     uint64_t warm_inserts = 0;  // kBimodal: entries bound for a list's warm end
     List lists[2];  // kProbation, kProtected
     // Fewer probes than the policy's ghost: a false hit in one shadow of
