@@ -68,7 +68,9 @@ class NodeImpl final : public Node {
     DramStats st = stores_.store()->GetDramStats();
     LogInfo("node {} serving: socket {} dram {} ({} pages){}", opts_.node_id,
             opts_.local.socket_path, SettingsTable::FormatBytes(st.capacity_bytes),
-            st.huge_pages ? "huge" : "4KiB",
+            st.huge_pages            ? "hugetlb"
+            : st.huge_page_bytes > 0 ? "transparent huge"
+                                     : "4KiB",
             admin_ ? fmt::format(" admin http://{}:{}", opts_.admin.bind_address, admin_->port())
                    : std::string());
     return Status::Ok();

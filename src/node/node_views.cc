@@ -142,6 +142,7 @@ nlohmann::ordered_json NodeViews::StatusObject() const {
         {"index_bytes", st.index_bytes},
         {"index_bytes_per_entry", st.index_bytes_per_entry},
         {"huge_pages", st.huge_pages},
+        {"huge_page_bytes", st.huge_page_bytes},
         {"eviction", EvictionJson(st.eviction)},
         {"hints", HintsJson(st)},
         {"classes", classes}}},

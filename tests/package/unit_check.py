@@ -10,6 +10,9 @@ usage: unit_check.py ROOT SMOKE_BINARY...
   would add: only this process and its children see any of it.
 - `systemd-analyze verify` must print nothing for the unit (it reports
   unknown keys and bad values as warnings, exit code 0).
+- The unit's ExecStartPre runs as root, as systemd runs it, against a
+  stand-in bound over the host's shmem_enabled file: "never" becomes
+  "advise", every other setting stays.
 - The unit's ExecStart line runs as written, as the unit's User and Group,
   with $NOTIFY_SOCKET naming a datagram socket this script listens on, and
   /run/kvpool made as RuntimeDirectory= would make it. The node must send
@@ -25,6 +28,7 @@ usage: unit_check.py ROOT SMOKE_BINARY...
 
 import os
 import pwd
+import re
 import shlex
 import signal
 import socket
@@ -89,6 +93,7 @@ def main():
     if v.returncode != 0 or v.stdout.strip() or v.stderr.strip():
         fail("systemd-analyze verify (rc %d): %s%s" % (v.returncode, v.stdout, v.stderr))
     print("systemd-analyze verify: clean")
+    check_exec_start_pre()
 
     # 2. The unit's ExecStart as written, with the unit's user and notify socket.
     (exec_start,) = unit_values("ExecStart")
@@ -109,6 +114,47 @@ def main():
         print("entrypoint: " + entrypoint)
         serve_and_stop([entrypoint], {"KVPOOL_CONFIG": "/etc/kvpool/kvpool-node.conf"}, run_dir,
                        stop_within)
+
+
+THP_FILE = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+
+
+def check_exec_start_pre():
+    """The unit's one ExecStartPre, as systemd runs it (as root, with its
+    variables expanded),
+    against a stand-in for the host's shmem_enabled file bound over it in
+    this mount namespace: "never" becomes "advise"; any other setting is
+    left alone; it exits 0 in each case."""
+    (pre,) = unit_values("ExecStartPre")
+    if not pre.startswith("-+/bin/sh -c "):
+        fail("ExecStartPre is not a root shell command whose failure is ignored: " + pre)
+    if not os.path.exists(THP_FILE):
+        print("ExecStartPre: not run (this kernel has no %s)" % THP_FILE)
+        return
+    # systemd's expansion: "$$" is a "$", and $NAME or ${NAME} the unit's
+    # environment variable, which this unit sets none of: empty.
+    command = [re.sub(r"\$\{?\w+\}?", "", a.replace("$$", "\0")).replace("\0", "$")
+               for a in shlex.split(pre[2:])]
+    stand_in = os.path.join(os.path.dirname(ROOT), "shmem_enabled")
+    with open(stand_in, "w") as f:
+        f.write("never\n")
+    run("mount", "--bind", stand_in, THP_FILE)
+    try:
+        for before, after in [("always within_size advise [never] deny force\n", "advise\n"),
+                              ("always within_size [advise] never deny force\n", None),
+                              ("[always] within_size advise never deny force\n", None),
+                              ("always within_size advise never [deny] force\n", None)]:
+            with open(THP_FILE, "w") as f:
+                f.write(before)
+            rc = subprocess.run(command).returncode
+            with open(THP_FILE) as f:
+                now = f.read()
+            if rc != 0 or now != (after or before):
+                fail("ExecStartPre on %r: rc %d, file %r, want %r" % (before, rc, now,
+                                                                     after or before))
+    finally:
+        run("umount", THP_FILE)
+    print("ExecStartPre: shmem_enabled never -> advise, the other settings kept")
 
 
 def serve_and_stop(command, extra_env, run_dir, stop_within):

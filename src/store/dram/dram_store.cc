@@ -498,6 +498,7 @@ class DramStoreImpl final : public DramStore {
     const uint64_t cap = CapacityEntries();
     s.index_bytes_per_entry = cap == 0 ? 0 : static_cast<double>(s.index_bytes) / cap;
     s.huge_pages = segment_->huge_pages();
+    s.huge_page_bytes = segment_->huge_page_bytes();
     for (uint16_t c = 0; c < alloc_.num_classes(); ++c) {
       s.classes.push_back(DramClassStats{alloc_.class_slot_bytes(c), alloc_.class_slabs(c),
                                          alloc_.class_entries(c)});
@@ -1133,6 +1134,10 @@ class DramStoreImpl final : public DramStore {
     gauge("kvpool_dram_read_room_bytes",
           "Bytes of the segment beyond the capacity, for values in flight (--dram-read-room).",
           [this] { return segment_->bytes() - cache_bytes_; });
+    gauge("kvpool_dram_huge_page_bytes",
+          "Bytes of the segment on 2 MiB pages at start: hugetlb pages, or transparent huge pages "
+          "for shared memory (0: 4 KiB pages throughout).",
+          [this] { return segment_->huge_page_bytes(); });
     gauge("kvpool_dram_used_bytes", "Bytes of committed values.", [this] { return used_bytes_; });
     gauge("kvpool_dram_allocated_bytes", "Bytes of slots holding committed or reserved values.",
           [this] { return allocated_bytes_; });

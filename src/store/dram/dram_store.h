@@ -143,7 +143,8 @@ struct DramStats {
   uint64_t lookup_rounds = 0;
   uint64_t index_bytes = 0;      // memory of the index and eviction metadata
   double index_bytes_per_entry = 0;  // index_bytes / capacity in entries at the current mix
-  bool huge_pages = false;
+  bool huge_pages = false;           // on hugetlbfs pages
+  uint64_t huge_page_bytes = 0;      // of the segment on 2 MiB pages (Segment::huge_page_bytes)
   // Cache hints' leases now (DramStore::Retain, PinFor), and leases that
   // ran out (not released or removed) since start.
   uint64_t retained_entries = 0;

@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
 #include <set>
 
 #include "store/dram/dram_test_util.h"
+#include "store/dram/segment.h"
 
 namespace kvpool::dram {
 namespace {
@@ -107,6 +110,63 @@ TEST(DramStoreTest, PutGetThroughSegmentAndClientMapping) {
   EXPECT_EQ(metrics.ValueOf("kvpool_dram_hits_total"), 3);
   EXPECT_EQ(metrics.ValueOf("kvpool_dram_misses_total"), 1);
   EXPECT_EQ(metrics.ValueOf("kvpool_dram_index_bytes"), static_cast<double>(s.index_bytes));
+}
+
+TEST(SegmentTest, PmdMappedBytesAreTheMappingsOwn) {
+  const std::string smaps =
+      "7f0000000000-7f0000400000 rw-s 00000000 00:01 1 /memfd:other (deleted)\n"
+      "Size:               4096 kB\n"
+      "ShmemPmdMapped:     4096 kB\n"
+      "7f9d82400000-7f9dc6400000 rw-s 00000000 00:01 95511 /memfd:kvpool-dram (deleted)\n"
+      "Size:            1114112 kB\n"
+      "AnonHugePages:         0 kB\n"
+      "ShmemPmdMapped:   1048576 kB\n"
+      "FilePmdMapped:       2048 kB\n"
+      "Shared_Hugetlb:        0 kB\n"
+      "7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0 [stack]\n"
+      "ShmemPmdMapped:        8 kB\n";
+  EXPECT_EQ(PmdMappedBytes(smaps, 0x7f9d82400000), (1048576ull + 2048) << 10);
+  EXPECT_EQ(PmdMappedBytes(smaps, 0x7f0000000000), 4096ull << 10);
+  EXPECT_EQ(PmdMappedBytes(smaps, 0x7f9d82401000), 0u);  // no mapping starts there
+  EXPECT_EQ(PmdMappedBytes("", 0x7f9d82400000), 0u);
+}
+
+TEST(SegmentTest, SelectedThpSettingIsTheBracketedOne) {
+  EXPECT_EQ(SelectedThpSetting("always within_size advise [never] deny force\n"), "never");
+  EXPECT_EQ(SelectedThpSetting("always [advise] never\n"), "advise");
+  EXPECT_EQ(SelectedThpSetting(""), "");
+  EXPECT_EQ(SelectedThpSetting("always advise never"), "");
+}
+
+// What the segment reports follows the host's setting for transparent
+// huge pages of shared memory (this test only reads it): none where it is
+// off, some where the kernel may use them.
+TEST(SegmentTest, HugePageBytesFollowTheHostsSetting) {
+  SegmentOptions o;
+  o.bytes = 8 * MiB;
+  o.huge_pages = true;  // no hugetlb pages reserved here: transparent ones, where allowed
+  auto seg = Segment::Create(o);
+  ASSERT_TRUE(seg.ok()) << seg.status().ToString();
+  if ((*seg)->huge_pages()) {
+    EXPECT_EQ((*seg)->huge_page_bytes(), o.bytes);
+    return;
+  }
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string thp = SelectedThpSetting(text);
+  if (thp.empty() || thp == "never" || thp == "deny") {
+    EXPECT_EQ((*seg)->huge_page_bytes(), 0u) << "shmem_enabled: " << thp;
+  } else {
+    EXPECT_GT((*seg)->huge_page_bytes(), 0u) << "shmem_enabled: " << thp;
+    EXPECT_LE((*seg)->huge_page_bytes(), o.bytes);
+  }
+  SegmentOptions small = o;
+  small.huge_pages = false;  // no MADV_HUGEPAGE: advise gives it none
+  auto plain = Segment::Create(small);
+  ASSERT_TRUE(plain.ok());
+  if (thp != "always" && thp != "force") {
+    EXPECT_EQ((*plain)->huge_page_bytes(), 0u);
+  }
 }
 
 TEST(DramStoreTest, RejectsBadSizesAndCommittedKeys) {

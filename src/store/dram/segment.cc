@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <chrono>
+#include <fstream>
+#include <sstream>
 
 #include "common/log.h"
 #include "common/populate.h"
@@ -14,6 +17,33 @@ namespace kvpool::dram {
 namespace {
 
 constexpr uint64_t kHugePageBytes = 2ull << 20;
+constexpr const char* kShmemThpFile = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
+
+std::string ReadFile(const char* path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Logs what the segment's pages are, and how to get huge ones where it
+// asked for them and got none.
+void LogPages(uint64_t bytes, uint64_t huge_bytes, bool hugetlb, bool asked, bool prefaulted) {
+  if (hugetlb) return;  // logged by the caller's fallback (or not tried)
+  if (huge_bytes > 0) {
+    LogInfo("dram: transparent huge pages back {} MiB of the segment's {} MiB", huge_bytes >> 20,
+            bytes >> 20);
+    return;
+  }
+  if (!asked || !prefaulted) return;
+  const std::string thp = SelectedThpSetting(ReadFile(kShmemThpFile));
+  LogWarn(
+      "dram: the segment is on 4 KiB pages: no hugetlb pages are reserved and transparent huge "
+      "pages for shared memory are {} ({}); as root, `echo advise > {}` gives the next start huge "
+      "pages without reserving any (the packaged service unit does this), or reserve hugetlb pages "
+      "(vm.nr_hugepages)",
+      thp.empty() ? "unavailable" : "'" + thp + "'", kShmemThpFile, kShmemThpFile);
+}
 
 // Creates a sized memfd and maps it. Returns the errno-derived status of the
 // first failing step; leaves nothing open on failure.
@@ -66,6 +96,46 @@ Status MapMemfd(uint64_t bytes, unsigned extra_flags, bool seal_writes, int* fd_
 
 }  // namespace
 
+uint64_t PmdMappedBytes(std::string_view smaps, uintptr_t base) {
+  char head[24];
+  const auto [end, ec] = std::to_chars(head, head + sizeof(head) - 1, base, 16);
+  if (ec != std::errc()) return 0;
+  *end = '-';
+  const std::string_view want(head, static_cast<size_t>(end - head) + 1);
+  bool in = false;
+  uint64_t kib = 0;
+  while (!smaps.empty()) {
+    const size_t nl = smaps.find('\n');
+    std::string_view line = smaps.substr(0, nl);
+    smaps = nl == std::string_view::npos ? std::string_view() : smaps.substr(nl + 1);
+    // A mapping's first line starts with its address (lowercase hex); its
+    // fields start with a capital letter.
+    const bool header =
+        !line.empty() && ((line[0] >= '0' && line[0] <= '9') || (line[0] >= 'a' && line[0] <= 'f'));
+    if (header) {
+      if (in) break;
+      in = line.starts_with(want);
+      continue;
+    }
+    if (!in) continue;
+    for (std::string_view field : {"ShmemPmdMapped:", "FilePmdMapped:"}) {
+      if (!line.starts_with(field)) continue;
+      std::string_view v = line.substr(field.size());
+      while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
+      uint64_t n = 0;
+      if (std::from_chars(v.data(), v.data() + v.size(), n).ec == std::errc()) kib += n;
+    }
+  }
+  return kib << 10;
+}
+
+std::string SelectedThpSetting(std::string_view text) {
+  const size_t open = text.find('[');
+  const size_t close = open == std::string_view::npos ? open : text.find(']', open);
+  if (close == std::string_view::npos) return {};
+  return std::string(text.substr(open + 1, close - open - 1));
+}
+
 Result<std::unique_ptr<Segment>> Segment::Create(const SegmentOptions& options) {
   if (options.bytes == 0) return InvalidArgument("segment of 0 bytes");
   int fd = -1;
@@ -81,7 +151,8 @@ Result<std::unique_ptr<Segment>> Segment::Create(const SegmentOptions& options) 
       if (st.ok()) {
         huge = true;
       } else {
-        LogInfo("dram: huge pages unavailable ({}); falling back to 4 KiB pages", st.ToString());
+        LogInfo("dram: hugetlb pages unavailable ({}); asking for transparent huge pages",
+                st.ToString());
       }
     }
   }
@@ -106,6 +177,14 @@ Result<std::unique_ptr<Segment>> Segment::Create(const SegmentOptions& options) 
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     LogInfo("dram: pre-faulted {} MiB in {:.3f} s", options.bytes >> 20, seg->prefault_seconds_);
   }
+  // Without a pre-fault the pages come later, and there is nothing to read.
+  if (huge) {
+    seg->huge_page_bytes_ = options.bytes;
+  } else if (options.prefault) {
+    seg->huge_page_bytes_ =
+        PmdMappedBytes(ReadFile("/proc/self/smaps"), reinterpret_cast<uintptr_t>(base));
+  }
+  LogPages(options.bytes, seg->huge_page_bytes_, huge, options.huge_pages, options.prefault);
   return seg;
 }
 

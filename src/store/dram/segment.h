@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <string_view>
 
 #include "common/status.h"
 
@@ -36,6 +38,11 @@ class Segment {
   uint64_t bytes() const { return bytes_; }
   // True when backed by hugetlbfs pages (MFD_HUGETLB succeeded).
   bool huge_pages() const { return huge_pages_; }
+  // Bytes of the mapping on 2 MiB pages once created: all of it with
+  // hugetlbfs pages, else what transparent huge pages back (read from
+  // /proc/self/smaps after the pre-fault; 0 without a pre-fault, whose
+  // pages come later).
+  uint64_t huge_page_bytes() const { return huge_page_bytes_; }
   // Seconds spent pre-faulting (0 when not asked to).
   double prefault_seconds() const { return prefault_seconds_; }
 
@@ -47,7 +54,17 @@ class Segment {
   uint8_t* base_;
   uint64_t bytes_;
   bool huge_pages_;
+  uint64_t huge_page_bytes_ = 0;
   double prefault_seconds_ = 0;
 };
+
+// Bytes of the mapping that starts at `base`, in /proc/PID/smaps text,
+// mapped with 2 MiB page table entries (ShmemPmdMapped + FilePmdMapped);
+// 0 when the mapping is not listed.
+uint64_t PmdMappedBytes(std::string_view smaps, uintptr_t base);
+// The selected value of a transparent_hugepage setting file's text
+// ("always within_size advise [never] deny force" -> "never"); empty when
+// none is selected.
+std::string SelectedThpSetting(std::string_view text);
 
 }  // namespace kvpool::dram
