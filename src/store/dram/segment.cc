@@ -29,7 +29,7 @@ std::string ReadFile(const char* path) {
 // Logs what the segment's pages are, and how to get huge ones where it
 // asked for them and got none.
 void LogPages(uint64_t bytes, uint64_t huge_bytes, bool hugetlb, bool asked, bool prefaulted) {
-  if (hugetlb) return;  // logged by the caller's fallback (or not tried)
+  if (hugetlb) return;  // the node's serving line says so
   if (huge_bytes > 0) {
     LogInfo("dram: transparent huge pages back {} MiB of the segment's {} MiB", huge_bytes >> 20,
             bytes >> 20);
