@@ -151,7 +151,7 @@ TEST(SegmentTest, HugePageBytesFollowTheHostsSetting) {
     EXPECT_EQ((*seg)->huge_page_bytes(), o.bytes);
     return;
   }
-  std::ifstream in("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+  std::ifstream in(kShmemThpFile);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::string thp = SelectedThpSetting(text);
   if (thp.empty() || thp == "never" || thp == "deny") {

@@ -17,7 +17,6 @@ namespace kvpool::dram {
 namespace {
 
 constexpr uint64_t kHugePageBytes = 2ull << 20;
-constexpr const char* kShmemThpFile = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
 
 std::string ReadFile(const char* path) {
   std::ifstream in(path);

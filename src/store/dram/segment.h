@@ -58,6 +58,9 @@ class Segment {
   double prefault_seconds_ = 0;
 };
 
+// The host's setting for transparent huge pages of shared memory.
+inline constexpr const char* kShmemThpFile = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
+
 // Bytes of the mapping that starts at `base`, in /proc/PID/smaps text,
 // mapped with 2 MiB page table entries (ShmemPmdMapped + FilePmdMapped);
 // 0 when the mapping is not listed.
