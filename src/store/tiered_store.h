@@ -48,15 +48,23 @@ struct TieringOptions {
   uint32_t admit_min_reads = 0;
   // A demotion leaves the value's bytes in its DRAM slot, held by the SSD
   // tier, until the region's flush copies them into its buffer or -- on a
-  // segment of huge pages, for values of 256 KiB and more -- writes them
-  // from the slot (SsdStore::InsertLent): nothing is copied under the DRAM
-  // lock. The held slots' memory is the DRAM read room's: at most half of
-  // it is held so at once, and without a read room nothing is; past that,
-  // or when the SSD tier cannot take it now, the eviction copies.
+  // segment of 2 MiB pages (LendTermsFor), for values of 256 KiB and more --
+  // writes them from the slot (SsdStore::InsertLent): nothing is copied
+  // under the DRAM lock. The held slots' memory is the DRAM read room's: at
+  // most half of it is held so at once, and without a read room nothing is;
+  // past that, or when the SSD tier cannot take it now, the eviction copies.
   bool demote_in_place = true;
 
   Status Validate() const;
 };
+
+// The terms of demotions in place for a DRAM tier with these stats on a
+// segment of segment_bytes, over an SSD tier whose region buffers hold
+// ssd_buffer_bytes: at most half the read room lent at once; gather writes
+// from the slots where the segment is on 2 MiB pages (hugetlb, or
+// transparent ones under 9/10 of it) and that half covers every region
+// buffer.
+LendTerms LendTermsFor(const DramStats& ds, uint64_t segment_bytes, uint64_t ssd_buffer_bytes);
 
 class TieredStore {
  public:

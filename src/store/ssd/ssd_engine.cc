@@ -869,6 +869,7 @@ SsdStats SsdEngine::GetStats() const {
   s.region_evictions = region_evictions_.load();
   s.inserts_dropped = inserts_dropped_.load();
   s.lent_bytes = lent_bytes_;
+  s.buffer_bytes = static_cast<uint64_t>(opts_.buffers_per_dir) * opts_.region_bytes * dirs_.size();
   s.online = any_online;
   s.offline_reason = closed_ ? "closed" : (any_online ? "" : reasons);
   s.recovery = recovery_;

@@ -83,6 +83,7 @@ struct SsdStats {
   uint64_t region_evictions = 0;
   uint64_t inserts_dropped = 0;   // demotions refused: buffers full, offline, too large
   uint64_t lent_bytes = 0;        // payload bytes demoted in place, their DRAM slots still held
+  uint64_t buffer_bytes = 0;      // the region buffers': buffers_per_dir x region_bytes x dirs
   bool online = true;
   std::string offline_reason;
   std::string recovery;           // "checkpoint", "scan", "cold: <reason>"
@@ -136,7 +137,7 @@ class SsdStore {
   // store no longer needs it. The store releases (destroys) that hold
   // without any lock of its own: copy mode, once the region's flush has
   // copied the bytes into the buffer; gather mode (terms.gather, for values
-  // whose bytes lie on 4 KiB pages the device can write from), once the
+  // of 256 KiB and more at a 4 KiB-aligned address), once the
   // region write that sends them from `data` is done. The value is readable
   // at once, like an Insert's. kRefused (nothing taken): no room now, the
   // tier closing or offline, the value too large, or terms.max_lent_bytes
