@@ -552,6 +552,9 @@ def ssd_summarize(path):
         ("ssd_checkpoint_load_log_s_per_gib", "%.3f" % ratio(ckpt_log, gib)),
         ("ssd_write_region_ms", "%.2f" % float(node.get("region_write_ms", nan))),
         ("ssd_write_flush_busy", "%.3f" % float(node.get("flush_busy", nan))),
+        ("ssd_demotions_gathered_share", "%.3f" % ratio(node.get("lent_gather", nan), node.get("demotions", nan))),
+        ("ssd_demotions_lent_share", "%.3f" % ratio(node.get("lent_gather", nan) + node.get("lent_copy", nan),
+                                                    node.get("demotions", nan))),
         ("ssd_errors", "%d" % (errors + misses + (0 if recov_ok else 1))),
     ]
     for name, value in out:

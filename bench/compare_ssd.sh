@@ -259,6 +259,17 @@ run_kvpool() {
   "$PY" "$HERE/compare_lib.py" thread-cpu "$NODE_PID" > "$TMP/cpu-before.json"
   put_phase ssd-bench over
   "$PY" "$HERE/compare_lib.py" thread-cpu "$NODE_PID" > "$TMP/cpu-after.json"
+  # How the overwrite phase's demotions went (the counters start at the
+  # restart): lent and copied by a flush thread, lent and written from the
+  # slot (gather: a segment of 2 MiB pages and a read room covering the
+  # region buffers; docs/operations.md, "Huge pages"), or neither, copied
+  # under the DRAM lock.
+  local copy gather demoted
+  copy="$("$PY" "$HERE/compare_lib.py" metric "$ADMIN_URL/metrics" 'kvpool_ssd_lent_records_total{mode="copy"}')"
+  gather="$("$PY" "$HERE/compare_lib.py" metric "$ADMIN_URL/metrics" 'kvpool_ssd_lent_records_total{mode="gather"}')"
+  demoted="$("$PY" "$HERE/compare_lib.py" metric "$ADMIN_URL/metrics" kvpool_tier_demotions_total)"
+  record "{\"system\":\"node\",\"demotions\":$demoted,\"lent_copy\":$copy,\"lent_gather\":$gather}"
+  log "kvpool: of $demoted demotions, $copy lent to a flush thread's copy, $gather gathered from their slots, $((demoted - copy - gather)) copied under the DRAM lock"
 
   st="$(status_json)"; printf '%s\n' "$st" > "$TMP/status-after-put.json"
   used="$(printf '%s' "$st" | jget ssd.used_bytes)"
