@@ -225,21 +225,23 @@ Result<std::unique_ptr<TieredStore>> TieredStore::Open(const DramOptions& dram,
   return store;
 }
 
-LendTerms LendTermsFor(const DramStats& ds, uint64_t segment_bytes, uint64_t ssd_buffer_bytes) {
+LendTerms LendTermsFor(const DramStats& ds, uint64_t segment_bytes) {
+  LendTerms t;
   // A lent slot's memory comes from the read room (DramStore::Lend): half
   // of it at most, the rest left to the reads it is for.
-  const uint64_t max_lent = ds.read_room_bytes / 2;
+  t.max_lent_bytes = ds.read_room_bytes / 2;
   // Region writes gather straight from the slots where the segment is on
   // 2 MiB pages, hugetlb or transparent (9/10 of it at least: the kernel
   // may have found no huge page for a few ranges). From 4 KiB pages an
   // O_DIRECT write runs at a fraction of the device's rate
   // (docs/architecture.md, "Life of an SSD promotion").
-  const bool huge = ds.huge_pages || ds.huge_page_bytes >= segment_bytes / 10 * 9;
-  // A gathered slot stays lent until its region's write is done, where a
-  // copied one goes back after its copy: with less to lend than the
-  // buffers hold, the lending stops while they fill, and the evictions
-  // copy under the DRAM lock instead (TryInsert).
-  return {huge && max_lent >= ssd_buffer_bytes, max_lent};
+  t.gather = ds.huge_pages || ds.huge_page_bytes >= segment_bytes / 10 * 9;
+  // A gathered slot stays lent until its region is written, where one lent
+  // for a copy goes back within a flush thread's job. Half the budget is
+  // kept for those: with all of it gathered, the lending stops while the
+  // buffers fill, and the evictions copy under the DRAM lock instead.
+  t.max_gathered_bytes = t.max_lent_bytes / 2;
+  return t;
 }
 
 TieredStore::TieredStore(DramStore* dram, SsdStore* ssd, Executor* executor,
@@ -264,8 +266,7 @@ TieredStore::TieredStore(DramStore* dram, SsdStore* ssd, Executor* executor,
       "DRAM evictions the SSD tier refused (buffers full, offline, disk full)");
   impl_->ssd_open.store(ssd_ != nullptr);
   const DramStats ds = dram_->GetStats();
-  impl_->lend_terms =
-      LendTermsFor(ds, dram_->segment_bytes(), ssd_ != nullptr ? ssd_->GetStats().buffer_bytes : 0);
+  impl_->lend_terms = LendTermsFor(ds, dram_->segment_bytes());
   SetDemotionListener();
 }
 

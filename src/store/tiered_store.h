@@ -59,12 +59,10 @@ struct TieringOptions {
 };
 
 // The terms of demotions in place for a DRAM tier with these stats on a
-// segment of segment_bytes, over an SSD tier whose region buffers hold
-// ssd_buffer_bytes: at most half the read room lent at once; gather writes
-// from the slots where the segment is on 2 MiB pages (hugetlb, or
-// transparent ones under 9/10 of it) and that half covers every region
-// buffer.
-LendTerms LendTermsFor(const DramStats& ds, uint64_t segment_bytes, uint64_t ssd_buffer_bytes);
+// segment of segment_bytes: at most half the read room lent at once; gather
+// writes from the slots where the segment is on 2 MiB pages (hugetlb, or
+// transparent ones under 9/10 of it), for at most half of what is lent.
+LendTerms LendTermsFor(const DramStats& ds, uint64_t segment_bytes);
 
 class TieredStore {
  public:

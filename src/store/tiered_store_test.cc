@@ -772,29 +772,27 @@ TEST(TieredStoreLendTest, ConcurrentPutsAndReadsWhileSlotsAreLentAreExact) {
 }
 
 // Gather writes from the slots only where the segment is on 2 MiB pages
-// (hugetlb, or transparent ones under 9/10 of it at least) and half the
-// read room covers the SSD tier's region buffers.
-TEST(TieredStoreLendTest, SlotsAreGatheredOnlyFromHugePagesWithRoomForEveryBuffer) {
-  constexpr uint64_t kSegment = 1280ull << 20;
-  constexpr uint64_t kBuffers = 6 * (16ull << 20);
+// (hugetlb, or transparent ones under 9/10 of it at least), for at most
+// half of what may be lent: half the read room.
+TEST(TieredStoreLendTest, SlotsAreGatheredOnlyFromHugePagesForHalfTheLendBudget) {
+  constexpr uint64_t kSegment = 1088ull << 20;
   DramStats ds;
-  ds.read_room_bytes = 256ull << 20;
-  EXPECT_FALSE(LendTermsFor(ds, kSegment, kBuffers).gather);  // 4 KiB pages
-  EXPECT_EQ(LendTermsFor(ds, kSegment, kBuffers).max_lent_bytes, 128ull << 20);
+  ds.read_room_bytes = 64ull << 20;
+  EXPECT_FALSE(LendTermsFor(ds, kSegment).gather);  // 4 KiB pages
+  EXPECT_EQ(LendTermsFor(ds, kSegment).max_lent_bytes, 32ull << 20);
+  EXPECT_EQ(LendTermsFor(ds, kSegment).max_gathered_bytes, 16ull << 20);
   ds.huge_page_bytes = kSegment;  // transparent huge pages, all of it
-  EXPECT_TRUE(LendTermsFor(ds, kSegment, kBuffers).gather);
-  EXPECT_TRUE(LendTermsFor(ds, kSegment, 128ull << 20).gather);
-  EXPECT_FALSE(LendTermsFor(ds, kSegment, (128ull << 20) + 1).gather);
+  EXPECT_TRUE(LendTermsFor(ds, kSegment).gather);
   ds.huge_page_bytes = kSegment / 10 * 9;
-  EXPECT_TRUE(LendTermsFor(ds, kSegment, kBuffers).gather);
+  EXPECT_TRUE(LendTermsFor(ds, kSegment).gather);
   ds.huge_page_bytes = kSegment / 10 * 9 - (2ull << 20);
-  EXPECT_FALSE(LendTermsFor(ds, kSegment, kBuffers).gather);
+  EXPECT_FALSE(LendTermsFor(ds, kSegment).gather);
   ds.huge_page_bytes = 0;
   ds.huge_pages = true;  // hugetlb pages
-  EXPECT_TRUE(LendTermsFor(ds, kSegment, kBuffers).gather);
-  ds.read_room_bytes = 64ull << 20;  // the default read room: 32 MiB to lend
-  EXPECT_FALSE(LendTermsFor(ds, kSegment, kBuffers).gather);
-  EXPECT_EQ(LendTermsFor(ds, kSegment, kBuffers).max_lent_bytes, 32ull << 20);
+  EXPECT_TRUE(LendTermsFor(ds, kSegment).gather);
+  ds.read_room_bytes = 0;  // no read room: nothing is lent
+  EXPECT_EQ(LendTermsFor(ds, kSegment).max_lent_bytes, 0u);
+  EXPECT_EQ(LendTermsFor(ds, kSegment).max_gathered_bytes, 0u);
 }
 
 }  // namespace

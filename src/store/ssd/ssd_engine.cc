@@ -207,22 +207,27 @@ LendResult SsdEngine::InsertLent(const KeyId& key, const uint8_t* data, uint64_t
                                  const LendTerms& terms,
                                  const std::function<std::shared_ptr<void>()>& take) {
   const uint64_t rec = RecordBytes(size);
+  const uint64_t room = opts_.region_bytes - kRegionHeaderBytes;
+  if (size > opts_.max_value_bytes || size > UINT32_MAX || rec > room) {
+    return LendResult::kRefused;
+  }
   // A gather record's payload starts on a device block in the file, so the
   // write can take its whole blocks from `data`; the header sits just
   // before (up to a block of padding ahead of it, which recovery scans
   // over). Only for values large enough that the padding costs little.
-  const bool gather = terms.gather && size >= kGatherMinBytes &&
-                      reinterpret_cast<uintptr_t>(data) % kDeviceBlock == 0;
-  const uint64_t need = rec + (gather ? kDeviceBlock : 0);
-  if (size > opts_.max_value_bytes || size > UINT32_MAX ||
-      need > opts_.region_bytes - kRegionHeaderBytes) {
-    return LendResult::kRefused;
-  }
+  const bool gatherable = terms.gather && size >= kGatherMinBytes &&
+                          reinterpret_cast<uintptr_t>(data) % kDeviceBlock == 0 &&
+                          rec + kDeviceBlock <= room;
   std::lock_guard lock(mu_);
   if (closing_) return LendResult::kRefused;
   IndexLoc loc;
   if (index_.Find(key.hi, &loc)) return LendResult::kAlreadyStored;  // the first value stays
   if (lent_bytes_ + size > terms.max_lent_bytes) return LendResult::kRefused;
+  // A gathered slot stays lent until its region is written. Past
+  // terms.max_gathered_bytes held so, the value is lent for a copy
+  // instead, which gives its slot back within a flush thread's job.
+  const bool gather = gatherable && gathered_bytes_ + size <= terms.max_gathered_bytes;
+  const uint64_t need = rec + (gather ? kDeviceBlock : 0);
   uint32_t di = 0;
   bool ok = false;
   for (size_t i = 0; i < dirs_.size() && !ok; ++i) {
@@ -248,6 +253,7 @@ LendResult SsdEngine::InsertLent(const KeyId& key, const uint8_t* data, uint64_t
   index_.Insert(key.hi, {d.first_region + ri, off, static_cast<uint32_t>(size), 0});
   r.lent.push_back({off, key, data, static_cast<uint32_t>(size), gather, false, take()});
   lent_bytes_ += size;
+  if (gather) gathered_bytes_ += size;
   (gather ? m_.lent_gathered : m_.lent_copied)->Inc();
   if (!gather && !copy_queued_ && executor_ != nullptr) {
     copy_queued_ = true;
@@ -329,6 +335,7 @@ std::vector<std::shared_ptr<void>> SsdEngine::TakeLent(Region& r) {
   for (LentRecord& l : r.lent) {
     if (l.hold) {
       lent_bytes_ -= l.length;
+      if (l.gather) gathered_bytes_ -= l.length;
       holds.push_back(std::move(l.hold));
     }
   }
@@ -869,7 +876,6 @@ SsdStats SsdEngine::GetStats() const {
   s.region_evictions = region_evictions_.load();
   s.inserts_dropped = inserts_dropped_.load();
   s.lent_bytes = lent_bytes_;
-  s.buffer_bytes = static_cast<uint64_t>(opts_.buffers_per_dir) * opts_.region_bytes * dirs_.size();
   s.online = any_online;
   s.offline_reason = closed_ ? "closed" : (any_online ? "" : reasons);
   s.recovery = recovery_;

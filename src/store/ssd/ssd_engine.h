@@ -275,6 +275,7 @@ class SsdEngine : public std::enable_shared_from_this<SsdEngine> {
   std::vector<uint8_t*> all_bufs_;
   bool report_drops_ = false;      // protected by mu_: a drop listener is set
   uint64_t lent_bytes_ = 0;        // payload bytes of lent records not yet released
+  uint64_t gathered_bytes_ = 0;    // of which gather records'
   bool copy_queued_ = false;       // a CopyLent job is queued and has not started
 
   std::mutex listener_mu_;         // held while the drop listener runs

@@ -153,6 +153,38 @@ TEST_F(SsdLendTest, GatherWritesFromTheSourceAndHoldsItUntilTheRegionIsWritten) 
   std::filesystem::remove_all(dir);
 }
 
+// Past max_gathered_bytes held by gather records, values are lent for a
+// copy; a region write done gives the gathered bytes back.
+TEST_F(SsdLendTest, PastTheGatherLimitValuesAreLentForACopy) {
+  SsdOptions o = Options(1, kSuperblockBytes + 16 * (4 << 20), 4 << 20);
+  const size_t n = 300 << 10;
+  auto src = Sources(0, 8, n);
+  auto s = SsdStore::Open(o, &metrics_, nullptr);  // no executor: nothing moves until Flush
+  ASSERT_TRUE(s.ok());
+  LendTerms terms{true, 1ull << 30};
+  terms.max_gathered_bytes = 2 * n;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_EQ((*s)->InsertLent(Key(i), src[i]->p, n, terms, Take()), LendResult::kLent) << i;
+  }
+  EXPECT_EQ(Lent("gather"), 2u);
+  EXPECT_EQ(Lent("copy"), 2u);
+  EXPECT_EQ((*s)->GetStats().lent_bytes, 4 * n);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(ReadCheck(**s, i, n).ok()) << i;
+  ASSERT_TRUE((*s)->Flush().ok());
+  EXPECT_EQ(released_, 4);
+  EXPECT_EQ((*s)->GetStats().lent_bytes, 0u);
+  // Written: the limit is free again.
+  for (int i = 4; i < 8; ++i) {
+    ASSERT_EQ((*s)->InsertLent(Key(i), src[i]->p, n, terms, Take()), LendResult::kLent) << i;
+  }
+  EXPECT_EQ(Lent("gather"), 4u);
+  EXPECT_EQ(Lent("copy"), 4u);
+  ASSERT_TRUE((*s)->Flush().ok());
+  for (auto& x : src) x->Scribble();
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(ReadCheck(**s, i, n).ok()) << i;
+  ASSERT_TRUE((*s)->Close().ok());
+}
+
 // A crash while a gather write is torn: what was flushed before is whole,
 // the torn region's records are exact or gone, never wrong.
 TEST_F(SsdLendTest, TornGatherWriteLosesOnlyWhatWasNotFlushed) {

@@ -83,7 +83,6 @@ struct SsdStats {
   uint64_t region_evictions = 0;
   uint64_t inserts_dropped = 0;   // demotions refused: buffers full, offline, too large
   uint64_t lent_bytes = 0;        // payload bytes demoted in place, their DRAM slots still held
-  uint64_t buffer_bytes = 0;      // the region buffers': buffers_per_dir x region_bytes x dirs
   bool online = true;
   std::string offline_reason;
   std::string recovery;           // "checkpoint", "scan", "cold: <reason>"
@@ -109,6 +108,9 @@ enum class LendResult : uint8_t { kLent, kAlreadyStored, kRefused };
 struct LendTerms {
   bool gather = false;          // write the bytes from where they are
   uint64_t max_lent_bytes = 0;  // refuse past this many bytes lent at once
+  // With gather: at most this many of them gathered; past it, values are
+  // lent for a copy (a gathered slot is held until its region is written).
+  uint64_t max_gathered_bytes = UINT64_MAX;
 };
 
 class SsdStore {
