@@ -139,8 +139,9 @@ class SsdStore {
   // store no longer needs it. The store releases (destroys) that hold
   // without any lock of its own: copy mode, once the region's flush has
   // copied the bytes into the buffer; gather mode (terms.gather, for values
-  // of 256 KiB and more at a 4 KiB-aligned address), once the
-  // region write that sends them from `data` is done. The value is readable
+  // of 256 KiB and more at a 4 KiB-aligned address, while the gathered
+  // bytes held stay within terms.max_gathered_bytes), once the region
+  // write that sends them from `data` is done. The value is readable
   // at once, like an Insert's. kRefused (nothing taken): no room now, the
   // tier closing or offline, the value too large, or terms.max_lent_bytes
   // already lent; the caller may copy instead.
