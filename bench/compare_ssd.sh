@@ -261,9 +261,9 @@ run_kvpool() {
   "$PY" "$HERE/compare_lib.py" thread-cpu "$NODE_PID" > "$TMP/cpu-after.json"
   # How the overwrite phase's demotions went (the counters start at the
   # restart): lent and copied by a flush thread, lent and written from the
-  # slot (gather: a segment of 2 MiB pages and a read room covering the
-  # region buffers; docs/operations.md, "Huge pages"), or neither, copied
-  # under the DRAM lock.
+  # slot (gather: a segment of 2 MiB pages, for up to half of what may be
+  # lent; docs/operations.md, "Huge pages"), or neither, copied under the
+  # DRAM lock.
   local copy gather demoted
   copy="$("$PY" "$HERE/compare_lib.py" metric "$ADMIN_URL/metrics" 'kvpool_ssd_lent_records_total{mode="copy"}')"
   gather="$("$PY" "$HERE/compare_lib.py" metric "$ADMIN_URL/metrics" 'kvpool_ssd_lent_records_total{mode="gather"}')"
