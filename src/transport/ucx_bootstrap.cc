@@ -504,6 +504,7 @@ void UcxTransport::Core::OnEndpointSocket(uint64_t ep_id, uint32_t events) {
   e->ep = *ep;
   e->token = m.token;
   e->ready = true;
+  Revive(e);  // the welcome came: the link works
   e->in.clear();
   bootstrapping.erase(ep_id);
   std::vector<std::function<void()>> waiting;

@@ -295,14 +295,38 @@ void UcxTransport::Core::FireTimers() {
     timers.erase(timers.begin());
     auto it = calls.find(id);
     if (it == calls.end()) continue;
+    const uint64_t ep_id = it->second.ep_id;
+    const bool answered = it->second.answered;
+    const SteadyClock::time_point sent = it->second.start;
     Settle(id, Reply{DeadlineExceeded("call timed out"), {}, 0, {}});
     it = calls.find(id);
     if (it != calls.end()) {
       // A payload still moves through the caller's memory: abort it by closing
       // the endpoint; the callback runs once UCX has let go of the memory.
-      FailEndpoint(it->second.ep_id, DeadlineExceeded("transfer passed its deadline"));
+      FailEndpoint(ep_id, DeadlineExceeded("transfer passed its deadline"));
+    } else if (auto e = endpoints.find(ep_id); !answered && e != endpoints.end()) {
+      RetireIfSilent(e->second.get(), sent);
     }
   }
+}
+
+void UcxTransport::Core::RetireIfSilent(Endpoint* e, SteadyClock::time_point sent) {
+  if (!e->client || e->failed || e->retired || e->last_reply >= sent) return;
+  e->retired = true;
+  auto c = client_eps.find(e->peer);
+  if (c != client_eps.end() && c->second == e->id) client_eps.erase(c);
+  if (e->calls.empty()) CloseRetired(e);
+}
+
+void UcxTransport::Core::CloseRetired(Endpoint* e) {
+  silent_closed->Inc();
+  FailEndpoint(e->id, Unavailable("no reply within a call's deadline"));
+}
+
+void UcxTransport::Core::Revive(Endpoint* e) {
+  if (!e->retired || e->failed || client_eps.count(e->peer) != 0) return;
+  e->retired = false;
+  client_eps[e->peer] = e->id;
 }
 
 UcxTransport::Core::Endpoint* UcxTransport::Core::NewEndpoint(std::string peer, bool client) {
@@ -597,8 +621,10 @@ void UcxTransport::Core::MaybeFinish(uint64_t id) {
   latency->Observe(std::chrono::duration<double>(SteadyClock::now() - c.start).count());
   auto e = endpoints.find(c.ep_id);
   if (e != endpoints.end()) {
-    e->second->calls.erase(id);
-    e->second->last_used = SteadyClock::now();
+    Endpoint* ep = e->second.get();
+    ep->calls.erase(id);
+    ep->last_used = SteadyClock::now();
+    if (ep->retired && !ep->failed && ep->calls.empty()) CloseRetired(ep);
   }
   ReplyCallback done = std::move(c.done);
   calls.erase(it);
@@ -765,6 +791,8 @@ ucs_status_t UcxTransport::Core::OnReply(const void* header, size_t header_len, 
   auto ep = endpoints.find(c.ep_id);
   if (ep == endpoints.end()) return UCS_OK;  // its connection is closing: dropped
   Endpoint* e = ep->second.get();
+  e->last_reply = SteadyClock::now();
+  Revive(e);
   // A reply that fails its checks ends its call and its connection.
   auto reject = [&](const char* why) {
     CountError(why);

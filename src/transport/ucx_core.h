@@ -91,6 +91,10 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
     bool failed = false;
     std::unordered_set<uint64_t> calls;
     SteadyClock::time_point last_used{};  // client: a call started or settled
+    SteadyClock::time_point last_reply{};  // client: a reply arrived
+    // client: no new call goes on it (a call passed its deadline with nothing
+    // received since it was sent); it closes once its calls are settled.
+    bool retired = false;
     SteadyClock::time_point last_request{};  // server: a request arrived or was answered
     uint32_t in_service = 0;                 // server: requests dispatched, not yet answered
     int fd = -1;
@@ -165,6 +169,10 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
         "kvpool_transport_idle_closed_total",
         "Outgoing peer connections closed with no call in flight: idle for --peer-idle-close, "
         "or the least recently used one at --peer-max-connections");
+    silent_closed = metrics->GetCounter(
+        "kvpool_transport_silent_closed_total",
+        "Outgoing peer connections closed because a call on them passed its deadline with "
+        "nothing received since it was sent (new calls went on a new connection meanwhile)");
     const std::string auth_help = "Peer connections that passed cluster authentication, by side";
     authenticated_listener = metrics->GetCounter("kvpool_transport_authenticated_total", auth_help,
                                                  {{"side", "listener"}});
@@ -286,6 +294,18 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   void Settle(uint64_t id, Reply verdict);
   void MaybeFinish(uint64_t id);
   void FailEndpoint(uint64_t ep_id, const Status& why);
+  // A call on client endpoint e passed its deadline unanswered, sent at
+  // `sent`. If nothing was received on e since, the connection is taken as
+  // stuck (a link that dropped packets leaves TCP retransmitting on a backed-
+  // off timer long after it heals): new calls get a fresh connection, and e
+  // closes once the calls already on it are settled.
+  void RetireIfSilent(Endpoint* e, SteadyClock::time_point sent);
+  // Something arrived on retired endpoint e (a reply, or the welcome of its
+  // bootstrap): unless another connection to its peer replaced it
+  // meanwhile, it takes new calls again.
+  void Revive(Endpoint* e);
+  // Closes retired endpoint e, whose last call was settled.
+  void CloseRetired(Endpoint* e);
   void Dispatch(uint64_t ep_id, Frame frame, std::vector<uint8_t> header,
                 std::vector<uint8_t> payload);
   void SendDone(SendOp* op, ucs_status_t status);
@@ -341,6 +361,7 @@ struct UcxTransport::Core : std::enable_shared_from_this<UcxTransport::Core> {
   Gauge* endpoints_gauge;
   Gauge* bootstrapping_gauge;
   Counter* idle_closed;
+  Counter* silent_closed;
   Counter *authenticated_listener, *authenticated_connector;
   Counter *encrypted_listener, *encrypted_connector;
   Histogram* latency;

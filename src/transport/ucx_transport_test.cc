@@ -379,6 +379,125 @@ TEST(UcxTransportTest, AtTheConnectionLimitTheLeastRecentlyUsedIdleConnectionMak
   EXPECT_EQ(metrics.ValueOf("kvpool_transport_idle_closed_total"), 2);
 }
 
+// A server for the tests of silent connections: type 1 answers at once and
+// records the connection it came on (Incoming::peer, the caller's bootstrap
+// address: a new connection has a new one); type 2 is never answered while
+// the test runs; type 3 answers after 400 ms.
+struct SilentPeer {
+  MetricsRegistry server_metrics, client_metrics;
+  std::unique_ptr<UcxTransport> server, client;
+  std::mutex mu;
+  std::vector<std::string> type1_peers;
+  std::vector<Responder> held;
+  SilentPeer() {
+    UcxTransportOptions so = TcpOptions();
+    so.metrics = &server_metrics;
+    server = OpenOrDie(so);
+    server->RegisterHandler(1, [this](Incoming in, Responder r) {
+      {
+        std::lock_guard lock(mu);
+        type1_peers.push_back(in.peer);
+      }
+      r.Respond(Status::Ok());
+    });
+    server->RegisterHandler(2, [this](Incoming, Responder r) {
+      std::lock_guard lock(mu);
+      held.push_back(std::move(r));
+    });
+    server->RegisterHandler(3, [](Incoming, Responder r) {
+      std::thread([r = std::move(r)]() mutable {
+        std::this_thread::sleep_for(milliseconds(400));
+        r.Respond(Status::Ok());
+      }).detach();
+    });
+    UcxTransportOptions co = TcpOptions();
+    co.metrics = &client_metrics;
+    co.idle_close = milliseconds(0);
+    client = OpenOrDie(co);
+  }
+  ~SilentPeer() {
+    std::lock_guard lock(mu);
+    for (Responder& r : held) r.Respond(Status::Ok());
+  }
+  // Starts a call of `type` with `deadline_ms`; its status lands in *out.
+  void Start(MessageType type, int deadline_ms, std::atomic<int>* done, Status* out) {
+    CallArgs a;
+    a.peer = server->address();
+    a.type = type;
+    a.deadline = SteadyClock::now() + milliseconds(deadline_ms);
+    client->Call(a, [done, out](Reply r) {
+      *out = r.status;
+      (*done)++;
+    });
+  }
+  // The connection each type-1 call came on, in order.
+  std::vector<std::string> Type1Peers() {
+    std::lock_guard lock(mu);
+    return type1_peers;
+  }
+  int64_t SilentClosed() { return client_metrics.ValueOf("kvpool_transport_silent_closed_total"); }
+};
+
+// A link that drops packets leaves TCP retransmitting on a backed-off timer
+// long after it heals, so a connection on which a call got nothing back
+// within its deadline is replaced: the next call connects afresh, and the
+// old connection closes once its calls are settled.
+TEST(UcxTransportTest, ACallUnansweredOnASilentConnectionMovesTheNextCallToANewOne) {
+  SilentPeer t;
+  ASSERT_TRUE(CallType1(t.client.get(), t.server->address()).ok());
+  CallArgs a;
+  a.peer = t.server->address();
+  a.type = 2;
+  a.deadline = SteadyClock::now() + milliseconds(300);
+  EXPECT_EQ(t.client->CallSync(a).status.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(t.SilentClosed(), 1);
+  ASSERT_TRUE(CallType1(t.client.get(), t.server->address()).ok());
+  ASSERT_TRUE(CallType1(t.client.get(), t.server->address()).ok());
+  auto peers = t.Type1Peers();
+  ASSERT_EQ(peers.size(), 3u);
+  EXPECT_NE(peers[1], peers[0]);  // a new connection
+  EXPECT_EQ(peers[2], peers[1]);  // kept: it answers
+  EXPECT_EQ(t.SilentClosed(), 1);
+  // The old connection is gone on both sides.
+  kvpool::testing::WaitFor(
+      [&] { return t.server_metrics.ValueOf("kvpool_transport_endpoints") == 1; },
+      milliseconds(5000));
+  EXPECT_EQ(t.server_metrics.ValueOf("kvpool_transport_endpoints"), 1);
+  EXPECT_EQ(t.client_metrics.ValueOf("kvpool_transport_endpoints"), 1);
+}
+
+// A slow but healthy peer keeps its connection. A reply that arrives after
+// the late call was sent shows the link works; and a connection set aside
+// when a call timed out with nothing received takes calls again once a
+// reply arrives on it (no other connection to the peer was made meanwhile).
+TEST(UcxTransportTest, AConnectionThatAnswersIsKeptWhenOneCallTimesOut) {
+  SilentPeer t;
+  ASSERT_TRUE(CallType1(t.client.get(), t.server->address()).ok());
+  std::atomic<int> done{0};
+  Status unanswered, slow;
+  // The late call first, then one answered at once: a reply after it was sent.
+  t.Start(2, 300, &done, &unanswered);
+  ASSERT_TRUE(CallType1(t.client.get(), t.server->address()).ok());
+  kvpool::testing::WaitFor([&] { return done.load() == 1; }, milliseconds(5000));
+  EXPECT_EQ(unanswered.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(t.SilentClosed(), 0);
+  ASSERT_TRUE(CallType1(t.client.get(), t.server->address()).ok());
+
+  // Both at once: the late call times out at 150 ms with nothing received
+  // (set aside), the slow one is answered at 400 ms (taken back).
+  t.Start(3, 5000, &done, &slow);
+  t.Start(2, 150, &done, &unanswered);
+  kvpool::testing::WaitFor([&] { return done.load() == 3; }, milliseconds(5000));
+  EXPECT_TRUE(slow.ok()) << slow.ToString();
+  EXPECT_EQ(unanswered.code(), StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(CallType1(t.client.get(), t.server->address()).ok());
+  auto peers = t.Type1Peers();
+  ASSERT_EQ(peers.size(), 4u);
+  for (const auto& p : peers) EXPECT_EQ(p, peers[0]);  // one connection throughout
+  EXPECT_EQ(t.SilentClosed(), 0);
+  EXPECT_EQ(t.client_metrics.ValueOf("kvpool_transport_endpoints"), 1);
+}
+
 TEST(UcxTransportTest, ReportsBoundPort) {
   auto t = OpenOrDie(TcpOptions());
   EXPECT_NE(t->port(), 0);
