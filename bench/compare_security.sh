@@ -23,6 +23,10 @@
 #    (frames between two hosts of an encrypted cluster holding value bytes:
 #    0) and _plain (the same without encryption: more than 0).
 #
+#    ucx_port_intruder_write_node_survived: the same intruder speaking UCX's
+#    own TCP protocol to UCX's data port (below; 0 today: see
+#    docs/cluster.md, "UCX's own port").
+#
 # 3. Runs tests/tenant_test from the build: one node with two tenants whose
 #    clients run as two other uids (needs root), attacking each other. It
 #    asserts each outcome and prints, collected here:
@@ -98,6 +102,41 @@ grep -q cross_tenant_values_read "$TMP/metrics" \
 
 openssl rand -hex 32 > "$TMP/cluster.key"
 chmod 600 "$TMP/cluster.key"
+
+# UCX's own listener (the data port UCX opens beside the peer port; pinned
+# here with UCX_TCP_PORT_RANGE) authenticates nothing: with UCX_TLS=tcp, one
+# message in UCX's TCP wire format (its magic number, then a PUT request
+# header naming address 0x10 and 8 bytes) makes the node write those bytes
+# there. Reports whether a keyed node was still running a second later
+# (ucx_port_intruder_write_node_survived: 1 yes, 0 no).
+ucx_probe() {
+  local pa pu
+  pa="$(freeport)"; pu="$(freeport)"
+  UCX_TCP_PORT_RANGE="$pu-$pu" "$NODE" --node-id a --peers "a=127.0.0.1:$pa,b=127.0.0.1:$(freeport)" \
+    --peer-port "$pa" --socket "$TMP/a.sock" --dram-capacity 128MiB --slab-size 1MiB --admin-port 0 \
+    --cluster-key-file "$TMP/cluster.key" > "$TMP/probe.log" 2>&1 &
+  A_PID=$!
+  wait_node_ready "$A_PID" "$TMP/probe.log" "$TMP/a.sock" || die "node a (probe) did not start"
+  "$PY" - "$pu" <<'PYEOF' || die "could not reach UCX's port"
+import socket, struct, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+put_req_am_id = 33  # UCT_AM_ID_MAX (32) + 1 in UCX 1.13
+s.sendall(struct.pack("<Q", 0xCAFEBABE12345678) + struct.pack("<BI", put_req_am_id, 20)
+          + struct.pack("<QQI", 0x10, 8, 1) + b"A" * 8)
+time.sleep(1)
+PYEOF
+  if kill -0 "$A_PID" 2>/dev/null; then
+    echo "metric ucx_port_intruder_write_node_survived 1" >> "$TMP/metrics"
+    stop_pid "$A_PID" kvpool-node-a KILL
+  else
+    echo "metric ucx_port_intruder_write_node_survived 0" >> "$TMP/metrics"
+    log "the node died: $(grep -m1 -o 'Caught signal.*' "$TMP/probe.log" || tail -1 "$TMP/probe.log")"
+    wait "$A_PID" 2>/dev/null || true
+  fi
+  A_PID=""
+}
+log "an intruder without the key on UCX's own port (UCX_TLS=$UCX_TLS)"
+[[ "$UCX_TLS" == tcp ]] && ucx_probe
 
 # remote_get MODE: one run in a fresh cluster (MODE plain, keyed or
 # encrypted); prints GB/s.
