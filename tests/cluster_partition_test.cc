@@ -6,7 +6,10 @@
 // restored. No view changes (everyone keeps renewing with etcd), so only
 // anti-entropy can tell n2 of the keys whose home it is. Repeated 5 times:
 // no wrong byte, no read over 3 s, and every key stored during the cut is
-// found through every node within 10 s of the heal.
+// found through every node within 7 s of the heal: one anti-entropy interval
+// and round, a digest's 2 s deadline, and a reconnect whose SYN may wait 1 s
+// (2.9-4.0 s measured). Before a connection silent past a call's deadline
+// was replaced, TCP's backed-off retransmission held the repair for 7-9 s.
 //
 // Needs root, `ip`, `iptables` and `etcd`; skipped without them. Touches
 // only the namespaces it creates (removed at the end).
@@ -188,16 +191,16 @@ TEST_F(PartitionTest, KeysStoredDuringACutLinkAreFoundEverywhereSoonAfterTheHeal
     ASSERT_EQ(Sh("ip netns exec " + ns_[0] + " iptables -F"), 0);
     auto t_heal = std::chrono::steady_clock::now();
     bool all = WaitFor(
-        milliseconds(10000),
+        milliseconds(7000),
         [&] {
           return Found(2, ids, vals) == kKeys && Found(1, ids, vals) == kKeys &&
                  Found(0, ids, vals) == kKeys;
         },
         milliseconds(200));
     int64_t heal_ms = MsSince(t_heal);
-    EXPECT_TRUE(all) << "not every key found through every node 10 s after the heal";
+    EXPECT_TRUE(all) << "not every key found through every node 7 s after the heal";
     worst_heal_ms = std::max(worst_heal_ms, heal_ms);
-    EXPECT_LT(heal_ms, 10000);
+    EXPECT_LT(heal_ms, 7000);
     EXPECT_EQ(wrong_, 0u);
     EXPECT_LT(slowest_ms_, 3000);
     // Nobody left the view: the repair was anti-entropy's.
