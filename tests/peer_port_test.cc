@@ -1,7 +1,9 @@
 // The peer port as an attacker and an operator see it, against real nodes:
-// no byte sequence sent to any TCP port a node listens on kills it, the node
-// listens on its configured address only, and a killed node takes its peer
-// port back at once.
+// random and mutated byte sequences sent to every TCP port a node listens on
+// do not kill it, the node listens on its configured address only, and a
+// killed node takes its peer port back at once. (UCX's own port is not
+// safe against a sender who speaks UCX's TCP protocol: docs/cluster.md,
+// "UCX's own port"; the node warns at start until the port is pinned.)
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
@@ -268,6 +270,32 @@ TEST(PeerPort, GarbageOnEveryListeningPortNeverKillsANode) {
   std::printf("SUMMARY {\"ports\":%zu,\"messages\":%d,\"alive\":true}\n", ports.size(), sent);
   kvpool_close(ca);
   kvpool_close(cb);
+}
+
+// UCX's own port: a node warns that the cluster key does not cover it, and
+// UCX_TCP_PORT_RANGE pins it where a firewall rule can name it (no warning).
+TEST(PeerPort, UcxsOwnPortWarnsUntilPinnedAndListensWherePinned) {
+  const std::string kWarning = "UCX's own data port";
+  StaticCluster c;
+  ASSERT_TRUE(c.PickPorts({"a", "b"}));
+  unsetenv("UCX_TCP_PORT_RANGE");
+  ASSERT_TRUE(c.StartNodes({"a"}));
+  EXPECT_NE(c.nodes[0]->Log().find(kWarning), std::string::npos) << c.nodes[0]->Log();
+  c.nodes.clear();
+
+  const int pinned = FreePort();
+  ASSERT_GT(pinned, 0);
+  const std::string range = std::to_string(pinned) + "-" + std::to_string(pinned);
+  setenv("UCX_TCP_PORT_RANGE", range.c_str(), 1);
+  const bool started = c.StartNodes({"a"});
+  unsetenv("UCX_TCP_PORT_RANGE");
+  ASSERT_TRUE(started);
+  NodeProcess& a = *c.nodes[0];
+  EXPECT_EQ(a.Log().find(kWarning), std::string::npos) << a.Log();
+  std::set<int> ports;
+  for (const Listener& l : ListeningSockets(a.pid())) ports.insert(l.port);
+  EXPECT_TRUE(ports.contains(pinned)) << "UCX's listener is not on " << pinned;
+  EXPECT_EQ(ports.size(), 3u);  // admin, peer and UCX's
 }
 
 TEST(PeerPort, KilledNodeRestartsOnItsPeerPortAtOnce) {
