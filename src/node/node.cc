@@ -10,7 +10,6 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <string_view>
 #include <thread>
 
 #include "admin/admin_server.h"
@@ -109,19 +108,6 @@ class NodeImpl final : public Node {
   int admin_port() const override { return admin_ ? admin_->port() : 0; }
 
  private:
-  // True when UCX may use its TCP transport (UCX_TLS unset, "all", or a list
-  // that takes tcp in) and UCX_TCP_PORT_RANGE leaves its port to the system.
-  static bool UcxTcpPortUnpinned() {
-    const char* range = getenv("UCX_TCP_PORT_RANGE");
-    if (range != nullptr && *range != '\0' && std::string_view(range) != "0") return false;
-    const char* tls_env = getenv("UCX_TLS");
-    if (tls_env == nullptr || *tls_env == '\0') return true;
-    std::string_view tls(tls_env);
-    const bool listed = tls.find("tcp") != std::string_view::npos;
-    if (tls.front() == '^') return !listed;  // "^X,Y": all but those
-    return listed || tls.find("all") != std::string_view::npos;
-  }
-
   // The cluster key file, read first, so a missing or loose one stops the
   // start before anything is allocated.
   Status LoadClusterKeys() {
@@ -141,7 +127,7 @@ class NodeImpl final : public Node {
               cluster_keys_.size(), cluster_keys_.size() == 1 ? "" : "s", opts_.cluster_key_file,
               co.transport.peer_encryption ? ", and encrypted" : "");
     }
-    if (UcxTcpPortUnpinned()) {
+    if (UcxTcpPortUnpinned(getenv("UCX_TLS"), getenv("UCX_TCP_PORT_RANGE"))) {
       LogWarn(
           "cluster: UCX's own data port, beside the peer port, is not covered by the cluster "
           "key: over UCX's TCP transport whoever reaches it can write into this process. Pin it "
