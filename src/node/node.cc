@@ -24,6 +24,7 @@
 #include "node/node_stores.h"
 #include "node/node_views.h"
 #include "node/prefix_lookup.h"
+#include "transport/ucx_transport.h"
 
 namespace kvpool {
 namespace {
@@ -127,7 +128,7 @@ class NodeImpl final : public Node {
               cluster_keys_.size(), cluster_keys_.size() == 1 ? "" : "s", opts_.cluster_key_file,
               co.transport.peer_encryption ? ", and encrypted" : "");
     }
-    if (UcxTcpPortUnpinned(getenv("UCX_TLS"), getenv("UCX_TCP_PORT_RANGE"))) {
+    if (transport::UcxTcpPortUnpinned(getenv("UCX_TLS"), getenv("UCX_TCP_PORT_RANGE"))) {
       LogWarn(
           "cluster: UCX's own data port, beside the peer port, is not covered by the cluster "
           "key: over UCX's TCP transport whoever reaches it can write into this process. Pin it "

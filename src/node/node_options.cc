@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <string_view>
-
 namespace kvpool {
 
 namespace {
@@ -24,15 +22,6 @@ std::vector<std::string> SplitCommas(const std::string& text) {
 
 bool IsLoopbackAddress(const std::string& a) {
   return a == "::1" || a == "localhost" || a.starts_with("127.");
-}
-
-bool UcxTcpPortUnpinned(const char* ucx_tls, const char* range) {
-  if (range != nullptr && *range != '\0' && std::string_view(range) != "0") return false;
-  if (ucx_tls == nullptr || *ucx_tls == '\0') return true;
-  const std::string_view tls(ucx_tls);
-  const bool listed = tls.find("tcp") != std::string_view::npos;
-  if (tls.front() == '^') return !listed;  // "^X,Y": all but those
-  return listed || tls.find("all") != std::string_view::npos;
 }
 
 ClusterOptions NodeOptions::ClusterWithEndpoints(const std::string& id) const {

@@ -106,13 +106,6 @@ struct NodeOptions {
 // Whether a bind address is loopback-only ("127.x", "::1", "localhost").
 bool IsLoopbackAddress(const std::string& address);
 
-// Whether UCX may use its TCP transport with its data port left to the
-// system, from the values of UCX_TLS and UCX_TCP_PORT_RANGE (null: unset).
-// TCP is possible when UCX_TLS is unset, empty, "all", lists tcp, or is an
-// exclusion ("^...") that does not; the port is pinned when
-// UCX_TCP_PORT_RANGE is set to anything but "" or "0".
-bool UcxTcpPortUnpinned(const char* ucx_tls, const char* ucx_tcp_port_range);
-
 // Binds every field of *options to a row of the table. *options must outlive
 // the table.
 void BuildNodeSettings(NodeOptions* options, SettingsTable* table);

@@ -3,10 +3,20 @@
 #include <sys/eventfd.h>
 
 #include <future>
+#include <string_view>
 
 #include "transport/ucx_core.h"
 
 namespace kvpool::transport {
+
+bool UcxTcpPortUnpinned(const char* ucx_tls, const char* range) {
+  if (range != nullptr && *range != '\0' && std::string_view(range) != "0") return false;
+  if (ucx_tls == nullptr || *ucx_tls == '\0') return true;
+  const std::string_view tls(ucx_tls);
+  const bool listed = tls.find("tcp") != std::string_view::npos;
+  if (tls.front() == '^') return !listed;  // "^X,Y": all but those
+  return listed || tls.find("all") != std::string_view::npos;
+}
 
 Status UcxTransportOptions::Validate() const {
   if (listen_host.empty()) return InvalidArgument("listen_host is empty");

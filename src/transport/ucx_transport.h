@@ -136,6 +136,14 @@ struct UcxTransportOptions {
   Status Validate() const;
 };
 
+// Whether UCX may use its TCP transport with its own data port left to the
+// system, from the values of UCX_TLS and UCX_TCP_PORT_RANGE (null: unset).
+// TCP is possible when UCX_TLS is unset, empty, "all", lists tcp, or is an
+// exclusion ("^...") that does not; the port is pinned when
+// UCX_TCP_PORT_RANGE is set to anything but "" or "0". UCX authenticates
+// nothing on that port (docs/cluster.md, "UCX's own port").
+bool UcxTcpPortUnpinned(const char* ucx_tls, const char* ucx_tcp_port_range);
+
 class UcxTransport final : public Transport {
  public:
   // Creates the context, worker and listener and starts the progress thread.
